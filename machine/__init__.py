@@ -1,0 +1,5 @@
+"""Everything generated from a table: compiled stepper, transitions backend, diagrams, checker."""
+
+from .compiled import CompiledMachine, IllegalTransition, Stepper, compile_table, compiled
+
+__all__ = ["CompiledMachine", "IllegalTransition", "Stepper", "compile_table", "compiled"]

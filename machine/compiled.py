@@ -1,0 +1,109 @@
+"""The compiled stepper: a table becomes dict dispatch, cheap enough for every token (DESIGN).
+
+`fire(event)` returns ``(action, new_state)`` precomputed per row (no allocation per step), or
+raises IllegalTransition naming machine, state and event; on a rejection the state is unchanged
+(the h11 way: a missing entry is a protocol error with a clear message).
+"""
+
+from __future__ import annotations
+
+import enum
+
+from ..spec import DecisionKind, Table, load_spec
+
+
+class IllegalTransition(RuntimeError):
+    """An event the table rejects (or does not declare) in the current state."""
+
+    def __init__(self, machine: str, state: str, event: str, note: str = "") -> None:
+        self.machine, self.state, self.event, self.note = machine, str(state), event, note
+        text = f"{machine}: event '{event}' is not allowed in state {state}"
+        super().__init__(f"{text} ({note})" if note else text)
+
+
+class CompiledMachine:
+    """Immutable dispatch tables of one Table; `new()` makes a Stepper positioned at a state."""
+
+    __slots__ = ("table", "name", "State", "_dispatch", "_index", "_members", "_terminal")
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+        self.name = table.name
+        self.State = table.State
+        self._index = {s: i for i, s in enumerate(table.states)}
+        self._members = tuple(table.State[s] for s in table.states)
+        self._terminal = tuple(s in table.terminal for s in table.states)
+        dispatch: list[dict[str, tuple[int, tuple[str | None, enum.Enum]]]] = []
+        for s in table.states:
+            rows: dict[str, tuple[int, tuple[str | None, enum.Enum]]] = {}
+            for e in table.events:
+                d = table.decision(s, e)
+                if d.kind is not DecisionKind.REJECT:
+                    ti = self._index[d.target]
+                    rows[e] = (ti, (d.action, self._members[ti]))
+            dispatch.append(rows)
+        self._dispatch = tuple(dispatch)
+
+    def new(self, state: str | enum.Enum | None = None) -> Stepper:
+        """A stepper at the table's initial state, or at `state` (for exhaustive tests)."""
+        return Stepper(self, self._index[str(state) if state is not None else self.table.initial])
+
+    def illegal(self, state_index: int, event: str) -> IllegalTransition:
+        state = self.table.states[state_index]
+        if event not in self.table.events:
+            return IllegalTransition(self.name, state, event, "undeclared event")
+        return IllegalTransition(self.name, state, event, self.table.decision(state, event).note)
+
+
+class Stepper:
+    """One running instance of a compiled table."""
+
+    __slots__ = ("_m", "_s", "_dispatch")
+
+    def __init__(self, machine: CompiledMachine, index: int) -> None:
+        self._m = machine
+        self._s = index
+        self._dispatch = machine._dispatch
+
+    def fire(self, event: str) -> tuple[str | None, enum.Enum]:
+        """Apply `event`: returns (action, new state) or raises IllegalTransition (state kept)."""
+        entry = self._dispatch[self._s].get(event)
+        if entry is None:
+            raise self._m.illegal(self._s, event)
+        self._s = entry[0]
+        return entry[1]
+
+    def allows(self, event: str) -> bool:
+        return event in self._dispatch[self._s]
+
+    @property
+    def state(self) -> enum.Enum:
+        return self._m._members[self._s]
+
+    @property
+    def terminal(self) -> bool:
+        return self._m._terminal[self._s]
+
+    @property
+    def machine(self) -> CompiledMachine:
+        return self._m
+
+    def __repr__(self) -> str:
+        return f"<Stepper {self._m.name} at {self.state.value}>"
+
+
+_CACHE: dict[str, CompiledMachine] = {}
+
+
+def compile_table(table: Table) -> CompiledMachine:
+    """Compile any Table (a shipped one or one loaded from a file)."""
+    return CompiledMachine(table)
+
+
+def compiled(name: str) -> CompiledMachine:
+    """The compiled machine of a shipped table, built once per process."""
+    m = _CACHE.get(name)
+    if m is None:
+        m = _CACHE[name] = CompiledMachine(load_spec(name))
+    return m
+

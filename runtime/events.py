@@ -1,0 +1,124 @@
+"""The trace: one Event per observable step of a request (DESIGN, "The trace"; §4.12 last part).
+
+Kinds are fixed (EventKind); `data` holds the fields each kind documents. A Trace hands out the
+per-request index and a monotonic time; serialisation to JSON Lines happens off the hot path.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, TextIO
+
+import attrs
+
+
+class EventKind(enum.StrEnum):
+    REQUEST_CREATED = "request.created"  # request parameters (stop, limits, seed ...)
+    LIFECYCLE = "lifecycle.transition"  # from, to, event, action
+    PREFILL_STARTED = "prefill.started"
+    PREFILL_COMPLETED = "prefill.completed"  # cache_len
+    TOKEN_SELECTED = "token.selected"  # step, token, eos
+    DECODE_STARTED = "decode.started"  # step
+    DECODE_COMPLETED = "decode.completed"  # step, cache_len
+    STOP_HIT = "stop.hit"  # stop, rule_version, kind ("string" | "token_ids")
+    RESPONSE_START = "response.start"  # request_id, model
+    RESPONSE_DELTA = "response.delta"  # seq, bytes
+    RESPONSE_COMPLETED = "response.completed"  # seq, finish_reason, usage
+    RESPONSE_CANCELLED = "response.cancelled"  # seq, finish_reason, usage
+    RESPONSE_FAILED = "response.failed"  # seq, finish_reason, usage, error
+    CANCEL_REQUESTED = "cancel.requested"
+    CANCEL_OBSERVED = "cancel.observed"
+    DEADLINE_EXCEEDED = "deadline.exceeded"
+    TRANSPORT = "transport"  # what: "disconnect" | "reconnect" | "send_failed"
+    RESOURCE_ACQUIRED = "resource.acquired"  # resource
+    RESOURCE_RELEASED = "resource.released"  # resource
+    RESOURCE_VIOLATION = "resource.violation"  # resource, problem ("double_release" | "leak")
+    FAULT_INJECTED = "fault.injected"  # point, step, action
+    TIMINGS = "timings"  # queue_s, prefill_s, decode_s, stop_buffer_s, send_s
+
+
+TERMINAL_KINDS = frozenset(
+    {EventKind.RESPONSE_COMPLETED, EventKind.RESPONSE_CANCELLED, EventKind.RESPONSE_FAILED}
+)
+
+
+@attrs.frozen(slots=True)
+class Event:
+    """One trace entry. `data` is a plain mapping; `bytes` values serialise as latin-1 text."""
+
+    kind: str
+    request_id: str
+    index: int
+    t: float
+    data: Mapping[str, Any] = attrs.field(factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": str(self.kind),
+            "request_id": self.request_id,
+            "index": self.index,
+            "t": self.t,
+            "data": {k: _jsonable(v) for k, v in self.data.items()},
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> Event:
+        data = dict(obj.get("data", {}))
+        if "bytes" in data and isinstance(data["bytes"], dict):
+            data["bytes"] = bytes.fromhex(data["bytes"]["hex"])
+        return cls(kind=obj["kind"], request_id=obj["request_id"], index=obj["index"], t=obj["t"], data=data)
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, (bytes, bytearray)):
+        return {"hex": bytes(v).hex(), "text": bytes(v).decode("utf-8", "replace")}
+    if isinstance(v, enum.Enum):
+        return v.value
+    if isinstance(v, Mapping):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if attrs.has(type(v)):
+        return {k: _jsonable(x) for k, x in attrs.asdict(v, recurse=False).items()}
+    return v
+
+
+class Trace:
+    """Append-only event log of one request; `emit` is the only writer."""
+
+    __slots__ = ("request_id", "events", "_clock", "_listeners")
+
+    def __init__(self, request_id: str, clock=time.monotonic) -> None:
+        self.request_id = request_id
+        self.events: list[Event] = []
+        self._clock = clock
+        self._listeners: list = []
+
+    def subscribe(self, fn) -> None:
+        """Call `fn(event)` for every later event (the CLI's --events, the fault injector)."""
+        self._listeners.append(fn)
+
+    def emit(self, kind: str, **data: Any) -> Event:
+        ev = Event(kind, self.request_id, len(self.events), self._clock(), data)
+        self.events.append(ev)
+        for fn in self._listeners:
+            fn(ev)
+        return ev
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self.events)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+
+def write_jsonl(events: Iterable[Event], fh: TextIO) -> None:
+    for ev in events:
+        fh.write(json.dumps(ev.to_json(), ensure_ascii=False) + "\n")
+
+
+def read_jsonl(fh: TextIO) -> list[Event]:
+    return [Event.from_json(json.loads(line)) for line in fh if line.strip()]

@@ -1,0 +1,195 @@
+"""Load a table from TOML and refuse a broken one with an error naming file, entry and problem.
+
+Validation classes (DESIGN, spec/): unknown target, unreachable state, non-terminal state that
+cannot reach a terminal, undeclared event (or state), row out of a terminal state, duplicate
+pair, undecided pair; plus a reason outside the ten of §4.10.
+"""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from .tables import Decision, Table
+from .vocabulary import DecisionKind, FinishReason
+
+SPEC_DIR = Path(__file__).resolve().parent
+MACHINES = ("lifecycle", "stop_matcher", "detokenizer", "stream", "resources")
+_HEADER = ("name", "anchor", "spec_version", "initial", "terminal", "states", "events")
+_SECTIONS = {"row": DecisionKind.ROW, "ignore": DecisionKind.IGNORE, "reject": DecisionKind.REJECT}
+_REASONS = frozenset(r.value for r in FinishReason)
+
+
+class SpecError(ValueError):
+    """A table that cannot be loaded; the message names the file, the entry and the problem."""
+
+    def __init__(self, source: str, where: str, problem: str) -> None:
+        self.source, self.where, self.problem = source, where, problem
+        super().__init__(f"{source}: {where}: {problem}")
+
+
+def spec_path(name: str) -> Path:
+    """The packaged file of machine `name`."""
+    if name not in MACHINES:
+        raise SpecError(name, "name", f"no such machine; known: {', '.join(MACHINES)}")
+    return SPEC_DIR / f"{name}.toml"
+
+
+@functools.cache
+def load_spec(name: str) -> Table:
+    """The validated table of a shipped machine (`lifecycle`, `stop_matcher`, ...)."""
+    path = spec_path(name)
+    return load_text(path.read_text(encoding="utf-8"), source=f"spec/{path.name}")
+
+
+def load_file(path: str | Path) -> Table:
+    """Load and validate a table from any TOML file."""
+    p = Path(path)
+    return load_text(p.read_text(encoding="utf-8"), source=str(p))
+
+
+def load_text(text: str, source: str = "<text>") -> Table:
+    """Parse TOML text into a validated Table, or raise SpecError."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(source, "syntax", str(exc)) from None
+    return build_table(data, source)
+
+
+def build_table(data: dict[str, Any], source: str) -> Table:
+    """Validate parsed table data; every check names the entry it refuses."""
+    for key in _HEADER:
+        if key not in data:
+            raise SpecError(source, "header", f"missing key '{key}'")
+    states = tuple(data["states"])
+    events = tuple(data["events"])
+    terminal = tuple(data["terminal"])
+    for label, seq in (("states", states), ("events", events), ("terminal", terminal)):
+        dup = _first_duplicate(seq)
+        if dup is not None:
+            raise SpecError(source, label, f"'{dup}' is listed twice")
+    if data["initial"] not in states:
+        raise SpecError(source, "initial", f"undeclared state '{data['initial']}'")
+    for t in terminal:
+        if t not in states:
+            raise SpecError(source, "terminal", f"undeclared state '{t}'")
+
+    decisions: dict[tuple[str, str], Decision] = {}
+    for section, kind in _SECTIONS.items():
+        for i, entry in enumerate(data.get(section, []), start=1):
+            where = f"{section} {i}"
+            for d in _entry_decisions(entry, kind, where, source):
+                _check_entry(d, states, events, terminal, source)
+                key = (d.state, d.event)
+                if key in decisions:
+                    first = decisions[key].where
+                    raise SpecError(
+                        source, where, f"duplicate pair ({d.state}, {d.event}), first decided in {first}"
+                    )
+                decisions[key] = d
+
+    for s in states:
+        for e in events:
+            if (s, e) not in decisions:
+                raise SpecError(source, f"state {s}", f"undecided pair ({s}, {e}): add a row, an ignore or a reject")
+
+    _check_graph(data["initial"], states, terminal, decisions, source)
+    params = {k: v for k, v in data.items() if k not in _HEADER and k not in _SECTIONS}
+    return Table(
+        name=data["name"],
+        anchor=data["anchor"],
+        spec_version=int(data["spec_version"]),
+        initial=data["initial"],
+        terminal=terminal,
+        states=states,
+        events=events,
+        decisions={k: decisions[k] for k in sorted(decisions, key=lambda k: (states.index(k[0]), events.index(k[1])))},
+        params=params,
+        source=source,
+    )
+
+
+def _entry_decisions(entry: dict[str, Any], kind: DecisionKind, where: str, source: str) -> list[Decision]:
+    if "state" not in entry:
+        raise SpecError(source, where, "missing 'state'")
+    if kind is DecisionKind.ROW:
+        for key in ("event", "target", "action", "anchor"):
+            if key not in entry:
+                raise SpecError(source, where, f"missing '{key}'")
+        evs = [entry["event"]]
+    else:
+        if ("event" in entry) == ("events" in entry):
+            raise SpecError(source, where, "give exactly one of 'event' or 'events'")
+        evs = [entry["event"]] if "event" in entry else list(entry["events"])
+    return [
+        Decision(
+            kind=kind,
+            state=entry["state"],
+            event=e,
+            target=entry.get("target", entry["state"]) if kind is DecisionKind.ROW else entry["state"],
+            action=entry.get("action"),
+            anchor=entry.get("anchor"),
+            note=entry.get("note", ""),
+            reason=entry.get("reason"),
+            where=where,
+        )
+        for e in evs
+    ]
+
+
+def _check_entry(d: Decision, states: tuple, events: tuple, terminal: tuple, source: str) -> None:
+    if d.state not in states:
+        raise SpecError(source, d.where, f"undeclared state '{d.state}'")
+    if d.event not in events:
+        raise SpecError(source, d.where, f"undeclared event '{d.event}' in ({d.state}, {d.event})")
+    if d.kind is DecisionKind.ROW:
+        if d.target not in states:
+            raise SpecError(source, d.where, f"unknown target '{d.target}' in ({d.state}, {d.event})")
+        if d.state in terminal:
+            raise SpecError(
+                source, d.where, f"row out of terminal state {d.state} on '{d.event}': terminal states are irreversible"
+            )
+    if d.reason is not None and d.reason not in _REASONS:
+        raise SpecError(source, d.where, f"unknown finish reason '{d.reason}' (§4.10 lists {sorted(_REASONS)})")
+
+
+def _check_graph(initial: str, states: tuple, terminal: tuple, decisions: dict, source: str) -> None:
+    succ: dict[str, set[str]] = {s: set() for s in states}
+    for d in decisions.values():
+        if d.kind is DecisionKind.ROW:
+            succ[d.state].add(d.target)
+    seen = _closure([initial], succ)
+    for s in states:
+        if s not in seen:
+            raise SpecError(source, f"state {s}", f"unreachable state {s}: no row leads to it from {initial}")
+    pred: dict[str, set[str]] = {s: set() for s in states}
+    for a, targets in succ.items():
+        for b in targets:
+            pred[b].add(a)
+    can_end = _closure(list(terminal), pred)
+    for s in states:
+        if s not in can_end:
+            raise SpecError(source, f"state {s}", f"non-terminal state {s} cannot reach a terminal state")
+
+
+def _closure(start: list[str], edges: dict[str, set[str]]) -> set[str]:
+    seen, todo = set(start), deque(start)
+    while todo:
+        for nxt in sorted(edges[todo.popleft()]):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def _first_duplicate(seq: tuple) -> str | None:
+    seen: set = set()
+    for x in seq:
+        if x in seen:
+            return x
+        seen.add(x)
+    return None

@@ -1,0 +1,69 @@
+"""Frozen value types for a transition table (one file per machine in spec/)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from .vocabulary import DecisionKind
+
+
+@attrs.frozen
+class Decision:
+    """How one (state, event) pair is decided.
+
+    ``kind`` is a row (a transition, maybe to the same state), an ignore (no state change,
+    optionally an action with no effect on control state) or a rejection (IllegalTransition).
+    """
+
+    kind: DecisionKind
+    state: str
+    event: str
+    target: str
+    action: str | None = None
+    anchor: str | None = None
+    note: str = ""
+    reason: str | None = None
+    where: str = ""  # "row 3", "ignore 2", "reject 5": the entry in the file
+
+    @property
+    def allowed(self) -> bool:
+        return self.kind is not DecisionKind.REJECT
+
+
+@attrs.frozen
+class Table:
+    """A validated transition table: every (state, event) pair has exactly one Decision."""
+
+    name: str
+    anchor: str
+    spec_version: int
+    initial: str
+    terminal: tuple[str, ...]
+    states: tuple[str, ...]
+    events: tuple[str, ...]
+    decisions: Mapping[tuple[str, str], Decision] = attrs.field(repr=False)
+    params: Mapping[str, Any] = attrs.field(factory=dict, repr=False)
+    source: str = ""
+    State: type[enum.Enum] = attrs.field(init=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        camel = "".join(p.capitalize() for p in self.name.split("_"))
+        state_enum = enum.StrEnum(f"{camel}State", [(s, s) for s in self.states])
+        object.__setattr__(self, "State", state_enum)
+
+    def decision(self, state: str, event: str) -> Decision:
+        return self.decisions[(str(state), event)]
+
+    @property
+    def rows(self) -> tuple[Decision, ...]:
+        return tuple(d for d in self.decisions.values() if d.kind is DecisionKind.ROW)
+
+    def allowed_events(self, state: str) -> tuple[str, ...]:
+        return tuple(e for e in self.events if self.decisions[(str(state), e)].allowed)
+
+    def is_terminal(self, state: str) -> bool:
+        return str(state) in self.terminal
