@@ -1,0 +1,152 @@
+"""The `decodespec` command line (click): the tables, their diagrams, and the commands of other modules.
+
+    decodespec spec validate [--file PATH]...   load and validate tables, print their sizes
+    decodespec spec show NAME                   a table as Markdown (§4.1 ... §4.10 anchors per row)
+    decodespec diagrams [--out DIR]             write DOT and SVG of the five machines
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table as RichTable
+
+from . import __version__
+from .spec import MACHINES, DecisionKind, SpecError, Table, load_file, load_spec
+
+
+@click.group()
+@click.version_option(__version__, prog_name="decodespec")
+def main() -> None:
+    """decodespec: executable semantics of the LLM decode loop (seed chapter 4)."""
+
+
+@main.group()
+def spec() -> None:
+    """Inspect and validate the transition tables in spec/."""
+
+
+@spec.command()
+@click.option(
+    "--file",
+    "files",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Validate this table file instead of the shipped ones (repeatable).",
+)
+def validate(files: tuple[Path, ...]) -> None:
+    """Validate the shipped tables (or --file ones); exit 1 with the error on a broken table."""
+    tables = []
+    try:
+        for source in files or MACHINES:
+            tables.append(load_file(source) if files else load_spec(source))
+    except SpecError as exc:
+        click.echo(f"invalid table: {exc}", err=True)
+        sys.exit(1)
+    Console(width=100).print(_summary(tables))
+    click.echo(f"{len(tables)} table(s) valid")
+
+
+@spec.command()
+@click.argument("name", type=click.Choice(MACHINES))
+def show(name: str) -> None:
+    """Print table NAME as Markdown: decided pairs, then rejections per state."""
+    click.echo(to_markdown(load_spec(name)), nl=False)
+
+
+@main.command()
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Output folder (default: diagrams/ of the checkout you are in, else ./diagrams).",
+)
+@click.option(
+    "--format",
+    "formats",
+    multiple=True,
+    type=click.Choice(["dot", "svg"]),
+    default=("dot", "svg"),
+    show_default=True,
+)
+def diagrams(out: Path | None, formats: tuple[str, ...]) -> None:
+    """Render every machine's diagram (terminal states double, anchors on edges)."""
+    from .machine.diagrams import GraphvizMissing, render_all
+
+    try:
+        written = render_all(out or default_diagrams_dir(), formats=formats)
+    except GraphvizMissing as exc:
+        raise click.ClickException(str(exc)) from exc
+    for path in written:
+        click.echo(str(path))
+
+
+def default_diagrams_dir(start: Path | None = None) -> Path:
+    """diagrams/ at the root of the decodespec checkout containing `start` (cwd), else ./diagrams."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "pyproject.toml").is_file() and (folder / "spec" / "lifecycle.toml").is_file():
+            return folder / "diagrams"
+    return here / "diagrams"
+
+
+def to_markdown(table: Table) -> str:
+    """One line per decided (state, event) pair (rows and ignores), then rejections per state."""
+    params = "".join(f" · {k}: {_cell(v)}" for k, v in table.params.items())
+    lines = [
+        f"# {table.name} ({table.anchor})",
+        "",
+        f"spec_version {table.spec_version} · initial {table.initial} · "
+        f"terminal {', '.join(table.terminal)}{params}",
+        "",
+        "| state | event | decision | target | action | reason | anchor | note |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for d in table.decisions.values():
+        if d.allowed:
+            cells = (d.state, d.event, d.kind.value, d.target, d.action, d.reason, d.anchor, d.note)
+            lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    lines += ["", "## Rejections", ""]
+    for state in table.states:
+        groups: dict[str, list[str]] = {}
+        for e in table.events:
+            d = table.decision(state, e)
+            if d.kind is DecisionKind.REJECT:
+                groups.setdefault(d.note, []).append(e)
+        for note, events in groups.items():
+            reason = f": {note}" if note else ""
+            lines.append(f"- **{state}**: {', '.join(f'`{e}`' for e in events)}{reason}")
+    return "\n".join(lines) + "\n"
+
+
+def _summary(tables: list[Table]) -> RichTable:
+    out = RichTable(title="decodespec tables")
+    for col in ("machine", "anchor", "version", "states", "events", "rows", "ignores", "rejects"):
+        out.add_column(col, justify="left" if col in ("machine", "anchor") else "right")
+    for t in tables:
+        counts = {k: 0 for k in DecisionKind}
+        for d in t.decisions.values():
+            counts[d.kind] += 1
+        out.add_row(
+            t.name, t.anchor, str(t.spec_version), str(len(t.states)), str(len(t.events)),
+            *(str(counts[k]) for k in (DecisionKind.ROW, DecisionKind.IGNORE, DecisionKind.REJECT)),
+        )
+    return out
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, list | tuple):
+        return ", ".join(map(str, value))
+    return str(value).replace("|", "\\|")
+
+
+# --- Commands of other modules -------------------------------------------------------------
+# One pair of lines per command, each importing from its own module decodespec/cli_<name>.py:
+#     from .cli_<name> import <command>  # noqa: E402
+#     main.add_command(<command>)
+# (generate, experiment, check, conform, serve, bench go here.)
