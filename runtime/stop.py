@@ -1,0 +1,391 @@
+"""Cross-token stop matching (§4.6): stop strings on the output byte stream, stop token-id
+sequences on the token stream.
+
+A stop string can begin in one token and end several tokens later, so the matcher may not emit a
+byte while it could still be the start of a stop: it holds back exactly the longest suffix of the
+output that is a proper prefix of some stop string, and emits the rest. All stops of a set are
+matched at once by one Aho-Corasick automaton whose failure links are resolved into a flat
+transition table, built once per stop set and cached; a byte costs one table lookup whatever the
+number of stops.
+
+Several matches (spec/DECISIONS.md, ``stop_rule_version`` 1, after §4.6): the match that ends
+earliest in the stream wins; at the same end, the longest; then the first in configuration
+order. The automaton reaches a match at the first byte where any stop ends, and each automaton
+state knows the longest stop that is a suffix of it, so the rule falls out of the construction.
+
+Control state lives in the ``stop_matcher`` table: each push is classified as ``clear`` (nothing
+held), ``hold`` (a suffix held back) or ``hit``; ``flush`` and ``discard`` close the matcher. The
+first hit is absorbing (§4.3): the table rejects any later push or flush with IllegalTransition.
+Stops match the output only, never the prompt (DECISIONS).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import attrs
+
+from ..machine import compiled
+from ..spec import load_spec
+
+RULE_VERSION: int = load_spec("stop_matcher").params["stop_rule_version"]
+DEFAULT_MAX_STOPS = 4096
+
+
+class StopKind(enum.StrEnum):
+    """Which stream a stop was matched on (§4.6: token ids vs decoded bytes)."""
+
+    STRING = "string"
+    TOKEN_IDS = "token_ids"
+
+
+@attrs.frozen(slots=True)
+class StopHit:
+    """The winning match of a stop (§4.6).
+
+    ``stop`` is the stop exactly as configured (str, bytes, or a tuple of token ids), ``index`` its
+    position in the configured list; ``start``/``end`` (end exclusive) are offsets in the whole
+    output seen by the matcher: bytes for strings, token positions for token ids.
+    """
+
+    stop: str | bytes | tuple[int, ...]
+    index: int
+    start: int
+    end: int
+    rule_version: int = RULE_VERSION
+    kind: StopKind = StopKind.STRING
+
+
+# -- automaton construction (once per stop set) -------------------------------------------------
+
+
+@attrs.frozen(slots=True)
+class _Trie:
+    """Aho-Corasick over any hashable symbols, failure links resolved into per-node maps.
+
+    ``goto[n]`` maps a symbol to the next node (an absent symbol leads to the root); ``win[n]`` is
+    the stop that wins when node n is reached (the longest stop that is a suffix of n's string,
+    first configured among equal ones) or -1; ``depth[n]`` the length of n's string, which is
+    ``stops[via[n]][:depth[n]]``; ``lengths[i]`` the length of stop i.
+    """
+
+    goto: tuple[dict[Hashable, int], ...]
+    win: tuple[int, ...]
+    depth: tuple[int, ...]
+    via: tuple[int, ...]
+    lengths: tuple[int, ...]
+
+
+def _build_trie(stops: Sequence[Sequence[Hashable]]) -> _Trie:
+    children: list[dict[Hashable, int]] = [{}]
+    depth, via, own = [0], [-1], [-1]
+    for i, stop in enumerate(stops):
+        node = 0
+        for sym in stop:
+            nxt = children[node].get(sym)
+            if nxt is None:
+                nxt = len(children)
+                children[node][sym] = nxt
+                children.append({})
+                depth.append(depth[node] + 1)
+                via.append(i)
+                own.append(-1)
+            node = nxt
+        if own[node] < 0:  # duplicates: the first configured wins
+            own[node] = i
+    n = len(children)
+    fail, win = [0] * n, own[:]
+    goto: list[dict[Hashable, int]] = [{} for _ in range(n)]
+    goto[0] = dict(children[0])
+    queue = list(children[0].values())
+    for node in queue:  # breadth first: a failure target is always shallower, hence done
+        goto[node] = {**goto[fail[node]], **children[node]}
+        for sym, child in children[node].items():
+            fail[child] = goto[fail[node]].get(sym, 0)
+            if win[child] < 0:
+                win[child] = win[fail[child]]
+            queue.append(child)
+    return _Trie(tuple(goto), tuple(win), tuple(depth), tuple(via), tuple(len(s) for s in stops))
+
+
+@attrs.frozen(slots=True)
+class _ByteAutomaton:
+    """The flat transition table of a byte stop set.
+
+    Bytes are first mapped to classes (one per byte value used by some stop, class 0 for all
+    others) with ``bytes.translate``; a state is stored pre-multiplied by ``stride`` so a step is
+    ``delta[state + cls]``. A transition into a winning node is stored as ``~index`` (negative).
+    """
+
+    delta: tuple[int, ...]
+    classes: bytes
+    stride: int
+    trie: _Trie
+
+
+@functools.lru_cache(maxsize=128)
+def _byte_automaton(stops: tuple[bytes, ...]) -> _ByteAutomaton:
+    trie = _build_trie(stops)
+    alphabet = sorted({b for s in stops for b in s})
+    first = 0 if len(alphabet) == 256 else 1  # class 0 stands for every byte no stop uses
+    cls = [0] * 256
+    for k, b in enumerate(alphabet):
+        cls[b] = first + k
+    stride = first + len(alphabet)
+    delta = [0] * (len(trie.goto) * stride)
+    for node, row in enumerate(trie.goto):
+        base = node * stride
+        for b, nxt in row.items():
+            w = trie.win[nxt]
+            delta[base + cls[b]] = ~w if w >= 0 else nxt * stride
+    return _ByteAutomaton(tuple(delta), bytes(cls), stride, trie)
+
+
+@attrs.frozen(slots=True)
+class _TokenAutomaton:
+    """Per-node maps token id -> next state (absent: root); ``~index`` marks a winning node."""
+
+    delta: tuple[dict[int, int], ...]
+    trie: _Trie
+
+
+@functools.lru_cache(maxsize=128)
+def _token_automaton(seqs: tuple[tuple[int, ...], ...]) -> _TokenAutomaton:
+    trie = _build_trie(seqs)
+    delta = tuple(
+        {t: (~trie.win[nxt] if trie.win[nxt] >= 0 else nxt) for t, nxt in row.items()}
+        for row in trie.goto
+    )
+    return _TokenAutomaton(delta, trie)
+
+
+# -- input validation ---------------------------------------------------------------------------
+
+
+def _check_list(values: Any, what: str, item: str, max_stops: int) -> None:
+    """Refuse a bare string/bytes, a non-sequence, or too many entries, naming the value."""
+    if isinstance(values, (str, bytes, bytearray)):
+        raise TypeError(
+            f"{what} must be a list of {item}, not a bare {type(values).__name__}; "
+            f"pass [{values!r}] for a single stop"
+        )
+    if not isinstance(values, Sequence):
+        raise TypeError(f"{what} must be a list or tuple of {item}, got {type(values).__name__}")
+    if isinstance(max_stops, bool) or not isinstance(max_stops, int) or max_stops < 1:
+        raise ValueError(f"max_stops must be a positive int, got {max_stops!r}")
+    if len(values) > max_stops:
+        raise ValueError(f"{what}: {len(values)} stops given, more than max_stops={max_stops}")
+
+
+def _encode_stop(i: int, stop: Any) -> bytes:
+    if isinstance(stop, str):
+        raw = stop.encode("utf-8")
+    elif isinstance(stop, bytes):
+        raw = stop
+    else:
+        raise TypeError(f"stops[{i}] must be str or bytes, got {type(stop).__name__}: {stop!r}")
+    if not raw:
+        raise ValueError(f"stops[{i}] is empty: a stop string needs at least one byte")
+    return raw
+
+
+def _token_sequence(i: int, seq: Any) -> tuple[int, ...]:
+    if isinstance(seq, (str, bytes, bytearray)) or not isinstance(seq, Sequence):
+        raise TypeError(
+            f"sequences[{i}] must be a list of token ids, got {type(seq).__name__}: {seq!r}"
+        )
+    if not seq:
+        raise ValueError(f"sequences[{i}] is empty: a stop sequence needs at least one token id")
+    for j, t in enumerate(seq):
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise TypeError(f"sequences[{i}][{j}] must be an int token id, got {type(t).__name__}: {t!r}")
+        if t < 0:
+            raise ValueError(f"sequences[{i}][{j}] is a negative token id: {t}")
+    return tuple(int(t) for t in seq)
+
+
+# -- the matchers -------------------------------------------------------------------------------
+
+
+class _TableControl:
+    """What both matchers share: the ``stop_matcher`` stepper and the absorbing first hit."""
+
+    __slots__ = ("_st", "_hit")
+
+    def __init__(self) -> None:
+        self._st = compiled("stop_matcher").new()
+        self._hit: StopHit | None = None
+
+    @property
+    def state(self) -> enum.Enum:
+        """The control state (SCANNING, HOLDING, HIT, FLUSHED, DISCARDED)."""
+        return self._st.state
+
+    @property
+    def hit(self) -> StopHit | None:
+        """The first (winning) hit, once one occurred."""
+        return self._hit
+
+
+class StopMatcher(_TableControl):
+    """Stop strings on the output byte stream (§4.6): bytes in, safe bytes out.
+
+    ``push`` returns the bytes now safe to emit and the hit, if any. Without a hit the matcher
+    holds exactly the longest output suffix that is a proper prefix of some stop; after a hit it
+    holds the match and everything pushed after it, which are never returned and are dropped by
+    ``discard_from_first_match`` (§4.3). ``flush`` ends the output without a hit and returns the
+    held bytes (flush_safe_suffix, §4.3).
+    """
+
+    __slots__ = ("_stops", "_auto", "_delta", "_classes", "_stride", "_depth", "_s", "_held", "_pos")
+
+    def __init__(self, stops: Sequence[str | bytes], *, max_stops: int = DEFAULT_MAX_STOPS) -> None:
+        _check_list(stops, "stops", "str or bytes", max_stops)
+        encoded = tuple(_encode_stop(i, s) for i, s in enumerate(stops))
+        super().__init__()
+        self._stops = tuple(stops)
+        self._auto = auto = _byte_automaton(encoded)
+        self._delta, self._classes, self._stride = auto.delta, auto.classes, auto.stride
+        self._depth = auto.trie.depth
+        self._s = 0  # automaton state (pre-multiplied node index)
+        self._held = b""
+        self._pos = 0  # bytes pushed so far
+
+    @property
+    def stops(self) -> tuple[str | bytes, ...]:
+        return self._stops
+
+    @property
+    def held(self) -> bytes:
+        """Bytes pushed but not (yet) returned."""
+        return self._held
+
+    def push(self, data: bytes) -> tuple[bytes, StopHit | None]:
+        """Feed output bytes; return (safe bytes, the hit or None). §4.6."""
+        if type(data) is not bytes:
+            if not isinstance(data, (bytearray, memoryview)):
+                raise TypeError(f"push() takes bytes, got {type(data).__name__}: {data!r}")
+            data = bytes(data)
+        delta = self._delta
+        s = self._s
+        symbols = data.translate(self._classes)
+        for c in symbols:
+            s = delta[s + c]
+            if s < 0:
+                return self._on_hit(data, symbols, ~s)
+        keep = self._depth[s // self._stride]
+        buf = self._held + data if self._held else data
+        self._st.fire("hold" if keep else "clear")
+        self._s = s
+        self._pos += len(data)
+        if keep:
+            cut = len(buf) - keep
+            self._held = buf[cut:]
+            return buf[:cut], None
+        self._held = b""
+        return buf, None
+
+    def _on_hit(self, data: bytes, symbols: bytes, index: int) -> tuple[bytes, StopHit]:
+        delta, s, at = self._delta, self._s, 0
+        while s >= 0:  # find where in `data` the winning match ends (once per request)
+            s = delta[s + symbols[at]]
+            at += 1
+        end = self._pos + at
+        start = end - self._auto.trie.lengths[index]
+        hit = StopHit(self._stops[index], index, start, end, RULE_VERSION, StopKind.STRING)
+        self._st.fire("hit")
+        base = self._pos - len(self._held)
+        buf = self._held + data
+        self._s = 0
+        self._pos += len(data)
+        self._held = buf[start - base :]
+        self._hit = hit
+        return buf[: start - base], hit
+
+    def flush(self) -> bytes:
+        """End of output without a hit: the held suffix is safe after all (§4.3)."""
+        self._st.fire("flush")
+        out, self._held = self._held, b""
+        return out
+
+    def discard_from_first_match(self) -> None:
+        """After a hit: drop the match and everything after it (§4.3)."""
+        self._st.fire("discard")
+        self._held = b""
+
+    def __repr__(self) -> str:
+        return f"<StopMatcher {len(self._stops)} stops at {self.state.value}, held {self._held!r}>"
+
+
+class TokenStopMatcher(_TableControl):
+    """Stop token-id sequences on the token stream (§4.6), same rule and table as StopMatcher.
+
+    ``push`` takes one selected token id and returns the hit, if any; ``held`` is the longest
+    suffix of the token stream that is a proper prefix of some stop sequence (the caller decides
+    whether to withhold those tokens' text). Positions in a hit count tokens.
+    """
+
+    __slots__ = ("_seqs", "_auto", "_delta", "_s", "_pos")
+
+    def __init__(
+        self, sequences: Sequence[Sequence[int]], *, max_stops: int = DEFAULT_MAX_STOPS
+    ) -> None:
+        _check_list(sequences, "sequences", "token-id sequences", max_stops)
+        seqs = tuple(_token_sequence(i, s) for i, s in enumerate(sequences))
+        super().__init__()
+        self._seqs = seqs
+        self._auto = _token_automaton(seqs)
+        self._delta = self._auto.delta
+        self._s = 0  # automaton node
+        self._pos = 0  # tokens pushed so far
+
+    @property
+    def sequences(self) -> tuple[tuple[int, ...], ...]:
+        return self._seqs
+
+    @property
+    def held(self) -> tuple[int, ...]:
+        """The token ids of the current partial match (empty after a hit or a flush)."""
+        trie = self._auto.trie
+        return self._seqs[trie.via[self._s]][: trie.depth[self._s]] if self._s else ()
+
+    def push(self, token_id: int) -> StopHit | None:
+        """Feed one selected token id; return the hit or None. §4.6."""
+        if type(token_id) is not int:
+            if isinstance(token_id, bool) or not isinstance(token_id, int):
+                raise TypeError(f"push() takes an int token id, got {type(token_id).__name__}: {token_id!r}")
+            token_id = int(token_id)
+        if token_id < 0:
+            raise ValueError(f"push() got a negative token id: {token_id}")
+        s = self._delta[self._s].get(token_id, 0)
+        if s < 0:
+            index = ~s
+            end = self._pos + 1
+            hit = StopHit(
+                self._seqs[index], index, end - len(self._seqs[index]), end, RULE_VERSION,
+                StopKind.TOKEN_IDS,
+            )
+            self._st.fire("hit")
+            self._s, self._pos, self._hit = 0, end, hit
+            return hit
+        self._st.fire("hold" if s else "clear")
+        self._s = s
+        self._pos += 1
+        return None
+
+    def flush(self) -> tuple[int, ...]:
+        """End of the token stream without a hit: returns and forgets the partial match (§4.3)."""
+        self._st.fire("flush")
+        out = self.held
+        self._s = 0
+        return out
+
+    def discard_from_first_match(self) -> None:
+        """After a hit: close the matcher (§4.3)."""
+        self._st.fire("discard")
+
+    def __repr__(self) -> str:
+        return f"<TokenStopMatcher {len(self._seqs)} sequences at {self.state.value}>"
