@@ -150,3 +150,7 @@ def _cell(value: object) -> str:
 #     from .cli_<name> import <command>  # noqa: E402
 #     main.add_command(<command>)
 # (generate, experiment, check, conform, serve, bench go here.)
+from .cli_generate import experiment, generate  # noqa: E402
+
+main.add_command(generate)
+main.add_command(experiment)

@@ -17,7 +17,8 @@ import attrs
 
 class EventKind(enum.StrEnum):
     REQUEST_CREATED = "request.created"  # request parameters (stop, limits, seed ...)
-    LIFECYCLE = "lifecycle.transition"  # from, to, event, action
+    LIFECYCLE = "lifecycle.transition"  # from, to, event, action, reason
+    LIFECYCLE_IGNORED = "lifecycle.ignored"  # state, event, action (an [[ignore]] row fired)
     PREFILL_STARTED = "prefill.started"
     PREFILL_COMPLETED = "prefill.completed"  # cache_len
     TOKEN_SELECTED = "token.selected"  # step, token, eos
@@ -64,6 +65,15 @@ class Event:
             "data": {k: _jsonable(v) for k, v in self.data.items()},
         }
 
+    def describe(self) -> str:
+        """One readable line, e.g. `response.delta(seq=0, b'A')` (for the CLI and experiments)."""
+        parts = []
+        for k, v in self.data.items():
+            if v is None or k in ("usage",):
+                continue
+            parts.append(repr(bytes(v)) if k == "bytes" else f"{k}={v.value if isinstance(v, enum.Enum) else v!r}")
+        return f"{self.kind}({', '.join(parts)})"
+
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> Event:
         data = dict(obj.get("data", {}))
@@ -101,7 +111,7 @@ class Trace:
         """Call `fn(event)` for every later event (the CLI's --events, the fault injector)."""
         self._listeners.append(fn)
 
-    def emit(self, kind: str, **data: Any) -> Event:
+    def emit(self, kind: str, /, **data: Any) -> Event:
         ev = Event(kind, self.request_id, len(self.events), self._clock(), data)
         self.events.append(ev)
         for fn in self._listeners:

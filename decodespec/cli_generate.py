@@ -1,0 +1,100 @@
+"""`decodespec generate` and `decodespec experiment` (issue 4 item 7; §4.3, §4.11)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+
+def load_model_and_tokenizer(path: str | None, device: str = "cpu"):
+    """The embedded TinyLM (path None), a TinyLM folder, or a transformers checkpoint folder."""
+    from decodespec.runtime.models import HFModel, TinyLM
+    from decodespec.runtime.tokenizers import HFTokenizer
+
+    if path is None:
+        model = TinyLM.default(device=device)
+        return model, HFTokenizer(TinyLM.default_path())
+    folder = Path(path)
+    if not folder.is_dir():
+        raise click.BadParameter(f"{path} is not a folder holding a checkpoint", param_hint="--model")
+    model = TinyLM.from_pretrained(folder, device=device) if TinyLM.is_checkpoint(folder) else HFModel(folder, device=device)
+    return model, HFTokenizer(folder)
+
+
+@click.command()
+@click.argument("prompt")
+@click.option("--stop", multiple=True, help="A stop string (repeatable); matched across tokens (§4.6).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option("--top-k", type=click.IntRange(min=1), default=None)
+@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=None)
+@click.option("--seed", type=int, default=None)
+@click.option("--model", "model_path", type=click.Path(), default=None, help="A TinyLM or transformers checkpoint folder (default: the embedded model).")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--events", "events_to", type=click.Path(allow_dash=True), default=None, is_flag=False, flag_value="-",
+              help="Write the event trace as JSON Lines to FILE (or stderr with --events alone).")
+def generate(prompt, stop, max_tokens, temperature, top_k, top_p, seed, model_path, device, events_to) -> None:
+    """Stream a completion of PROMPT as it is produced, then print how it ended."""
+    from decodespec.runtime import Request
+    from decodespec.runtime import generate as run_generate
+    from decodespec.runtime.events import write_jsonl
+    from decodespec.runtime.errors import RequestError
+
+    model, tok = load_model_and_tokenizer(model_path, device)
+    try:
+        req = Request(prompt, stop=list(stop), max_output_tokens=max_tokens, temperature=temperature,
+                      top_k=top_k, top_p=top_p, seed=seed)
+    except RequestError as exc:
+        raise click.BadParameter(str(exc)) from None
+    decoder = _Utf8Writer(sys.stdout)
+    res = run_generate(req, model=model, tokenizer=tok, on_delta=decoder.write)
+    decoder.close()
+    u = res.usage
+    click.echo(
+        f"[{res.state.value} {res.finish_reason}{' ' + repr(res.stop) if res.stop else ''}; "
+        f"{u.selected_tokens} selected, {u.processed_tokens} processed, {u.returned_tokens} returned"
+        f"{'; ' + res.error if res.error else ''}]",
+        err=True,
+    )
+    if events_to is not None:
+        if events_to == "-":
+            write_jsonl(res.events, sys.stderr)
+        else:
+            with open(events_to, "w", encoding="utf-8") as fh:
+                write_jsonl(res.events, fh)
+    if res.state.value == "FAILED":
+        sys.exit(1)
+
+
+class _Utf8Writer:
+    """Writes streamed bytes to a text stream; deltas are whole UTF-8 characters by construction."""
+
+    def __init__(self, out) -> None:
+        self.out = out
+
+    def write(self, data: bytes) -> None:
+        self.out.write(data.decode("utf-8"))
+        self.out.flush()
+
+    def close(self) -> None:
+        self.out.write("\n")
+        self.out.flush()
+
+
+@click.command()
+@click.argument("name", type=click.Choice(["A", "B", "a", "b"]))
+def experiment(name: str) -> None:
+    """Run experiment A or B of §4.11, print the event order and check its claims."""
+    from decodespec.runtime.experiments import EXPERIMENTS
+
+    exp = EXPERIMENTS[name.upper()]()
+    click.echo(f"Experiment {exp.name}: {exp.title}")
+    for ev in exp.result.events:
+        click.echo(f"  {ev.index:3d}  {ev.describe()}")
+    click.echo(f"output: {exp.result.output!r}   state: {exp.result.state.value}   reason: {exp.result.finish_reason}")
+    for claim, ok in exp.claims:
+        click.echo(f"  [{'PASS' if ok else 'FAIL'}] {claim}")
+    if not exp.passed:
+        sys.exit(1)

@@ -1,0 +1,63 @@
+"""generate(): the single-path loop of §4.3, step for step, over a RequestRun.
+
+Model kernels run on a worker thread (runner.run_kernel) so that a cancel can land while a step
+is in flight: the step completes, its result is discarded, nothing is selected after it (§4.9).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from .errors import ModelError
+from .faults import FaultPlan
+from .request import Request
+from .result import Result
+from .runner import RequestRun, run_kernel
+
+
+def generate(
+    request: Request,
+    *,
+    model: Any,
+    tokenizer: Any,
+    faults: FaultPlan | None = None,
+    on_delta: Callable[[bytes], None] | None = None,
+    on_run: Callable[[RequestRun], None] | None = None,
+) -> Result:
+    """Run one request to its terminal state and return the Result with its full trace.
+
+    `on_delta(bytes)` sees each delta as it is sent; `on_run(run)` gets the RequestRun before the
+    loop starts (to subscribe to its trace or to cancel it from another thread).
+    """
+    if not isinstance(request, Request):
+        raise TypeError(f"generate() takes a Request, got {type(request).__name__}")
+    run = RequestRun(request, model=model, tokenizer=tokenizer, faults=faults)
+    if on_delta is not None:
+        run.on_delta(on_delta)
+    if on_run is not None:
+        on_run(run)
+    # generate() is its own reader: what it sends is consumed at once, so the stream's
+    # backpressure never parks a single-path request (the Engine is where slow readers matter).
+    run.inline_reader = True
+    if not run.admit() or not run.check_point():
+        return run.finish()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kernel-{request.request_id}") as pool:
+        try:
+            logits, cache = run_kernel(run, lambda: model.prefill(run.prompt_ids), run.begin_prefill, pool)
+        except ModelError as exc:
+            run.kernel_failed(exc)
+            return run.finish()
+        run.end_prefill(logits, cache)
+        while run.state == "DECODING" and run.check_point():
+            if not run.select():
+                break
+            tok = run.tokens[-1]
+            try:
+                logits = run_kernel(run, lambda: model.decode_one([run.cache], [tok])[0], run.begin_decode, pool)
+            except ModelError as exc:
+                run.kernel_failed(exc)
+                break
+            run.end_decode(logits)
+    return run.finish()

@@ -1,0 +1,120 @@
+"""A generation request and its validation (§4.3 normalize_request; DECISIONS D9).
+
+Malformed input never becomes a request: construction raises `RequestError` naming the field.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from .errors import RequestError
+from .grammar import Grammar, as_grammar
+
+MAX_STOPS = 1024
+_ids = itertools.count(1)
+
+
+def _prompt(value: Any) -> str | tuple[int, ...]:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        raise RequestError("prompt", "must be str or a list of token ids, not bytes")
+    if isinstance(value, Sequence):
+        ids = tuple(value)
+        for i, x in enumerate(ids):
+            if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+                raise RequestError("prompt", f"token id at index {i} must be a non-negative int, got {x!r}")
+        if not ids:
+            raise RequestError("prompt", "must not be empty")
+        return ids
+    raise RequestError("prompt", f"must be str or a list of token ids, got {type(value).__name__}")
+
+
+def _stops(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = (value,)
+    if not isinstance(value, Sequence):
+        raise RequestError("stop", f"must be a string or a list of strings, got {type(value).__name__}")
+    out = tuple(value)
+    if len(out) > MAX_STOPS:
+        raise RequestError("stop", f"at most {MAX_STOPS} stop strings, got {len(out)}")
+    for i, s in enumerate(out):
+        if not isinstance(s, str):
+            raise RequestError("stop", f"entry {i} must be a string, got {type(s).__name__}")
+        if not s:
+            raise RequestError("stop", f"entry {i} is empty")
+    return out
+
+
+def _stop_ids(value: Any) -> tuple[tuple[int, ...], ...]:
+    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
+        raise RequestError("stop_token_ids", "must be a list of token-id sequences")
+    out = []
+    for i, seq in enumerate(value):
+        seq = (seq,) if isinstance(seq, int) and not isinstance(seq, bool) else seq
+        if not isinstance(seq, Sequence) or not seq:
+            raise RequestError("stop_token_ids", f"entry {i} must be a non-empty list of token ids")
+        for x in seq:
+            if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+                raise RequestError("stop_token_ids", f"entry {i} holds {x!r}, not a non-negative int")
+        out.append(tuple(seq))
+    return tuple(out)
+
+
+def _positive_int(field: str, v: Any, *, allow_none: bool = False) -> None:
+    if v is None and allow_none:
+        return
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise RequestError(field, f"must be an int >= 1, got {v!r}")
+
+
+def _check(inst: Request, attribute: attrs.Attribute, value: Any) -> None:
+    name = attribute.name
+    if name == "max_output_tokens":
+        _positive_int(name, value)
+    elif name == "top_k":
+        _positive_int(name, value, allow_none=True)
+    elif name == "temperature":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
+            raise RequestError(name, f"must be a number in [0, 100], got {value!r}")
+    elif name == "top_p":
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1):
+            raise RequestError(name, f"must be in (0, 1], got {value!r}")
+    elif name == "seed":
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise RequestError(name, f"must be an int, got {value!r}")
+    elif name == "deadline_s":
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+            raise RequestError(name, f"must be a number of seconds >= 0, got {value!r}")
+    elif name == "policy":
+        if value not in ("pause", "buffer", "fail"):
+            raise RequestError(name, f"must be one of pause, buffer, fail; got {value!r}")
+
+
+@attrs.frozen(kw_only=True, init=False)
+class Request:
+    """What the client asked for (DESIGN "Public API"); immutable once built."""
+
+    prompt: str | tuple[int, ...] = attrs.field(converter=_prompt)
+    stop: tuple[str, ...] = attrs.field(default=(), converter=_stops)
+    stop_token_ids: tuple[tuple[int, ...], ...] = attrs.field(default=(), converter=_stop_ids)
+    max_output_tokens: int = attrs.field(default=16, validator=_check)
+    temperature: float = attrs.field(default=0.0, validator=_check)
+    top_k: int | None = attrs.field(default=None, validator=_check)
+    top_p: float | None = attrs.field(default=None, validator=_check)
+    seed: int | None = attrs.field(default=None, validator=_check)
+    deadline_s: float | None = attrs.field(default=None, validator=_check)
+    grammar: Grammar | None = attrs.field(default=None, converter=as_grammar)
+    request_id: str = attrs.field(default=None, converter=lambda v: v if v else f"req-{os.getpid()}-{next(_ids)}")
+    policy: str = attrs.field(default="pause", validator=_check)
+    max_buffer_events: int = 256
+    max_buffer_bytes: int = 1 << 20
+    content_policy: Any = None  # callable(bytes_so_far, new_chunk) -> bool (True: interrupt), D11
+
+    def __init__(self, prompt: str | Sequence[int], **kw: Any) -> None:  # positional prompt, rest keywords
+        self.__attrs_init__(prompt=prompt, **kw)

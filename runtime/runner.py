@@ -1,0 +1,540 @@
+"""One request's execution state across the loop of §4.3, shared by generate() and the Engine.
+
+The lifecycle's control state is the compiled `lifecycle` table; each table action names the side
+effect this module performs (`_ACTIONS`), and each row's `reason` fixes the finish reason (§4.10).
+The drivers (runtime/loop.py for one request, runtime/engine.py for a batch) call the phase methods
+in §4.3's order: admit, check_point, begin_prefill/end_prefill, select, begin_decode/end_decode,
+finish. Every lifecycle event is fired from the driver's thread; other threads only *request* a
+cancel (a flag observed at the safe points, §4.9).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..machine import compiled
+from ..spec import FinishReason, load_spec
+from .detokenizer import DecodingError, IncrementalDetokenizer
+from .errors import ModelError, TransportError
+from .events import EventKind, Trace
+from .faults import FaultAction, FaultPlan
+from .ledger import ResourceLedger
+from .request import Request
+from .result import Result, Usage
+from .sampling import Sampler, SamplingParams
+from .stop import StopMatcher, TokenStopMatcher
+from .stream import OrderedStream, StreamOverflow
+
+_LIFECYCLE = load_spec("lifecycle")
+# (state, event) -> the finish reason the row fixes, straight from the table.
+_REASONS = {k: FinishReason(d.reason) for k, d in _LIFECYCLE.decisions.items() if d.reason}
+_IGNORED = frozenset(k for k, d in _LIFECYCLE.decisions.items() if d.kind == "ignore")
+_MODEL_RESOURCES = ("kv_cache", "batch_slot", "rng_state")
+_STREAM_RESOURCES = ("stream_buffer", "trace_handle")
+# After these reasons the detokenizer tail lies past the end of the output: it is discarded,
+# finish() is not called (§4.3, DECISIONS D11). Every other reason drains with finish().
+_DISCARD_TAIL = frozenset({FinishReason.STOP_SEQUENCE, FinishReason.CONTENT_INTERRUPTED})
+# The stream call that carries each terminal lifecycle state (transition_and_emit_terminal).
+_TERMINAL_SEND: dict[str, Callable[[OrderedStream, FinishReason, dict, str], int]] = {
+    "FINISHED": lambda s, reason, usage, err: s.complete(reason, usage),
+    "CANCELLED": lambda s, reason, usage, err: s.cancel(usage),
+    "FAILED": lambda s, reason, usage, err: s.fail(reason, usage, err),
+}
+
+
+class _NoStops:
+    """Stand-in matcher for a request without stop strings: every byte is safe at once."""
+
+    held = b""
+    hit = None
+
+    def push(self, data: bytes) -> tuple[bytes, None]:
+        return data, None
+
+    def flush(self) -> bytes:
+        return b""
+
+    def discard_from_first_match(self) -> None:  # never called without a hit
+        raise AssertionError("no stop strings, no match to discard")
+
+
+class RequestRun:
+    """The StepState of §4.2 plus lifecycle, stream, ledger and trace of one request."""
+
+    def __init__(
+        self,
+        request: Request,
+        *,
+        model: Any,
+        tokenizer: Any,
+        faults: FaultPlan | None = None,
+        model_name: str = "",
+        clock: Callable[[], float] = time.monotonic,
+        pause_timeout_s: float | None = None,
+    ) -> None:
+        self.request = request
+        self.model = model
+        self.tokenizer = tokenizer
+        self.faults = faults or FaultPlan()
+        self.clock = clock
+        rid = request.request_id
+        self.trace = Trace(rid, clock)
+        self.life = compiled("lifecycle").new()
+        self.ledger = ResourceLedger(rid, trace=self.trace)
+        self.stream = OrderedStream(
+            rid,
+            policy=request.policy,
+            max_events=request.max_buffer_events,
+            max_bytes=request.max_buffer_bytes,
+            pause_timeout_s=pause_timeout_s,
+            usage_provider=lambda: self.usage().as_dict(),
+            trace=self.trace,
+        )
+        self.prompt_ids: list[int] = (
+            tokenizer.encode(request.prompt) if isinstance(request.prompt, str) else list(request.prompt)
+        )
+        self.eos_id: int | None = tokenizer.eos_id
+        self.detok = IncrementalDetokenizer(tokenizer, prompt_ids=self.prompt_ids)
+        self.stopper: StopMatcher | _NoStops = StopMatcher(request.stop) if request.stop else _NoStops()
+        self.token_stopper = TokenStopMatcher(request.stop_token_ids) if request.stop_token_ids else None
+        self._token_held: list[bytes] = []  # bytes of tokens that may still be a stop id sequence
+        self.sampler = Sampler(
+            SamplingParams(
+                temperature=request.temperature, top_k=request.top_k, top_p=request.top_p, seed=request.seed
+            ),
+            model.vocab_size,
+            getattr(model, "device", "cpu"),
+        )
+        self.cache: Any = None
+        self.logits: torch.Tensor | None = None
+        self.tokens: list[int] = []
+        self.decoded = 0
+        self.output = bytearray()
+        self._byte_marks: list[int] = []  # detokenized bytes so far, after each token (usage D7)
+        self._detok_total = 0
+        self.reason: FinishReason | None = None
+        self.error = ""
+        self.stop_hit: Any = None
+        self._cancel = threading.Event()
+        self._cancel_fired = False
+        self._deadline_forced = False
+        self._kernel_fault = False
+        self._poisoned: set[int] = set()
+        self._send_faults: set[int] = set()
+        self._lock = threading.Lock()
+        self._created = clock()
+        self._t = {"queue": 0.0, "prefill": 0.0, "decode": 0.0, "stop_buffer": 0.0, "send": 0.0}
+        self._held_since: float | None = None
+        self.deadline_at = self._created + request.deadline_s if request.deadline_s is not None else None
+        self._listeners: list[Callable[[Any], None]] = []
+        self.inline_reader = False  # generate() reads its own stream as it goes
+        if self.faults.faults:
+            self.trace.subscribe(self._inject)
+        self.trace.emit(
+            EventKind.REQUEST_CREATED,
+            prompt_tokens=len(self.prompt_ids),
+            stop=list(request.stop),
+            stop_token_ids=[list(s) for s in request.stop_token_ids],
+            max_output_tokens=request.max_output_tokens,
+            context_limit=model.context_limit,
+            eos_id=self.eos_id,
+            temperature=request.temperature,
+            top_k=request.top_k,
+            top_p=request.top_p,
+            seed=self.sampler.seed,
+            deadline_s=request.deadline_s,
+            policy=request.policy,
+        )
+        self.ledger.acquire("trace_handle")
+        self.ledger.acquire("stream_buffer")
+        self.stream.start(model_name or getattr(model, "name", type(model).__name__))
+
+    # ---- the lifecycle table -------------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        return self.life.state.value
+
+    @property
+    def done(self) -> bool:
+        return self.life.terminal
+
+    def fire(self, event: str, **data: Any) -> str | None:
+        """Fire a lifecycle event; log it (§4.12) and apply the row's reason and action."""
+        before = self.life.state
+        action, after = self.life.fire(event)
+        reason = _REASONS.get((before.value, event))
+        if reason is not None:
+            self.reason = reason
+        if action == "observe_cancel":
+            self.trace.emit(EventKind.CANCEL_OBSERVED, state=before.value)
+        if after is not before:
+            self.trace.emit(
+                EventKind.LIFECYCLE, **{"from": before.value}, to=after.value, event=event,
+                action=action, reason=reason.value if reason else None, **data,
+            )
+        elif (before.value, event) in _IGNORED:
+            self.trace.emit(EventKind.LIFECYCLE_IGNORED, state=before.value, event=event, action=action)
+        return action
+
+    # ---- requests from other threads ------------------------------------------------------
+
+    def cancel(self, source: str = "client") -> None:
+        """Request a cancel (§4.9 moment 1); the driver observes it at its next safe point."""
+        if not self._cancel.is_set():
+            self._cancel.set()
+            self.trace.emit(EventKind.CANCEL_REQUESTED, source=source)
+
+    def disconnect(self) -> None:
+        """The client went away: a transport fact, never EOS, not a cancel (DECISIONS D5)."""
+        self.stream.disconnect()
+
+    # ---- §4.3, phase by phase ---------------------------------------------------------------
+
+    def admit(self) -> bool:
+        """CREATED -> QUEUED, or a refusal (D9) or an early cancel (D2). True when queued."""
+        if self._cancel.is_set():
+            self._terminate("cancel")
+            return False
+        if len(self.prompt_ids) >= self.model.context_limit:
+            self.error = f"prompt of {len(self.prompt_ids)} tokens leaves no room in a context of {self.model.context_limit}"
+            self._terminate("reject")
+            return False
+        self.fire("enqueue")
+        return True
+
+    def check_point(self) -> bool:
+        """check_cancel_or_deadline (§4.3): True when the request may go on selecting."""
+        if self._cancel.is_set():
+            self._observe_cancel()
+            return False
+        if self._deadline_forced or (self.deadline_at is not None and self.clock() >= self.deadline_at):
+            self.trace.emit(EventKind.DEADLINE_EXCEEDED)
+            self.fire("deadline")
+            return False
+        return True
+
+    def _observe_cancel(self) -> None:
+        """§4.9 moment 2: fire `cancel` once; the table decides what it means in this state."""
+        if not self._cancel_fired:
+            self._cancel_fired = True
+            self.fire("cancel")
+
+    def observe_in_flight(self) -> None:
+        """Called while a kernel runs: a cancel that arrived by now is observed (§4.11 B)."""
+        if self._cancel.is_set():
+            self._observe_cancel()
+
+    def begin_prefill(self) -> None:
+        self._t["queue"] = self.clock() - self._created
+        self.fire("schedule")
+        for kind in _MODEL_RESOURCES:
+            self.ledger.acquire(kind, self._freer(kind))
+        self._t0 = self.clock()
+        self.trace.emit(EventKind.PREFILL_STARTED, step=0, prompt_tokens=len(self.prompt_ids))
+
+    def end_prefill(self, logits: torch.Tensor, cache: Any) -> None:
+        self._t["prefill"] = self.clock() - self._t0
+        self.cache = cache
+        self.logits = logits
+        self.trace.emit(EventKind.PREFILL_COMPLETED, step=0, cache_len=cache.length)
+        self.fire("prefill_done")
+        if self.state == "CANCEL_REQUESTED":
+            self.logits = None  # the prefill's result is discarded (§4.9)
+
+    def kernel_failed(self, exc: BaseException) -> None:
+        """A prefill or decode kernel raised: FAILED with model_error (or ignored after a cancel)."""
+        self.error = f"model_error: {exc}"
+        if self.state == "CANCEL_REQUESTED":
+            self.fire("model_error")  # the cancel wins (DECISIONS D2)
+            return
+        self._terminate("model_error")
+
+    def select(self) -> bool:
+        """Choose y_t and run every check of §4.3 on it; True when y_t must be decoded next."""
+        tok = self.sampler.choose(self.logits)
+        self.tokens.append(tok)
+        t = len(self.tokens)
+        self.life.fire("select")
+        eos = tok == self.eos_id
+        self.trace.emit(EventKind.TOKEN_SELECTED, step=t, token=tok, eos=eos)
+        if eos:
+            self._byte_marks.append(self._detok_total)
+            self.fire("eos")
+            return False
+        try:
+            if t in self._poisoned:
+                raise DecodingError(f"injected decoding error at step {t}")
+            new = self.detok.push(tok)
+        except DecodingError as exc:
+            self.error = f"decoding_error: {exc}"
+            self._byte_marks.append(self._detok_total)
+            self._terminate("decode_error")
+            return False
+        self._detok_total += len(new)
+        self._byte_marks.append(self._detok_total)
+        if self.token_stopper is not None:
+            token_hit = self.token_stopper.push(tok)
+            self._token_held.append(new)
+            keep = 0 if token_hit else len(self.token_stopper.held)
+            release = self._token_held[: len(self._token_held) - keep]
+            del self._token_held[: len(self._token_held) - keep]
+            if token_hit:
+                release = release[: len(release) - len(token_hit.stop)]  # the stop ids' bytes stay out
+            new = b"".join(release)
+        else:
+            token_hit = None
+        if not self._emit_safe(new):
+            return False
+        if self.stopper.hit is not None:
+            return self._stopped(self.stopper.hit, "string")
+        if token_hit is not None:
+            return self._stopped(token_hit, "token_ids")
+        req = self.request
+        if t >= req.max_output_tokens:
+            self.fire("length")
+        elif self.cache.length + 1 >= self.model.context_limit:
+            self.fire("context_full")
+        elif req.grammar is not None and req.grammar.complete(self.output.decode("utf-8", "replace")):
+            self.fire("grammar_done")
+        else:
+            return True
+        return False
+
+    def _stopped(self, hit: Any, kind: str) -> bool:
+        self.stop_hit = hit
+        self.trace.emit(EventKind.STOP_HIT, stop=hit.stop, rule_version=hit.rule_version, kind=kind)
+        self.fire("stop_hit")
+        return False
+
+    def _emit_safe(self, new: bytes) -> bool:
+        """detokenizer bytes -> stop matcher -> content policy -> stream. False when the run ended."""
+        if not new:
+            return True
+        safe, _hit = self.stopper.push(new)
+        held = bool(self.stopper.held)
+        now = self.clock()
+        if self._held_since is not None and not held:
+            self._t["stop_buffer"] += now - self._held_since
+            self._held_since = None
+        elif held and self._held_since is None:
+            self._held_since = now
+        policy = self.request.content_policy
+        if safe and policy is not None and policy(bytes(self.output), safe):
+            self.fire("content_interrupt")
+            return False
+        return self._send(safe)
+
+    def _send(self, data: bytes) -> bool:
+        if not data:
+            return True
+        t0 = self.clock()
+        seq = self.stream._next_seq
+        try:
+            if seq in self._send_faults:
+                raise TransportError(f"injected send failure at seq {seq}")
+            self.stream.delta(data)
+            if self.inline_reader:
+                while self.stream.get(timeout=0) is not None:
+                    pass
+        except (TransportError, StreamOverflow) as exc:
+            self.error = f"transport_error: {exc}"
+            self.trace.emit(EventKind.TRANSPORT, what="send_failed", seq=seq)
+            self._terminate("transport_error")
+            return False
+        self.output += data
+        self._t["send"] += self.clock() - t0
+        for fn in self._listeners:
+            fn(data)
+        return True
+
+    def begin_decode(self) -> None:
+        self._t0 = self.clock()
+        self.trace.emit(EventKind.DECODE_STARTED, step=len(self.tokens))
+
+    def end_decode(self, logits: torch.Tensor) -> None:
+        self._t["decode"] += self.clock() - self._t0
+        self.decoded += 1
+        self.trace.emit(EventKind.DECODE_COMPLETED, step=len(self.tokens), cache_len=self.cache.length)
+        self.fire("decode_done")
+        self.logits = logits if self.state == "DECODING" else None
+
+    def finish(self) -> Result:
+        """After the loop: the safe point of a cancel, or DRAINING and the one terminal (§4.3)."""
+        if self.state == "CANCEL_REQUESTED":
+            self._drop_tails()
+            self._terminate("safe_point")
+        elif self.state == "DRAINING":
+            self._drain()
+        return self.result()
+
+    def _drop_tails(self) -> None:
+        """discard_non_safe_stop_buffer (§4.3): held bytes are not safe and are never sent."""
+        self._token_held.clear()
+
+    def _drain(self) -> None:
+        if self.reason in _DISCARD_TAIL:
+            self.detok.discard_pending_after_stop()
+            if self.stopper.hit is not None:
+                self.stopper.discard_from_first_match()
+            self._token_held.clear()
+            self._terminate("complete")
+            return
+        try:
+            tail = self.detok.finish()
+        except DecodingError as exc:
+            self.error = f"decoding_error: {exc}"
+            self._terminate("decode_error")
+            return
+        self._detok_total += len(tail)
+        if self._byte_marks:
+            self._byte_marks[-1] = self._detok_total
+        tail = b"".join(self._token_held) + tail
+        self._token_held.clear()
+        safe, hit = self.stopper.push(tail) if tail else (b"", None)
+        if not self._send(safe):
+            return
+        if hit is not None:
+            self.stop_hit = hit
+            self.trace.emit(EventKind.STOP_HIT, stop=hit.stop, rule_version=hit.rule_version, kind="string")
+            self.fire("stop_hit")
+            self.stopper.discard_from_first_match()
+        elif not self._send(self.stopper.flush()):
+            return
+        self._terminate("complete")
+
+    def _terminate(self, event: str) -> None:
+        """transition_and_emit_terminal (§4.3): model resources first, then state and event together."""
+        with self._lock:
+            if self._held_since is not None:
+                self._t["stop_buffer"] += self.clock() - self._held_since
+                self._held_since = None
+            for kind in _MODEL_RESOURCES:
+                if self.ledger.state(kind) == "HELD":
+                    self.ledger.release(kind)
+            self.fire(event)
+            if not self.stream.closed:
+                _TERMINAL_SEND[self.state](self.stream, self.reason, self.usage().as_dict(), self.error)
+            for kind in _STREAM_RESOURCES:
+                self.ledger.release(kind)
+            self.trace.emit(EventKind.TIMINGS, **{f"{k}_s": v for k, v in self._t.items()})
+
+    def _freer(self, kind: str) -> Callable[[], None] | None:
+        if kind != "kv_cache":
+            return None
+
+        def free() -> None:
+            if self.cache is not None:
+                self.cache.free()
+
+        return free
+
+    # ---- results -----------------------------------------------------------------------------
+
+    def usage(self) -> Usage:
+        """DECISIONS D7: a token is returned when one of its bytes reached the client."""
+        returned = len(self.output)
+        start, count = 0, 0
+        for end in self._byte_marks:
+            if end > start and start < returned:
+                count += 1
+            start = end
+        return Usage(
+            prompt_tokens=len(self.prompt_ids),
+            selected_tokens=len(self.tokens),
+            processed_tokens=self.decoded,
+            returned_tokens=count,
+            returned_bytes=returned,
+        )
+
+    def result(self) -> Result:
+        hit = self.stop_hit
+        return Result(
+            request_id=self.request.request_id,
+            state=self.life.state,
+            finish_reason=self.reason,
+            output=bytes(self.output),
+            events=tuple(self.trace.events),
+            usage=self.usage(),
+            tokens=tuple(self.tokens),
+            error=self.error or None,
+            stop=None if hit is None else hit.stop,
+        )
+
+    def on_delta(self, fn: Callable[[bytes], None]) -> None:
+        """Call `fn(bytes)` for every delta as it is sent (the CLI streams with it)."""
+        self._listeners.append(fn)
+
+    # ---- fault injection (issue 4 item 5) ----------------------------------------------------
+
+    def _inject(self, ev: Any) -> None:
+        data = ev.data
+        step = data.get("seq") if ev.kind == EventKind.RESPONSE_DELTA else data.get("step", 0)
+        if step is None:
+            return
+        for action in self.faults.at(str(ev.kind), step):
+            self.trace.emit(EventKind.FAULT_INJECTED, point=str(ev.kind), step=step, action=action.value)
+            _FAULTS[action](self, step)
+
+
+def _fault_model_error(run: RequestRun, step: int) -> None:
+    run._kernel_fault = True
+
+
+def _fault_decoding_error(run: RequestRun, step: int) -> None:
+    run._poisoned.add(step)
+
+
+def _fault_transport(run: RequestRun, step: int) -> None:
+    run._send_faults.add(step)
+
+
+def _fault_deadline(run: RequestRun, step: int) -> None:
+    run._deadline_forced = True
+
+
+_FAULTS: dict[FaultAction, Callable[[RequestRun, int], None]] = {
+    FaultAction.CANCEL: lambda run, step: run.cancel(source="fault"),
+    FaultAction.DEADLINE: _fault_deadline,
+    FaultAction.MODEL_ERROR: _fault_model_error,
+    FaultAction.DECODING_ERROR: _fault_decoding_error,
+    FaultAction.TRANSPORT_ERROR: _fault_transport,
+    FaultAction.DISCONNECT: lambda run, step: run.disconnect(),
+}
+
+
+def run_kernel(run: RequestRun, fn: Callable[[], Any], begin: Callable[[], None], pool: Any) -> Any:
+    """Run a model kernel so that a cancel can arrive while it is in flight (§4.9, §4.11 B).
+
+    The kernel runs on `pool`'s worker; its completion is gated until `begin()` (which records
+    *.started and so delivers injected faults) and the in-flight cancel observation have run.
+    Raises ModelError when the kernel failed or a model_error fault was injected.
+    """
+    gate = threading.Event()
+
+    def gated() -> Any:
+        out = fn()
+        gate.wait()
+        if run._kernel_fault:
+            run._kernel_fault = False
+            raise ModelError("injected model error")
+        return out
+
+    fut = pool.submit(gated)
+    try:
+        begin()
+        run.observe_in_flight()
+    finally:
+        gate.set()
+    try:
+        return fut.result()
+    except ModelError:
+        raise
+    except Exception as exc:  # the model raised: a model error of this request (§4.10)
+        raise ModelError(f"{type(exc).__name__}: {exc}") from exc
+
