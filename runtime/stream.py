@@ -1,0 +1,453 @@
+"""The ordered stream of one request (§4.7) with its bounded buffer (§4.8).
+
+Control state lives in a `stream` stepper (spec/stream.toml); this module does the data work:
+numbering, the retained log, the unread-buffer accounting and the waking of readers.
+
+Invariants (checked by tests/test_stream.py):
+- §4.7 rule 1: delta seq numbers are 0, 1, 2, ... with no gap; the terminal event takes the next one.
+- §4.7 rule 3: exactly one terminal event (completed, cancelled or failed), after every delta; after
+  it the table rejects everything but reads (replay, disconnect, reconnect).
+- §4.8: unread deltas are bounded. `pause` stops the producer at the cap (`block`, then `unblock`
+  once the reader has made room); `buffer` (cap `max_bytes`) and `fail` (cap `max_events`) never
+  wait and fire `overflow` past the cap: failed(transport_error, "stream buffer overflow") and
+  StreamOverflow for the producer (DECISIONS D6). Nothing is ever dropped silently; the terminal
+  event has a reserved slot past the cap.
+- The terminal transition, its append to the log and its trace event happen in one critical
+  section, so a reader never sees a terminal state without its event (or the reverse).
+
+Threads: one producer thread and one consumer (a thread, or an asyncio task through `aget`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import attrs
+
+from ..machine import compiled
+from ..spec import FinishReason, load_spec
+from .events import EventKind, Trace
+
+BackpressurePolicy = enum.StrEnum(
+    "BackpressurePolicy", [(p.upper(), p) for p in load_spec("stream").params["policies"]]
+)
+BackpressurePolicy.__doc__ = "What a full buffer does (§4.8, DECISIONS D6): pause, buffer or fail."
+
+OVERFLOW_ERROR = "stream buffer overflow"
+
+
+class StreamEventKind(enum.StrEnum):
+    """The events of the minimal protocol of §4.7."""
+
+    START = "start"
+    DELTA = "delta"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+_TERMINAL_KIND = {
+    "COMPLETED": StreamEventKind.COMPLETED,
+    "CANCELLED": StreamEventKind.CANCELLED,
+    "FAILED": StreamEventKind.FAILED,
+}
+_TRACE_KIND = {
+    StreamEventKind.START: EventKind.RESPONSE_START,
+    StreamEventKind.DELTA: EventKind.RESPONSE_DELTA,
+    StreamEventKind.COMPLETED: EventKind.RESPONSE_COMPLETED,
+    StreamEventKind.CANCELLED: EventKind.RESPONSE_CANCELLED,
+    StreamEventKind.FAILED: EventKind.RESPONSE_FAILED,
+}
+
+
+@attrs.frozen
+class StreamEvent:
+    """One event a reader receives (§4.7): start (seq None), delta (bytes) or the terminal one."""
+
+    kind: StreamEventKind = attrs.field(converter=StreamEventKind)
+    seq: int | None = None
+    data: bytes = b""
+    finish_reason: FinishReason | None = None
+    usage: Any = None
+    error: str | None = None
+    request_id: str = ""
+    model: str | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.kind not in (StreamEventKind.START, StreamEventKind.DELTA)
+
+
+class StreamOverflow(Exception):
+    """Raised to the producer when the stream failed for lack of room (§4.8, DECISIONS D6).
+
+    The failed terminal event is already queued; `finish_reason` is transport_error.
+    """
+
+    def __init__(self, request_id: str, seq: int, error: str) -> None:
+        self.request_id, self.seq, self.error = request_id, seq, error
+        self.finish_reason = FinishReason.TRANSPORT_ERROR
+        super().__init__(f"stream {request_id}: {error} (failed with transport_error at seq {seq})")
+
+
+def _finish_reason(value: str | FinishReason) -> FinishReason:
+    try:
+        return FinishReason(value)
+    except ValueError:
+        known = ", ".join(r.value for r in FinishReason)
+        raise ValueError(f"unknown finish_reason {value!r}; §4.10 allows: {known}") from None
+
+
+def _positive(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+    return value
+
+
+class OrderedStream:
+    """Producer/consumer stream with seq numbers, replay and a bounded unread buffer (§4.7, §4.8).
+
+    `pause_timeout_s` (pause policy only): a producer that has waited that long for the reader fails
+    the stream with transport_error and gets StreamOverflow (DECISIONS D5: a parked request whose
+    reader is gone ends; None waits for ever). `usage_provider` gives the usage of an overflow's
+    failed event, which the producer does not pass.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        *,
+        policy: str | BackpressurePolicy = "pause",
+        max_events: int = 256,
+        max_bytes: int = 1 << 20,
+        pause_timeout_s: float | None = None,
+        usage_provider: Callable[[], Any] | None = None,
+        trace: Trace | None = None,
+    ) -> None:
+        try:
+            self.policy = BackpressurePolicy(policy)
+        except ValueError:
+            known = ", ".join(p.value for p in BackpressurePolicy)
+            raise ValueError(f"unknown backpressure policy {policy!r}; known: {known}") from None
+        self.request_id = request_id
+        self.max_events = _positive("max_events", max_events)
+        self.max_bytes = _positive("max_bytes", max_bytes)
+        if pause_timeout_s is not None and pause_timeout_s < 0:
+            raise ValueError(f"pause_timeout_s must be >= 0, got {pause_timeout_s}")
+        self.pause_timeout_s = pause_timeout_s
+        self._usage_provider = usage_provider
+        self._trace = trace
+        self._st = compiled("stream").new()
+        self._cond = threading.Condition()
+        self._log: list[StreamEvent] = []  # every event, retained for replay
+        self._cursor = 0  # index in _log of the reader's next unread event
+        self._unread_events = 0  # unread deltas (the terminal has its own slot)
+        self._unread_bytes = 0
+        self._pending = 0  # size of the delta a paused producer is waiting to send
+        self._next_seq = 0
+        self._connected = True
+        self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    # ---- producer side -------------------------------------------------------------------
+
+    def start(self, model: str = "") -> None:
+        """Send response.start (§4.7); it precedes every other event."""
+        with self._cond:
+            self._st.fire("start")
+            self._append(StreamEvent(StreamEventKind.START, request_id=self.request_id, model=model),
+                         model=model)
+
+    def delta(self, data: bytes) -> int | None:
+        """Send `data` as the next delta and return its seq; empty data sends nothing (None).
+
+        Pause policy: waits while the buffer is full (see class doc for the timeout). Buffer/fail
+        policy: past the cap the stream fails and StreamOverflow is raised. After the terminal
+        event: IllegalTransition.
+        """
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"delta data must be bytes, got {type(data).__name__}")
+        data = bytes(data)
+        with self._cond:
+            if not data:
+                if self._st.state != "PAUSED" and not self._st.allows("delta"):
+                    self._st.fire("delta")  # raises the table's IllegalTransition
+                return None
+            if self.policy is BackpressurePolicy.PAUSE:
+                self._wait_for_room(len(data))
+            elif not self._within_cap(len(data)):
+                _, state = self._st.fire("overflow")
+                seq = self._terminate(state.value, FinishReason.TRANSPORT_ERROR,
+                                      self._overflow_usage(), OVERFLOW_ERROR)
+                raise StreamOverflow(self.request_id, seq, OVERFLOW_ERROR)
+            self._st.fire("delta")
+            seq = self._next_seq
+            self._next_seq += 1
+            self._unread_events += 1
+            self._unread_bytes += len(data)
+            self._append(StreamEvent(StreamEventKind.DELTA, seq, data, request_id=self.request_id),
+                         seq=seq, bytes=data)
+            if self.policy is BackpressurePolicy.PAUSE and not self._has_room(1):
+                self._st.fire("block")
+            return seq
+
+    def complete(self, finish_reason: str | FinishReason, usage: Any = None) -> int:
+        """Send response.completed; returns its seq (one past the last delta)."""
+        reason = _finish_reason(finish_reason)
+        if reason is FinishReason.CANCELLED:
+            raise ValueError("finish_reason 'cancelled' ends a stream through cancel(), not complete()")
+        return self._end("complete", reason, usage, None)
+
+    def cancel(self, usage: Any = None) -> int:
+        """Send response.cancelled with finish_reason cancelled (§4.9); returns its seq."""
+        return self._end("cancel", FinishReason.CANCELLED, usage, None)
+
+    def fail(self, finish_reason: str | FinishReason, usage: Any = None, error: str = "") -> int:
+        """Send response.failed with its reason and error text (§4.10); returns its seq."""
+        reason = _finish_reason(finish_reason)
+        if reason is FinishReason.CANCELLED:
+            raise ValueError("finish_reason 'cancelled' ends a stream through cancel(), not fail()")
+        return self._end("fail", reason, usage, error)
+
+    def would_block(self) -> bool:
+        """True while a pause-policy producer would wait: the engine skips this request's decode."""
+        with self._cond:
+            return self._st.state == "PAUSED"
+
+    @property
+    def writable(self) -> bool:
+        """True when a delta would be accepted now without waiting (started, open, not paused)."""
+        with self._cond:
+            return self._st.state == "OPEN"
+
+    # ---- consumer side -------------------------------------------------------------------
+
+    def get(self, timeout: float | None = None) -> StreamEvent | None:
+        """The next unread event, waiting up to `timeout` s (None: for ever).
+
+        Returns None on timeout, or at once when the terminal event has already been read.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                ev = self._take()
+                if ev is not None or self._drained():
+                    return ev
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                self._cond.wait(left)
+
+    def __iter__(self) -> Iterator[StreamEvent]:
+        """Every unread event up to and including the terminal one."""
+        while (ev := self.get()) is not None:
+            yield ev
+            if ev.terminal:
+                return
+
+    async def aget(self) -> StreamEvent | None:
+        """`get()` for an asyncio reader: never blocks the loop; cancelling it loses no event."""
+        loop = asyncio.get_running_loop()
+        while True:
+            with self._cond:
+                ev = self._take()
+                if ev is not None or self._drained():
+                    return ev
+                fut: asyncio.Future[None] = loop.create_future()
+                self._async_waiters.append((loop, fut))
+            try:
+                await fut
+            finally:
+                with self._cond:
+                    if (loop, fut) in self._async_waiters:
+                        self._async_waiters.remove((loop, fut))
+
+    async def __aiter__(self) -> AsyncIterator[StreamEvent]:
+        while (ev := await self.aget()) is not None:
+            yield ev
+            if ev.terminal:
+                return
+
+    def replay(self, after_seq: int | None = None) -> list[StreamEvent]:
+        """Retained events with seq > `after_seq` (None: the whole log, start included), for a
+        reconnecting reader (§4.7 rule 4). They count as read: the live reader continues after
+        them and a paused producer may resume."""
+        if after_seq is not None and (isinstance(after_seq, bool) or not isinstance(after_seq, int)):
+            raise TypeError(f"after_seq must be an int or None, got {type(after_seq).__name__}")
+        with self._cond:
+            self._st.fire("replay")
+            if after_seq is None:
+                out = list(self._log)
+            else:
+                out = [ev for ev in self._log if ev.seq is not None and ev.seq > after_seq]
+            self._cursor = len(self._log)
+            self._unread_events = self._unread_bytes = 0
+            self._after_read()
+            return out
+
+    def disconnect(self) -> None:
+        """The reader's transport went away: recorded, never EOS, not a cancel (DECISIONS D5)."""
+        self._transport("disconnect", False)
+
+    def reconnect(self) -> None:
+        """A reader is attached again; it catches up with `replay(last_seen_seq)`."""
+        self._transport("reconnect", True)
+
+    # ---- observation ---------------------------------------------------------------------
+
+    @property
+    def state(self) -> enum.Enum:
+        return self._st.state
+
+    @property
+    def closed(self) -> bool:
+        """True once the terminal event is queued."""
+        return self._st.terminal
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    @property
+    def unread(self) -> tuple[int, int]:
+        """(unread deltas, unread bytes): what the §4.8 caps bound."""
+        with self._cond:
+            return self._unread_events, self._unread_bytes
+
+    @property
+    def events(self) -> list[StreamEvent]:
+        """A copy of the retained log."""
+        with self._cond:
+            return list(self._log)
+
+    # ---- internals (called with self._cond held) -----------------------------------------
+
+    def _end(self, event: str, reason: FinishReason, usage: Any, error: str | None) -> int:
+        with self._cond:
+            _, state = self._st.fire(event)
+            return self._terminate(state.value, reason, usage, error)
+
+    def _terminate(self, state: str, reason: FinishReason, usage: Any, error: str | None) -> int:
+        """Queue the one terminal event of `state` (same critical section as its transition)."""
+        seq = self._next_seq
+        self._next_seq += 1
+        kind = _TERMINAL_KIND[state]
+        data: dict[str, Any] = {"seq": seq, "finish_reason": reason.value, "usage": usage}
+        if kind is StreamEventKind.FAILED:
+            data["error"] = error or ""
+        ev = StreamEvent(kind, seq, finish_reason=reason, usage=usage,
+                         error=data.get("error"), request_id=self.request_id)
+        self._append(ev, **data)
+        return seq
+
+    def _append(self, ev: StreamEvent, **trace_data: Any) -> None:
+        self._log.append(ev)
+        if self._trace is not None:
+            self._trace.emit(_TRACE_KIND[ev.kind], **trace_data)
+        self._wake()
+
+    def _within_cap(self, size: int) -> bool:
+        """Buffer/fail policy: may a delta of `size` bytes be queued (D6)?"""
+        if self.policy is BackpressurePolicy.BUFFER:
+            return self._unread_bytes + size <= self.max_bytes
+        return self._unread_events < self.max_events
+
+    def _has_room(self, size: int) -> bool:
+        """Pause policy: may a delta of `size` bytes be queued without passing a cap?
+
+        A delta larger than max_bytes is accepted when nothing is unread (waiting cannot help).
+        """
+        if self._unread_events >= self.max_events:
+            return False
+        return self._unread_events == 0 or self._unread_bytes + size <= self.max_bytes
+
+    def _wait_for_room(self, size: int) -> None:
+        """Pause policy: block (table `block`) until the reader makes room (`unblock`)."""
+        if self._st.state == "OPEN" and not self._has_room(size):
+            self._st.fire("block")
+        if self._st.state != "PAUSED":
+            return
+        deadline = None if self.pause_timeout_s is None else time.monotonic() + self.pause_timeout_s
+        self._pending = size
+        try:
+            while self._st.state == "PAUSED":
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    error = f"reader stalled: producer paused for {self.pause_timeout_s} s"
+                    _, state = self._st.fire("fail")
+                    seq = self._terminate(state.value, FinishReason.TRANSPORT_ERROR,
+                                          self._overflow_usage(), error)
+                    raise StreamOverflow(self.request_id, seq, error)
+                self._cond.wait(left)
+        finally:
+            self._pending = 0
+
+    def _overflow_usage(self) -> Any:
+        return self._usage_provider() if self._usage_provider is not None else None
+
+    def _take(self) -> StreamEvent | None:
+        if self._cursor >= len(self._log):
+            return None
+        ev = self._log[self._cursor]
+        self._cursor += 1
+        if ev.kind is StreamEventKind.DELTA:
+            self._unread_events -= 1
+            self._unread_bytes -= len(ev.data)
+            self._after_read()
+        return ev
+
+    def _after_read(self) -> None:
+        """The reader made room: resume a paused producer once its pending delta fits."""
+        if self._st.state == "PAUSED" and self._has_room(max(self._pending, 1)):
+            self._st.fire("unblock")
+            self._cond.notify_all()
+
+    def _drained(self) -> bool:
+        """Terminal event already read: nothing will ever come."""
+        return self._st.terminal and self._cursor >= len(self._log)
+
+    def _wake(self) -> None:
+        self._cond.notify_all()
+        for loop, fut in self._async_waiters:
+            loop.call_soon_threadsafe(_resolve, fut)
+        self._async_waiters.clear()
+
+    def _transport(self, what: str, connected: bool) -> None:
+        with self._cond:
+            self._st.fire(what)
+            self._connected = connected
+            if self._trace is not None:
+                self._trace.emit(EventKind.TRANSPORT, what=what)
+
+    def __repr__(self) -> str:
+        return f"<OrderedStream {self.request_id} {self._st.state.value} next_seq={self._next_seq}>"
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class Deduper:
+    """Client-side merge of a replay with a live read (§4.7 rule 4): each (request_id, seq) once."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, set[int | None]] = {}
+
+    def accept(self, request_id: str, seq: int | None) -> bool:
+        """True the first time (request_id, seq) is seen; False for a duplicate."""
+        seen = self._seen.setdefault(request_id, set())
+        if seq in seen:
+            return False
+        seen.add(seq)
+        return True
+
+    def accept_event(self, event: StreamEvent) -> bool:
+        """`accept` keyed by the event's own request_id and seq."""
+        return self.accept(event.request_id, event.seq)
