@@ -1,0 +1,279 @@
+"""The incremental detokenizer (§4.5): token ids in, final bytes out.
+
+Contract, with `decode_bytes` the batch decode of the tokenizer (the §4.5 oracle):
+
+    concat(push(t) for t in output) + finish() == decode_bytes(prompt + output) - decode_bytes(prompt)
+
+where `-` removes the prompt's bytes from the front. Special tokens are deleted when `skip_special`
+(a declared deletion, as the batch decode does). Consequences:
+
+- a character split across tokens is held until it is complete; a split never yields U+FFFD, while
+  a genuine U+FFFD (EF BF BD) is ordinary text and is emitted;
+- bytes that no continuation can make valid UTF-8 fire `invalid` and raise DecodingError: the
+  request fails (DECISIONS D12, strict); `finish()` on an incomplete tail does the same, while
+  `discard_pending_after_stop()` drops the tail silently (after a stop hit, §4.3);
+- a prompt ending inside a character does not leak its fragment: the output starts after the
+  prompt's bytes (its first bytes may be the continuation bytes that complete that character);
+- a leading-space rule for the first token of a sequence (Metaspace, Llama's Strip) or WordPiece's
+  first-token rule applies to the prompt, not to the first output token.
+
+Cost: O(1) per token for the decoders `runtime/tokenizers.py` models (byte-level BPE, SentencePiece
+with byte fallback / Metaspace, WordPiece, an explicit byte table): a table lookup, a UTF-8 check of
+the new bytes, one step of the compiled `detokenizer` table. WordPiece needs no lookahead because
+`tokenizers` applies its cleanup rules to each token by itself (the tests check this against the
+batch decode). For any other decoder the fallback re-decodes a bounded window (the last few tokens,
+with prefix/read offsets); it is exact for the usual decoders but, unlike the table path, it cannot
+tell a genuine trailing U+FFFD from a split character, so it holds one until the next token and
+treats it as invalid at `finish()`.
+
+Control state lives in `compiled("detokenizer")` (spec/detokenizer.toml): every push fires
+`emit`, `hold` or `invalid`; finish fires `finish` or `finish_invalid`; discard fires `discard`.
+A push after the detokenizer closed is an IllegalTransition and changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..machine import compiled
+from .tokenizers import TokenIdError, Tokenizer, check_token_id
+
+__all__ = ["DecodingError", "IncrementalDetokenizer"]
+
+_INCOMPLETE = "unexpected end of data"  # CPython's reason for a valid but unfinished sequence
+_WINDOW_PREFIX = 5  # prompt tokens kept as context by the window fallback
+
+
+class DecodingError(ValueError):
+    """Output bytes that cannot become valid UTF-8 (§4.5, DECISIONS D12): the request fails."""
+
+    def __init__(self, message: str, *, data: bytes = b"") -> None:
+        super().__init__(message)
+        self.data = data
+
+
+def _incomplete_tail(data: bytes) -> int:
+    """Length of the trailing unfinished (but so far valid) UTF-8 sequence of `data`, or 0."""
+    for k in range(1, min(3, len(data)) + 1):
+        lead = data[-k]
+        if lead >= 0xC0:
+            try:
+                data[-k:].decode()
+            except UnicodeDecodeError as e:
+                return k if e.reason == _INCOMPLETE and e.start == 0 else 0
+            return 0
+        if lead < 0x80:
+            return 0
+    return 0
+
+
+class IncrementalDetokenizer:
+    """Bytes out per token, agreeing with the batch decode (§4.5). See the module docstring."""
+
+    __slots__ = (
+        "_tok", "_skip", "_ctl", "_fire", "_cur", "_rest", "_skipped", "_strip_byte", "_strip_left",
+        "_pending", "_hidden", "_window",
+    )
+
+    def __init__(self, tokenizer: Tokenizer, *, prompt_ids: Sequence[int] = (), skip_special: bool = True) -> None:
+        if not isinstance(tokenizer, Tokenizer):
+            raise TypeError(f"tokenizer must implement the Tokenizer protocol, got {type(tokenizer).__name__}")
+        prompt = [check_token_id(t, tokenizer.vocab_size) for t in prompt_ids]
+        self._tok = tokenizer
+        self._skip = skip_special
+        self._ctl = compiled("detokenizer").new()
+        self._fire = self._ctl.fire
+        self._pending = b""  # held bytes; the first `_hidden` of them belong to the prompt
+        self._hidden = 0
+        plan = tokenizer.plan(skip_special=skip_special)
+        if plan is None:
+            self._cur = self._rest = {}  # every push takes the window path
+            self._skipped = frozenset()
+            self._strip_byte, self._strip_left = None, 0
+            self._window = _Window(tokenizer, prompt, skip_special)
+            return
+        self._window = None
+        self._cur, self._rest, self._skipped = plan.first, plan.rest, plan.skipped
+        self._strip_byte, self._strip_left = plan.strip_byte, plan.strip_count
+        self._prime(prompt)
+
+    def _prime(self, prompt: list[int]) -> None:
+        """Consume the prompt: first-token and leading-space rules, and its unfinished character."""
+        tail = b""
+        for tid in prompt:
+            chunk = self._cur.get(tid)
+            if chunk is None:
+                continue  # a skipped special token
+            self._cur = self._rest
+            if self._strip_left:
+                chunk = self._strip(chunk)
+            tail = (tail + chunk)[-4:]
+        k = _incomplete_tail(tail)
+        self._pending = tail[len(tail) - k :] if k else b""
+        self._hidden = k
+
+    def _strip(self, chunk: bytes) -> bytes:
+        """The leading-space rule at sequence start (Strip after Fuse); updates `_strip_left`."""
+        n, left = 0, self._strip_left
+        while left and n < len(chunk) and chunk[n] == self._strip_byte:
+            n, left = n + 1, left - 1
+        self._strip_left = left if n == len(chunk) else 0
+        return chunk[n:]
+
+    # -- the hot path ---------------------------------------------------------------------------
+
+    def push(self, token_id: int) -> bytes:
+        """Bytes that became final with `token_id` (possibly b""); raises DecodingError (§4.5)."""
+        chunk = self._cur.get(token_id) if type(token_id) is int else None
+        if chunk is None or self._strip_left:
+            if self._window is not None:
+                return self._window_push(token_id)
+            chunk = self._resolve(token_id, chunk)
+            if chunk is None:
+                return b""
+        pend = self._pending
+        data = pend + chunk if pend else chunk
+        try:
+            data.decode()
+        except UnicodeDecodeError as e:
+            return self._partial(data, e)
+        self._fire("emit")  # raises IllegalTransition (nothing changed) once closed
+        self._cur = self._rest
+        if pend:
+            self._pending = b""
+            if self._hidden:
+                data, self._hidden = data[self._hidden :], 0
+        return data
+
+    def _resolve(self, token_id: int, chunk: bytes | None) -> bytes | None:
+        """The slow cases: an int-like id, a skipped special token (None), the leading-space rule."""
+        if chunk is None:
+            tid = check_token_id(token_id, self._tok.vocab_size)
+            chunk = self._cur.get(tid)
+            if chunk is None:
+                if tid not in self._skipped:
+                    raise TokenIdError(f"token id {tid} has no entry in the tokenizer's decode table")
+                self._fire("hold" if len(self._pending) > self._hidden else "emit")
+                return None  # deleted; it does not count as the first token either
+        if self._strip_left:
+            if self._ctl.terminal:
+                self._fire("emit")  # raises: closed, nothing changed
+            chunk = self._strip(chunk)
+        return chunk
+
+    def _partial(self, data: bytes, e: UnicodeDecodeError) -> bytes:
+        if e.reason != _INCOMPLETE:
+            self._fire("invalid")
+            self._pending, self._hidden = b"", 0
+            bad = data[e.start : e.end]
+            raise DecodingError(
+                f"invalid UTF-8 in the output: {bad.hex(' ')} at offset {e.start} of {data!r} ({e.reason}); "
+                "no later token can repair it (§4.5, DECISIONS D12)",
+                data=data,
+            )
+        cut, hidden = e.start, self._hidden
+        self._fire("hold")
+        self._cur = self._rest
+        self._pending = data[cut:]
+        if cut:
+            self._hidden = 0
+            return data[hidden:cut]
+        return b""
+
+    def _window_push(self, token_id: int) -> bytes:
+        tid = check_token_id(token_id, self._tok.vocab_size)
+        if self._ctl.terminal:
+            self._fire("emit")  # raises: closed, nothing changed
+        out, held = self._window.push(tid)
+        self._fire("hold" if held else "emit")
+        return out
+
+    # -- the end of the output -----------------------------------------------------------------
+
+    def finish(self) -> bytes:
+        """Drain the tail at a normal end (§4.3); an unfinished character raises DecodingError."""
+        if self._window is not None:
+            if self._ctl.terminal:
+                self._fire("finish")  # raises: closed
+            tail, bad = self._window.finish()
+            if bad:
+                self._fire("finish_invalid")
+                raise DecodingError(f"the output ends with invalid text {tail!r} (§4.3, DECISIONS D12)")
+            self._fire("finish")
+            return tail
+        tail = self._pending[self._hidden :]
+        if tail:
+            self._fire("finish_invalid")
+            self._pending, self._hidden = b"", 0
+            raise DecodingError(
+                f"the output ends inside a UTF-8 character: {tail.hex(' ')} can never be completed "
+                "(§4.3, DECISIONS D12)",
+                data=tail,
+            )
+        self._fire("finish")
+        self._pending, self._hidden = b"", 0
+        return b""
+
+    def discard_pending_after_stop(self) -> None:
+        """Drop the held tail: after a stop hit it lies past the stop point (§4.3, §4.6)."""
+        self._fire("discard")
+        self._pending, self._hidden = b"", 0
+        if self._window is not None:
+            self._window.clear()
+
+    @property
+    def pending(self) -> bytes:
+        """Output bytes held back (the prompt's unfinished character is not counted)."""
+        if self._window is not None:
+            return self._window.pending()
+        return self._pending[self._hidden :]
+
+    @property
+    def state(self):
+        """The control state of the `detokenizer` table (EMPTY, PENDING or a terminal state)."""
+        return self._ctl.state
+
+    def __repr__(self) -> str:
+        return f"<IncrementalDetokenizer {self._ctl.state.value} pending={self.pending!r}>"
+
+
+class _Window:
+    """Bounded re-decode for decoders without a per-token table (prefix/read offsets).
+
+    `decode(ids[prefix:])` minus `decode(ids[prefix:read])` is the new text; it is held while it
+    ends in U+FFFD (probably a split character). Only the tokens from `prefix` on are kept.
+    """
+
+    __slots__ = ("_tok", "_skip", "_ids", "_prefix", "_read")
+
+    def __init__(self, tokenizer: Tokenizer, prompt: list[int], skip_special: bool) -> None:
+        self._tok, self._skip = tokenizer, skip_special
+        self._ids = prompt[-_WINDOW_PREFIX:]
+        self._prefix, self._read = 0, len(self._ids)
+
+    def _texts(self) -> tuple[str, str]:
+        ids, dec = self._ids, self._tok.decode
+        return dec(ids[self._prefix : self._read], skip_special=self._skip), dec(ids[self._prefix :], skip_special=self._skip)
+
+    def push(self, tid: int) -> tuple[bytes, bool]:
+        """(new final bytes, whether tokens are still held)."""
+        self._ids.append(tid)
+        before, after = self._texts()
+        if len(after) > len(before) and not after.endswith("\ufffd") and after.startswith(before):
+            out = after[len(before) :].encode()
+            self._ids = self._ids[self._read :]
+            self._prefix, self._read = 0, len(self._ids)
+            return out, False
+        return b"", self._read < len(self._ids)
+
+    def finish(self) -> tuple[bytes, bool]:
+        before, after = self._texts()
+        tail = after[len(before) :]
+        return tail.encode(), tail.endswith("\ufffd")
+
+    def pending(self) -> bytes:
+        before, after = self._texts()
+        return after[len(before) :].encode()
+
+    def clear(self) -> None:
+        self._ids, self._prefix, self._read = [], 0, 0
