@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import operator
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -118,12 +119,15 @@ class _ByteAutomaton:
     Bytes are first mapped to classes (one per byte value used by some stop, class 0 for all
     others) with ``bytes.translate``; a state is stored pre-multiplied by ``stride`` so a step is
     ``delta[state + cls]``. A transition into a winning node is stored as ``~index`` (negative).
+    ``prefixes[n]`` is node n's string: the bytes to hold back while the automaton is at n;
+    ``lengths[i]`` the length of stop i.
     """
 
     delta: tuple[int, ...]
     classes: bytes
     stride: int
-    trie: _Trie
+    prefixes: tuple[bytes, ...]
+    lengths: tuple[int, ...]
 
 
 @functools.lru_cache(maxsize=128)
@@ -135,21 +139,24 @@ def _byte_automaton(stops: tuple[bytes, ...]) -> _ByteAutomaton:
     for k, b in enumerate(alphabet):
         cls[b] = first + k
     stride = first + len(alphabet)
+    # one int object per target state, shared by every entry that leads there (a compact table)
+    code = [~w if w >= 0 else node * stride for node, w in enumerate(trie.win)]
     delta = [0] * (len(trie.goto) * stride)
     for node, row in enumerate(trie.goto):
         base = node * stride
         for b, nxt in row.items():
-            w = trie.win[nxt]
-            delta[base + cls[b]] = ~w if w >= 0 else nxt * stride
-    return _ByteAutomaton(tuple(delta), bytes(cls), stride, trie)
+            delta[base + cls[b]] = code[nxt]
+    prefixes = tuple(stops[v][:d] if v >= 0 else b"" for v, d in zip(trie.via, trie.depth))
+    return _ByteAutomaton(tuple(delta), bytes(cls), stride, prefixes, trie.lengths)
 
 
 @attrs.frozen(slots=True)
 class _TokenAutomaton:
-    """Per-node maps token id -> next state (absent: root); ``~index`` marks a winning node."""
+    """Per-node maps token id -> next node (absent: root), ``~index`` for a winning node;
+    ``prefixes[n]`` is node n's id sequence (the partial match held while at n)."""
 
     delta: tuple[dict[int, int], ...]
-    trie: _Trie
+    prefixes: tuple[tuple[int, ...], ...]
 
 
 @functools.lru_cache(maxsize=128)
@@ -159,7 +166,8 @@ def _token_automaton(seqs: tuple[tuple[int, ...], ...]) -> _TokenAutomaton:
         {t: (~trie.win[nxt] if trie.win[nxt] >= 0 else nxt) for t, nxt in row.items()}
         for row in trie.goto
     )
-    return _TokenAutomaton(delta, trie)
+    prefixes = tuple(seqs[v][:d] if v >= 0 else () for v, d in zip(trie.via, trie.depth))
+    return _TokenAutomaton(delta, prefixes)
 
 
 # -- input validation ---------------------------------------------------------------------------
@@ -199,12 +207,21 @@ def _token_sequence(i: int, seq: Any) -> tuple[int, ...]:
         )
     if not seq:
         raise ValueError(f"sequences[{i}] is empty: a stop sequence needs at least one token id")
-    for j, t in enumerate(seq):
-        if isinstance(t, bool) or not isinstance(t, int):
-            raise TypeError(f"sequences[{i}][{j}] must be an int token id, got {type(t).__name__}: {t!r}")
-        if t < 0:
-            raise ValueError(f"sequences[{i}][{j}] is a negative token id: {t}")
-    return tuple(int(t) for t in seq)
+    return tuple(_token_id(t, f"sequences[{i}][{j}]") for j, t in enumerate(seq))
+
+
+def _token_id(value: Any, name: str) -> int:
+    """A non-negative int id (numpy/torch integers accepted via __index__; bool refused)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        token_id = operator.index(value)
+    except TypeError:
+        kind = type(value).__name__
+        raise TypeError(f"{name} must be an int token id, got {kind}: {value!r}") from None
+    if token_id < 0:
+        raise ValueError(f"{name} is a negative token id: {token_id}")
+    return token_id
 
 
 # -- the matchers -------------------------------------------------------------------------------
@@ -240,7 +257,9 @@ class StopMatcher(_TableControl):
     held bytes (flush_safe_suffix, §4.3).
     """
 
-    __slots__ = ("_stops", "_auto", "_delta", "_classes", "_stride", "_depth", "_s", "_held", "_pos")
+    __slots__ = (
+        "_stops", "_auto", "_delta", "_classes", "_stride", "_prefixes", "_s", "_held", "_pos",
+    )
 
     def __init__(self, stops: Sequence[str | bytes], *, max_stops: int = DEFAULT_MAX_STOPS) -> None:
         _check_list(stops, "stops", "str or bytes", max_stops)
@@ -249,7 +268,7 @@ class StopMatcher(_TableControl):
         self._stops = tuple(stops)
         self._auto = auto = _byte_automaton(encoded)
         self._delta, self._classes, self._stride = auto.delta, auto.classes, auto.stride
-        self._depth = auto.trie.depth
+        self._prefixes = auto.prefixes
         self._s = 0  # automaton state (pre-multiplied node index)
         self._held = b""
         self._pos = 0  # bytes pushed so far
@@ -276,17 +295,16 @@ class StopMatcher(_TableControl):
             s = delta[s + c]
             if s < 0:
                 return self._on_hit(data, symbols, ~s)
-        keep = self._depth[s // self._stride]
-        buf = self._held + data if self._held else data
-        self._st.fire("hold" if keep else "clear")
+        held = self._prefixes[s // self._stride]
+        self._st.fire("hold" if held else "clear")
+        old = self._held
         self._s = s
         self._pos += len(data)
-        if keep:
-            cut = len(buf) - keep
-            self._held = buf[cut:]
-            return buf[:cut], None
-        self._held = b""
-        return buf, None
+        self._held = held
+        n = len(data) - len(held)  # the held suffix may reach back into the old held bytes
+        if n >= 0:
+            return (old + data[:n] if old else data[:n]), None
+        return old[: len(old) + n], None
 
     def _on_hit(self, data: bytes, symbols: bytes, index: int) -> tuple[bytes, StopHit]:
         delta, s, at = self._delta, self._s, 0
@@ -294,7 +312,7 @@ class StopMatcher(_TableControl):
             s = delta[s + symbols[at]]
             at += 1
         end = self._pos + at
-        start = end - self._auto.trie.lengths[index]
+        start = end - self._auto.lengths[index]
         hit = StopHit(self._stops[index], index, start, end, RULE_VERSION, StopKind.STRING)
         self._st.fire("hit")
         base = self._pos - len(self._held)
@@ -349,25 +367,18 @@ class TokenStopMatcher(_TableControl):
     @property
     def held(self) -> tuple[int, ...]:
         """The token ids of the current partial match (empty after a hit or a flush)."""
-        trie = self._auto.trie
-        return self._seqs[trie.via[self._s]][: trie.depth[self._s]] if self._s else ()
+        return self._auto.prefixes[self._s]
 
     def push(self, token_id: int) -> StopHit | None:
         """Feed one selected token id; return the hit or None. §4.6."""
-        if type(token_id) is not int:
-            if isinstance(token_id, bool) or not isinstance(token_id, int):
-                raise TypeError(f"push() takes an int token id, got {type(token_id).__name__}: {token_id!r}")
-            token_id = int(token_id)
-        if token_id < 0:
-            raise ValueError(f"push() got a negative token id: {token_id}")
+        if type(token_id) is not int or token_id < 0:
+            token_id = _token_id(token_id, "push(): token_id")
         s = self._delta[self._s].get(token_id, 0)
         if s < 0:
             index = ~s
             end = self._pos + 1
-            hit = StopHit(
-                self._seqs[index], index, end - len(self._seqs[index]), end, RULE_VERSION,
-                StopKind.TOKEN_IDS,
-            )
+            stop = self._seqs[index]
+            hit = StopHit(stop, index, end - len(stop), end, RULE_VERSION, StopKind.TOKEN_IDS)
             self._st.fire("hit")
             self._s, self._pos, self._hit = 0, end, hit
             return hit

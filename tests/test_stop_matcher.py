@@ -100,7 +100,7 @@ def test_held_suffix_released_when_it_stops_being_a_prefix():
 
 
 def test_hold_back_is_the_longest_prefix_suffix_not_a_fixed_window():
-    """§4.6: hold exactly the longest suffix that is a proper prefix; a max-len-1 window is wrong."""
+    """§4.6: hold exactly the longest suffix that is a proper prefix, not a max-len-1 window."""
     m = StopMatcher(["abcdefgh"])
     assert m.push(b"zzzzzzzzab") == (b"zzzzzzzz", None)  # a fixed window would keep 7 bytes
     assert m.held == b"ab"
@@ -205,6 +205,14 @@ def test_push_accepts_bytes_like_and_refuses_str():
         m.push("ef")
 
 
+def test_stops_using_all_256_byte_values():
+    """§4.6: a stop set that uses every byte value (no spare byte class) still obeys the oracle."""
+    stops = [bytes([b, (b * 7 + 1) % 256]) for b in range(256)]
+    text = bytes(range(256)) + bytes([5, 36, 255, 0])
+    check_against_oracle(stops, text, [3, 100, 258])
+    check_against_oracle(stops[:-1], bytes([255, 0, 2]), [1])
+
+
 def test_automaton_is_built_once_per_stop_set():
     """§4.6: one automaton per stop set, shared by every matcher of that set."""
     assert StopMatcher(["a", "bc"])._auto is StopMatcher(["a", "bc"])._auto
@@ -272,8 +280,13 @@ def check_against_oracle(stops: list[bytes], text: bytes, cuts: list[int]) -> No
             m.push(b"a")
 
 
-small_stops = st.lists(st.binary(min_size=1, max_size=4).map(lambda b: bytes(97 + x % 3 for x in b)), max_size=5)
-small_text = st.binary(max_size=40).map(lambda b: bytes(97 + x % 3 for x in b))
+def abc(raw: bytes) -> bytes:
+    """Fold random bytes onto the alphabet "abc" so that stops overlap and recur often."""
+    return bytes(97 + x % 3 for x in raw)
+
+
+small_stops = st.lists(st.binary(min_size=1, max_size=4).map(abc), max_size=5)
+small_text = st.binary(max_size=40).map(abc)
 cuts = st.lists(st.integers(min_value=0, max_value=64), max_size=12)
 
 
@@ -296,7 +309,12 @@ def byte_slice(chars: str, cut_front: int, cut_back: int) -> bytes:
 
 
 utf8_stops = st.lists(
-    st.builds(byte_slice, st.text(alphabet=UTF8_CHARS, min_size=1, max_size=3), st.integers(0, 3), st.integers(0, 3)),
+    st.builds(
+        byte_slice,
+        st.text(alphabet=UTF8_CHARS, min_size=1, max_size=3),
+        st.integers(0, 3),
+        st.integers(0, 3),
+    ),
     max_size=4,
 )
 
@@ -369,12 +387,22 @@ def test_bad_token_sequences_name_the_offending_value(sequences, exc, message):
         TokenStopMatcher(sequences)
 
 
+def test_token_ids_may_be_numpy_integers():
+    """§4.6: ids coming from an array (numpy integers) are accepted like ints."""
+    import numpy as np
+
+    m = TokenStopMatcher([[np.int64(3), np.int16(4)]])
+    assert m.push(np.int64(3)) is None
+    assert m.push(np.int32(4)).stop == (3, 4)
+
+
 def test_token_push_refuses_non_int_and_negative_ids():
     """§4.6: a pushed id must be a non-negative int."""
     m = TokenStopMatcher([[1]])
-    with pytest.raises(TypeError, match=re.escape("push() takes an int token id, got str: 'x'")):
+    message = "push(): token_id must be an int token id, got str: 'x'"
+    with pytest.raises(TypeError, match=re.escape(message)):
         m.push("x")
-    with pytest.raises(ValueError, match=re.escape("push() got a negative token id: -3")):
+    with pytest.raises(ValueError, match=re.escape("push(): token_id is a negative token id: -3")):
         m.push(-3)
     assert m.state == "SCANNING"
 
