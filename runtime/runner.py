@@ -125,7 +125,6 @@ class RequestRun:
         self._deadline_forced = False
         self._kernel_fault = False
         self._poisoned: set[int] = set()
-        self._send_faults: set[int] = set()
         self._lock = threading.Lock()
         self._created = clock()
         self._t = {"queue": 0.0, "prefill": 0.0, "decode": 0.0, "stop_buffer": 0.0, "send": 0.0}
@@ -336,7 +335,8 @@ class RequestRun:
         t0 = self.clock()
         seq = self.stream._next_seq
         try:
-            if seq in self._send_faults:
+            if FaultAction.TRANSPORT_ERROR in self.faults.at("response.delta", seq):
+                self.trace.emit(EventKind.FAULT_INJECTED, point="response.delta", step=seq, action="transport_error")
                 raise TransportError(f"injected send failure at seq {seq}")
             self.stream.delta(data)
             if self.inline_reader:
@@ -490,10 +490,6 @@ def _fault_decoding_error(run: RequestRun, step: int) -> None:
     run._poisoned.add(step)
 
 
-def _fault_transport(run: RequestRun, step: int) -> None:
-    run._send_faults.add(step)
-
-
 def _fault_deadline(run: RequestRun, step: int) -> None:
     run._deadline_forced = True
 
@@ -503,7 +499,7 @@ _FAULTS: dict[FaultAction, Callable[[RequestRun, int], None]] = {
     FaultAction.DEADLINE: _fault_deadline,
     FaultAction.MODEL_ERROR: _fault_model_error,
     FaultAction.DECODING_ERROR: _fault_decoding_error,
-    FaultAction.TRANSPORT_ERROR: _fault_transport,
+    FaultAction.TRANSPORT_ERROR: lambda run, step: None,  # checked before the send itself (_send)
     FaultAction.DISCONNECT: lambda run, step: run.disconnect(),
 }
 
