@@ -171,9 +171,10 @@ class OrderedStream:
         policy: past the cap the stream fails and StreamOverflow is raised. After the terminal
         event: IllegalTransition.
         """
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise TypeError(f"delta data must be bytes, got {type(data).__name__}")
-        data = bytes(data)
+        if type(data) is not bytes:
+            if not isinstance(data, (bytes, bytearray, memoryview)):
+                raise TypeError(f"delta data must be bytes, got {type(data).__name__}")
+            data = bytes(data)  # a private copy: the log must not change under the reader
         with self._cond:
             if not data:
                 if self._st.state != "PAUSED" and not self._st.allows("delta"):
@@ -309,6 +310,12 @@ class OrderedStream:
     def closed(self) -> bool:
         """True once the terminal event is queued."""
         return self._st.terminal
+
+    @property
+    def next_seq(self) -> int:
+        """The seq the next delta (or the terminal event) will take (§4.7 rule 1)."""
+        with self._cond:
+            return self._next_seq
 
     @property
     def connected(self) -> bool:

@@ -60,7 +60,9 @@ def test_policies_are_the_table_params():
 def test_seq_contiguous_from_zero_and_terminal_takes_the_next():
     """§4.7 rules 1 and 3: deltas are 0..N-1 and completed(seq=N) comes after all of them."""
     s = started()
+    assert s.next_seq == 0
     assert [s.delta(b"a"), s.delta(b"bc"), s.delta(b"d")] == [0, 1, 2]
+    assert s.next_seq == 3
     assert s.complete("eos", {"selected_tokens": 3}) == 3
     evs = list(s)
     assert [e.kind for e in evs] == ["start", "delta", "delta", "delta", "completed"]
@@ -104,6 +106,15 @@ def test_empty_delta_sends_nothing():
     assert s.delta(b"x") == 0
     assert [e.kind for e in drain(s)] == ["start", "delta"]
     assert len(trace) == 2
+
+
+def test_delta_keeps_a_private_copy_of_mutable_bytes():
+    """§4.7 rule 2: what was sent is what is read and replayed, even if the caller reuses its buffer."""
+    s = started()
+    buf = bytearray(b"abc")
+    s.delta(buf)
+    buf[:] = b"xyz"
+    assert drain(s)[-1].data == b"abc" and s.replay(-1)[0].data == b"abc"
 
 
 @pytest.mark.parametrize("end", ["complete", "cancel", "fail"])
