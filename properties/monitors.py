@@ -1,0 +1,621 @@
+"""Trace monitors: every named invariant of spec/invariants.toml checked on a runtime trace.
+
+`check_trace(events)` groups the events by request and runs each registered monitor once over
+each request's events (one pass each). A monitor yields ``(event index, message)``; the index is
+the offending event's per-request `index`, or None when the problem is the end of the trace
+(something missing). Monitors read the event vocabulary of runtime/events.py as the reference
+loop emits it (briefs: the trace contract); `refinement` replays the run through the tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from ..machine import IllegalTransition, compiled
+from ..runtime.events import TERMINAL_KINDS, Event, EventKind
+from ..spec import FinishReason, load_spec
+from .invariants import load_invariants, monitor, monitors
+
+K = EventKind
+_LIFECYCLE_TERMINAL = frozenset(load_spec("lifecycle").terminal)
+_MODEL_RESOURCES = ("kv_cache", "batch_slot", "rng_state")
+# Events another thread (or the fault injector) may log between two steps of the loop.
+_ASYNC_KINDS = frozenset({K.CANCEL_REQUESTED, K.TRANSPORT, K.FAULT_INJECTED})
+_TERMINAL_STATE = {K.RESPONSE_COMPLETED: "FINISHED", K.RESPONSE_CANCELLED: "CANCELLED", K.RESPONSE_FAILED: "FAILED"}
+_REASONS_OF_STATE = {
+    "FINISHED": frozenset({
+        FinishReason.EOS, FinishReason.STOP_SEQUENCE, FinishReason.GRAMMAR_COMPLETE,
+        FinishReason.MAX_OUTPUT_TOKENS, FinishReason.CONTEXT_LIMIT, FinishReason.DEADLINE_EXCEEDED,
+        FinishReason.CONTENT_INTERRUPTED,
+    }),
+    "CANCELLED": frozenset({FinishReason.CANCELLED}),
+    "FAILED": frozenset({FinishReason.MODEL_ERROR, FinishReason.TRANSPORT_ERROR, FinishReason.CONTEXT_LIMIT}),
+}
+_OVERFLOW_MARK = "overflow"
+
+
+@attrs.frozen
+class Violation:
+    """One broken invariant: its name, its section, the offending event's index (None: end)."""
+
+    invariant: str
+    anchor: str
+    index: int | None
+    message: str
+    request_id: str = ""
+
+    def __str__(self) -> str:
+        where = "end of trace" if self.index is None else f"event {self.index}"
+        rid = f"{self.request_id}: " if self.request_id else ""
+        return f"{rid}{self.invariant} ({self.anchor}) at {where}: {self.message}"
+
+
+class RequestTrace:
+    """One request's events with the facts several monitors share, computed once."""
+
+    def __init__(self, events: Sequence[Event], *, tokenizer: Any = None, complete: bool = True) -> None:
+        self.events = list(events)
+        self.tokenizer = tokenizer
+        self.complete = complete
+        self.request_id = self.events[0].request_id if self.events else ""
+        created = next((e for e in self.events if e.kind == K.REQUEST_CREATED), None)
+        self.created: Mapping[str, Any] = created.data if created is not None else {}
+        self.deltas = [e for e in self.events if e.kind == K.RESPONSE_DELTA]
+        self.terminals = [e for e in self.events if e.kind in TERMINAL_KINDS]
+        self.selected = [e for e in self.events if e.kind == K.TOKEN_SELECTED]
+        self.terminal = self.terminals[0] if self.terminals else None
+
+    @property
+    def reason(self) -> str | None:
+        return None if self.terminal is None else _value(self.terminal.data.get("finish_reason"))
+
+    @property
+    def output(self) -> bytes:
+        return b"".join(bytes(e.data.get("bytes", b"")) for e in self.deltas)
+
+    def of(self, *kinds: str) -> Iterator[Event]:
+        return (e for e in self.events if e.kind in kinds)
+
+
+def check_trace(events: Iterable[Event], *, tokenizer: Any = None, complete: bool = True) -> list[Violation]:
+    """Every invariant on every request of `events`; [] when the trace conforms.
+
+    `complete=False` checks a prefix (a run still going): end-of-trace obligations (one terminal
+    event, nothing leaked) are not checked. Invariants that `need` something not given (e.g. a
+    tokenizer for detok_concat_equals_batch) are skipped: see `skipped()`.
+    """
+    by_request: dict[str, list[Event]] = {}
+    for ev in events:
+        if not isinstance(ev, Event):
+            raise TypeError(f"check_trace takes runtime.events.Event objects, got {type(ev).__name__}")
+        by_request.setdefault(ev.request_id, []).append(ev)
+    invariants = load_invariants()
+    run = [(name, fn) for name, fn in monitors().items() if name not in skipped(tokenizer=tokenizer)]
+    out: list[Violation] = []
+    for rid, evs in by_request.items():
+        rt = RequestTrace(evs, tokenizer=tokenizer, complete=complete)
+        for name, fn in run:
+            anchor = invariants[name].anchor
+            out.extend(Violation(name, anchor, idx, msg, rid) for idx, msg in fn(rt))
+    return out
+
+
+def skipped(*, tokenizer: Any = None) -> list[str]:
+    """Trace invariants that cannot run without what they `need` (now: a tokenizer)."""
+    have = {"tokenizer"} if tokenizer is not None else set()
+    return [n for n, inv in load_invariants().items() if inv.on_traces and not set(inv.needs) <= have]
+
+
+def _value(v: Any) -> Any:
+    return getattr(v, "value", v)
+
+
+def _usage(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    u = data.get("usage")
+    if u is None:
+        return {}
+    if isinstance(u, Mapping):
+        return u
+    out = attrs.asdict(u) if attrs.has(type(u)) else dict(vars(u))
+    if hasattr(u, "completion_tokens"):
+        out["completion_tokens"] = u.completion_tokens
+    return out
+
+
+# ---------------------------------------------------------------- §4.1 terminal states
+
+
+@monitor("terminal_exclusive")
+def _terminal_exclusive(rt: RequestTrace):
+    first = None
+    for e in rt.of(K.LIFECYCLE):
+        if e.data.get("to") in _LIFECYCLE_TERMINAL:
+            if first is None:
+                first = e
+            else:
+                yield e.index, f"second terminal state {e.data['to']} after {first.data['to']}"
+    if first is not None and rt.terminal is not None:
+        expected = _TERMINAL_STATE[K(rt.terminal.kind)]
+        if first.data["to"] != expected:
+            yield rt.terminal.index, f"terminal event {rt.terminal.kind} but the lifecycle ended {first.data['to']}"
+
+
+@monitor("terminal_irreversible")
+def _terminal_irreversible(rt: RequestTrace):
+    for e in rt.of(K.LIFECYCLE):
+        if e.data.get("from") in _LIFECYCLE_TERMINAL:
+            yield e.index, f"transition out of terminal state {e.data['from']} on '{e.data.get('event')}'"
+
+
+@monitor("refinement")
+def _refinement(rt: RequestTrace):
+    """Replay lifecycle, stream and per-kind resource steps through their compiled tables."""
+    life = compiled("lifecycle").new()
+    stream = compiled("stream").new()
+    res_machine = compiled("resources")
+    kinds = set(load_spec("resources").params["kinds"])
+    resources: dict[str, Any] = {}
+    broken: set[str] = set()
+
+    def step(machine: str, stepper: Any, event: str, e: Event) -> str | None:
+        if machine in broken:
+            return None
+        try:
+            stepper.fire(event)
+        except IllegalTransition as exc:
+            broken.add(machine)
+            return str(exc) if machine == exc.machine else f"{machine}: {exc}"
+        return None
+
+    for e in rt.events:
+        k, d = e.kind, e.data
+        problem = None
+        if k == K.LIFECYCLE:
+            if "lifecycle" not in broken and str(life.state) != d.get("from"):
+                broken.add("lifecycle")
+                problem = f"lifecycle: logged from {d.get('from')} but the table is at {life.state}"
+            else:
+                problem = step("lifecycle", life, d.get("event", ""), e)
+                if problem is None and "lifecycle" not in broken and str(life.state) != d.get("to"):
+                    broken.add("lifecycle")
+                    problem = f"lifecycle: '{d.get('event')}' from {d.get('from')} leads to {life.state}, logged {d.get('to')}"
+        elif k == K.LIFECYCLE_IGNORED:
+            problem = step("lifecycle", life, d.get("event", ""), e)
+        elif k == K.TOKEN_SELECTED:
+            problem = step("lifecycle", life, "select", e)
+        elif k == K.DECODE_COMPLETED:
+            problem = step("lifecycle", life, "decode_done", e)
+        elif k == K.STOP_HIT and str(life.state) == "DRAINING":
+            problem = step("lifecycle", life, "stop_hit", e)
+        elif k == K.RESPONSE_START:
+            problem = step("stream", stream, "start", e)
+        elif k == K.RESPONSE_DELTA:
+            problem = step("stream", stream, "delta", e)
+        elif k in TERMINAL_KINDS:
+            ev = {K.RESPONSE_COMPLETED: "complete", K.RESPONSE_CANCELLED: "cancel"}.get(K(k))
+            if ev is None:
+                ev = "overflow" if _OVERFLOW_MARK in str(d.get("error", "")) else "fail"
+            problem = step("stream", stream, ev, e)
+        elif k == K.TRANSPORT and d.get("what") in ("disconnect", "reconnect"):
+            problem = step("stream", stream, d["what"], e)
+        elif k in (K.RESOURCE_ACQUIRED, K.RESOURCE_RELEASED) or (
+            k == K.RESOURCE_VIOLATION and d.get("problem") == "double_release"
+        ):
+            kind = d.get("resource")
+            if kind not in kinds:
+                problem = f"resources: unknown kind '{kind}' (spec/resources.toml lists {sorted(kinds)})"
+            else:
+                st = resources.setdefault(kind, res_machine.new())
+                problem = step(f"resources[{kind}]", st, "acquire" if k == K.RESOURCE_ACQUIRED else "release", e)
+        if problem:
+            yield e.index, problem
+
+
+# ---------------------------------------------------------------- §4.7 the ordered stream
+
+
+@monitor("start_first")
+def _start_first(rt: RequestTrace):
+    started = False
+    for e in rt.events:
+        if e.kind == K.RESPONSE_START:
+            started = True
+        elif not started and (e.kind == K.RESPONSE_DELTA or e.kind in TERMINAL_KINDS):
+            yield e.index, f"{e.kind} before response.start"
+            return
+
+
+@monitor("no_delta_after_terminal")
+def _no_delta_after_terminal(rt: RequestTrace):
+    if rt.terminal is None:
+        return
+    for e in rt.deltas:
+        if e.index > rt.terminal.index:
+            yield e.index, f"delta seq={e.data.get('seq')} after the terminal event {rt.terminal.kind}"
+
+
+@monitor("single_terminal_event")
+def _single_terminal_event(rt: RequestTrace):
+    for e in rt.terminals[1:]:
+        yield e.index, f"second terminal event {e.kind} after {rt.terminal.kind}"
+    if rt.complete and not rt.terminals:
+        yield None, "the run ended without a terminal event"
+
+
+@monitor("terminal_after_all_deltas")
+def _terminal_after_all_deltas(rt: RequestTrace):
+    if rt.terminal is None:
+        return
+    before = [e for e in rt.deltas if e.index < rt.terminal.index]
+    expected = before[-1].data.get("seq", -1) + 1 if before else 0
+    if rt.terminal.data.get("seq") != expected:
+        yield rt.terminal.index, f"terminal seq={rt.terminal.data.get('seq')}, expected {expected} (last delta + 1)"
+
+
+@monitor("terminal_with_transition")
+def _terminal_with_transition(rt: RequestTrace):
+    """The terminal transition and the terminal event are adjacent, in either order (§4.3)."""
+    steps = [e for e in rt.events if e.kind not in _ASYNC_KINDS]
+    for i, e in enumerate(steps):
+        near = steps[max(0, i - 1): i] + steps[i + 1: i + 2]
+        if e.kind == K.LIFECYCLE and e.data.get("to") in _LIFECYCLE_TERMINAL:
+            if not any(n.kind in TERMINAL_KINDS for n in near) and (rt.complete or i + 1 < len(steps)):
+                yield e.index, f"transition to {e.data['to']} without its terminal event next to it"
+        elif e.kind in TERMINAL_KINDS:
+            if not any(n.kind == K.LIFECYCLE and n.data.get("to") in _LIFECYCLE_TERMINAL for n in near):
+                yield e.index, f"{e.kind} not next to a terminal lifecycle transition"
+
+
+@monitor("seq_strictly_increasing")
+def _seq_strictly_increasing(rt: RequestTrace):
+    last = None
+    for e in rt.deltas:
+        seq = e.data.get("seq")
+        if not isinstance(seq, int):
+            yield e.index, f"delta without an integer seq: {seq!r}"
+        elif last is not None and seq <= last:
+            yield e.index, f"delta seq={seq} after seq={last}"
+        else:
+            last = seq
+
+
+@monitor("seq_contiguous")
+def _seq_contiguous(rt: RequestTrace):
+    for n, e in enumerate(rt.deltas):
+        if e.data.get("seq") != n:
+            yield e.index, f"delta number {n} has seq={e.data.get('seq')}: a gap or a restart"
+            return
+
+
+@monitor("delta_nonempty")
+def _delta_nonempty(rt: RequestTrace):
+    for e in rt.deltas:
+        if not e.data.get("bytes"):
+            yield e.index, f"empty delta seq={e.data.get('seq')}"
+
+
+@monitor("stream_bounded")
+def _stream_bounded(rt: RequestTrace):
+    """Occupancy fields, when the runtime logs them, stay within the caps of request.created."""
+    caps = {"unread_events": rt.created.get("max_events"), "unread_bytes": rt.created.get("max_bytes")}
+    for e in rt.deltas:
+        for field, cap in caps.items():
+            if cap is not None and e.data.get(field, 0) > cap:
+                yield e.index, f"{field}={e.data[field]} exceeds the cap {cap}"
+    for e in rt.terminals:
+        if _OVERFLOW_MARK in str(e.data.get("error", "")) and _value(e.data.get("finish_reason")) != FinishReason.TRANSPORT_ERROR:
+            yield e.index, f"buffer overflow reported as {e.data.get('finish_reason')}, not transport_error"
+
+
+# ---------------------------------------------------------------- §4.10 resources
+
+
+@monitor("release_exactly_once")
+def _release_exactly_once(rt: RequestTrace):
+    seen: set[str] = set()
+    for e in rt.events:
+        kind = e.data.get("resource")
+        if e.kind == K.RESOURCE_RELEASED:
+            if kind in seen:
+                yield e.index, f"{kind} released a second time"
+            seen.add(kind)
+        elif e.kind == K.RESOURCE_VIOLATION and e.data.get("problem") == "double_release":
+            yield e.index, f"{kind}: double release recorded"
+
+
+@monitor("no_leak")
+def _no_leak(rt: RequestTrace):
+    held: dict[str, int] = {}
+    for e in rt.events:
+        kind = e.data.get("resource")
+        if e.kind == K.RESOURCE_ACQUIRED:
+            held[kind] = e.index
+        elif e.kind == K.RESOURCE_RELEASED:
+            held.pop(kind, None)
+        elif e.kind == K.RESOURCE_VIOLATION and e.data.get("problem") == "leak":
+            yield e.index, f"{kind} leaked (recorded by the ledger)"
+    if rt.complete:
+        for kind, idx in held.items():
+            yield None, f"{kind} acquired at event {idx} and never released"
+
+
+@monitor("model_released_before_terminal")
+def _model_released_before_terminal(rt: RequestTrace):
+    held: set[str] = set()
+    for e in rt.events:
+        kind = e.data.get("resource")
+        if e.kind == K.RESOURCE_ACQUIRED and kind in _MODEL_RESOURCES:
+            held.add(kind)
+        elif e.kind == K.RESOURCE_RELEASED:
+            held.discard(kind)
+        elif e.kind == K.LIFECYCLE and e.data.get("to") in _LIFECYCLE_TERMINAL and held:
+            yield e.index, f"{sorted(held)} still held at the transition to {e.data['to']}"
+
+
+# ---------------------------------------------------------------- §4.6, §4.12 stops and EOS
+
+
+@monitor("stop_bytes_never_emitted")
+def _stop_bytes_never_emitted(rt: RequestTrace):
+    stops = [s.encode("utf-8") for s in rt.created.get("stop", ()) if s]
+    out = b""
+    for e in rt.deltas:
+        start = len(out)
+        out += bytes(e.data.get("bytes", b""))
+        for s in stops:
+            if out.find(s, max(0, start - len(s) + 1)) >= 0:
+                yield e.index, f"stop string {s!r} reached the client"
+                return
+
+
+@monitor("nothing_after_stop_hit")
+def _nothing_after_stop_hit(rt: RequestTrace):
+    return _forbidden_after(
+        rt, lambda e: e.kind == K.STOP_HIT, "the stop hit",
+        (K.RESPONSE_DELTA, K.TOKEN_SELECTED, K.DECODE_STARTED, K.DECODE_COMPLETED),
+    )
+
+
+def _forbidden_after(rt: RequestTrace, is_mark, what: str, kinds: tuple[str, ...]):
+    """Every event of `kinds` after the first event that `is_mark` accepts."""
+    mark = None
+    for e in rt.events:
+        if mark is None:
+            if is_mark(e):
+                mark = e
+        elif e.kind in kinds:
+            yield e.index, f"{e.kind} after {what} at event {mark.index}"
+
+
+@monitor("stop_reason_requires_hit")
+def _stop_reason_requires_hit(rt: RequestTrace):
+    if rt.reason == FinishReason.STOP_SEQUENCE:
+        if not any(e.index < rt.terminal.index for e in rt.of(K.STOP_HIT)):
+            yield rt.terminal.index, "finish reason stop_sequence without a stop.hit"
+
+
+@monitor("eos_not_emitted")
+def _eos_not_emitted(rt: RequestTrace):
+    eos = None
+    for e in rt.events:
+        if e.kind == K.TOKEN_SELECTED and e.data.get("eos") and eos is None:
+            eos = e
+        elif eos is None:
+            continue
+        elif e.kind == K.TOKEN_SELECTED:
+            yield e.index, f"token selected after EOS at step {eos.data.get('step')}"
+        elif e.kind in (K.DECODE_STARTED, K.DECODE_COMPLETED):
+            yield e.index, f"{e.kind} for the EOS token (step {eos.data.get('step')})"
+        elif e.kind == K.RESPONSE_DELTA and not _left_decoding(rt, eos.index, e.index):
+            yield e.index, "a delta sent for the EOS token itself (before the EOS transition)"
+
+
+def _left_decoding(rt: RequestTrace, start: int, end: int) -> bool:
+    """Did the lifecycle leave DECODING between event indices start and end?"""
+    return any(
+        e.kind == K.LIFECYCLE and e.data.get("from") == "DECODING" and start < e.index < end for e in rt.events
+    )
+
+
+# ---------------------------------------------------------------- §4.2 selected vs decoded
+
+
+@monitor("selected_minus_decoded_0_or_1")
+def _selected_minus_decoded(rt: RequestTrace):
+    sel = dec = 0
+    for e in rt.events:
+        if e.kind == K.TOKEN_SELECTED:
+            sel += 1
+        elif e.kind == K.DECODE_COMPLETED:
+            dec += 1
+        else:
+            continue
+        if sel - dec not in (0, 1):
+            yield e.index, f"selected {sel}, decoded {dec}: the difference must be 0 or 1"
+            return
+
+
+@monitor("decode_after_selected")
+def _decode_after_selected(rt: RequestTrace):
+    selected: set[int] = set()
+    started: set[int] = set()
+    for e in rt.events:
+        step = e.data.get("step")
+        if e.kind == K.TOKEN_SELECTED:
+            selected.add(step)
+        elif e.kind == K.DECODE_STARTED:
+            if step not in selected:
+                yield e.index, f"decode of step {step} started before token {step} was selected"
+            elif step in started:
+                yield e.index, f"decode of step {step} started twice"
+            started.add(step)
+        elif e.kind == K.DECODE_COMPLETED and step not in started:
+            yield e.index, f"decode of step {step} completed without having started"
+
+
+@monitor("steps_consecutive")
+def _steps_consecutive(rt: RequestTrace):
+    for n, e in enumerate(rt.selected, start=1):
+        if e.data.get("step") != n:
+            yield e.index, f"selection number {n} has step={e.data.get('step')}"
+            return
+
+
+# ---------------------------------------------------------------- §4.9 cancel and deadline
+
+
+@monitor("no_select_after_cancel_observed")
+def _no_select_after_cancel_observed(rt: RequestTrace):
+    return _forbidden_after(
+        rt,
+        lambda e: e.kind == K.CANCEL_OBSERVED or (e.kind == K.LIFECYCLE and e.data.get("to") == "CANCEL_REQUESTED"),
+        "the cancel was observed", (K.TOKEN_SELECTED, K.DECODE_STARTED),
+    )
+
+
+@monitor("no_kernel_in_flight_at_cancelled")
+def _no_kernel_in_flight_at_cancelled(rt: RequestTrace):
+    in_flight = 0
+    for e in rt.events:
+        if e.kind in (K.PREFILL_STARTED, K.DECODE_STARTED):
+            in_flight += 1
+        elif e.kind in (K.PREFILL_COMPLETED, K.DECODE_COMPLETED):
+            in_flight -= 1
+        elif e.kind == K.LIFECYCLE_IGNORED and e.data.get("event") == "model_error":
+            in_flight = 0  # the failed kernel is over; its error is recorded, not reported
+        elif e.kind == K.LIFECYCLE and e.data.get("to") == "CANCELLED" and in_flight > 0:
+            yield e.index, f"CANCELLED while {in_flight} kernel(s) still in flight: not a safe point"
+
+
+@monitor("cancel_observed_after_requested")
+def _cancel_observed_after_requested(rt: RequestTrace):
+    requested = False
+    for e in rt.events:
+        if e.kind == K.CANCEL_REQUESTED:
+            requested = True
+        elif e.kind == K.CANCEL_OBSERVED and not requested:
+            yield e.index, "cancel observed but never requested"
+
+
+@monitor("cancelled_only_if_requested")
+def _cancelled_only_if_requested(rt: RequestTrace):
+    requested = False
+    for e in rt.events:
+        if e.kind == K.CANCEL_REQUESTED:
+            requested = True
+        elif not requested and (
+            (e.kind == K.LIFECYCLE and e.data.get("to") in ("CANCELLED", "CANCEL_REQUESTED"))
+            or (e.kind in TERMINAL_KINDS and _value(e.data.get("finish_reason")) == FinishReason.CANCELLED)
+        ):
+            yield e.index, f"{e.kind} {e.data.get('to') or 'cancelled'} without a cancel.requested"
+
+
+@monitor("deadline_not_cancelled")
+def _deadline_not_cancelled(rt: RequestTrace):
+    deadline = None
+    for e in rt.events:
+        if e.kind == K.DEADLINE_EXCEEDED or (e.kind == K.LIFECYCLE and e.data.get("event") == "deadline"):
+            deadline = deadline or e
+            if e.kind == K.LIFECYCLE and e.data.get("reason") != FinishReason.DEADLINE_EXCEEDED:
+                yield e.index, f"deadline transition with reason {e.data.get('reason')}"
+        elif deadline is not None and e.kind in TERMINAL_KINDS and _value(e.data.get("finish_reason")) == FinishReason.CANCELLED:
+            yield e.index, f"deadline observed at event {deadline.index} but reported as cancelled"
+
+
+# ---------------------------------------------------------------- §4.10 reasons and usage
+
+
+@monitor("transport_not_eos")
+def _transport_not_eos(rt: RequestTrace):
+    eos_selected = False
+    for e in rt.events:
+        if e.kind == K.TOKEN_SELECTED:
+            eos_selected = bool(e.data.get("eos"))
+        elif e.kind == K.LIFECYCLE and e.data.get("event") == "eos" and not eos_selected:
+            yield e.index, "eos transition without an EOS token just selected"
+        elif e.kind in TERMINAL_KINDS and _value(e.data.get("finish_reason")) == FinishReason.EOS and not eos_selected:
+            yield e.index, "reason eos but the last selected token is not EOS (a transport fact reported as EOS?)"
+
+
+@monitor("finish_reason_matches_state")
+def _finish_reason_matches_state(rt: RequestTrace):
+    for e in rt.terminals:
+        state = _TERMINAL_STATE[K(e.kind)]
+        reason = _value(e.data.get("finish_reason"))
+        if reason not in _REASONS_OF_STATE[state]:
+            yield e.index, f"{e.kind} ({state}) with finish reason {reason!r}"
+
+
+@monitor("length_respected")
+def _length_respected(rt: RequestTrace):
+    limit = rt.created.get("max_output_tokens")
+    if limit is None:
+        return
+    if len(rt.selected) > limit:
+        yield rt.selected[limit].index, f"token {limit + 1} selected with max_output_tokens={limit}"
+    if rt.reason == FinishReason.MAX_OUTPUT_TOKENS and len(rt.selected) != limit:
+        yield rt.terminal.index, f"reason max_output_tokens after {len(rt.selected)} of {limit} tokens"
+
+
+@monitor("usage_consistent")
+def _usage_consistent(rt: RequestTrace):
+    if rt.terminal is None:
+        return
+    u = _usage(rt.terminal.data)
+    if not u:
+        yield rt.terminal.index, "terminal event without usage"
+        return
+    out_bytes = len(rt.output)
+    counts = {
+        "selected_tokens": len(rt.selected),
+        "completion_tokens": len(rt.selected),
+        "processed_tokens": sum(1 for _ in rt.of(K.DECODE_COMPLETED)),
+        "returned_bytes": out_bytes,
+        "prompt_tokens": rt.created.get("prompt_tokens"),
+    }
+    for field, expected in counts.items():
+        if expected is not None and field in u and u[field] != expected:
+            yield rt.terminal.index, f"usage.{field}={u[field]} but the trace shows {expected}"
+    returned = u.get("returned_tokens")
+    if returned is not None and not (
+        (returned == 0) == (out_bytes == 0) and returned <= len(rt.selected) and returned <= out_bytes
+    ):
+        yield rt.terminal.index, f"usage.returned_tokens={returned} with {out_bytes} bytes returned of {len(rt.selected)} selected"
+
+
+# ---------------------------------------------------------------- §4.5 the detokenizer
+
+
+@monitor("detok_concat_equals_batch")
+def _detok_concat_equals_batch(rt: RequestTrace):
+    """Streamed bytes == batch decode of the non-EOS selected ids, cut at the stop (prefix if cut short)."""
+    if rt.terminal is None:
+        return
+    ids = [e.data.get("token") for e in rt.selected if not e.data.get("eos")]
+    hit = next(rt.of(K.STOP_HIT), None)
+    if hit is not None and hit.data.get("kind") == "token_ids":
+        ids = ids[: len(ids) - len(hit.data.get("stop", ()))]
+    tok = rt.tokenizer
+    full = tok.decode_bytes(ids) if hasattr(tok, "decode_bytes") else tok.decode(ids).encode("utf-8")
+    if hit is not None and hit.data.get("kind") != "token_ids":
+        full = _cut_at_stop(full, [s.encode("utf-8") for s in rt.created.get("stop", ()) if s])
+    out = rt.output
+    exact = rt.terminal.kind == K.RESPONSE_COMPLETED and rt.reason != FinishReason.CONTENT_INTERRUPTED
+    if (out != full) if exact else not full.startswith(out):
+        relation = "equal" if exact else "be a prefix of"
+        yield rt.terminal.index, f"streamed {out[:60]!r}... must {relation} the batch decode {full[:60]!r}..."
+
+
+def _cut_at_stop(data: bytes, stops: list[bytes]) -> bytes:
+    """Cut before the winning match: earliest end, then longest (DECISIONS D3)."""
+    best = None
+    for s in stops:
+        i = data.find(s)
+        if i >= 0:
+            key = (i + len(s), -len(s))
+            if best is None or key < best[0]:
+                best = (key, i)
+    return data if best is None else data[: best[1]]
