@@ -400,8 +400,10 @@ def _stop_reason_requires_hit(rt: RequestTrace):
 @monitor("eos_not_emitted")
 def _eos_not_emitted(rt: RequestTrace):
     eos = None
+    eos_id = rt.created.get("eos_id")  # a runtime that forgets to flag EOS is still caught (§4.12 row 1)
     for e in rt.events:
-        if e.kind == K.TOKEN_SELECTED and e.data.get("eos") and eos is None:
+        is_eos = e.kind == K.TOKEN_SELECTED and (e.data.get("eos") or (eos_id is not None and e.data.get("token") == eos_id))
+        if is_eos and eos is None:
             eos = e
         elif eos is None:
             continue

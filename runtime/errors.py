@@ -14,6 +14,3 @@ class RequestError(ValueError):
 class ModelError(RuntimeError):
     """The model step (prefill or decode_one) failed: the request ends FAILED with model_error."""
 
-
-class TransportError(RuntimeError):
-    """The return channel failed to take a send: FAILED with transport_error (never EOS, §4.7)."""

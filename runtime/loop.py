@@ -25,11 +25,15 @@ def generate(
     faults: FaultPlan | None = None,
     on_delta: Callable[[bytes], None] | None = None,
     on_run: Callable[[RequestRun], None] | None = None,
+    read_inline: bool = True,
 ) -> Result:
     """Run one request to its terminal state and return the Result with its full trace.
 
     `on_delta(bytes)` sees each delta as it is sent; `on_run(run)` gets the RequestRun before the
     loop starts (to subscribe to its trace or to cancel it from another thread).
+    With `read_inline` False nobody reads the stream while the loop runs, so its backpressure
+    policy decides what happens at the cap (§4.8): `buffer`/`fail` overflow, `pause` parks until
+    the stream's pause timeout.
     """
     if not isinstance(request, Request):
         raise TypeError(f"generate() takes a Request, got {type(request).__name__}")
@@ -40,7 +44,7 @@ def generate(
         on_run(run)
     # generate() is its own reader: what it sends is consumed at once, so the stream's
     # backpressure never parks a single-path request (the Engine is where slow readers matter).
-    run.inline_reader = True
+    run.inline_reader = read_inline
     if not run.admit() or not run.check_point():
         return run.finish()
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kernel-{request.request_id}") as pool:

@@ -10,6 +10,7 @@ cancel (a flag observed at the safe points, §4.9).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +21,7 @@ import torch
 from ..machine import compiled
 from ..spec import FinishReason, load_spec
 from .detokenizer import DecodingError, IncrementalDetokenizer
-from .errors import ModelError, TransportError
+from .errors import ModelError
 from .events import EventKind, Trace
 from .faults import FaultAction, FaultPlan
 from .ledger import ResourceLedger
@@ -28,7 +29,7 @@ from .request import Request
 from .result import Result, Usage
 from .sampling import Sampler, SamplingParams
 from .stop import StopMatcher, TokenStopMatcher
-from .stream import OrderedStream, StreamOverflow
+from .stream import OVERFLOW_ERROR, OrderedStream, StreamOverflow
 
 _LIFECYCLE = load_spec("lifecycle")
 # (state, event) -> the finish reason the row fixes, straight from the table.
@@ -148,6 +149,8 @@ class RequestRun:
             seed=self.sampler.seed,
             deadline_s=request.deadline_s,
             policy=request.policy,
+            max_events=request.max_buffer_events,
+            max_bytes=request.max_buffer_bytes,
         )
         self.ledger.acquire("trace_handle")
         self.ledger.acquire("stream_buffer")
@@ -228,6 +231,18 @@ class RequestRun:
         """Called while a kernel runs: a cancel that arrived by now is observed (§4.11 B)."""
         if self._cancel.is_set():
             self._observe_cancel()
+
+    def take_kernel_fault(self) -> bool:
+        """True (once) when a model_error fault was injected into the kernel now in flight."""
+        fault, self._kernel_fault = self._kernel_fault, False
+        return fault
+
+    def transport_failed(self, error: str) -> None:
+        """The return channel gave up (a detached, parked reader past its timeout, DECISIONS D5):
+        FAILED with transport_error. Valid in DECODING and DRAINING."""
+        self.error = f"transport_error: {error}"
+        self.trace.emit(EventKind.TRANSPORT, what="detach_timeout")
+        self._terminate("transport_error")
 
     def begin_prefill(self) -> None:
         self._t["queue"] = self.clock() - self._created
@@ -330,28 +345,34 @@ class RequestRun:
         return self._send(safe)
 
     def _send(self, data: bytes) -> bool:
+        """stream.emit_delta_if_nonempty (§4.3); a failed send ends the request (§4.10)."""
         if not data:
             return True
+        seq = self.stream.next_seq
+        if FaultAction.TRANSPORT_ERROR in self.faults.at("response.delta", seq):
+            self.trace.emit(EventKind.FAULT_INJECTED, point="response.delta", step=seq, action="transport_error")
+            return self._send_failed(seq, "injected send failure")
+        if not self.stream.fits(len(data)):
+            return self._send_failed(seq, OVERFLOW_ERROR, overflow=data)
         t0 = self.clock()
-        seq = self.stream._next_seq
         try:
-            if FaultAction.TRANSPORT_ERROR in self.faults.at("response.delta", seq):
-                self.trace.emit(EventKind.FAULT_INJECTED, point="response.delta", step=seq, action="transport_error")
-                raise TransportError(f"injected send failure at seq {seq}")
             self.stream.delta(data)
-            if self.inline_reader:
-                while self.stream.get(timeout=0) is not None:
-                    pass
-        except (TransportError, StreamOverflow) as exc:
-            self.error = f"transport_error: {exc}"
-            self.trace.emit(EventKind.TRANSPORT, what="send_failed", seq=seq)
-            self._terminate("transport_error")
-            return False
+        except StreamOverflow as exc:  # a paused send waited past the stream's pause timeout (D5)
+            return self._send_failed(seq, str(exc))
+        if self.inline_reader:
+            while self.stream.get(timeout=0) is not None:
+                pass
         self.output += data
         self._t["send"] += self.clock() - t0
         for fn in self._listeners:
             fn(data)
         return True
+
+    def _send_failed(self, seq: int, why: str, overflow: bytes | None = None) -> bool:
+        self.error = f"transport_error: {why}"
+        self.trace.emit(EventKind.TRANSPORT, what="send_failed", seq=seq)
+        self._terminate("transport_error", overflow=overflow)
+        return False
 
     def begin_decode(self) -> None:
         self._t0 = self.clock()
@@ -408,8 +429,12 @@ class RequestRun:
             return
         self._terminate("complete")
 
-    def _terminate(self, event: str) -> None:
-        """transition_and_emit_terminal (§4.3): model resources first, then state and event together."""
+    def _terminate(self, event: str, overflow: bytes | None = None) -> None:
+        """transition_and_emit_terminal (§4.3): model resources first, then state and event together.
+
+        `overflow`: the delta that did not fit; offering it now fires the stream's overflow row,
+        which emits the terminal event (D6).
+        """
         with self._lock:
             if self._held_since is not None:
                 self._t["stop_buffer"] += self.clock() - self._held_since
@@ -418,6 +443,9 @@ class RequestRun:
                 if self.ledger.state(kind) == "HELD":
                     self.ledger.release(kind)
             self.fire(event)
+            if overflow is not None:
+                with contextlib.suppress(StreamOverflow):
+                    self.stream.delta(overflow)
             if not self.stream.closed:
                 _TERMINAL_SEND[self.state](self.stream, self.reason, self.usage().as_dict(), self.error)
             for kind in _STREAM_RESOURCES:
@@ -516,8 +544,7 @@ def run_kernel(run: RequestRun, fn: Callable[[], Any], begin: Callable[[], None]
     def gated() -> Any:
         out = fn()
         gate.wait()
-        if run._kernel_fault:
-            run._kernel_fault = False
+        if run.take_kernel_fault():
             raise ModelError("injected model error")
         return out
 

@@ -193,7 +193,8 @@ class OrderedStream:
             self._unread_events += 1
             self._unread_bytes += len(data)
             self._append(StreamEvent(StreamEventKind.DELTA, seq, data, request_id=self.request_id),
-                         seq=seq, bytes=data)
+                         seq=seq, bytes=data, unread_events=self._unread_events,
+                         unread_bytes=self._unread_bytes)
             if self.policy is BackpressurePolicy.PAUSE and not self._has_room(1):
                 self._st.fire("block")
             return seq
@@ -358,6 +359,13 @@ class OrderedStream:
         if self._trace is not None:
             self._trace.emit(_TRACE_KIND[ev.kind], **trace_data)
         self._wake()
+
+    def fits(self, size: int) -> bool:
+        """Would a delta of `size` bytes be taken without overflowing? Always True under `pause`,
+        which waits instead (§4.8); the producer asks first so that its own lifecycle can fail
+        before the stream's overflow row emits the terminal event (transition_and_emit_terminal)."""
+        with self._cond:
+            return self.policy is BackpressurePolicy.PAUSE or self._within_cap(size)
 
     def _within_cap(self, size: int) -> bool:
         """Buffer/fail policy: may a delta of `size` bytes be queued (D6)?"""
