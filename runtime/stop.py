@@ -34,6 +34,8 @@ from ..spec import load_spec
 
 RULE_VERSION: int = load_spec("stop_matcher").params["stop_rule_version"]
 DEFAULT_MAX_STOPS = 4096
+# The transition table has (total stop bytes + 1) x (distinct bytes + 1) entries: bound it.
+DEFAULT_MAX_STOP_BYTES = 1 << 16
 
 
 class StopKind(enum.StrEnum):
@@ -65,22 +67,17 @@ class StopHit:
 
 @attrs.frozen(slots=True)
 class _Trie:
-    """Aho-Corasick over any hashable symbols, failure links resolved into per-node maps.
+    """The trie of a stop set. ``children[n]`` maps a symbol to a child node; ``own[n]`` is the
+    first configured stop equal to n's string, or -1; n's string is ``stops[via[n]][:depth[n]]``.
+    Nodes are numbered breadth first, so a node's failure target always has a smaller number."""
 
-    ``goto[n]`` maps a symbol to the next node (an absent symbol leads to the root); ``win[n]`` is
-    the stop that wins when node n is reached (the longest stop that is a suffix of n's string,
-    first configured among equal ones) or -1; ``depth[n]`` the length of n's string, which is
-    ``stops[via[n]][:depth[n]]``; ``lengths[i]`` the length of stop i.
-    """
-
-    goto: tuple[dict[Hashable, int], ...]
-    win: tuple[int, ...]
-    depth: tuple[int, ...]
-    via: tuple[int, ...]
-    lengths: tuple[int, ...]
+    children: list[dict[Hashable, int]]
+    own: list[int]
+    depth: list[int]
+    via: list[int]
 
 
-def _build_trie(stops: Sequence[Sequence[Hashable]]) -> _Trie:
+def _trie(stops: Sequence[Sequence[Hashable]]) -> _Trie:
     children: list[dict[Hashable, int]] = [{}]
     depth, via, own = [0], [-1], [-1]
     for i, stop in enumerate(stops):
@@ -97,30 +94,31 @@ def _build_trie(stops: Sequence[Sequence[Hashable]]) -> _Trie:
             node = nxt
         if own[node] < 0:  # duplicates: the first configured wins
             own[node] = i
-    n = len(children)
-    fail, win = [0] * n, own[:]
-    goto: list[dict[Hashable, int]] = [{} for _ in range(n)]
-    goto[0] = dict(children[0])
-    queue = list(children[0].values())
-    for node in queue:  # breadth first: a failure target is always shallower, hence done
-        goto[node] = {**goto[fail[node]], **children[node]}
-        for sym, child in children[node].items():
-            fail[child] = goto[fail[node]].get(sym, 0)
-            if win[child] < 0:
-                win[child] = win[fail[child]]
-            queue.append(child)
-    return _Trie(tuple(goto), tuple(win), tuple(depth), tuple(via), tuple(len(s) for s in stops))
+    return _Trie(children, own, depth, via)
+
+
+def _bfs(trie: _Trie) -> list[int]:
+    """Non-root nodes in breadth-first order (each after its failure target)."""
+    order = list(trie.children[0].values())
+    for node in order:
+        order.extend(trie.children[node].values())
+    return order
+
+
+def _held_prefixes(stops: Sequence[Sequence[Hashable]], trie: _Trie, empty: Any) -> tuple:
+    return tuple(stops[v][:d] if v >= 0 else empty for v, d in zip(trie.via, trie.depth))
 
 
 @attrs.frozen(slots=True)
 class _ByteAutomaton:
-    """The flat transition table of a byte stop set.
+    """Aho-Corasick over bytes, failure links resolved into one flat transition table.
 
     Bytes are first mapped to classes (one per byte value used by some stop, class 0 for all
     others) with ``bytes.translate``; a state is stored pre-multiplied by ``stride`` so a step is
-    ``delta[state + cls]``. A transition into a winning node is stored as ``~index`` (negative).
-    ``prefixes[n]`` is node n's string: the bytes to hold back while the automaton is at n;
-    ``lengths[i]`` the length of stop i.
+    ``delta[state + cls]``. A transition into a node where a stop ends is stored as ``~index``
+    (negative) of the winning stop: the longest stop that is a suffix of the node's string, the
+    first configured among equal ones. ``prefixes[n]`` is node n's string, the bytes held back
+    while the automaton is at n; ``lengths[i]`` the length of stop i.
     """
 
     delta: tuple[int, ...]
@@ -130,44 +128,73 @@ class _ByteAutomaton:
     lengths: tuple[int, ...]
 
 
-@functools.lru_cache(maxsize=128)
+@functools.lru_cache(maxsize=32)
 def _byte_automaton(stops: tuple[bytes, ...]) -> _ByteAutomaton:
-    trie = _build_trie(stops)
+    trie = _trie(stops)
     alphabet = sorted({b for s in stops for b in s})
     first = 0 if len(alphabet) == 256 else 1  # class 0 stands for every byte no stop uses
     cls = [0] * 256
     for k, b in enumerate(alphabet):
         cls[b] = first + k
     stride = first + len(alphabet)
-    # one int object per target state, shared by every entry that leads there (a compact table)
-    code = [~w if w >= 0 else node * stride for node, w in enumerate(trie.win)]
-    delta = [0] * (len(trie.goto) * stride)
-    for node, row in enumerate(trie.goto):
-        base = node * stride
-        for b, nxt in row.items():
-            delta[base + cls[b]] = code[nxt]
-    prefixes = tuple(stops[v][:d] if v >= 0 else b"" for v, d in zip(trie.via, trie.depth))
-    return _ByteAutomaton(tuple(delta), bytes(cls), stride, prefixes, trie.lengths)
+    n = len(trie.children)
+    table = [0] * (n * stride)  # node numbers while building
+    fail, win = [0] * n, trie.own[:]
+    for b, child in trie.children[0].items():
+        table[cls[b]] = child
+    for node in _bfs(trie):
+        base, fbase = node * stride, fail[node] * stride
+        table[base : base + stride] = table[fbase : fbase + stride]  # inherit the failure row
+        for b, child in trie.children[node].items():
+            fail[child] = table[fbase + cls[b]]
+            if win[child] < 0:
+                win[child] = win[fail[child]]
+            table[base + cls[b]] = child
+    # one int object per target, shared by every entry that leads there (a compact table)
+    code = [~w if w >= 0 else node * stride for node, w in enumerate(win)]
+    delta = tuple(map(code.__getitem__, table))
+    prefixes = _held_prefixes(stops, trie, b"")
+    return _ByteAutomaton(delta, bytes(cls), stride, prefixes, tuple(map(len, stops)))
 
 
 @attrs.frozen(slots=True)
 class _TokenAutomaton:
-    """Per-node maps token id -> next node (absent: root), ``~index`` for a winning node;
-    ``prefixes[n]`` is node n's id sequence (the partial match held while at n)."""
+    """Aho-Corasick over token ids; ids are unbounded, so rows are sparse.
 
-    delta: tuple[dict[int, int], ...]
+    ``root`` maps an id to the next node from the root; ``rows[n]`` holds the transitions out of
+    node n that differ from the root's (resolved along the failure chain), so a step is
+    ``rows[n].get(t)``, falling back to ``root.get(t, 0)``. ``~index`` marks a winning node, as
+    in _ByteAutomaton; ``prefixes[n]`` is node n's id sequence (the partial match held at n).
+    """
+
+    root: dict[int, int]
+    rows: tuple[dict[int, int], ...]
     prefixes: tuple[tuple[int, ...], ...]
 
 
-@functools.lru_cache(maxsize=128)
+@functools.lru_cache(maxsize=32)
 def _token_automaton(seqs: tuple[tuple[int, ...], ...]) -> _TokenAutomaton:
-    trie = _build_trie(seqs)
-    delta = tuple(
-        {t: (~trie.win[nxt] if trie.win[nxt] >= 0 else nxt) for t, nxt in row.items()}
-        for row in trie.goto
+    trie = _trie(seqs)
+    n = len(trie.children)
+    rows: list[dict[int, int]] = [{} for _ in range(n)]
+    fail, win = [0] * n, trie.own[:]
+    root = trie.children[0]
+    for node in _bfs(trie):
+        f = fail[node]
+        rows[node] = {**rows[f], **trie.children[node]} if f else dict(trie.children[node])
+        for t, child in trie.children[node].items():
+            fail[child] = rows[f].get(t, root.get(t, 0)) if f else root.get(t, 0)
+            if win[child] < 0:
+                win[child] = win[fail[child]]
+
+    def code(nxt: int) -> int:
+        return ~win[nxt] if win[nxt] >= 0 else nxt
+
+    return _TokenAutomaton(
+        {t: code(c) for t, c in root.items()},
+        tuple({t: code(c) for t, c in row.items()} for row in rows),
+        _held_prefixes(seqs, trie, ()),
     )
-    prefixes = tuple(seqs[v][:d] if v >= 0 else () for v, d in zip(trie.via, trie.depth))
-    return _TokenAutomaton(delta, prefixes)
 
 
 # -- input validation ---------------------------------------------------------------------------
@@ -182,10 +209,14 @@ def _check_list(values: Any, what: str, item: str, max_stops: int) -> None:
         )
     if not isinstance(values, Sequence):
         raise TypeError(f"{what} must be a list or tuple of {item}, got {type(values).__name__}")
-    if isinstance(max_stops, bool) or not isinstance(max_stops, int) or max_stops < 1:
-        raise ValueError(f"max_stops must be a positive int, got {max_stops!r}")
+    _check_limit("max_stops", max_stops)
     if len(values) > max_stops:
         raise ValueError(f"{what}: {len(values)} stops given, more than max_stops={max_stops}")
+
+
+def _check_limit(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 def _encode_stop(i: int, stop: Any) -> bytes:
@@ -254,16 +285,29 @@ class StopMatcher(_TableControl):
     holds exactly the longest output suffix that is a proper prefix of some stop; after a hit it
     holds the match and everything pushed after it, which are never returned and are dropped by
     ``discard_from_first_match`` (§4.3). ``flush`` ends the output without a hit and returns the
-    held bytes (flush_safe_suffix, §4.3).
+    held bytes (flush_safe_suffix, §4.3). ``max_stops`` and ``max_stop_bytes`` (the stops' UTF-8
+    bytes together) bound the size of the automaton a request can make the server build.
     """
 
     __slots__ = (
         "_stops", "_auto", "_delta", "_classes", "_stride", "_prefixes", "_s", "_held", "_pos",
     )
 
-    def __init__(self, stops: Sequence[str | bytes], *, max_stops: int = DEFAULT_MAX_STOPS) -> None:
+    def __init__(
+        self,
+        stops: Sequence[str | bytes],
+        *,
+        max_stops: int = DEFAULT_MAX_STOPS,
+        max_stop_bytes: int = DEFAULT_MAX_STOP_BYTES,
+    ) -> None:
         _check_list(stops, "stops", "str or bytes", max_stops)
+        _check_limit("max_stop_bytes", max_stop_bytes)
         encoded = tuple(_encode_stop(i, s) for i, s in enumerate(stops))
+        total = sum(map(len, encoded))
+        if total > max_stop_bytes:
+            raise ValueError(
+                f"stops: {total} bytes in all, more than max_stop_bytes={max_stop_bytes}"
+            )
         super().__init__()
         self._stops = tuple(stops)
         self._auto = auto = _byte_automaton(encoded)
@@ -346,7 +390,7 @@ class TokenStopMatcher(_TableControl):
     whether to withhold those tokens' text). Positions in a hit count tokens.
     """
 
-    __slots__ = ("_seqs", "_auto", "_delta", "_s", "_pos")
+    __slots__ = ("_seqs", "_auto", "_root", "_rows", "_s", "_pos")
 
     def __init__(
         self, sequences: Sequence[Sequence[int]], *, max_stops: int = DEFAULT_MAX_STOPS
@@ -356,7 +400,7 @@ class TokenStopMatcher(_TableControl):
         super().__init__()
         self._seqs = seqs
         self._auto = _token_automaton(seqs)
-        self._delta = self._auto.delta
+        self._root, self._rows = self._auto.root, self._auto.rows
         self._s = 0  # automaton node
         self._pos = 0  # tokens pushed so far
 
@@ -373,7 +417,9 @@ class TokenStopMatcher(_TableControl):
         """Feed one selected token id; return the hit or None. §4.6."""
         if type(token_id) is not int or token_id < 0:
             token_id = _token_id(token_id, "push(): token_id")
-        s = self._delta[self._s].get(token_id, 0)
+        s = self._rows[self._s].get(token_id)
+        if s is None:
+            s = self._root.get(token_id, 0)
         if s < 0:
             index = ~s
             end = self._pos + 1

@@ -230,6 +230,8 @@ def test_automaton_is_built_once_per_stop_set():
         ([bytearray(b"a")], {}, TypeError, "stops[0] must be str or bytes, got bytearray: bytearray(b'a')"),
         (["a", "b", "c"], {"max_stops": 2}, ValueError, "stops: 3 stops given, more than max_stops=2"),
         (["a"], {"max_stops": 0}, ValueError, "max_stops must be a positive int, got 0"),
+        (["abc", "é"], {"max_stop_bytes": 4}, ValueError, "stops: 5 bytes in all, more than max_stop_bytes=4"),
+        (["a"], {"max_stop_bytes": True}, ValueError, "max_stop_bytes must be a positive int, got True"),
     ],
 )
 def test_bad_stop_configuration_names_the_offending_value(stops, kwargs, exc, message):
