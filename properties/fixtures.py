@@ -84,7 +84,7 @@ def sentencepiece_byte_fallback(tmp_dir: str | Path) -> Path:
     """Llama style: BPE with byte fallback, Metaspace pre-tokenizer, the Llama decoder chain.
 
     `<unk>`, `<s>`, `</s>` are special (ids 0-2); the 256 `<0xNN>` byte tokens are ordinary vocabulary
-    (ids 3-258). The alphabet is limited, so rare characters (emoji, most CJK) fall back to bytes.
+    (ids 3-258). The alphabet stops at U+2000, so CJK, emoji and ZWJ fall back to bytes.
     """
 
     def build(folder: Path) -> Path:
@@ -95,12 +95,11 @@ def sentencepiece_byte_fallback(tmp_dir: str | Path) -> Path:
             [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
         )
         trainer = trainers.BpeTrainer(
-            vocab_size=700,
-            special_tokens=[UNK, BOS, EOS, *byte_tokens],
-            limit_alphabet=90,
-            show_progress=False,
+            vocab_size=700, special_tokens=[UNK, BOS, EOS, *byte_tokens], show_progress=False
         )
-        tok.train_from_iterator(CORPUS, trainer)
+        # Only characters below U+2000 enter the alphabet (deterministically, unlike limit_alphabet):
+        # CJK, emoji and ZWJ always fall back to <0xNN> byte tokens.
+        tok.train_from_iterator(("".join(c for c in line if ord(c) < 0x2000) for line in CORPUS), trainer)
         # The byte tokens were reserved as special tokens to fix their ids; make them plain vocabulary.
         spec = json.loads(tok.to_str())
         spec["added_tokens"] = [a for a in spec["added_tokens"] if a["content"] not in set(byte_tokens)]
@@ -111,17 +110,26 @@ def sentencepiece_byte_fallback(tmp_dir: str | Path) -> Path:
 
 
 def wordpiece(tmp_dir: str | Path) -> Path:
-    """BERT style WordPiece (no lowercasing, accents kept), `[SEP]` as its EOS."""
+    """BERT style WordPiece (no lowercasing, accents kept), `[SEP]` as its EOS.
+
+    The vocabulary is built, not trained (the WordPiece trainer breaks ties differently from run to
+    run): every character alone and as `##c`, every word of the corpus, and each longer word split
+    as its first three characters plus a `##` rest, so `hello` also spells as `hel ##lo`.
+    """
 
     def build(folder: Path) -> Path:
-        tok = Tokenizer(models.WordPiece(unk_token=WP_UNK))
-        tok.normalizer = normalizers.BertNormalizer(lowercase=False, strip_accents=False)
-        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        norm = normalizers.BertNormalizer(lowercase=False, strip_accents=False)
+        pre = pre_tokenizers.BertPreTokenizer()
+        words = sorted({w for line in CORPUS for w, _ in pre.pre_tokenize_str(norm.normalize_str(line))})
+        chars = sorted({c for w in words for c in w})
+        pieces = [p for w in words if len(w) > 3 for p in (w[:3], "##" + w[3:])]
+        entries = [PAD, WP_UNK, CLS, SEP, *chars, *("##" + c for c in chars), *pieces, *words]
+        vocab = {t: i for i, t in enumerate(dict.fromkeys(entries))}
+        tok = Tokenizer(models.WordPiece(vocab, unk_token=WP_UNK))
+        tok.normalizer = norm
+        tok.pre_tokenizer = pre
         tok.decoder = decoders.WordPiece(prefix="##", cleanup=True)
-        trainer = trainers.WordPieceTrainer(
-            vocab_size=500, special_tokens=[PAD, WP_UNK, CLS, SEP], show_progress=False
-        )
-        tok.train_from_iterator(CORPUS, trainer)
+        tok.add_special_tokens([PAD, WP_UNK, CLS, SEP])
         return _write(tok, folder, "wordpiece")
 
     return _cached("wordpiece", tmp_dir, build)
