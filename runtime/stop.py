@@ -32,6 +32,8 @@ import attrs
 from ..machine import compiled
 from ..spec import load_spec
 
+__all__ = ["StopHit", "StopKind", "StopMatcher", "TokenStopMatcher"]
+
 RULE_VERSION: int = load_spec("stop_matcher").params["stop_rule_version"]
 DEFAULT_MAX_STOPS = 4096
 # The transition table has (total stop bytes + 1) x (distinct bytes + 1) entries: bound it.
