@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
+import attrs
 import click
 
 
 def load_model_and_tokenizer(path: str | None, device: str = "cpu"):
     """The embedded TinyLM (path None), a TinyLM folder, or a transformers checkpoint folder."""
     from decodespec.runtime.models import HFModel, TinyLM
+    from decodespec.runtime.tinylm import ASSETS, TinyLMConfig
     from decodespec.runtime.tokenizers import HFTokenizer
 
-    if path is None:
-        model = TinyLM.default(device=device)
-        return model, HFTokenizer(TinyLM.default_path())
-    folder = Path(path)
-    if not folder.is_dir():
-        raise click.BadParameter(f"{path} is not a folder holding a checkpoint", param_hint="--model")
-    model = TinyLM.from_pretrained(folder, device=device) if TinyLM.is_checkpoint(folder) else HFModel(folder, device=device)
+    folder = ASSETS if path is None else Path(path)
+    config = folder / "config.json"
+    if not config.is_file():
+        raise click.BadParameter(f"{folder} holds no config.json: not a checkpoint folder", param_hint="--model")
+    keys = set(json.loads(config.read_text(encoding="utf-8")))
+    tinylm = keys <= {f.name for f in attrs.fields(TinyLMConfig)}
+    model = TinyLM.from_pretrained(folder, device=device) if tinylm else HFModel(folder, device=device)
     return model, HFTokenizer(folder)
 
 

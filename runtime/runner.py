@@ -48,22 +48,6 @@ _TERMINAL_SEND: dict[str, Callable[[OrderedStream, FinishReason, dict, str], int
 }
 
 
-class _NoStops:
-    """Stand-in matcher for a request without stop strings: every byte is safe at once."""
-
-    held = b""
-    hit = None
-
-    def push(self, data: bytes) -> tuple[bytes, None]:
-        return data, None
-
-    def flush(self) -> bytes:
-        return b""
-
-    def discard_from_first_match(self) -> None:  # never called without a hit
-        raise AssertionError("no stop strings, no match to discard")
-
-
 class RequestRun:
     """The StepState of §4.2 plus lifecycle, stream, ledger and trace of one request."""
 
@@ -101,7 +85,7 @@ class RequestRun:
         )
         self.eos_id: int | None = tokenizer.eos_id
         self.detok = IncrementalDetokenizer(tokenizer, prompt_ids=self.prompt_ids)
-        self.stopper: StopMatcher | _NoStops = StopMatcher(request.stop) if request.stop else _NoStops()
+        self.stopper = StopMatcher(request.stop)
         self.token_stopper = TokenStopMatcher(request.stop_token_ids) if request.stop_token_ids else None
         self._token_held: list[bytes] = []  # bytes of tokens that may still be a stop id sequence
         self.sampler = Sampler(
