@@ -154,3 +154,6 @@ from .cli_generate import experiment, generate  # noqa: E402
 
 main.add_command(generate)
 main.add_command(experiment)
+from .cli_conform import conform  # noqa: E402
+
+main.add_command(conform)

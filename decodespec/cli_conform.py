@@ -1,0 +1,94 @@
+"""`decodespec conform`: run the conformance cases against an engine and write its reports (issue 7).
+
+    decodespec conform --engine reference
+    decodespec conform --engine hf:.cache/peers/tiny-llama --report reports/hf-generate
+    decodespec conform --engine openai:http://127.0.0.1:8000 --model tiny --select http/
+    decodespec conform --engine reference --dry-run --select stop/
+
+Exit status: 1 when a failure is unexpected (with --expect FILE: any failure not listed there;
+without it: any MUST failure or adapter error), else 0.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table as RichTable
+
+from .cli import default_diagrams_dir
+
+_STYLE = {"PASS": "green", "FAIL": "red", "ERROR": "bold red", "SKIP": "dim"}
+
+
+def report_name(engine: str) -> str:
+    """A folder name for an engine spec: 'reference', 'hf-tiny-llama', 'openai-127.0.0.1-8000'."""
+    kind, _, arg = engine.partition(":")
+    tail = Path(arg.rstrip("/")).name if kind in ("hf", "decode-stream") else re.sub(r"^https?://", "", arg)
+    return re.sub(r"[^A-Za-z0-9.]+", "-", f"{kind}-{tail}" if tail else kind).strip("-")
+
+
+@click.command()
+@click.option("--engine", required=True, help="reference | hf:PATH | decode-stream:TOKENIZER_JSON | openai:URL")
+@click.option("--model", default=None, help="Model name for openai engines (default: the first of /v1/models).")
+@click.option("--select", "select", multiple=True, help="Only cases whose id starts with this prefix (repeatable).")
+@click.option("--dry-run", is_flag=True, help="List the selected cases (and whether the engine can run them); run nothing.")
+@click.option("--expect", "expect_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Known failures, one case id a line: only other failures fail the run.")
+@click.option("--report", "report_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write report.json, junit.xml, report.md, report.html into this folder.")
+@click.option("--name", default=None, help="Engine name shown in reports (default: derived from --engine).")
+@click.option("-j", "--jobs", default=1, show_default=True, type=click.IntRange(1, 64), help="Cases run at once (threads).")
+def conform(engine: str, model: str | None, select: tuple[str, ...], dry_run: bool, expect_file: Path | None,
+            report_dir: Path | None, name: str | None, jobs: int) -> None:
+    """Run the conformance cases (§4.3-§4.10) against ENGINE and report per case."""
+    from .properties.conformance import EngineSpecError, adapter_for, load_cases, run_cases
+    from .properties.conformance.reports import summary, write_reports
+    from .properties.conformance.runner import fixed, read_expectations, unexpected
+
+    console = Console(width=120)
+    cases = load_cases(select)
+    if not cases:
+        raise click.ClickException(f"no case id starts with {' or '.join(select)}")
+    try:
+        adapter = adapter_for(engine, model=model)
+    except EngineSpecError as exc:
+        raise click.BadParameter(str(exc), param_hint="--engine") from None
+    label = name or report_name(engine)
+    if dry_run:
+        table = RichTable(title=f"{len(cases)} case(s) for {label}")
+        for col in ("case", "anchor", "grade", "runs here"):
+            table.add_column(col)
+        for c in cases:
+            table.add_row(c.id, c.anchor, c.grade.value, adapter.unsupported(c) and f"SKIP: {adapter.unsupported(c)}" or "yes")
+        console.print(table)
+        return
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as progress:
+        task = progress.add_task(f"conform {label}", total=len(cases))
+        results = run_cases(adapter, cases, jobs=jobs, on_result=lambda r: progress.advance(task))
+    table = RichTable(title=f"conformance: {label}")
+    for col in ("case", "grade", "verdict", "first violated invariant / reason"):
+        table.add_column(col, overflow="fold")
+    for r in results:
+        table.add_row(r.case.id, r.case.grade.value, f"[{_STYLE[r.verdict.value]}]{r.verdict.value}[/]",
+                      r.first_invariant or r.reason)
+    console.print(table)
+    s = summary(results)
+    console.print(f"{s['total']} cases: {s['PASS']} pass, {s['FAIL']} fail, {s['ERROR']} error, {s['SKIP']} skipped "
+                  f"(MUST failures {s['must_failed']}, SHOULD failures {s['should_failed']})")
+    if report_dir is not None:
+        for path in write_reports(results, label, report_dir, diagrams_dir=default_diagrams_dir()):
+            console.print(f"wrote {path}")
+    known = read_expectations(expect_file.read_text(encoding="utf-8")) if expect_file else None
+    if known is not None:
+        for r in fixed(results, known):
+            console.print(f"[yellow]{r.case.id} is listed as a known failure but passed: update {expect_file}[/]")
+    bad = unexpected(results, known)
+    if bad:
+        console.print(f"[red]{len(bad)} unexpected failure(s): {', '.join(r.case.id for r in bad)}[/]")
+        sys.exit(1)

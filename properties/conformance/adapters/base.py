@@ -1,0 +1,180 @@
+"""The adapter interface: `run(case) -> Outcome`, plus what every white-box adapter shares.
+
+An adapter declares its `capabilities`; a case whose `requires` are not all among them is a SKIP
+with the reason (never a pass). Within a run, a check the adapter cannot observe (a finish reason
+from an engine that reports none) is listed as not checked in the verdict.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import attrs
+
+from ....runtime.tokenizers import ByteTableTokenizer, HFTokenizer
+from .. import cases as _cases
+from ..cases import Case, CaseError
+
+FIXTURE_DIR = Path(tempfile.gettempdir()) / "decodespec-conformance-fixtures"
+
+
+@attrs.frozen
+class Finding:
+    """A violation an adapter observed itself (black-box recipes), named by its invariant."""
+
+    invariant: str
+    message: str
+
+
+@attrs.frozen
+class Outcome:
+    """What an engine did for one case. None means the engine does not expose that field."""
+
+    output: bytes | None = None
+    finish_reason: str | None = None
+    state: str | None = None
+    events: tuple[Any, ...] | None = None  # runtime Events (full_trace) or stream-level ones
+    chunks: tuple[bytes, ...] | None = None  # streamed deltas, in order
+    error: str | None = None
+    usage: Mapping[str, int] | None = None
+    full_trace: bool = False  # events are a complete reference-vocabulary trace (check_trace)
+    findings: tuple[Finding, ...] = ()
+    notes: tuple[str, ...] = ()
+    skip: str | None = None  # the adapter found at run time that it cannot run the case
+
+
+class Adapter(Protocol):
+    """One engine under test."""
+
+    name: str
+    capabilities: frozenset[str]
+
+    def unsupported(self, case: Case) -> str | None:
+        """Why this adapter cannot run `case` (a SKIP reason), or None."""
+
+    def run(self, case: Case) -> Outcome: ...
+
+
+# What each capability means, for SKIP reasons a reader can act on.
+CAPABILITY_TEXT = {
+    "http": "a black-box HTTP recipe (run it with --engine openai:URL)",
+    "forced_script": "a forced token script",
+    "byte_table": "an inline byte-table tokenizer",
+    "fixture_tokenizer": "a fixture tokenizer of the engine's kind",
+    "stop_strings": "stop strings",
+    "stop_token_ids": "stop token-id sequences",
+    "faults": "fault injection",
+    "eos": "an EOS token in the script",
+    "length_limit": "the engine to apply max_tokens",
+    "context_limit": "a context limit",
+    "trace": "an internal event trace (selection, decode, resources)",
+}
+
+
+def missing_capabilities(adapter: Adapter, case: Case) -> str | None:
+    """The default `unsupported`: the case's requirements the adapter lacks, in words."""
+    missing = sorted(case.requires - adapter.capabilities)
+    if not missing:
+        return None
+    return f"{adapter.name} cannot run {'; '.join(CAPABILITY_TEXT.get(m, m) for m in missing)}"
+
+
+# ---- tokenizers and scripts of script cases ----------------------------------------------------
+
+
+@functools.cache
+def fixture_tokenizer(name: str) -> HFTokenizer:
+    """The properties/fixtures.py tokenizer `name`, trained once per process into a temp folder."""
+    from ... import fixtures
+
+    build = fixtures.BUILDERS.get(name)
+    if build is None:
+        raise CaseError(f"unknown tokenizer fixture {name!r}; known: {', '.join(fixtures.BUILDERS)}")
+    return HFTokenizer(build(FIXTURE_DIR))
+
+
+def table_tokenizer(spec: Mapping[str, Any]) -> ByteTableTokenizer:
+    """An inline byte table `{"table": {"101": "AB", ...}, "eos": 0}`."""
+    try:
+        table = {int(k): _cases.as_bytes(v, f"tokenizer.table[{k}]") for k, v in spec["table"].items()}
+    except ValueError as exc:
+        raise CaseError(f"tokenizer.table: {exc}") from None
+    return ByteTableTokenizer(table, eos_id=spec.get("eos"))
+
+
+def case_tokenizer(case: Case) -> ByteTableTokenizer | HFTokenizer:
+    spec = case.tokenizer_spec
+    return table_tokenizer(spec) if "table" in spec else fixture_tokenizer(spec["fixture"])
+
+
+def tokenizer_kind(path: str | Path) -> str | None:
+    """Which fixture shape a tokenizer.json has (by its decoder), so a case can run on it."""
+    p = Path(path)
+    p = p / "tokenizer.json" if p.is_dir() else p
+    decoder = json.loads(p.read_text(encoding="utf-8")).get("decoder") or {}
+    kinds = {decoder.get("type")} | {d.get("type") for d in decoder.get("decoders", [])}
+    if "ByteLevel" in kinds:
+        return "byte_level_bpe"
+    if "ByteFallback" in kinds:
+        return "sentencepiece_byte_fallback"
+    if "WordPiece" in kinds:
+        return "wordpiece"
+    return None
+
+
+@functools.cache
+def _single_tokens(tok: Any) -> dict[bytes, int]:
+    """bytes -> the id of a token contributing exactly those bytes (mid-sequence), lowest id first."""
+    plan = tok.plan(skip_special=True)
+    if plan is None:
+        return {}
+    out: dict[bytes, int] = {}
+    for tid in sorted(plan.rest):
+        out.setdefault(plan.rest[tid], tid)
+    return out
+
+
+def resolve_ids(items: Sequence[Any], tok: Any, where: str) -> list[int]:
+    """Script or prompt items to ids: an int, `{"text"}`, `{"bytes": hex}`, `{"token"}`, `{"eos"}`."""
+    ids: list[int] = []
+    for i, item in enumerate(items):
+        if isinstance(item, int) and not isinstance(item, bool):
+            ids.append(item)
+        elif isinstance(item, Mapping) and "text" in item:
+            ids.extend(tok.encode(item["text"]))
+        elif isinstance(item, Mapping) and "bytes" in item:
+            data = bytes.fromhex(item["bytes"])
+            tid = _single_tokens(tok).get(data)
+            if tid is None:
+                raise CaseError(f"{where}[{i}]: the tokenizer has no single token for bytes {data!r}")
+            ids.append(tid)
+        elif isinstance(item, Mapping) and "token" in item:
+            backend = getattr(tok, "backend", None)
+            tid = backend.token_to_id(item["token"]) if backend is not None else None
+            if tid is None:
+                raise CaseError(f"{where}[{i}]: the tokenizer has no token {item['token']!r}")
+            ids.append(tid)
+        elif isinstance(item, Mapping) and item.get("eos"):
+            if tok.eos_id is None:
+                raise CaseError(f"{where}[{i}]: the script asks for EOS but the tokenizer has none")
+            ids.append(tok.eos_id)
+        else:
+            raise CaseError(f"{where}[{i}]: {item!r} is not an id, text, bytes, token or eos item")
+    return ids
+
+
+def case_prompt(case: Case, tok: Any) -> list[int]:
+    """The prompt ids: a list of items, or `{"text": ...}` (default `{"text": "The"}`)."""
+    prompt = case.inputs.get("prompt", {"text": "The"})
+    if isinstance(prompt, Mapping):
+        prompt = [prompt]
+    return resolve_ids(prompt, tok, f"{case.id}: inputs.prompt")
+
+
+def case_script(case: Case, tok: Any) -> list[int]:
+    return resolve_ids(case.inputs["script"], tok, f"{case.id}: inputs.script")
