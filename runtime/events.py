@@ -33,12 +33,14 @@ class EventKind(enum.StrEnum):
     CANCEL_REQUESTED = "cancel.requested"
     CANCEL_OBSERVED = "cancel.observed"
     DEADLINE_EXCEEDED = "deadline.exceeded"
-    TRANSPORT = "transport"  # what: "disconnect" | "reconnect" | "send_failed"
+    TRANSPORT = "transport"  # what: "disconnect" | "reconnect" | "send_failed" | "detach_timeout"
     RESOURCE_ACQUIRED = "resource.acquired"  # resource
     RESOURCE_RELEASED = "resource.released"  # resource
     RESOURCE_VIOLATION = "resource.violation"  # resource, problem ("double_release" | "leak")
     FAULT_INJECTED = "fault.injected"  # point, step, action
     TIMINGS = "timings"  # queue_s, prefill_s, decode_s, stop_buffer_s, send_s
+    PREEMPTED = "sequence.preempted"  # mode ("swap" | "recompute"), cache_len (§4.8; no lifecycle change)
+    RESUMED = "sequence.resumed"  # mode, cache_len
 
 
 TERMINAL_KINDS = frozenset(

@@ -1,0 +1,631 @@
+"""The batched Engine: continuous batching over the model protocol, a second driver of RequestRun.
+
+Every request is a `RequestRun` (runtime/runner.py), the same object the single-path loop drives,
+so the lifecycle, stop, detokenizer, stream and usage semantics are identical; this module only
+decides *when* each run's phase methods are called. One `step()`:
+
+1. Safe points of the waiting runs (§4.3 check_cancel_or_deadline before prefill): a queued or
+   swapped-out request that was cancelled or passed its deadline ends without touching the model.
+2. Admission, first come first served (no overtaking, so nothing starves): swapped-out runs and
+   queued runs, in arrival order, while a batch slot is free and the cache budget has room for
+   them plus one more token of every resident run. New runs are prefilled together
+   (`prefill_batch`), swapped-out runs are resumed.
+3. The decode step of §4.4: every resident DECODING run passes its safe point, then `select()`;
+   the runs that need a decode form the active batch and one `decode_one` advances all of them
+   (caches of different lengths). Runs that reached DRAINING or CANCEL_REQUESTED `finish()`.
+
+Backpressure (§4.8, DECISIONS D6): a `pause` run whose stream cannot take the next delta without
+waiting is *parked*: it keeps its slot but is skipped (no select, no decode, no finish), so a slow
+reader never blocks the batch; its safe points still run, so cancels and deadlines still land. A
+parked run whose reader is disconnected fails with transport_error after `detach_timeout_s` (D5).
+`buffer` and `fail` streams never wait: past their cap the run fails inside `select()`.
+
+Preemption (§4.8, last paragraph): when the resident caches plus one token per decoding run would
+pass `cache_budget_tokens`, the latest-arrived resident run is preempted: `swap` copies its cache to
+CPU (`snapshot()`) and frees the device tensors, `recompute` frees the cache and later re-prefills
+prompt + processed outputs. The run keeps its StepState, pending logits and Sampler (RNG cursor),
+so its tokens equal an uninterrupted run's. Preemption is not a lifecycle transition; the trace
+records `sequence.preempted` / `sequence.resumed`.
+
+Kernel failures (§4.10): if a batched kernel raises, each sequence whose cache is unchanged is
+retried alone, so only the sequence(s) whose kernel fails end FAILED with model_error; the others
+go on undisturbed. A sequence whose cache was already written by the failed batch call fails too
+(its K/V cannot be trusted twice).
+
+Threads: the phase methods are called from one driver thread (the engine thread of `start()`, or
+the caller of `step()` / `run_until_idle()`). `submit`, `cancel`, `get` and `stats` may be called
+from any thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import itertools
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from .errors import ModelError
+from .events import EventKind
+from .faults import FaultPlan
+from .request import Request
+from .runner import RequestRun
+from .sampling import SamplingError
+from .stream import BackpressurePolicy
+
+
+class Preemption(enum.StrEnum):
+    """How a preempted run gives back its cache (§4.8)."""
+
+    SWAP = "swap"
+    RECOMPUTE = "recompute"
+
+
+class EngineError(RuntimeError):
+    """Base of the Engine's refusals."""
+
+
+class QueueFull(EngineError):
+    """`submit` found `max_queue` requests waiting; nothing was started (the server answers 429)."""
+
+
+class EngineStopped(EngineError):
+    """`submit` after `stop()` (the server answers 503)."""
+
+
+class DuplicateRequest(EngineError):
+    """A request id that is running or still retained was submitted again."""
+
+
+class UnknownRequest(EngineError, LookupError):
+    """No running or retained request has this id."""
+
+
+@attrs.frozen
+class EngineStats:
+    """A snapshot of the Engine's counters (gauges go back to zero when it is idle)."""
+
+    queue_depth: int
+    active_slots: int
+    parked: int
+    swapped: int
+    cache_tokens_in_use: int
+    cache_bytes_in_use: int
+    swapped_bytes: int
+    live_requests: int
+    retained_requests: int
+    requests_total: Mapping[tuple[str, str], int]
+    preemptions_total: int
+    resumes_total: int
+    steps_total: int
+    decode_tokens_total: int
+
+
+_PAUSE = BackpressurePolicy.PAUSE
+# Bytes one select() may send at most beyond the token's own bytes: a held partial UTF-8
+# character and the stop matcher's held prefix (added per run to the longest stop).
+_DELTA_SLACK = 64
+
+
+@attrs.define(eq=False, slots=True)
+class _Entry:
+    """The Engine's bookkeeping for one live run (driver thread only, except `order`)."""
+
+    run: RequestRun
+    order: int
+    headroom: int
+    snapshot: Any = None  # CacheSnapshot while swapped out
+    swapped: bool = False
+    detached_since: float | None = None
+
+
+def _need(e: _Entry) -> int:
+    """Cache tokens the run will hold once resident, plus its next decode."""
+    run = e.run
+    if e.swapped:
+        return len(run.prompt_ids) + run.decoded + 1
+    return len(run.prompt_ids) + 1
+
+
+class Engine:
+    """Continuous batching with the semantics of `generate()` (§4.3, §4.4, §4.8, §4.9)."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_batch: int = 64,
+        max_queue: int = 1024,
+        cache_budget_tokens: int | None = None,
+        preemption: str | Preemption = "swap",
+        detach_timeout_s: float = 30.0,
+        retain_s: float = 60.0,
+        max_retained: int = 1024,
+        poll_s: float = 0.002,
+        model_name: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        for name, value in (("max_batch", max_batch), ("max_queue", max_queue), ("max_retained", max_retained)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if cache_budget_tokens is not None and (
+            isinstance(cache_budget_tokens, bool) or not isinstance(cache_budget_tokens, int) or cache_budget_tokens < 1
+        ):
+            raise ValueError(f"cache_budget_tokens must be None or an int >= 1, got {cache_budget_tokens!r}")
+        for name, value in (("detach_timeout_s", detach_timeout_s), ("retain_s", retain_s), ("poll_s", poll_s)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
+        try:
+            self.preemption = Preemption(preemption)
+        except ValueError:
+            raise ValueError(f"preemption must be 'swap' or 'recompute', got {preemption!r}") from None
+        self.model = model
+        self.tokenizer = tokenizer
+        self.model_name = model_name or getattr(model, "name", type(model).__name__)
+        self.max_batch = max_batch
+        self.max_queue = max_queue
+        self.cache_budget_tokens = cache_budget_tokens
+        self.detach_timeout_s = float(detach_timeout_s)
+        self.retain_s = float(retain_s)
+        self.max_retained = max_retained
+        self.poll_s = float(poll_s)
+        self.clock = clock
+        self._budget = math.inf if cache_budget_tokens is None else cache_budget_tokens
+        self._batched_prefill = callable(getattr(model, "prefill_batch", None))
+        self._lock = threading.Lock()
+        self._order = itertools.count()
+        self._queue: collections.deque[_Entry] = collections.deque()
+        self._live: dict[str, _Entry] = {}
+        self._retained: collections.OrderedDict[str, tuple[RequestRun, float]] = collections.OrderedDict()
+        self._resident: list[_Entry] = []  # on the device, in arrival order (driver only)
+        self._swapped: list[_Entry] = []  # preempted, in arrival order (driver only)
+        self._requests_total: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._preemptions = self._resumes = self._steps = self._decoded = 0
+        self._stopped = False
+        self._wake = threading.Event()
+        self._halt = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.failure: BaseException | None = None  # an unexpected error that ended the engine thread
+
+    # ---- the client side (any thread) ----------------------------------------------------
+
+    @property
+    def context_limit(self) -> int:
+        return self.model.context_limit
+
+    def submit(self, request: Request, faults: FaultPlan | None = None) -> RequestRun:
+        """Admit `request` (CREATED -> QUEUED, or its refusal, DECISIONS D9) and return its run.
+
+        Raises QueueFull when `max_queue` requests wait, EngineStopped after `stop()`,
+        DuplicateRequest for an id still known; in those cases nothing is created.
+        """
+        if not isinstance(request, Request):
+            raise TypeError(f"submit() takes a Request, got {type(request).__name__}")
+        rid = request.request_id
+        with self._lock:
+            if self._stopped:
+                raise EngineStopped("the engine is stopped and takes no new requests")
+            if rid in self._live or rid in self._retained:
+                raise DuplicateRequest(f"request id {rid!r} is already in use")
+            if len(self._queue) >= self.max_queue:
+                raise QueueFull(f"the queue is full: {len(self._queue)} requests waiting (max_queue={self.max_queue})")
+            run = RequestRun(
+                request, model=self.model, tokenizer=self.tokenizer, faults=faults,
+                model_name=self.model_name, clock=self.clock, pause_timeout_s=self.detach_timeout_s,
+            )
+            if run.admit():
+                stops = max((len(s.encode()) for s in request.stop), default=0)
+                entry = _Entry(run, next(self._order), headroom=stops + _DELTA_SLACK)
+                self._queue.append(entry)
+                self._live[rid] = entry
+            else:
+                run.finish()
+                self._record_done(run)
+        self._wake.set()
+        return run
+
+    def cancel(self, request_id: str, source: str = "client") -> bool:
+        """Request a cancel (§4.9); True when the request was still running (it ends at its
+        next safe point), False when it had already ended. UnknownRequest otherwise."""
+        with self._lock:
+            entry = self._live.get(request_id)
+            if entry is None:
+                if request_id in self._retained:
+                    return False
+                raise UnknownRequest(f"no request with id {request_id!r}")
+        entry.run.cancel(source)
+        self._wake.set()
+        return True
+
+    def get(self, request_id: str) -> RequestRun:
+        """The run of a live or retained request (for replay, §4.7 rule 4)."""
+        with self._lock:
+            entry = self._live.get(request_id)
+            if entry is not None:
+                return entry.run
+            kept = self._retained.get(request_id)
+        if kept is None:
+            raise UnknownRequest(f"no request with id {request_id!r} (never submitted, or no longer retained)")
+        return kept[0]
+
+    @property
+    def idle(self) -> bool:
+        with self._lock:
+            return not self._live
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            resident, swapped = list(self._resident), list(self._swapped)
+            caches = [e.run.cache for e in resident if e.run.cache is not None]
+            return EngineStats(
+                queue_depth=len(self._queue),
+                active_slots=len(resident),
+                parked=sum(1 for e in resident if self._blocked(e)),
+                swapped=len(swapped),
+                cache_tokens_in_use=sum(c.length for c in caches),
+                cache_bytes_in_use=sum(c.nbytes() for c in caches),
+                swapped_bytes=sum(_snapshot_bytes(e.snapshot) for e in swapped),
+                live_requests=len(self._live),
+                retained_requests=len(self._retained),
+                requests_total=dict(self._requests_total),
+                preemptions_total=self._preemptions,
+                resumes_total=self._resumes,
+                steps_total=self._steps,
+                decode_tokens_total=self._decoded,
+            )
+
+    # ---- the driver ----------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """One scheduler iteration (module doc). True when anything moved."""
+        now = self.clock()
+        moved = self._waiting_safe_points()
+        moved = self._admit() or moved
+        moved = self._decode_step(now) or moved
+        self._expire(now)
+        self._steps += 1
+        return moved
+
+    def run_until_idle(self, max_steps: int = 1_000_000) -> int:
+        """Step until no request is live, or until a step moves nothing (every live run is parked
+        on its reader). Returns the number of steps taken."""
+        for n in range(1, max_steps + 1):
+            if not self.step() or self.idle:
+                return n
+        raise EngineError(f"run_until_idle: still busy after {max_steps} steps")
+
+    def start(self) -> None:
+        """Run `step()` on a background thread until `stop()`."""
+        if self._thread is not None:
+            raise EngineError("the engine thread is already started")
+        self._thread = threading.Thread(target=self._loop, name="decodespec-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop taking requests, end the engine thread, and end every live request: cancelled
+        (§4.9) where a cancel applies; a DRAINING run finishes, or fails with transport_error when
+        its reader is too slow to take the rest (D2: DRAINING ignores a cancel)."""
+        with self._lock:
+            self._stopped = True
+        self._halt.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise EngineError(f"the engine thread did not stop within {timeout} s")
+        with self._lock:
+            entries = list(self._live.values())
+        for e in entries:
+            e.run.cancel("shutdown")
+        for e in entries:
+            run = e.run
+            if run.state in ("QUEUED", "DECODING"):
+                run.check_point()
+            if run.state == "DRAINING" and self._blocked(e):
+                run.transport_failed("the engine stopped before the reader took the rest")
+            run.finish()
+            self._drop(e)
+        with self._lock:
+            self._queue.clear()
+        self._resident.clear()
+        self._swapped.clear()
+
+    def _loop(self) -> None:
+        try:
+            while not self._halt.is_set():
+                self._wake.clear()
+                if not self.step():
+                    self._wake.wait(self.poll_s if not self.idle else 0.1)
+        except BaseException as exc:  # recorded for /health; stop() still ends every request
+            self.failure = exc
+
+    # ---- phase 1: safe points of queued and swapped-out runs -----------------------------
+
+    def _waiting_safe_points(self) -> bool:
+        """check_cancel_or_deadline (§4.3) for runs that are not resident."""
+        with self._lock:
+            queued = list(self._queue)
+        moved = False
+        for e in queued:
+            if not e.run.check_point():
+                self._settle(e)
+                moved = True
+        for e in list(self._swapped):
+            if e.run.check_point():
+                continue
+            moved = True
+            if not self._settle(e):  # DRAINING with a full stream: it needs no cache, only its reader
+                self._swapped.remove(e)
+                e.snapshot, e.swapped = None, False
+                self._resident.append(e)
+                self._resident.sort(key=lambda x: x.order)
+        if moved:
+            with self._lock:
+                self._queue = collections.deque(e for e in self._queue if not e.run.done)
+        return moved
+
+    # ---- phase 2: admission, prefill and resume ------------------------------------------
+
+    def _admit(self) -> bool:
+        with self._lock:
+            if not self._queue and not self._swapped:
+                return False
+            waiting = sorted(itertools.chain(self._swapped, self._queue), key=lambda e: e.order)
+        in_use = sum(e.run.cache.length for e in self._resident)
+        slots = self.max_batch - len(self._resident)
+        growth = len(self._resident)
+        chosen: list[_Entry] = []
+        for e in waiting:
+            need = _need(e)
+            busy = self._resident or chosen
+            if slots == 0 or (busy and in_use + need + growth > self._budget):
+                break
+            chosen.append(e)
+            in_use += need
+            growth += 1
+            slots -= 1
+        if not chosen:
+            return False
+        fresh = [e for e in chosen if not e.swapped]
+        if fresh:
+            with self._lock:
+                taken = set(map(id, fresh))
+                self._queue = collections.deque(e for e in self._queue if id(e) not in taken)
+            self._prefill(fresh)
+        for e in chosen:
+            if e.swapped:
+                self._resume(e)
+        self._resident.sort(key=lambda e: e.order)
+        return True
+
+    def _prefill(self, entries: list[_Entry]) -> None:
+        """QUEUED -> PREFILLING -> DECODING for `entries`, one batched prefill kernel (§4.3)."""
+        for e in entries:
+            e.run.begin_prefill()
+        for e in entries:
+            e.run.observe_in_flight()
+        prompts = [e.run.prompt_ids for e in entries]
+        try:
+            if self._batched_prefill and len(entries) > 1:
+                logits, caches = self.model.prefill_batch(prompts)
+                results: list[Any] = list(zip(logits, caches))
+            else:
+                results = [self.model.prefill(prompts[0])]
+        except Exception as exc:
+            results = [self._prefill_alone(p) for p in prompts] if len(entries) > 1 else [exc]
+        for e, out in zip(entries, results):
+            run = e.run
+            if run.take_kernel_fault():
+                if not isinstance(out, Exception):
+                    out[1].free()
+                out = ModelError("injected model error")
+            if isinstance(out, Exception):
+                run.kernel_failed(ModelError(f"{type(out).__name__}: {out}"))
+            else:
+                run.end_prefill(*out)
+            if run.state == "DECODING":
+                self._resident.append(e)
+            else:
+                self._settle(e)
+
+    def _prefill_alone(self, prompt: list[int]) -> Any:
+        try:
+            return self.model.prefill(prompt)
+        except Exception as exc:
+            return exc
+
+    def _resume(self, e: _Entry) -> None:
+        run = e.run
+        try:
+            if self.preemption is Preemption.SWAP:
+                run.cache.restore(e.snapshot)
+            else:
+                _, cache = self.model.prefill(run.prompt_ids + run.tokens[: run.decoded])
+                cache.prompt_length = len(run.prompt_ids)
+                run.cache = cache
+        except Exception as exc:
+            run.kernel_failed(ModelError(f"resume failed: {type(exc).__name__}: {exc}"))
+        e.snapshot, e.swapped = None, False
+        self._swapped.remove(e)
+        self._resumes += 1
+        if run.done:
+            self._drop(e)
+            return
+        run.trace.emit(EventKind.RESUMED, mode=self.preemption.value, cache_len=run.cache.length)
+        self._resident.append(e)
+
+    def _preempt(self, e: _Entry) -> None:
+        run = e.run
+        cache_len = run.cache.length
+        if self.preemption is Preemption.SWAP:
+            e.snapshot = run.cache.snapshot()
+        run.cache.free()
+        e.swapped = True
+        self._resident.remove(e)
+        self._swapped.append(e)
+        self._swapped.sort(key=lambda x: x.order)
+        self._preemptions += 1
+        run.trace.emit(EventKind.PREEMPTED, mode=self.preemption.value, cache_len=cache_len)
+
+    # ---- phase 3: the decode step (§4.4) -------------------------------------------------
+
+    def _decode_step(self, now: float) -> bool:
+        if not self._resident:
+            return False
+        moved = False
+        ready: list[_Entry] = []
+        for e in list(self._resident):
+            run = e.run
+            if run.state == "DECODING" and not run.check_point():
+                moved = True
+            if self._blocked(e):
+                moved = self._parked(e, now) or moved
+            elif run.state == "DECODING":
+                e.detached_since = None
+                ready.append(e)
+            moved = self._settle(e) or moved
+        ready = self._fit_budget(ready)
+        active: list[_Entry] = []
+        for e in ready:
+            run = e.run
+            try:
+                needs_decode = run.select()
+            except SamplingError as exc:  # the model's logits cannot be sampled (NaN): its error
+                run.kernel_failed(ModelError(f"bad logits: {exc}"))
+                needs_decode = False
+            if needs_decode:
+                active.append(e)
+            else:
+                self._settle(e)
+        if active:
+            self._decode(active)
+        return moved or bool(ready)
+
+    def _settle(self, e: _Entry) -> bool:
+        """finish() a run that reached the end of its loop and can send its tail; True when it
+        is done (and dropped). A DRAINING run whose reader is behind waits (§4.8)."""
+        run = e.run
+        if run.state == "CANCEL_REQUESTED" or (run.state == "DRAINING" and not self._blocked(e)):
+            run.finish()
+        if run.done:
+            self._drop(e)
+            return True
+        return False
+
+    def _parked(self, e: _Entry, now: float) -> bool:
+        """A run held back by its slow reader (§4.8); True when it was failed (D5 detach timeout)."""
+        run = e.run
+        if run.stream.connected or run.done:
+            e.detached_since = None
+            return False
+        if e.detached_since is None:
+            e.detached_since = now
+        if now - e.detached_since < self.detach_timeout_s or run.state not in ("DECODING", "DRAINING"):
+            return False
+        run.transport_failed(f"reader detached and the stream paused for {self.detach_timeout_s} s")
+        return True
+
+    def _fit_budget(self, ready: list[_Entry]) -> list[_Entry]:
+        """Preempt the latest arrivals until every ready run can write one more token (§4.8)."""
+        if self._budget == math.inf or not ready:
+            return ready
+        in_use = sum(e.run.cache.length for e in self._resident)
+        decoding = [e for e in self._resident if e.run.state == "DECODING"]
+        while len(decoding) > 1 and in_use + len(ready) > self._budget:
+            victim = decoding.pop()  # never the earliest: it always makes progress
+            in_use -= victim.run.cache.length
+            self._preempt(victim)
+            if victim in ready:
+                ready.remove(victim)
+        return ready
+
+    def _decode(self, active: list[_Entry]) -> None:
+        """One decode_one over the active batch; a failure is narrowed to its sequence(s)."""
+        runs = [e.run for e in active]
+        for run in runs:
+            run.begin_decode()
+        for run in runs:
+            run.observe_in_flight()
+        caches = [run.cache for run in runs]
+        tokens = [run.tokens[-1] for run in runs]
+        lengths = [c.length for c in caches]
+        try:
+            rows: list[Any] = list(self.model.decode_one(caches, tokens))
+        except Exception as exc:
+            rows = [self._decode_alone(c, t, n, exc, len(runs)) for c, t, n in zip(caches, tokens, lengths)]
+        for e, run, row in zip(active, runs, rows):
+            if run.take_kernel_fault():
+                row = ModelError("injected model error")
+            if isinstance(row, Exception):
+                run.kernel_failed(row if isinstance(row, ModelError) else ModelError(f"{type(row).__name__}: {row}"))
+            else:
+                run.end_decode(row)
+                self._decoded += 1
+            self._settle(e)
+
+    def _decode_alone(self, cache: Any, token: int, length: int, batch_exc: Exception, size: int) -> Any:
+        if size == 1 or cache.length != length:
+            return batch_exc
+        try:
+            return self.model.decode_one([cache], [token])[0]
+        except Exception as exc:
+            return exc
+
+    # ---- bookkeeping ---------------------------------------------------------------------
+
+    def _blocked(self, e: _Entry) -> bool:
+        """Would the next send of this pause-policy run wait for its reader (§4.8)?"""
+        stream = e.run.stream
+        if stream.policy is not _PAUSE or e.run.done:
+            return False
+        if not stream.writable:
+            return True
+        _, unread_bytes = stream.unread
+        return unread_bytes > 0 and unread_bytes + e.headroom > stream.max_bytes
+
+    def _drop(self, e: _Entry) -> None:
+        """Forget a run that reached its terminal state; keep it for replay (retain_s)."""
+        e.snapshot = None
+        if e in self._resident:
+            self._resident.remove(e)
+        if e in self._swapped:
+            self._swapped.remove(e)
+        with self._lock:
+            if self._live.pop(e.run.request.request_id, None) is not None:
+                self._record_done(e.run)
+
+    def _record_done(self, run: RequestRun) -> None:
+        """Called with the lock held."""
+        reason = run.reason.value if run.reason is not None else ""
+        self._requests_total[(run.state, reason)] += 1
+        self._retained[run.request.request_id] = (run, self.clock())
+        while len(self._retained) > self.max_retained:
+            self._retained.popitem(last=False)
+
+    def _expire(self, now: float) -> None:
+        with self._lock:
+            while self._retained:
+                rid, (_, t) = next(iter(self._retained.items()))
+                if now - t < self.retain_s:
+                    break
+                del self._retained[rid]
+
+    def runs(self) -> Iterable[RequestRun]:
+        """Every live and retained run (a snapshot)."""
+        with self._lock:
+            return [e.run for e in self._live.values()] + [r for r, _ in self._retained.values()]
+
+
+def _snapshot_bytes(snap: Any) -> int:
+    if snap is None:
+        return 0
+    k = getattr(snap, "k", None)
+    if k is None:
+        return 0
+    return k.numel() * k.element_size() * 2

@@ -1,0 +1,71 @@
+"""Shared builders for the Engine, server and soak tests (§4.4): a small random TinyLM whose
+vocabulary is printable ASCII plus EOS, so every output is valid UTF-8 and EOS ends some runs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from decodespec.runtime.tinylm import TinyLM, TinyLMConfig
+from decodespec.runtime.tokenizers import ByteTableTokenizer
+
+# A model this small gains nothing from intra-op threads, and on a busy 2-core runner OpenMP's
+# spinning threads make each tiny matmul ~10x slower (measured): one thread for these tests.
+torch.set_num_threads(1)
+
+VOCAB = 96
+EOS = VOCAB - 1
+
+
+def tiny_model(context_limit: int = 128) -> TinyLM:
+    """Deterministic weights (TinyLM seeds its own init); about 0.1 ms a decode step on CPU."""
+    return TinyLM(TinyLMConfig(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64,
+                               context_limit=context_limit, eos_token_id=EOS), name="tiny")
+
+
+def ascii_tokenizer() -> ByteTableTokenizer:
+    """Ids 0..94 -> the printable ASCII characters ' '..'~'; id 95 -> EOS."""
+    return ByteTableTokenizer({i: bytes([32 + i]) for i in range(EOS)} | {EOS: b""}, eos_id=EOS)
+
+
+class FlakyModel:
+    """Wraps a model; any kernel whose batch holds a sequence with prompt length `bad_len` raises
+    (the sequence-specific model fault of §4.10). Everything else is the wrapped model."""
+
+    def __init__(self, inner: Any, bad_len: int, *, in_prefill: bool = False) -> None:
+        self.inner, self.bad_len, self.in_prefill = inner, bad_len, in_prefill
+        self.name, self.vocab_size, self.context_limit = inner.name, inner.vocab_size, inner.context_limit
+        self.device = inner.device
+        self.batch_failures = 0
+
+    def prefill(self, prompt_ids: Sequence[int]) -> Any:
+        if self.in_prefill and len(prompt_ids) == self.bad_len:
+            raise RuntimeError("prefill kernel fault")
+        return self.inner.prefill(prompt_ids)
+
+    def prefill_batch(self, prompts: Sequence[Sequence[int]]) -> Any:
+        if self.in_prefill and any(len(p) == self.bad_len for p in prompts):
+            self.batch_failures += 1
+            raise RuntimeError("prefill kernel fault")
+        return self.inner.prefill_batch(prompts)
+
+    def decode_one(self, caches: Sequence[Any], tokens: Sequence[int]) -> Any:
+        if not self.in_prefill and any(c.prompt_length == self.bad_len for c in caches):
+            self.batch_failures += 1
+            raise RuntimeError("decode kernel fault")
+        return self.inner.decode_one(caches, tokens)
+
+
+class FakeClock:
+    """A manual monotonic clock for deadline and detach-timeout tests."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
