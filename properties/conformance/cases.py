@@ -321,11 +321,12 @@ def save_case(
     return attrs.evolve(case, path=path)
 
 
-def case_from_trace(events: Sequence[Any], *, tokenizer_spec: Mapping[str, Any]) -> dict[str, Any]:
+def case_from_trace(events: Sequence[Any], *, tokenizer_spec: Mapping[str, Any], prompt: Any) -> dict[str, Any]:
     """The `inputs` of a script case that replays a reference trace (its request and tokens).
 
     Reads `request.created` (stop strings, limits) and every `token.selected`; faults injected in
-    the trace (`fault.injected`) are replayed at the same point and step.
+    the trace (`fault.injected`) are replayed at the same point and step. A trace does not hold
+    the prompt's ids, so the caller passes them (`prompt`, as case items).
     """
     created = next((e for e in events if e.kind == "request.created"), None)
     if created is None:
@@ -336,7 +337,7 @@ def case_from_trace(events: Sequence[Any], *, tokenizer_spec: Mapping[str, Any])
     d = created.data
     faults = [{"point": e.data["point"], "step": e.data["step"], "action": e.data["action"]}
               for e in events if e.kind == "fault.injected"]
-    inputs: dict[str, Any] = {"tokenizer": dict(tokenizer_spec), "prompt": [0] * int(d.get("prompt_tokens", 1) or 1),
+    inputs: dict[str, Any] = {"tokenizer": dict(tokenizer_spec), "prompt": prompt,
                               "script": script, "max_tokens": d.get("max_output_tokens", len(script))}
     for key in ("stop", "stop_token_ids"):
         if d.get(key):

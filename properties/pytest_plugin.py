@@ -1,0 +1,87 @@
+"""pytest plugin: every conformance case as a test item (issue 7 item 3).
+
+    pytest -p decodespec.properties.pytest_plugin --decodespec-engine=reference --decodespec-only -n 2
+
+Options: `--decodespec-engine` (as `decodespec conform --engine`), `--decodespec-model`,
+`--decodespec-select PREFIX` (repeatable), `--decodespec-only` (drop the project's other tests).
+A SKIP verdict becomes a pytest skip with its reason; FAIL and ERROR fail the item with the first
+violated invariant and the reproducer. Items are named by case id, so pytest-xdist can shard them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from .conformance import adapter_for, load_cases, run_case
+from .conformance.cases import Case
+from .conformance.reports import reproducer
+from .conformance.runner import Verdict
+
+_ADAPTERS: dict[tuple[str, str | None], Any] = {}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("decodespec", "decodespec conformance cases")
+    group.addoption("--decodespec-engine", default=None,
+                    help="reference | hf:PATH | decode-stream:TOKENIZER_JSON | openai:URL")
+    group.addoption("--decodespec-model", default=None, help="model name for openai engines")
+    group.addoption("--decodespec-select", action="append", default=[], help="case id prefix (repeatable)")
+    group.addoption("--decodespec-only", action="store_true", help="run only the conformance cases")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "conformance: a decodespec conformance case (issue 7)")
+
+
+class ConformanceFailure(Exception):
+    """A case failed on the engine; carries the text pytest shows."""
+
+
+class CaseItem(pytest.Item):
+    """One case on the engine named by --decodespec-engine."""
+
+    def __init__(self, *, case: Case, engine: str, model: str | None, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.case = case
+        self.engine = engine
+        self.model = model
+        self.add_marker(pytest.mark.conformance)
+
+    def _adapter(self) -> Any:
+        key = (self.engine, self.model)
+        if key not in _ADAPTERS:
+            _ADAPTERS[key] = adapter_for(self.engine, model=self.model)
+        return _ADAPTERS[key]
+
+    def runtest(self) -> None:
+        res = run_case(self._adapter(), self.case)
+        if res.verdict is Verdict.SKIP:
+            pytest.skip(res.reason)
+        if res.verdict is not Verdict.PASS:
+            lines = [f"{self.case.id} ({self.case.grade.value}, {self.case.anchor}) {res.verdict.value} on {self.engine}"]
+            lines += [f"  {f.invariant}: {f.message}" for f in res.failures] or [f"  error: {res.reason}"]
+            lines += ["reproducer:", json.dumps(reproducer(res), ensure_ascii=False, indent=1)]
+            raise ConformanceFailure("\n".join(lines))
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, ConformanceFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self) -> tuple[Any, int, str]:
+        return self.case.path or "", 0, f"conformance {self.case.id}"
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    engine = config.getoption("--decodespec-engine")
+    if not engine:
+        return
+    if config.getoption("--decodespec-only"):
+        config.hook.pytest_deselected(items=list(items))
+        items.clear()
+    model = config.getoption("--decodespec-model")
+    for case in load_cases(config.getoption("--decodespec-select")):
+        items.append(CaseItem.from_parent(session, name=f"{engine}::{case.id}", case=case, engine=engine, model=model))

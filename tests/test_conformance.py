@@ -1,0 +1,194 @@
+"""The conformance suite (issue 7): cases, the reference adapter, a planted bug, CLI, reports, xdist."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from decodespec.cli import main
+from decodespec.properties.conformance import (
+    CaseError, EngineSpecError, Grade, Verdict, adapter_for, load_cases, run_cases, save_case,
+)
+from decodespec.properties.conformance.cases import case_from_trace, parse_case
+from decodespec.properties.conformance.reports import REPORT_FILES, summary, write_reports
+from decodespec.properties.conformance.runner import read_expectations, unexpected
+from decodespec.runtime import stop as stop_module
+from decodespec.runtime import runner as runner_module
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def reference_results():
+    return run_cases(adapter_for("reference"), load_cases())
+
+
+class OneTokenStopMatcher:
+    """A planted bug (§4.12 row 2): each push is matched on its own bytes, nothing is held across tokens."""
+
+    def __init__(self, stops, **_kw) -> None:
+        self._stops = stops
+        self.hit = None
+        self.held = b""
+
+    def push(self, data: bytes):
+        inner = stop_module.StopMatcher(self._stops)
+        safe, hit = inner.push(data)
+        if hit is not None:
+            self.hit = hit
+            return safe, hit
+        return safe + inner.flush(), None
+
+    def flush(self) -> bytes:
+        return b""
+
+    def discard_from_first_match(self) -> None:
+        pass
+
+
+def test_cases_cover_sections_4_3_to_4_10_and_the_trace_invariants():
+    """Issue 7 item 1: at least 30 cases, anchors §4.3-§4.10, unique stable ids, both grades."""
+    cases = load_cases()
+    assert len(cases) >= 30
+    anchors = {c.anchor for c in cases}
+    assert {"§4.3", "§4.5", "§4.6", "§4.7", "§4.9", "§4.10"} <= anchors
+    assert {c.grade for c in cases} == {Grade.MUST, Grade.SHOULD}
+    for cid in ("stop/cross-token/001", "stop/multi-byte/001", "stop/overlap/001", "stop/last-token/001",
+                "detok/utf8-split/004", "detok/finish-tail/001", "stream/terminal-once/001", "stream/seq/001",
+                "lifecycle/cancel-in-flight/001", "finish/eos-last-token/001", "usage/stop/001"):
+        assert any(c.id == cid for c in cases), cid
+
+
+def test_reference_passes_every_must_case(reference_results):
+    """§4.3-§4.10: the reference engine passes every MUST case it can run, and runs nearly all of them."""
+    must = [r for r in reference_results if r.case.grade is Grade.MUST and r.case.kind == "script"]
+    bad = [(r.case.id, r.first_invariant or r.reason) for r in must if r.verdict is not Verdict.PASS]
+    assert bad == []
+    assert len(must) >= 30
+    assert summary(reference_results)["must_all_pass"]
+
+
+def test_http_cases_are_skipped_with_a_reason_not_passed(reference_results):
+    """Issue 7 item 2: a case an engine cannot run is a SKIP with its reason, never a pass."""
+    http = [r for r in reference_results if r.case.id.startswith("http/")]
+    assert http and all(r.verdict is Verdict.SKIP and "HTTP" in r.reason for r in http)
+
+
+def test_planted_one_token_stop_matcher_fails_with_the_invariant_named(monkeypatch):
+    """§4.6/§4.12 row 2: a stop matcher that sees one token only leaks the cross-token stop's bytes."""
+    monkeypatch.setattr(runner_module, "StopMatcher", OneTokenStopMatcher)
+    results = {r.case.id: r for r in run_cases(adapter_for("reference"), load_cases(["stop/cross-token/"]))}
+    r = results["stop/cross-token/001"]
+    assert r.verdict is Verdict.FAIL
+    assert "stop_bytes_never_emitted" in {f.invariant for f in r.failures}
+    assert r.first_invariant == "stop_bytes_never_emitted"
+    assert {results[f"stop/cross-token/00{i}"].verdict for i in (2, 3)} == {Verdict.FAIL}
+
+
+def test_cli_dry_run_lists_selected_cases_only():
+    """Issue 7 item 3: --dry-run lists the cases, --select filters by id prefix."""
+    out = CliRunner().invoke(main, ["conform", "--engine", "reference", "--dry-run", "--select", "stop/overlap/"])
+    assert out.exit_code == 0, out.output
+    assert "stop/overlap/001" in out.output and "stop/overlap/003" in out.output
+    assert "detok/" not in out.output and "stop/cross-token" not in out.output
+
+
+def test_cli_expect_file_tracks_known_failures(monkeypatch, tmp_path):
+    """Issue 7 item 3: a MUST failure exits 1; listed in --expect it is known, and the run exits 0."""
+    monkeypatch.setattr(runner_module, "StopMatcher", OneTokenStopMatcher)
+    args = ["conform", "--engine", "reference", "--select", "stop/cross-token/001"]
+    assert CliRunner().invoke(main, args).exit_code == 1
+    known = tmp_path / "known.txt"
+    known.write_text("# planted bug\nstop/cross-token/001  # leaks BCD\n")
+    assert read_expectations(known.read_text()) == frozenset({"stop/cross-token/001"})
+    out = CliRunner().invoke(main, [*args, "--expect", str(known)])
+    assert out.exit_code == 0, out.output
+
+
+def test_reports_are_well_formed(reference_results, tmp_path):
+    """Issue 7 item 3: JSON, JUnit XML, Markdown and HTML per engine, one row per case."""
+    paths = write_reports(reference_results, "reference", tmp_path, diagrams_dir=REPO / "diagrams")
+    assert [p.name for p in paths] == list(REPORT_FILES)
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["summary"]["total"] == len(reference_results) == len(data["cases"])
+    assert data["summary"]["must_all_pass"] is True
+    suite = ET.parse(tmp_path / "junit.xml").getroot()
+    assert suite.tag == "testsuite" and len(suite.findall("testcase")) == len(reference_results)
+    assert int(suite.get("skipped")) == sum(r.verdict is Verdict.SKIP for r in reference_results)
+    md = (tmp_path / "report.md").read_text()
+    assert "| case | anchor | grade | verdict | first violated invariant |" in md
+    assert all(f"`{r.case.id}`" in md for r in reference_results)
+    assert "diagrams/stop_matcher.svg)" in md
+    assert "<table>" in (tmp_path / "report.html").read_text()
+
+
+def test_failed_case_report_has_invariant_and_reproducer(monkeypatch, tmp_path):
+    """A failure's row names the first violated invariant; the reproducer shows expected vs observed."""
+    monkeypatch.setattr(runner_module, "StopMatcher", OneTokenStopMatcher)
+    results = run_cases(adapter_for("reference"), load_cases(["stop/cross-token/001"]))
+    write_reports(results, "reference-mutant", tmp_path)
+    case = json.loads((tmp_path / "report.json").read_text())["cases"][0]
+    assert case["verdict"] == "FAIL" and case["first_violated_invariant"] == "stop_bytes_never_emitted"
+    rep = case["reproducer"]
+    assert rep["expected"]["output"] == "A" and rep["observed"]["output"] != "A"
+    assert rep["inputs"]["stop"] == ["BCD"]
+    assert ET.parse(tmp_path / "junit.xml").getroot().find("testcase/failure").get("type") == "stop_bytes_never_emitted"
+
+
+def test_unexpected_counts_must_failures_and_errors_only(reference_results):
+    """Without an expectations file only MUST failures and adapter errors fail a run."""
+    assert unexpected(reference_results, None) == []
+
+
+def test_malformed_case_is_refused_with_the_field_named():
+    """A case file with a bad id, grade or tokenizer is a CaseError naming the problem."""
+    good = json.loads((REPO / "properties/cases/stop/cross-token--001.json").read_text())
+    for key, value, words in (("id", "stop-1", "id"), ("grade", "MAY", "MAY"), ("anchor", "4.6", "anchor")):
+        with pytest.raises(CaseError, match=words):
+            parse_case({**good, key: value})
+    with pytest.raises(CaseError, match="tokenizer"):
+        parse_case({**good, "inputs": {**good["inputs"], "tokenizer": {}}})
+    with pytest.raises(EngineSpecError, match="hf:PATH"):
+        adapter_for("hf")
+    with pytest.raises(EngineSpecError, match="unknown engine"):
+        adapter_for("vllm")
+
+
+def test_save_case_turns_a_trace_into_a_replayable_case(tmp_path):
+    """Issue 7 item 1: a counterexample trace becomes a new case file that runs (and passes) on the reference."""
+    ref = run_cases(adapter_for("reference"), load_cases(["stop/cross-token/001"]))[0]
+    assert ref.verdict is Verdict.PASS
+    from decodespec.runtime.experiments import experiment_a
+
+    events = experiment_a().result.events
+    tok = {"table": {"1": "> ", "101": "AB", "102": "CD", "103": "E", "104": "F"}}
+    inputs = case_from_trace(events, tokenizer_spec=tok, prompt=[1])
+    case = save_case("stop/cross-token", anchor="§4.6", invariant="stop_bytes_never_emitted",
+                     description="replayed experiment A trace", inputs=inputs,
+                     expect={"output": "A", "finish_reason": "stop_sequence"}, folder=tmp_path)
+    assert case.id == "stop/cross-token/001" and case.path.is_file()
+    loaded = load_cases(folder=tmp_path)
+    assert [c.id for c in loaded] == ["stop/cross-token/001"]
+    assert run_cases(adapter_for("reference"), loaded)[0].verdict is Verdict.PASS
+    second = save_case("stop/cross-token", anchor="§4.6", invariant="stop_bytes_never_emitted",
+                       description="again", inputs=inputs, expect={"output": "A"}, folder=tmp_path)
+    assert second.id == "stop/cross-token/002"
+
+
+@pytest.mark.slow
+def test_cases_shard_across_xdist_workers():
+    """Issue 7 item 3: the pytest plugin makes each case an item, and pytest-xdist runs them on 2 workers."""
+    cmd = [sys.executable, "-m", "pytest", "-p", "decodespec.properties.pytest_plugin", "-n", "2",
+           "--decodespec-engine=reference", "--decodespec-only", "--decodespec-select=stop/",
+           "--decodespec-select=finish/", "-v", "properties/cases"]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    n = len(load_cases(["stop/", "finish/"]))
+    assert f"{n} passed" in out.stdout
+    assert "[gw0]" in out.stdout and "[gw1]" in out.stdout
