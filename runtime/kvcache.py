@@ -1,0 +1,165 @@
+"""The explicit per-sequence KV cache the runtime owns (§4.2, §4.4).
+
+One `KVCache` holds the keys and values of every layer for one sequence: the prompt x[1:m] and
+the outputs y[1:t-1] already decoded (§4.2). `length` is the logical number of tokens written;
+each processed token adds exactly 2·L·H_kv·d_h scalars (§4.4), which `numel()` reports.
+
+Layout: K and V are each one preallocated tensor ``[capacity, L, H_kv, d_h]`` (time first), so
+``k[:, l]`` is layer l's ``[capacity, H_kv, d_h]`` store. Time-first lets the model append one
+token to all layers with a single copy and gather a batch of caches of different lengths with
+one padded stack (see `TinyLM.decode_one`). Capacity starts at the first write and doubles on
+demand, never past `max_length` (the model's context limit).
+
+Swap-out for preemption (§4.8): `snapshot()` copies the written part to CPU, `free()` drops the
+device tensors, `restore(snap)` writes it back into the *same* object, so a resumed sequence
+continues bit-identically and anything keyed by the cache object survives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import attrs
+import torch
+
+
+class CacheError(ValueError):
+    """A cache used against its invariants (write past the limit, use after free, bad shape)."""
+
+
+class SequenceCache(Protocol):
+    """What the runtime needs from any model's per-sequence cache (§4.4)."""
+
+    @property
+    def length(self) -> int: ...
+
+    @property
+    def numel_per_token(self) -> int: ...
+
+    def numel(self) -> int: ...
+
+    def nbytes(self) -> int: ...
+
+    def free(self) -> None: ...
+
+
+@attrs.frozen(slots=True)
+class CacheSnapshot:
+    """The written part of a cache, on CPU (§4.8 swap-out). Restores bit-identically."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    length: int
+    prompt_length: int
+
+
+@attrs.define(eq=False, slots=True)
+class KVCache:
+    """Keys and values of one sequence, all layers (§4.4). Identity-hashed (eq=False)."""
+
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+    max_length: int
+    device: torch.device = attrs.field(converter=torch.device)
+    dtype: torch.dtype = torch.float32
+    length: int = 0
+    prompt_length: int = 0
+    k: torch.Tensor | None = attrs.field(default=None, repr=False)
+    v: torch.Tensor | None = attrs.field(default=None, repr=False)
+    freed: bool = False
+
+    @property
+    def numel_per_token(self) -> int:
+        """2·L·H_kv·d_h: the scalars one processed token adds (§4.4)."""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.k is None else self.k.shape[0]
+
+    def numel(self) -> int:
+        """Logical scalars held: length·2·L·H_kv·d_h (the physical capacity may be larger)."""
+        return self.length * self.numel_per_token
+
+    def nbytes(self) -> int:
+        return self.numel() * self.dtype.itemsize
+
+    def _check_live(self) -> None:
+        if self.freed:
+            raise CacheError("KV cache used after free()")
+
+    def reserve(self, n_tokens: int) -> None:
+        """Make room for `n_tokens` more tokens (capacity doubles, capped at max_length)."""
+        self._check_live()
+        need = self.length + n_tokens
+        if need > self.max_length:
+            raise CacheError(
+                f"KV cache would hold {need} tokens, over the context limit {self.max_length}"
+            )
+        if need <= self.capacity:
+            return
+        cap = min(self.max_length, max(need, 2 * self.capacity, 16))
+        shape = (cap, self.n_layers, self.n_kv_heads, self.head_dim)
+        k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        if self.length:
+            k[: self.length] = self.k[: self.length]
+            v[: self.length] = self.v[: self.length]
+        self.k, self.v = k, v
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write K/V of `n` new tokens ([n, L, H_kv, d_h] each) at positions length..length+n-1."""
+        expected = (self.n_layers, self.n_kv_heads, self.head_dim)
+        if k.dim() != 4 or tuple(k.shape[1:]) != expected or k.shape != v.shape:
+            raise CacheError(
+                f"K/V must have shape [n, {', '.join(map(str, expected))}], got "
+                f"{tuple(k.shape)} and {tuple(v.shape)}"
+            )
+        n = k.shape[0]
+        self.reserve(n)
+        self.k[self.length : self.length + n] = k
+        self.v[self.length : self.length + n] = v
+        self.length += n
+
+    def keys_values(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of the written part, [length, L, H_kv, d_h] each."""
+        self._check_live()
+        return self.k[: self.length], self.v[: self.length]
+
+    def snapshot(self) -> CacheSnapshot:
+        """Copy the written part to CPU (the cache stays usable)."""
+        k, v = self.keys_values()
+        return CacheSnapshot(
+            k=k.to("cpu", copy=True),
+            v=v.to("cpu", copy=True),
+            length=self.length,
+            prompt_length=self.prompt_length,
+        )
+
+    def restore(self, snap: CacheSnapshot) -> None:
+        """Put a snapshot back into this object (after `free()` or over live contents)."""
+        self.k = self.v = None
+        self.length, self.freed = 0, False
+        self.append(snap.k.to(self.device, self.dtype), snap.v.to(self.device, self.dtype))
+        self.prompt_length = snap.prompt_length
+
+    def free(self) -> None:
+        """Drop the tensors. The runtime's ledger guarantees this happens exactly once (§4.10)."""
+        self.k = self.v = None
+        self.length, self.freed = 0, True
+
+
+def check_active_batch(caches: Sequence[SequenceCache], tokens: Sequence[int], context_limit: int) -> None:
+    """Validate a decode_one call before anything is written (§4.4): one token per live,
+    prefilled, distinct cache that still has room under the context limit."""
+    if len(caches) != len(tokens) or not caches:
+        raise ValueError(f"decode_one needs one token per cache, got {len(tokens)} tokens for {len(caches)} caches")
+    if len({id(c) for c in caches}) != len(caches):
+        raise ValueError("decode_one got the same cache twice in one batch")
+    for c in caches:
+        if getattr(c, "freed", False) or c.length == 0:
+            raise CacheError("decode_one needs prefilled caches that were not freed")
+        if c.length >= context_limit:
+            raise CacheError(f"cache already holds {c.length} tokens, the context limit")

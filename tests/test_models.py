@@ -1,0 +1,314 @@
+"""Models behind the protocol: TinyLM, ScriptedModel, HFModel and the KV cache (§4.2, §4.4)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from decodespec.runtime.models import (
+    CacheError,
+    HFModel,
+    KVCache,
+    Model,
+    ScriptedModel,
+    ScriptExhausted,
+    TinyLM,
+    TinyLMConfig,
+)
+from decodespec.runtime.tinylm import ASSETS
+
+SMALL = TinyLMConfig(vocab_size=97, d_model=48, n_layers=3, n_heads=6, n_kv_heads=2, d_ff=96, context_limit=96)
+
+
+@pytest.fixture(scope="module")
+def small() -> TinyLM:
+    model = TinyLM(SMALL)
+    with torch.no_grad():  # a non-trivial random init: larger weights give peaked, varied logits
+        for p in model.parameters():
+            p.mul_(4.0)
+    return model
+
+
+@pytest.fixture(scope="module")
+def default() -> TinyLM:
+    return TinyLM.default()
+
+
+def _greedy_cached(model: TinyLM, prompt: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
+    logits, cache = model.prefill(prompt)
+    out, seen = [], [logits]
+    for _ in range(steps):
+        out.append(int(logits.argmax()))
+        logits = model.decode_one([cache], [out[-1]])[0]
+        seen.append(logits)
+    return out, seen
+
+
+@pytest.mark.parametrize("which", ["small", "default"])
+def test_cached_greedy_equals_full_recompute_token_for_token(which, request) -> None:
+    """§4.2/§4.4: decode_one on the cache gives the logits a full no-cache forward gives, 40 steps."""
+    model = request.getfixturevalue(which)
+    prompt = [5, 17, 3, 42, 8] if which == "small" else list(range(20, 32))
+    out, seen = _greedy_cached(model, prompt, 40)
+    full = model.forward_full(prompt + out)
+    for t, logits in enumerate(seen):
+        ref = full[len(prompt) - 1 + t]
+        assert torch.allclose(logits, ref, atol=1e-4, rtol=1e-4), f"step {t}"
+    assert out == [int(full[len(prompt) - 1 + t].argmax()) for t in range(40)]
+    assert len(set(out)) > 3  # the run is not a constant token: the comparison has teeth
+
+
+def test_batched_decode_over_different_lengths_equals_decoding_alone(small) -> None:
+    """§4.4: an active batch whose caches have different lengths gives each row its solo logits."""
+    prompts = [[1, 2, 3], [9] * 11, [4], [7, 8, 9, 10, 11, 12, 13]]
+    logits, caches = small.prefill_batch(prompts)
+    solo = [small.prefill(p) for p in prompts]
+    for b, (sl, _) in enumerate(solo):
+        assert torch.allclose(logits[b], sl, atol=1e-5)
+    for step in range(6):
+        toks = [(b * 13 + step * 7) % SMALL.vocab_size for b in range(len(prompts))]
+        batched = small.decode_one(caches, toks)
+        for b, (_, cache) in enumerate(solo):
+            alone = small.decode_one([cache], [toks[b]])[0]
+            assert torch.allclose(batched[b], alone, atol=1e-4, rtol=1e-4), (step, b)
+        assert [c.length for c in caches] == [len(p) + step + 1 for p in prompts]
+
+
+def test_a_subset_batch_leaves_the_other_caches_untouched(small) -> None:
+    """§4.4: only the active batch's caches grow; a sequence left out keeps its length."""
+    _, caches = small.prefill_batch([[1, 2], [3, 4, 5]])
+    small.decode_one(caches[1:], [6])
+    assert [c.length for c in caches] == [2, 4]
+
+
+def test_cache_grows_by_two_l_hkv_dh_scalars_per_token(small) -> None:
+    """§4.4: each processed token adds exactly 2·L·H_kv·d_h scalars to the logical cache."""
+    per_token = 2 * SMALL.n_layers * SMALL.n_kv_heads * SMALL.head_dim
+    logits, cache = small.prefill([3, 1, 4, 1, 5, 9])
+    assert cache.numel_per_token == per_token
+    assert cache.numel() == 6 * per_token
+    assert cache.nbytes() == 6 * per_token * 4
+    for step in range(20):
+        before = cache.numel()
+        logits = small.decode_one([cache], [int(logits.argmax())])[0]
+        assert cache.numel() - before == per_token
+        assert cache.length == 7 + step
+    k, v = cache.keys_values()
+    assert k.numel() + v.numel() == cache.numel()
+
+
+def test_snapshot_and_restore_continue_bit_identically(small) -> None:
+    """§4.8 swap-out: snapshot to CPU, free, restore into the same cache; the next logits are equal."""
+    logits, cache = small.prefill([2, 7, 1, 8])
+    for t in (5, 6, 7):
+        logits = small.decode_one([cache], [t])[0]
+    snap = cache.snapshot()
+    assert snap.k.device.type == "cpu" and snap.length == 7
+    reference = [small.decode_one([cache], [t])[0] for t in (11, 12, 13)]
+    cache.free()
+    assert cache.freed and cache.numel() == 0
+    with pytest.raises(CacheError, match="after free"):
+        cache.keys_values()
+    cache.restore(snap)
+    assert cache.length == 7 and cache.prompt_length == 4
+    resumed = [small.decode_one([cache], [t])[0] for t in (11, 12, 13)]
+    for a, b in zip(reference, resumed):
+        assert torch.equal(a, b)
+
+
+def test_context_limit_is_enforced(small) -> None:
+    """§4.3: the cache never holds more than context_limit tokens, prompt included."""
+    _, cache = small.prefill(list(range(SMALL.context_limit - 1)))
+    small.decode_one([cache], [1])
+    assert cache.length == SMALL.context_limit
+    with pytest.raises(CacheError, match="context limit"):
+        small.decode_one([cache], [1])
+    with pytest.raises(CacheError, match="context limit"):
+        small.prefill([1] * (SMALL.context_limit + 1))
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda m: m.prefill([]), ValueError, "at least one"),
+        (lambda m: m.prefill([1, 97]), ValueError, "outside"),
+        (lambda m: m.prefill_batch([]), ValueError, "at least one"),
+        (lambda m: m.decode_one([m.prefill([1])[1]], [1, 2]), ValueError, "one token per cache"),
+    ],
+)
+def test_bad_model_input_is_rejected_clearly(small, call, error, match) -> None:
+    """Bad ids or a mismatched batch are refused with a message naming the problem."""
+    with pytest.raises(error, match=match):
+        call(small)
+
+
+def test_the_same_cache_twice_in_one_batch_is_rejected(small) -> None:
+    """§4.4: each row of the active batch owns its cache; a duplicate would write twice."""
+    _, cache = small.prefill([1, 2])
+    with pytest.raises(ValueError, match="same cache"):
+        small.decode_one([cache, cache], [3, 4])
+    assert cache.length == 2
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"d_model": 50, "n_heads": 4}, "divisible"),
+        ({"n_heads": 4, "n_kv_heads": 3}, "multiple"),
+        ({"vocab_size": 0}, "vocab_size"),
+    ],
+)
+def test_bad_config_is_rejected(kwargs, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        TinyLMConfig(**{"vocab_size": 10, **kwargs})
+
+
+def test_save_and_from_pretrained_round_trip(small, tmp_path) -> None:
+    """A saved TinyLM reloads with the same config and the same logits."""
+    small.save(tmp_path)
+    again = TinyLM.from_pretrained(tmp_path)
+    assert again.config == small.config
+    assert torch.equal(again.forward_full([1, 2, 3]), small.forward_full([1, 2, 3]))
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        TinyLM.from_pretrained(tmp_path / "missing")
+
+
+def test_default_checkpoint_is_small_and_self_describing(default) -> None:
+    """The embedded default ships in the repo: a few MB, with its tokenizer and EOS id."""
+    total = sum(f.stat().st_size for f in ASSETS.iterdir())
+    assert total < 8 * 2**20
+    assert (ASSETS / "tokenizer.json").is_file()
+    assert default.eos_token_id is not None and 0 <= default.eos_token_id < default.vocab_size
+    assert default.config.n_heads > default.config.n_kv_heads  # grouped KV heads
+    assert isinstance(default, Model)
+
+
+def test_default_checkpoint_writes_readable_text(default) -> None:
+    """The default continues a story prompt with real words and a full stop (issue 4, part 2)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(ASSETS / "tokenizer.json"))
+    out, _ = _greedy_cached(default, tok.encode("Once upon a time").ids, 30)
+    text = tok.decode(out)
+    assert "." in text and " there was a" in text
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_tinylm_on_cuda_matches_cpu(small) -> None:
+    """TinyLM runs on CUDA through `device=` and agrees with the CPU model."""
+    gpu = TinyLM(SMALL, device="cuda")
+    gpu.load_state_dict(small.state_dict())
+    logits, cache = gpu.prefill([1, 2, 3])
+    assert cache.k.device.type == "cuda"
+    assert torch.allclose(logits.cpu(), small.prefill([1, 2, 3])[0], atol=1e-4)
+
+
+# -- ScriptedModel ---------------------------------------------------------------------------
+
+
+def test_scripted_model_yields_its_script_and_writes_a_real_cache() -> None:
+    """§4.11 fixtures: greedy choose on ScriptedModel reproduces the script; the cache grows by 1."""
+    script = [101, 102, 7, 0]
+    model = ScriptedModel(script)
+    assert isinstance(model, Model) and model.vocab_size == 103
+    logits, cache = model.prefill([5, 6, 7])
+    assert isinstance(cache, KVCache) and cache.length == 3 and cache.numel() == 3 * 2
+    got = []
+    for t in range(len(script)):
+        got.append(int(logits.argmax()))
+        if t < len(script) - 1:
+            logits = model.decode_one([cache], [got[-1]])[0]
+            assert cache.length == 4 + t
+    assert got == script
+
+
+def test_scripted_model_batches_sequences_at_different_steps() -> None:
+    """§4.4: each sequence follows the script from its own step, whatever the others' lengths."""
+    model = ScriptedModel([10, 11, 12, 13], vocab_size=20)
+    _, (a, b) = model.prefill_batch([[1], [1, 2, 3, 4]])
+    model.decode_one([a], [10])  # a is one step ahead of b
+    logits = model.decode_one([a, b], [11, 10])
+    assert logits.argmax(-1).tolist() == [12, 11]
+    assert (a.length, b.length) == (3, 5)
+
+
+def test_scripted_model_raises_past_its_script_without_touching_caches() -> None:
+    """A fixture that runs past its script is an error, raised before any cache changes."""
+    model = ScriptedModel([3, 4])
+    _, cache = model.prefill([1])
+    model.decode_one([cache], [3])
+    with pytest.raises(ScriptExhausted, match="2 tokens"):
+        model.decode_one([cache], [4])
+    assert cache.length == 2
+
+
+def test_scripted_model_survives_snapshot_and_restore() -> None:
+    """§4.8: the script position lives in the cache, so a swapped-out sequence resumes in place."""
+    model = ScriptedModel([1, 2, 3, 4])
+    _, cache = model.prefill([9, 9])
+    model.decode_one([cache], [1])
+    snap = cache.snapshot()
+    cache.free()
+    cache.restore(snap)
+    assert int(model.decode_one([cache], [2])[0].argmax()) == 3
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [(([],), "non-empty"), (([1, -2],), "non-negative"), (([5], 3), "too small")],
+)
+def test_scripted_model_bad_arguments(args, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        ScriptedModel(*args)
+
+
+# -- HFModel ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        eos_token_id=None, bos_token_id=None, pad_token_id=None,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg)
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(folder)
+    return folder, model
+
+
+def test_hf_model_greedy_equals_transformers_generate(hf_folder) -> None:
+    """HFModel runs a locally built transformers checkpoint; its greedy loop equals `generate`."""
+    folder, ref = hf_folder
+    model = HFModel(folder)
+    assert isinstance(model, Model) and model.context_limit == 128
+    prompt = [3, 14, 15, 9, 2]
+    logits, cache = model.prefill(prompt)
+    out = []
+    for _ in range(8):
+        out.append(int(logits.argmax()))
+        logits = model.decode_one([cache], [out[-1]])[0]
+    want = ref.eval().generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,
+                               pad_token_id=0)[0, len(prompt):].tolist()
+    assert out == want
+    assert cache.length == len(prompt) + 8
+    assert cache.numel_per_token == 2 * 2 * 2 * 8
+
+
+def test_hf_model_batch_of_different_lengths_equals_alone(hf_folder) -> None:
+    """§4.4 on HFModel: rows of different lengths (looped internally) match solo decoding."""
+    model = HFModel(hf_folder[0])
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10]]
+    _, caches = model.prefill_batch(prompts)
+    solo = [model.prefill(p)[1] for p in prompts]
+    batched = model.decode_one(caches, [11, 12])
+    for b, cache in enumerate(solo):
+        assert torch.allclose(batched[b], model.decode_one([cache], [[11, 12][b]])[0], atol=1e-5)
+
+
+def test_hf_model_missing_folder_is_a_clear_error(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        HFModel(tmp_path / "nowhere")

@@ -1,0 +1,156 @@
+"""choose(): greedy, temperature, top-k, top-p and the resumable RNG cursor (§4.2, §4.3, §4.8)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from decodespec.runtime.sampling import Sampler, SamplingError, SamplingParams, choose_batch
+
+V = 12
+
+
+def _logits(seed: int, v: int = V) -> torch.Tensor:
+    return torch.randn(v, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def _oracle_allowed(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> set[int]:
+    """Independent oracle: plain Python over a list, ranking by (-prob, id)."""
+    z = [float(x) / temperature for x in logits.double()]
+    m = max(z)
+    w = [pow(2.718281828459045, x - m) for x in z]
+    total = sum(w)
+    ranked = sorted(range(len(w)), key=lambda i: (-w[i], i))
+    probs = {i: w[i] / total for i in ranked}
+    if top_k is not None:
+        ranked = ranked[:top_k]
+        s = sum(probs[i] for i in ranked)
+        probs = {i: probs[i] / s for i in ranked}
+    if top_p is not None:
+        kept, mass = [], 0.0
+        for i in ranked:
+            kept.append(i)
+            mass += probs[i]
+            if mass >= top_p - 1e-12:
+                break
+        ranked = kept
+    return set(ranked)
+
+
+def test_greedy_is_argmax_and_ties_go_to_the_lowest_id() -> None:
+    """§4.3 choose with temperature 0: argmax; equal maxima pick the lowest id, no RNG drawn."""
+    s = Sampler(SamplingParams(temperature=0.0), V)
+    logits = torch.zeros(V)
+    logits[[3, 7, 9]] = 5.0
+    assert s.choose(logits) == 3
+    assert s.draws == 0
+
+
+def test_same_seed_gives_the_same_draws_and_another_seed_differs() -> None:
+    """§4.2: the per-request generator is seeded; a rerun with the seed repeats the choices."""
+    p = SamplingParams(temperature=1.5, seed=42)
+    runs = []
+    for params in (p, p, SamplingParams(temperature=1.5, seed=43)):
+        s = Sampler(params, V)
+        runs.append([s.choose(_logits(i)) for i in range(40)])
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+def test_seed_none_records_a_fresh_seed_that_replays() -> None:
+    """§4.2: a request without a seed gets a random one, recorded so the run can be replayed."""
+    a = Sampler(SamplingParams(temperature=1.0), V)
+    b = Sampler(SamplingParams(temperature=1.0, seed=a.seed), V)
+    assert [a.choose(_logits(i)) for i in range(20)] == [b.choose(_logits(i)) for i in range(20)]
+
+
+def test_resume_after_snapshot_continues_with_the_same_draws() -> None:
+    """§4.8: the RNG cursor is step state; resuming from a snapshot at draw 5 repeats draws 6-10."""
+    params = SamplingParams(temperature=1.0, top_k=8, top_p=0.95, seed=7)
+    s = Sampler(params, V)
+    picks, snap = [], None
+    for i in range(10):
+        if i == 5:
+            snap = s.state()
+        picks.append(s.choose(_logits(i)))
+    assert snap is not None and snap.draws == 5
+    r = Sampler.resume(params, snap)
+    assert [r.choose(_logits(i)) for i in range(5, 10)] == picks[5:]
+    assert r.draws == 10
+
+
+@settings(deadline=None, max_examples=150)
+@given(
+    seed=st.integers(0, 2**31),
+    temperature=st.floats(0.05, 3.0),
+    top_k=st.one_of(st.none(), st.integers(1, V + 3)),
+    top_p=st.one_of(st.none(), st.floats(0.01, 1.0)),
+    tied=st.booleans(),
+)
+def test_sampled_token_is_within_the_top_k_top_p_set(seed, temperature, top_k, top_p, tied) -> None:
+    """§4.3 choose: whatever is drawn lies in the set an independent top-k/top-p oracle allows."""
+    logits = _logits(seed)
+    if tied:
+        logits = logits.round()  # many equal logits: tie handling at the k / p boundary
+    s = Sampler(SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed), V)
+    ids, _ = s.allowed(logits)
+    assert set(ids.tolist()) == _oracle_allowed(logits, temperature, top_k, top_p)
+    for i in range(5):
+        assert s.choose(logits) in set(ids.tolist())
+
+
+def test_top_k_one_is_greedy_under_any_temperature() -> None:
+    """§4.3: top_k=1 keeps only the argmax, so sampling equals greedy."""
+    s = Sampler(SamplingParams(temperature=2.0, top_k=1, seed=0), V)
+    for i in range(20):
+        assert s.choose(_logits(i)) == int(_logits(i).argmax())
+
+
+def test_sampling_follows_the_distribution() -> None:
+    """§4.3: with two tokens at probabilities 0.25 / 0.75, the draw frequencies match."""
+    logits = torch.full((4,), -1e9)
+    logits[1], logits[2] = 0.0, float(torch.log(torch.tensor(3.0)))
+    s = Sampler(SamplingParams(temperature=1.0, seed=3), 4)
+    picks = [s.choose(logits) for _ in range(4000)]
+    assert set(picks) == {1, 2}
+    assert abs(picks.count(2) / 4000 - 0.75) < 0.03
+
+
+def test_choose_batch_uses_each_requests_sampler() -> None:
+    """§4.4 active batch: row b is chosen by request b's own sampler and generator."""
+    params = [SamplingParams(), SamplingParams(temperature=1.0, seed=1), SamplingParams(temperature=1.0, seed=2)]
+    rows = torch.stack([_logits(i) for i in range(3)])
+    got = choose_batch(rows, [Sampler(p, V) for p in params])
+    want = [Sampler(p, V).choose(rows[i]) for i, p in enumerate(params)]
+    assert got == want
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"temperature": float("inf")}, "temperature"),
+        ({"top_k": 0}, "top_k"),
+        ({"top_k": 2.5}, "top_k"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"seed": -1}, "seed"),
+        ({"seed": "7"}, "seed"),
+    ],
+)
+def test_bad_sampling_params_are_rejected_naming_the_field(kwargs, field) -> None:
+    """Bad request parameters fail before anything starts, with the field named (§4.3 normalize)."""
+    with pytest.raises(SamplingError, match=field):
+        SamplingParams(**kwargs)
+
+
+def test_bad_logits_are_rejected() -> None:
+    """choose() refuses NaN logits and a wrong vocabulary size instead of picking garbage."""
+    s = Sampler(SamplingParams(temperature=1.0, seed=0), V)
+    with pytest.raises(SamplingError, match="NaN"):
+        s.choose(torch.full((V,), float("nan")))
+    with pytest.raises(SamplingError, match="shape"):
+        s.choose(torch.zeros(V + 1))
