@@ -1,9 +1,13 @@
 """Shared builders for the Engine, server and soak tests (§4.4): a small random TinyLM whose
-vocabulary is printable ASCII plus EOS, so every output is valid UTF-8 and EOS ends some runs."""
+vocabulary is printable ASCII, newline and EOS, so every output is valid UTF-8 and EOS ends some runs."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -15,8 +19,9 @@ from decodespec.runtime.tokenizers import ByteTableTokenizer
 # spinning threads make each tiny matmul ~10x slower (measured): one thread for these tests.
 torch.set_num_threads(1)
 
-VOCAB = 96
-EOS = VOCAB - 1
+VOCAB = 97
+NEWLINE = 95
+EOS = 96
 
 
 def tiny_model(context_limit: int = 128) -> TinyLM:
@@ -26,8 +31,8 @@ def tiny_model(context_limit: int = 128) -> TinyLM:
 
 
 def ascii_tokenizer() -> ByteTableTokenizer:
-    """Ids 0..94 -> the printable ASCII characters ' '..'~'; id 95 -> EOS."""
-    return ByteTableTokenizer({i: bytes([32 + i]) for i in range(EOS)} | {EOS: b""}, eos_id=EOS)
+    """Ids 0..94 -> the printable ASCII characters ' '..'~'; 95 -> newline; 96 -> EOS."""
+    return ByteTableTokenizer({i: bytes([32 + i]) for i in range(95)} | {NEWLINE: b"\n", EOS: b""}, eos_id=EOS)
 
 
 class FlakyModel:
@@ -69,3 +74,45 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+class SlowModel(FlakyModel):
+    """The tiny model with `delay_s` of extra work per decode step, so an HTTP client can act
+    (cancel, disconnect) while a request is still decoding."""
+
+    def __init__(self, inner: Any, delay_s: float) -> None:
+        super().__init__(inner, bad_len=-1)
+        self.delay_s = delay_s
+
+    def decode_one(self, caches: Sequence[Any], tokens: Sequence[int]) -> Any:
+        time.sleep(self.delay_s)
+        return self.inner.decode_one(caches, tokens)
+
+
+def slow_model(delay_s: float = 0.002, context_limit: int = 128) -> SlowModel:
+    return SlowModel(tiny_model(context_limit), delay_s)
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Any) -> Iterator[str]:
+    """Run `app` on uvicorn at 127.0.0.1 on a free port in a thread; yields the base URL and
+    shuts the server down (lifespan included) on exit."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(20)
+        sock.close()

@@ -1,0 +1,40 @@
+"""`decodespec serve`: the OpenAI-compatible reference server on uvicorn (issue 6; §4.7-§4.10)."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--model", "model_path", type=click.Path(), default=None,
+              help="A TinyLM or transformers checkpoint folder (default: the embedded model).")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--policy", type=click.Choice(["pause", "buffer", "fail"]), default="pause", show_default=True,
+              help="Backpressure policy of every stream (§4.8, DECISIONS D6).")
+@click.option("--max-batch", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--max-queue", type=click.IntRange(min=1), default=1024, show_default=True)
+@click.option("--cache-budget-tokens", type=click.IntRange(min=1), default=None,
+              help="KV cache tokens on the device before preemption (§4.8); default unbounded.")
+@click.option("--preemption", type=click.Choice(["swap", "recompute"]), default="swap", show_default=True)
+@click.option("--detach-timeout", "detach_timeout_s", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="Seconds a paused request whose client disconnected waits before transport_error (D5).")
+@click.option("--retain", "retain_s", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="Seconds a finished request stays available for replay (Last-Event-ID).")
+def serve(host, port, model_path, device, policy, max_batch, max_queue, cache_budget_tokens, preemption,
+          detach_timeout_s, retain_s) -> None:
+    """Serve /v1/completions and /v1/chat/completions (SSE with replayable ids) until interrupted."""
+    import uvicorn
+
+    from decodespec.runtime.engine import Engine
+    from decodespec.runtime.server import create_app
+
+    from .cli_generate import load_model_and_tokenizer
+
+    model, tok = load_model_and_tokenizer(model_path, device)
+    engine = Engine(model, tok, max_batch=max_batch, max_queue=max_queue, cache_budget_tokens=cache_budget_tokens,
+                    preemption=preemption, detach_timeout_s=detach_timeout_s, retain_s=retain_s)
+    app = create_app(engine, policy=policy)
+    click.echo(f"decodespec serve: model {engine.model_name!r} on http://{host}:{port}/v1 (policy {policy})", err=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -1,0 +1,253 @@
+"""The OpenAI-compatible reference server: a Starlette ASGI app over an Engine (§4.7-§4.10).
+
+Endpoints (the OpenAPI document at /openapi.json lists them): POST /v1/completions and
+/v1/chat/completions (JSON or SSE), GET /v1/requests/{id}/events (reconnect: replay after
+Last-Event-ID, then follow), POST /v1/requests/{id}/cancel, GET /v1/models, /metrics, /health.
+
+The SSE stream is the request's OrderedStream (§4.7): each delta chunk carries `id: <seq>`, so a
+client that reconnects with `Last-Event-ID: <seq>` gets exactly the events after it (rule 4, no
+duplicate). A completed request sends its finish chunk (OpenAI finish_reason plus the precise §4.10
+reason), the usage chunk when `stream_options.include_usage`, then `data: [DONE]` once. A cancelled
+or failed request sends `event: error` with the reason and no [DONE]: never a fake stop.
+
+A client that goes away is a transport fact (DECISIONS D5): `run.disconnect()`, recorded, not EOS and
+not a cancel; the request runs on, bounded by its stream policy, and a paused one fails with
+transport_error after the engine's `detach_timeout_s` unless a reader reconnects.
+"""
+
+from __future__ import annotations
+
+import codecs
+import collections
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .engine import Engine, EngineStopped, QueueFull, UnknownRequest
+from .openai_schema import (
+    ApiError,
+    ParsedRequest,
+    chunk,
+    completion_body,
+    finish_fields,
+    openai_usage,
+    openapi,
+    parse_completion,
+    terminal_error,
+)
+from .runner import RequestRun
+from .stream import StreamEvent, StreamEventKind
+
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _error(exc: ApiError, request_id: str | None = None) -> JSONResponse:
+    headers = {"X-Request-Id": request_id} if request_id else None
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+def _sse(data: Any, *, seq: int | None = None, event: str | None = None) -> bytes:
+    head = (f"id: {seq}\n" if seq is not None else "") + (f"event: {event}\n" if event else "")
+    body = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"{head}data: {body}\n\n".encode()
+
+
+class _Renderer:
+    """Turns one request's stream events into SSE frames (one renderer per HTTP response)."""
+
+    def __init__(self, run: RequestRun, parsed: ParsedRequest | None, model: str, created: int) -> None:
+        self.run, self.parsed, self.model, self.created = run, parsed, model, created
+        self.cid = f"cmpl-{run.request.request_id}"
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def frames(self, ev: StreamEvent) -> list[bytes]:
+        p = self.parsed
+        if ev.kind is StreamEventKind.START:
+            return [_sse(chunk(p, self.cid, self.created, self.model, role=True, text=None if p.chat else ""))]
+        if ev.kind is StreamEventKind.DELTA:
+            text = self._utf8.decode(ev.data)
+            return [_sse(chunk(p, self.cid, self.created, self.model, text=text), seq=ev.seq)]
+        if ev.kind is StreamEventKind.COMPLETED:
+            out = [_sse(chunk(p, self.cid, self.created, self.model, text=self._utf8.decode(b"", final=True) or None,
+                              finish=finish_fields(ev.finish_reason, self.run.result().stop)), seq=ev.seq)]
+            if p.include_usage:
+                out.append(_sse(chunk(p, self.cid, self.created, self.model, usage=openai_usage(ev.usage))))
+            return out + [_sse("[DONE]")]
+        err = terminal_error(ev.finish_reason, ev.error, self.run.request.request_id).body()
+        err["error"]["decodespec"] = {"finish_reason": ev.finish_reason.value, "error": ev.error,
+                                      "usage": ev.usage}
+        return [_sse(err, seq=ev.seq, event="error")]
+
+
+def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "pause",
+               max_buffer_events: int = 256, manage_engine: bool = True) -> Starlette:
+    """The ASGI app. With `manage_engine` the app starts the engine thread at startup and stops it
+    (every live request cancelled) at shutdown."""
+    name = model_name or engine.model_name
+    vocab_size = engine.model.vocab_size
+    schema = openapi(name)
+    views: collections.OrderedDict[str, ParsedRequest] = collections.OrderedDict()  # reconnect shape
+
+    def parse(raw: bytes, chat: bool) -> ParsedRequest:
+        return parse_completion(raw, chat=chat, model_name=name, context_limit=engine.context_limit,
+                                vocab_size=vocab_size, tokenizer=engine.tokenizer, policy=policy,
+                                max_buffer_events=max_buffer_events)
+
+    async def completions(request: HttpRequest, chat: bool) -> Response:
+        try:
+            parsed = parse(await request.body(), chat)
+        except ApiError as exc:
+            return _error(exc)
+        try:
+            run = engine.submit(parsed.request)
+        except QueueFull as exc:
+            return _error(ApiError(429, str(exc), code="queue_full", type="rate_limit_error"))
+        except EngineStopped as exc:
+            return _error(ApiError(503, str(exc), code="shutting_down", type="server_error"))
+        rid = parsed.request.request_id
+        views[rid] = parsed
+        while len(views) > engine.max_retained + engine.max_queue + engine.max_batch:
+            views.popitem(last=False)
+        renderer = _Renderer(run, parsed, name, int(time.time()))
+        headers = {"X-Request-Id": rid}
+        if parsed.stream:
+            return StreamingResponse(_follow(run, renderer, []), media_type="text/event-stream",
+                                     headers=headers | _SSE_HEADERS)
+        text, last = bytearray(), None
+        async for ev in run.stream:
+            if ev.kind is StreamEventKind.DELTA:
+                text += ev.data
+            last = ev
+        if last is None or last.kind is not StreamEventKind.COMPLETED:
+            return _error(terminal_error(last.finish_reason, last.error, rid), rid)
+        body = completion_body(parsed, renderer.cid, renderer.created, name, text.decode("utf-8", "replace"),
+                               finish_fields(last.finish_reason, run.result().stop), openai_usage(last.usage))
+        return JSONResponse(body, headers=headers)
+
+    async def events(request: HttpRequest) -> Response:
+        rid = request.path_params["request_id"]
+        try:
+            run = engine.get(rid)
+        except UnknownRequest as exc:
+            return _error(ApiError(404, str(exc), param="request_id", code="request_not_found"))
+        last = request.headers.get("last-event-id")
+        after: int | None = None
+        if last is not None:
+            try:
+                after = int(last)
+            except ValueError:
+                return _error(ApiError(400, f"Last-Event-ID must be an integer seq, got {last!r}",
+                                       param="Last-Event-ID", code="invalid_value"))
+        parsed = views.get(rid) or ParsedRequest(request=run.request, chat=False, stream=True, include_usage=True)
+        run.stream.reconnect()
+        missed = run.stream.replay(after)
+        if after is not None:  # the client already has the start frame
+            missed = [ev for ev in missed if ev.kind is not StreamEventKind.START]
+        renderer = _Renderer(run, parsed, name, int(time.time()))
+        return StreamingResponse(_follow(run, renderer, missed), media_type="text/event-stream",
+                                 headers={"X-Request-Id": rid} | _SSE_HEADERS)
+
+    async def cancel(request: HttpRequest) -> Response:
+        rid = request.path_params["request_id"]
+        try:
+            accepted = engine.cancel(rid)
+            run = engine.get(rid)
+        except UnknownRequest as exc:
+            return _error(ApiError(404, str(exc), param="request_id", code="request_not_found"))
+        return JSONResponse({"id": rid, "cancelled": accepted, "state": run.state})
+
+    async def models(request: HttpRequest) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "decodespec"}]})
+
+    async def metrics(request: HttpRequest) -> Response:
+        return PlainTextResponse(prometheus_text(engine), media_type="text/plain; version=0.0.4")
+
+    async def health(request: HttpRequest) -> Response:
+        if engine.failure is not None:
+            return JSONResponse({"status": "failed", "error": repr(engine.failure)}, status_code=503)
+        return JSONResponse({"status": "ok", "model": name})
+
+    async def openapi_json(request: HttpRequest) -> Response:
+        return JSONResponse(schema)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if manage_engine:
+            engine.start()
+        try:
+            yield
+        finally:
+            if manage_engine:
+                engine.stop()
+
+    async def text_completions(request: HttpRequest) -> Response:
+        return await completions(request, chat=False)
+
+    async def chat_completions(request: HttpRequest) -> Response:
+        return await completions(request, chat=True)
+
+    routes = [
+        Route("/v1/completions", text_completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/requests/{request_id}/events", events, methods=["GET"]),
+        Route("/v1/requests/{request_id}/cancel", cancel, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/openapi.json", openapi_json, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.engine = engine
+    return app
+
+
+async def _follow(run: RequestRun, renderer: _Renderer, first: list[StreamEvent]) -> AsyncIterator[bytes]:
+    """SSE frames of `first` (a replay), then of the live stream up to its terminal event.
+    Leaving early (the client went away) is recorded as a disconnect (D5), nothing more."""
+    ended = False
+    try:
+        for ev in first:
+            for frame in renderer.frames(ev):
+                yield frame
+            ended = ev.terminal
+        while not ended and (ev := await run.stream.aget()) is not None:
+            for frame in renderer.frames(ev):
+                yield frame
+            ended = ev.terminal
+    finally:
+        if not ended:
+            run.disconnect()
+
+
+def prometheus_text(engine: Engine) -> str:
+    """The Engine's counters in the Prometheus text exposition format."""
+    s = engine.stats()
+    gauges = {
+        "queue_depth": (s.queue_depth, "requests waiting for admission"),
+        "active_slots": (s.active_slots, "sequences resident in the batch"),
+        "parked_requests": (s.parked, "resident sequences held back by a slow reader (§4.8)"),
+        "swapped_requests": (s.swapped, "preempted sequences waiting to resume (§4.8)"),
+        "cache_tokens_in_use": (s.cache_tokens_in_use, "KV cache tokens held on the device"),
+        "cache_bytes_in_use": (s.cache_bytes_in_use, "KV cache bytes held on the device"),
+        "swapped_bytes": (s.swapped_bytes, "KV cache bytes swapped out to host memory"),
+        "live_requests": (s.live_requests, "requests not yet in a terminal state"),
+    }
+    lines = []
+    for key, (value, help_text) in gauges.items():
+        lines += [f"# HELP decodespec_{key} {help_text}", f"# TYPE decodespec_{key} gauge", f"decodespec_{key} {value}"]
+    lines += ["# HELP decodespec_requests_total requests by terminal state and finish reason (§4.10)",
+              "# TYPE decodespec_requests_total counter"]
+    for (state, reason), n in sorted(s.requests_total.items()):
+        lines.append(f'decodespec_requests_total{{state="{state}",finish_reason="{reason}"}} {n}')
+    for key, value, help_text in (("preemptions_total", s.preemptions_total, "sequences preempted (§4.8)"),
+                                  ("decode_tokens_total", s.decode_tokens_total, "tokens written by decode steps")):
+        lines += [f"# HELP decodespec_{key} {help_text}", f"# TYPE decodespec_{key} counter",
+                  f"decodespec_{key} {value}"]
+    return "\n".join(lines) + "\n"
