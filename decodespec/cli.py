@@ -157,3 +157,6 @@ main.add_command(experiment)
 from .cli_conform import conform  # noqa: E402
 
 main.add_command(conform)
+from .cli_serve import serve  # noqa: E402
+
+main.add_command(serve)
