@@ -1,0 +1,412 @@
+"""The explicit-state model checker (DESIGN, machine/ "check"; issue 5 item 2).
+
+Breadth-first search over the product of one or two requests of the §4.3 loop (machine/
+checker_model.py: lifecycle, stream, five resources, stop matcher and detokenizer, each stepped
+through its table) with an environment that injects cancel, deadline, model, decoding and
+transport errors, a slow reader and a client disconnect at every point. Two requests share a pool
+of batch slots (1 slot: the second waits in QUEUED until the first releases it); the two request
+components are kept in canonical (sorted) order, so symmetric states are stored once.
+
+Speed: a request is interned once as a small int; its successors, state checks, edge checks and
+witnesses are computed once per distinct request and reused in every product state holding it; a
+product state is one int (pool and the sorted request ids). Checked, in every state: the "state"
+and "both" invariants of spec/invariants.toml; that every run can reach its end (a non-terminal
+state with no successor is a deadlock, one from which no end is reachable a livelock); and every
+sometimes-property has a witness. Each finding comes with the SHORTEST path (BFS parent pointers)
+as a replayable list of (request, machine, state, event) steps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+
+from ..properties.invariants import load_invariants
+from ..spec import DecisionKind, Table
+from .checker_model import (
+    POOL_WITNESSES, WITNESSES, F_PC, PC_NAMES, Model, ModelConfig,
+)
+
+_MASK = (1 << 21) - 1
+_LIVENESS = "every_run_terminates"
+
+
+@attrs.frozen
+class Counterexample:
+    """A path from an initial state: labels of the model steps and the table steps they fire.
+
+    `steps` is replayable: (request, machine, state, event) in order; `machine` is "lifecycle",
+    "stream", "stop_matcher", "detokenizer" or "resources[kind]".
+    """
+
+    name: str
+    anchor: str
+    message: str
+    labels: tuple[str, ...]
+    steps: tuple[tuple[int, str, str, str], ...]
+
+    def path(self, machine: str, request: int = 0) -> list[tuple[str, str]]:
+        """The (state, event) pairs of one machine of one request: a path to highlight on its diagram."""
+        return [(s, e) for r, m, s, e in self.steps if r == request and m == machine]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "anchor": self.anchor, "message": self.message,
+                "labels": list(self.labels), "steps": [list(s) for s in self.steps]}
+
+
+@attrs.frozen
+class CheckReport:
+    """What one exhaustive run found (issue 5: states, transitions, depth, time, rows never fired)."""
+
+    requests: int
+    config: ModelConfig
+    states: int
+    transitions: int
+    max_depth: int
+    seconds: float
+    exhaustive: bool
+    violations: tuple[Counterexample, ...]
+    witnesses: Mapping[str, Counterexample]
+    missing_witnesses: tuple[str, ...]
+    rows_never_fired: Mapping[str, tuple[tuple[str, str], ...]]
+
+    @property
+    def states_per_s(self) -> float:
+        return self.states / self.seconds if self.seconds > 0 else float("inf")
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations and not self.missing_witnesses
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests, "config": attrs.asdict(self.config), "states": self.states,
+            "transitions": self.transitions, "max_depth": self.max_depth, "seconds": round(self.seconds, 3),
+            "states_per_s": round(self.states_per_s), "exhaustive": self.exhaustive,
+            "violations": [v.to_json() for v in self.violations],
+            "witnesses": {k: v.to_json() for k, v in self.witnesses.items()},
+            "missing_witnesses": list(self.missing_witnesses),
+            "rows_never_fired": {k: [list(p) for p in v] for k, v in self.rows_never_fired.items()},
+        }
+
+
+class _Local:
+    """Interned request tuples with their successors and checks, each computed once."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.ids: dict[tuple[int, ...], int] = {}
+        self.comps: list[tuple[int, ...]] = []
+        self.succ: list[list | None] = []
+        self.bad: list[list] = []  # state violations per request id
+        self.labels: list[tuple[int, str, tuple, tuple[str, ...]]] = []  # (src id, label, fired, witnesses)
+        self.edge_bad: list[tuple[int, int, bool, str, str]] = []  # (src, label, needs slot, name, message)
+        self.edge_bad_of: dict[int, list[int]] = {}
+
+    def intern(self, comp: tuple[int, ...]) -> int:
+        cid = self.ids.get(comp)
+        if cid is None:
+            cid = self.ids[comp] = len(self.comps)
+            if cid >= _MASK:
+                raise RuntimeError("model too large for the state encoding (over 2M distinct requests)")
+            self.comps.append(comp)
+            self.succ.append(None)
+            self.bad.append(self.model.state_violations(comp))
+        return cid
+
+    def successors(self, cid: int) -> list:
+        out = self.succ[cid]
+        if out is None:
+            out = self.succ[cid] = []
+            comp = self.comps[cid]
+            for step in self.model.expand(comp):
+                post = tuple(step.f)
+                wit = tuple(self.model.witnesses(comp, post, step.fired)) if not step.dead else ()
+                lab = len(self.labels)
+                self.labels.append((cid, step.label, tuple(step.fired), wit))
+                for name, msg, _ in step.bad:
+                    self.edge_bad_of.setdefault(cid, []).append(len(self.edge_bad))
+                    self.edge_bad.append((cid, lab, step.needs_slot, name, msg))
+                if not step.dead:
+                    out.append((lab, self.intern(post), step.pool, step.needs_slot, wit or None))
+        return out
+
+
+def check(
+    requests: int = 1,
+    max_depth: int | None = None,
+    tables: Mapping[str, Table] | None = None,
+    *,
+    config: ModelConfig | None = None,
+    slots: int = 1,
+    progress: Callable[[int, int], None] | None = None,
+) -> CheckReport:
+    """Exhaust the model of `requests` (1 or 2) requests sharing `slots` batch slots.
+
+    `tables` replaces shipped tables by name (e.g. {"lifecycle": modified}); `config` bounds the
+    data (default: max_output_tokens 2, both pause and buffer policies for one request; 1 token and
+    pause only for two). `max_depth` stops the search there (then liveness is not judged).
+    """
+    if requests not in (1, 2):
+        raise ValueError(f"requests must be 1 or 2, got {requests!r}")
+    if slots < 1:
+        raise ValueError(f"slots must be >= 1, got {slots}")
+    if config is None:
+        config = ModelConfig() if requests == 1 else ModelConfig(max_output_tokens=1, policies=("pause",))
+    model = Model(tables, config)
+    return _Search(model, requests, slots, max_depth, progress).run()
+
+
+class _Search:
+    """One BFS. A product state is an int: pool << 42 | min(a, b) << 21 | max(a, b), where a and
+    b are request ids (for one request, b is a sentinel id that never moves)."""
+
+    def __init__(self, model: Model, requests: int, slots: int, max_depth: int | None, progress) -> None:
+        self.model, self.requests, self.slots = model, requests, slots
+        self.max_depth = max_depth
+        self.progress = progress
+        self.local = _Local(model)
+        self.invariants = load_invariants()
+        self.found: dict[str, tuple[int, int, str, tuple | None]] = {}  # name -> (state, label or -1, msg, guard)
+        self.witness_at: dict[str, tuple[int, int]] = {}  # name -> (state, label or -1)
+
+    def run(self) -> CheckReport:
+        t0 = time.perf_counter()
+        loc, model = self.local, self.model
+        inits = [loc.intern(c) for c in model.initial()]
+        acyclic = self._prepass(inits)
+        n = len(loc.comps)
+        self.none = none = n  # the sentinel: an absent second request
+        comps = loc.comps
+        hold = self._hold = [int(model.holds_slot(c)) for c in comps] + [0]
+        done = [model.done(c) for c in comps] + [True]
+        self._waits = [model.waits_for_slot(c) for c in comps] + [False]
+        self._used = [model.used_slot(c) for c in comps] + [True]
+        flagged = [bool(b) for b in loc.bad] + [False]
+        free: list[list[tuple[int, int]]] = [[] for _ in range(n + 1)]  # (next id, pool delta)
+        slot: list[list[tuple[int, int]]] = [[] for _ in range(n + 1)]  # steps that take a slot
+        witness_edges: list[list] = [[] for _ in range(n + 1)]
+        for c in range(n):
+            for lab, nx, dp, need, wit in loc.succ[c]:
+                (slot if need else free)[c].append((nx, dp))
+                if wit:
+                    witness_edges[c].append((lab, need, wit))
+        ebad: list[list | None] = [None] * (n + 1)
+        for c, ks in loc.edge_bad_of.items():
+            ebad[c] = [loc.edge_bad[k] for k in ks]
+        expanded = bytearray(n + 1)
+
+        two = self.requests == 2
+        combos = [(a, b) for a in inits for b in inits if a <= b] if two else [(a, none) for a in inits]
+        frontier = sorted({(self.slots << 42) | (a << 21) | b for a, b in combos})
+        seen: dict[int, int] = dict.fromkeys(frontier, -1)
+        for s in frontier:
+            self._check_state(s)
+        pred: dict[int, list[int]] | None = None if acyclic else {}
+        slots, found, wit_found = self.slots, self.found, self.witness_at
+        missing = set(self._expected_witnesses()) - set(POOL_WITNESSES)
+        pool_missing = two
+        transitions = depth = 0
+        truncated = False
+        while frontier:
+            if self.max_depth is not None and depth >= self.max_depth:
+                truncated = True
+                break
+            nxt: list[int] = []
+            for s in frontier:
+                pool = s >> 42
+                a, b = (s >> 21) & _MASK, s & _MASK
+                en = 0
+                for x, y in ((a, b), (b, a)) if a != b else ((a, b),):
+                    expanded[x] = 1
+                    moves = free[x] + slot[x] if pool else free[x]
+                    en += len(moves)
+                    for nx, dp in moves:
+                        np = pool + dp
+                        ns = (np << 42) | ((nx << 21) | y if nx <= y else (y << 21) | nx)
+                        if ns not in seen:
+                            seen[ns] = s
+                            nxt.append(ns)
+                            if flagged[nx] or np + hold[nx] + hold[y] != slots or pool_missing:
+                                self._check_state(ns)
+                                pool_missing = two and any(w not in wit_found for w in POOL_WITNESSES)
+                        if pred is not None:
+                            pred.setdefault(ns, []).append(s)
+                    if ebad[x]:
+                        for _, lab, need, name, msg in ebad[x]:
+                            if name not in found and (pool or not need):
+                                found[name] = (s, lab, msg, None)
+                    if missing:
+                        for lab, need, wit in witness_edges[x]:
+                            if pool or not need:
+                                for w in wit:
+                                    if w not in wit_found:
+                                        wit_found[w] = (s, lab)
+                                        missing.discard(w)
+                transitions += en
+                if not en and not (done[a] and done[b]) and _LIVENESS not in found:
+                    pcs = ", ".join(PC_NAMES[comps[c][F_PC]] for c in (a, b) if c != none)
+                    found[_LIVENESS] = (s, -1, f"deadlock: no successor (loop at {pcs})", None)
+            frontier = nxt
+            depth += 1
+            if self.progress is not None:
+                self.progress(len(seen), depth)
+        if pred is not None and not truncated:
+            self._liveness(seen, pred, done)
+        seconds = time.perf_counter() - t0
+        self._seen = seen
+        return CheckReport(
+            requests=self.requests, config=model.config, states=len(seen), transitions=transitions,
+            max_depth=depth - 1 if not truncated else depth, seconds=seconds, exhaustive=not truncated,
+            violations=tuple(self._counterexample(k, *v) for k, v in sorted(found.items(), key=lambda kv: self._depth(kv[1][0]))),
+            witnesses={k: self._counterexample(k, s, lab, f"witness: {k}") for k, (s, lab) in sorted(wit_found.items())},
+            missing_witnesses=tuple(sorted(set(self._expected_witnesses()) - set(wit_found))),
+            rows_never_fired=self._rows_never_fired(expanded),
+        )
+
+    def _prepass(self, inits: list[int]) -> bool:
+        """Expand every request tuple reachable alone (slots ignored); True if that graph has no cycle.
+
+        Without a cycle in the one-request graph the product has none either (every product step
+        advances one request), so liveness reduces to: no reachable non-final state without a
+        successor. With a cycle, the search keeps predecessor lists and checks that an end is
+        reachable from every state.
+        """
+        loc = self.local
+        todo, seen = list(inits), set(inits)
+        while todo:
+            for _, nx, _, _, _ in loc.successors(todo.pop()):
+                if nx not in seen:
+                    seen.add(nx)
+                    todo.append(nx)
+        indeg = [0] * len(loc.comps)
+        for c in range(len(loc.comps)):
+            for _, nx, _, _, _ in loc.succ[c]:
+                indeg[nx] += 1
+        ready = [c for c in range(len(loc.comps)) if indeg[c] == 0]
+        ordered = 0
+        while ready:
+            c = ready.pop()
+            ordered += 1
+            for _, nx, _, _, _ in loc.succ[c]:
+                indeg[nx] -= 1
+                if indeg[nx] == 0:
+                    ready.append(nx)
+        return ordered == len(loc.comps)
+
+    def _comps(self, s: int) -> tuple[int, ...]:
+        return tuple(c for c in ((s >> 21) & _MASK, s & _MASK) if c != self.none)
+
+    def _check_state(self, s: int) -> None:
+        loc = self.local
+        pool = s >> 42
+        comps = self._comps(s)
+        for c in comps:
+            for name, msg, extra in loc.bad[c]:
+                if name not in self.found:
+                    self.found[name] = (s, -1, msg, extra)
+        holders = sum(self._hold[c] for c in comps)
+        if pool + holders != self.slots and "release_exactly_once" not in self.found:
+            self.found["release_exactly_once"] = (s, -1, f"slot pool {pool} free + {holders} held != {self.slots}", None)
+        if self.requests == 2:
+            if pool == 0 and any(self._waits[c] for c in comps):
+                self.witness_at.setdefault("request_waits_for_slot", (s, -1))
+            if all(self._used[c] for c in comps):
+                self.witness_at.setdefault("slot_reused_after_release", (s, -1))
+
+    def _liveness(self, seen: dict[int, int], pred: dict[int, list[int]], done: list[bool]) -> None:
+        """With cycles: every state must reach a state where all requests are done (no livelock)."""
+        ok = {s for s in seen if all(done[c] for c in self._comps(s))}
+        todo = list(ok)
+        while todo:
+            for p in pred.get(todo.pop(), ()):
+                if p not in ok:
+                    ok.add(p)
+                    todo.append(p)
+        stuck = [s for s in seen if s not in ok]
+        if stuck:
+            s = min(stuck, key=self._depth)
+            pcs = ", ".join(PC_NAMES[self.local.comps[c][F_PC]] for c in self._comps(s))
+            self.found.setdefault(_LIVENESS, (s, -1, f"livelock: no way to an end (loop at {pcs})", None))
+
+    def _depth(self, s: int) -> int:
+        d = 0
+        while self._seen[s] >= 0:
+            s = self._seen[s]
+            d += 1
+        return d
+
+    def _witness_anchor(self, name: str) -> str:
+        return WITNESSES[name][0] if name in WITNESSES else POOL_WITNESSES[name]
+
+    def _expected_witnesses(self) -> list[str]:
+        names = list(WITNESSES)
+        if self.requests == 2:
+            names += list(POOL_WITNESSES)
+        policies = self.model.config.policies
+        skip = set()
+        if "pause" not in policies:
+            skip.add("slow_reader_pauses_and_resumes")
+        if not {"buffer", "fail"} & set(policies):
+            skip.add("buffer_overflow_fails")
+        if self.model.config.max_output_tokens < 2:
+            skip |= {"cancel_during_decode_discarded", "stop_spans_two_tokens", "cancel_wins_over_completion"}
+        return [n for n in names if n not in skip]
+
+    def _counterexample(self, name: str, state: int, edge: int, msg: str, extra: tuple | None = None) -> Counterexample:
+        """The BFS parent chain to `state`, then the local step `edge` (if >= 0) and a guard step."""
+        chain = [state]
+        while self._seen[chain[-1]] >= 0:
+            chain.append(self._seen[chain[-1]])
+        chain.reverse()
+        loc = self.local
+        ids = list(self._comps(chain[0]))
+        labels: list[str] = []
+        steps: list[tuple[int, str, str, str]] = []
+
+        def take(label_id: int) -> int:
+            src, text, fired, _ = loc.labels[label_id]
+            who = ids.index(src)
+            labels.append(f"r{who}: {text}")
+            steps.extend((who, m, s, e) for m, s, e in fired)
+            return who
+
+        for prev, cur in zip(chain, chain[1:]):
+            lab, who, nx = self._edge(ids, prev, cur)
+            take(lab)
+            ids[who] = nx
+        if edge >= 0:
+            take(edge)
+        if extra is not None:
+            who = next(r for r, c in enumerate(ids) if any(b[2] == extra for b in loc.bad[c]))
+            labels.append(f"r{who}: the table allows {extra[1]} --{extra[2]}--> ({extra[0]})")
+            steps.append((who, *extra))
+        anchor = self.invariants[name].anchor if name in self.invariants else self._witness_anchor(name)
+        return Counterexample(name, anchor, msg, tuple(labels), tuple(steps))
+
+    def _edge(self, ids: list[int], prev: int, cur: int) -> tuple[int, int, int]:
+        """Which request moved from `prev` to `cur`, by which local step, to which request id."""
+        pool = prev >> 42
+        target = sorted(self._comps(cur))
+        for who, x in enumerate(ids):
+            rest = ids[:who] + ids[who + 1:]
+            for lab, nx, dp, need, _ in self.local.succ[x]:
+                if (pool or not need) and pool + dp == cur >> 42 and sorted(rest + [nx]) == target:
+                    return lab, who, nx
+        raise AssertionError("no step links two states of a BFS chain")
+
+    def _rows_never_fired(self, expanded: bytearray) -> dict[str, tuple[tuple[str, str], ...]]:
+        """Per machine, the rows no explored step fired (requests expanded in the product only)."""
+        fired: set[tuple[str, str, str]] = set()
+        for src, _, steps, _ in self.local.labels:
+            if expanded[src]:
+                for m, s, e in steps:
+                    fired.add((m.split("[")[0], s, e))
+        out = {}
+        for name, table in self.model.tables.items():
+            rows = [(d.state, d.event) for d in table.decisions.values() if d.kind is DecisionKind.ROW]
+            out[name] = tuple(p for p in rows if (name, *p) not in fired)
+        return out

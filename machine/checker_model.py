@@ -1,0 +1,597 @@
+"""The abstract model the checker explores: one request of the §4.3 loop driven through the tables.
+
+A request is a tuple of small ints (the `F_*` fields): the loop's program counter (`P_*`, which
+line of generate() it is at), the state index of each control machine (lifecycle, stream, the five
+resources, stop matcher, detokenizer) and bounded data (tokens selected and decoded, deltas sent,
+finish reason, cancel/deadline progress, kernel in flight, backpressure policy, unread deltas,
+reader connection). `Model.expand(comp)` lists every successor: the loop's next step (with its
+data-dependent choices: EOS or not, what the detokenizer and the stop matcher make of the bytes,
+which finish check fires) and the environment's injections (cancel, deadline, model error,
+decoding error, transport error, a slow or disconnected reader).
+
+Every control step fires the table event the runtime would fire (runtime/runner.py does the same
+in the same order), so the tables decide: a table change changes the explored behaviour. A step
+that the table refuses ends that branch with a `refinement` violation. Edge checks (a transition
+that breaks an invariant) and witnesses (sometimes-properties) are attached to each local step;
+state checks are evaluated once per distinct request tuple (`Model.state_violations`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from ..spec import DecisionKind, FinishReason, Table, load_spec
+
+MACHINES = ("lifecycle", "stream", "resources", "stop_matcher", "detokenizer")
+RESOURCE_KINDS = ("trace_handle", "stream_buffer", "kv_cache", "batch_slot", "rng_state")
+MODEL_KINDS = ("kv_cache", "batch_slot", "rng_state")
+REASONS = (None, *FinishReason)  # index 0: no reason fixed yet
+
+# Program counter: where in generate() (§4.3) the request is.
+(P_NEW, P_CREATED, P_QUEUED, P_PREFILL, P_TOP, P_CHECKS, P_DECODE, P_SEND, P_SAFE, P_DRAIN,
+ P_DRAIN_HIT, P_FLUSH, P_DRAIN_END, P_CLOSE, P_DONE) = range(15)
+PC_NAMES = ("new", "created", "queued", "prefill_in_flight", "top_of_step", "finish_checks",
+            "decode_in_flight", "sending", "safe_point", "draining_finish", "draining_stop_hit",
+            "draining_flush", "draining_end", "closing", "done")
+
+# Fields of a request tuple.
+(F_PC, F_LC, F_ST, F_TH, F_SB, F_KV, F_BS, F_RNG, F_SM, F_DT, F_SEL, F_DEC, F_SEQ, F_REASON,
+ F_CANCEL, F_DEADLINE, F_KERNEL, F_POLICY, F_BUF, F_CONN, F_RET, F_EOS, F_TERMS) = range(23)
+RES_FIELD = dict(zip(RESOURCE_KINDS, (F_TH, F_SB, F_KV, F_BS, F_RNG)))
+FIELD_OF = {"lifecycle": F_LC, "stream": F_ST, "stop_matcher": F_SM, "detokenizer": F_DT}
+# F_CANCEL: 0 none, 1 requested, 2 observed, 3 repeated; F_DEADLINE: 0, 1 passed, 2 observed;
+# F_KERNEL: 0 none, 1 prefill, 2 decode; F_CONN: 0 connected, 1 disconnected, 2 reconnected.
+
+_FINISHED_REASONS = frozenset({
+    FinishReason.EOS, FinishReason.STOP_SEQUENCE, FinishReason.GRAMMAR_COMPLETE, FinishReason.MAX_OUTPUT_TOKENS,
+    FinishReason.CONTEXT_LIMIT, FinishReason.DEADLINE_EXCEEDED, FinishReason.CONTENT_INTERRUPTED,
+})
+REASONS_OF_STATE = {
+    "FINISHED": _FINISHED_REASONS,
+    "CANCELLED": frozenset({FinishReason.CANCELLED}),
+    "FAILED": frozenset({FinishReason.MODEL_ERROR, FinishReason.TRANSPORT_ERROR, FinishReason.CONTEXT_LIMIT}),
+}
+STREAM_TERMINAL_OF = {"FINISHED": "COMPLETED", "CANCELLED": "CANCELLED", "FAILED": "FAILED"}
+STREAM_EVENT_OF = {"FINISHED": "complete", "CANCELLED": "cancel", "FAILED": "fail"}
+
+
+@attrs.frozen
+class ModelConfig:
+    """Bounds of the explored model (small: max_output_tokens <= 3 for the default runs)."""
+
+    max_output_tokens: int = 2
+    policies: tuple[str, ...] = ("pause", "buffer")
+    buffer_cap: int = 1
+    finish_conditions: bool = True  # context_full, grammar_done, content_interrupt as choices
+
+    def __attrs_post_init__(self) -> None:
+        if not 1 <= self.max_output_tokens <= 8:
+            raise ValueError(f"max_output_tokens must be 1..8 for model checking, got {self.max_output_tokens}")
+        known = set(load_spec("stream").params["policies"])
+        if not self.policies or not set(self.policies) <= known:
+            raise ValueError(f"policies must be a non-empty subset of {sorted(known)}, got {self.policies}")
+        if self.buffer_cap < 1:
+            raise ValueError(f"buffer_cap must be >= 1, got {self.buffer_cap}")
+
+
+class Machine:
+    """Integer dispatch of one table: `step[state][event] -> (target, is_row, reason index)`."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+        self.name = table.name
+        self.states = table.states
+        self.index = {s: i for i, s in enumerate(table.states)}
+        self.terminal = tuple(s in table.terminal for s in table.states)
+        self.step: tuple[dict[str, tuple[int, bool, int]], ...] = tuple(
+            {
+                e: (self.index[d.target], d.kind is DecisionKind.ROW, REASONS.index(FinishReason(d.reason)) if d.reason else 0)
+                for e in table.events
+                if (d := table.decision(s, e)).kind is not DecisionKind.REJECT
+            }
+            for s in table.states
+        )
+
+    def i(self, state: str) -> int:
+        return self.index[state]
+
+
+class Step:
+    """One local transition under construction: the fields it changes and the events it fires."""
+
+    __slots__ = ("m", "f", "fired", "bad", "pool", "needs_slot", "label", "dead")
+
+    def __init__(self, model: Model, comp: tuple[int, ...], label: str) -> None:
+        self.m = model
+        self.f = list(comp)
+        self.fired: list[tuple[str, str, str]] = []
+        self.bad: list[tuple[str, str, tuple[str, str, str] | None]] = []
+        self.pool = 0
+        self.needs_slot = False
+        self.label = label
+        self.dead = False
+
+    def fire(self, machine: str, event: str, field: int | None = None) -> int | None:
+        """Fire `event` on `machine` (resources: at `field`); None when the table refuses it."""
+        if self.dead:
+            return None
+        mach = self.m.machines[machine]
+        field = FIELD_OF[machine] if field is None else field
+        s = self.f[field]
+        name = machine if machine != "resources" else f"resources[{RESOURCE_KINDS[field - F_TH]}]"
+        self.fired.append((name, mach.states[s], event))
+        entry = mach.step[s].get(event)
+        if entry is None:
+            self.bad.append(("refinement", f"{name}: the loop fires '{event}' in {mach.states[s]} and the table refuses it", None))
+            self.dead = True
+            return None
+        target, is_row, reason = entry
+        if mach.terminal[s] and target != s:
+            self.bad.append(("terminal_irreversible", f"{name} left terminal state {mach.states[s]} on '{event}'", None))
+        self.f[field] = target
+        if machine == "lifecycle" and reason:
+            self.f[F_REASON] = reason
+        return target
+
+    # ---- helpers the loop steps share -----------------------------------------------------
+
+    def lc(self, event: str, *, overflow: bool = False) -> str | None:
+        """Fire a lifecycle event the way runner.fire/_terminate do: model resources are released
+        before a transition into a terminal state, and the terminal event follows at once (§4.3)."""
+        m = self.m.life
+        before = self.f[F_LC]
+        entry = m.step[before].get(event)
+        ends = entry is not None and m.terminal[entry[0]] and not m.terminal[before]
+        if ends:
+            for kind in MODEL_KINDS:
+                self.release(kind)
+        if event == "select":
+            self._select_checks()
+        target = self.fire("lifecycle", event)
+        if target is None:
+            return None
+        state = m.states[target]
+        if ends:
+            self.terminal_event(state, overflow)
+        return state
+
+    def _select_checks(self) -> None:
+        f = self.f
+        if self.m.life.states[f[F_LC]] == "CANCEL_REQUESTED":
+            self.bad.append(("no_select_after_cancel_observed", "a token is selected after the cancel was observed", None))
+        if REASONS[f[F_REASON]] == FinishReason.STOP_SEQUENCE or self.m.stop.states[f[F_SM]] in ("HIT", "DISCARDED"):
+            self.bad.append(("nothing_after_stop_hit", "a token is selected after the stop hit", None))
+
+    def terminal_event(self, state: str, overflow: bool) -> None:
+        event = "overflow" if overflow else STREAM_EVENT_OF.get(state, "fail")
+        self.fire("stream", event)
+        self.f[F_TERMS] += 1
+        self.f[F_PC] = P_CLOSE
+
+    def release(self, kind: str) -> None:
+        field = RES_FIELD[kind]
+        if self.m.res.states[self.f[field]] != "HELD":
+            return
+        target = self.fire("resources", "release", field)
+        if kind == "batch_slot" and target is not None:
+            self.pool += 1
+
+    def acquire(self, kind: str) -> None:
+        if kind == "batch_slot":
+            self.pool -= 1
+            self.needs_slot = True
+        self.fire("resources", "acquire", RES_FIELD[kind])
+
+    def send(self, ret: int) -> None:
+        """emit_delta_if_nonempty: hand the safe bytes to the stream, then continue at `ret`."""
+        self.f[F_PC] = P_SEND
+        self.f[F_RET] = ret
+
+    def after_lifecycle(self, state: str | None, *, default: int) -> None:
+        """Where the loop goes once the table has answered (the runtime reads its state)."""
+        if state is None or self.m.life.terminal[self.m.life.i(state)]:
+            return  # refused (branch dead) or terminal (terminal_event set P_CLOSE)
+        if state == "CANCEL_REQUESTED":
+            self.f[F_PC] = P_SAFE if self.f[F_KERNEL] == 0 else self.f[F_PC]
+        elif state == "DRAINING" and default in (P_TOP, P_CHECKS):
+            self.f[F_PC] = P_DRAIN
+        else:
+            self.f[F_PC] = default
+
+
+class Model:
+    """The local (one-request) transition relation over request tuples, for a set of tables."""
+
+    def __init__(self, tables: Mapping[str, Table] | None = None, config: ModelConfig | None = None) -> None:
+        tables = dict(tables or {})
+        unknown = set(tables) - set(MACHINES)
+        if unknown:
+            raise ValueError(f"unknown machine(s) {sorted(unknown)}; the checker uses {MACHINES}")
+        self.tables = {name: tables.get(name) or load_spec(name) for name in MACHINES}
+        self.machines = {name: Machine(t) for name, t in self.tables.items()}
+        self.life = self.machines["lifecycle"]
+        self.stream = self.machines["stream"]
+        self.res = self.machines["resources"]
+        self.stop = self.machines["stop_matcher"]
+        self.detok = self.machines["detokenizer"]
+        self.config = config or ModelConfig()
+        self._policy_names = self.config.policies
+
+    def initial(self) -> list[tuple[int, ...]]:
+        """One initial request per backpressure policy."""
+        base = [0] * 23
+        base[F_PC] = P_NEW
+        base[F_LC] = self.life.i(self.life.table.initial)
+        base[F_ST] = self.stream.i(self.stream.table.initial)
+        for f in RES_FIELD.values():
+            base[f] = self.res.i(self.res.table.initial)
+        base[F_SM] = self.stop.i(self.stop.table.initial)
+        base[F_DT] = self.detok.i(self.detok.table.initial)
+        out = []
+        for p in range(len(self._policy_names)):
+            base[F_POLICY] = p
+            out.append(tuple(base))
+        return out
+
+    def done(self, comp: tuple[int, ...]) -> bool:
+        return comp[F_PC] == P_DONE
+
+    def holds_slot(self, comp: tuple[int, ...]) -> bool:
+        return self.res.states[comp[F_BS]] == "HELD"
+
+    def waits_for_slot(self, comp: tuple[int, ...]) -> bool:
+        """At the queue, nothing pending to observe: only a free slot lets it go on (§4.1 QUEUED)."""
+        return comp[F_PC] == P_QUEUED and comp[F_CANCEL] != 1 and comp[F_DEADLINE] != 1
+
+    def used_slot(self, comp: tuple[int, ...]) -> bool:
+        return self.res.states[comp[F_BS]] == "RELEASED"
+
+    # ---- the transition relation -----------------------------------------------------------
+
+    def expand(self, comp: tuple[int, ...]) -> list[Step]:
+        """Every successor step of one request: the loop's choices and the environment's."""
+        out: list[Step] = []
+        self._loop(comp, out)
+        self._environment(comp, out)
+        return [s for s in out if s.fired or s.f != list(comp)]
+
+    def _new(self, comp, out, label) -> Step:
+        s = Step(self, comp, label)
+        out.append(s)
+        return s
+
+    def _loop(self, c: tuple[int, ...], out: list[Step]) -> None:
+        pc = c[F_PC]
+        if pc == P_NEW:
+            s = self._new(c, out, "loop: request created, stream resources acquired, response.start")
+            s.acquire("trace_handle")
+            s.acquire("stream_buffer")
+            s.fire("stream", "start")
+            s.f[F_PC] = P_CREATED
+        elif pc == P_CREATED:
+            if c[F_CANCEL] == 1:
+                s = self._new(c, out, "loop: cancel observed before admission")
+                s.f[F_CANCEL] = 2
+                s.after_lifecycle(s.lc("cancel"), default=P_SAFE)
+                return
+            s = self._new(c, out, "loop: admitted (enqueue)")
+            s.after_lifecycle(s.lc("enqueue"), default=P_QUEUED)
+            s = self._new(c, out, "loop: admission refused (prompt fills the context)")
+            s.lc("reject")
+        elif pc in (P_QUEUED, P_TOP):
+            self._check_point(c, out, pc)
+        elif pc == P_PREFILL:
+            self._kernel_end(c, out, "prefill_done", "prefill")
+        elif pc == P_DECODE:
+            self._kernel_end(c, out, "decode_done", "decode")
+        elif pc == P_CHECKS:
+            self._finish_checks(c, out)
+        elif pc == P_SEND:
+            self._send(c, out)
+        elif pc == P_SAFE:
+            s = self._new(c, out, "loop: safe point: tails discarded, model resources released, CANCELLED")
+            if not self.detok.terminal[c[F_DT]]:
+                s.fire("detokenizer", "discard")
+            s.lc("safe_point")
+        elif pc == P_DRAIN:
+            self._drain(c, out)
+        elif pc == P_DRAIN_HIT:
+            s = self._new(c, out, "loop: stop hit in the drained tail")
+            s.after_lifecycle(s.lc("stop_hit"), default=P_DRAIN_END)
+            s.fire("stop_matcher", "discard")
+        elif pc == P_FLUSH:
+            s = self._new(c, out, "loop: flush the held suffix")
+            held = self.stop.states[c[F_SM]] == "HOLDING"
+            s.fire("stop_matcher", "flush")
+            if held:
+                s.send(P_DRAIN_END)
+            else:
+                s.f[F_PC] = P_DRAIN_END
+        elif pc == P_DRAIN_END:
+            s = self._new(c, out, "loop: model resources released, FINISHED with the terminal event")
+            s.lc("complete")
+        elif pc == P_CLOSE:
+            s = self._new(c, out, "loop: stream resources released after the terminal event")
+            s.release("stream_buffer")
+            s.release("trace_handle")
+            s.f[F_PC] = P_DONE
+
+    def _check_point(self, c, out, pc) -> None:
+        """check_cancel_or_deadline (QUEUED) and the top of a decode step (§4.3, §4.9)."""
+        if c[F_CANCEL] == 1:
+            s = self._new(c, out, "loop: cancel observed at a check point")
+            s.f[F_CANCEL] = 2
+            s.after_lifecycle(s.lc("cancel"), default=P_SAFE)
+        elif c[F_DEADLINE] == 1:
+            s = self._new(c, out, "loop: deadline observed at a check point")
+            s.f[F_DEADLINE] = 2
+            s.after_lifecycle(s.lc("deadline"), default=P_DRAIN)
+        elif pc == P_QUEUED:
+            s = self._new(c, out, "loop: scheduled: prefill starts (slot, cache, RNG acquired)")
+            state = s.lc("schedule")
+            for kind in MODEL_KINDS:
+                s.acquire(kind)
+            s.f[F_KERNEL] = 1
+            s.after_lifecycle(state, default=P_PREFILL)
+        else:
+            self._select(c, out)
+
+    def _select(self, c, out) -> None:
+        """choose y_t, then EOS check, detokenizer push and stop matcher push (§4.3, §4.5, §4.6)."""
+        s = self._new(c, out, "loop: select EOS")
+        s.f[F_SEL] += 1
+        s.after_lifecycle(s.lc("select"), default=P_TOP)
+        s.f[F_EOS] = 1
+        s.after_lifecycle(s.lc("eos"), default=P_DRAIN)
+        for push in ("invalid", "hold", "emit"):
+            stops = ("clear", "hold", "hit") if push == "emit" else (None,)
+            for stop in stops:
+                for nonempty in ((True,) if stop == "clear" else (True, False) if stop else (False,)):
+                    label = f"loop: select a token: detokenizer {push}" + (
+                        f", stop matcher {stop}, safe bytes {'non-empty' if nonempty else 'empty'}" if stop else "")
+                    s = self._new(c, out, label)
+                    s.f[F_SEL] += 1
+                    if s.lc("select") is None:
+                        continue
+                    if push == "invalid":
+                        s.fire("detokenizer", "invalid")
+                        s.lc("decode_error")
+                        continue
+                    s.fire("detokenizer", push)
+                    if stop is not None:
+                        s.fire("stop_matcher", stop)
+                    if nonempty:
+                        s.send(P_CHECKS)
+                    else:
+                        s.f[F_PC] = P_CHECKS
+
+    def _finish_checks(self, c, out) -> None:
+        """After the token's delta: stop, length, then context/grammar/content checks (D4)."""
+        if self.stop.states[c[F_SM]] == "HIT":
+            s = self._new(c, out, "loop: stop hit: finish reason stop_sequence, tails discarded")
+            s.after_lifecycle(s.lc("stop_hit"), default=P_DRAIN_END)
+            s.fire("stop_matcher", "discard")
+            if not self.detok.terminal[s.f[F_DT]]:
+                s.fire("detokenizer", "discard")
+            return
+        if c[F_SEL] >= self.config.max_output_tokens:
+            s = self._new(c, out, "loop: max_output_tokens reached")
+            s.after_lifecycle(s.lc("length"), default=P_DRAIN)
+            return
+        s = self._new(c, out, "loop: no finish condition: decode starts")
+        s.f[F_KERNEL] = 2
+        s.f[F_PC] = P_DECODE
+        if not self.config.finish_conditions:
+            return
+        for event in ("context_full", "grammar_done"):
+            s = self._new(c, out, f"loop: {event}")
+            s.after_lifecycle(s.lc(event), default=P_DRAIN)
+        s = self._new(c, out, "loop: content policy interrupts: pending bytes discarded (D11)")
+        s.after_lifecycle(s.lc("content_interrupt"), default=P_DRAIN_END)
+        if not self.detok.terminal[s.f[F_DT]]:
+            s.fire("detokenizer", "discard")
+
+    def _kernel_end(self, c, out, done_event: str, what: str) -> None:
+        s = self._new(c, out, f"device: {what} kernel completes")
+        s.f[F_KERNEL] = 0
+        if what == "decode":
+            s.f[F_DEC] += 1
+        s.after_lifecycle(s.lc(done_event), default=P_TOP)
+        s = self._new(c, out, f"environment: model error in the {what} kernel")
+        s.f[F_KERNEL] = 0
+        s.after_lifecycle(s.lc("model_error"), default=P_TOP)
+
+    def _send(self, c, out) -> None:
+        """A delta waits to be queued on the stream: transport failure, backpressure, or sent (§4.8)."""
+        st = self.stream.states[c[F_ST]]
+        s = self._new(c, out, "environment: the send fails (transport error)")
+        s.lc("transport_error")
+        if st == "PAUSED":
+            return  # the producer waits for the reader (pause policy)
+        if c[F_BUF] < self.config.buffer_cap or st != "OPEN":
+            s = self._new(c, out, "loop: delta queued on the stream")
+            if c[F_TERMS] or self.stream.terminal[c[F_ST]]:
+                s.bad.append(("no_delta_after_terminal", "a delta is sent after the terminal event", None))
+            if REASONS[c[F_REASON]] == FinishReason.STOP_SEQUENCE:
+                s.bad.append(("nothing_after_stop_hit", "a delta is sent after the stop hit", None))
+            if s.fire("stream", "delta") is not None:
+                s.f[F_SEQ] += 1
+                s.f[F_BUF] += 1
+                s.f[F_PC] = c[F_RET]
+                if s.f[F_BUF] >= self.config.buffer_cap and self._policy_names[c[F_POLICY]] == "pause":
+                    s.fire("stream", "block")  # the buffer is at its cap: the producer pauses (§4.8)
+        else:
+            s = self._new(c, out, "loop: buffer full: overflow, FAILED with transport_error (D6)")
+            s.lc("transport_error", overflow=True)
+
+    def _drain(self, c, out) -> None:
+        """DRAINING: text.finish(), its bytes through the stop matcher, else flush (§4.3)."""
+        dt = self.detok.states[c[F_DT]]
+        if dt != "PENDING":
+            s = self._new(c, out, "loop: finish(): nothing pending")
+            if not self.detok.terminal[c[F_DT]]:
+                s.fire("detokenizer", "finish")
+            s.f[F_PC] = P_FLUSH
+            return
+        s = self._new(c, out, "loop: finish(): the tail is not valid text (decoding error)")
+        s.fire("detokenizer", "finish_invalid")
+        s.lc("decode_error")
+        for stop, nonempty in (("clear", True), ("hold", True), ("hold", False), ("hit", True), ("hit", False)):
+            s = self._new(c, out, f"loop: finish(): tail, stop matcher {stop}, safe bytes {'non-empty' if nonempty else 'empty'}")
+            s.fire("detokenizer", "finish")
+            s.fire("stop_matcher", stop)
+            nxt = P_DRAIN_HIT if stop == "hit" else P_FLUSH
+            if nonempty:
+                s.send(nxt)
+            else:
+                s.f[F_PC] = nxt
+
+    def _environment(self, c, out) -> None:
+        """Injections possible at any point: cancel, deadline, reader progress, disconnect (§4.7-§4.9)."""
+        life = self.life.states[c[F_LC]]
+        life_terminal = self.life.terminal[c[F_LC]]
+        parked = c[F_PC] == P_SEND and self.stream.states[c[F_ST]] == "PAUSED"
+        if c[F_CANCEL] == 0:
+            s = self._new(c, out, "environment: cancel requested")
+            s.f[F_CANCEL] = 1
+        elif c[F_CANCEL] == 1 and c[F_PC] not in (P_CREATED, P_QUEUED, P_TOP) and (
+            c[F_KERNEL] or life == "DRAINING" or life_terminal
+        ):
+            s = self._new(c, out, "scheduler: cancel observed while the loop is busy")
+            s.f[F_CANCEL] = 2
+            s.after_lifecycle(s.lc("cancel"), default=c[F_PC])
+        elif c[F_CANCEL] == 1 and parked and life == "DECODING":
+            s = self._new(c, out, "scheduler: cancel observed while the producer is parked; the unsent delta is dropped")
+            s.f[F_CANCEL] = 2
+            s.f[F_PC] = P_SAFE
+            s.after_lifecycle(s.lc("cancel"), default=P_SAFE)
+        elif c[F_CANCEL] == 2 and life == "CANCEL_REQUESTED":
+            s = self._new(c, out, "environment: the cancel is repeated")
+            s.f[F_CANCEL] = 3
+            s.lc("cancel")
+        if c[F_DEADLINE] == 0 and not life_terminal:
+            s = self._new(c, out, "environment: deadline passes")
+            s.f[F_DEADLINE] = 1
+        st = self.stream.states[c[F_ST]]
+        if c[F_BUF] and c[F_CONN] != 1:
+            s = self._new(c, out, "reader: reads one delta")
+            s.f[F_BUF] -= 1
+            if st == "PAUSED":
+                s.fire("stream", "unblock")
+        if c[F_CONN] == 0 and st != "NEW":
+            s = self._new(c, out, "transport: the client disconnects")
+            s.fire("stream", "disconnect")
+            s.f[F_CONN] = 1
+        elif c[F_CONN] == 1:
+            s = self._new(c, out, "transport: the client reconnects and replays from its last seq")
+            s.fire("stream", "reconnect")
+            s.fire("stream", "replay")
+            s.f[F_CONN] = 2
+
+    # ---- what is checked ---------------------------------------------------------------------
+
+    def state_violations(self, c: tuple[int, ...]) -> list[tuple[str, str, tuple[str, str, str] | None]]:
+        """State invariants of one request (scope "state"/"both" in spec/invariants.toml).
+
+        A third item names a step the tables would allow from here although they must refuse it
+        (a guard: the tables are the runtime's last line of defence against a wrong producer).
+        """
+        bad: list[tuple[str, str, tuple[str, str, str] | None]] = []
+        life, st = self.life.states[c[F_LC]], self.stream.states[c[F_ST]]
+        life_end, st_end = self.life.terminal[c[F_LC]], self.stream.terminal[c[F_ST]]
+        reason = REASONS[c[F_REASON]]
+        if life_end and st_end and STREAM_TERMINAL_OF.get(life) != st:
+            bad.append(("terminal_exclusive", f"lifecycle {life} but stream {st}", None))
+        if life_end != st_end and c[F_PC] != P_NEW:
+            bad.append(("terminal_with_transition", f"lifecycle {life} and stream {st}: one terminal without the other", None))
+        if c[F_TERMS] > 1:
+            bad.append(("single_terminal_event", f"{c[F_TERMS]} terminal events", None))
+        if c[F_PC] == P_DONE and c[F_TERMS] != 1:
+            bad.append(("single_terminal_event", "the request ended without a terminal event", None))
+        held = [k for k, f in RES_FIELD.items() if self.res.states[c[f]] == "HELD"]
+        if c[F_PC] == P_DONE and held:
+            bad.append(("no_leak", f"{held} still held at the end", None))
+        if life_end and set(held) & set(MODEL_KINDS):
+            bad.append(("model_released_before_terminal", f"{sorted(set(held) & set(MODEL_KINDS))} held in {life}", None))
+        if c[F_SEL] - c[F_DEC] not in (0, 1):
+            bad.append(("selected_minus_decoded_0_or_1", f"selected {c[F_SEL]}, decoded {c[F_DEC]}", None))
+        if c[F_KERNEL] == 2 and c[F_SEL] != c[F_DEC] + 1:
+            bad.append(("decode_after_selected", f"decode in flight with selected {c[F_SEL]}, decoded {c[F_DEC]}", None))
+        if life == "CANCELLED" and c[F_KERNEL]:
+            bad.append(("no_kernel_in_flight_at_cancelled", "CANCELLED with a kernel in flight", None))
+        if (life in ("CANCELLED", "CANCEL_REQUESTED") or reason == FinishReason.CANCELLED) and c[F_CANCEL] == 0:
+            bad.append(("cancelled_only_if_requested", f"{life} without a cancel request", None))
+        if c[F_DEADLINE] == 2 and reason == FinishReason.CANCELLED:
+            bad.append(("deadline_not_cancelled", "deadline observed, reason cancelled", None))
+        if reason == FinishReason.EOS and not c[F_EOS]:
+            bad.append(("transport_not_eos", "reason eos without an EOS token", None))
+        if life_end and reason not in REASONS_OF_STATE.get(life, ()):
+            bad.append(("finish_reason_matches_state", f"{life} with reason {reason}", None))
+        limit = self.config.max_output_tokens
+        if c[F_SEL] > limit or (reason == FinishReason.MAX_OUTPUT_TOKENS and c[F_SEL] != limit):
+            bad.append(("length_respected", f"{c[F_SEL]} selected, limit {limit}, reason {reason}", None))
+        if c[F_BUF] > self.config.buffer_cap:
+            bad.append(("stream_bounded", f"{c[F_BUF]} unread deltas, cap {self.config.buffer_cap}", None))
+        # guards: what the tables must refuse in this state
+        if life_end:
+            for e, (t, _, _) in self.life.step[c[F_LC]].items():
+                if t != c[F_LC]:
+                    bad.append(("terminal_irreversible", f"the lifecycle table lets '{e}' leave {life}", ("lifecycle", life, e)))
+                    break
+        if st_end and self.stream.step[c[F_ST]].get("delta", (0, False, 0))[1]:
+            bad.append(("no_delta_after_terminal", f"the stream table accepts a delta in {st}", ("stream", st, "delta")))
+        if life == "CANCEL_REQUESTED" and "select" in self.life.step[c[F_LC]]:
+            bad.append(("no_select_after_cancel_observed", "the lifecycle table accepts 'select' in CANCEL_REQUESTED",
+                        ("lifecycle", life, "select")))
+        return bad
+
+    def witnesses(self, pre: tuple[int, ...], post: tuple[int, ...], fired: list[tuple[str, str, str]]) -> list[str]:
+        """The sometimes-properties (WITNESSES) that this local step demonstrates."""
+        fs = set(fired)
+        moved = pre[F_LC] != post[F_LC]
+        return [
+            name for name, (_, trigger, pred) in WITNESSES.items()
+            if (trigger in fs if trigger else moved) and pred(self, pre, post)
+        ]
+
+
+def _ends(m: Model, post, state: str, *reasons: FinishReason) -> bool:
+    return m.life.states[post[F_LC]] == state and (not reasons or REASONS[post[F_REASON]] in reasons)
+
+
+def _always(m: Model, a, b) -> bool:
+    return True
+
+
+# name -> (anchor, trigger step or None, predicate(model, pre, post)). A trigger is a table step
+# the local step must fire; None means the step must change the lifecycle state.
+WITNESSES = {
+    "cancel_wins_over_completion": ("§4.9", None, lambda m, a, b: _ends(m, b, "CANCELLED") and a[F_SEL] >= 1),
+    "late_cancel_ignored_in_draining": ("§4.9", ("lifecycle", "DRAINING", "cancel"), _always),
+    "completion_wins_over_late_cancel": ("§4.9", None, lambda m, a, b: _ends(m, b, "FINISHED") and b[F_CANCEL] >= 2),
+    "stop_at_last_allowed_token": (
+        "§4.3", ("lifecycle", "DECODING", "stop_hit"), lambda m, a, b: a[F_SEL] == m.config.max_output_tokens),
+    "deadline_ends_deadline_exceeded": (
+        "§4.9", None, lambda m, a, b: _ends(m, b, "FINISHED", FinishReason.DEADLINE_EXCEEDED)),
+    "deadline_while_queued": ("§4.9", ("lifecycle", "QUEUED", "deadline"), _always),
+    "stop_spans_two_tokens": ("§4.6", ("stop_matcher", "HOLDING", "hit"), _always),
+    "stop_in_drained_tail": ("§4.3", ("lifecycle", "DRAINING", "stop_hit"), _always),
+    "decoding_error_at_finish_fails": (
+        "§4.3", ("detokenizer", "PENDING", "finish_invalid"), lambda m, a, b: _ends(m, b, "FAILED")),
+    "transport_error_fails": ("§4.10", None, lambda m, a, b: _ends(m, b, "FAILED", FinishReason.TRANSPORT_ERROR)),
+    "model_error_fails": ("§4.1", None, lambda m, a, b: _ends(m, b, "FAILED", FinishReason.MODEL_ERROR)),
+    "slow_reader_pauses_and_resumes": ("§4.8", ("stream", "PAUSED", "unblock"), _always),
+    "buffer_overflow_fails": ("§4.8", ("stream", "OPEN", "overflow"), _always),
+    "reconnect_then_finish": ("§4.7", None, lambda m, a, b: _ends(m, b, "FINISHED") and b[F_CONN] == 2),
+    "cancel_during_prefill_discarded": ("§4.9", ("lifecycle", "CANCEL_REQUESTED", "prefill_done"), _always),
+    "cancel_during_decode_discarded": ("§4.11", ("lifecycle", "CANCEL_REQUESTED", "decode_done"), _always),
+    "eos_on_first_token": ("§4.12", ("lifecycle", "DECODING", "eos"), lambda m, a, b: b[F_SEL] == 1),
+    "admission_refused": ("§4.1", ("lifecycle", "CREATED", "reject"), _always),
+}
+# Witnesses of the two-request configuration, over product states (§4.4 shared batch slots).
+POOL_WITNESSES = {
+    "request_waits_for_slot": "§4.1",
+    "slot_reused_after_release": "§4.10",
+}
