@@ -192,3 +192,131 @@ def test_cases_shard_across_xdist_workers():
     n = len(load_cases(["stop/", "finish/"]))
     assert f"{n} passed" in out.stdout
     assert "[gw0]" in out.stdout and "[gw1]" in out.stdout
+
+
+# ---- the openai adapter, against a tiny fake server and against `decodespec serve` ----------------
+
+FAKE_TEXT = ["Once", " upon", " a", " mid", "night", " dreary", ",", " while", " I", " ponder", "ed"]
+
+
+def _fake_app(*, leak_stops: bool):
+    """A deterministic OpenAI-style server: greedy text FAKE_TEXT, logprobs tokens, SSE; optionally buggy."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    async def completions(request):
+        body = await request.json()
+        if not isinstance(body.get("max_tokens"), int) or body["max_tokens"] < 1 or not isinstance(body.get("stop", []), (list, str)) \
+                or not isinstance(body.get("temperature", 0), (int, float)):
+            return JSONResponse({"error": {"message": "bad request"}}, status_code=400)
+        toks = FAKE_TEXT[: body["max_tokens"]]
+        reason = "length"
+        stops = body.get("stop") or []
+        text = "".join(toks)
+        hits = [(text.find(s) + len(s), -len(s), s) for s in ([stops] if isinstance(stops, str) else stops) if s in text]
+        if hits:  # earliest end, then longest (D3)
+            end, _, s = min(hits)
+            text = text[: end if leak_stops else end - len(s)]
+            reason = "stop"
+        usage = {"prompt_tokens": 3, "completion_tokens": len(toks), "total_tokens": 3 + len(toks)}
+        if not body.get("stream"):
+            return JSONResponse({"choices": [{"text": text, "finish_reason": reason, "logprobs": {"tokens": toks} if text == "".join(toks) else None}], "usage": usage})
+
+        async def sse():
+            sent = 0
+            for t in toks:
+                piece = text[sent: sent + len(t)]
+                if piece:
+                    yield f"data: {json.dumps({'choices': [{'text': piece, 'finish_reason': None}]})}\n\n"
+                sent += len(t)
+            yield f"data: {json.dumps({'choices': [{'text': '', 'finish_reason': reason}]})}\n\n"
+            if leak_stops:  # a second terminal chunk: the §4.7 bug
+                yield f"data: {json.dumps({'choices': [{'text': '', 'finish_reason': reason}]})}\n\n"
+            if (body.get("stream_options") or {}).get("include_usage"):
+                yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(sse(), media_type="text/event-stream")
+
+    async def models(request):
+        return JSONResponse({"data": [{"id": "fake"}]})
+
+    return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]), Route("/v1/models", models)])
+
+
+@pytest.fixture
+def fake_server():
+    import socket
+    import threading
+
+    import uvicorn
+
+    servers = []
+
+    def start(leak_stops: bool) -> str:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        server = uvicorn.Server(uvicorn.Config(_fake_app(leak_stops=leak_stops), port=port, log_level="error"))
+        threading.Thread(target=server.run, daemon=True).start()
+        for _ in range(200):
+            if server.started:
+                break
+            import time
+
+            time.sleep(0.02)
+        servers.append(server)
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for server in servers:
+        server.should_exit = True
+
+
+def test_openai_adapter_passes_a_conforming_fake_server(fake_server):
+    """§4.5-§4.7 black box: a server that cuts stops and frames SSE correctly passes the completions recipes."""
+    results = run_cases(adapter_for(f"openai:{fake_server(False)}"), [c for c in load_cases(["http/"]) if c.inputs.get("endpoint") != "chat"])
+    verdicts = {r.case.id: r.verdict for r in results}
+    assert verdicts["http/stop/cross-token/001"] is Verdict.PASS
+    assert verdicts["http/stream/terminal-once/001"] is Verdict.PASS
+    assert verdicts["http/stop/overlap/001"] is Verdict.PASS
+    assert not [r for r in results if r.failed], [(r.case.id, r.failures, r.reason) for r in results if r.failed]
+
+
+def test_openai_adapter_catches_stop_leak_and_double_terminal(fake_server):
+    """§4.6/§4.7: a server that returns the stop string and sends two finish chunks fails, invariants named."""
+    results = {r.case.id: r for r in run_cases(adapter_for(f"openai:{fake_server(True)}"),
+                                               load_cases(["http/stop/cross-token/001", "http/stream/terminal-once/001"]))}
+    assert results["http/stop/cross-token/001"].first_invariant == "stop_bytes_never_emitted"
+    assert results["http/stream/terminal-once/001"].first_invariant == "single_terminal_event"
+
+
+@pytest.mark.slow
+def test_openai_adapter_against_decodespec_serve():
+    """The project's own server (runtime/server.py) as a black-box peer: every MUST recipe passes or is skipped."""
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "decodespec", "serve", "--port", str(port)], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(300):
+            try:
+                httpx.get(f"{url}/v1/models", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        results = run_cases(adapter_for(f"openai:{url}"), load_cases(["http/"]))
+        assert not [r for r in results if r.verdict is Verdict.ERROR], [(r.case.id, r.reason) for r in results]
+        assert unexpected(results, None) == []
+        assert sum(r.verdict is Verdict.PASS for r in results) >= 8
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

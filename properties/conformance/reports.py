@@ -58,6 +58,7 @@ def to_json(results: Sequence[CaseResult], engine: str) -> dict[str, Any]:
                 "verdict": r.verdict.value, "first_violated_invariant": r.first_invariant,
                 "failures": [{"invariant": f.invariant, "message": f.message} for f in r.failures],
                 "not_checked": list(r.not_checked), "reason": r.reason, "seconds": round(r.seconds, 4),
+                "notes": list(r.observed.get("notes") or []),
                 "diagram": r.case.diagram, **({"reproducer": reproducer(r)} if r.failed else {}),
             }
             for r in results
