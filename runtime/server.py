@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -203,9 +204,16 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
         Route("/health", health, methods=["GET"]),
         Route("/openapi.json", openapi_json, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
     app.state.engine = engine
     return app
+
+
+async def _http_error(request: HttpRequest, exc: Exception) -> Response:
+    """Routing errors (unknown path, wrong method) in the same JSON error shape."""
+    status = getattr(exc, "status_code", 500)
+    return _error(ApiError(status, f"{request.method} {request.url.path}: {getattr(exc, 'detail', exc)}",
+                           code="not_found" if status == 404 else "invalid_request"))
 
 
 async def _follow(run: RequestRun, renderer: _Renderer, first: list[StreamEvent]) -> AsyncIterator[bytes]:
