@@ -1,0 +1,92 @@
+"""`decodespec spec validate|show` and `decodespec diagrams` (issue 2, item 6)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from decodespec.cli import default_diagrams_dir, main
+from decodespec.spec import MACHINES, DecisionKind, load_spec
+
+BROKEN = 'name = "x"\nanchor = "§4.1"\nspec_version = 1\nterminal = ["Z"]\nstates = ["Z"]\nevents = []\n'
+
+
+def _run(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_validate_passes_on_the_shipped_tables() -> None:
+    """All five tables load; the summary counts rows, ignores and rejections (§4.1 ... §4.10)."""
+    result = _run("spec", "validate")
+    assert result.exit_code == 0, result.output
+    for name in MACHINES:
+        assert name in result.stdout
+    assert "│ lifecycle    │ §4.1   │       1 │      9 │     19 │" in result.stdout
+    assert result.stdout.endswith("5 table(s) valid\n")
+
+
+def test_validate_file_reports_the_exact_error_and_fails(tmp_path) -> None:
+    """A broken table exits 1 with the loader's message naming file, entry and problem (DESIGN, spec/)."""
+    path = tmp_path / "x.toml"
+    path.write_text(BROKEN, encoding="utf-8")
+    result = _run("spec", "validate", "--file", str(path))
+    assert result.exit_code == 1
+    assert result.stderr == f"invalid table: {path}: header: missing key 'initial'\n"
+
+
+def test_validate_file_accepts_a_valid_table_file(repo_root) -> None:
+    """Any table file can be checked before it replaces a shipped one (DESIGN: researchers' use)."""
+    result = _run("spec", "validate", "--file", str(repo_root / "spec" / "stream.toml"))
+    assert result.exit_code == 0 and result.stdout.endswith("1 table(s) valid\n")
+
+
+def test_show_prints_every_decided_pair_and_every_rejection() -> None:
+    """The Markdown lists rows and ignores with anchors, then rejections grouped per state (§4.6)."""
+    table = load_spec("stop_matcher")
+    result = _run("spec", "show", "stop_matcher")
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    assert lines[0] == "# stop_matcher (§4.6)"
+    assert "| HOLDING | hit | row | HIT | emit_before_match |  | §4.6 |" in result.stdout
+    body = [ln for ln in lines if ln.startswith("| ") and not ln.startswith("| state")]
+    assert len(body) == sum(d.allowed for d in table.decisions.values())
+    assert "- **HIT**: `clear`, `hold`, `hit`, `flush`: the first hit is absorbing" in result.stdout
+    rejected = {(d.state, d.event) for d in table.decisions.values() if d.kind is DecisionKind.REJECT}
+    listed = {
+        (ln.split("**")[1], e.strip("`"))
+        for ln in lines if ln.startswith("- **")
+        for e in ln.split("**: ")[1].split(": ")[0].split(", ")
+    }
+    assert listed == rejected
+
+
+def test_show_refuses_an_unknown_machine() -> None:
+    """Only shipped machines can be shown by name (usage error, exit 2)."""
+    result = _run("spec", "show", "scheduler")
+    assert result.exit_code == 2 and "'scheduler' is not one of" in result.stderr
+
+
+def test_diagrams_writes_dot_and_svg_for_the_five_machines(tmp_path, repo_root) -> None:
+    """`decodespec diagrams --out DIR` writes what is committed in diagrams/ (DESIGN, diagrams/)."""
+    result = _run("diagrams", "--out", str(tmp_path))
+    assert result.exit_code == 0
+    expected = [tmp_path / f"{n}.{fmt}" for n in MACHINES for fmt in ("dot", "svg")]
+    assert result.stdout.splitlines() == [str(p) for p in expected]
+    for name in MACHINES:
+        assert (tmp_path / f"{name}.dot").read_bytes() == (repo_root / "diagrams" / f"{name}.dot").read_bytes()
+
+
+def test_default_diagrams_dir_is_the_checkouts_diagrams_folder(tmp_path, repo_root) -> None:
+    """From anywhere inside the checkout the default is its diagrams/; elsewhere ./diagrams."""
+    assert default_diagrams_dir(repo_root / "spec") == repo_root / "diagrams"
+    assert default_diagrams_dir(tmp_path) == tmp_path.resolve() / "diagrams"
+
+
+def test_python_dash_m_runs_the_cli() -> None:
+    """`python -m decodespec` is the same command line (packaging, issue 2 item 1)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "decodespec", "--version"], capture_output=True, text=True, check=True
+    )
+    assert out.stdout == "decodespec, version 0.1.0\n"

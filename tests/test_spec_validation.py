@@ -1,0 +1,170 @@
+"""The loader refuses every class of broken table with an exact message (DESIGN, spec/; §4.1).
+
+Each case edits one small valid table (A -go-> B -end-> Z) and asserts the full error text
+"<source>: <where>: <problem>".
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from decodespec.spec import MACHINES, SpecError, load_file, load_spec, load_text, spec_path
+
+SOURCE = "toy.toml"
+TOY = """\
+name = "toy"
+anchor = "§4.1"
+spec_version = 1
+initial = "A"
+terminal = ["Z"]
+states = ["A", "B", "Z"]
+events = ["go", "end"]
+
+[[row]]
+state = "A"
+event = "go"
+target = "B"
+action = "move"
+anchor = "§4.1"
+
+[[reject]]
+state = "A"
+events = ["end"]
+note = "nothing to end yet"
+
+[[row]]
+state = "B"
+event = "end"
+target = "Z"
+action = "finish"
+anchor = "§4.1"
+
+[[ignore]]
+state = "B"
+event = "go"
+
+[[reject]]
+state = "Z"
+events = ["go", "end"]
+note = "terminal states are irreversible"
+"""
+
+_ROW_GO = 'state = "A"\nevent = "go"\ntarget = "B"\n'
+_REASONS = (
+    "['cancelled', 'content_interrupted', 'context_limit', 'deadline_exceeded', 'eos', "
+    "'grammar_complete', 'max_output_tokens', 'model_error', 'stop_sequence', 'transport_error']"
+)
+
+
+def _edit(*pairs: tuple[str, str]) -> str:
+    text = TOY
+    for old, new in pairs:
+        assert old in text, f"the toy table has no {old!r}"
+        text = text.replace(old, new, 1)
+    return text
+
+
+# A state C that the graph can reach (B -go-> C) but that never leaves (C -go-> C).
+_STUCK = (
+    ('states = ["A", "B", "Z"]', 'states = ["A", "B", "C", "Z"]'),
+    ('[[ignore]]\nstate = "B"\nevent = "go"\n', '[[row]]\nstate = "B"\nevent = "go"\ntarget = "C"\naction = "park"\nanchor = "§4.1"\n'
+     '\n[[row]]\nstate = "C"\nevent = "go"\ntarget = "C"\naction = "spin"\nanchor = "§4.1"\n'
+     '\n[[reject]]\nstate = "C"\nevents = ["end"]\n'),
+)
+
+CASES = {
+    "unknown target": (
+        _edit((_ROW_GO, _ROW_GO.replace('"B"', '"Q"'))),
+        "toy.toml: row 1: unknown target 'Q' in (A, go)",
+    ),
+    "unreachable state": (
+        _edit(('states = ["A", "B", "Z"]', 'states = ["A", "B", "C", "Z"]'),
+              ('[[reject]]\nstate = "Z"', '[[reject]]\nstate = "C"\nevents = ["go", "end"]\n\n[[reject]]\nstate = "Z"')),
+        "toy.toml: state C: unreachable state C: no row leads to it from A",
+    ),
+    "non-terminal state cannot reach a terminal": (
+        _edit(*_STUCK),
+        "toy.toml: state C: non-terminal state C cannot reach a terminal state",
+    ),
+    "undeclared event": (
+        _edit((_ROW_GO, _ROW_GO.replace('"go"', '"jump"'))),
+        "toy.toml: row 1: undeclared event 'jump' in (A, jump)",
+    ),
+    "undeclared state": (
+        _edit(('[[ignore]]\nstate = "B"', '[[ignore]]\nstate = "Q"')),
+        "toy.toml: ignore 1: undeclared state 'Q'",
+    ),
+    "undeclared initial state": (
+        _edit(('initial = "A"', 'initial = "START"')),
+        "toy.toml: initial: undeclared state 'START'",
+    ),
+    "row out of a terminal state": (
+        _edit(('events = ["go", "end"]\nnote = "terminal', 'events = ["end"]\nnote = "terminal'),
+              ("[[ignore]]", '[[row]]\nstate = "Z"\nevent = "go"\ntarget = "A"\naction = "revive"\nanchor = "§4.1"\n\n[[ignore]]')),
+        "toy.toml: row 3: row out of terminal state Z on 'go': terminal states are irreversible",
+    ),
+    "duplicate pair": (
+        _edit(("[[ignore]]", '[[ignore]]\nstate = "A"\nevent = "go"\n\n[[ignore]]')),
+        "toy.toml: ignore 1: duplicate pair (A, go), first decided in row 1",
+    ),
+    "undecided pair": (
+        _edit(('[[reject]]\nstate = "A"\nevents = ["end"]\nnote = "nothing to end yet"\n', "")),
+        "toy.toml: state A: undecided pair (A, end): add a row, an ignore or a reject",
+    ),
+    "unknown finish reason": (
+        _edit(('action = "finish"\n', 'action = "finish"\nreason = "timeout"\n')),
+        f"toy.toml: row 2: unknown finish reason 'timeout' (§4.10 lists {_REASONS})",
+    ),
+    "missing header key": (
+        _edit(('initial = "A"\n', "")),
+        "toy.toml: header: missing key 'initial'",
+    ),
+    "TOML syntax error": (
+        _edit(('spec_version = 1', 'spec_version 1')),
+        "toy.toml: syntax: Expected '=' after a key in a key/value pair (at line 3, column 14)",
+    ),
+}
+
+
+def test_the_toy_table_itself_is_valid() -> None:
+    """The base of every broken case loads: each case breaks exactly one thing (§4.1)."""
+    table = load_text(TOY, source=SOURCE)
+    assert (table.initial, table.terminal, table.decision("B", "go").kind.value) == ("A", ("Z",), "ignore")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_broken_table_is_refused_with_the_exact_message(case: str) -> None:
+    """Every validation class names the source, the entry and the problem (DESIGN, spec/; §4.1)."""
+    text, message = CASES[case]
+    with pytest.raises(SpecError) as info:
+        load_text(text, source=SOURCE)
+    assert str(info.value) == message
+    assert (info.value.source, f"{info.value.source}: {info.value.where}: {info.value.problem}") == (SOURCE, message)
+
+
+def test_load_file_names_the_file_in_the_error(tmp_path) -> None:
+    """A table loaded from disk is reported under its path (DESIGN, spec/)."""
+    path = tmp_path / "broken.toml"
+    path.write_text(CASES["missing header key"][0], encoding="utf-8")
+    with pytest.raises(SpecError, match=r"^.*broken\.toml: header: missing key 'initial'$") as info:
+        load_file(path)
+    assert info.value.source == str(path)
+
+
+def test_unknown_machine_name_is_refused() -> None:
+    """Only the five shipped machines have packaged tables (DESIGN, spec/)."""
+    with pytest.raises(SpecError) as info:
+        load_spec("scheduler")
+    assert str(info.value) == (
+        "scheduler: name: no such machine; known: lifecycle, stop_matcher, detokenizer, stream, resources"
+    )
+
+
+@pytest.mark.parametrize("name", MACHINES)
+def test_shipped_table_validates_and_decides_every_pair(name: str) -> None:
+    """Each shipped table loads, carries spec_version, and decides every (state, event) pair (§4.1)."""
+    table = load_spec(name)
+    assert table.name == name and isinstance(table.spec_version, int) and table.spec_version >= 1
+    assert "spec_version" in spec_path(name).read_text(encoding="utf-8")
+    assert len(table.decisions) == len(table.states) * len(table.events)
+    assert table.anchor.startswith("§4.")
