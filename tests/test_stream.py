@@ -83,14 +83,15 @@ def test_terminal_seq_is_zero_without_deltas():
 
 
 def test_trace_records_start_deltas_and_terminal():
-    """§4.7 and the trace contract: response.start, response.delta(seq, bytes), one terminal."""
+    """§4.7 and the trace contract: response.start, response.delta(seq, bytes) with the buffer
+    occupancy after it (§4.8, for the stream_bounded monitor), one terminal."""
     trace = Trace("r1")
     s = started(trace=trace)
     s.delta(b"hi")
     s.fail("model_error", {"n": 1}, error="decoding_error: bad tail")
     assert [(e.kind, dict(e.data)) for e in trace] == [
         (EventKind.RESPONSE_START, {"model": "tiny"}),
-        (EventKind.RESPONSE_DELTA, {"seq": 0, "bytes": b"hi"}),
+        (EventKind.RESPONSE_DELTA, {"seq": 0, "bytes": b"hi", "unread_events": 1, "unread_bytes": 2}),
         (
             EventKind.RESPONSE_FAILED,
             {"seq": 1, "finish_reason": "model_error", "usage": {"n": 1}, "error": "decoding_error: bad tail"},
@@ -360,6 +361,25 @@ def test_overflow_fails_with_transport_error_and_drops_nothing(policy, kw, chunk
         s.complete("eos")
 
 
+@pytest.mark.parametrize(
+    "policy, kw, chunks, fits",
+    [
+        ("buffer", {"max_bytes": 4}, [b"abc"], {1: True, 2: False}),
+        ("fail", {"max_events": 2}, [b"a", b"b"], {1: False}),
+        ("pause", {"max_events": 1}, [b"a"], {1: True, 100: True}),
+    ],
+)
+def test_fits_predicts_an_overflow_without_changing_anything(policy, kw, chunks, fits):
+    """§4.8 (DECISIONS D6): `fits(n)` says whether a delta of n bytes would be taken (pause always
+    takes, it waits instead), so a producer can end its own lifecycle first; asking changes nothing."""
+    s = started(policy=policy, **kw)
+    for c in chunks:
+        s.delta(c)
+    before = (s.state, s.unread, len(s.events))
+    assert {n: s.fits(n) for n in fits} == fits
+    assert (s.state, s.unread, len(s.events)) == before
+
+
 @pytest.mark.parametrize("policy", ["buffer", "fail"])
 def test_slow_reader_never_blocks_buffer_or_fail(policy):
     """§4.8: buffer and fail never make the producer wait: a reader that reads nothing meets an
@@ -492,6 +512,7 @@ class StreamMachine(RuleBasedStateMachine):
             room = nbytes + len(data) <= self.max_bytes
         else:
             room = n < self.max_events
+        assert self.s.fits(len(data)) == (room or self.policy == "pause")
         seq = self.next_seq()
         if room:
             assert self.s.delta(data) == seq
