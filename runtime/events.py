@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import json
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TextIO
@@ -99,23 +100,29 @@ def _jsonable(v: Any) -> Any:
 
 
 class Trace:
-    """Append-only event log of one request; `emit` is the only writer."""
+    """Append-only event log of one request; `emit` is the only writer.
 
-    __slots__ = ("request_id", "events", "_clock", "_listeners")
+    Index and append happen under one lock, so a cancel logged from another thread never shares an
+    index with the loop's own event (the listeners run outside it: they may emit in turn).
+    """
+
+    __slots__ = ("request_id", "events", "_clock", "_listeners", "_lock")
 
     def __init__(self, request_id: str, clock=time.monotonic) -> None:
         self.request_id = request_id
         self.events: list[Event] = []
         self._clock = clock
         self._listeners: list = []
+        self._lock = threading.Lock()
 
     def subscribe(self, fn) -> None:
         """Call `fn(event)` for every later event (the CLI's --events, the fault injector)."""
         self._listeners.append(fn)
 
     def emit(self, kind: str, /, **data: Any) -> Event:
-        ev = Event(kind, self.request_id, len(self.events), self._clock(), data)
-        self.events.append(ev)
+        with self._lock:
+            ev = Event(kind, self.request_id, len(self.events), self._clock(), data)
+            self.events.append(ev)
         for fn in self._listeners:
             fn(ev)
         return ev
