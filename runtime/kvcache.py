@@ -102,8 +102,8 @@ class KVCache:
             return
         cap = min(self.max_length, max(need, 2 * self.capacity, 16))
         shape = (cap, self.n_layers, self.n_kv_heads, self.head_dim)
-        k = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        k = torch.empty(shape, dtype=self.dtype, device=self.device)  # only [:length] is ever read
+        v = torch.empty(shape, dtype=self.dtype, device=self.device)
         if self.length:
             k[: self.length] = self.k[: self.length]
             v[: self.length] = self.v[: self.length]
