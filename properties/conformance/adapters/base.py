@@ -84,6 +84,14 @@ def missing_capabilities(adapter: Adapter, case: Case) -> str | None:
     return f"{adapter.name} cannot run {'; '.join(CAPABILITY_TEXT.get(m, m) for m in missing)}"
 
 
+def unsupported_on(adapter: Adapter, case: Case, kind: str | None) -> str | None:
+    """`unsupported` for an engine with one tokenizer of fixture shape `kind`."""
+    missing = missing_capabilities(adapter, case)
+    if missing is None and case.fixture != kind:
+        return f"the case's tokenizer is {case.fixture}; {adapter.name} runs a {kind} tokenizer"
+    return missing
+
+
 # ---- tokenizers and scripts of script cases ----------------------------------------------------
 
 

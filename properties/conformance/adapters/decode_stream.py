@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ....runtime.tokenizers import HFTokenizer
 from ..cases import Case
-from .base import Outcome, case_prompt, case_script, missing_capabilities, tokenizer_kind
+from .base import Outcome, case_prompt, case_script, tokenizer_kind, unsupported_on
 
 CAPABILITIES = frozenset({"forced_script", "fixture_tokenizer", "length_limit", "stream", "errors"})
 
@@ -29,10 +29,7 @@ class DecodeStreamAdapter:
         self.name = f"decode-stream[{self.kind or Path(tokenizer_json).name}]"
 
     def unsupported(self, case: Case) -> str | None:
-        missing = missing_capabilities(self, case)
-        if missing is None and case.fixture != self.kind:
-            return f"the case's tokenizer is {case.fixture}; this DecodeStream runs a {self.kind} tokenizer"
-        return missing
+        return unsupported_on(self, case, self.kind)
 
     def run(self, case: Case) -> Outcome:
         from tokenizers.decoders import DecodeStream

@@ -16,7 +16,7 @@ from typing import Any
 from ....runtime.events import Event, EventKind
 from ....runtime.tokenizers import HFTokenizer
 from ..cases import Case
-from .base import Outcome, case_prompt, case_script, missing_capabilities, tokenizer_kind
+from .base import Outcome, case_prompt, case_script, tokenizer_kind, unsupported_on
 
 CAPABILITIES = frozenset({"forced_script", "fixture_tokenizer", "stop_strings", "eos", "length_limit", "stream", "errors"})
 
@@ -38,10 +38,7 @@ class HFAdapter:
         self._lock = threading.Lock()  # one generate at a time on the shared model
 
     def unsupported(self, case: Case) -> str | None:
-        missing = missing_capabilities(self, case)
-        if missing is None and case.fixture != self.kind:
-            return f"the case's tokenizer is {case.fixture}; the checkpoint's is {self.kind}"
-        return missing
+        return unsupported_on(self, case, self.kind)
 
     def run(self, case: Case) -> Outcome:
         import torch
