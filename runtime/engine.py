@@ -482,7 +482,13 @@ class Engine:
         ready: list[_Entry] = []
         for e in list(self._resident):
             run = e.run
-            if run.state == "DECODING" and not run.check_point():
+            decoding = run.state == "DECODING"
+            if decoding and run.check_point():
+                if not self._blocked(e):  # the common case: straight to select
+                    e.detached_since = None
+                    ready.append(e)
+                    continue
+            elif decoding:
                 moved = True
             if self._blocked(e):
                 moved = self._parked(e, now) or moved
@@ -567,7 +573,8 @@ class Engine:
             else:
                 run.end_decode(row)
                 self._decoded += 1
-            self._settle(e)
+            if run.state != "DECODING":
+                self._settle(e)
 
     def _decode_alone(self, cache: Any, token: int, length: int, batch_exc: Exception, size: int) -> Any:
         if size == 1 or cache.length != length:

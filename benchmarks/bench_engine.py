@@ -1,0 +1,114 @@
+"""Engine tokens/s against a bare loop of the same model forward (§4.4; DESIGN "Performance").
+
+For batch sizes 1, 8, 32 and 64, the same B prompts produce the same number of tokens two ways:
+- bare: `prefill_batch`, then STEPS x (`decode_one` over the batch + greedy argmax): no semantics;
+- engine: B greedy Requests of STEPS + 1 output tokens through `Engine.run_until_idle()` (the full
+  §4.3 semantics per token: lifecycle table, detokenizer, stop matcher, ordered stream, ledger,
+  trace), which runs the same prefill and STEPS decode steps.
+EOS is disabled (a tokenizer view without eos_id) so both produce exactly B x STEPS decoded tokens.
+Several rounds, the median time of each is reported as tokens/s and the ratio engine/bare per batch
+size (target >= 0.9 at batch 32). Wall time is the figure; the ratio of CPU time (process_time) is
+printed beside it because on a shared, loaded machine it is far less disturbed by other processes.
+
+Run: .venv/bin/python benchmarks/bench_engine.py [--rounds N] [--threads N] [--device cpu|cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from decodespec.runtime import Request
+from decodespec.runtime.engine import Engine
+from decodespec.runtime.tinylm import ASSETS, TinyLM
+from decodespec.runtime.tokenizers import HFTokenizer
+
+BATCHES = (1, 8, 32, 64)
+STEPS = 64
+
+
+class _NoEos:
+    """The tokenizer with EOS switched off, so every run produces exactly its token budget."""
+
+    eos_id = None
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+TEXTS = ("Once upon a time", "The quick brown fox", "In the beginning there was", "She said that the",
+         "A long time ago, in a small town,", "Tomorrow we will", "The answer is", "Here is a short story about")
+
+
+def _prompts(tok: Any, b: int) -> list[list[int]]:
+    return [tok.encode(f"{TEXTS[i % len(TEXTS)]} {i}") for i in range(b)]
+
+
+def _sync(model: TinyLM) -> None:
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def bare(model: TinyLM, prompts: list[list[int]]) -> tuple[float, float]:
+    t0, c0 = time.perf_counter(), time.process_time()
+    logits, caches = model.prefill_batch(prompts)
+    for _ in range(STEPS):
+        logits = model.decode_one(caches, logits.argmax(dim=-1).tolist())
+    _sync(model)
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def engine(model: TinyLM, tok: Any, prompts: list[list[int]]) -> tuple[float, float]:
+    eng = Engine(model, tok, max_batch=len(prompts))
+    t0, c0 = time.perf_counter(), time.process_time()
+    runs = [eng.submit(Request(p, max_output_tokens=STEPS + 1, max_buffer_events=STEPS + 8)) for p in prompts]
+    eng.run_until_idle()
+    _sync(model)
+    dt, dc = time.perf_counter() - t0, time.process_time() - c0
+    bad = [r.error or r.reason for r in runs if r.reason.value != "max_output_tokens" or r.decoded != STEPS]
+    assert not bad, bad[:3]
+    return dt, dc
+
+
+def run(rounds: int = 5, device: str = "cpu") -> dict[str, Any]:
+    model = TinyLM.default(device=device)
+    tok = _NoEos(HFTokenizer(ASSETS / "tokenizer.json"))
+    out: dict[str, Any] = {"steps": STEPS, "device": device, "threads": torch.get_num_threads(), "batches": {}}
+    for b in BATCHES:
+        prompts = _prompts(tok, b)
+        bare(model, prompts), engine(model, tok, prompts)  # warm-up
+        t_bare, t_eng = [], []
+        for _ in range(rounds):  # interleaved, so both see the same machine load
+            t_bare.append(bare(model, prompts))
+            t_eng.append(engine(model, tok, prompts))
+        (mb, cb), (me, ce) = ([statistics.median(x) for x in zip(*t)] for t in (t_bare, t_eng))
+        out["batches"][b] = {"bare_tok_s": b * STEPS / mb, "engine_tok_s": b * STEPS / me, "ratio": mb / me,
+                             "cpu_ratio": cb / ce}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    res = run(args.rounds, args.device)
+    print(f"engine vs bare forward, {res['steps']} decode steps, device {res['device']}, "
+          f"{res['threads']} threads, median of {args.rounds} rounds")
+    print(f"{'batch':>6} {'bare tok/s':>12} {'engine tok/s':>13} {'ratio':>7} {'cpu ratio':>10}")
+    for b, r in res["batches"].items():
+        print(f"{b:>6} {r['bare_tok_s']:>12.0f} {r['engine_tok_s']:>13.0f} {r['ratio']:>7.2f} {r['cpu_ratio']:>10.2f}")
+
+
+if __name__ == "__main__":
+    main()
