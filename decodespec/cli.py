@@ -160,3 +160,6 @@ main.add_command(conform)
 from .cli_serve import serve  # noqa: E402
 
 main.add_command(serve)
+from .cli_check import check  # noqa: E402
+
+main.add_command(check)

@@ -161,3 +161,39 @@ def test_bad_model_bounds_are_refused():
         ModelConfig(policies=("drop",))
     with pytest.raises(ValueError, match="max_output_tokens"):
         ModelConfig(max_output_tokens=0)
+
+
+def test_cli_check_passes_on_the_shipped_tables():
+    """`decodespec check --json` exhausts the one-request model and exits 0 (issue 5 item 3)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from decodespec.cli import main
+
+    result = CliRunner().invoke(main, ["check", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["violations"] == [] and data["missing_witnesses"] == [] and data["states"] > 10_000
+
+
+def test_cli_check_reports_a_changed_table_and_draws_it(tmp_path):
+    """--table checks a researcher's modified lifecycle (DECODING cancel straight to CANCELLED, no
+    safe point, §4.9): exit 1, the counterexample printed and drawn with --draw."""
+    from click.testing import CliRunner
+
+    from decodespec.cli import main
+    from decodespec.spec.loader import spec_path
+
+    text = spec_path("lifecycle").read_text(encoding="utf-8")
+    row = 'state = "DECODING"\nevent = "cancel"\ntarget = "CANCEL_REQUESTED"\naction = "observe_cancel"'
+    assert row in text
+    changed = tmp_path / "lifecycle.toml"
+    changed.write_text(text.replace(row, row.replace('target = "CANCEL_REQUESTED"', 'target = "CANCELLED"\nreason = "cancelled"')),
+                       encoding="utf-8")
+    out = tmp_path / "draw"
+    result = CliRunner().invoke(main, ["check", "--table", str(changed), "--draw", str(out)])
+    assert result.exit_code == 1
+    assert "no_kernel_in_flight_at_cancelled" in result.output
+    dot = (out / "counterexample_no_kernel_in_flight_at_cancelled_lifecycle.dot").read_text()
+    assert "DECODING" in dot and "cancel" in dot
