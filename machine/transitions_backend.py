@@ -69,6 +69,16 @@ class TransitionsMachine:
         return self._model.state
 
     @property
+    def machine(self) -> transitions.Machine:
+        """The underlying `transitions` machine, e.g. to add the library's own callbacks."""
+        return self._machine
+
+    @property
+    def model(self) -> object:
+        """The model object the machine drives (its `state` attribute is the current state)."""
+        return self._model
+
+    @property
     def terminal(self) -> bool:
         return self.table.is_terminal(self._model.state)
 
