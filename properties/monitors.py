@@ -601,7 +601,13 @@ def _detok_concat_equals_batch(rt: RequestTrace):
     if hit is not None and hit.data.get("kind") == "token_ids":
         ids = ids[: len(ids) - len(hit.data.get("stop", ()))]
     tok = rt.tokenizer
-    full = tok.decode_bytes(ids) if hasattr(tok, "decode_bytes") else tok.decode(ids).encode("utf-8")
+    prompt = list(rt.created.get("prompt_ids", ()))
+    # DECISIONS D12: the output is decode(prompt + output) minus decode(prompt), as bytes.
+    whole, head = _decode(tok, prompt + ids), _decode(tok, prompt)
+    if not whole.startswith(head):
+        yield rt.terminal.index, f"decode(prompt) {head[-20:]!r} is not a prefix of decode(prompt + output)"
+        return
+    full = whole[len(head):]
     if hit is not None and hit.data.get("kind") != "token_ids":
         full = _cut_at_stop(full, [s.encode("utf-8") for s in rt.created.get("stop", ()) if s])
     out = rt.output
@@ -609,6 +615,10 @@ def _detok_concat_equals_batch(rt: RequestTrace):
     if (out != full) if exact else not full.startswith(out):
         relation = "equal" if exact else "be a prefix of"
         yield rt.terminal.index, f"streamed {out[:60]!r}... must {relation} the batch decode {full[:60]!r}..."
+
+
+def _decode(tok: Any, ids: list[int]) -> bytes:
+    return tok.decode_bytes(ids) if hasattr(tok, "decode_bytes") else tok.decode(ids).encode("utf-8")
 
 
 def _cut_at_stop(data: bytes, stops: list[bytes]) -> bytes:

@@ -1,6 +1,10 @@
 """pytest plugin: every conformance case as a test item (issue 7 item 3).
 
-    pytest -p decodespec.properties.pytest_plugin --decodespec-engine=reference --decodespec-only -n 2
+    pytest -p decodespec --decodespec-engine=reference --decodespec-only -n 2
+
+The plugin is registered as the `decodespec` pytest11 entry point, so it loads with the package
+(`-p decodespec` only loads it early; `-p no:decodespec` turns it off). It does nothing unless
+`--decodespec-engine` is given.
 
 Options: `--decodespec-engine` (as `decodespec conform --engine`), `--decodespec-model`,
 `--decodespec-select PREFIX` (repeatable), `--decodespec-only` (drop the project's other tests).

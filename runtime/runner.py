@@ -21,7 +21,7 @@ import torch
 from ..machine import compiled
 from ..spec import FinishReason, load_spec
 from .detokenizer import DecodingError, IncrementalDetokenizer
-from .errors import ModelError
+from .errors import ModelError, RequestError
 from .events import EventKind, Trace
 from .faults import FaultAction, FaultPlan
 from .ledger import ResourceLedger
@@ -30,6 +30,7 @@ from .result import Result, Usage
 from .sampling import Sampler, SamplingParams
 from .stop import StopMatcher, TokenStopMatcher
 from .stream import OVERFLOW_ERROR, OrderedStream, StreamOverflow
+from .tokenizers import TokenizerError
 
 _LIFECYCLE = load_spec("lifecycle")
 # (state, event) -> the finish reason the row fixes, straight from the table.
@@ -83,6 +84,10 @@ class RequestRun:
         self.prompt_ids: list[int] = (
             tokenizer.encode(request.prompt) if isinstance(request.prompt, str) else list(request.prompt)
         )
+        try:  # a prompt id the tokenizer cannot decode is bad input: nothing starts (D9)
+            tokenizer.decode_bytes(self.prompt_ids)
+        except TokenizerError as exc:
+            raise RequestError("prompt", str(exc)) from None
         self.eos_id: int | None = tokenizer.eos_id
         self.detok = IncrementalDetokenizer(tokenizer, prompt_ids=self.prompt_ids)
         self.stopper = StopMatcher(request.stop)
@@ -122,6 +127,7 @@ class RequestRun:
         self.trace.emit(
             EventKind.REQUEST_CREATED,
             prompt_tokens=len(self.prompt_ids),
+            prompt_ids=self.prompt_ids,
             stop=list(request.stop),
             stop_token_ids=[list(s) for s in request.stop_token_ids],
             max_output_tokens=request.max_output_tokens,
@@ -154,18 +160,19 @@ class RequestRun:
         """Fire a lifecycle event; log it (§4.12) and apply the row's reason and action."""
         before = self.life.state
         action, after = self.life.fire(event)
-        reason = _REASONS.get((before.value, event))
+        key = (before._value_, event)  # _value_: a plain attribute, cheaper than .value per token
+        reason = _REASONS.get(key)
         if reason is not None:
             self.reason = reason
         if action == "observe_cancel":
-            self.trace.emit(EventKind.CANCEL_OBSERVED, state=before.value)
+            self.trace.emit(EventKind.CANCEL_OBSERVED, state=key[0])
         if after is not before:
             self.trace.emit(
-                EventKind.LIFECYCLE, **{"from": before.value}, to=after.value, event=event,
+                EventKind.LIFECYCLE, **{"from": key[0]}, to=after._value_, event=event,
                 action=action, reason=reason.value if reason else None, **data,
             )
-        elif (before.value, event) in _IGNORED:
-            self.trace.emit(EventKind.LIFECYCLE_IGNORED, state=before.value, event=event, action=action)
+        elif key in _IGNORED:
+            self.trace.emit(EventKind.LIFECYCLE_IGNORED, state=key[0], event=event, action=action)
         return action
 
     # ---- requests from other threads ------------------------------------------------------
@@ -315,13 +322,12 @@ class RequestRun:
         if not new:
             return True
         safe, _hit = self.stopper.push(new)
-        held = bool(self.stopper.held)
-        now = self.clock()
-        if self._held_since is not None and not held:
-            self._t["stop_buffer"] += now - self._held_since
+        if self.stopper.held:  # the clock is read only when holding starts or ends
+            if self._held_since is None:
+                self._held_since = self.clock()
+        elif self._held_since is not None:
+            self._t["stop_buffer"] += self.clock() - self._held_since
             self._held_since = None
-        elif held and self._held_since is None:
-            self._held_since = now
         policy = self.request.content_policy
         if safe and policy is not None and policy(bytes(self.output), safe):
             self.fire("content_interrupt")
@@ -332,19 +338,21 @@ class RequestRun:
         """stream.emit_delta_if_nonempty (§4.3); a failed send ends the request (§4.10)."""
         if not data:
             return True
-        seq = self.stream.next_seq
-        if FaultAction.TRANSPORT_ERROR in self.faults.at("response.delta", seq):
-            self.trace.emit(EventKind.FAULT_INJECTED, point="response.delta", step=seq, action="transport_error")
-            return self._send_failed(seq, "injected send failure")
-        if not self.stream.fits(len(data)):
-            return self._send_failed(seq, OVERFLOW_ERROR, overflow=data)
+        stream = self.stream
+        if self.faults.faults:  # no scan of the plan on the per-token path when there are no faults
+            seq = stream.next_seq
+            if FaultAction.TRANSPORT_ERROR in self.faults.at("response.delta", seq):
+                self.trace.emit(EventKind.FAULT_INJECTED, point="response.delta", step=seq, action="transport_error")
+                return self._send_failed(seq, "injected send failure")
+        if not stream.fits(len(data)):
+            return self._send_failed(stream.next_seq, OVERFLOW_ERROR, overflow=data)
         t0 = self.clock()
         try:
-            self.stream.delta(data)
+            stream.delta(data)
         except StreamOverflow as exc:  # a paused send waited past the stream's pause timeout (D5)
-            return self._send_failed(seq, str(exc))
+            return self._send_failed(exc.seq, str(exc))
         if self.inline_reader:
-            while self.stream.get(timeout=0) is not None:
+            while stream.get(timeout=0) is not None:
                 pass
         self.output += data
         self._t["send"] += self.clock() - t0
@@ -367,7 +375,7 @@ class RequestRun:
         self.decoded += 1
         self.trace.emit(EventKind.DECODE_COMPLETED, step=len(self.tokens), cache_len=self.cache.length)
         self.fire("decode_done")
-        self.logits = logits if self.state == "DECODING" else None
+        self.logits = logits if self.life.state == "DECODING" else None
 
     def finish(self) -> Result:
         """After the loop: the safe point of a cancel, or DRAINING and the one terminal (§4.3)."""

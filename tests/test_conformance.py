@@ -184,7 +184,7 @@ def test_save_case_turns_a_trace_into_a_replayable_case(tmp_path):
 @pytest.mark.slow
 def test_cases_shard_across_xdist_workers():
     """Issue 7 item 3: the pytest plugin makes each case an item, and pytest-xdist runs them on 2 workers."""
-    cmd = [sys.executable, "-m", "pytest", "-p", "decodespec.properties.pytest_plugin", "-n", "2",
+    cmd = [sys.executable, "-m", "pytest", "-p", "decodespec", "-n", "2",
            "--decodespec-engine=reference", "--decodespec-only", "--decodespec-select=stop/",
            "--decodespec-select=finish/", "-v", "properties/cases"]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -239,3 +239,11 @@ def test_trace_round_trips_through_json_lines():
     back = read_jsonl(buf)
     assert [(e.kind, e.index) for e in back] == [(str(e.kind), e.index) for e in res.events]
     assert check_trace(back) == []
+
+
+def test_prompt_id_outside_the_tokenizer_is_refused_before_anything_starts():
+    """DECISIONS D9: bad input is an error naming the field; no trace, no resource, no stream."""
+    from decodespec.runtime.errors import RequestError
+
+    with pytest.raises(RequestError, match=r"^prompt: .*999"):
+        generate(Request([999]), model=ScriptedModel([10], vocab_size=1000), tokenizer=tok())

@@ -12,7 +12,7 @@ from decodespec.properties.monitors import skipped
 from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, generate
 from decodespec.runtime.events import Event, Trace
 
-TOK = ByteTableTokenizer({101: b"AB", 102: b"CD", 103: b"E", 2: b""}, eos_id=2)
+TOK = ByteTableTokenizer({5: b"Q", 6: b": ", 101: b"AB", 102: b"CD", 103: b"E", 2: b""}, eos_id=2)
 MODEL_RES = ("kv_cache", "batch_slot", "rng_state")
 USAGE = dict(prompt_tokens=2, selected_tokens=2, processed_tokens=1, returned_tokens=2, returned_bytes=3,
              completion_tokens=2)
