@@ -7,6 +7,7 @@ its spread, never a single sample.
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -36,6 +37,7 @@ def interleaved(contenders: Mapping[str, Callable[[], float]], rounds: int) -> d
     samples: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(rounds):
         for name, fn in contenders.items():
+            gc.collect()  # each starts from a clean heap: no contender pays for another's garbage
             samples[name].append(fn())
     return {name: stat(v) for name, v in samples.items()}
 

@@ -163,3 +163,6 @@ main.add_command(serve)
 from .cli_check import check  # noqa: E402
 
 main.add_command(check)
+from .cli_bench import bench  # noqa: E402
+
+main.add_command(bench)

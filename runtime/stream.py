@@ -65,11 +65,16 @@ _TRACE_KIND = {
 }
 
 
+def _event_kind(value: str | StreamEventKind) -> StreamEventKind:
+    """StreamEventKind(value), without the Enum lookup when it already is one (per delta)."""
+    return value if type(value) is StreamEventKind else StreamEventKind(value)
+
+
 @attrs.frozen
 class StreamEvent:
     """One event a reader receives (§4.7): start (seq None), delta (bytes) or the terminal one."""
 
-    kind: StreamEventKind = attrs.field(converter=StreamEventKind)
+    kind: StreamEventKind = attrs.field(converter=_event_kind)
     seq: int | None = None
     data: bytes = b""
     finish_reason: FinishReason | None = None
@@ -145,7 +150,8 @@ class OrderedStream:
         self._usage_provider = usage_provider
         self._trace = trace
         self._st = compiled("stream").new()
-        self._cond = threading.Condition()
+        self._lock = threading.RLock()  # `with self._lock` on the per-delta paths: a C-level enter
+        self._cond = threading.Condition(self._lock)
         self._log: list[StreamEvent] = []  # every event, retained for replay
         self._cursor = 0  # index in _log of the reader's next unread event
         self._unread_events = 0  # unread deltas (the terminal has its own slot)
@@ -175,7 +181,7 @@ class OrderedStream:
             if not isinstance(data, (bytes, bytearray, memoryview)):
                 raise TypeError(f"delta data must be bytes, got {type(data).__name__}")
             data = bytes(data)  # a private copy: the log must not change under the reader
-        with self._cond:
+        with self._lock:
             if not data:
                 if self._st.state != "PAUSED" and not self._st.allows("delta"):
                     self._st.fire("delta")  # raises the table's IllegalTransition
@@ -235,16 +241,19 @@ class OrderedStream:
 
         Returns None on timeout, or at once when the terminal event has already been read.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
+        with self._lock:
+            ev = self._take()
+            if ev is not None or self._drained() or (timeout is not None and timeout <= 0):
+                return ev  # the non-blocking read of an inline reader: no clock, no wait
+            deadline = None if timeout is None else time.monotonic() + timeout
             while True:
-                ev = self._take()
-                if ev is not None or self._drained():
-                    return ev
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return None
                 self._cond.wait(left)
+                ev = self._take()
+                if ev is not None or self._drained():
+                    return ev
 
     def __iter__(self) -> Iterator[StreamEvent]:
         """Every unread event up to and including the terminal one."""
@@ -364,8 +373,10 @@ class OrderedStream:
         """Would a delta of `size` bytes be taken without overflowing? Always True under `pause`,
         which waits instead (§4.8); the producer asks first so that its own lifecycle can fail
         before the stream's overflow row emits the terminal event (transition_and_emit_terminal)."""
+        if self.policy is BackpressurePolicy.PAUSE:  # fixed at construction: no lock needed
+            return True
         with self._cond:
-            return self.policy is BackpressurePolicy.PAUSE or self._within_cap(size)
+            return self._within_cap(size)
 
     def _within_cap(self, size: int) -> bool:
         """Buffer/fail policy: may a delta of `size` bytes be queued (D6)?"""

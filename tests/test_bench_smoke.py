@@ -1,0 +1,69 @@
+"""Smoke runs of the benchmarks (issue 8): each `run()` at a tiny size, so CI keeps them working.
+
+These are not measurements and assert no timing: only that every benchmark runs, returns
+JSON-able figures, and that the correctness facts it reports hold (§4.5 streamed bytes equal the
+batch decode, §4.9 cancels in flight end CANCELLED with a conforming trace, §4.4 KV bytes).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from decodespec.cli import main
+from decodespec.cli_bench import BENCHMARKS, default_folder, load_benchmark, load_file, run_arguments
+
+FOLDER = default_folder()
+# Benchmarks whose quick run still takes tens of seconds on two loaded cores.
+SLOW = {"engine", "server"}
+
+
+def _quick(name: str) -> dict:
+    module = load_benchmark(name, FOLDER)
+    if module is None:
+        pytest.skip(f"benchmarks/bench_{name}.py does not exist yet")
+    return module.run(**run_arguments(module, None, quick=True))
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in BENCHMARKS]
+)
+def test_benchmark_runs_quick_and_returns_json_figures(name):
+    """Issue 8: every benchmark's run() works at its QUICK size and its figures serialise."""
+    figures = _quick(name)
+    assert isinstance(figures, dict) and figures
+    json.dumps(figures, default=str)
+
+
+def test_framework_bench_streams_exactly_the_batch_decode():
+    """§4.5-§4.7: the per-token path measured is the real one: its streamed output equals the
+    batch decode (as does transformers' streamer on the same ids), and no stop fired (§4.6)."""
+    figures = _quick("framework")
+    assert figures["ours_output_equals_batch_decode"] is True
+    assert figures.get("transformers_output_equals_batch_decode", True) is True
+    assert figures["pushes_holding"] > 0, "the stop strings must partially match sometimes"
+    assert set(figures["us_per_token"]) >= {"floor", "ours"}
+
+
+def test_gpu_check_small_runs_on_cpu_with_no_problems():
+    """§4.9/§4.11 B and §4.4: --small on CPU; cancels in flight end CANCELLED (or lose the race to
+    FINISHED) with conforming traces, and a token's KV bytes equal 2·L·H_kv·d_h·sizeof."""
+    module = load_file(FOLDER / "gpu_check.py")
+    figures = module.run(rounds=1, small=True)
+    assert figures["faults"]["problems"] == []
+    assert figures["faults"]["cancels_observed"] >= figures["faults"]["injected_cancels"]
+    assert figures["kv"]["equal"] is True
+
+
+def test_cli_bench_writes_json_and_refuses_unknown_names(tmp_path):
+    """Issue 8: `decodespec bench NAME --quick --json FILE` prints a table and writes the figures;
+    an unknown name is a usage error naming the known ones."""
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(main, ["bench", "stop", "--quick", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data["stop"]["arguments"] == {"rounds": 1} and "us_per_token" in data["stop"]["figures"]
+    bad = CliRunner().invoke(main, ["bench", "nope"])
+    assert bad.exit_code == 2 and "known: framework" in bad.output
