@@ -1,0 +1,207 @@
+"""A covering set of model paths for model-derived tests (issue 5 item 4; §4.3 loop, §4.7-§4.9 faults).
+
+The one-request model of machine/checker_model.py is explored breadth first. Each *target* is
+either a table decision that some step fires, keyed ``("row"|"ignore", machine, state, event)``
+(resources of every kind share the `resources` table), or a fault point, keyed ``("fault", label,
+point)``: an environment injection (or the loop's observation of a cancel or deadline) at a
+program point of §4.3. For each target the path returned is a shortest run from an initial state
+through a step that hits the target to the end of the request (every path ends at "done").
+
+`allow(comp, step)` restricts the steps a path may take (a driver that cannot reproduce some model
+step excludes it); targets reachable in the model only through excluded steps are listed in
+`PathSet.unreached`, so nothing is dropped silently. Depends on spec/ and machine/ only.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from ..spec import Table
+from .checker_model import F_PC, F_POLICY, PC_NAMES, Model, ModelConfig, Step
+
+Target = tuple[str, ...]
+Allow = Callable[[tuple[int, ...], Step], bool]
+
+# Labels of steps that inject or observe an environment fact (§4.7-§4.10): fault points.
+_FAULT_PREFIXES = ("environment:", "scheduler:", "reader:", "transport:")
+_OBSERVATIONS = ("cancel observed", "deadline observed")
+
+
+def machine_of(name: str) -> str:
+    """`resources[kv_cache]` -> `resources`: the table a fired step belongs to."""
+    return name.split("[", 1)[0]
+
+
+def is_fault_label(label: str) -> bool:
+    """True for steps the environment injects (and the loop's observation of cancel/deadline)."""
+    if label.startswith(("environment: cancel requested", "environment: deadline passes")):
+        return False  # a request alone changes no table: its observation is the fault point
+    return label.startswith(_FAULT_PREFIXES) or any(o in label for o in _OBSERVATIONS)
+
+
+@attrs.frozen
+class PathStep:
+    """One model step: its label, the loop point it starts from, and the table steps it fires."""
+
+    label: str
+    point: str
+    fired: tuple[tuple[str, str, str], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"label": self.label, "point": self.point, "fired": [list(f) for f in self.fired]}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> PathStep:
+        return cls(obj["label"], obj["point"], tuple(tuple(f) for f in obj["fired"]))
+
+
+@attrs.frozen
+class ModelPath:
+    """A replayable run of the model, from an initial state to the request's end."""
+
+    target: Target
+    policy: str
+    steps: tuple[PathStep, ...]
+
+    def fired(self, machine: str) -> list[tuple[str, str]]:
+        """(state, event) pairs of one machine, e.g. "lifecycle" or "resources[kv_cache]"."""
+        return [(s, e) for st in self.steps for m, s, e in st.fired if m == machine]
+
+    def machines(self) -> list[str]:
+        return sorted({m for st in self.steps for m, _, _ in st.fired})
+
+    def to_json(self) -> dict[str, Any]:
+        return {"target": list(self.target), "policy": self.policy, "steps": [s.to_json() for s in self.steps]}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> ModelPath:
+        return cls(tuple(obj["target"]), obj["policy"], tuple(PathStep.from_json(s) for s in obj["steps"]))
+
+
+@attrs.frozen
+class PathSet:
+    """Paths for every target the allowed steps reach; `unreached`: reachable only otherwise."""
+
+    config: ModelConfig
+    paths: Mapping[Target, ModelPath]
+    reachable: frozenset[Target]
+    unreached: frozenset[Target]
+    states: int
+
+    def distinct(self) -> list[ModelPath]:
+        """The paths without repeats (one path often covers several targets)."""
+        out: dict[tuple, ModelPath] = {}
+        for p in self.paths.values():
+            out.setdefault((p.policy, p.steps), p)
+        return list(out.values())
+
+
+class _Graph:
+    """The explored one-request graph: edges (src, step, dst) with the targets each step hits."""
+
+    def __init__(self, model: Model, allow: Allow | None) -> None:
+        self.model = model
+        self.init = model.initial()
+        self.depth: dict[tuple[int, ...], int] = dict.fromkeys(self.init, 0)
+        self.parent: dict[tuple[int, ...], tuple[tuple[int, ...], PathStep] | None] = dict.fromkeys(self.init)
+        self.edges: list[tuple[tuple[int, ...], PathStep, tuple[int, ...], tuple[Target, ...]]] = []
+        todo = deque(self.init)
+        while todo:
+            comp = todo.popleft()
+            for step in model.expand(comp):
+                if step.dead or (allow is not None and not allow(comp, step)):
+                    continue
+                post = tuple(step.f)
+                ps = PathStep(step.label, PC_NAMES[comp[F_PC]], tuple(step.fired))
+                self.edges.append((comp, ps, post, self._targets(ps)))
+                if post not in self.depth:
+                    self.depth[post] = self.depth[comp] + 1
+                    self.parent[post] = (comp, ps)
+                    todo.append(post)
+        self._to_done()
+
+    def _targets(self, ps: PathStep) -> tuple[Target, ...]:
+        out = []
+        for m, s, e in ps.fired:
+            name = machine_of(m)
+            out.append((self.model.tables[name].decision(s, e).kind.value, name, s, e))
+        if is_fault_label(ps.label):
+            out.append(("fault", ps.label, ps.point))
+        return tuple(out)
+
+    def _to_done(self) -> None:
+        """Backward BFS from the end states: distance to done and the first step on the way."""
+        back: dict[tuple[int, ...], list[tuple[tuple[int, ...], PathStep]]] = {}
+        for src, ps, dst, _ in self.edges:
+            back.setdefault(dst, []).append((src, ps))
+        self.dist = {c: 0 for c in self.depth if self.model.done(c)}
+        self.next: dict[tuple[int, ...], tuple[PathStep, tuple[int, ...]]] = {}
+        todo = deque(self.dist)
+        while todo:
+            c = todo.popleft()
+            for src, ps in back.get(c, ()):
+                if src not in self.dist:
+                    self.dist[src] = self.dist[c] + 1
+                    self.next[src] = (ps, c)
+                    todo.append(src)
+
+    def path(self, src: tuple[int, ...], ps: PathStep, dst: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[PathStep, ...]]:
+        head: list[PathStep] = []
+        c = src
+        while self.parent[c] is not None:
+            c, step = self.parent[c]
+            head.append(step)
+        head.reverse()
+        tail = [ps]
+        c = dst
+        while c in self.next:
+            step, c = self.next[c]
+            tail.append(step)
+        return c, tuple(head + tail)
+
+    def targets(self) -> set[Target]:
+        return {t for *_, ts in self.edges for t in ts}
+
+
+def covering_paths(
+    config: ModelConfig | None = None,
+    tables: Mapping[str, Table] | None = None,
+    *,
+    allow: Allow | None = None,
+    targets: Iterable[Target] | None = None,
+) -> PathSet:
+    """One shortest complete path per target (all targets the model reaches, or `targets`).
+
+    Default config: max_output_tokens 2, all three backpressure policies, buffer cap 1.
+    """
+    config = config or ModelConfig(policies=("pause", "buffer", "fail"))
+    model = Model(tables, config)
+    full = _Graph(model, None)
+    reachable = frozenset(full.targets())
+    graph = full if allow is None else _Graph(model, allow)
+    wanted = set(reachable if targets is None else targets)
+    best: dict[Target, tuple[int, tuple[int, ...], PathStep, tuple[int, ...]]] = {}
+    for src, ps, dst, ts in graph.edges:
+        if dst not in graph.dist:
+            continue
+        cost = graph.depth[src] + 1 + graph.dist[dst]
+        for t in ts:
+            if t in wanted and (t not in best or cost < best[t][0]):
+                best[t] = (cost, src, ps, dst)
+    paths = {}
+    policies = config.policies
+    for t, (_, src, ps, dst) in sorted(best.items()):
+        end, steps = graph.path(src, ps, dst)
+        start = src
+        while graph.parent[start] is not None:
+            start = graph.parent[start][0]
+        assert model.done(end), f"path for {t} does not end"
+        paths[t] = ModelPath(t, policies[start[F_POLICY]], steps)
+    return PathSet(
+        config=config, paths=paths, reachable=reachable,
+        unreached=frozenset(wanted - set(paths)), states=len(full.depth),
+    )

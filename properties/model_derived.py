@@ -1,0 +1,614 @@
+"""Model-derived tests: each checker path becomes a concrete run of generate() (issue 5 item 4).
+
+machine/paths.py gives one shortest model path per reachable table decision and fault point. A
+path is turned into a `ConcreteRun`:
+
+- data (§4.5, §4.6): the path's select and drain steps are abstracted to what the lifecycle and
+  the stream see (EOS, an invalid token, a delta or not, a stop hit or not; at the drain: a
+  decoding error, a tail delta, a hit, a flushed suffix); a token script over the fixed byte table
+  `TABLE` with stop "QZ" is searched that the real detokenizer and stop matcher turn into exactly
+  that. Bytes the model's detokenizer holds with valid text (released by finish()) are realised by
+  tokens held by the token-id stop matcher (`stop_token_ids`), which the runtime releases at the
+  drain through the same stop matcher (runtime/runner.py `_drain`);
+- environment (§4.7-§4.10): cancel, deadline, model error, decoding error and transport error
+  become a FaultPlan at the trace point where the model's loop observes them; a cancel observed
+  in QUEUED (no FaultPlan point lies between enqueue and the check) is requested by a trace
+  listener; reads, disconnects and reconnects are done by this harness, which is the stream's only
+  reader (`read_inline=False`), right after the delta (or start, or terminal) the path puts them
+  after;
+- request parameters: max_output_tokens, context limit, grammar and content policy that fire the
+  finish checks at the path's step; the path's backpressure policy with a cap of one delta
+  (`buffer`: a byte cap computed from the deltas' sizes).
+
+Refinement (what "the trace refines the path" means here): the runtime trace is projected onto
+table events per machine (lifecycle, stream, and each resource kind separately) exactly as the
+`refinement` monitor replays it (properties/monitors.py), plus the stream's block, unblock and
+replay steps, which the trace does not log: the harness observes them (the stream's state after a
+delta, around each of its reads, and its replay calls). For every machine the projected sequence
+of (state, event) must EQUAL the path's: no extra self-loops or ignore rows are tolerated (none is
+needed: the loop fires the same ignore rows the model does). Order across machines is not compared
+(the model and the runtime both interleave them by §4.3, but the resource releases and the
+terminal event are one critical section in the runtime).
+
+Steps of the model that generate() cannot reproduce are excluded from path search by `allow`, each
+with its reason in `UNREALIZABLE`; `MODEL_ONLY` names the decisions and fault points that are
+reachable in the model only through such steps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from ..machine import IllegalTransition, compiled
+from ..machine.checker_model import F_BUF, F_LC, F_SEQ, Step
+from ..machine.paths import ModelPath, PathSet, covering_paths, machine_of
+from ..runtime.detokenizer import DecodingError, IncrementalDetokenizer
+from ..runtime.events import TERMINAL_KINDS, Event, EventKind
+from ..runtime.faults import Fault, FaultPlan
+from ..runtime.loop import generate
+from ..runtime.models import ScriptedModel
+from ..runtime.request import Request
+from ..runtime.stop import StopMatcher, TokenStopMatcher
+from ..runtime.stream import StreamEventKind
+from ..runtime.tokenizers import ByteTableTokenizer
+
+K = EventKind
+PROMPT = (1,)
+EOS = 2
+# One byte table for every derived run: plain text, prefixes of the stop "QZ", a character split
+# across two tokens, and tokens held by the token-id stop matcher (sequences [n, 21]; 21 is never
+# selected, so the held bytes are released at the drain).
+TABLE = {
+    1: b"> ", EOS: b"</s>", 10: b"x", 11: b"Q", 12: b"Z", 13: b"QZ", 14: b"xQ", 15: b"xQZ",
+    16: b"\xc3", 17: b"\xa9", 20: b"QZ", 21: b"w", 22: b"x", 23: b"xQ", 24: b"Q", 25: b"xQZ",
+}
+STOP = ("QZ",)
+STOP_IDS = ((20, 21), (22, 21), (23, 21), (24, 21), (25, 21))
+ALPHABET = (10, 11, 12, 13, 14, 15, 16, 17, 20, 22, 23, 24, 25, EOS)
+UNSELECTED = 10  # pads the script: ScriptedModel needs logits past the last selected token
+NO_LIMIT = 8  # max_output_tokens when the path never ends by length (the model selects <= 2)
+LARGE = 1 << 20
+COMPARED = ("lifecycle", "stream", "resources")
+
+
+def tokenizer() -> ByteTableTokenizer:
+    return ByteTableTokenizer(TABLE, eos_id=EOS)
+
+
+# ---------------------------------------------------------------- what generate() cannot do
+
+
+def _busy_cancel_outside_kernel(comp: tuple[int, ...], step: Step) -> bool:
+    return step.label.startswith("scheduler: cancel observed while the loop is busy") and \
+        step.m.life.states[comp[F_LC]] not in ("PREFILLING", "DECODING", "CANCEL_REQUESTED")
+
+
+# name -> (predicate on a model step, reason). Each is a model step with no counterpart in the
+# single-path loop; the decisions reachable only through them are listed by `model_only()`.
+UNREALIZABLE = {
+    "repeated_cancel": (
+        lambda comp, step: step.label.startswith("environment: the cancel is repeated"),
+        "RequestRun fires `cancel` once (_observe_cancel); a second request only sets a set flag (§4.9)",
+    ),
+    "cancel_observed_without_kernel": (
+        _busy_cancel_outside_kernel,
+        "generate() observes a cancel only at its check points and while a kernel is in flight "
+        "(§4.9 safe points); in DRAINING and after the terminal nothing looks at the flag",
+    ),
+    "cancel_observed_while_parked": (
+        lambda comp, step: step.label.startswith("scheduler: cancel observed while the producer is parked"),
+        "a pause-policy producer parks inside OrderedStream.delta in generate(); only the Engine "
+        "parks a request and observes its cancel (runtime/engine.py), not derived here",
+    ),
+    "content_interrupt_after_delta": (
+        lambda comp, step: step.label.startswith("loop: content policy interrupts") and comp[F_SEQ] > 0,
+        "the runtime consults the content policy before a chunk is sent (DECISIONS D11), the model "
+        "after it; only paths where no delta was sent yet are derived (conservative)",
+    ),
+    "replay_with_unread_deltas": (
+        lambda comp, step: step.label.startswith("transport: the client reconnects") and comp[F_BUF] > 0,
+        "OrderedStream.replay counts the replayed deltas as read (and may unblock), the model's "
+        "replay does not; the two agree when nothing is unread",
+    ),
+}
+
+
+_BUSY = "scheduler: cancel observed while the loop is busy"
+# Targets the model reaches only through UNREALIZABLE steps: target -> the UNREALIZABLE entry.
+# tests/test_model_derived.py asserts that this is exactly what path search leaves unreached.
+MODEL_ONLY: dict[tuple[str, ...], str] = {
+    **{("fault", "environment: the cancel is repeated", pt): "repeated_cancel"
+       for pt in ("prefill_in_flight", "decode_in_flight", "safe_point")},
+    ("ignore", "lifecycle", "CANCEL_REQUESTED", "cancel"): "repeated_cancel",
+    **{("fault", _BUSY, pt): "cancel_observed_without_kernel"
+       for pt in ("sending", "draining_finish", "draining_stop_hit", "draining_flush", "draining_end",
+                  "closing", "done")},
+    ("ignore", "lifecycle", "DRAINING", "cancel"): "cancel_observed_without_kernel",
+    ("ignore", "lifecycle", "FINISHED", "cancel"): "cancel_observed_without_kernel",
+    ("ignore", "lifecycle", "FAILED", "cancel"): "cancel_observed_without_kernel",
+    ("fault", "scheduler: cancel observed while the producer is parked; the unsent delta is dropped",
+     "sending"): "cancel_observed_while_parked",
+    ("ignore", "stream", "PAUSED", "reconnect"): "replay_with_unread_deltas",
+    ("ignore", "stream", "PAUSED", "replay"): "replay_with_unread_deltas",
+}
+
+
+def allow(comp: tuple[int, ...], step: Step) -> bool:
+    """The model steps a concrete run of generate() can reproduce (see UNREALIZABLE)."""
+    return not any(pred(comp, step) for pred, _ in UNREALIZABLE.values())
+
+
+def derive_paths() -> PathSet:
+    """The covering paths of the default one-request model, restricted to realizable steps."""
+    return covering_paths(allow=allow)
+
+
+# ---------------------------------------------------------------- data: tokens and stops
+
+
+@attrs.frozen
+class Select:
+    """What the lifecycle and the stream see of one selected token (None: not observed)."""
+
+    kind: str  # "eos", "invalid", "push", "chunk" (non-empty safe bytes the content policy withholds)
+    delta: bool | None = False
+    hit: bool | None = False
+
+
+@attrs.frozen
+class Drain:
+    """What they see of DRAINING's finish() (§4.3): a decoding error, or tail delta, hit, flush."""
+
+    invalid: bool
+    tail: bool | None = False
+    hit: bool | None = False
+    flush: bool | None = False
+
+
+def _simulate(tokens: Sequence[int], tok: ByteTableTokenizer) -> tuple[list[Select], Drain | None, list[bytes]]:
+    """The runtime's data path for `tokens` (runner.select, _emit_safe, _drain) without a loop."""
+    detok = IncrementalDetokenizer(tok, prompt_ids=list(PROMPT))
+    stopper = StopMatcher(list(STOP))
+    ids = TokenStopMatcher(list(STOP_IDS))
+    held: list[bytes] = []
+    out: list[Select] = []
+    deltas: list[bytes] = []
+    for t in tokens:
+        if t == EOS:
+            out.append(Select("eos"))
+            break
+        try:
+            new = detok.push(t)
+        except DecodingError:
+            out.append(Select("invalid"))
+            return out, None, deltas
+        ids_hit = ids.push(t)
+        held.append(new)
+        keep = 0 if ids_hit else len(ids.held)
+        new = b"".join(held[: len(held) - keep])
+        del held[: len(held) - keep]
+        if not new:
+            out.append(Select("push", False, False))
+            continue
+        safe, hit = stopper.push(new)
+        out.append(Select("push", bool(safe), hit is not None))
+        if safe:
+            deltas.append(safe)
+        if hit is not None:
+            return out, None, deltas
+    try:
+        tail = b"".join(held) + detok.finish()
+    except DecodingError:
+        return out, Drain(True), deltas
+    safe, hit = stopper.push(tail) if tail else (b"", None)
+    flush = b"" if hit is not None else stopper.flush()
+    deltas += [d for d in (safe, flush) if d]
+    return out, Drain(False, bool(safe), hit is not None, bool(flush)), deltas
+
+
+def _matches(want: Select | Drain, got: Select | Drain) -> bool:
+    if isinstance(want, Select) and want.kind == "chunk":
+        return got.kind == "push" and got.delta is True and got.hit is False
+    if type(want) is not type(got):
+        return False
+    return all(w is None or w == g for w, g in zip(attrs.astuple(want), attrs.astuple(got)))
+
+
+# ---------------------------------------------------------------- path -> concrete run
+
+
+@attrs.frozen
+class Plan:
+    """The environment and request parameters a path asks for (before the tokens are chosen)."""
+
+    selects: tuple[Select, ...]
+    drain: Drain | None
+    faults: tuple[Fault, ...]
+    cancel_in_queue: bool
+    max_output_tokens: int
+    context_limit: int
+    grammar_at: int | None
+    interrupt_at: int | None
+    reject: bool
+    policy: str
+    # harness actions on the stream: (deltas sent before, after the terminal?, action)
+    actions: tuple[tuple[int, bool, str], ...]
+    overflow_at: int | None  # index of the delta that overflows (buffer/fail policy)
+
+
+def plan_of(path: ModelPath) -> Plan:
+    """Walk the path's steps and record what each asks of the data, the faults and the request."""
+    selects: list[Select] = []
+    drain: Drain | None = None
+    faults: list[Fault] = []
+    actions: list[tuple[int, bool, str]] = []
+    t = seq = 0
+    terminal = False
+    cancel_in_queue = reject = False
+    max_tokens, context_limit = NO_LIMIT, 4096
+    grammar_at = interrupt_at = overflow_at = None
+    for st in path.steps:
+        lab, pt = st.label, st.point
+        fired = set(st.fired)
+        if lab.startswith("loop: select"):
+            t += 1
+            if "EOS" in lab:
+                selects.append(Select("eos"))
+            elif "detokenizer invalid" in lab:
+                selects.append(Select("invalid"))
+                faults.append(Fault("token.selected", t, "decoding_error"))
+            elif "detokenizer hold" in lab:
+                selects.append(Select("push", False, False))
+            else:
+                selects.append(Select("push", "safe bytes non-empty" in lab, "stop matcher hit" in lab))
+        elif lab.startswith("loop: finish(): nothing pending"):
+            drain = Drain(False, False, False, None)
+        elif lab.startswith("loop: finish(): the tail is not valid"):
+            drain = Drain(True)
+        elif lab.startswith("loop: finish(): tail"):
+            drain = Drain(False, "safe bytes non-empty" in lab, None if "hit" not in lab else True, None)
+        elif lab.startswith("loop: flush the held suffix"):
+            assert drain is not None
+            drain = attrs.evolve(drain, hit=False if drain.hit is None else drain.hit,
+                                 flush=("stop_matcher", "HOLDING", "flush") in fired)
+        elif lab.startswith("loop: admission refused"):
+            reject = True
+        elif lab.startswith("loop: max_output_tokens reached"):
+            max_tokens = t
+        elif lab.startswith("loop: context_full"):
+            context_limit = t + len(PROMPT)
+        elif lab.startswith("loop: grammar_done"):
+            grammar_at = t
+        elif lab.startswith("loop: content policy interrupts"):
+            selects[-1] = Select("chunk")
+            interrupt_at = sum(1 for s in selects if s.kind == "chunk" or s.delta)
+        elif lab.startswith("loop: cancel observed before admission"):
+            faults.append(Fault("request.created", 0, "cancel"))
+        elif lab.startswith(("loop: cancel observed at a check point", "loop: deadline observed")):
+            action = "cancel" if "cancel" in lab else "deadline"
+            if pt == "queued":
+                if action == "cancel":
+                    cancel_in_queue = True
+                else:
+                    faults.append(Fault("request.created", 0, "deadline"))
+            else:
+                faults.append(Fault("prefill.completed", 0, action) if t == 0 else Fault("decode.completed", t, action))
+        elif lab.startswith("scheduler: cancel observed while the loop is busy"):
+            faults.append(Fault("prefill.started", 0, "cancel") if pt == "prefill_in_flight"
+                          else Fault("decode.started", t, "cancel"))
+        elif lab.startswith("environment: model error"):
+            faults.append(Fault("prefill.started", 0, "model_error") if "prefill" in lab
+                          else Fault("decode.started", t, "model_error"))
+        elif lab.startswith("environment: the send fails"):
+            faults.append(Fault("response.delta", seq, "transport_error"))
+            _unobserved_after_send(selects, drain)
+        elif lab.startswith("loop: buffer full: overflow"):
+            overflow_at = seq
+            _unobserved_after_send(selects, drain)
+        elif lab.startswith("loop: delta queued"):
+            seq += 1
+        elif lab.startswith("reader: reads one delta"):
+            actions.append((seq, terminal, "read"))
+        elif lab.startswith("transport: the client disconnects"):
+            actions.append((seq, terminal, "disconnect"))
+        elif lab.startswith("transport: the client reconnects"):
+            actions.append((seq, terminal, "reconnect"))
+        if any(m == "stream" and e in ("complete", "cancel", "fail", "overflow") for m, _, e in st.fired):
+            terminal = True
+    return Plan(tuple(selects), drain, tuple(faults), cancel_in_queue, max_tokens, context_limit,
+                grammar_at, interrupt_at, reject, path.policy, tuple(actions), overflow_at)
+
+
+def _unobserved_after_send(selects: list[Select], drain: Drain | None) -> None:
+    """A failed send ends the run before its stop hit (or the flush) is looked at."""
+    if drain is not None and drain.hit is None:
+        return  # the tail's own send failed: hit and flush stay unobserved
+    if selects and drain is None and selects[-1].kind == "push":
+        selects[-1] = attrs.evolve(selects[-1], hit=None)
+
+
+class NoConcreteData(LookupError):
+    """No token script over TABLE gives the path's data outcomes (a gap in the fixture table)."""
+
+
+def choose_tokens(plan: Plan, tok: ByteTableTokenizer) -> tuple[list[int], list[bytes]]:
+    """The first script over ALPHABET whose simulated outcomes match the plan (and its byte cap)."""
+    n = len(plan.selects)
+    for script in itertools.product(ALPHABET, repeat=n):
+        if plan.selects and plan.selects[-1].kind == "invalid":
+            if script[-1] != UNSELECTED:
+                continue  # the decoding error is injected; the token itself is plain text
+            got, drain, deltas = _simulate(script[:-1], tok)
+            got = [*got, Select("invalid")]
+        else:
+            got, drain, deltas = _simulate(script, tok)
+        if len(got) != n or not all(_matches(w, g) for w, g in zip(plan.selects, got)):
+            continue
+        if plan.drain is not None and (drain is None or not _matches(plan.drain, drain)):
+            continue
+        if plan.policy == "buffer" and _byte_cap(plan, deltas) is None:
+            continue
+        return list(script), deltas
+    raise NoConcreteData(f"no script of {n} tokens over the fixture table gives {plan.selects} / {plan.drain}")
+
+
+def _byte_cap(plan: Plan, deltas: list[bytes]) -> int | None:
+    """`buffer` policy: a max_bytes under which exactly the plan's overflow happens, or None."""
+    reads = [a for a in plan.actions if a[2] == "read" and not a[1]]
+    unread: list[int] = []
+    fit_need, over_limit = 1, None
+    for k, d in enumerate(deltas):
+        for _ in (a for a in reads if a[0] == k):
+            if unread:
+                unread.pop(0)
+        need = sum(unread) + len(d)
+        if k == plan.overflow_at:
+            over_limit = need - 1
+            break
+        fit_need = max(fit_need, need)
+        unread.append(len(d))
+    if over_limit is None:
+        return fit_need
+    return fit_need if fit_need <= over_limit else None
+
+
+@attrs.frozen
+class ConcreteRun:
+    """A path made concrete: everything generate() needs, replayable (tests/regressions)."""
+
+    path: ModelPath
+    script: tuple[int, ...]
+    request: Mapping[str, Any]
+    context_limit: int
+    faults: tuple[Fault, ...]
+    cancel_in_queue: bool
+    actions: tuple[tuple[int, bool, str], ...]
+    grammar_at: int | None
+    interrupt_at: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path.to_json(), "script": list(self.script), "request": dict(self.request),
+            "context_limit": self.context_limit,
+            "faults": [{"point": f.point, "step": f.step, "action": f.action.value} for f in self.faults],
+            "cancel_in_queue": self.cancel_in_queue, "actions": [list(a) for a in self.actions],
+            "grammar_at": self.grammar_at, "interrupt_at": self.interrupt_at,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> ConcreteRun:
+        return cls(
+            path=ModelPath.from_json(obj["path"]), script=tuple(obj["script"]), request=dict(obj["request"]),
+            context_limit=obj["context_limit"], faults=tuple(Fault(**f) for f in obj["faults"]),
+            cancel_in_queue=obj["cancel_in_queue"], actions=tuple(tuple(a) for a in obj["actions"]),
+            grammar_at=obj["grammar_at"], interrupt_at=obj["interrupt_at"],
+        )
+
+
+def concretize(path: ModelPath, tok: ByteTableTokenizer | None = None) -> ConcreteRun:
+    """Choose the tokens, request parameters and faults that reproduce `path` (module doc)."""
+    plan = plan_of(path)
+    tok = tok or tokenizer()
+    script, deltas = choose_tokens(plan, tok)
+    request: dict[str, Any] = {
+        "stop": list(STOP), "stop_token_ids": [list(s) for s in STOP_IDS],
+        "max_output_tokens": plan.max_output_tokens, "policy": plan.policy,
+        "max_buffer_events": 1 if plan.policy != "buffer" else LARGE,
+        "max_buffer_bytes": _byte_cap(plan, deltas) if plan.policy == "buffer" else LARGE,
+    }
+    context_limit = len(PROMPT) if plan.reject else plan.context_limit
+    return ConcreteRun(path, tuple(script), request, context_limit, plan.faults, plan.cancel_in_queue,
+                       plan.actions, plan.grammar_at, plan.interrupt_at)
+
+
+# ---------------------------------------------------------------- running and projecting
+
+
+class _CompleteAtCall:
+    """A grammar whose output is complete at its n-th check (the path's grammar_done step)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.calls = n, 0
+
+    def complete(self, text: str) -> bool:
+        self.calls += 1
+        return self.calls == self.n
+
+
+class _InterruptAtCall:
+    """A content policy that interrupts the n-th non-empty chunk (DECISIONS D11)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.calls = n, 0
+
+    def __call__(self, so_far: bytes, chunk: bytes) -> bool:
+        self.calls += 1
+        return self.calls == self.n
+
+
+class _Harness:
+    """The stream's reader and transport (read_inline=False): performs the path's reads,
+    disconnects and reconnects, and logs the stream steps the trace does not (block, unblock,
+    replay) at their trace position."""
+
+    def __init__(self, run: ConcreteRun) -> None:
+        self.actions = list(run.actions)
+        self.cancel_in_queue = run.cancel_in_queue
+        self.rt: Any = None
+        self.extra: list[tuple[int, str]] = []  # (trace position, stream event)
+        self.sent = 0
+        self.read_seq = -1
+
+    def on_run(self, rt: Any) -> None:
+        self.rt = rt
+        if self.cancel_in_queue:
+            rt.trace.subscribe(self._cancel_when_queued)
+        self._act(0, False)
+
+    def _cancel_when_queued(self, ev: Event) -> None:
+        if ev.kind == K.LIFECYCLE and ev.data.get("to") == "QUEUED":
+            self.rt.cancel(source="model-derived")
+
+    def on_delta(self, data: bytes) -> None:
+        self.sent += 1
+        if str(self.rt.stream.state) == "PAUSED":
+            self._log("block")
+        self._act(self.sent, False)
+
+    def after(self) -> None:
+        self._act(self.sent, True)
+
+    def _log(self, event: str) -> None:
+        self.extra.append((len(self.rt.trace.events), event))
+
+    def _act(self, sent: int, after_terminal: bool) -> None:
+        stream = self.rt.stream
+        while self.actions and self.actions[0][:2] == (sent, after_terminal):
+            _, _, what = self.actions.pop(0)
+            before = str(stream.state)
+            if what == "read":
+                while (ev := stream.get(timeout=0)) is not None and ev.kind is not StreamEventKind.DELTA:
+                    pass
+                if ev is not None:
+                    self.read_seq = ev.seq
+            elif what == "disconnect":
+                stream.disconnect()
+            else:
+                stream.reconnect()
+                stream.replay(self.read_seq)
+                self._log("replay")
+            if before == "PAUSED" and str(stream.state) == "OPEN":
+                self._log("unblock")
+
+
+def execute(run: ConcreteRun, tok: ByteTableTokenizer | None = None) -> tuple[list[Event], list[tuple[int, str]]]:
+    """Run generate() for `run`; the full trace and the harness-observed stream steps."""
+    tok = tok or tokenizer()
+    h = _Harness(run)
+    req = dict(run.request)
+    req["stop_token_ids"] = [tuple(s) for s in req["stop_token_ids"]]
+    if run.grammar_at is not None:
+        req["grammar"] = _CompleteAtCall(run.grammar_at)
+    if run.interrupt_at is not None:
+        req["content_policy"] = _InterruptAtCall(run.interrupt_at)
+    model = ScriptedModel([*run.script, UNSELECTED, UNSELECTED], vocab_size=max(TABLE) + 1,
+                          context_limit=run.context_limit)
+    generate(Request(list(PROMPT), **req), model=model, tokenizer=tok, faults=FaultPlan(run.faults),
+             on_run=h.on_run, on_delta=h.on_delta, read_inline=False)
+    h.after()
+    return list(h.rt.trace.events), h.extra
+
+
+def project(events: Sequence[Event], extra: Iterable[tuple[int, str]] = ()) -> dict[str, list[tuple[str, str]]]:
+    """Per machine (lifecycle, stream, resources[kind]) the (state, event) steps of a trace.
+
+    The mapping is the `refinement` monitor's: lifecycle.transition / lifecycle.ignored give their
+    event; token.selected is `select`; decode.completed is `decode_done` when the lifecycle is in
+    DECODING (elsewhere its ignore row is logged); stop.hit in DRAINING is the self-loop
+    `stop_hit`; response.* and transport disconnect/reconnect are stream events (a failed event
+    whose error names the overflow is `overflow`); resource.* are the resources events of their
+    kind. `extra`: stream events the harness observed, each before the trace event at its position.
+    """
+    life = compiled("lifecycle").new()
+    steppers: dict[str, Any] = {"lifecycle": life}
+    out: dict[str, list[tuple[str, str]]] = {}
+    pending = sorted(extra, key=lambda x: x[0])
+
+    def add(machine: str, event: str) -> None:
+        st = steppers.get(machine)
+        if st is None:
+            st = steppers[machine] = compiled(machine_of(machine)).new()
+        state = str(st.state)
+        out.setdefault(machine, []).append((state, event))
+        try:
+            st.fire(event)
+        except IllegalTransition:
+            pass  # recorded as is: the comparison with the path shows it
+
+    for e in events:
+        while pending and pending[0][0] <= e.index:
+            add("stream", pending.pop(0)[1])
+        k, d = e.kind, e.data
+        if k in (K.LIFECYCLE, K.LIFECYCLE_IGNORED):
+            add("lifecycle", d["event"])
+        elif k == K.TOKEN_SELECTED:
+            add("lifecycle", "select")
+        elif k == K.DECODE_COMPLETED and str(life.state) == "DECODING":
+            add("lifecycle", "decode_done")
+        elif k == K.STOP_HIT and str(life.state) == "DRAINING":
+            add("lifecycle", "stop_hit")
+        elif k == K.RESPONSE_START:
+            add("stream", "start")
+        elif k == K.RESPONSE_DELTA:
+            add("stream", "delta")
+        elif k in TERMINAL_KINDS:
+            ev = {K.RESPONSE_COMPLETED: "complete", K.RESPONSE_CANCELLED: "cancel"}.get(K(k))
+            add("stream", ev or ("overflow" if "overflow" in str(d.get("error", "")) else "fail"))
+        elif k == K.TRANSPORT and d.get("what") in ("disconnect", "reconnect"):
+            add("stream", d["what"])
+        elif k in (K.RESOURCE_ACQUIRED, K.RESOURCE_RELEASED):
+            add(f"resources[{d['resource']}]", "acquire" if k == K.RESOURCE_ACQUIRED else "release")
+    for _, event in pending:
+        add("stream", event)
+    return out
+
+
+def expected(path: ModelPath) -> dict[str, list[tuple[str, str]]]:
+    """The path's own per-machine steps, for the machines the runtime is compared on."""
+    return {m: path.fired(m) for m in path.machines() if machine_of(m) in COMPARED}
+
+
+def mismatches(path: ModelPath, got: Mapping[str, list[tuple[str, str]]]) -> dict[str, tuple[list, list]]:
+    """Machines whose projected steps differ from the path: name -> (path's, runtime's)."""
+    want = expected(path)
+    return {m: (want.get(m, []), list(got.get(m, []))) for m in sorted(set(want) | set(got))
+            if want.get(m, []) != list(got.get(m, []))}
+
+
+def covered(got: Mapping[str, list[tuple[str, str]]]) -> set[tuple[str, str, str]]:
+    """(table, state, event) of every step in a projection (resources of all kinds together)."""
+    return {(machine_of(m), s, e) for m, steps in got.items() for s, e in steps}
+
+
+# ---------------------------------------------------------------- regression cases
+
+
+def load_regressions(folder: str | Path) -> list[tuple[str, ConcreteRun]]:
+    """Every regression case (JSON: a replayable path and its concrete run) in `folder`."""
+    out = []
+    for p in sorted(Path(folder).glob("*.json")):
+        out.append((p.stem, ConcreteRun.from_json(json.loads(p.read_text()))))
+    return out
+
+
+def save_regression(folder: str | Path, name: str, run: ConcreteRun) -> Path:
+    """Keep a counterexample found later as a regression case (issue 5 item 4)."""
+    p = Path(folder) / f"{name}.json"
+    p.write_text(json.dumps(run.to_json(), indent=1) + "\n")
+    return p
