@@ -24,8 +24,8 @@ from typing import Any
 
 import attrs
 
-from ..properties.invariants import load_invariants
 from ..spec import DecisionKind, Table
+from ..spec.invariants import load_invariants
 from .checker_model import (
     POOL_WITNESSES, WITNESSES, F_PC, PC_NAMES, Model, ModelConfig,
 )
