@@ -16,16 +16,19 @@ from collections.abc import Callable
 from typing import Any
 
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from ..machine.compiled import IllegalTransition
 from ..spec import Table
 
 Factory = Callable[..., Any]
 
-#: A draw picks among the allowed events of the model state with probability 1 - 1/_ANY_ONE_IN
-#: (plus their share of the uniform draw), so walks get deep instead of bouncing off rejections.
-_ANY_ONE_IN = 5
+#: The pool an event is drawn from, by the index Hypothesis draws (0, its simplest choice, first):
+#: `fresh` = allowed events not yet fired from this state in this run (so one run spreads over the
+#: rows), `onward` = allowed events into another live state, else into any other state (walks
+#: get deep: §4.3's CREATED ... DRAINING), `allowed` = any row or ignore, `rejected` = the events
+#: that must raise and keep the state. An empty pool falls back to a wider one.
+_POOLS = ("fresh", "onward", "allowed", "rejected")
 
 
 def check_pair(table: Table, impl: Any, state: str, event: str) -> str | None:
@@ -69,36 +72,38 @@ def exhaustive_check(table: Table, factory: Factory) -> list[str]:
 def stateful_test_for(table: Table, factory: Factory) -> type[RuleBasedStateMachine]:
     """A RuleBasedStateMachine that walks `table` on `factory()` with the table as oracle.
 
-    Rules: `fire` draws an event (mostly one the model state allows) and checks the
-    implementation against the decision for (model state, event); `restart` begins a new
-    instance once the model is in a terminal state. Invariant: implementation state and
-    terminal flag equal the model's.
+    One rule, `fire`: draw an event (see `_POOLS`) and check the implementation against the
+    decision for (model state, event). A terminal state gets one probe event (§4.1: it must
+    stay put) and then the walk restarts on a new instance. Invariant: implementation state
+    and terminal flag equal the model's.
     """
-    allowed = {s: table.allowed_events(s) for s in table.states}
-    any_event = st.sampled_from(table.events)
-
-    def draw_event(data: st.DataObject, state: str) -> str:
-        pick_any = not allowed[state] or data.draw(st.integers(0, _ANY_ONE_IN - 1), label="any event") == 0
-        return data.draw(any_event if pick_any else st.sampled_from(allowed[state]), label="event")
+    pools = {s: _event_pools(table, s) for s in table.states}
 
     class TableWalk(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
             self.model = table.initial
             self.impl = factory(None)
+            self.fired: set[tuple[str, str]] = set()
+
+        def draw_event(self, data: st.DataObject) -> str:
+            onward, allowed, rejected = pools[self.model]
+            fresh = tuple(e for e in allowed if (self.model, e) not in self.fired)
+            choice = _POOLS[data.draw(st.integers(0, len(_POOLS) - 1), label="pool")]
+            pool = {"fresh": fresh or onward, "onward": onward, "allowed": allowed, "rejected": rejected}[choice]
+            return data.draw(st.sampled_from(pool or allowed or rejected), label="event")
 
         @rule(data=st.data())
         def fire(self, data: st.DataObject) -> None:
-            event = draw_event(data, self.model)
+            """One event; in a terminal state that one probe is the last before a restart."""
+            event = self.draw_event(data)
             problem = check_pair(table, self.impl, self.model, event)
             assert problem is None, f"{table.name}: {problem}"
-            self.model = table.decision(self.model, event).target
-
-        @precondition(lambda self: table.is_terminal(self.model))
-        @rule()
-        def restart(self) -> None:
-            self.model = table.initial
-            self.impl = factory(None)
+            self.fired.add((self.model, event))
+            if table.is_terminal(self.model):
+                self.model, self.impl = table.initial, factory(None)
+            else:
+                self.model = table.decision(self.model, event).target
 
         @invariant()
         def implementation_follows_the_table(self) -> None:
@@ -118,3 +123,12 @@ def _show(result: object) -> str:
     if isinstance(result, tuple) and len(result) == 2:
         return f"-> {result[1]} / {result[0]}"
     return repr(result)
+
+
+def _event_pools(table: Table, state: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(onward, allowed, rejected) events of `state` (see `_POOLS`)."""
+    allowed = table.allowed_events(state)
+    targets = {e: table.decision(state, e).target for e in allowed}
+    leaving = tuple(e for e in allowed if targets[e] != state)
+    onward = tuple(e for e in leaving if not table.is_terminal(targets[e])) or leaving
+    return onward, allowed, tuple(e for e in table.events if e not in targets)

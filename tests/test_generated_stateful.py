@@ -26,7 +26,7 @@ BACKENDS = {
 }
 WALK = settings(max_examples=60, stateful_step_count=40, deadline=None, derandomize=True, database=None)
 #: lifecycle (§4.1, nine states) needs longer walks before every DECODING exit has been taken.
-DEEP = {"lifecycle": settings(WALK, max_examples=200, stateful_step_count=100)}
+DEEP = {"lifecycle": settings(WALK, max_examples=100, stateful_step_count=100)}
 HUNT = settings(
     max_examples=400, stateful_step_count=40, deadline=None, derandomize=True, database=None,
     report_multiple_bugs=False, phases=[Phase.generate],
