@@ -349,9 +349,11 @@ class _Search:
         policies = self.model.config.policies
         skip = set()
         if "pause" not in policies:
-            skip.add("slow_reader_pauses_and_resumes")
+            skip |= {"slow_reader_pauses_and_resumes", "replay_resumes_paused_producer"}
         if not {"buffer", "fail"} & set(policies):
             skip.add("buffer_overflow_fails")
+        if not self.model.config.finish_conditions:
+            skip.add("content_interrupt_on_last_allowed_token")
         if self.model.config.max_output_tokens < 2:
             skip |= {"cancel_during_decode_discarded", "stop_spans_two_tokens", "cancel_wins_over_completion"}
         return [n for n in names if n not in skip]

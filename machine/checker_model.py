@@ -6,8 +6,17 @@ resources, stop matcher, detokenizer) and bounded data (tokens selected and deco
 finish reason, cancel/deadline progress, kernel in flight, backpressure policy, unread deltas,
 reader connection). `Model.expand(comp)` lists every successor: the loop's next step (with its
 data-dependent choices: EOS or not, what the detokenizer and the stop matcher make of the bytes,
-which finish check fires) and the environment's injections (cancel, deadline, model error,
-decoding error, transport error, a slow or disconnected reader).
+which finish check fires, whether the content policy refuses a chunk) and the environment's
+injections (cancel, deadline, model error, decoding error, transport error, a slow or disconnected
+reader, a reconnect).
+
+Where spec/DECISIONS.md and the reference runtime fix a point, the model does what the runtime
+does: the content policy judges a token's safe chunk before it is queued, so the interrupting chunk
+is never sent (D11, runner._emit_safe); a reconnect's replay counts every retained delta as read,
+so it drains the unread buffer and resumes a paused producer (OrderedStream.replay); a cancel that
+arrives while a pause-policy producer waits for its reader is observed at the check point at the
+top of the step (the Engine parks such a run before its select, `PARKED_CANCEL`), never inside a
+paused send (generate() waits there in OrderedStream.delta and looks at nothing).
 
 Every control step fires the table event the runtime would fire (runtime/runner.py does the same
 in the same order), so the tables decide: a table change changes the explored behaviour. A step
@@ -35,6 +44,10 @@ REASONS = (None, *FinishReason)  # index 0: no reason fixed yet
 PC_NAMES = ("new", "created", "queued", "prefill_in_flight", "top_of_step", "finish_checks",
             "decode_in_flight", "sending", "safe_point", "draining_finish", "draining_stop_hit",
             "draining_flush", "draining_end", "closing", "done")
+
+# A pause-policy producer whose reader is behind waits for it at the top of a step (the Engine
+# parks it there, runtime/engine.py); a cancel requested meanwhile is observed at this check point.
+PARKED_CANCEL = "loop: cancel observed at a check point while the producer is parked on its reader"
 
 # Fields of a request tuple.
 (F_PC, F_LC, F_ST, F_TH, F_SB, F_KV, F_BS, F_RNG, F_SM, F_DT, F_SEL, F_DEC, F_SEQ, F_REASON,
@@ -321,7 +334,8 @@ class Model:
     def _check_point(self, c, out, pc) -> None:
         """check_cancel_or_deadline (QUEUED) and the top of a decode step (§4.3, §4.9)."""
         if c[F_CANCEL] == 1:
-            s = self._new(c, out, "loop: cancel observed at a check point")
+            parked = pc == P_TOP and self.stream.states[c[F_ST]] == "PAUSED"
+            s = self._new(c, out, PARKED_CANCEL if parked else "loop: cancel observed at a check point")
             s.f[F_CANCEL] = 2
             s.after_lifecycle(s.lc("cancel"), default=P_SAFE)
         elif c[F_DEADLINE] == 1:
@@ -339,36 +353,55 @@ class Model:
             self._select(c, out)
 
     def _select(self, c, out) -> None:
-        """choose y_t, then EOS check, detokenizer push and stop matcher push (§4.3, §4.5, §4.6)."""
+        """choose y_t, then EOS check, detokenizer push, stop matcher push and, on non-empty safe
+        bytes, the content policy before the send (§4.3, §4.5, §4.6, DECISIONS D11)."""
         s = self._new(c, out, "loop: select EOS")
         s.f[F_SEL] += 1
         s.after_lifecycle(s.lc("select"), default=P_TOP)
         s.f[F_EOS] = 1
         s.after_lifecycle(s.lc("eos"), default=P_DRAIN)
-        for push in ("invalid", "hold", "emit"):
-            stops = ("clear", "hold", "hit") if push == "emit" else (None,)
-            for stop in stops:
-                for nonempty in ((True,) if stop == "clear" else (True, False) if stop else (False,)):
-                    label = f"loop: select a token: detokenizer {push}" + (
-                        f", stop matcher {stop}, safe bytes {'non-empty' if nonempty else 'empty'}" if stop else "")
-                    s = self._new(c, out, label)
-                    s.f[F_SEL] += 1
-                    if s.lc("select") is None:
-                        continue
-                    if push == "invalid":
-                        s.fire("detokenizer", "invalid")
-                        s.lc("decode_error")
-                        continue
-                    s.fire("detokenizer", push)
-                    if stop is not None:
-                        s.fire("stop_matcher", stop)
-                    if nonempty:
-                        s.send(P_CHECKS)
-                    else:
-                        s.f[F_PC] = P_CHECKS
+        s = self._push(c, out, "loop: select a token: detokenizer invalid", "invalid", None)
+        if s is not None:
+            s.lc("decode_error")
+        self._push(c, out, "loop: select a token: detokenizer hold", "hold", None, P_CHECKS)
+        for stop, nonempty in (("clear", True), ("hold", True), ("hold", False), ("hit", True), ("hit", False)):
+            label = f"loop: select a token: detokenizer emit, stop matcher {stop}, safe bytes " + (
+                "non-empty" if nonempty else "empty")
+            s = self._push(c, out, label, "emit", stop, P_CHECKS)
+            if s is not None and nonempty:
+                s.send(P_CHECKS)
+                if self.config.finish_conditions:
+                    self._interrupt(c, out, label, stop)
+
+    def _push(self, c, out, label: str, push: str, stop: str | None, pc: int | None = None) -> Step | None:
+        """A step that selects a token and pushes it through the detokenizer (and the stop
+        matcher); it continues at `pc`. None when the table refused the selection."""
+        s = self._new(c, out, label)
+        s.f[F_SEL] += 1
+        if s.lc("select") is None:
+            return None
+        s.fire("detokenizer", push)
+        if stop is not None:
+            s.fire("stop_matcher", stop)
+        if pc is not None:
+            s.f[F_PC] = pc
+        return s
+
+    def _interrupt(self, c, out, label: str, stop: str) -> None:
+        """The content policy sees the safe chunk before it is sent and refuses it (D11): the
+        chunk is never sent, pending bytes (and a matched stop) are discarded, FINISHED follows."""
+        s = self._push(c, out, f"{label}, content policy interrupts (chunk not sent, D11)", "emit", stop)
+        if s is None:
+            return
+        s.after_lifecycle(s.lc("content_interrupt"), default=P_DRAIN_END)
+        if not self.detok.terminal[s.f[F_DT]]:
+            s.fire("detokenizer", "discard")
+        if self.stop.states[s.f[F_SM]] == "HIT":
+            s.fire("stop_matcher", "discard")
 
     def _finish_checks(self, c, out) -> None:
-        """After the token's delta: stop, length, then context/grammar/content checks (D4)."""
+        """After the token's delta: stop, length, then the context and grammar checks (D4); the
+        content policy came before the delta (`_interrupt`)."""
         if self.stop.states[c[F_SM]] == "HIT":
             s = self._new(c, out, "loop: stop hit: finish reason stop_sequence, tails discarded")
             s.after_lifecycle(s.lc("stop_hit"), default=P_DRAIN_END)
@@ -388,10 +421,6 @@ class Model:
         for event in ("context_full", "grammar_done"):
             s = self._new(c, out, f"loop: {event}")
             s.after_lifecycle(s.lc(event), default=P_DRAIN)
-        s = self._new(c, out, "loop: content policy interrupts: pending bytes discarded (D11)")
-        s.after_lifecycle(s.lc("content_interrupt"), default=P_DRAIN_END)
-        if not self.detok.terminal[s.f[F_DT]]:
-            s.fire("detokenizer", "discard")
 
     def _kernel_end(self, c, out, done_event: str, what: str) -> None:
         s = self._new(c, out, f"device: {what} kernel completes")
@@ -452,7 +481,6 @@ class Model:
         """Injections possible at any point: cancel, deadline, reader progress, disconnect (§4.7-§4.9)."""
         life = self.life.states[c[F_LC]]
         life_terminal = self.life.terminal[c[F_LC]]
-        parked = c[F_PC] == P_SEND and self.stream.states[c[F_ST]] == "PAUSED"
         if c[F_CANCEL] == 0:
             s = self._new(c, out, "environment: cancel requested")
             s.f[F_CANCEL] = 1
@@ -462,11 +490,6 @@ class Model:
             s = self._new(c, out, "scheduler: cancel observed while the loop is busy")
             s.f[F_CANCEL] = 2
             s.after_lifecycle(s.lc("cancel"), default=c[F_PC])
-        elif c[F_CANCEL] == 1 and parked and life == "DECODING":
-            s = self._new(c, out, "scheduler: cancel observed while the producer is parked; the unsent delta is dropped")
-            s.f[F_CANCEL] = 2
-            s.f[F_PC] = P_SAFE
-            s.after_lifecycle(s.lc("cancel"), default=P_SAFE)
         elif c[F_CANCEL] == 2 and life == "CANCEL_REQUESTED":
             s = self._new(c, out, "environment: the cancel is repeated")
             s.f[F_CANCEL] = 3
@@ -489,6 +512,9 @@ class Model:
             s.fire("stream", "reconnect")
             s.fire("stream", "replay")
             s.f[F_CONN] = 2
+            s.f[F_BUF] = 0  # the replayed deltas count as read (OrderedStream.replay)
+            if st == "PAUSED":
+                s.fire("stream", "unblock")
 
     # ---- what is checked ---------------------------------------------------------------------
 
@@ -589,6 +615,12 @@ WITNESSES = {
     "cancel_during_decode_discarded": ("§4.11", ("lifecycle", "CANCEL_REQUESTED", "decode_done"), _always),
     "eos_on_first_token": ("§4.12", ("lifecycle", "DECODING", "eos"), lambda m, a, b: b[F_SEL] == 1),
     "admission_refused": ("§4.1", ("lifecycle", "CREATED", "reject"), _always),
+    # D11: the policy sees the chunk before the send and before the length check
+    "content_interrupt_on_last_allowed_token": (
+        "§4.10", ("lifecycle", "DECODING", "content_interrupt"),
+        lambda m, a, b: b[F_SEL] == m.config.max_output_tokens and b[F_SEQ] == a[F_SEQ]),
+    "replay_resumes_paused_producer": (
+        "§4.7", ("stream", "PAUSED", "replay"), lambda m, a, b: m.stream.states[b[F_ST]] == "OPEN"),
 }
 # Witnesses of the two-request configuration, over product states (§4.4 shared batch slots).
 POOL_WITNESSES = {

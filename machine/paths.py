@@ -3,8 +3,8 @@
 The one-request model of machine/checker_model.py is explored breadth first. Each *target* is
 either a table decision that some step fires, keyed ``("row"|"ignore", machine, state, event)``
 (resources of every kind share the `resources` table), or a fault point, keyed ``("fault", label,
-point)``: an environment injection (or the loop's observation of a cancel or deadline) at a
-program point of §4.3. For each target the path returned is a shortest run from an initial state
+point)``: an environment injection (or the loop's observation of a cancel or deadline, or a content
+policy interruption, D11) at a program point of §4.3. For each target the path returned is a shortest run from an initial state
 through a step that hits the target to the end of the request (every path ends at "done").
 
 `allow(comp, step)` restricts the steps a path may take (a driver that cannot reproduce some model
@@ -24,11 +24,13 @@ from ..spec import Table
 from .checker_model import F_PC, F_POLICY, PC_NAMES, Model, ModelConfig, Step
 
 Target = tuple[str, ...]
+DEFAULT_CONFIG = ModelConfig(policies=("pause", "buffer", "fail"))  # max_output_tokens 2, cap 1
 Allow = Callable[[tuple[int, ...], Step], bool]
 
-# Labels of steps that inject or observe an environment fact (§4.7-§4.10): fault points.
+# Labels of steps that inject or observe an environment fact (§4.7-§4.10): fault points. The
+# content policy is an outside hook too (DECISIONS D11): each of its interruptions is one.
 _FAULT_PREFIXES = ("environment:", "scheduler:", "reader:", "transport:")
-_OBSERVATIONS = ("cancel observed", "deadline observed")
+_OBSERVATIONS = ("cancel observed", "deadline observed", "content policy interrupts")
 
 
 def machine_of(name: str) -> str:
@@ -37,7 +39,8 @@ def machine_of(name: str) -> str:
 
 
 def is_fault_label(label: str) -> bool:
-    """True for steps the environment injects (and the loop's observation of cancel/deadline)."""
+    """True for steps the environment injects (and the loop's observation of cancel/deadline, and
+    the content policy's interruptions)."""
     if label.startswith(("environment: cancel requested", "environment: deadline passes")):
         return False  # a request alone changes no table: its observation is the fault point
     return label.startswith(_FAULT_PREFIXES) or any(o in label for o in _OBSERVATIONS)
@@ -98,6 +101,24 @@ class PathSet:
         for p in self.paths.values():
             out.setdefault((p.policy, p.steps), p)
         return list(out.values())
+
+
+def is_model_run(path: ModelPath, config: ModelConfig | None = None, tables: Mapping[str, Table] | None = None) -> bool:
+    """True when `path` is still a complete run of the model (a kept regression path whose steps,
+    points and table steps the current model takes, from its policy's initial state to the end)."""
+    config = config or DEFAULT_CONFIG
+    if path.policy not in config.policies:
+        return False
+    model = Model(tables, config)
+    comps = {model.initial()[config.policies.index(path.policy)]}
+    for ps in path.steps:
+        comps = {
+            tuple(s.f) for c in comps if PC_NAMES[c[F_PC]] == ps.point
+            for s in model.expand(c) if not s.dead and s.label == ps.label and tuple(s.fired) == ps.fired
+        }
+        if not comps:
+            return False
+    return any(model.done(c) for c in comps)
 
 
 class _Graph:
@@ -176,9 +197,9 @@ def covering_paths(
 ) -> PathSet:
     """One shortest complete path per target (all targets the model reaches, or `targets`).
 
-    Default config: max_output_tokens 2, all three backpressure policies, buffer cap 1.
+    Default config (DEFAULT_CONFIG): max_output_tokens 2, all three backpressure policies, buffer cap 1.
     """
-    config = config or ModelConfig(policies=("pause", "buffer", "fail"))
+    config = config or DEFAULT_CONFIG
     model = Model(tables, config)
     full = _Graph(model, None)
     reachable = frozenset(full.targets())

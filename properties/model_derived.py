@@ -1,4 +1,4 @@
-"""Model-derived tests: each checker path becomes a concrete run of generate() (issue 5 item 4).
+"""Model-derived tests: each checker path becomes a concrete run of the runtime (issue 5 item 4).
 
 machine/paths.py gives one shortest model path per reachable table decision and fault point. A
 path is turned into a `ConcreteRun`:
@@ -16,9 +16,14 @@ path is turned into a `ConcreteRun`:
   listener; reads, disconnects and reconnects are done by this harness, which is the stream's only
   reader (`read_inline=False`), right after the delta (or start, or terminal) the path puts them
   after;
-- request parameters: max_output_tokens, context limit, grammar and content policy that fire the
-  finish checks at the path's step; the path's backpressure policy with a cap of one delta
-  (`buffer`: a byte cap computed from the deltas' sizes).
+- request parameters: max_output_tokens, context limit, grammar and a content policy that fire the
+  finish checks at the path's step (the policy refuses the n-th non-empty safe chunk, D11); the
+  path's backpressure policy with a cap of one delta (`buffer`: a byte cap computed from the deltas'
+  sizes, a replay counting as a read of every unread delta);
+- driver: generate() (`read_inline=False`), except for a path whose cancel is observed while the
+  producer is parked on its reader (`PARKED_CANCEL`): generate() never parks before a select, the
+  batched Engine does (runtime/engine.py), so such a path runs on an Engine stepped on this thread
+  until it parks; then the cancel is requested and the Engine steps on (`Driver.ENGINE`).
 
 Refinement (what "the trace refines the path" means here): the runtime trace is projected onto
 table events per machine (lifecycle, stream, and each resource kind separately) exactly as the
@@ -30,13 +35,15 @@ needed: the loop fires the same ignore rows the model does). Order across machin
 (the model and the runtime both interleave them by §4.3, but the resource releases and the
 terminal event are one critical section in the runtime).
 
-Steps of the model that generate() cannot reproduce are excluded from path search by `allow`, each
-with its reason in `UNREALIZABLE`; `MODEL_ONLY` names the decisions and fault points that are
+Steps of the model that neither driver takes are excluded from path search by `allow`, each with
+its reason in `UNREALIZABLE` (a cancel observed twice, or after the finish reason is fixed: the
+tables decide those for other engines); `MODEL_ONLY` names the decisions and fault points that are
 reachable in the model only through such steps.
 """
 
 from __future__ import annotations
 
+import enum
 import itertools
 import json
 from collections.abc import Iterable, Mapping, Sequence
@@ -46,9 +53,10 @@ from typing import Any
 import attrs
 
 from ..machine import IllegalTransition, compiled
-from ..machine.checker_model import F_BUF, F_LC, F_SEQ, Step
+from ..machine.checker_model import F_LC, PARKED_CANCEL, Step
 from ..machine.paths import ModelPath, PathSet, covering_paths, machine_of
 from ..runtime.detokenizer import DecodingError, IncrementalDetokenizer
+from ..runtime.engine import Engine
 from ..runtime.events import TERMINAL_KINDS, Event, EventKind
 from ..runtime.faults import Fault, FaultPlan
 from ..runtime.loop import generate
@@ -74,6 +82,7 @@ ALPHABET = (10, 11, 12, 13, 14, 15, 16, 17, 20, 22, 23, 24, 25, EOS)
 UNSELECTED = 10  # pads the script: ScriptedModel needs logits past the last selected token
 NO_LIMIT = 8  # max_output_tokens when the path never ends by length (the model selects <= 2)
 LARGE = 1 << 20
+PAUSE_TIMEOUT_S = 5.0  # Engine: bounds a wait inside a paused send (none is expected)
 COMPARED = ("lifecycle", "stream", "resources")
 
 
@@ -81,7 +90,7 @@ def tokenizer() -> ByteTableTokenizer:
     return ByteTableTokenizer(TABLE, eos_id=EOS)
 
 
-# ---------------------------------------------------------------- what generate() cannot do
+# ---------------------------------------------------------------- what no driver does
 
 
 def _busy_cancel_outside_kernel(comp: tuple[int, ...], step: Step) -> bool:
@@ -89,32 +98,23 @@ def _busy_cancel_outside_kernel(comp: tuple[int, ...], step: Step) -> bool:
         step.m.life.states[comp[F_LC]] not in ("PREFILLING", "DECODING", "CANCEL_REQUESTED")
 
 
-# name -> (predicate on a model step, reason). Each is a model step with no counterpart in the
-# single-path loop; the decisions reachable only through them are listed by `model_only()`.
+# name -> (predicate on a model step, reason). Each is a model step that neither driver of the
+# reference runtime takes (generate() nor the Engine: both observe a cancel through
+# RequestRun.check_point / observe_in_flight); the model keeps them because the tables decide them
+# for other engines (the ignore rows of DECISIONS D2). The decisions reachable only through them
+# are MODEL_ONLY.
 UNREALIZABLE = {
     "repeated_cancel": (
         lambda comp, step: step.label.startswith("environment: the cancel is repeated"),
-        "RequestRun fires `cancel` once (_observe_cancel); a second request only sets a set flag (§4.9)",
+        "RequestRun fires `cancel` once (_observe_cancel, shared by generate() and the Engine); a "
+        "second request only sets a flag that is already set (§4.9). The ignore row is there for "
+        "engines that fire every cancel they receive",
     ),
     "cancel_observed_without_kernel": (
         _busy_cancel_outside_kernel,
-        "generate() observes a cancel only at its check points and while a kernel is in flight "
-        "(§4.9 safe points); in DRAINING and after the terminal nothing looks at the flag",
-    ),
-    "cancel_observed_while_parked": (
-        lambda comp, step: step.label.startswith("scheduler: cancel observed while the producer is parked"),
-        "a pause-policy producer parks inside OrderedStream.delta in generate(); only the Engine "
-        "parks a request and observes its cancel (runtime/engine.py), not derived here",
-    ),
-    "content_interrupt_after_delta": (
-        lambda comp, step: step.label.startswith("loop: content policy interrupts") and comp[F_SEQ] > 0,
-        "the runtime consults the content policy before a chunk is sent (DECISIONS D11), the model "
-        "after it; only paths where no delta was sent yet are derived (conservative)",
-    ),
-    "replay_with_unread_deltas": (
-        lambda comp, step: step.label.startswith("transport: the client reconnects") and comp[F_BUF] > 0,
-        "OrderedStream.replay counts the replayed deltas as read (and may unblock), the model's "
-        "replay does not; the two agree when nothing is unread",
+        "generate() and the Engine observe a cancel only at check points in QUEUED/DECODING and while "
+        "a kernel is in flight (§4.9 safe points); once the reason is fixed (DRAINING) or the request "
+        "ended, nothing looks at the flag. The ignore rows (D2) are for engines that still do",
     ),
 }
 
@@ -132,15 +132,11 @@ MODEL_ONLY: dict[tuple[str, ...], str] = {
     ("ignore", "lifecycle", "DRAINING", "cancel"): "cancel_observed_without_kernel",
     ("ignore", "lifecycle", "FINISHED", "cancel"): "cancel_observed_without_kernel",
     ("ignore", "lifecycle", "FAILED", "cancel"): "cancel_observed_without_kernel",
-    ("fault", "scheduler: cancel observed while the producer is parked; the unsent delta is dropped",
-     "sending"): "cancel_observed_while_parked",
-    ("ignore", "stream", "PAUSED", "reconnect"): "replay_with_unread_deltas",
-    ("ignore", "stream", "PAUSED", "replay"): "replay_with_unread_deltas",
 }
 
 
 def allow(comp: tuple[int, ...], step: Step) -> bool:
-    """The model steps a concrete run of generate() can reproduce (see UNREALIZABLE)."""
+    """The model steps a concrete run (generate() or the Engine) can reproduce (see UNREALIZABLE)."""
     return not any(pred(comp, step) for pred, _ in UNREALIZABLE.values())
 
 
@@ -156,7 +152,7 @@ def derive_paths() -> PathSet:
 class Select:
     """What the lifecycle and the stream see of one selected token (None: not observed)."""
 
-    kind: str  # "eos", "invalid", "push", "chunk" (non-empty safe bytes the content policy withholds)
+    kind: str  # "eos", "invalid" or "push"
     delta: bool | None = False
     hit: bool | None = False
 
@@ -213,8 +209,6 @@ def _simulate(tokens: Sequence[int], tok: ByteTableTokenizer) -> tuple[list[Sele
 
 
 def _matches(want: Select | Drain, got: Select | Drain) -> bool:
-    if isinstance(want, Select) and want.kind == "chunk":
-        return got.kind == "push" and got.delta is True and got.hit is False
     if type(want) is not type(got):
         return False
     return all(w is None or w == g for w, g in zip(attrs.astuple(want), attrs.astuple(got)))
@@ -240,6 +234,8 @@ class Plan:
     # harness actions on the stream: (deltas sent before, after the terminal?, action)
     actions: tuple[tuple[int, bool, str], ...]
     overflow_at: int | None  # index of the delta that overflows (buffer/fail policy)
+    parked_cancel: bool  # a cancel requested while the producer waits for its reader (Engine)
+    parked_actions: tuple[str, ...]  # harness actions the path takes after that cancel
 
 
 def plan_of(path: ModelPath) -> Plan:
@@ -248,9 +244,10 @@ def plan_of(path: ModelPath) -> Plan:
     drain: Drain | None = None
     faults: list[Fault] = []
     actions: list[tuple[int, bool, str]] = []
+    parked_actions: list[str] = []
     t = seq = 0
     terminal = False
-    cancel_in_queue = reject = False
+    cancel_in_queue = reject = parked_cancel = False
     max_tokens, context_limit = NO_LIMIT, 4096
     grammar_at = interrupt_at = overflow_at = None
     for st in path.steps:
@@ -267,6 +264,8 @@ def plan_of(path: ModelPath) -> Plan:
                 selects.append(Select("push", False, False))
             else:
                 selects.append(Select("push", "safe bytes non-empty" in lab, "stop matcher hit" in lab))
+                if "content policy interrupts" in lab:  # the policy sees every non-empty chunk (D11)
+                    interrupt_at = sum(1 for s in selects if s.delta)
         elif lab.startswith("loop: finish(): nothing pending"):
             drain = Drain(False, False, False, None)
         elif lab.startswith("loop: finish(): the tail is not valid"):
@@ -285,11 +284,10 @@ def plan_of(path: ModelPath) -> Plan:
             context_limit = t + len(PROMPT)
         elif lab.startswith("loop: grammar_done"):
             grammar_at = t
-        elif lab.startswith("loop: content policy interrupts"):
-            selects[-1] = Select("chunk")
-            interrupt_at = sum(1 for s in selects if s.kind == "chunk" or s.delta)
         elif lab.startswith("loop: cancel observed before admission"):
             faults.append(Fault("request.created", 0, "cancel"))
+        elif lab == PARKED_CANCEL:
+            parked_cancel = True
         elif lab.startswith(("loop: cancel observed at a check point", "loop: deadline observed")):
             action = "cancel" if "cancel" in lab else "deadline"
             if pt == "queued":
@@ -313,16 +311,25 @@ def plan_of(path: ModelPath) -> Plan:
             _unobserved_after_send(selects, drain)
         elif lab.startswith("loop: delta queued"):
             seq += 1
-        elif lab.startswith("reader: reads one delta"):
-            actions.append((seq, terminal, "read"))
-        elif lab.startswith("transport: the client disconnects"):
-            actions.append((seq, terminal, "disconnect"))
-        elif lab.startswith("transport: the client reconnects"):
-            actions.append((seq, terminal, "reconnect"))
+        elif (what := _harness_action(lab)) is not None:
+            if parked_cancel and not terminal:
+                parked_actions.append(what)  # done once the Engine has parked the run
+            else:
+                actions.append((seq, terminal, what))
         if any(m == "stream" and e in ("complete", "cancel", "fail", "overflow") for m, _, e in st.fired):
             terminal = True
     return Plan(tuple(selects), drain, tuple(faults), cancel_in_queue, max_tokens, context_limit,
-                grammar_at, interrupt_at, reject, path.policy, tuple(actions), overflow_at)
+                grammar_at, interrupt_at, reject, path.policy, tuple(actions), overflow_at, parked_cancel,
+                tuple(parked_actions))
+
+
+_HARNESS_ACTIONS = {"reader: reads one delta": "read", "transport: the client disconnects": "disconnect",
+                    "transport: the client reconnects": "reconnect"}
+
+
+def _harness_action(label: str) -> str | None:
+    """The reader/transport action a model step asks the harness for (None: not one)."""
+    return next((a for prefix, a in _HARNESS_ACTIONS.items() if label.startswith(prefix)), None)
 
 
 def _unobserved_after_send(selects: list[Select], drain: Drain | None) -> None:
@@ -360,13 +367,13 @@ def choose_tokens(plan: Plan, tok: ByteTableTokenizer) -> tuple[list[int], list[
 
 def _byte_cap(plan: Plan, deltas: list[bytes]) -> int | None:
     """`buffer` policy: a max_bytes under which exactly the plan's overflow happens, or None."""
-    reads = [a for a in plan.actions if a[2] == "read" and not a[1]]
+    reads = [a for a in plan.actions if a[2] in ("read", "reconnect") and not a[1]]
     unread: list[int] = []
     fit_need, over_limit = 1, None
     for k, d in enumerate(deltas):
-        for _ in (a for a in reads if a[0] == k):
-            if unread:
-                unread.pop(0)
+        for a in reads:
+            if a[0] == k:  # a read takes the oldest delta; a replay counts every unread one as read
+                del unread[: 1 if a[2] == "read" else len(unread)]
         need = sum(unread) + len(d)
         if k == plan.overflow_at:
             over_limit = need - 1
@@ -378,9 +385,22 @@ def _byte_cap(plan: Plan, deltas: list[bytes]) -> int | None:
     return fit_need if fit_need <= over_limit else None
 
 
+class Driver(enum.StrEnum):
+    """Which driver of RequestRun realises a path: the single-path loop or the batched Engine."""
+
+    GENERATE = "generate"
+    ENGINE = "engine"
+
+
 @attrs.frozen
 class ConcreteRun:
-    """A path made concrete: everything generate() needs, replayable (tests/regressions)."""
+    """A path made concrete: everything its driver needs, replayable (tests/regressions).
+
+    `cancel_when_parked` (Engine only): the cancel is requested once the Engine has parked the run
+    on its reader (a step that moves nothing), after `parked_actions` (the reads and transport
+    steps the path takes after the cancel; the stream order is what is compared), then the Engine
+    steps on (§4.8, §4.9).
+    """
 
     path: ModelPath
     script: tuple[int, ...]
@@ -391,6 +411,14 @@ class ConcreteRun:
     actions: tuple[tuple[int, bool, str], ...]
     grammar_at: int | None
     interrupt_at: int | None
+    driver: Driver = attrs.field(default=Driver.GENERATE, converter=Driver)
+    cancel_when_parked: bool = False
+    parked_actions: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+
+    def __attrs_post_init__(self) -> None:
+        if (self.cancel_when_parked or self.parked_actions) and self.driver is not Driver.ENGINE:
+            raise ValueError("cancel_when_parked and parked_actions need the engine driver: "
+                             "generate() never parks before a select")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -399,6 +427,8 @@ class ConcreteRun:
             "faults": [{"point": f.point, "step": f.step, "action": f.action.value} for f in self.faults],
             "cancel_in_queue": self.cancel_in_queue, "actions": [list(a) for a in self.actions],
             "grammar_at": self.grammar_at, "interrupt_at": self.interrupt_at,
+            "driver": self.driver.value, "cancel_when_parked": self.cancel_when_parked,
+            "parked_actions": list(self.parked_actions),
         }
 
     @classmethod
@@ -408,6 +438,8 @@ class ConcreteRun:
             context_limit=obj["context_limit"], faults=tuple(Fault(**f) for f in obj["faults"]),
             cancel_in_queue=obj["cancel_in_queue"], actions=tuple(tuple(a) for a in obj["actions"]),
             grammar_at=obj["grammar_at"], interrupt_at=obj["interrupt_at"],
+            driver=obj.get("driver", Driver.GENERATE), cancel_when_parked=obj.get("cancel_when_parked", False),
+            parked_actions=obj.get("parked_actions", ()),
         )
 
 
@@ -423,8 +455,10 @@ def concretize(path: ModelPath, tok: ByteTableTokenizer | None = None) -> Concre
         "max_buffer_bytes": _byte_cap(plan, deltas) if plan.policy == "buffer" else LARGE,
     }
     context_limit = len(PROMPT) if plan.reject else plan.context_limit
+    driver = Driver.ENGINE if plan.parked_cancel else Driver.GENERATE
     return ConcreteRun(path, tuple(script), request, context_limit, plan.faults, plan.cancel_in_queue,
-                       plan.actions, plan.grammar_at, plan.interrupt_at)
+                       plan.actions, plan.grammar_at, plan.interrupt_at, driver, plan.parked_cancel,
+                       plan.parked_actions)
 
 
 # ---------------------------------------------------------------- running and projecting
@@ -488,9 +522,15 @@ class _Harness:
         self.extra.append((len(self.rt.trace.events), event))
 
     def _act(self, sent: int, after_terminal: bool) -> None:
-        stream = self.rt.stream
+        due = []
         while self.actions and self.actions[0][:2] == (sent, after_terminal):
-            _, _, what = self.actions.pop(0)
+            due.append(self.actions.pop(0)[2])
+        self.perform(due)
+
+    def perform(self, actions: Iterable[str]) -> None:
+        """Do each harness action (read, disconnect, reconnect) now, logging the untraced steps."""
+        stream = self.rt.stream
+        for what in actions:
             before = str(stream.state)
             if what == "read":
                 while (ev := stream.get(timeout=0)) is not None and ev.kind is not StreamEventKind.DELTA:
@@ -501,14 +541,15 @@ class _Harness:
                 stream.disconnect()
             else:
                 stream.reconnect()
-                stream.replay(self.read_seq)
+                seqs = [ev.seq for ev in stream.replay(self.read_seq) if ev.kind is StreamEventKind.DELTA]
+                self.read_seq = max(seqs, default=self.read_seq)  # the replay counts as read
                 self._log("replay")
             if before == "PAUSED" and str(stream.state) == "OPEN":
                 self._log("unblock")
 
 
 def execute(run: ConcreteRun, tok: ByteTableTokenizer | None = None) -> tuple[list[Event], list[tuple[int, str]]]:
-    """Run generate() for `run`; the full trace and the harness-observed stream steps."""
+    """Run `run` on its driver; the full trace and the harness-observed stream steps."""
     tok = tok or tokenizer()
     h = _Harness(run)
     req = dict(run.request)
@@ -519,10 +560,40 @@ def execute(run: ConcreteRun, tok: ByteTableTokenizer | None = None) -> tuple[li
         req["content_policy"] = _InterruptAtCall(run.interrupt_at)
     model = ScriptedModel([*run.script, UNSELECTED, UNSELECTED], vocab_size=max(TABLE) + 1,
                           context_limit=run.context_limit)
-    generate(Request(list(PROMPT), **req), model=model, tokenizer=tok, faults=FaultPlan(run.faults),
-             on_run=h.on_run, on_delta=h.on_delta, read_inline=False)
+    request, faults = Request(list(PROMPT), **req), FaultPlan(run.faults)
+    if run.driver is Driver.ENGINE:
+        _on_engine(run, h, request, faults, model, tok)
+    else:
+        generate(request, model=model, tokenizer=tok, faults=faults,
+                 on_run=h.on_run, on_delta=h.on_delta, read_inline=False)
     h.after()
     return list(h.rt.trace.events), h.extra
+
+
+class EngineStalled(AssertionError):
+    """The Engine run did not reach the state its path asks for (parked, or ended)."""
+
+
+def _on_engine(run: ConcreteRun, h: _Harness, request: Request, faults: FaultPlan, model: Any,
+               tok: ByteTableTokenizer) -> None:
+    """The Engine drives the run (runtime/engine.py): stepped on this thread until idle or until
+    nothing moves (the run is parked on its reader, §4.8); a parked cancel is requested then."""
+    eng = Engine(model, tok, max_batch=1, detach_timeout_s=PAUSE_TIMEOUT_S)
+    rt = eng.submit(request, faults=faults)  # admitted (CREATED -> QUEUED) inside submit
+    rt.on_delta(h.on_delta)
+    h.on_run(rt)
+    if h.cancel_in_queue:
+        eng.cancel(request.request_id, source="model-derived")
+    eng.run_until_idle()
+    if run.cancel_when_parked:
+        if rt.done or not rt.stream.would_block():
+            raise EngineStalled(f"expected the Engine to park the run on its reader; it is {rt.state}, "
+                                f"stream {rt.stream.state.value}")
+        h.perform(run.parked_actions)
+        eng.cancel(request.request_id, source="model-derived")
+        eng.run_until_idle()
+    if not rt.done:
+        raise EngineStalled(f"the Engine left the run in {rt.state} (stream {rt.stream.state.value})")
 
 
 def project(events: Sequence[Event], extra: Iterable[tuple[int, str]] = ()) -> dict[str, list[tuple[str, str]]]:

@@ -197,3 +197,51 @@ def test_cli_check_reports_a_changed_table_and_draws_it(tmp_path):
     assert "no_kernel_in_flight_at_cancelled" in result.output
     dot = (out / "counterexample_no_kernel_in_flight_at_cancelled_lifecycle.dot").read_text()
     assert "DECODING" in dot and "cancel" in dot
+
+
+def test_content_policy_acts_before_the_send_and_before_the_length_check(one):
+    """DECISIONS D11 (§4.10), as the runtime does it (runner._emit_safe): the interrupt is decided on
+    the token's safe chunk before it is queued, so it can land on the last allowed token, ahead of
+    `length`, and the interrupting step queues no delta."""
+    w = one.witnesses["content_interrupt_on_last_allowed_token"]
+    fired = [s[1:] for s in w.steps]
+    assert ("lifecycle", "DECODING", "content_interrupt") in fired
+    assert ("lifecycle", "DECODING", "length") not in fired
+    last = fired[len(fired) - 1 - fired[::-1].index(("lifecycle", "DECODING", "select")):]
+    assert not any(m == "stream" for m, _, _ in last)
+    assert "content policy interrupts" in w.labels[-1]
+
+
+def test_replay_counts_as_read_and_resumes_the_producer(one):
+    """§4.7 rule 4, §4.8 (OrderedStream.replay): a reconnect's replay empties the unread buffer, so a
+    paused producer resumes at once: PAUSED --replay--> is followed by PAUSED --unblock-->."""
+    fired = [s[1:] for s in one.witnesses["replay_resumes_paused_producer"].steps]
+    i = fired.index(("stream", "PAUSED", "replay"))
+    assert fired[i + 1] == ("stream", "PAUSED", "unblock")
+
+
+def test_no_cancel_is_observed_inside_a_paused_send():
+    """§4.8/§4.9: a producer waiting inside a paused send (generate() in OrderedStream.delta) observes
+    no cancel there; the Engine parks before the select instead, and the cancel lands at the check
+    point at the top of the step. In the model: no step from `sending` on a PAUSED stream fires a
+    lifecycle cancel, and the parked check point does."""
+    from collections import deque
+
+    from decodespec.machine.checker_model import F_PC, F_ST, P_SEND, PARKED_CANCEL, Model
+
+    model = Model(config=ModelConfig(policies=("pause",)))
+    seen = set(model.initial())
+    todo = deque(seen)
+    parked_cancels = 0
+    while todo:
+        comp = todo.popleft()
+        for step in model.expand(comp):
+            cancels = [f for f in step.fired if f == ("lifecycle", "DECODING", "cancel")]
+            if comp[F_PC] == P_SEND and model.stream.states[comp[F_ST]] == "PAUSED":
+                assert not cancels, (step.label, cancels)
+            parked_cancels += step.label == PARKED_CANCEL and bool(cancels)
+            post = tuple(step.f)
+            if not step.dead and post not in seen:
+                seen.add(post)
+                todo.append(post)
+    assert parked_cancels > 0

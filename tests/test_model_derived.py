@@ -17,7 +17,8 @@ from pathlib import Path
 import attrs
 import pytest
 
-from decodespec.machine.paths import ModelPath, covering_paths
+from decodespec.machine.checker_model import PARKED_CANCEL
+from decodespec.machine.paths import ModelPath, covering_paths, is_model_run
 from decodespec.properties import check_trace
 from decodespec.properties import model_derived as md
 
@@ -167,5 +168,89 @@ def test_regression_case_still_refines_its_path(case):
     assert check_trace(events, tokenizer=md.tokenizer()) == []
 
 
+@pytest.mark.parametrize("case", sorted(p.stem for p in REGRESSIONS.glob("*.json")))
+def test_regression_path_is_still_a_run_of_the_model(case):
+    """A kept case stays meaningful only while the model still takes its path (§4.3): every step,
+    point and table step is a successor in the current model, and the path ends."""
+    (_, run), = [c for c in md.load_regressions(REGRESSIONS) if c[0] == case]
+    assert is_model_run(run.path)
+
+
+def test_a_path_of_the_old_replay_is_no_longer_a_model_run():
+    """The model's replay used to leave a paused producer paused; that path is not a run any more."""
+    (_, run), = [c for c in md.load_regressions(REGRESSIONS) if c[0] == "replay-resumes-paused"]
+    old = attrs.evolve(run.path, steps=tuple(
+        attrs.evolve(s, fired=tuple(f for f in s.fired if f != ("stream", "PAUSED", "unblock"))) for s in run.path.steps))
+    assert old != run.path and not is_model_run(old)
+
+
 def test_regression_cases_exist():
     assert len(list(REGRESSIONS.glob("*.json"))) >= 3
+
+
+def _path_through(pathset, label_part: str) -> ModelPath:
+    return next(p for t, p in sorted(pathset.paths.items()) if t[0] == "fault" and label_part in t[1])
+
+
+def test_parked_cancel_is_realised_by_the_engine(pathset):
+    """§4.8/§4.9: a pause-policy request whose reader is behind is parked by the Engine before its
+    next select; a cancel requested then is observed at the check point of the next step. The path
+    through that check point runs on the Engine and refines; without the cancel the Engine keeps
+    the run parked (so the run really was parked, not merely slow)."""
+    p = pathset.paths[("fault", PARKED_CANCEL, "top_of_step")]
+    run = md.concretize(p)
+    assert run.driver is md.Driver.ENGINE and run.cancel_when_parked
+    events, extra = md.execute(run)
+    assert not md.mismatches(p, md.project(events, extra))
+    kinds = [str(e.kind) for e in events]
+    assert kinds.index("cancel.requested") > max(i for i, k in enumerate(kinds) if k == "decode.completed")
+    assert kinds.count("token.selected") == sum(1 for s in p.steps if s.label.startswith("loop: select"))
+    with pytest.raises(md.EngineStalled, match="DECODING"):
+        md.execute(attrs.evolve(run, cancel_when_parked=False))
+    with pytest.raises(ValueError, match="engine driver"):
+        attrs.evolve(run, driver="generate")
+
+
+def test_content_policy_interrupts_before_the_chunk_is_sent(pathset, outcomes):
+    """DECISIONS D11 (§4.10): every content-interrupt path, on a clear, held or hit stop matcher,
+    sends no delta for the interrupting token, and its run refines the path: the runtime's trace
+    has the path's deltas only and ends FINISHED with content_interrupted (a stop matched in the
+    same chunk does not win: the policy looks first)."""
+    runs = [(p, ev) for p, r, ev, _ in outcomes if r.interrupt_at is not None]
+    variants = {t[1].split("stop matcher ")[1].split(",")[0] for t in pathset.paths
+                if t[0] == "fault" and "content policy interrupts" in t[1]}
+    assert variants == {"clear", "hold", "hit"} and runs
+    for p, ev in runs:
+        deltas = [e for e in ev if e.kind == "response.delta"]
+        assert len(deltas) == sum(1 for s in p.steps if s.label.startswith("loop: delta queued"))
+        assert [e.data["finish_reason"] for e in ev if e.kind in md.TERMINAL_KINDS] == ["content_interrupted"]
+    hit = _path_through(pathset, "stop matcher hit, safe bytes non-empty, content policy")
+    events, extra = md.execute(md.concretize(hit))
+    assert not md.mismatches(hit, md.project(events, extra))
+    assert [e.data["finish_reason"] for e in events if e.kind == "response.completed"] == ["content_interrupted"]
+    assert not any(e.kind in ("stop.hit", "response.delta") for e in events)
+
+
+def test_replay_counts_as_read_and_resumes_a_paused_producer(pathset):
+    """§4.7 rule 4 / §4.8: OrderedStream.replay counts the replayed deltas as read, so a replay in
+    PAUSED fires unblock; the model does the same and the run refines. A path whose replay left the
+    producer paused (the old model) does not match the runtime."""
+    p = pathset.paths[("ignore", "stream", "PAUSED", "replay")]
+    events, extra = md.execute(md.concretize(p))
+    got = md.project(events, extra)["stream"]
+    assert got[got.index(("PAUSED", "replay")) + 1] == ("PAUSED", "unblock")
+    assert not md.mismatches(p, md.project(events, extra))
+    stale = attrs.evolve(p, steps=tuple(
+        attrs.evolve(s, fired=tuple(f for f in s.fired if f != ("stream", "PAUSED", "unblock")))
+        if s.label.startswith("transport: the client reconnects") else s for s in p.steps))
+    assert "stream" in md.mismatches(stale, md.project(events, extra))
+
+
+def test_model_only_entries_are_the_cancels_no_driver_observes(pathset):
+    """Issue 5 item 4: what stays model-only is a cancel observed a second time or after the reason
+    is fixed (the ignore rows of D2, for other engines); nothing about content policy, replay or a
+    parked producer (both drivers realise those)."""
+    assert set(md.UNREALIZABLE) == {"repeated_cancel", "cancel_observed_without_kernel"}
+    assert {t[1] for t in md.MODEL_ONLY if t[0] == "ignore"} == {"lifecycle"}
+    assert all(t[3] == "cancel" for t in md.MODEL_ONLY if t[0] == "ignore")
+    assert not any("replay" in str(t) or "content" in str(t) or "parked" in str(t) for t in pathset.unreached)
