@@ -23,7 +23,9 @@ path is turned into a `ConcreteRun`:
 - driver: generate() (`read_inline=False`), except for a path whose cancel is observed while the
   producer is parked on its reader (`PARKED_CANCEL`): generate() never parks before a select, the
   batched Engine does (runtime/engine.py), so such a path runs on an Engine stepped on this thread
-  until it parks; then the cancel is requested and the Engine steps on (`Driver.ENGINE`).
+  until it parks; then the cancel is requested and the Engine steps on (`Driver.ENGINE`). The
+  generate() paths are run on the Engine as well; those it does not realise the same way are named,
+  with their reason, in `ENGINE_DIFFERENCES`.
 
 Refinement (what "the trace refines the path" means here): the runtime trace is projected onto
 table events per machine (lifecycle, stream, and each resource kind separately) exactly as the
@@ -133,6 +135,33 @@ MODEL_ONLY: dict[tuple[str, ...], str] = {
     ("ignore", "lifecycle", "FINISHED", "cancel"): "cancel_observed_without_kernel",
     ("ignore", "lifecycle", "FAILED", "cancel"): "cancel_observed_without_kernel",
 }
+
+
+def _acts_before_admission(path: ModelPath) -> bool:
+    return any(_harness_action(s.label) and s.point == "created" for s in path.steps) and any(
+        s.label.startswith(("loop: admission refused", "loop: cancel observed before admission")) for s in path.steps)
+
+
+# name -> (predicate on a derived path, reason): paths generate() realises and the Engine, the
+# second driver of RequestRun, does not (each a real difference of the batched driver).
+ENGINE_DIFFERENCES = {
+    "admission_inside_submit": (
+        _acts_before_admission,
+        "Engine.submit creates and admits (or refuses) the request in one call: no reader or "
+        "transport step comes between response.start and an admission that ends the request",
+    ),
+    "draining_waits_for_its_reader": (
+        lambda path: ("PAUSED", "complete") in path.fired("stream"),
+        "the Engine calls finish() on a DRAINING run only once its reader has caught up "
+        "(engine._settle, §4.8), even when nothing is left to send; so it never completes on a "
+        "PAUSED stream, while generate() goes on and completes there (the terminal has its slot)",
+    ),
+}
+
+
+def engine_differs(path: ModelPath) -> list[str]:
+    """The ENGINE_DIFFERENCES that keep the Engine from realising `path` as generate() does."""
+    return [name for name, (pred, _) in ENGINE_DIFFERENCES.items() if pred(path)]
 
 
 def allow(comp: tuple[int, ...], step: Step) -> bool:

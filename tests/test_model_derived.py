@@ -254,3 +254,22 @@ def test_model_only_entries_are_the_cancels_no_driver_observes(pathset):
     assert {t[1] for t in md.MODEL_ONLY if t[0] == "ignore"} == {"lifecycle"}
     assert all(t[3] == "cancel" for t in md.MODEL_ONLY if t[0] == "ignore")
     assert not any("replay" in str(t) or "content" in str(t) or "parked" in str(t) for t in pathset.unreached)
+
+
+def test_every_derived_path_also_refines_on_the_engine(outcomes):
+    """§4.4: the Engine drives the same RequestRun, so the generate() paths run on it too (no
+    batch-mates, stepped on this thread) and refine the same path, except the documented
+    ENGINE_DIFFERENCES; each path listed there really does not refine (the list cannot go stale)."""
+    same, differ = 0, 0
+    for path, run, _, _ in outcomes:
+        if run.driver is md.Driver.ENGINE:
+            continue
+        try:
+            events, extra = md.execute(attrs.evolve(run, driver="engine"))
+            refines = not md.mismatches(path, md.project(events, extra))
+        except md.EngineStalled:
+            refines = False
+        assert refines != bool(md.engine_differs(path)), (path.target, md.engine_differs(path))
+        same, differ = same + refines, differ + (not refines)
+    assert same > 10 * differ and differ >= 1
+    assert all(reason for _, reason in md.ENGINE_DIFFERENCES.values())
