@@ -16,6 +16,7 @@ Run: .venv/bin/python benchmarks/bench_engine.py [--rounds N] [--threads N] [--d
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 from typing import Any
@@ -86,7 +87,9 @@ def run(rounds: int = 5, device: str = "cpu") -> dict[str, Any]:
         bare(model, prompts), engine(model, tok, prompts)  # warm-up
         t_bare, t_eng = [], []
         for _ in range(rounds):  # interleaved, so both see the same machine load
+            gc.collect()  # each starts from a clean heap: neither pays for the other's garbage
             t_bare.append(bare(model, prompts))
+            gc.collect()
             t_eng.append(engine(model, tok, prompts))
         (mb, cb), (me, ce) = ([statistics.median(x) for x in zip(*t)] for t in (t_bare, t_eng))
         out["batches"][b] = {"bare_tok_s": b * STEPS / mb, "engine_tok_s": b * STEPS / me, "ratio": mb / me,

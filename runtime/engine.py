@@ -49,14 +49,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
+import torch
 
 from .errors import ModelError
 from .events import EventKind
 from .faults import FaultPlan
 from .request import Request
 from .runner import RequestRun
-from .sampling import SamplingError
-from .stream import BackpressurePolicy
+from .sampling import SamplingError, greedy_rows
 
 
 class Preemption(enum.StrEnum):
@@ -106,7 +106,6 @@ class EngineStats:
     decode_tokens_total: int
 
 
-_PAUSE = BackpressurePolicy.PAUSE
 # Bytes one select() may send at most beyond the token's own bytes: a held partial UTF-8
 # character and the stop matcher's held prefix (added per run to the longest stop).
 _DELTA_SLACK = 64
@@ -122,6 +121,9 @@ class _Entry:
     snapshot: Any = None  # CacheSnapshot while swapped out
     swapped: bool = False
     detached_since: float | None = None
+    # y_t chosen ahead by the batch's one argmax, valid while the run's logits are `chosen_from`
+    chosen: int | None = None
+    chosen_from: Any = None
 
 
 def _need(e: _Entry) -> int:
@@ -482,7 +484,7 @@ class Engine:
         ready: list[_Entry] = []
         for e in list(self._resident):
             run = e.run
-            decoding = run.state == "DECODING"
+            decoding = run.decoding
             if decoding and run.check_point():
                 if not self._blocked(e):  # the common case: straight to select
                     e.detached_since = None
@@ -492,7 +494,7 @@ class Engine:
                 moved = True
             if self._blocked(e):
                 moved = self._parked(e, now) or moved
-            elif run.state == "DECODING":
+            elif run.decoding:
                 e.detached_since = None
                 ready.append(e)
             moved = self._settle(e) or moved
@@ -500,8 +502,10 @@ class Engine:
         active: list[_Entry] = []
         for e in ready:
             run = e.run
+            token = e.chosen if e.chosen_from is run.logits else None
+            e.chosen_from = None
             try:
-                needs_decode = run.select()
+                needs_decode = run.select(token)
             except SamplingError as exc:  # the model's logits cannot be sampled (NaN): its error
                 run.kernel_failed(ModelError(f"bad logits: {exc}"))
                 needs_decode = False
@@ -561,11 +565,17 @@ class Engine:
         caches = [run.cache for run in runs]
         tokens = [run.tokens[-1] for run in runs]
         lengths = [c.length for c in caches]
+        picks: list[int | None] = [None] * len(runs)
         try:
-            rows: list[Any] = list(self.model.decode_one(caches, tokens))
+            out = self.model.decode_one(caches, tokens)
         except Exception as exc:
-            rows = [self._decode_alone(c, t, n, exc, len(runs)) for c, t, n in zip(caches, tokens, lengths)]
-        for e, run, row in zip(active, runs, rows):
+            rows: Any = [self._decode_alone(c, t, n, exc, len(runs)) for c, t, n in zip(caches, tokens, lengths)]
+        else:
+            if isinstance(out, torch.Tensor):  # greedy rows: one argmax for the batch (§4.4)
+                rows, picks = out.unbind(0), greedy_rows(out, [run.sampler for run in runs])
+            else:
+                rows = list(out)
+        for e, run, row, pick in zip(active, runs, rows, picks):
             if run.take_kernel_fault():
                 row = ModelError("injected model error")
             if isinstance(row, Exception):
@@ -573,7 +583,9 @@ class Engine:
             else:
                 run.end_decode(row)
                 self._decoded += 1
-            if run.state != "DECODING":
+                if pick is not None:
+                    e.chosen, e.chosen_from = pick, row
+            if not run.decoding:
                 self._settle(e)
 
     def _decode_alone(self, cache: Any, token: int, length: int, batch_exc: Exception, size: int) -> Any:
@@ -588,13 +600,8 @@ class Engine:
 
     def _blocked(self, e: _Entry) -> bool:
         """Would the next send of this pause-policy run wait for its reader (§4.8)?"""
-        stream = e.run.stream
-        if stream.policy is not _PAUSE or e.run.done:
-            return False
-        if not stream.writable:
-            return True
-        _, unread_bytes = stream.unread
-        return unread_bytes > 0 and unread_bytes + e.headroom > stream.max_bytes
+        run = e.run
+        return not run.done and run.stream.would_wait(e.headroom)
 
     def _drop(self, e: _Entry) -> None:
         """Forget a run that reached its terminal state; keep it for replay (retain_s)."""

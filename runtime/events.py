@@ -51,6 +51,7 @@ TERMINAL_KINDS = frozenset(
 
 
 _NO_DATA: Mapping[str, Any] = MappingProxyType({})
+_new = tuple.__new__  # builds an Event from its fields without the named tuple's Python-level __new__
 
 
 class Event(NamedTuple):
@@ -109,36 +110,61 @@ def _jsonable(v: Any) -> Any:
 class Trace:
     """Append-only event log of one request; `emit` is the only writer.
 
-    Index and append happen under one lock, so a cancel logged from another thread never shares an
-    index with the loop's own event (the listeners run outside it: they may emit in turn).
+    Recording is one list append of a raw `(kind, t, data)` entry (issue 8: several events per
+    token). `list.append` is atomic under the GIL, so a cancel logged from another thread takes
+    its own position, and the position is the event's index: no lock on the hot path. `Event`
+    objects are built when `events` is read. Listeners get the built event at once; they run
+    outside any lock and may emit in turn.
     """
 
-    __slots__ = ("request_id", "events", "_clock", "_listeners", "_lock")
+    __slots__ = ("request_id", "_raw", "_built", "_clock", "_listeners", "_lock")
 
     def __init__(self, request_id: str, clock=time.monotonic) -> None:
         self.request_id = request_id
-        self.events: list[Event] = []
+        self._raw: list[tuple[str, float, Mapping[str, Any]]] = []
+        self._built: list[Event] = []  # Event objects of the first len(_built) raw entries
         self._clock = clock
         self._listeners: list = []
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards only the building of `events`
 
     def subscribe(self, fn) -> None:
         """Call `fn(event)` for every later event (the CLI's --events, the fault injector)."""
         self._listeners.append(fn)
 
-    def emit(self, kind: str, /, **data: Any) -> Event:
-        with self._lock:
-            ev = Event(kind, self.request_id, len(self.events), self._clock(), data)
-            self.events.append(ev)
+    def emit(self, kind: str, /, **data: Any) -> float:
+        """Record one event; returns its time (the clock's reading), which callers may reuse."""
+        t = self._clock()
+        entry = (kind, t, data)
+        self._raw.append(entry)
+        if self._listeners:
+            self._notify(entry)
+        return t
+
+    def _notify(self, entry: tuple[str, float, Mapping[str, Any]]) -> None:
+        raw = self._raw
+        index = len(raw) - 1
+        while raw[index] is not entry:  # another thread appended since: look back to ours
+            index -= 1
+        ev = Event(entry[0], self.request_id, index, entry[1], entry[2])
         for fn in self._listeners:
             fn(ev)
-        return ev
+
+    @property
+    def events(self) -> list[Event]:
+        """Every event so far, in index order (a new list)."""
+        with self._lock:
+            built, raw = self._built, self._raw
+            start, end = len(built), len(raw)
+            if start < end:
+                rid = self.request_id
+                built.extend([_new(Event, (k, rid, i, t, d)) for i, (k, t, d) in enumerate(raw[start:end], start)])
+            return list(built)
 
     def __iter__(self) -> Iterator[Event]:
         return iter(self.events)
 
     def __len__(self) -> int:
-        return len(self.events)
+        return len(self._raw)
 
 
 def write_jsonl(events: Iterable[Event], fh: TextIO) -> None:

@@ -36,6 +36,17 @@ _LIFECYCLE = load_spec("lifecycle")
 # (state, event) -> the finish reason the row fixes, straight from the table.
 _REASONS = {k: FinishReason(d.reason) for k, d in _LIFECYCLE.decisions.items() if d.reason}
 _IGNORED = frozenset(k for k, d in _LIFECYCLE.decisions.items() if d.kind == "ignore")
+_DECODING = _LIFECYCLE.State["DECODING"]
+# The per-token row decode_done in DECODING: when the table makes it a quiet self-loop (no reason,
+# no ignore, no cancel to observe), end_decode fires it without the logging of `fire` (issue 8).
+_DECODE_DONE = _LIFECYCLE.decision("DECODING", "decode_done")
+_DECODE_DONE_QUIET = (
+    _DECODE_DONE.target == "DECODING" and not _DECODE_DONE.reason
+    and ("DECODING", "decode_done") not in _IGNORED and _DECODE_DONE.action != "observe_cancel"
+)
+_TOKEN_SELECTED = EventKind.TOKEN_SELECTED
+_DECODE_STARTED = EventKind.DECODE_STARTED
+_DECODE_COMPLETED = EventKind.DECODE_COMPLETED
 _MODEL_RESOURCES = ("kv_cache", "batch_slot", "rng_state")
 _STREAM_RESOURCES = ("stream_buffer", "trace_handle")
 # After these reasons the detokenizer tail lies past the end of the output: it is discarded,
@@ -156,11 +167,16 @@ class RequestRun:
     def done(self) -> bool:
         return self.life.terminal
 
+    @property
+    def decoding(self) -> bool:
+        """In DECODING: the loop of §4.3 goes on selecting (the drivers ask once per token)."""
+        return self.life.state is _DECODING
+
     def fire(self, event: str, **data: Any) -> str | None:
         """Fire a lifecycle event; log it (§4.12) and apply the row's reason and action."""
         before = self.life.state
         action, after = self.life.fire(event)
-        key = (before._value_, event)  # _value_: a plain attribute, cheaper than .value per token
+        key = (before._value_, event)
         reason = _REASONS.get(key)
         if reason is not None:
             self.reason = reason
@@ -260,41 +276,39 @@ class RequestRun:
             return
         self._terminate("model_error")
 
-    def select(self) -> bool:
-        """Choose y_t and run every check of §4.3 on it; True when y_t must be decoded next."""
-        tok = self.sampler.choose(self.logits)
-        self.tokens.append(tok)
-        t = len(self.tokens)
+    def select(self, token: int | None = None) -> bool:
+        """Choose y_t and run every check of §4.3 on it; True when y_t must be decoded next.
+
+        `token`: y_t already chosen from this run's logits by the caller (the Engine's one argmax
+        over a greedy batch); None chooses it here with the run's own sampler.
+        """
+        if token is None:
+            token = self.sampler.choose(self.logits)
+        tokens = self.tokens
+        tokens.append(token)
+        t = len(tokens)
         self.life.fire("select")
-        eos = tok == self.eos_id
-        self.trace.emit(EventKind.TOKEN_SELECTED, step=t, token=tok, eos=eos)
+        eos = token == self.eos_id
+        self.trace.emit(_TOKEN_SELECTED, step=t, token=token, eos=eos)
         if eos:
             self._byte_marks.append(self._detok_total)
             self.fire("eos")
             return False
         try:
-            if t in self._poisoned:
+            if self._poisoned and t in self._poisoned:
                 raise DecodingError(f"injected decoding error at step {t}")
-            new = self.detok.push(tok)
+            new = self.detok.push(token)
         except DecodingError as exc:
             self.error = f"decoding_error: {exc}"
             self._byte_marks.append(self._detok_total)
             self._terminate("decode_error")
             return False
-        self._detok_total += len(new)
-        self._byte_marks.append(self._detok_total)
+        total = self._detok_total = self._detok_total + len(new)
+        self._byte_marks.append(total)
+        token_hit = None
         if self.token_stopper is not None:
-            token_hit = self.token_stopper.push(tok)
-            self._token_held.append(new)
-            keep = 0 if token_hit else len(self.token_stopper.held)
-            release = self._token_held[: len(self._token_held) - keep]
-            del self._token_held[: len(self._token_held) - keep]
-            if token_hit:
-                release = release[: len(release) - len(token_hit.stop)]  # the stop ids' bytes stay out
-            new = b"".join(release)
-        else:
-            token_hit = None
-        if not self._emit_safe(new):
+            token_hit, new = self._token_stop(token, new)
+        if new and not self._emit_safe(new):
             return False
         if self.stopper.hit is not None:
             return self._stopped(self.stopper.hit, "string")
@@ -311,6 +325,18 @@ class RequestRun:
             return True
         return False
 
+    def _token_stop(self, token: int, new: bytes) -> tuple[Any, bytes]:
+        """Stop id sequences (§4.6): the hit, if any, and the bytes no partial match holds back."""
+        token_hit = self.token_stopper.push(token)
+        held = self._token_held
+        held.append(new)
+        keep = 0 if token_hit else len(self.token_stopper.held)
+        release = held[: len(held) - keep]
+        del held[: len(held) - keep]
+        if token_hit:
+            release = release[: len(release) - len(token_hit.stop)]  # the stop ids' bytes stay out
+        return token_hit, b"".join(release)
+
     def _stopped(self, hit: Any, kind: str) -> bool:
         self.stop_hit = hit
         self.trace.emit(EventKind.STOP_HIT, stop=hit.stop, rule_version=hit.rule_version, kind=kind)
@@ -318,11 +344,11 @@ class RequestRun:
         return False
 
     def _emit_safe(self, new: bytes) -> bool:
-        """detokenizer bytes -> stop matcher -> content policy -> stream. False when the run ended."""
-        if not new:
-            return True
-        safe, _hit = self.stopper.push(new)
-        if self.stopper.held:  # the clock is read only when holding starts or ends
+        """detokenizer bytes (non-empty) -> stop matcher -> content policy -> stream. False when
+        the run ended."""
+        stopper = self.stopper
+        safe, _hit = stopper.push(new)
+        if stopper.held:  # the clock is read only when holding starts or ends
             if self._held_since is None:
                 self._held_since = self.clock()
         elif self._held_since is not None:
@@ -346,16 +372,17 @@ class RequestRun:
                 return self._send_failed(seq, "injected send failure")
         if not stream.fits(len(data)):
             return self._send_failed(stream.next_seq, OVERFLOW_ERROR, overflow=data)
-        t0 = self.clock()
+        clock = self.clock
+        t0 = clock()
         try:
-            stream.delta(data)
+            if self.inline_reader:
+                stream.deliver(data)
+            else:
+                stream.delta(data)
         except StreamOverflow as exc:  # a paused send waited past the stream's pause timeout (D5)
             return self._send_failed(exc.seq, str(exc))
-        if self.inline_reader:
-            while stream.get(timeout=0) is not None:
-                pass
         self.output += data
-        self._t["send"] += self.clock() - t0
+        self._t["send"] += clock() - t0
         for fn in self._listeners:
             fn(data)
         return True
@@ -367,15 +394,19 @@ class RequestRun:
         return False
 
     def begin_decode(self) -> None:
-        self._t0 = self.clock()
-        self.trace.emit(EventKind.DECODE_STARTED, step=len(self.tokens))
+        self._t0 = self.trace.emit(_DECODE_STARTED, step=len(self.tokens))  # the trace's clock is ours
 
     def end_decode(self, logits: torch.Tensor) -> None:
-        self._t["decode"] += self.clock() - self._t0
         self.decoded += 1
-        self.trace.emit(EventKind.DECODE_COMPLETED, step=len(self.tokens), cache_len=self.cache.length)
+        t = self.trace.emit(_DECODE_COMPLETED, step=len(self.tokens), cache_len=self.cache.length)
+        self._t["decode"] += t - self._t0
+        life = self.life
+        if _DECODE_DONE_QUIET and life.state is _DECODING:
+            life.fire("decode_done")  # the table's quiet self-loop: nothing to log
+            self.logits = logits
+            return
         self.fire("decode_done")
-        self.logits = logits if self.life.state == "DECODING" else None
+        self.logits = logits if life.state is _DECODING else None
 
     def finish(self) -> Result:
         """After the loop: the safe point of a cancel, or DRAINING and the one terminal (§4.3)."""

@@ -132,10 +132,24 @@ class Sampler:
         return int(ids[int(torch.searchsorted(cdf, u.to(cdf.device), right=True))])
 
 
+def greedy_rows(logits: torch.Tensor, samplers: Sequence[Sampler]) -> list[int | None]:
+    """The greedy rows' choices of logits [B, V] from one reduction over the batch (§4.4).
+
+    Row b gets `samplers[b]`'s greedy choice (argmax, lowest id on ties; no draw), or None when
+    that sampler samples, when the row holds a NaN (max propagates it), or for every row when
+    logits is not [B, vocab]: `Sampler.choose` on such a row raises the precise error.
+    """
+    greedy = [s.params.greedy for s in samplers]
+    if (not any(greedy) or logits.dim() != 2 or logits.shape[0] != len(samplers)
+            or any(s.vocab_size != logits.shape[1] for s in samplers)):
+        return [None] * len(samplers)
+    top, ids = logits.max(dim=-1)  # first maximum of each row, as torch.argmax
+    return [tok if g and v == v else None for tok, v, g in zip(ids.tolist(), top.tolist(), greedy)]
+
+
 def choose_batch(logits: torch.Tensor, samplers: Sequence[Sampler]) -> list[int]:
     """One choice per row of logits [B, V], each with its own request's sampler."""
     if logits.dim() != 2 or logits.shape[0] != len(samplers):
         raise SamplingError(f"logits must be [{len(samplers)}, V], got {tuple(logits.shape)}")
-    if all(s.params.greedy for s in samplers) and not torch.isnan(logits).any():
-        return logits.argmax(dim=-1).tolist()
-    return [s.choose(row) for s, row in zip(samplers, logits)]
+    picks = greedy_rows(logits, samplers)
+    return [s.choose(row) if tok is None else tok for s, row, tok in zip(samplers, logits, picks)]

@@ -39,6 +39,9 @@ BackpressurePolicy = enum.StrEnum(
 BackpressurePolicy.__doc__ = "What a full buffer does (§4.8, DECISIONS D6): pause, buffer or fail."
 
 OVERFLOW_ERROR = "stream buffer overflow"
+_PAUSE_POLICY = BackpressurePolicy.PAUSE
+_OPEN = compiled("stream").State["OPEN"]
+_RESPONSE_DELTA = EventKind.RESPONSE_DELTA
 
 
 class StreamEventKind(enum.StrEnum):
@@ -56,9 +59,7 @@ _TERMINAL_KIND = {
     "CANCELLED": StreamEventKind.CANCELLED,
     "FAILED": StreamEventKind.FAILED,
 }
-_TRACE_KIND = {
-    StreamEventKind.START: EventKind.RESPONSE_START,
-    StreamEventKind.DELTA: EventKind.RESPONSE_DELTA,
+_TRACE_KIND = {  # the trace event of each terminal stream event
     StreamEventKind.COMPLETED: EventKind.RESPONSE_COMPLETED,
     StreamEventKind.CANCELLED: EventKind.RESPONSE_CANCELLED,
     StreamEventKind.FAILED: EventKind.RESPONSE_FAILED,
@@ -152,11 +153,14 @@ class OrderedStream:
         self._st = compiled("stream").new()
         self._lock = threading.RLock()  # `with self._lock` on the per-delta paths: a C-level enter
         self._cond = threading.Condition(self._lock)
-        self._log: list[StreamEvent] = []  # every event, retained for replay
+        # Every event, retained for replay. A delta is kept as its (seq, data) pair and becomes a
+        # StreamEvent when read (`_event`): a producer that reads inline never builds one.
+        self._log: list[StreamEvent | tuple[int, bytes]] = []
         self._cursor = 0  # index in _log of the reader's next unread event
         self._unread_events = 0  # unread deltas (the terminal has its own slot)
         self._unread_bytes = 0
         self._pending = 0  # size of the delta a paused producer is waiting to send
+        self._sleepers = 0  # threads in `_sleep`
         self._next_seq = 0
         self._connected = True
         self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
@@ -167,8 +171,8 @@ class OrderedStream:
         """Send response.start (§4.7); it precedes every other event."""
         with self._cond:
             self._st.fire("start")
-            self._append(StreamEvent(StreamEventKind.START, request_id=self.request_id, model=model),
-                         model=model)
+            self._append(EventKind.RESPONSE_START,
+                         StreamEvent(StreamEventKind.START, request_id=self.request_id, model=model), model=model)
 
     def delta(self, data: bytes) -> int | None:
         """Send `data` as the next delta and return its seq; empty data sends nothing (None).
@@ -186,24 +190,58 @@ class OrderedStream:
                 if self._st.state != "PAUSED" and not self._st.allows("delta"):
                     self._st.fire("delta")  # raises the table's IllegalTransition
                 return None
-            if self.policy is BackpressurePolicy.PAUSE:
-                self._wait_for_room(len(data))
-            elif not self._within_cap(len(data)):
+            size = len(data)
+            pause = self.policy is _PAUSE_POLICY
+            if pause:
+                if self._st.state is not _OPEN or not self._has_room(size):
+                    self._wait_for_room(size)
+            elif not self._within_cap(size):
                 _, state = self._st.fire("overflow")
                 seq = self._terminate(state.value, FinishReason.TRANSPORT_ERROR,
                                       self._overflow_usage(), OVERFLOW_ERROR)
                 raise StreamOverflow(self.request_id, seq, OVERFLOW_ERROR)
             self._st.fire("delta")
             seq = self._next_seq
-            self._next_seq += 1
-            self._unread_events += 1
-            self._unread_bytes += len(data)
-            self._append(StreamEvent(StreamEventKind.DELTA, seq, data, request_id=self.request_id),
-                         seq=seq, bytes=data, unread_events=self._unread_events,
-                         unread_bytes=self._unread_bytes)
-            if self.policy is BackpressurePolicy.PAUSE and not self._has_room(1):
+            self._next_seq = seq + 1
+            events = self._unread_events = self._unread_events + 1
+            nbytes = self._unread_bytes = self._unread_bytes + size
+            self._log.append((seq, data))  # _append's work, inline on the per-token path
+            if self._trace is not None:
+                self._trace.emit(_RESPONSE_DELTA, seq=seq, bytes=data, unread_events=events, unread_bytes=nbytes)
+            if self._sleepers or self._async_waiters:
+                self._wake()
+            if pause and not self._has_room(1):
                 self._st.fire("block")
             return seq
+
+    def deliver(self, data: bytes) -> int | None:
+        """`delta(data)` for a producer that is its own reader (generate() reads inline): the
+        delta is sent and taken at once, and every earlier unread event is taken with it.
+
+        When nothing is unread and the delta fits, this is one critical section: the table's
+        `delta` row fires, the delta is logged and traced exactly as `delta()` does (one unread
+        event at that moment), then counted as read. Otherwise it is `delta()` followed by reads.
+        """
+        if type(data) is bytes and data:
+            with self._lock:
+                size = len(data)
+                if self._cursor == len(self._log) and self._st.state is _OPEN and (
+                    # pause: room after it too, or delta() would fire `block` before the read
+                    self.max_events > 1 and size < self.max_bytes
+                    if self.policy is _PAUSE_POLICY else self._within_cap(size)
+                ):
+                    self._st.fire("delta")
+                    seq = self._next_seq
+                    self._next_seq = seq + 1
+                    self._log.append((seq, data))
+                    self._cursor += 1
+                    if self._trace is not None:
+                        self._trace.emit(_RESPONSE_DELTA, seq=seq, bytes=data, unread_events=1, unread_bytes=size)
+                    return seq
+        seq = self.delta(data)
+        while self.get(timeout=0) is not None:
+            pass
+        return seq
 
     def complete(self, finish_reason: str | FinishReason, usage: Any = None) -> int:
         """Send response.completed; returns its seq (one past the last delta)."""
@@ -228,6 +266,20 @@ class OrderedStream:
         with self._cond:
             return self._st.state == "PAUSED"
 
+    def would_wait(self, size: int) -> bool:
+        """Producer side (§4.8): would a pause-policy send wait for the reader now? True when the
+        stream is not OPEN, or when unread bytes plus `size` would pass max_bytes.
+
+        Read without the lock (the engine asks once per run and step): only the producer blocks
+        the stream and the reader only makes room, so a stale answer errs towards waiting.
+        """
+        if self.policy is not _PAUSE_POLICY:
+            return False
+        if self._st.state is not _OPEN:
+            return True
+        unread = self._unread_bytes
+        return unread > 0 and unread + size > self.max_bytes
+
     @property
     def writable(self) -> bool:
         """True when a delta would be accepted now without waiting (started, open, not paused)."""
@@ -250,7 +302,7 @@ class OrderedStream:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return None
-                self._cond.wait(left)
+                self._sleep(left)
                 ev = self._take()
                 if ev is not None or self._drained():
                     return ev
@@ -293,10 +345,9 @@ class OrderedStream:
             raise TypeError(f"after_seq must be an int or None, got {type(after_seq).__name__}")
         with self._cond:
             self._st.fire("replay")
-            if after_seq is None:
-                out = list(self._log)
-            else:
-                out = [ev for ev in self._log if ev.seq is not None and ev.seq > after_seq]
+            out = [self._event(entry) for entry in self._log]
+            if after_seq is not None:
+                out = [ev for ev in out if ev.seq is not None and ev.seq > after_seq]
             self._cursor = len(self._log)
             self._unread_events = self._unread_bytes = 0
             self._after_read()
@@ -341,7 +392,7 @@ class OrderedStream:
     def events(self) -> list[StreamEvent]:
         """A copy of the retained log."""
         with self._cond:
-            return list(self._log)
+            return [self._event(entry) for entry in self._log]
 
     # ---- internals (called with self._cond held) -----------------------------------------
 
@@ -360,14 +411,20 @@ class OrderedStream:
             data["error"] = error or ""
         ev = StreamEvent(kind, seq, finish_reason=reason, usage=usage,
                          error=data.get("error"), request_id=self.request_id)
-        self._append(ev, **data)
+        self._append(_TRACE_KIND[kind], ev, **data)
         return seq
 
-    def _append(self, ev: StreamEvent, **trace_data: Any) -> None:
-        self._log.append(ev)
+    def _append(self, trace_kind: EventKind, entry: StreamEvent | tuple[int, bytes], **trace_data: Any) -> None:
+        self._log.append(entry)
         if self._trace is not None:
-            self._trace.emit(_TRACE_KIND[ev.kind], **trace_data)
+            self._trace.emit(trace_kind, **trace_data)
         self._wake()
+
+    def _event(self, entry: StreamEvent | tuple[int, bytes]) -> StreamEvent:
+        """The StreamEvent of a log entry (a delta is logged as its (seq, data) pair)."""
+        if type(entry) is tuple:
+            return StreamEvent(StreamEventKind.DELTA, entry[0], entry[1], request_id=self.request_id)
+        return entry
 
     def fits(self, size: int) -> bool:
         """Would a delta of `size` bytes be taken without overflowing? Always True under `pause`,
@@ -410,7 +467,7 @@ class OrderedStream:
                     seq = self._terminate(state.value, FinishReason.TRANSPORT_ERROR,
                                           self._overflow_usage(), error)
                     raise StreamOverflow(self.request_id, seq, error)
-                self._cond.wait(left)
+                self._sleep(left)
         finally:
             self._pending = 0
 
@@ -420,13 +477,14 @@ class OrderedStream:
     def _take(self) -> StreamEvent | None:
         if self._cursor >= len(self._log):
             return None
-        ev = self._log[self._cursor]
+        entry = self._log[self._cursor]
         self._cursor += 1
-        if ev.kind is StreamEventKind.DELTA:
+        if type(entry) is tuple:  # a delta
             self._unread_events -= 1
-            self._unread_bytes -= len(ev.data)
+            self._unread_bytes -= len(entry[1])
             self._after_read()
-        return ev
+            return self._event(entry)
+        return entry
 
     def _after_read(self) -> None:
         """The reader made room: resume a paused producer once its pending delta fits."""
@@ -438,8 +496,19 @@ class OrderedStream:
         """Terminal event already read: nothing will ever come."""
         return self._st.terminal and self._cursor >= len(self._log)
 
+    def _sleep(self, timeout: float | None) -> None:
+        """Wait on the condition (a reader for events, a paused producer for room), counted so that
+        `_wake` notifies only when a thread sleeps."""
+        self._sleepers += 1
+        try:
+            self._cond.wait(timeout)
+        finally:
+            self._sleepers -= 1
+
     def _wake(self) -> None:
-        self._cond.notify_all()
+        """Wake the sleeping readers and the asyncio ones."""
+        if self._sleepers:
+            self._cond.notify_all()
         for loop, fut in self._async_waiters:
             loop.call_soon_threadsafe(_resolve, fut)
         self._async_waiters.clear()
