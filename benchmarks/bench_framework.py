@@ -109,8 +109,10 @@ def stop_strings(text: str, rng: random.Random, n: int = N_STOPS) -> list[str]:
 
 
 def run_ours(tok: HFTokenizer, prompt: list[int], ids: list[int], stops: list[str],
-             clock: Callable[[], float] = time.process_time) -> tuple[float, bytes]:
-    """µs per token of the RequestRun per-token path, and the output it streamed."""
+             clock: Callable[[], float] = time.process_time) -> tuple[float, bytes, float]:
+    """µs per token of the RequestRun per-token path, the output it streamed, and µs per token of
+    the end of the request (drain, terminal event, and the Result with its trace's Events, which
+    are built there rather than on the per-token path)."""
     n = len(ids)
     run = RequestRun(Request(prompt, stop=stops, max_output_tokens=n + 1), model=_StubModel(tok.vocab_size),
                      tokenizer=tok)
@@ -132,10 +134,12 @@ def run_ours(tok: HFTokenizer, prompt: list[int], ids: list[int], stops: list[st
         end_decode(logits)
     elapsed = clock() - t0
     run.fire("length")  # the script is done; end the request as the length limit would
+    t1 = clock()
     result = run.finish()
+    ending = clock() - t1
     if result.finish_reason is not FinishReason.MAX_OUTPUT_TOKENS or result.stop is not None:
         raise AssertionError(f"benchmark run ended with {result.finish_reason} (stop {result.stop!r})")
-    return elapsed / n * 1e6, result.output
+    return elapsed / n * 1e6, result.output, ending / n * 1e6
 
 
 def run_floor(table: list[bytes], ids: list[int], clock: Callable[[], float] = time.process_time) -> float:
@@ -204,8 +208,11 @@ def run(rounds: int = 7, n_tokens: int = 2000, clock: str = "cpu") -> dict[str, 
         pair = _hf_pair(path, stops)
         outputs: dict[str, bytes] = {}
 
+        ending: list[float] = []
+
         def ours() -> float:
-            us, outputs["ours"] = run_ours(tok, prompt, ids, stops, tick)
+            us, outputs["ours"], end_us = run_ours(tok, prompt, ids, stops, tick)
+            ending.append(end_us)
             return us
 
         def theirs() -> float:
@@ -216,6 +223,7 @@ def run(rounds: int = 7, n_tokens: int = 2000, clock: str = "cpu") -> dict[str, 
         if pair is not None:
             contenders["transformers"] = theirs
         ours()  # warm: automaton, compiled tables, caches
+        ending.clear()
         us = interleaved(contenders, rounds)
         probe = RequestRun(Request(prompt, stop=stops), model=_StubModel(tok.vocab_size), tokenizer=tok).stopper
         holding = 0
@@ -230,6 +238,7 @@ def run(rounds: int = 7, n_tokens: int = 2000, clock: str = "cpu") -> dict[str, 
             "rounds": rounds,
             "clock": clock,
             "us_per_token": us,
+            "ours_end_us_per_token": stat(ending),
             "ours_over_floor": ratio(us["ours"], us["floor"]),
             "ours_output_equals_batch_decode": outputs["ours"] == expected,
         }
@@ -254,6 +263,9 @@ def main() -> None:
           f"(bytes held after {r['pushes_holding']} tokens), {r['clock']} time, median of {r['rounds']} rounds")
     for name, s in r["us_per_token"].items():
         print(f"  {name:13s} {s['median']:9.3f} µs/token  (spread {s['spread_pct']:.0f}%)")
+    end = r["ours_end_us_per_token"]
+    print(f"  (ours, once at the end: finish() and the Result with its Events "
+          f"{end['median']:.3f} µs/token, spread {end['spread_pct']:.0f}%)")
     print(f"  ours / floor          = {r['ours_over_floor']:.1f}")
     if "transformers_over_ours" in r:
         print(f"  transformers / ours   = {r['transformers_over_ours']:.0f}  (target >= 50)")

@@ -12,7 +12,7 @@ decides *when* each run's phase methods are called. One `step()`:
    (`prefill_batch`), swapped-out runs are resumed.
 3. The decode step of §4.4: every resident DECODING run passes its safe point, then `select()`;
    the runs that need a decode form the active batch and one `decode_one` advances all of them
-   (caches of different lengths). Runs that reached DRAINING or CANCEL_REQUESTED `finish()`.
+   (caches of different lengths). Runs that reached DRAINING or CANCEL_REQUESTED `end()`.
 
 Backpressure (§4.8, DECISIONS D6): a `pause` run whose stream cannot take the next delta without
 waiting is *parked*: it keeps its slot but is skipped (no select, no decode, no finish), so a slow
@@ -227,7 +227,7 @@ class Engine:
                 self._queue.append(entry)
                 self._live[rid] = entry
             else:
-                run.finish()
+                run.end()
                 self._record_done(run)
         self._wake.set()
         return run
@@ -331,7 +331,7 @@ class Engine:
                 run.check_point()
             if run.state == "DRAINING" and self._blocked(e):
                 run.transport_failed("the engine stopped before the reader took the rest")
-            run.finish()
+            run.end()
             self._drop(e)
         with self._lock:
             self._queue.clear()
@@ -518,11 +518,11 @@ class Engine:
         return moved or bool(ready)
 
     def _settle(self, e: _Entry) -> bool:
-        """finish() a run that reached the end of its loop and can send its tail; True when it
+        """end() a run that reached the end of its loop and can send its tail; True when it
         is done (and dropped). A DRAINING run whose reader is behind waits (§4.8)."""
         run = e.run
         if run.state == "CANCEL_REQUESTED" or (run.state == "DRAINING" and not self._blocked(e)):
-            run.finish()
+            run.end()
         if run.done:
             self._drop(e)
             return True

@@ -29,7 +29,7 @@ from .request import Request
 from .result import Result, Usage
 from .sampling import Sampler, SamplingParams
 from .stop import StopMatcher, TokenStopMatcher
-from .stream import OVERFLOW_ERROR, OrderedStream, StreamOverflow
+from .stream import OVERFLOW_ERROR, BackpressurePolicy, OrderedStream, StreamOverflow
 from .tokenizers import TokenizerError
 
 _LIFECYCLE = load_spec("lifecycle")
@@ -45,6 +45,7 @@ _DECODE_DONE_QUIET = (
     and ("DECODING", "decode_done") not in _IGNORED and _DECODE_DONE.action != "observe_cancel"
 )
 _TOKEN_SELECTED = EventKind.TOKEN_SELECTED
+_PAUSE = BackpressurePolicy.PAUSE
 _DECODE_STARTED = EventKind.DECODE_STARTED
 _DECODE_COMPLETED = EventKind.DECODE_COMPLETED
 _MODEL_RESOURCES = ("kv_cache", "batch_slot", "rng_state")
@@ -370,7 +371,7 @@ class RequestRun:
             if FaultAction.TRANSPORT_ERROR in self.faults.at("response.delta", seq):
                 self.trace.emit(EventKind.FAULT_INJECTED, point="response.delta", step=seq, action="transport_error")
                 return self._send_failed(seq, "injected send failure")
-        if not stream.fits(len(data)):
+        if stream.policy is not _PAUSE and not stream.fits(len(data)):  # pause waits, never overflows
             return self._send_failed(stream.next_seq, OVERFLOW_ERROR, overflow=data)
         clock = self.clock
         t0 = clock()
@@ -383,8 +384,9 @@ class RequestRun:
             return self._send_failed(exc.seq, str(exc))
         self.output += data
         self._t["send"] += clock() - t0
-        for fn in self._listeners:
-            fn(data)
+        if self._listeners:
+            for fn in self._listeners:
+                fn(data)
         return True
 
     def _send_failed(self, seq: int, why: str, overflow: bytes | None = None) -> bool:
@@ -409,13 +411,18 @@ class RequestRun:
         self.logits = logits if life.state is _DECODING else None
 
     def finish(self) -> Result:
-        """After the loop: the safe point of a cancel, or DRAINING and the one terminal (§4.3)."""
+        """After the loop: `end()`, then the Result (generate()'s return value)."""
+        self.end()
+        return self.result()
+
+    def end(self) -> None:
+        """After the loop: the safe point of a cancel, or DRAINING and the one terminal (§4.3).
+        The Engine calls this; its clients build a Result only when they ask for one."""
         if self.state == "CANCEL_REQUESTED":
             self._drop_tails()
             self._terminate("safe_point")
         elif self.state == "DRAINING":
             self._drain()
-        return self.result()
 
     def _drop_tails(self) -> None:
         """discard_non_safe_stop_buffer (§4.3): held bytes are not safe and are never sent."""

@@ -225,7 +225,8 @@ class OrderedStream:
         if type(data) is bytes and data:
             with self._lock:
                 size = len(data)
-                if self._cursor == len(self._log) and self._st.state is _OPEN and (
+                log = self._log
+                if self._cursor == len(log) and self._st.state is _OPEN and (
                     # pause: room after it too, or delta() would fire `block` before the read
                     self.max_events > 1 and size < self.max_bytes
                     if self.policy is _PAUSE_POLICY else self._within_cap(size)
@@ -233,8 +234,8 @@ class OrderedStream:
                     self._st.fire("delta")
                     seq = self._next_seq
                     self._next_seq = seq + 1
-                    self._log.append((seq, data))
-                    self._cursor += 1
+                    log.append((seq, data))
+                    self._cursor = len(log)
                     if self._trace is not None:
                         self._trace.emit(_RESPONSE_DELTA, seq=seq, bytes=data, unread_events=1, unread_bytes=size)
                     return seq
@@ -430,7 +431,7 @@ class OrderedStream:
         """Would a delta of `size` bytes be taken without overflowing? Always True under `pause`,
         which waits instead (§4.8); the producer asks first so that its own lifecycle can fail
         before the stream's overflow row emits the terminal event (transition_and_emit_terminal)."""
-        if self.policy is BackpressurePolicy.PAUSE:  # fixed at construction: no lock needed
+        if self.policy is _PAUSE_POLICY:  # fixed at construction: no lock needed
             return True
         with self._cond:
             return self._within_cap(size)

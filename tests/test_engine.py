@@ -206,6 +206,35 @@ def test_a_failing_kernel_fails_only_its_sequence():
     _gauges_zero(eng)
 
 
+class _NanRowModel(FlakyModel):
+    """Decode logits with NaN in the row of the sequence whose prompt has `bad_len` tokens."""
+
+    def decode_one(self, caches, tokens):
+        out = self.inner.decode_one(caches, tokens).clone()
+        for b, c in enumerate(caches):
+            if c.prompt_length == self.bad_len:
+                out[b, 3] = float("nan")
+        return out
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_nan_logits_fail_only_their_request_in_a_greedy_batch(temperature):
+    """§4.10: a row of NaN logits is that request's model_error (bad logits), whether its row is
+    chosen by the batch's one argmax or by its own sampler; the other rows' tokens are unchanged."""
+    reqs = _requests(4, temperature=0.0)
+    reqs[1]["temperature"] = temperature
+    ref = _reference(reqs)
+    bad_len = len(TOK.encode(reqs[1]["prompt"]))
+    assert sum(len(TOK.encode(r["prompt"])) == bad_len for r in reqs) == 1
+    eng = Engine(_NanRowModel(MODEL, bad_len), TOK)
+    runs = [eng.submit(Request(**r)) for r in reqs]
+    eng.run_until_idle()
+    assert runs[1].state == "FAILED" and runs[1].reason.value == "model_error" and "NaN" in runs[1].error
+    assert all(_same(r.result(), ref[r.request.request_id]) for r in runs if r is not runs[1])
+    _no_violations(runs)
+    _gauges_zero(eng)
+
+
 def test_a_failing_prefill_fails_only_its_request():
     """§4.10: a batched prefill that raises is retried per prompt; only the culprit fails."""
     reqs = _requests(4)

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decodespec.runtime.sampling import Sampler, SamplingError, SamplingParams, choose_batch
+from decodespec.runtime.sampling import Sampler, SamplingError, SamplingParams, choose_batch, greedy_rows
 
 V = 12
 
@@ -154,3 +154,28 @@ def test_bad_logits_are_rejected() -> None:
         s.choose(torch.full((V,), float("nan")))
     with pytest.raises(SamplingError, match="shape"):
         s.choose(torch.zeros(V + 1))
+
+
+def test_greedy_rows_equal_each_rows_own_greedy_choice() -> None:
+    """§4.4 batch, §4.3 greedy: the batch's one reduction picks what Sampler.choose picks per row,
+    ties (lowest id) and -inf included; sampled rows and NaN rows are left to Sampler.choose."""
+    rows = torch.stack([_logits(i) for i in range(5)])
+    rows[1] = 0.0  # all tied: the lowest id wins
+    rows[2, :] = float("-inf")
+    rows[2, 7] = 1.0
+    rows[3, 4] = float("nan")
+    params = [SamplingParams(), SamplingParams(), SamplingParams(), SamplingParams(),
+              SamplingParams(temperature=1.0, seed=9)]
+    samplers = [Sampler(p, V) for p in params]
+    got = greedy_rows(rows, samplers)
+    assert got[:3] == [Sampler(p, V).choose(rows[i]) for i, p in enumerate(params[:3])] and got[1] == 0
+    assert got[3:] == [None, None]
+    assert all(s.draws == 0 for s in samplers)  # nothing was drawn
+
+
+def test_greedy_rows_leave_a_batch_of_the_wrong_shape_to_choose() -> None:
+    """A batch that is not [B, vocab] gets no pick, so choose() raises its precise shape error."""
+    samplers = [Sampler(SamplingParams(), V) for _ in range(2)]
+    assert greedy_rows(torch.zeros(2, V + 1), samplers) == [None, None]
+    assert greedy_rows(torch.zeros(3, V), samplers) == [None, None]
+    assert greedy_rows(torch.zeros(V), samplers) == [None, None]

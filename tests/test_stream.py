@@ -585,3 +585,69 @@ class StreamMachine(RuleBasedStateMachine):
 
 TestStreamMachine = StreamMachine.TestCase
 TestStreamMachine.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)
+
+
+# ---- the inline reader's deliver() (issue 8 hot path) -------------------------------------------
+
+
+def _inline_by_delta(s: OrderedStream, chunks: list[bytes]) -> list:
+    seqs = []
+    for c in chunks:
+        seqs.append(s.delta(c))
+        drain(s)
+    return seqs
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"policy": "pause"},
+        {"policy": "pause", "max_events": 1},  # delta() blocks after each delta: deliver falls back
+        {"policy": "pause", "max_bytes": 3},  # a delta of 3+ bytes leaves no room: falls back too
+        {"policy": "buffer", "max_bytes": 4},
+        {"policy": "fail", "max_events": 1},
+    ],
+)
+def test_deliver_is_delta_then_reading_everything(kw):
+    """§4.7/§4.8: deliver() (generate() reads its own stream) leaves the same trace, seqs, replay
+    log, stream state and unread counts as delta() followed by draining reads."""
+    chunks = [b"a", b"bc", b"", b"def", b"g"]
+    (ta, tb) = Trace("r1"), Trace("r1")
+    a, b = started(trace=ta, **kw), started(trace=tb, **kw)
+    want = _inline_by_delta(a, chunks)
+    got = [b.deliver(c) for c in chunks]
+    assert got == want == [0, 1, None, 2, 3]
+    a.complete("stop_sequence"), b.complete("stop_sequence")
+    assert [(e.kind, dict(e.data)) for e in tb] == [(e.kind, dict(e.data)) for e in ta]
+    assert b.replay() == a.replay() and b.state == a.state and b.unread == a.unread == (0, 0)
+
+
+def test_deliver_overflowing_a_buffer_fails_like_delta():
+    """§4.8, D6: a delta past the buffer cap fails the stream with transport_error on either path."""
+    s = started(policy="buffer", max_bytes=2)
+    with pytest.raises(StreamOverflow):
+        s.deliver(b"abc")
+    assert s.closed and drain(s)[-1].finish_reason is FinishReason.TRANSPORT_ERROR
+
+
+def test_deliver_takes_earlier_unread_events_with_it():
+    """Whatever was unread (start, deltas sent with delta()) counts as read after deliver()."""
+    s = started(policy="pause", max_events=4)
+    s.delta(b"x")
+    assert s.deliver(b"y") == 1
+    assert s.unread == (0, 0) and s.get(timeout=0) is None
+    assert [ev.data for ev in s.replay(-1)] == [b"x", b"y"]
+
+
+def test_would_wait_tells_the_producer_when_a_pause_send_would_block():
+    """§4.8 pause: would_wait(headroom) is True once unread bytes plus the headroom pass the cap or
+    the stream is paused; buffer and fail never wait."""
+    s = started(policy="pause", max_events=2, max_bytes=10)
+    assert not s.would_wait(100)  # nothing unread: a lone delta never waits
+    s.delta(b"abcd")
+    assert not s.would_wait(6) and s.would_wait(7)
+    s.delta(b"e")  # the event cap: the stream pauses
+    assert s.would_block() and s.would_wait(0)
+    drain(s)
+    assert not s.would_wait(6)
+    assert not started(policy="buffer", max_bytes=1).would_wait(100)

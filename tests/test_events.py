@@ -1,0 +1,94 @@
+"""The trace (runtime/events.py; DESIGN "The trace", §4.12): raw entries recorded without a lock on
+the hot path, Events built when read, indices equal to positions even across threads."""
+
+from __future__ import annotations
+
+import io
+import threading
+
+from decodespec.runtime.events import Event, EventKind, Trace, read_jsonl, write_jsonl
+
+
+def test_events_carry_index_time_and_fields_in_emit_order():
+    """§4.12: each event has its request id, its position as index, the clock's time and its fields;
+    emit returns that time."""
+    ticks = iter([1.0, 2.0, 3.0])
+    tr = Trace("r1", clock=lambda: next(ticks))
+    assert tr.emit(EventKind.TOKEN_SELECTED, step=1, token=5, eos=False) == 1.0
+    tr.emit(EventKind.DECODE_STARTED, step=1)
+    assert len(tr) == 2
+    tr.emit(EventKind.DECODE_COMPLETED, step=1, cache_len=4)
+    assert tr.events == [
+        Event(EventKind.TOKEN_SELECTED, "r1", 0, 1.0, {"step": 1, "token": 5, "eos": False}),
+        Event(EventKind.DECODE_STARTED, "r1", 1, 2.0, {"step": 1}),
+        Event(EventKind.DECODE_COMPLETED, "r1", 2, 3.0, {"step": 1, "cache_len": 4}),
+    ]
+    assert list(tr) == tr.events
+
+
+def test_events_is_a_copy_that_reading_does_not_change():
+    """Reading `events` twice gives equal lists; changing one does not change the trace."""
+    tr = Trace("r1")
+    tr.emit(EventKind.PREFILL_STARTED, step=0)
+    first = tr.events
+    first.clear()
+    tr.emit(EventKind.PREFILL_COMPLETED, step=0, cache_len=3)
+    assert [e.index for e in tr.events] == [0, 1] and tr.events == tr.events
+
+
+def test_concurrent_emits_get_distinct_indices_equal_to_positions():
+    """A cancel logged from another thread never shares an index with the loop's own events:
+    every index is the event's position, 0..n-1, and listeners see the same indices."""
+    tr = Trace("r1")
+    heard: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    def listen(ev: Event) -> None:
+        with lock:
+            heard.append((ev.index, ev.data["n"]))
+
+    tr.subscribe(listen)
+    per_thread, threads = 2000, 4
+    start = threading.Barrier(threads)
+
+    def work(k: int) -> None:
+        start.wait()
+        for i in range(per_thread):
+            tr.emit(EventKind.TRANSPORT, n=k * per_thread + i)
+
+    pool = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    events = tr.events
+    assert [e.index for e in events] == list(range(per_thread * threads))
+    assert sorted(e.data["n"] for e in events) == list(range(per_thread * threads))
+    assert sorted(heard) == sorted((e.index, e.data["n"]) for e in events)
+
+
+def test_a_listener_may_emit_and_its_event_follows():
+    """The fault injector emits from inside a listener; its event takes the next index."""
+    tr = Trace("r1")
+
+    def inject(ev: Event) -> None:
+        if ev.kind == EventKind.TOKEN_SELECTED:
+            tr.emit(EventKind.FAULT_INJECTED, point=str(ev.kind), step=ev.data["step"], action="cancel")
+
+    tr.subscribe(inject)
+    tr.emit(EventKind.TOKEN_SELECTED, step=1, token=2, eos=False)
+    assert [(e.index, e.kind) for e in tr.events] == [(0, EventKind.TOKEN_SELECTED), (1, EventKind.FAULT_INJECTED)]
+
+
+def test_jsonl_round_trip_keeps_every_field():
+    """Traces serialise to JSON Lines (DESIGN) and read back equal, bytes included."""
+    tr = Trace("r1", clock=lambda: 0.5)
+    tr.emit(EventKind.RESPONSE_DELTA, seq=0, bytes=b"\xe4\xb8\xad", unread_events=1, unread_bytes=3)
+    tr.emit(EventKind.LIFECYCLE, **{"from": "DECODING"}, to="DRAINING", event="eos", action=None, reason="eos")
+    fh = io.StringIO()
+    write_jsonl(tr.events, fh)
+    fh.seek(0)
+    back = read_jsonl(fh)
+    assert [(e.kind, e.index, e.t, dict(e.data)) for e in back] == [
+        (str(e.kind), e.index, e.t, dict(e.data)) for e in tr.events
+    ]
