@@ -117,11 +117,12 @@ class Trace:
     outside any lock and may emit in turn.
     """
 
-    __slots__ = ("request_id", "_raw", "_built", "_clock", "_listeners", "_lock")
+    __slots__ = ("request_id", "_raw", "_put", "_built", "_clock", "_listeners", "_lock")
 
     def __init__(self, request_id: str, clock=time.monotonic) -> None:
         self.request_id = request_id
         self._raw: list[tuple[str, float, Mapping[str, Any]]] = []
+        self._put = self._raw.append
         self._built: list[Event] = []  # Event objects of the first len(_built) raw entries
         self._clock = clock
         self._listeners: list = []
@@ -135,7 +136,7 @@ class Trace:
         """Record one event; returns its time (the clock's reading), which callers may reuse."""
         t = self._clock()
         entry = (kind, t, data)
-        self._raw.append(entry)
+        self._put(entry)
         if self._listeners:
             self._notify(entry)
         return t
