@@ -486,7 +486,7 @@ class Engine:
             run = e.run
             decoding = run.decoding
             if decoding and run.check_point():
-                if not self._blocked(e):  # the common case: straight to select
+                if not run.stream.would_wait(e.headroom):  # the common case (_blocked): to select
                     e.detached_since = None
                     ready.append(e)
                     continue
@@ -575,6 +575,7 @@ class Engine:
                 rows, picks = out.unbind(0), greedy_rows(out, [run.sampler for run in runs])
             else:
                 rows = list(out)
+        decoded = 0
         for e, run, row, pick in zip(active, runs, rows, picks):
             if run.take_kernel_fault():
                 row = ModelError("injected model error")
@@ -582,11 +583,12 @@ class Engine:
                 run.kernel_failed(row if isinstance(row, ModelError) else ModelError(f"{type(row).__name__}: {row}"))
             else:
                 run.end_decode(row)
-                self._decoded += 1
+                decoded += 1
                 if pick is not None:
                     e.chosen, e.chosen_from = pick, row
             if not run.decoding:
                 self._settle(e)
+        self._decoded += decoded
 
     def _decode_alone(self, cache: Any, token: int, length: int, batch_exc: Exception, size: int) -> Any:
         if size == 1 or cache.length != length:

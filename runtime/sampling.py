@@ -72,7 +72,7 @@ class SamplerState:
 class Sampler:
     """Per-request choose(). `seed` None picks a fresh random seed and records it (`self.seed`)."""
 
-    __slots__ = ("params", "vocab_size", "device", "seed", "draws", "_gen")
+    __slots__ = ("params", "greedy", "vocab_size", "device", "seed", "draws", "_gen")
 
     def __init__(self, params: SamplingParams, vocab_size: int, device: str | torch.device = "cpu") -> None:
         if not isinstance(params, SamplingParams):
@@ -80,6 +80,7 @@ class Sampler:
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
             raise SamplingError(f"vocab_size must be an int >= 1, got {vocab_size!r}")
         self.params = params
+        self.greedy = params.greedy  # read per row and step by greedy_rows
         self.vocab_size = vocab_size
         self.device = torch.device(device)
         self.seed = params.seed if params.seed is not None else secrets.randbits(63)
@@ -136,12 +137,15 @@ def greedy_rows(logits: torch.Tensor, samplers: Sequence[Sampler]) -> list[int |
     """The greedy rows' choices of logits [B, V] from one reduction over the batch (§4.4).
 
     Row b gets `samplers[b]`'s greedy choice (argmax, lowest id on ties; no draw), or None when
-    that sampler samples, when the row holds a NaN (max propagates it), or for every row when
-    logits is not [B, vocab]: `Sampler.choose` on such a row raises the precise error.
+    that sampler samples, when the row holds a NaN (max propagates it) or has another size than
+    the sampler's vocabulary, or for every row when logits is not [B, V]: `Sampler.choose` on such
+    a row raises the precise error.
     """
-    greedy = [s.params.greedy for s in samplers]
-    if (not any(greedy) or logits.dim() != 2 or logits.shape[0] != len(samplers)
-            or any(s.vocab_size != logits.shape[1] for s in samplers)):
+    if logits.dim() != 2 or logits.shape[0] != len(samplers):
+        return [None] * len(samplers)
+    vocab = logits.shape[1]
+    greedy = [s.greedy and s.vocab_size == vocab for s in samplers]
+    if not any(greedy):
         return [None] * len(samplers)
     top, ids = logits.max(dim=-1)  # first maximum of each row, as torch.argmax
     return [tok if g and v == v else None for tok, v, g in zip(ids.tolist(), top.tolist(), greedy)]
