@@ -179,3 +179,5 @@ def test_greedy_rows_leave_a_batch_of_the_wrong_shape_to_choose() -> None:
     assert greedy_rows(torch.zeros(2, V + 1), samplers) == [None, None]
     assert greedy_rows(torch.zeros(3, V), samplers) == [None, None]
     assert greedy_rows(torch.zeros(V), samplers) == [None, None]
+    other = [Sampler(SamplingParams(), V), Sampler(SamplingParams(), V + 1)]
+    assert greedy_rows(torch.zeros(2, V), other) == [0, None]  # only that row is left to choose()
