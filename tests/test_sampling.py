@@ -28,7 +28,7 @@ def _oracle_allowed(logits: torch.Tensor, temperature: float, top_k: int | None,
         ranked = ranked[:top_k]
         s = sum(probs[i] for i in ranked)
         probs = {i: probs[i] / s for i in ranked}
-    if top_p is not None:
+    if top_p is not None and top_p < 1:  # top_p = 1 is the whole distribution, nothing cut
         kept, mass = [], 0.0
         for i in ranked:
             kept.append(i)
