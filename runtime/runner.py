@@ -567,12 +567,20 @@ def run_kernel(run: RequestRun, fn: Callable[[], Any], begin: Callable[[], None]
 
     The kernel runs on `pool`'s worker; its completion is gated until `begin()` (which records
     *.started and so delivers injected faults) and the in-flight cancel observation have run.
-    Raises ModelError when the kernel failed or a model_error fault was injected.
+    On a CUDA device the step ends when the device says so: the worker records a CUDA event after
+    the launch and waits on it, so the safe point is the kernel's real completion, not the return
+    of an asynchronous launch. Raises ModelError when the kernel failed or a model_error fault
+    was injected.
     """
     gate = threading.Event()
+    on_cuda = torch.device(getattr(run.model, "device", "cpu")).type == "cuda"
 
     def gated() -> Any:
         out = fn()
+        if on_cuda:
+            done = torch.cuda.Event()
+            done.record()
+            done.synchronize()
         gate.wait()
         if run.take_kernel_fault():
             raise ModelError("injected model error")
