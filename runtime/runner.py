@@ -36,6 +36,7 @@ _LIFECYCLE = load_spec("lifecycle")
 # (state, event) -> the finish reason the row fixes, straight from the table.
 _REASONS = {k: FinishReason(d.reason) for k, d in _LIFECYCLE.decisions.items() if d.reason}
 _IGNORED = frozenset(k for k, d in _LIFECYCLE.decisions.items() if d.kind == "ignore")
+_DISCARD = "discard_step_result"  # the action of the rows that drop a finished kernel's result
 _DECODING = _LIFECYCLE.State["DECODING"]
 # The per-token row decode_done in DECODING: when the table makes it a quiet self-loop (no reason,
 # no ignore, no cancel to observe), end_decode fires it without the logging of `fire` (issue 8).
@@ -265,15 +266,14 @@ class RequestRun:
         self.cache = cache
         self.logits = logits
         self.trace.emit(EventKind.PREFILL_COMPLETED, step=0, cache_len=cache.length)
-        self.fire("prefill_done")
-        if self.state == "CANCEL_REQUESTED":
-            self.logits = None  # the prefill's result is discarded (§4.9)
+        if self.fire("prefill_done") == _DISCARD:
+            self.logits = None  # the table's ignore row: the prefill's result is discarded (§4.9)
 
     def kernel_failed(self, exc: BaseException) -> None:
         """A prefill or decode kernel raised: FAILED with model_error (or ignored after a cancel)."""
         self.error = f"model_error: {exc}"
-        if self.state == "CANCEL_REQUESTED":
-            self.fire("model_error")  # the cancel wins (DECISIONS D2)
+        if (self.state, "model_error") in _IGNORED:
+            self.fire("model_error")  # an ignore row: the cancel came first and wins (D2)
             return
         self._terminate("model_error")
 
@@ -407,8 +407,7 @@ class RequestRun:
             life.fire("decode_done")  # the table's quiet self-loop: nothing to log
             self.logits = logits
             return
-        self.fire("decode_done")
-        self.logits = logits if life.state is _DECODING else None
+        self.logits = None if self.fire("decode_done") == _DISCARD else logits
 
     def finish(self) -> Result:
         """After the loop: `end()`, then the Result (generate()'s return value)."""
@@ -418,15 +417,14 @@ class RequestRun:
     def end(self) -> None:
         """After the loop: the safe point of a cancel, or DRAINING and the one terminal (§4.3).
         The Engine calls this; its clients build a Result only when they ask for one."""
-        if self.state == "CANCEL_REQUESTED":
-            self._drop_tails()
-            self._terminate("safe_point")
-        elif self.state == "DRAINING":
-            self._drain()
+        ending = _ENDINGS.get(self.state)
+        if ending is not None:  # a terminal state has nothing left to do
+            ending(self)
 
-    def _drop_tails(self) -> None:
+    def _cancel_at_safe_point(self) -> None:
         """discard_non_safe_stop_buffer (§4.3): held bytes are not safe and are never sent."""
         self._token_held.clear()
+        self._terminate("safe_point")
 
     def _drain(self) -> None:
         if self.reason in _DISCARD_TAIL:
@@ -559,6 +557,13 @@ _FAULTS: dict[FaultAction, Callable[[RequestRun, int], None]] = {
     FaultAction.DECODING_ERROR: _fault_decoding_error,
     FaultAction.TRANSPORT_ERROR: lambda run, step: None,  # checked before the send itself (_send)
     FaultAction.DISCONNECT: lambda run, step: run.disconnect(),
+}
+
+
+# What is left to do after the loop, by the state the loop ended in (§4.3, after `while true`).
+_ENDINGS: dict[str, Callable[[RequestRun], None]] = {
+    "CANCEL_REQUESTED": RequestRun._cancel_at_safe_point,
+    "DRAINING": RequestRun._drain,
 }
 
 
