@@ -1,7 +1,9 @@
 """One request's execution state across the loop of §4.3, shared by generate() and the Engine.
 
-The lifecycle's control state is the compiled `lifecycle` table; each table action names the side
-effect this module performs (`_ACTIONS`), and each row's `reason` fixes the finish reason (§4.10).
+The lifecycle's control state is the compiled `lifecycle` table: every transition is a `fire`
+of its event, each row's `reason` fixes the finish reason (§4.10), and the row's action names the
+side effect the phase method around it performs (`release_and_emit_terminal` is `_terminate`,
+`discard_step_result` drops a finished kernel's logits, `observe_cancel` logs cancel.observed).
 The drivers (runtime/loop.py for one request, runtime/engine.py for a batch) call the phase methods
 in §4.3's order: admit, check_point, begin_prefill/end_prefill, select, begin_decode/end_decode,
 finish. Every lifecycle event is fired from the driver's thread; other threads only *request* a
