@@ -151,6 +151,15 @@ class KVCache:
         self.length, self.freed = 0, True
 
 
+class PrefillOne:
+    """`prefill(prompt)` as a batch of one, for models whose real kernel is `prefill_batch`."""
+
+    def prefill(self, prompt_ids: Sequence[int]) -> tuple[torch.Tensor, KVCache]:
+        """Process the prompt x[1:m]: next-token logits [V] and a cache of length m (§4.2)."""
+        logits, caches = self.prefill_batch([prompt_ids])
+        return logits[0], caches[0]
+
+
 def check_active_batch(caches: Sequence[SequenceCache], tokens: Sequence[int], context_limit: int) -> None:
     """Validate a decode_one call before anything is written (§4.4): one token per live,
     prefilled, distinct cache that still has room under the context limit."""

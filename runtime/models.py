@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from .hfmodel import HFCache, HFModel
-from .kvcache import CacheError, CacheSnapshot, KVCache, SequenceCache, check_active_batch
+from .kvcache import CacheError, CacheSnapshot, KVCache, PrefillOne, SequenceCache, check_active_batch
 from .tinylm import TinyLM, TinyLMConfig
 
 __all__ = [
@@ -54,7 +54,7 @@ class ScriptExhausted(RuntimeError):
 FORCED_LOGIT = 1.0e4
 
 
-class ScriptedModel:
+class ScriptedModel(PrefillOne):
     """Forces `tokens` as the outputs y_1, y_2, ... (the hand-computable fixtures of §4.6, §4.11).
 
     The logits for output step t are FORCED_LOGIT at tokens[t-1] and 0 elsewhere, so greedy and
@@ -98,10 +98,6 @@ class ScriptedModel:
         k = torch.tensor(list(ids), dtype=torch.float32, device=device).view(-1, 1, 1, 1)
         v = torch.arange(start, start + len(ids), dtype=torch.float32, device=device).view(-1, 1, 1, 1)
         return k, v
-
-    def prefill(self, prompt_ids: Sequence[int]) -> tuple[torch.Tensor, KVCache]:
-        logits, caches = self.prefill_batch([prompt_ids])
-        return logits[0], caches[0]
 
     def prefill_batch(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[KVCache]]:
         if not prompts:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
-from .kvcache import CacheError, KVCache, check_active_batch
+from .kvcache import CacheError, KVCache, PrefillOne, check_active_batch
 
 ASSETS = Path(__file__).parent / "assets" / "default"
 
@@ -123,7 +123,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Te
     return out.permute(0, 3, 1, 2, 4).reshape(B, Tq, H * d)
 
 
-class TinyLM(nn.Module):
+class TinyLM(PrefillOne, nn.Module):
     """A small Llama-style causal LM behind the `Model` protocol (§4.4). CPU or CUDA via `device`."""
 
     def __init__(self, config: TinyLMConfig, device: str | torch.device = "cpu", *, name: str = "tinylm") -> None:
@@ -229,11 +229,6 @@ class TinyLM(nn.Module):
         with torch.inference_mode():
             h, _, _ = self._run(self._check_ids(ids, "ids")[None])
             return self._logits(h[0])
-
-    def prefill(self, prompt_ids: Sequence[int]) -> tuple[torch.Tensor, KVCache]:
-        """Process the prompt x[1:m]: next-token logits [V] and a cache of length m (§4.2)."""
-        logits, caches = self.prefill_batch([prompt_ids])
-        return logits[0], caches[0]
 
     def prefill_batch(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[KVCache]]:
         """Prefill several prompts at once (right-padded; causality keeps padding unseen)."""
