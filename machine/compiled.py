@@ -22,9 +22,13 @@ class IllegalTransition(RuntimeError):
 
 
 class CompiledMachine:
-    """Immutable dispatch tables of one Table; `new()` makes a Stepper positioned at a state."""
+    """Immutable dispatch tables of one Table; `new()` makes a Stepper positioned at a state.
 
-    __slots__ = ("table", "name", "State", "_dispatch", "_index", "_members", "_terminal")
+    Each state's rows are one dict, event -> (rows of the target state, (action, target)): a
+    step is one dict lookup and returns the precomputed pair, so nothing is allocated per step.
+    """
+
+    __slots__ = ("table", "name", "State", "_rows", "_index", "_members", "_terminal")
 
     def __init__(self, table: Table) -> None:
         self.table = table
@@ -32,57 +36,55 @@ class CompiledMachine:
         self.State = table.State
         self._index = {s: i for i, s in enumerate(table.states)}
         self._members = tuple(table.State[s] for s in table.states)
-        self._terminal = tuple(s in table.terminal for s in table.states)
-        dispatch: list[dict[str, tuple[int, tuple[str | None, enum.Enum]]]] = []
+        self._terminal = frozenset(table.State[s] for s in table.terminal)
+        rows: dict[str, dict[str, tuple[dict, tuple[str | None, enum.Enum]]]] = {s: {} for s in table.states}
         for s in table.states:
-            rows: dict[str, tuple[int, tuple[str | None, enum.Enum]]] = {}
             for e in table.events:
                 d = table.decision(s, e)
                 if d.kind is not DecisionKind.REJECT:
-                    ti = self._index[d.target]
-                    rows[e] = (ti, (d.action, self._members[ti]))
-            dispatch.append(rows)
-        self._dispatch = tuple(dispatch)
+                    rows[s][e] = (rows[d.target], (d.action, table.State[d.target]))
+        self._rows = tuple(rows[s] for s in table.states)
 
     def new(self, state: str | enum.Enum | None = None) -> Stepper:
         """A stepper at the table's initial state, or at `state` (for exhaustive tests)."""
         return Stepper(self, self._index[str(state) if state is not None else self.table.initial])
 
-    def illegal(self, state_index: int, event: str) -> IllegalTransition:
-        state = self.table.states[state_index]
+    def illegal(self, state: str | enum.Enum, event: str) -> IllegalTransition:
+        state = str(state)
         if event not in self.table.events:
             return IllegalTransition(self.name, state, event, "undeclared event")
         return IllegalTransition(self.name, state, event, self.table.decision(state, event).note)
 
 
 class Stepper:
-    """One running instance of a compiled table."""
+    """One running instance of a compiled table.
 
-    __slots__ = ("_m", "_s", "_dispatch")
+    `state` is the current state's Enum member, a plain attribute so that reading it on the
+    per-token path costs a slot load (issue 8); only `fire` changes it.
+    """
+
+    __slots__ = ("_m", "_rows", "state")
 
     def __init__(self, machine: CompiledMachine, index: int) -> None:
         self._m = machine
-        self._s = index
-        self._dispatch = machine._dispatch
+        self._rows = machine._rows[index]
+        self.state: enum.Enum = machine._members[index]
 
     def fire(self, event: str) -> tuple[str | None, enum.Enum]:
         """Apply `event`: returns (action, new state) or raises IllegalTransition (state kept)."""
-        entry = self._dispatch[self._s].get(event)
+        entry = self._rows.get(event)
         if entry is None:
-            raise self._m.illegal(self._s, event)
-        self._s = entry[0]
-        return entry[1]
+            raise self._m.illegal(self.state, event)
+        self._rows, result = entry
+        self.state = result[1]
+        return result
 
     def allows(self, event: str) -> bool:
-        return event in self._dispatch[self._s]
-
-    @property
-    def state(self) -> enum.Enum:
-        return self._m._members[self._s]
+        return event in self._rows
 
     @property
     def terminal(self) -> bool:
-        return self._m._terminal[self._s]
+        return self.state in self._m._terminal
 
     @property
     def machine(self) -> CompiledMachine:

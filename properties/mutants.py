@@ -130,10 +130,6 @@ class _OneTokenStopMatcher(StopMatcher):
     def hit(self):
         return _FakeHit(self.stops[0]) if getattr(self, "_one_hit", False) else None
 
-    @property
-    def held(self) -> bytes:
-        return b""
-
     def flush(self) -> bytes:
         return b""
 
@@ -177,7 +173,7 @@ def _racing_terminals() -> Iterator[None]:
     def terminate(orig):
         def wrapped(self, event, **kw):
             orig(self, event, **kw)
-            if self._cancel.is_set() and self.state != "CANCELLED":
+            if self._cancel_requested and self.state != "CANCELLED":
                 self.trace.emit(EventKind.RESPONSE_CANCELLED, seq=self.stream.next_seq, finish_reason="cancelled",
                                 usage=self.usage().as_dict())
 

@@ -45,6 +45,15 @@ class EventKind(enum.StrEnum):
     RESUMED = "sequence.resumed"  # mode, cache_len
 
 
+# The kinds put on the per-token path, with their fields in the order their entry's value tuple
+# holds them (`Trace.put((kind, t, values))`): the mapping is made when the Event is built.
+FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    EventKind.TOKEN_SELECTED: ("step", "token", "eos"),
+    EventKind.DECODE_STARTED: ("step",),
+    EventKind.DECODE_COMPLETED: ("step", "cache_len"),
+    EventKind.RESPONSE_DELTA: ("seq", "bytes", "unread_events", "unread_bytes"),
+})
+
 TERMINAL_KINDS = frozenset(
     {EventKind.RESPONSE_COMPLETED, EventKind.RESPONSE_CANCELLED, EventKind.RESPONSE_FAILED}
 )
@@ -108,45 +117,46 @@ def _jsonable(v: Any) -> Any:
 
 
 class Trace:
-    """Append-only event log of one request; `emit` is the only writer.
+    """Append-only event log of one request.
 
-    Recording is one list append of a raw `(kind, t, data)` entry (issue 8: several events per
-    token). `list.append` is atomic under the GIL, so a cancel logged from another thread takes
-    its own position, and the position is the event's index: no lock on the hot path. `Event`
-    objects are built when `events` is read. Listeners get the built event at once; they run
-    outside any lock and may emit in turn.
+    An entry is a raw `(kind, t, data)` tuple with `t` a reading of `clock`; `data` is the
+    keyword mapping of `emit`, or for a kind of FIELDS the tuple of its values in that order.
+    `put(entry)` is the one writer: with no listener it *is* the list's C-level append (issue 8:
+    four events per token, the per-token path calls `put` itself). `list.append` is atomic under
+    the GIL, so a cancel logged from another thread takes its own position, and the position is
+    the event's index: no lock on the hot path. `Event` objects are built when `events` is read.
+    Listeners get the built event at once; they run outside any lock and may emit in turn.
     """
 
-    __slots__ = ("request_id", "_raw", "_put", "_built", "_clock", "_listeners", "_lock")
+    __slots__ = ("request_id", "clock", "put", "_raw", "_built", "_listeners", "_lock")
 
     def __init__(self, request_id: str, clock=time.monotonic) -> None:
         self.request_id = request_id
-        self._raw: list[tuple[str, float, Mapping[str, Any]]] = []
-        self._put = self._raw.append
+        self.clock = clock
+        self._raw: list[tuple[str, float, Any]] = []
+        self.put = self._raw.append
         self._built: list[Event] = []  # Event objects of the first len(_built) raw entries
-        self._clock = clock
         self._listeners: list = []
         self._lock = threading.Lock()  # guards only the building of `events`
 
     def subscribe(self, fn) -> None:
         """Call `fn(event)` for every later event (the CLI's --events, the fault injector)."""
         self._listeners.append(fn)
+        self.put = self._put_and_notify
 
     def emit(self, kind: str, /, **data: Any) -> float:
         """Record one event; returns its time (the clock's reading), which callers may reuse."""
-        t = self._clock()
-        entry = (kind, t, data)
-        self._put(entry)
-        if self._listeners:
-            self._notify(entry)
+        t = self.clock()
+        self.put((kind, t, data))
         return t
 
-    def _notify(self, entry: tuple[str, float, Mapping[str, Any]]) -> None:
+    def _put_and_notify(self, entry: tuple[str, float, Any]) -> None:
         raw = self._raw
+        raw.append(entry)
         index = len(raw) - 1
         while raw[index] is not entry:  # another thread appended since: look back to ours
             index -= 1
-        ev = Event(entry[0], self.request_id, index, entry[1], entry[2])
+        ev = _event(entry, self.request_id, index)
         for fn in self._listeners:
             fn(ev)
 
@@ -158,7 +168,7 @@ class Trace:
             start, end = len(built), len(raw)
             if start < end:
                 rid = self.request_id
-                built.extend([_new(Event, (k, rid, i, t, d)) for i, (k, t, d) in enumerate(raw[start:end], start)])
+                built.extend([_event(e, rid, i) for i, e in enumerate(raw[start:end], start)])
             return list(built)
 
     def __iter__(self) -> Iterator[Event]:
@@ -166,6 +176,14 @@ class Trace:
 
     def __len__(self) -> int:
         return len(self._raw)
+
+
+def _event(entry: tuple[str, float, Any], request_id: str, index: int) -> Event:
+    """The Event of a raw entry; a value tuple gets its kind's FIELDS names here."""
+    kind, t, data = entry
+    if type(data) is tuple:
+        data = dict(zip(FIELDS[kind], data))
+    return _new(Event, (kind, request_id, index, t, data))
 
 
 def write_jsonl(events: Iterable[Event], fh: TextIO) -> None:

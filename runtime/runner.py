@@ -125,7 +125,7 @@ class RequestRun:
         self.reason: FinishReason | None = None
         self.error = ""
         self.stop_hit: Any = None
-        self._cancel = threading.Event()
+        self._cancel_requested = False  # set by any thread, observed by the driver (§4.9)
         self._cancel_fired = False
         self._deadline_forced = False
         self._kernel_fault = False
@@ -133,12 +133,18 @@ class RequestRun:
         self._lock = threading.Lock()
         self._created = clock()
         self._t = {"queue": 0.0, "prefill": 0.0, "decode": 0.0, "stop_buffer": 0.0, "send": 0.0}
+        self._decode_s = 0.0  # the per-token sum of decode time, kept out of `_t` (issue 8)
         self._held_since: float | None = None
         self.deadline_at = self._created + request.deadline_s if request.deadline_s is not None else None
         self._listeners: list[Callable[[Any], None]] = []
         self.inline_reader = False  # generate() reads its own stream as it goes
-        if self.faults.faults:
+        self._faulty = bool(self.faults.faults)
+        if self._faulty:
             self.trace.subscribe(self._inject)
+        # Bound once: the per-token path calls these for every token (issue 8).
+        self._detok_push = self.detok.push
+        self._stop_push = self.stopper.push
+        self._may_overflow = self.stream.policy is not _PAUSE  # pause waits instead (§4.8)
         self.trace.emit(
             EventKind.REQUEST_CREATED,
             prompt_tokens=len(self.prompt_ids),
@@ -199,8 +205,8 @@ class RequestRun:
 
     def cancel(self, source: str = "client") -> None:
         """Request a cancel (§4.9 moment 1); the driver observes it at its next safe point."""
-        if not self._cancel.is_set():
-            self._cancel.set()
+        if not self._cancel_requested:
+            self._cancel_requested = True
             self.trace.emit(EventKind.CANCEL_REQUESTED, source=source)
 
     def disconnect(self) -> None:
@@ -211,7 +217,7 @@ class RequestRun:
 
     def admit(self) -> bool:
         """CREATED -> QUEUED, or a refusal (D9) or an early cancel (D2). True when queued."""
-        if self._cancel.is_set():
+        if self._cancel_requested:
             self._terminate("cancel")
             return False
         if len(self.prompt_ids) >= self.model.context_limit:
@@ -223,7 +229,7 @@ class RequestRun:
 
     def check_point(self) -> bool:
         """check_cancel_or_deadline (§4.3): True when the request may go on selecting."""
-        if self._cancel.is_set():
+        if self._cancel_requested:
             self._observe_cancel()
             return False
         if self._deadline_forced or (self.deadline_at is not None and self.clock() >= self.deadline_at):
@@ -240,7 +246,7 @@ class RequestRun:
 
     def observe_in_flight(self) -> None:
         """Called while a kernel runs: a cancel that arrived by now is observed (§4.11 B)."""
-        if self._cancel.is_set():
+        if self._cancel_requested:
             self._observe_cancel()
 
     def take_kernel_fault(self) -> bool:
@@ -292,7 +298,8 @@ class RequestRun:
         t = len(tokens)
         self.life.fire("select")
         eos = token == self.eos_id
-        self.trace.emit(_TOKEN_SELECTED, step=t, token=token, eos=eos)
+        trace = self.trace
+        trace.put((_TOKEN_SELECTED, trace.clock(), (t, token, eos)))
         if eos:
             self._byte_marks.append(self._detok_total)
             self.fire("eos")
@@ -300,7 +307,7 @@ class RequestRun:
         try:
             if self._poisoned and t in self._poisoned:
                 raise DecodingError(f"injected decoding error at step {t}")
-            new = self.detok.push(token)
+            new = self._detok_push(token)
         except DecodingError as exc:
             self.error = f"decoding_error: {exc}"
             self._byte_marks.append(self._detok_total)
@@ -311,10 +318,23 @@ class RequestRun:
         token_hit = None
         if self.token_stopper is not None:
             token_hit, new = self._token_stop(token, new)
-        if new and not self._emit_safe(new):
-            return False
-        if self.stopper.hit is not None:
-            return self._stopped(self.stopper.hit, "string")
+        if new:  # detokenizer bytes -> stop matcher -> content policy -> stream (§4.3)
+            safe, hit = self._stop_push(new)
+            if self.stopper.held:  # the clock is read only when holding starts or ends
+                if self._held_since is None:
+                    self._held_since = self.clock()
+            elif self._held_since is not None:
+                self._t["stop_buffer"] += self.clock() - self._held_since
+                self._held_since = None
+            if safe:
+                policy = self.request.content_policy
+                if policy is not None and policy(bytes(self.output), safe):
+                    self.fire("content_interrupt")
+                    return False
+                if not self._send(safe):
+                    return False
+            if hit is not None:
+                return self._stopped(hit, "string")
         if token_hit is not None:
             return self._stopped(token_hit, "token_ids")
         req = self.request
@@ -346,46 +366,32 @@ class RequestRun:
         self.fire("stop_hit")
         return False
 
-    def _emit_safe(self, new: bytes) -> bool:
-        """detokenizer bytes (non-empty) -> stop matcher -> content policy -> stream. False when
-        the run ended."""
-        stopper = self.stopper
-        safe, _hit = stopper.push(new)
-        if stopper.held:  # the clock is read only when holding starts or ends
-            if self._held_since is None:
-                self._held_since = self.clock()
-        elif self._held_since is not None:
-            self._t["stop_buffer"] += self.clock() - self._held_since
-            self._held_since = None
-        policy = self.request.content_policy
-        if safe and policy is not None and policy(bytes(self.output), safe):
-            self.fire("content_interrupt")
-            return False
-        return self._send(safe)
-
     def _send(self, data: bytes) -> bool:
-        """stream.emit_delta_if_nonempty (§4.3); a failed send ends the request (§4.10)."""
+        """stream.emit_delta_if_nonempty (§4.3); a failed send ends the request (§4.10).
+
+        `send_s` counts the time a producer without an inline reader spends in `stream.delta`,
+        where the pause policy waits (§4.8); the inline reader's `deliver` never waits.
+        """
         if not data:
             return True
         stream = self.stream
-        if self.faults.faults:  # no scan of the plan on the per-token path when there are no faults
+        if self._faulty:  # no scan of the plan on the per-token path when there are no faults
             seq = stream.next_seq
             if FaultAction.TRANSPORT_ERROR in self.faults.at("response.delta", seq):
                 self.trace.emit(EventKind.FAULT_INJECTED, point="response.delta", step=seq, action="transport_error")
                 return self._send_failed(seq, "injected send failure")
-        if stream.policy is not _PAUSE and not stream.fits(len(data)):  # pause waits, never overflows
+        if self._may_overflow and not stream.fits(len(data)):
             return self._send_failed(stream.next_seq, OVERFLOW_ERROR, overflow=data)
-        clock = self.clock
-        t0 = clock()
         try:
             if self.inline_reader:
                 stream.deliver(data)
             else:
+                t0 = self.clock()
                 stream.delta(data)
+                self._t["send"] += self.clock() - t0
         except StreamOverflow as exc:  # a paused send waited past the stream's pause timeout (D5)
             return self._send_failed(exc.seq, str(exc))
         self.output += data
-        self._t["send"] += clock() - t0
         if self._listeners:
             for fn in self._listeners:
                 fn(data)
@@ -398,12 +404,16 @@ class RequestRun:
         return False
 
     def begin_decode(self) -> None:
-        self._t0 = self.trace.emit(_DECODE_STARTED, step=len(self.tokens))  # the trace's clock is ours
+        trace = self.trace
+        self._t0 = t = trace.clock()
+        trace.put((_DECODE_STARTED, t, (len(self.tokens),)))
 
     def end_decode(self, logits: torch.Tensor) -> None:
         self.decoded += 1
-        t = self.trace.emit(_DECODE_COMPLETED, step=len(self.tokens), cache_len=self.cache.length)
-        self._t["decode"] += t - self._t0
+        trace = self.trace
+        t = trace.clock()
+        trace.put((_DECODE_COMPLETED, t, (len(self.tokens), self.cache.length)))
+        self._decode_s += t - self._t0
         life = self.life
         if _DECODE_DONE_QUIET and life.state is _DECODING:
             life.fire("decode_done")  # the table's quiet self-loop: nothing to log
@@ -480,6 +490,7 @@ class RequestRun:
                 _TERMINAL_SEND[self.state](self.stream, self.reason, self.usage().as_dict(), self.error)
             for kind in _STREAM_RESOURCES:
                 self.ledger.release(kind)
+            self._t["decode"] = self._decode_s
             self.trace.emit(EventKind.TIMINGS, **{f"{k}_s": v for k, v in self._t.items()})
 
     def _freer(self, kind: str) -> Callable[[], None] | None:

@@ -292,7 +292,7 @@ class StopMatcher(_TableControl):
     """
 
     __slots__ = (
-        "_stops", "_auto", "_delta", "_classes", "_stride", "_prefixes", "_s", "_held", "_pos",
+        "_stops", "_auto", "_delta", "_classes", "_stride", "_prefixes", "_s", "held", "_pos",
     )
 
     def __init__(
@@ -316,17 +316,12 @@ class StopMatcher(_TableControl):
         self._delta, self._classes, self._stride = auto.delta, auto.classes, auto.stride
         self._prefixes = auto.prefixes
         self._s = 0  # automaton state (pre-multiplied node index)
-        self._held = b""
+        self.held = b""  # bytes pushed but not (yet) returned; read it, only the matcher writes it
         self._pos = 0  # bytes pushed so far
 
     @property
     def stops(self) -> tuple[str | bytes, ...]:
         return self._stops
-
-    @property
-    def held(self) -> bytes:
-        """Bytes pushed but not (yet) returned."""
-        return self._held
 
     def push(self, data: bytes) -> tuple[bytes, StopHit | None]:
         """Feed output bytes; return (safe bytes, the hit or None). §4.6."""
@@ -343,10 +338,10 @@ class StopMatcher(_TableControl):
                 return self._on_hit(data, symbols, ~s)
         held = self._prefixes[s // self._stride]
         self._st.fire("hold" if held else "clear")
-        old = self._held
+        old = self.held
         self._s = s
         self._pos += len(data)
-        self._held = held
+        self.held = held
         n = len(data) - len(held)  # the held suffix may reach back into the old held bytes
         if n >= 0:
             return (old + data[:n] if old else data[:n]), None
@@ -361,27 +356,27 @@ class StopMatcher(_TableControl):
         start = end - self._auto.lengths[index]
         hit = StopHit(self._stops[index], index, start, end, RULE_VERSION, StopKind.STRING)
         self._st.fire("hit")
-        base = self._pos - len(self._held)
-        buf = self._held + data
+        base = self._pos - len(self.held)
+        buf = self.held + data
         self._s = 0
         self._pos += len(data)
-        self._held = buf[start - base :]
+        self.held = buf[start - base :]
         self._hit = hit
         return buf[: start - base], hit
 
     def flush(self) -> bytes:
         """End of output without a hit: the held suffix is safe after all (§4.3)."""
         self._st.fire("flush")
-        out, self._held = self._held, b""
+        out, self.held = self.held, b""
         return out
 
     def discard_from_first_match(self) -> None:
         """After a hit: drop the match and everything after it (§4.3)."""
         self._st.fire("discard")
-        self._held = b""
+        self.held = b""
 
     def __repr__(self) -> str:
-        return f"<StopMatcher {len(self._stops)} stops at {self.state.value}, held {self._held!r}>"
+        return f"<StopMatcher {len(self._stops)} stops at {self.state.value}, held {self.held!r}>"
 
 
 class TokenStopMatcher(_TableControl):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -164,6 +165,14 @@ class OrderedStream:
         self._next_seq = 0
         self._connected = True
         self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        # The largest delta that fits an empty buffer without a pause (whose cap must leave room
+        # after it, or delta() would `block` before the read) or an overflow (§4.8): `deliver`'s
+        # one-critical-section path.
+        self._inline_max = {
+            BackpressurePolicy.PAUSE: self.max_bytes - 1 if self.max_events > 1 else 0,
+            BackpressurePolicy.BUFFER: self.max_bytes,
+            BackpressurePolicy.FAIL: sys.maxsize,  # it caps events, and an empty buffer has room
+        }[self.policy]
 
     # ---- producer side -------------------------------------------------------------------
 
@@ -207,7 +216,8 @@ class OrderedStream:
             nbytes = self._unread_bytes = self._unread_bytes + size
             self._log.append((seq, data))  # _append's work, inline on the per-token path
             if self._trace is not None:
-                self._trace.emit(_RESPONSE_DELTA, seq=seq, bytes=data, unread_events=events, unread_bytes=nbytes)
+                trace = self._trace
+                trace.put((_RESPONSE_DELTA, trace.clock(), (seq, data, events, nbytes)))
             if self._sleepers or self._async_waiters:
                 self._wake()
             if pause and not self._has_room(1):
@@ -218,26 +228,22 @@ class OrderedStream:
         """`delta(data)` for a producer that is its own reader (generate() reads inline): the
         delta is sent and taken at once, and every earlier unread event is taken with it.
 
-        When nothing is unread and the delta fits, this is one critical section: the table's
+        When nothing is unread and the delta fits (`_inline_max`), this is one critical section: the table's
         `delta` row fires, the delta is logged and traced exactly as `delta()` does (one unread
         event at that moment), then counted as read. Otherwise it is `delta()` followed by reads.
         """
-        if type(data) is bytes and data:
+        if type(data) is bytes and 0 < len(data) <= self._inline_max:
             with self._lock:
-                size = len(data)
                 log = self._log
-                if self._cursor == len(log) and self._st.state is _OPEN and (
-                    # pause: room after it too, or delta() would fire `block` before the read
-                    self.max_events > 1 and size < self.max_bytes
-                    if self.policy is _PAUSE_POLICY else self._within_cap(size)
-                ):
+                if self._cursor == len(log) and self._st.state is _OPEN:
                     self._st.fire("delta")
                     seq = self._next_seq
                     self._next_seq = seq + 1
                     log.append((seq, data))
                     self._cursor = len(log)
                     if self._trace is not None:
-                        self._trace.emit(_RESPONSE_DELTA, seq=seq, bytes=data, unread_events=1, unread_bytes=size)
+                        trace = self._trace
+                        trace.put((_RESPONSE_DELTA, trace.clock(), (seq, data, 1, len(data))))
                     return seq
         seq = self.delta(data)
         while self.get(timeout=0) is not None:
