@@ -45,6 +45,18 @@ class CompiledMachine:
                     rows[s][e] = (rows[d.target], (d.action, table.State[d.target]))
         self._rows = tuple(rows[s] for s in table.states)
 
+    def self_loops(self, event: str, action: str | None) -> frozenset[enum.Enum]:
+        """The states whose row for `event` leads back to the same state with `action`.
+
+        There a fire changes nothing and returns that action, so a per-token caller that performs
+        the action itself may skip the call (issue 8): `if st.state not in loops: st.fire(event)`.
+        The table decides where that holds; in every other state the caller fires as usual.
+        """
+        rows = [(s, self.table.decision(s, event)) for s in self.table.states]
+        if not any(d.kind is DecisionKind.ROW and d.action == action for _, d in rows):
+            raise ValueError(f"{self.name}: no row of event '{event}' has action {action!r}")
+        return frozenset(self.State[s] for s, d in rows if d.kind is DecisionKind.ROW and d.target == s and d.action == action)
+
     def new(self, state: str | enum.Enum | None = None) -> Stepper:
         """A stepper at the table's initial state, or at `state` (for exhaustive tests)."""
         return Stepper(self, self._index[str(state) if state is not None else self.table.initial])

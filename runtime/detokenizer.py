@@ -42,6 +42,7 @@ __all__ = ["DecodingError", "IncrementalDetokenizer"]
 
 _INCOMPLETE = "unexpected end of data"  # CPython's reason for a valid but unfinished sequence
 _WINDOW_PREFIX = 5  # prompt tokens kept as context by the window fallback
+_EMIT_LOOPS = compiled("detokenizer").self_loops("emit", "emit_bytes")
 
 
 class DecodingError(ValueError):
@@ -137,7 +138,8 @@ class IncrementalDetokenizer:
             data.decode()
         except UnicodeDecodeError as e:
             return self._partial(data, e)
-        self._fire("emit")  # raises IllegalTransition (nothing changed) once closed
+        if self._ctl.state not in _EMIT_LOOPS:  # the table's quiet EMPTY self-loop needs no fire
+            self._fire("emit")  # raises IllegalTransition (nothing changed) once closed
         self._cur = self._rest
         if pend:
             self._pending = b""

@@ -10,7 +10,7 @@ import enum
 import json
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple, TextIO
 
@@ -45,13 +45,32 @@ class EventKind(enum.StrEnum):
     RESUMED = "sequence.resumed"  # mode, cache_len
 
 
-# The kinds put on the per-token path, with their fields in the order their entry's value tuple
-# holds them (`Trace.put((kind, t, values))`): the mapping is made when the Event is built.
-FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType({
-    EventKind.TOKEN_SELECTED: ("step", "token", "eos"),
-    EventKind.DECODE_STARTED: ("step",),
-    EventKind.DECODE_COMPLETED: ("step", "cache_len"),
-    EventKind.RESPONSE_DELTA: ("seq", "bytes", "unread_events", "unread_bytes"),
+# The kinds put on the per-token path: their entry holds a tuple of values (`Trace.put((kind, t,
+# values))`) and each function here names them, in that order, when the Event is built.
+def _selected(v: tuple) -> dict[str, Any]:
+    step, token, eos = v
+    return {"step": step, "token": token, "eos": eos}
+
+
+def _started(v: tuple) -> dict[str, Any]:
+    return {"step": v[0]}
+
+
+def _completed(v: tuple) -> dict[str, Any]:
+    step, cache_len = v
+    return {"step": step, "cache_len": cache_len}
+
+
+def _delta(v: tuple) -> dict[str, Any]:
+    seq, data, unread_events, unread_bytes = v
+    return {"seq": seq, "bytes": data, "unread_events": unread_events, "unread_bytes": unread_bytes}
+
+
+FIELDS: Mapping[str, Callable[[tuple], dict[str, Any]]] = MappingProxyType({
+    EventKind.TOKEN_SELECTED: _selected,
+    EventKind.DECODE_STARTED: _started,
+    EventKind.DECODE_COMPLETED: _completed,
+    EventKind.RESPONSE_DELTA: _delta,
 })
 
 TERMINAL_KINDS = frozenset(
@@ -168,7 +187,10 @@ class Trace:
             start, end = len(built), len(raw)
             if start < end:
                 rid = self.request_id
-                built.extend([_event(e, rid, i) for i, e in enumerate(raw[start:end], start)])
+                built.extend([
+                    _new(Event, (k, rid, i, t, FIELDS[k](d) if type(d) is tuple else d))
+                    for i, (k, t, d) in enumerate(raw[start:end], start)
+                ])
             return list(built)
 
     def __iter__(self) -> Iterator[Event]:
@@ -181,9 +203,7 @@ class Trace:
 def _event(entry: tuple[str, float, Any], request_id: str, index: int) -> Event:
     """The Event of a raw entry; a value tuple gets its kind's FIELDS names here."""
     kind, t, data = entry
-    if type(data) is tuple:
-        data = dict(zip(FIELDS[kind], data))
-    return _new(Event, (kind, request_id, index, t, data))
+    return _new(Event, (kind, request_id, index, t, FIELDS[kind](data) if type(data) is tuple else data))
 
 
 def write_jsonl(events: Iterable[Event], fh: TextIO) -> None:

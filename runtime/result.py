@@ -7,7 +7,7 @@ import enum
 import attrs
 
 from ..spec import FinishReason
-from .events import Event
+from .events import Event, Trace
 
 
 @attrs.frozen
@@ -38,11 +38,18 @@ class Result:
     state: enum.Enum
     finish_reason: FinishReason
     output: bytes
-    events: tuple[Event, ...] = attrs.field(repr=False)
     usage: Usage
+    trace: Trace = attrs.field(repr=False, eq=False)
+    trace_length: int = attrs.field(repr=False, eq=False)  # events recorded when the request ended
     tokens: tuple[int, ...] = ()
     error: str | None = None
     stop: str | None = None
+
+    @property
+    def events(self) -> tuple[Event, ...]:
+        """The trace up to the end of the request. Its Events are built from the raw entries when
+        first read (issue 8: the trace is recorded, not formatted, on the per-token path)."""
+        return tuple(self.trace.events[: self.trace_length])
 
     @property
     def text(self) -> str:

@@ -40,13 +40,17 @@ _REASONS = {k: FinishReason(d.reason) for k, d in _LIFECYCLE.decisions.items() i
 _IGNORED = frozenset(k for k, d in _LIFECYCLE.decisions.items() if d.kind == "ignore")
 _DISCARD = "discard_step_result"  # the action of the rows that drop a finished kernel's result
 _DECODING = _LIFECYCLE.State["DECODING"]
-# The per-token row decode_done in DECODING: when the table makes it a quiet self-loop (no reason,
-# no ignore, no cancel to observe), end_decode fires it without the logging of `fire` (issue 8).
-_DECODE_DONE = _LIFECYCLE.decision("DECODING", "decode_done")
-_DECODE_DONE_QUIET = (
-    _DECODE_DONE.target == "DECODING" and not _DECODE_DONE.reason
-    and ("DECODING", "decode_done") not in _IGNORED and _DECODE_DONE.action != "observe_cancel"
-)
+
+
+def _quiet(event: str, action: str) -> frozenset:
+    """The states where the table makes the per-token `event` a self-loop whose only effect is
+    `action`, done by the caller (no reason to fix, nothing to log): select and end_decode skip
+    the fire there (issue 8) and fire everywhere else."""
+    return frozenset(s for s in compiled("lifecycle").self_loops(event, action) if (s.value, event) not in _REASONS)
+
+
+_SELECT_QUIET = _quiet("select", "record_selected")  # the action: token.selected in the trace
+_DECODE_DONE_QUIET = _quiet("decode_done", "record_decoded")  # decode.completed in the trace
 _TOKEN_SELECTED = EventKind.TOKEN_SELECTED
 _PAUSE = BackpressurePolicy.PAUSE
 _DECODE_STARTED = EventKind.DECODE_STARTED
@@ -145,6 +149,9 @@ class RequestRun:
         self._detok_push = self.detok.push
         self._stop_push = self.stopper.push
         self._may_overflow = self.stream.policy is not _PAUSE  # pause waits instead (§4.8)
+        self._content_policy = request.content_policy
+        self._max_tokens = request.max_output_tokens
+        self._last_position = model.context_limit - 1  # a cache this long has room for no more
         self.trace.emit(
             EventKind.REQUEST_CREATED,
             prompt_tokens=len(self.prompt_ids),
@@ -296,7 +303,8 @@ class RequestRun:
         tokens = self.tokens
         tokens.append(token)
         t = len(tokens)
-        self.life.fire("select")
+        if self.life.state not in _SELECT_QUIET:
+            self.life.fire("select")
         eos = token == self.eos_id
         trace = self.trace
         trace.put((_TOKEN_SELECTED, trace.clock(), (t, token, eos)))
@@ -327,7 +335,7 @@ class RequestRun:
                 self._t["stop_buffer"] += self.clock() - self._held_since
                 self._held_since = None
             if safe:
-                policy = self.request.content_policy
+                policy = self._content_policy
                 if policy is not None and policy(bytes(self.output), safe):
                     self.fire("content_interrupt")
                     return False
@@ -337,12 +345,11 @@ class RequestRun:
                 return self._stopped(hit, "string")
         if token_hit is not None:
             return self._stopped(token_hit, "token_ids")
-        req = self.request
-        if t >= req.max_output_tokens:
+        if t >= self._max_tokens:
             self.fire("length")
-        elif self.cache.length + 1 >= self.model.context_limit:
+        elif self.cache.length >= self._last_position:
             self.fire("context_full")
-        elif req.grammar is not None and req.grammar.complete(self.output.decode("utf-8", "replace")):
+        elif (grammar := self.request.grammar) is not None and grammar.complete(self.output.decode("utf-8", "replace")):
             self.fire("grammar_done")
         else:
             return True
@@ -414,9 +421,7 @@ class RequestRun:
         t = trace.clock()
         trace.put((_DECODE_COMPLETED, t, (len(self.tokens), self.cache.length)))
         self._decode_s += t - self._t0
-        life = self.life
-        if _DECODE_DONE_QUIET and life.state is _DECODING:
-            life.fire("decode_done")  # the table's quiet self-loop: nothing to log
+        if self.life.state in _DECODE_DONE_QUIET:
             self.logits = logits
             return
         self.logits = None if self.fire("decode_done") == _DISCARD else logits
@@ -528,8 +533,9 @@ class RequestRun:
             state=self.life.state,
             finish_reason=self.reason,
             output=bytes(self.output),
-            events=tuple(self.trace.events),
             usage=self.usage(),
+            trace=self.trace,
+            trace_length=len(self.trace),
             tokens=tuple(self.tokens),
             error=self.error or None,
             stop=None if hit is None else hit.stop,

@@ -35,6 +35,8 @@ from ..spec import load_spec
 __all__ = ["StopHit", "StopKind", "StopMatcher", "TokenStopMatcher"]
 
 RULE_VERSION: int = load_spec("stop_matcher").params["stop_rule_version"]
+_HOLD_LOOPS = compiled("stop_matcher").self_loops("hold", "emit_safe_hold_suffix")
+_CLEAR_LOOPS = compiled("stop_matcher").self_loops("clear", "emit_safe")
 DEFAULT_MAX_STOPS = 4096
 # The transition table has (total stop bytes + 1) x (distinct bytes + 1) entries: bound it.
 DEFAULT_MAX_STOP_BYTES = 1 << 16
@@ -337,7 +339,12 @@ class StopMatcher(_TableControl):
             if s < 0:
                 return self._on_hit(data, symbols, ~s)
         held = self._prefixes[s // self._stride]
-        self._st.fire("hold" if held else "clear")
+        st = self._st  # fire unless the table makes this push a quiet self-loop (issue 8)
+        if held:
+            if st.state not in _HOLD_LOOPS:
+                st.fire("hold")
+        elif st.state not in _CLEAR_LOOPS:
+            st.fire("clear")
         old = self.held
         self._s = s
         self._pos += len(data)

@@ -42,6 +42,7 @@ BackpressurePolicy.__doc__ = "What a full buffer does (§4.8, DECISIONS D6): pau
 OVERFLOW_ERROR = "stream buffer overflow"
 _PAUSE_POLICY = BackpressurePolicy.PAUSE
 _OPEN = compiled("stream").State["OPEN"]
+_DELTA_QUIET_IN_OPEN = _OPEN in compiled("stream").self_loops("delta", "emit_delta")
 _RESPONSE_DELTA = EventKind.RESPONSE_DELTA
 
 
@@ -236,7 +237,8 @@ class OrderedStream:
             with self._lock:
                 log = self._log
                 if self._cursor == len(log) and self._st.state is _OPEN:
-                    self._st.fire("delta")
+                    if not _DELTA_QUIET_IN_OPEN:  # the table's OPEN self-loop needs no fire
+                        self._st.fire("delta")
                     seq = self._next_seq
                     self._next_seq = seq + 1
                     log.append((seq, data))

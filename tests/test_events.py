@@ -92,3 +92,32 @@ def test_jsonl_round_trip_keeps_every_field():
     assert [(e.kind, e.index, e.t, dict(e.data)) for e in back] == [
         (str(e.kind), e.index, e.t, dict(e.data)) for e in tr.events
     ]
+
+
+def test_a_per_token_entry_put_as_values_reads_as_the_same_event_as_emit():
+    """Issue 8: the per-token kinds are put as value tuples (no mapping on the hot path); read
+    back, each is the Event `emit` with the same fields gives, listeners included."""
+    seen: list[Event] = []
+    fast, slow = Trace("r", clock=lambda: 7.0), Trace("r", clock=lambda: 7.0)
+    fast.subscribe(seen.append)
+    rows = [
+        (EventKind.TOKEN_SELECTED, (3, 41, False), {"step": 3, "token": 41, "eos": False}),
+        (EventKind.RESPONSE_DELTA, (0, b"hi", 1, 2), {"seq": 0, "bytes": b"hi", "unread_events": 1, "unread_bytes": 2}),
+        (EventKind.DECODE_STARTED, (3,), {"step": 3}),
+        (EventKind.DECODE_COMPLETED, (3, 9), {"step": 3, "cache_len": 9}),
+    ]
+    for kind, values, fields in rows:
+        fast.put((kind, fast.clock(), values))
+        slow.emit(kind, **fields)
+    assert fast.events == slow.events == seen
+    assert [e.to_json() for e in fast.events] == [e.to_json() for e in slow.events]
+
+
+def test_put_notifies_only_once_someone_subscribed():
+    """With no listener `put` is the list's own append; subscribing makes later puts notify."""
+    tr = Trace("r")
+    tr.put((EventKind.DECODE_STARTED, 1.0, (1,)))
+    seen: list[Event] = []
+    tr.subscribe(seen.append)
+    tr.put((EventKind.DECODE_COMPLETED, 2.0, (1, 5)))
+    assert [(e.index, e.kind, dict(e.data)) for e in seen] == [(1, EventKind.DECODE_COMPLETED, {"step": 1, "cache_len": 5})]

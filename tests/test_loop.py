@@ -241,6 +241,18 @@ def test_trace_round_trips_through_json_lines():
     assert check_trace(back) == []
 
 
+def test_result_trace_ends_with_the_request_even_if_the_run_logs_more_later():
+    """§4.12: a Result's events are the trace as it stood when the request ended (built when
+    read, issue 8): a cancel requested after the end is in the run's trace, not in the Result."""
+    seen = []
+    res = generate(Request([1], max_output_tokens=2), model=ScriptedModel([10, 11], vocab_size=128),
+                   tokenizer=tok(), on_run=seen.append)
+    before = res.events
+    seen[0].cancel("late")
+    assert len(seen[0].trace) == len(before) + 1 and res.events == before
+    assert before[-1].kind == EventKind.TIMINGS and check_trace(before, tokenizer=tok()) == []
+
+
 def test_prompt_id_outside_the_tokenizer_is_refused_before_anything_starts():
     """DECISIONS D9: bad input is an error naming the field; no trace, no resource, no stream."""
     from decodespec.runtime.errors import RequestError

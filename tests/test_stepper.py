@@ -91,3 +91,40 @@ def test_compiled_machine_is_built_once_per_name() -> None:
     assert compiled("stream") is compiled("stream")
     assert compile_table(load_spec("stream")) is not compiled("stream")
     assert repr(compiled("stream").new()) == "<Stepper stream at NEW>"
+
+
+@pytest.mark.parametrize("name", ["lifecycle", "stop_matcher", "detokenizer", "stream", "resources"])
+def test_self_loops_are_exactly_the_states_where_a_fire_changes_nothing(name) -> None:
+    """Issue 8: a per-token caller skips the fire in `self_loops(event, action)`; that is sound only
+    if, in exactly those states, firing keeps the state and returns that action (every event and
+    action of every shipped table, checked against a fresh stepper)."""
+    m = compiled(name)
+    table = m.table
+    pairs = {(e, d.action) for (_, e), d in table.decisions.items() if d.kind == "row"}
+    for event, action in sorted(pairs, key=str):
+        loops = m.self_loops(event, action)
+        for s in table.states:
+            st = m.new(s)
+            quiet = False
+            if st.allows(event):
+                got_action, got = st.fire(event)
+                quiet = got.value == s and got_action == action and table.decision(s, event).kind == "row"
+            assert (table.State[s] in loops) == quiet, (name, s, event, action)
+
+
+def test_self_loops_refuses_an_action_no_row_of_the_event_has() -> None:
+    """A misspelt action would silently make every fire look necessary: it is an error instead."""
+    with pytest.raises(ValueError, match=r"stream: no row of event 'delta' has action 'emit_dleta'"):
+        compiled("stream").self_loops("delta", "emit_dleta")
+
+
+def test_state_is_read_as_a_plain_attribute_that_only_fire_changes() -> None:
+    """The compiled stepper keeps its state as a slot (issue 8); a rejected fire leaves it."""
+    st = compiled("stream").new()
+    assert st.state.value == st.machine.table.initial
+    before = st.state
+    with pytest.raises(IllegalTransition):
+        st.fire("delta")
+    assert st.state is before
+    _, after = st.fire("start")
+    assert st.state is after
