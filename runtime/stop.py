@@ -235,6 +235,22 @@ def _encode_stop(i: int, stop: Any) -> bytes:
     return raw
 
 
+def _encode_all(stops: tuple) -> tuple[bytes, ...]:
+    return tuple(_encode_stop(i, s) for i, s in enumerate(stops))
+
+
+_encode_cached = functools.lru_cache(maxsize=32)(_encode_all)
+
+
+def _encode_stops(stops: tuple) -> tuple[bytes, ...]:
+    """The stops' bytes, each entry checked; a stop set seen before is not checked again (a
+    server builds one matcher per request, often with the same 1024 stops)."""
+    try:
+        return _encode_cached(stops)
+    except TypeError:  # an unhashable entry, or a wrong type: the plain pass names the entry
+        return _encode_all(stops)
+
+
 def _token_sequence(i: int, seq: Any) -> tuple[int, ...]:
     if isinstance(seq, (str, bytes, bytearray)) or not isinstance(seq, Sequence):
         raise TypeError(
@@ -306,7 +322,7 @@ class StopMatcher(_TableControl):
     ) -> None:
         _check_list(stops, "stops", "str or bytes", max_stops)
         _check_limit("max_stop_bytes", max_stop_bytes)
-        encoded = tuple(_encode_stop(i, s) for i, s in enumerate(stops))
+        encoded = _encode_stops(tuple(stops))
         total = sum(map(len, encoded))
         if total > max_stop_bytes:
             raise ValueError(

@@ -428,3 +428,20 @@ def test_token_matcher_matches_brute_force_oracle(seqs, ids):
         assert hit is None
     else:
         assert (hit.index, hit.start, hit.end) == expected
+
+
+def test_a_stop_set_seen_before_is_not_checked_again_but_a_bad_one_always_is():
+    """Issue 8: building a matcher for a known stop set reuses its checked bytes; a bad entry is
+    refused with its index every time, hashable or not."""
+    from decodespec.runtime.stop import _encode_cached
+
+    stops = tuple(f"stop{i}" for i in range(64))
+    StopMatcher(stops)
+    hits = _encode_cached.cache_info().hits
+    StopMatcher(list(stops))
+    assert _encode_cached.cache_info().hits == hits + 1
+    for bad, message in ((("a", 3), r"stops\[1\] must be str or bytes, got int"),
+                         (["a", ["x"]], r"stops\[1\] must be str or bytes, got list")):
+        for _ in range(2):
+            with pytest.raises(TypeError, match=message):
+                StopMatcher(bad)
