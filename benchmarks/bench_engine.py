@@ -6,9 +6,11 @@ For batch sizes 1, 8, 32 and 64, the same B prompts produce the same number of t
   §4.3 semantics per token: lifecycle table, detokenizer, stop matcher, ordered stream, ledger,
   trace), which runs the same prefill and STEPS decode steps.
 EOS is disabled (a tokenizer view without eos_id) so both produce exactly B x STEPS decoded tokens.
-Several rounds, the median time of each is reported as tokens/s and the ratio engine/bare per batch
-size (target >= 0.9 at batch 32). Wall time is the figure; the ratio of CPU time (process_time) is
-printed beside it because on a shared, loaded machine it is far less disturbed by other processes.
+Several rounds: in each, bare and engine run back to back (which goes first alternates), and the
+ratio engine/bare is taken within the round, so a slow stretch of the shared machine falls on both
+sides of one ratio; the median of the rounds' ratios is the figure (target >= 0.9 at batch 32),
+with its spread, beside the median tokens/s of each. Wall time is the figure; the same ratio of
+CPU time (process_time) is printed beside it, as it is less disturbed by other processes.
 
 Run: .venv/bin/python benchmarks/bench_engine.py [--rounds N] [--threads N] [--device cpu|cuda]
 """
@@ -86,14 +88,20 @@ def run(rounds: int = 5, device: str = "cpu") -> dict[str, Any]:
         prompts = _prompts(tok, b)
         bare(model, prompts), engine(model, tok, prompts)  # warm-up
         t_bare, t_eng = [], []
-        for _ in range(rounds):  # interleaved, so both see the same machine load
-            gc.collect()  # each starts from a clean heap: neither pays for the other's garbage
-            t_bare.append(bare(model, prompts))
-            gc.collect()
-            t_eng.append(engine(model, tok, prompts))
-        (mb, cb), (me, ce) = ([statistics.median(x) for x in zip(*t)] for t in (t_bare, t_eng))
-        out["batches"][b] = {"bare_tok_s": b * STEPS / mb, "engine_tok_s": b * STEPS / me, "ratio": mb / me,
-                             "cpu_ratio": cb / ce}
+        for i in range(rounds):  # paired: both see the same stretch of machine load
+            timers = (("bare", lambda: bare(model, prompts)), ("engine", lambda: engine(model, tok, prompts)))
+            got = {}
+            for name, timer in timers if i % 2 == 0 else timers[::-1]:
+                gc.collect()  # each starts from a clean heap: neither pays for the other's garbage
+                got[name] = timer()
+            t_bare.append(got["bare"])
+            t_eng.append(got["engine"])
+        ratios = [tb / te for (tb, _), (te, _) in zip(t_bare, t_eng)]
+        cpu_ratios = [cb / ce for (_, cb), (_, ce) in zip(t_bare, t_eng)]
+        mb, me = statistics.median(t for t, _ in t_bare), statistics.median(t for t, _ in t_eng)
+        out["batches"][b] = {"bare_tok_s": b * STEPS / mb, "engine_tok_s": b * STEPS / me,
+                             "ratio": statistics.median(ratios), "ratio_min": min(ratios),
+                             "ratio_max": max(ratios), "cpu_ratio": statistics.median(cpu_ratios)}
     return out
 
 
@@ -107,10 +115,12 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     res = run(args.rounds, args.device)
     print(f"engine vs bare forward, {res['steps']} decode steps, device {res['device']}, "
-          f"{res['threads']} threads, median of {args.rounds} rounds")
-    print(f"{'batch':>6} {'bare tok/s':>12} {'engine tok/s':>13} {'ratio':>7} {'cpu ratio':>10}")
+          f"{res['threads']} threads, median of {args.rounds} paired rounds")
+    print(f"{'batch':>6} {'bare tok/s':>12} {'engine tok/s':>13} {'ratio':>7} {'(min-max)':>11} {'cpu ratio':>10}")
     for b, r in res["batches"].items():
-        print(f"{b:>6} {r['bare_tok_s']:>12.0f} {r['engine_tok_s']:>13.0f} {r['ratio']:>7.2f} {r['cpu_ratio']:>10.2f}")
+        spread = f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f}"
+        print(f"{b:>6} {r['bare_tok_s']:>12.0f} {r['engine_tok_s']:>13.0f} {r['ratio']:>7.2f} {spread:>11} "
+              f"{r['cpu_ratio']:>10.2f}")
 
 
 if __name__ == "__main__":

@@ -42,7 +42,8 @@ BackpressurePolicy.__doc__ = "What a full buffer does (§4.8, DECISIONS D6): pau
 OVERFLOW_ERROR = "stream buffer overflow"
 _PAUSE_POLICY = BackpressurePolicy.PAUSE
 _OPEN = compiled("stream").State["OPEN"]
-_DELTA_QUIET_IN_OPEN = _OPEN in compiled("stream").self_loops("delta", "emit_delta")
+# Where the table makes a delta a quiet self-loop, the per-delta paths skip the fire (issue 8).
+_DELTA_LOOPS = compiled("stream").self_loops("delta", "emit_delta")
 _RESPONSE_DELTA = EventKind.RESPONSE_DELTA
 
 
@@ -210,7 +211,8 @@ class OrderedStream:
                 seq = self._terminate(state.value, FinishReason.TRANSPORT_ERROR,
                                       self._overflow_usage(), OVERFLOW_ERROR)
                 raise StreamOverflow(self.request_id, seq, OVERFLOW_ERROR)
-            self._st.fire("delta")
+            if self._st.state not in _DELTA_LOOPS:
+                self._st.fire("delta")
             seq = self._next_seq
             self._next_seq = seq + 1
             events = self._unread_events = self._unread_events + 1
@@ -237,7 +239,7 @@ class OrderedStream:
             with self._lock:
                 log = self._log
                 if self._cursor == len(log) and self._st.state is _OPEN:
-                    if not _DELTA_QUIET_IN_OPEN:  # the table's OPEN self-loop needs no fire
+                    if _OPEN not in _DELTA_LOOPS:
                         self._st.fire("delta")
                     seq = self._next_seq
                     self._next_seq = seq + 1
