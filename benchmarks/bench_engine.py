@@ -11,6 +11,9 @@ ratio engine/bare is taken within the round, so a slow stretch of the shared mac
 sides of one ratio; the median of the rounds' ratios is the figure (target >= 0.9 at batch 32),
 with its spread, beside the median tokens/s of each. Wall time is the figure; the same ratio of
 CPU time (process_time) is printed beside it, as it is less disturbed by other processes.
+A third figure needs no second run: inside each engine run the model's own calls are timed, and
+forward time / engine time is the share of the engine's wall time that is the bare forward (what
+the framework leaves to the model); it is far steadier than the paired ratio on a noisy machine.
 
 Run: .venv/bin/python benchmarks/bench_engine.py [--rounds N] [--threads N] [--device cpu|cuda]
 """
@@ -68,8 +71,32 @@ def bare(model: TinyLM, prompts: list[list[int]]) -> tuple[float, float]:
     return time.perf_counter() - t0, time.process_time() - c0
 
 
-def engine(model: TinyLM, tok: Any, prompts: list[list[int]]) -> tuple[float, float]:
-    eng = Engine(model, tok, max_batch=len(prompts))
+class _Timed:
+    """The model with its forward calls timed (prefill, prefill_batch, decode_one)."""
+
+    def __init__(self, model: TinyLM) -> None:
+        self._model, self.seconds = model, 0.0
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._model, name)
+        if name not in ("prefill", "prefill_batch", "decode_one"):
+            return attr
+
+        def timed(*args: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                out = attr(*args)
+                _sync(self._model)
+                return out
+            finally:
+                self.seconds += time.perf_counter() - t0
+
+        return timed
+
+
+def engine(model: TinyLM, tok: Any, prompts: list[list[int]], timed: _Timed | None = None) -> tuple[float, float]:
+    """Wall and CPU seconds of the engine run; `timed` (wrapping `model`) adds up its forward time."""
+    eng = Engine(timed or model, tok, max_batch=len(prompts))
     t0, c0 = time.perf_counter(), time.process_time()
     runs = [eng.submit(Request(p, max_output_tokens=STEPS + 1, max_buffer_events=STEPS + 8)) for p in prompts]
     eng.run_until_idle()
@@ -87,21 +114,26 @@ def run(rounds: int = 5, device: str = "cpu") -> dict[str, Any]:
     for b in BATCHES:
         prompts = _prompts(tok, b)
         bare(model, prompts), engine(model, tok, prompts)  # warm-up
-        t_bare, t_eng = [], []
+        t_bare, t_eng, shares = [], [], []
+        timed = _Timed(model)
         for i in range(rounds):  # paired: both see the same stretch of machine load
-            timers = (("bare", lambda: bare(model, prompts)), ("engine", lambda: engine(model, tok, prompts)))
+            timed.seconds = 0.0
+            timers = (("bare", lambda: bare(model, prompts)), ("engine", lambda: engine(model, tok, prompts, timed)))
             got = {}
             for name, timer in timers if i % 2 == 0 else timers[::-1]:
                 gc.collect()  # each starts from a clean heap: neither pays for the other's garbage
                 got[name] = timer()
             t_bare.append(got["bare"])
             t_eng.append(got["engine"])
+            shares.append(timed.seconds / got["engine"][0])
         ratios = [tb / te for (tb, _), (te, _) in zip(t_bare, t_eng)]
         cpu_ratios = [cb / ce for (_, cb), (_, ce) in zip(t_bare, t_eng)]
         mb, me = statistics.median(t for t, _ in t_bare), statistics.median(t for t, _ in t_eng)
         out["batches"][b] = {"bare_tok_s": b * STEPS / mb, "engine_tok_s": b * STEPS / me,
                              "ratio": statistics.median(ratios), "ratio_min": min(ratios),
-                             "ratio_max": max(ratios), "cpu_ratio": statistics.median(cpu_ratios)}
+                             "ratio_max": max(ratios), "cpu_ratio": statistics.median(cpu_ratios),
+                             "forward_share": statistics.median(shares), "forward_share_min": min(shares),
+                             "forward_share_max": max(shares)}
     return out
 
 
@@ -116,11 +148,13 @@ def main() -> None:
     res = run(args.rounds, args.device)
     print(f"engine vs bare forward, {res['steps']} decode steps, device {res['device']}, "
           f"{res['threads']} threads, median of {args.rounds} paired rounds")
-    print(f"{'batch':>6} {'bare tok/s':>12} {'engine tok/s':>13} {'ratio':>7} {'(min-max)':>11} {'cpu ratio':>10}")
+    print(f"{'batch':>6} {'bare tok/s':>12} {'engine tok/s':>13} {'ratio':>7} {'(min-max)':>11} {'cpu ratio':>10} "
+          f"{'forward share':>14} {'(min-max)':>11}")
     for b, r in res["batches"].items():
         spread = f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f}"
+        share = f"{r['forward_share_min']:.3f}-{r['forward_share_max']:.3f}"
         print(f"{b:>6} {r['bare_tok_s']:>12.0f} {r['engine_tok_s']:>13.0f} {r['ratio']:>7.2f} {spread:>11} "
-              f"{r['cpu_ratio']:>10.2f}")
+              f"{r['cpu_ratio']:>10.2f} {r['forward_share']:>14.3f} {share:>11}")
 
 
 if __name__ == "__main__":

@@ -25,9 +25,12 @@ class Usage:
         return self.selected_tokens
 
     def as_dict(self) -> dict[str, int]:
-        d = attrs.asdict(self)
+        d = {name: getattr(self, name) for name in _USAGE_FIELDS}  # attrs.asdict is 10x slower
         d["completion_tokens"] = self.completion_tokens
         return d
+
+
+_USAGE_FIELDS = tuple(a.name for a in attrs.fields(Usage))
 
 
 @attrs.frozen
