@@ -7,9 +7,9 @@ sequences, so characters split across tokens) go through three contenders, side 
 round:
 
 - `ours`: a RequestRun driven phase by phase as generate() drives it (check_point, select,
-  begin_decode, end_decode; the stream read inline). The model is a stub whose cache only counts
-  and whose sampler hands out the precomputed ids: choose and the model step are bypassed, all the
-  rest is the real per-token path;
+  begin_decode, end_decode; the stream read inline). The model is a stub whose cache only counts;
+  each id is handed to `select(token)` as the Engine hands over its batch argmax, so choose and the
+  model step are bypassed and all the rest is the real per-token path;
 - `floor`: a bare loop over the same ids appending each token's bytes to a list;
 - `transformers`: `StopStringCriteria` called per token on the growing input_ids (slices of one
   tensor, cheaper than generate's torch.cat) plus `TextIteratorStreamer.put` per token with a
@@ -69,16 +69,6 @@ class _StubModel:
         self.context_limit = 1 << 30
 
 
-class _ScriptSampler:
-    """Stands in for Sampler: `choose` returns the next precomputed id (choose is excluded)."""
-
-    __slots__ = ("choose",)
-
-    def __init__(self, ids: list[int]) -> None:
-        nxt = iter(ids).__next__
-        self.choose = lambda _logits: nxt()
-
-
 def output_ids(tok: HFTokenizer, n: int) -> list[int]:
     """n ids of the fixture corpus (prose, accents, CJK, emoji, ZWJ) in lines, EOS-free, ending
     on a character boundary."""
@@ -116,7 +106,6 @@ def run_ours(tok: HFTokenizer, prompt: list[int], ids: list[int], stops: list[st
     n = len(ids)
     run = RequestRun(Request(prompt, stop=stops, max_output_tokens=n + 1), model=_StubModel(tok.vocab_size),
                      tokenizer=tok)
-    run.sampler = _ScriptSampler(ids)
     run.inline_reader = True  # generate()'s own reading of the stream
     logits = torch.zeros(1)
     cache = _Cache(len(prompt))
@@ -126,9 +115,9 @@ def run_ours(tok: HFTokenizer, prompt: list[int], ids: list[int], stops: list[st
     run.end_prefill(logits, cache)
     check_point, select, begin_decode, end_decode = run.check_point, run.select, run.begin_decode, run.end_decode
     t0 = clock()
-    for _ in range(n):
+    for token in ids:
         check_point()
-        select()
+        select(token)
         begin_decode()
         cache.length += 1
         end_decode(logits)

@@ -141,7 +141,8 @@ class RequestRun:
         self._held_since: float | None = None
         self.deadline_at = self._created + request.deadline_s if request.deadline_s is not None else None
         self._listeners: list[Callable[[Any], None]] = []
-        self.inline_reader = False  # generate() reads its own stream as it goes
+        self._inline = False
+        self._plain_send = False
         self._faulty = bool(self.faults.faults)
         if self._faulty:
             self.trace.subscribe(self._inject)
@@ -339,7 +340,13 @@ class RequestRun:
                 if policy is not None and policy(bytes(self.output), safe):
                     self.fire("content_interrupt")
                     return False
-                if not self._send(safe):
+                if self._plain_send:  # `_send` with nothing to check: the inline reader takes it
+                    try:
+                        self.stream.deliver(safe)
+                    except StreamOverflow as exc:
+                        return self._send_failed(exc.seq, str(exc))
+                    self.output += safe
+                elif not self._send(safe):
                     return False
             if hit is not None:
                 return self._stopped(hit, "string")
@@ -390,7 +397,7 @@ class RequestRun:
         if self._may_overflow and not stream.fits(len(data)):
             return self._send_failed(stream.next_seq, OVERFLOW_ERROR, overflow=data)
         try:
-            if self.inline_reader:
+            if self._inline:
                 stream.deliver(data)
             else:
                 t0 = self.clock()
@@ -544,6 +551,22 @@ class RequestRun:
     def on_delta(self, fn: Callable[[bytes], None]) -> None:
         """Call `fn(bytes)` for every delta as it is sent (the CLI streams with it)."""
         self._listeners.append(fn)
+        self._plain_send = self._plain()
+
+    @property
+    def inline_reader(self) -> bool:
+        """True when the driver reads its own stream as it goes (generate() does)."""
+        return self._inline
+
+    @inline_reader.setter
+    def inline_reader(self, value: bool) -> None:
+        self._inline = bool(value)
+        self._plain_send = self._plain()
+
+    def _plain(self) -> bool:
+        """Would `_send` only deliver? An inline reader, no fault plan to consult, no listener and
+        the pause policy (whose stream never overflows): select then delivers without the call."""
+        return self._inline and not self._faulty and not self._may_overflow and not self._listeners
 
     # ---- fault injection (issue 4 item 5) ----------------------------------------------------
 
