@@ -253,6 +253,24 @@ def test_result_trace_ends_with_the_request_even_if_the_run_logs_more_later():
     assert before[-1].kind == EventKind.TIMINGS and check_trace(before, tokenizer=tok()) == []
 
 
+@pytest.mark.parametrize("policy", ["pause", "buffer", "fail"])
+@pytest.mark.parametrize("read_inline", [True, False])
+def test_every_send_path_streams_the_same_deltas_and_output(policy, read_inline):
+    """§4.7: whether select delivers inline without the checks of `_send` (issue 8) or goes
+    through them (a listener, another policy, no inline reader), the deltas, the listener's view
+    and the output are the same."""
+    script = [10, 14, 15, 11, 17, 15, 12]
+    seen: list[bytes] = []
+    quiet = run(script, max_output_tokens=7, policy=policy)
+    heard = generate(Request([1], max_output_tokens=7, policy=policy),
+                     model=ScriptedModel(script, vocab_size=128), tokenizer=tok(), on_delta=seen.append,
+                     read_inline=read_inline)
+    assert check_trace(heard.events, tokenizer=tok()) == []
+    deltas = [e.data["bytes"] for e in kinds(quiet, EventKind.RESPONSE_DELTA)]
+    assert deltas == [e.data["bytes"] for e in kinds(heard, EventKind.RESPONSE_DELTA)] == seen
+    assert quiet.output == heard.output == b"".join(deltas) == "ab中cc中d".encode()
+
+
 def test_prompt_id_outside_the_tokenizer_is_refused_before_anything_starts():
     """DECISIONS D9: bad input is an error naming the field; no trace, no resource, no stream."""
     from decodespec.runtime.errors import RequestError
