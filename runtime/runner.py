@@ -130,6 +130,8 @@ class RequestRun:
         self.error = ""
         self.stop_hit: Any = None
         self._cancel_requested = False  # set by any thread, observed by the driver (§4.9)
+        self._cancel_claimed = False  # the one cancel() that logs the request has begun
+        self._cancel_lock = threading.Lock()
         self._cancel_fired = False
         self._deadline_forced = False
         self._kernel_fault = False
@@ -213,9 +215,14 @@ class RequestRun:
 
     def cancel(self, source: str = "client") -> None:
         """Request a cancel (§4.9 moment 1); the driver observes it at its next safe point."""
-        if not self._cancel_requested:
-            self._cancel_requested = True
-            self.trace.emit(EventKind.CANCEL_REQUESTED, source=source)
+        with self._cancel_lock:  # one caller logs the request, however many threads cancel
+            if self._cancel_claimed:
+                return
+            self._cancel_claimed = True
+        # The request is in the trace before the driver can see the flag, so no observation of
+        # it can precede it (cancel_observed_after_requested, also across threads).
+        self.trace.emit(EventKind.CANCEL_REQUESTED, source=source)
+        self._cancel_requested = True
 
     def disconnect(self) -> None:
         """The client went away: a transport fact, never EOS, not a cancel (DECISIONS D5)."""

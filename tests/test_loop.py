@@ -271,6 +271,28 @@ def test_every_send_path_streams_the_same_deltas_and_output(policy, read_inline)
     assert quiet.output == heard.output == b"".join(deltas) == "ab中cc中d".encode()
 
 
+def test_a_cancel_is_in_the_trace_before_the_driver_can_observe_it():
+    """§4.9 (cancel_observed_after_requested across threads): while cancel() is still logging
+    cancel.requested, a safe point on the driver does not see the cancel yet; once it has
+    returned, the next safe point does. Found by the soak test: the flag used to be set first."""
+    from decodespec.runtime.runner import RequestRun
+
+    run = RequestRun(Request([1], max_output_tokens=4), model=ScriptedModel([10] * 4, vocab_size=128),
+                     tokenizer=tok())
+    assert run.admit() and run.check_point()
+    seen_during: list[bool] = []
+    run.trace.subscribe(lambda ev: seen_during.append(run.check_point())
+                        if ev.kind == EventKind.CANCEL_REQUESTED else None)
+    run.cancel("client")
+    assert seen_during == [True]  # the driver, had it looked then, would have gone on
+    assert run.check_point() is False
+    run.cancel("again")  # a second cancel logs nothing
+    assert run.finish().finish_reason == "cancelled"
+    kinds_ = [e.kind for e in run.trace.events]
+    assert kinds_.count(EventKind.CANCEL_REQUESTED) == 1
+    assert kinds_.index(EventKind.CANCEL_REQUESTED) < kinds_.index(EventKind.RESPONSE_CANCELLED)
+
+
 def test_prompt_id_outside_the_tokenizer_is_refused_before_anything_starts():
     """DECISIONS D9: bad input is an error naming the field; no trace, no resource, no stream."""
     from decodespec.runtime.errors import RequestError
