@@ -107,33 +107,38 @@ def engine(model: TinyLM, tok: Any, prompts: list[list[int]], timed: _Timed | No
     return dt, dc
 
 
+def compare(model: TinyLM, tok: Any, prompts: list[list[int]], rounds: int) -> dict[str, float]:
+    """bare against engine on `prompts`, paired round by round (module doc): tokens/s of each,
+    the median per-round ratio with its min and max, the CPU-time ratio and the forward share."""
+    b = len(prompts)
+    bare(model, prompts), engine(model, tok, prompts)  # warm-up
+    t_bare, t_eng, shares = [], [], []
+    timed = _Timed(model)
+    for i in range(rounds):  # paired: both see the same stretch of machine load
+        timed.seconds = 0.0
+        timers = (("bare", lambda: bare(model, prompts)), ("engine", lambda: engine(model, tok, prompts, timed)))
+        got = {}
+        for name, timer in timers if i % 2 == 0 else timers[::-1]:
+            gc.collect()  # each starts from a clean heap: neither pays for the other's garbage
+            got[name] = timer()
+        t_bare.append(got["bare"])
+        t_eng.append(got["engine"])
+        shares.append(timed.seconds / got["engine"][0])
+    ratios = [tb / te for (tb, _), (te, _) in zip(t_bare, t_eng)]
+    cpu_ratios = [cb / ce for (_, cb), (_, ce) in zip(t_bare, t_eng)]
+    mb, me = statistics.median(t for t, _ in t_bare), statistics.median(t for t, _ in t_eng)
+    return {"bare_tok_s": b * STEPS / mb, "engine_tok_s": b * STEPS / me,
+            "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+            "cpu_ratio": statistics.median(cpu_ratios), "forward_share": statistics.median(shares),
+            "forward_share_min": min(shares), "forward_share_max": max(shares)}
+
+
 def run(rounds: int = 5, device: str = "cpu") -> dict[str, Any]:
     model = TinyLM.default(device=device)
     tok = _NoEos(HFTokenizer(ASSETS / "tokenizer.json"))
     out: dict[str, Any] = {"steps": STEPS, "device": device, "threads": torch.get_num_threads(), "batches": {}}
     for b in BATCHES:
-        prompts = _prompts(tok, b)
-        bare(model, prompts), engine(model, tok, prompts)  # warm-up
-        t_bare, t_eng, shares = [], [], []
-        timed = _Timed(model)
-        for i in range(rounds):  # paired: both see the same stretch of machine load
-            timed.seconds = 0.0
-            timers = (("bare", lambda: bare(model, prompts)), ("engine", lambda: engine(model, tok, prompts, timed)))
-            got = {}
-            for name, timer in timers if i % 2 == 0 else timers[::-1]:
-                gc.collect()  # each starts from a clean heap: neither pays for the other's garbage
-                got[name] = timer()
-            t_bare.append(got["bare"])
-            t_eng.append(got["engine"])
-            shares.append(timed.seconds / got["engine"][0])
-        ratios = [tb / te for (tb, _), (te, _) in zip(t_bare, t_eng)]
-        cpu_ratios = [cb / ce for (_, cb), (_, ce) in zip(t_bare, t_eng)]
-        mb, me = statistics.median(t for t, _ in t_bare), statistics.median(t for t, _ in t_eng)
-        out["batches"][b] = {"bare_tok_s": b * STEPS / mb, "engine_tok_s": b * STEPS / me,
-                             "ratio": statistics.median(ratios), "ratio_min": min(ratios),
-                             "ratio_max": max(ratios), "cpu_ratio": statistics.median(cpu_ratios),
-                             "forward_share": statistics.median(shares), "forward_share_min": min(shares),
-                             "forward_share_max": max(shares)}
+        out["batches"][b] = compare(model, tok, _prompts(tok, b), rounds)
     return out
 
 

@@ -124,23 +124,14 @@ def check_faults(model: TinyLM, steps: tuple[int, ...], threaded: int, seed: int
 
 
 def engine_vs_bare(model: TinyLM, batches: tuple[int, ...], rounds: int) -> dict[str, Any]:
-    """Part (b), through benchmarks/bench_engine.py's `bare` and `engine` timers when present."""
+    """Part (b), through benchmarks/bench_engine.py's paired `compare` when present."""
     try:
-        from bench_engine import STEPS, bare, engine
+        from bench_engine import compare
     except ImportError:
         return {"engine": "benchmarks/bench_engine.py not found: not measured"}
     tok = ascii_tokenizer()
-    rows: dict[int, dict[str, float]] = {}
-    for b in batches:
-        prompts = [[(7 * i + j) % VOCAB for j in range(8 + i % 8)] for i in range(b)]
-        bare_s, eng_s = [], []
-        bare(model, prompts)  # warm: allocator, kernels
-        for _ in range(rounds):  # interleaved
-            bare_s.append(bare(model, prompts)[0])
-            eng_s.append(engine(model, tok, prompts)[0])
-        tb, te = sorted(bare_s)[len(bare_s) // 2], sorted(eng_s)[len(eng_s) // 2]
-        rows[b] = {"bare_tok_s": b * STEPS / tb, "engine_tok_s": b * STEPS / te, "engine_over_bare": tb / te}
-    return rows
+    return {b: compare(model, tok, [[(7 * i + j) % VOCAB for j in range(8 + i % 8)] for i in range(b)], rounds)
+            for b in batches}
 
 
 def kv_bytes(model: TinyLM) -> dict[str, Any]:
@@ -210,7 +201,8 @@ def main() -> None:
         rows.append(("engine", "engine vs bare", eng["engine"]))
     for b, row in eng.items() if "engine" not in eng else ():
         rows.append(("engine", f"batch {b}: engine / bare tok/s",
-                     f"{row['engine_tok_s']:.0f}/{row['bare_tok_s']:.0f} = {row['engine_over_bare']:.2f}"))
+                     f"{row['engine_tok_s']:.0f}/{row['bare_tok_s']:.0f} = {row['ratio']:.2f}"))
+        rows.append(("engine", f"batch {b}: forward share of engine time", f"{row['forward_share']:.3f}"))
     rows += [
         ("kv", "bytes/token measured vs 2·L·H_kv·d_h·s", f"{kv['measured_bytes']} vs {kv['formula_bytes']}"),
         ("kv", "capacity / length", f"{kv['capacity_over_length']:.2f}"),

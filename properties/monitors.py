@@ -9,7 +9,7 @@ loop emits it (briefs: the trace contract); `refinement` replays the run through
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -492,27 +492,30 @@ def _no_kernel_in_flight_at_cancelled(rt: RequestTrace):
             yield e.index, f"CANCELLED while {in_flight} kernel(s) still in flight: not a safe point"
 
 
-@monitor("cancel_observed_after_requested")
-def _cancel_observed_after_requested(rt: RequestTrace):
-    requested = False
+def _before_cancel_request(rt: RequestTrace, effect: Callable[[Event], bool]) -> Iterator[Event]:
+    """The events satisfying `effect` that come before any cancel.requested (§4.9 moment 1)."""
     for e in rt.events:
         if e.kind == K.CANCEL_REQUESTED:
-            requested = True
-        elif e.kind == K.CANCEL_OBSERVED and not requested:
-            yield e.index, "cancel observed but never requested"
+            return
+        if effect(e):
+            yield e
+
+
+@monitor("cancel_observed_after_requested")
+def _cancel_observed_after_requested(rt: RequestTrace):
+    for e in _before_cancel_request(rt, lambda e: e.kind == K.CANCEL_OBSERVED):
+        yield e.index, "cancel observed but never requested"
 
 
 @monitor("cancelled_only_if_requested")
 def _cancelled_only_if_requested(rt: RequestTrace):
-    requested = False
-    for e in rt.events:
-        if e.kind == K.CANCEL_REQUESTED:
-            requested = True
-        elif not requested and (
-            (e.kind == K.LIFECYCLE and e.data.get("to") in ("CANCELLED", "CANCEL_REQUESTED"))
-            or (e.kind in TERMINAL_KINDS and _value(e.data.get("finish_reason")) == FinishReason.CANCELLED)
-        ):
-            yield e.index, f"{e.kind} {e.data.get('to') or 'cancelled'} without a cancel.requested"
+    def cancel_effect(e: Event) -> bool:
+        return (e.kind == K.LIFECYCLE and e.data.get("to") in ("CANCELLED", "CANCEL_REQUESTED")) or (
+            e.kind in TERMINAL_KINDS and _value(e.data.get("finish_reason")) == FinishReason.CANCELLED
+        )
+
+    for e in _before_cancel_request(rt, cancel_effect):
+        yield e.index, f"{e.kind} {e.data.get('to') or 'cancelled'} without a cancel.requested"
 
 
 @monitor("deadline_not_cancelled")

@@ -187,10 +187,7 @@ class Trace:
             start, end = len(built), len(raw)
             if start < end:
                 rid = self.request_id
-                built.extend([
-                    _new(Event, (k, rid, i, t, FIELDS[k](d) if type(d) is tuple else d))
-                    for i, (k, t, d) in enumerate(raw[start:end], start)
-                ])
+                built.extend([_event(entry, rid, i) for i, entry in enumerate(raw[start:end], start)])
             return list(built)
 
     def __iter__(self) -> Iterator[Event]:

@@ -138,7 +138,7 @@ class RequestRun:
         self._poisoned: set[int] = set()
         self._lock = threading.Lock()
         self._created = clock()
-        self._t = {"queue": 0.0, "prefill": 0.0, "decode": 0.0, "stop_buffer": 0.0, "send": 0.0}
+        self._t = {"queue": 0.0, "prefill": 0.0, "stop_buffer": 0.0, "send": 0.0}
         self._decode_s = 0.0  # the per-token sum of decode time, kept out of `_t` (issue 8)
         self._held_since: float | None = None
         self.deadline_at = self._created + request.deadline_s if request.deadline_s is not None else None
@@ -152,9 +152,6 @@ class RequestRun:
         self._detok_push = self.detok.push
         self._stop_push = self.stopper.push
         self._may_overflow = self.stream.policy is not _PAUSE  # pause waits instead (§4.8)
-        self._content_policy = request.content_policy
-        self._max_tokens = request.max_output_tokens
-        self._last_position = model.context_limit - 1  # a cache this long has room for no more
         self.trace.emit(
             EventKind.REQUEST_CREATED,
             prompt_tokens=len(self.prompt_ids),
@@ -343,7 +340,7 @@ class RequestRun:
                 self._t["stop_buffer"] += self.clock() - self._held_since
                 self._held_since = None
             if safe:
-                policy = self._content_policy
+                policy = self.request.content_policy
                 if policy is not None and policy(bytes(self.output), safe):
                     self.fire("content_interrupt")
                     return False
@@ -359,11 +356,12 @@ class RequestRun:
                 return self._stopped(hit, "string")
         if token_hit is not None:
             return self._stopped(token_hit, "token_ids")
-        if t >= self._max_tokens:
+        req = self.request
+        if t >= req.max_output_tokens:
             self.fire("length")
-        elif self.cache.length >= self._last_position:
+        elif self.cache.length + 1 >= self.model.context_limit:
             self.fire("context_full")
-        elif (grammar := self.request.grammar) is not None and grammar.complete(self.output.decode("utf-8", "replace")):
+        elif req.grammar is not None and req.grammar.complete(self.output.decode("utf-8", "replace")):
             self.fire("grammar_done")
         else:
             return True
@@ -509,8 +507,7 @@ class RequestRun:
                 _TERMINAL_SEND[self.state](self.stream, self.reason, self.usage().as_dict(), self.error)
             for kind in _STREAM_RESOURCES:
                 self.ledger.release(kind)
-            self._t["decode"] = self._decode_s
-            self.trace.emit(EventKind.TIMINGS, **{f"{k}_s": v for k, v in self._t.items()})
+            self.trace.emit(EventKind.TIMINGS, **{f"{k}_s": v for k, v in self._t.items()}, decode_s=self._decode_s)
 
     def _freer(self, kind: str) -> Callable[[], None] | None:
         if kind != "kv_cache":

@@ -118,8 +118,9 @@ def test_self_loops_refuses_an_action_no_row_of_the_event_has() -> None:
         compiled("stream").self_loops("delta", "emit_dleta")
 
 
-def test_state_is_read_as_a_plain_attribute_that_only_fire_changes() -> None:
-    """The compiled stepper keeps its state as a slot (issue 8); a rejected fire leaves it."""
+def test_state_is_kept_by_a_rejection_and_set_by_fire() -> None:
+    """The compiled stepper keeps its state as a plain slot (issue 8): a rejected fire leaves it,
+    an accepted one sets it to the row's target."""
     st = compiled("stream").new()
     assert st.state.value == st.machine.table.initial
     before = st.state
