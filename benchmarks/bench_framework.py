@@ -18,7 +18,7 @@ round:
 The stop strings never occur in the output but their beginnings often do, so the matcher holds
 bytes back on many tokens. Targets: ours < 5 µs per token; transformers / ours >= 50.
 
-Run: .venv/bin/python benchmarks/bench_framework.py [--rounds N] [--tokens N]
+Run: .venv/bin/python benchmarks/bench_framework.py [--rounds N] [--tokens N] [--layout lines|paragraphs]
 """
 
 from __future__ import annotations
@@ -69,11 +69,21 @@ class _StubModel:
         self.context_limit = 1 << 30
 
 
-def output_ids(tok: HFTokenizer, n: int) -> list[int]:
-    """n ids of the fixture corpus (prose, accents, CJK, emoji, ZWJ) in lines, EOS-free, ending
-    on a character boundary."""
+# How the fixture corpus is laid out as model output. transformers' TextIteratorStreamer re-decodes
+# its cache up to the last newline on every token, so its cost grows with the line: `lines` (about
+# 60 characters each) is its cheapest case, `paragraphs` (about 800 characters, a blank line
+# between) is the prose a model writes. Ours does the same work per token in both.
+LAYOUTS: dict[str, Callable[[tuple[str, ...]], str]] = {
+    "lines": lambda corpus: "\n".join(corpus) + "\n",
+    "paragraphs": lambda corpus: " ".join(corpus) + "\n\n",
+}
+
+
+def output_ids(tok: HFTokenizer, n: int, layout: str = "lines") -> list[int]:
+    """n ids of the fixture corpus (prose, accents, CJK, emoji, ZWJ) laid out as `layout`,
+    EOS-free, ending on a character boundary."""
     ids: list[int] = []
-    text = "\n".join(fixtures.CORPUS) + "\n"  # lines, as model output has
+    text = LAYOUTS[layout](fixtures.CORPUS)
     while len(ids) < n:
         ids += tok.encode(text)
     ids = [i for i in ids if i != tok.eos_id][:n]
@@ -182,32 +192,35 @@ def run_transformers(pair, prompt: list[int], ids: list[int],
 CLOCKS: dict[str, Callable[[], float]] = {"cpu": time.process_time, "wall": time.perf_counter}
 
 
-def run(rounds: int = 7, n_tokens: int = 2000, clock: str = "cpu") -> dict[str, Any]:
+def run(rounds: int = 7, n_tokens: int = 2000, clock: str = "cpu", layout: str = "lines") -> dict[str, Any]:
     """Figures of one run: µs per token (median, spread) of each contender and their ratios.
 
     `clock` "cpu" (default) counts the process's CPU time, all threads: on a loaded machine it
-    is far steadier than "wall", and it still charges transformers' consumer thread."""
+    is far steadier than "wall", and it still charges transformers' consumer thread. `layout`:
+    see LAYOUTS."""
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     tick = CLOCKS[clock]
     # One intra-op thread: the contenders' tensors are tiny, and an idle OpenMP worker spinning
     # after a transformers round would otherwise be charged to the next contender's CPU time.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _run(tick, rounds, n_tokens, clock)
+        return _run(tick, rounds, n_tokens, clock, layout)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run(tick: Callable[[], float], rounds: int, n_tokens: int, clock: str) -> dict[str, Any]:
+def _run(tick: Callable[[], float], rounds: int, n_tokens: int, clock: str, layout: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
         path = fixtures.byte_level_bpe(folder)
         tok = HFTokenizer(path)
         plan = tok.plan()
         table = [plan.rest.get(i, b"") for i in range(tok.vocab_size)]
         prompt = tok.encode(PROMPT)
-        ids = output_ids(tok, n_tokens)
+        ids = output_ids(tok, n_tokens, layout)
         expected = tok.decode_bytes(ids)
         stops = stop_strings(expected.decode(), random.Random(4_6))
         pair = _hf_pair(path, stops)
@@ -239,6 +252,7 @@ def _run(tick: Callable[[], float], rounds: int, n_tokens: int, clock: str) -> d
             probe.push(piece)
             holding += bool(probe.held)
         figures: dict[str, Any] = {
+            "layout": layout,
             "tokens": len(ids),
             "output_bytes": len(expected),
             "stops": stops,
@@ -266,9 +280,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--tokens", type=int, default=2000)
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
+    ap.add_argument("--layout", choices=sorted(LAYOUTS), default="lines")
     args = ap.parse_args()
-    r = run(args.rounds, args.tokens, args.clock)
-    print(f"{r['tokens']} tokens ({r['output_bytes']} bytes), {len(r['stops'])} stops "
+    r = run(args.rounds, args.tokens, args.clock, args.layout)
+    print(f"{r['tokens']} tokens ({r['output_bytes']} bytes) in {r['layout']}, {len(r['stops'])} stops "
           f"(bytes held after {r['pushes_holding']} tokens), {r['clock']} time, median of {r['rounds']} rounds")
     for name, s in r["us_per_token"].items():
         print(f"  {name:13s} {s['median']:9.3f} µs/token  (spread {s['spread_pct']:.0f}%)")
