@@ -29,7 +29,7 @@ from tokenizers.decoders import DecodeStream
 
 from decodespec.properties import fixtures
 from decodespec.runtime.detokenizer import IncrementalDetokenizer
-from decodespec.runtime.tokenizers import HFTokenizer
+from decodespec.runtime.tokenizers import HFTokenizer, is_utf8
 
 N_TOKENS = 3000
 
@@ -40,17 +40,9 @@ def stream_ids(tok: HFTokenizer, n: int = N_TOKENS) -> list[int]:
     while len(ids) < n:
         ids += tok.encode(text + " ")
     ids = ids[:n]
-    while not _valid(tok.decode_bytes(ids)):  # end on a character boundary
+    while not is_utf8(tok.decode_bytes(ids)):  # end on a character boundary
         ids.pop()
     return ids
-
-
-def _valid(data: bytes) -> bool:
-    try:
-        data.decode()
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 def time_ours(tok: HFTokenizer, ids: list[int]) -> tuple[float, bytes]:

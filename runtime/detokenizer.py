@@ -33,6 +33,8 @@ A push after the detokenizer closed is an IllegalTransition and changes nothing.
 
 from __future__ import annotations
 
+import codecs
+import functools
 from collections.abc import Sequence
 
 from ..machine import compiled
@@ -41,6 +43,10 @@ from .tokenizers import TokenIdError, Tokenizer, check_token_id
 __all__ = ["DecodingError", "IncrementalDetokenizer"]
 
 _INCOMPLETE = "unexpected end of data"  # CPython's reason for a valid but unfinished sequence
+# (text, bytes used) of the longest decodable prefix; with final=False an unfinished character at
+# the end is left over, not an error, so holding one costs no exception (issue 8).
+_utf8_prefix = codecs.utf_8_decode
+_NOTHING: dict[int, bytes] = {}  # the fast table while the fast path is off; never written
 _WINDOW_PREFIX = 5  # prompt tokens kept as context by the window fallback
 _EMIT_LOOPS = compiled("detokenizer").self_loops("emit", "emit_bytes")
 
@@ -51,6 +57,18 @@ class DecodingError(ValueError):
     def __init__(self, message: str, *, data: bytes = b"") -> None:
         super().__init__(message)
         self.data = data
+
+
+@functools.lru_cache(maxsize=4096)
+def _unfinished(tail: bytes) -> tuple[int, int, str] | None:
+    """None when `tail` (the 1-3 bytes `_utf8_prefix` left over) may still become a character;
+    else (start, end, reason) of its invalid bytes. The incremental decoder defers some errors
+    (a surrogate's ED A0, say) that the strict one reports at once (D12: report them now)."""
+    try:
+        tail.decode()
+    except UnicodeDecodeError as e:
+        return None if e.reason == _INCOMPLETE and e.start == 0 else (e.start, e.end, e.reason)
+    return None
 
 
 def _incomplete_tail(data: bytes) -> int:
@@ -73,7 +91,7 @@ class IncrementalDetokenizer:
 
     __slots__ = (
         "_tok", "_skip", "_ctl", "_fire", "_cur", "_rest", "_skipped", "_strip_byte", "_strip_left",
-        "_pending", "_hidden", "_window",
+        "_pending", "_hidden", "_window", "_whole", "_fast",
     )
 
     def __init__(self, tokenizer: Tokenizer, *, prompt_ids: Sequence[int] = (), skip_special: bool = True) -> None:
@@ -92,11 +110,14 @@ class IncrementalDetokenizer:
             self._skipped = frozenset()
             self._strip_byte, self._strip_left = None, 0
             self._window = _Window(tokenizer, prompt, skip_special)
+            self._whole, self._fast = None, _NOTHING
             return
         self._window = None
         self._cur, self._rest, self._skipped = plan.first, plan.rest, plan.skipped
+        self._whole = plan.whole
         self._strip_byte, self._strip_left = plan.strip_byte, plan.strip_count
         self._prime(prompt)
+        self._sync()
 
     def _prime(self, prompt: list[int]) -> None:
         """Consume the prompt: first-token and leading-space rules, and its unfinished character."""
@@ -125,6 +146,9 @@ class IncrementalDetokenizer:
 
     def push(self, token_id: int) -> bytes:
         """Bytes that became final with `token_id` (possibly b""); raises DecodingError (§4.5)."""
+        chunk = self._fast.get(token_id) if type(token_id) is int else None
+        if chunk is not None:  # EMPTY, nothing pending: a whole token is final as it is
+            return chunk
         chunk = self._cur.get(token_id) if type(token_id) is int else None
         if chunk is None or self._strip_left:
             if self._window is not None:
@@ -134,18 +158,32 @@ class IncrementalDetokenizer:
                 return b""
         pend = self._pending
         data = pend + chunk if pend else chunk
-        try:
-            data.decode()
+        try:  # the complete characters: an unfinished one at the end is held, never an error
+            done = _utf8_prefix(data, "strict", False)[1]
         except UnicodeDecodeError as e:
-            return self._partial(data, e)
-        if self._ctl.state not in _EMIT_LOOPS:  # the table's quiet EMPTY self-loop needs no fire
-            self._fire("emit")  # raises IllegalTransition (nothing changed) once closed
+            raise self._invalid(data, e.start, e.end, e.reason) from None
+        if done < len(data):
+            bad = _unfinished(data[done:])
+            if bad is None:
+                return self._hold(data, done)
+            raise self._invalid(data, done + bad[0], done + bad[1], bad[2])
+        self._fire("emit")  # raises IllegalTransition (nothing changed) once closed
         self._cur = self._rest
         if pend:
             self._pending = b""
             if self._hidden:
                 data, self._hidden = data[self._hidden :], 0
+        self._sync()
         return data
+
+    def _sync(self) -> None:
+        """Arm the fast path of `push` exactly where it is exact: state EMPTY (whose `emit` is a
+        quiet self-loop of the table), nothing pending, past the first-token and strip rules."""
+        steady = (
+            self._ctl.state in _EMIT_LOOPS and not self._pending and not self._strip_left
+            and self._cur is self._rest and self._whole is not None
+        )
+        self._fast = self._whole if steady else _NOTHING
 
     def _resolve(self, token_id: int, chunk: bytes | None) -> bytes | None:
         """The slow cases: an int-like id, a skipped special token (None), the leading-space rule."""
@@ -163,20 +201,28 @@ class IncrementalDetokenizer:
             chunk = self._strip(chunk)
         return chunk
 
-    def _partial(self, data: bytes, e: UnicodeDecodeError) -> bytes:
-        if e.reason != _INCOMPLETE:
-            self._fire("invalid")
-            self._pending, self._hidden = b"", 0
-            bad = data[e.start : e.end]
-            raise DecodingError(
-                f"invalid UTF-8 in the output: {bad.hex(' ')} at offset {e.start} of {data!r} ({e.reason}); "
-                "no later token can repair it (§4.5, DECISIONS D12)",
-                data=data,
-            )
-        cut, hidden = e.start, self._hidden
+    def _close(self, event: str) -> None:
+        """Fire an event that ends the output (or fails it): nothing is pending after it."""
+        self._fire(event)
+        self._pending, self._hidden = b"", 0
+        self._sync()
+
+    def _invalid(self, data: bytes, start: int, end: int, reason: str) -> DecodingError:
+        """Bytes no later token can repair: fire `invalid` and return the error to raise."""
+        self._close("invalid")
+        return DecodingError(
+            f"invalid UTF-8 in the output: {data[start:end].hex(' ')} at offset {start} of {data!r} ({reason}); "
+            "no later token can repair it (§4.5, DECISIONS D12)",
+            data=data,
+        )
+
+    def _hold(self, data: bytes, cut: int) -> bytes:
+        """`data[cut:]` is an unfinished character: hold it, emit what precedes it."""
+        hidden = self._hidden
         self._fire("hold")
         self._cur = self._rest
         self._pending = data[cut:]
+        self._sync()
         if cut:
             self._hidden = 0
             return data[hidden:cut]
@@ -205,21 +251,18 @@ class IncrementalDetokenizer:
             return tail
         tail = self._pending[self._hidden :]
         if tail:
-            self._fire("finish_invalid")
-            self._pending, self._hidden = b"", 0
+            self._close("finish_invalid")
             raise DecodingError(
                 f"the output ends inside a UTF-8 character: {tail.hex(' ')} can never be completed "
                 "(§4.3, DECISIONS D12)",
                 data=tail,
             )
-        self._fire("finish")
-        self._pending, self._hidden = b"", 0
+        self._close("finish")
         return b""
 
     def discard_pending_after_stop(self) -> None:
         """Drop the held tail: after a stop hit it lies past the stop point (§4.3, §4.6)."""
-        self._fire("discard")
-        self._pending, self._hidden = b"", 0
+        self._close("discard")
         if self._window is not None:
             self._window.clear()
 

@@ -45,8 +45,11 @@ class EventKind(enum.StrEnum):
     RESUMED = "sequence.resumed"  # mode, cache_len
 
 
-# The kinds put on the per-token path: their entry holds a tuple of values (`Trace.put((kind, t,
-# values))`) and each function here names them, in that order, when the Event is built.
+# The kinds put on the per-token path. Their entry is flat, `Trace.put((kind.value, t, *values))`,
+# and each function here names the values, in that order, when the Event is built. Flat and with
+# the kind as its plain string, the entry is one tuple of atomic values: nothing nested to allocate,
+# and the cyclic garbage collector stops tracking it at its first pass, so a long trace adds nothing
+# to the full collections, which with torch loaded cost about 0.1 s each (issue 8).
 def _selected(v: tuple) -> dict[str, Any]:
     step, token, eos = v
     return {"step": step, "token": token, "eos": eos}
@@ -138,8 +141,8 @@ def _jsonable(v: Any) -> Any:
 class Trace:
     """Append-only event log of one request.
 
-    An entry is a raw `(kind, t, data)` tuple with `t` a reading of `clock`; `data` is the
-    keyword mapping of `emit`, or for a kind of FIELDS the tuple of its values in that order.
+    An entry is a raw tuple: `(kind, t, data)` with `data` the keyword dict of `emit`, or for a
+    kind of FIELDS `(kind.value, t, *values)`; `t` is a reading of `clock`.
     `put(entry)` is the one writer: with no listener it *is* the list's C-level append (issue 8:
     four events per token, the per-token path calls `put` itself). `list.append` is atomic under
     the GIL, so a cancel logged from another thread takes its own position, and the position is
@@ -152,7 +155,7 @@ class Trace:
     def __init__(self, request_id: str, clock=time.monotonic) -> None:
         self.request_id = request_id
         self.clock = clock
-        self._raw: list[tuple[str, float, Any]] = []
+        self._raw: list[tuple] = []
         self.put = self._raw.append
         self._built: list[Event] = []  # Event objects of the first len(_built) raw entries
         self._listeners: list = []
@@ -169,7 +172,7 @@ class Trace:
         self.put((kind, t, data))
         return t
 
-    def _put_and_notify(self, entry: tuple[str, float, Any]) -> None:
+    def _put_and_notify(self, entry: tuple) -> None:
         raw = self._raw
         raw.append(entry)
         index = len(raw) - 1
@@ -197,10 +200,16 @@ class Trace:
         return len(self._raw)
 
 
-def _event(entry: tuple[str, float, Any], request_id: str, index: int) -> Event:
-    """The Event of a raw entry; a value tuple gets its kind's FIELDS names here."""
-    kind, t, data = entry
-    return _new(Event, (kind, request_id, index, t, FIELDS[kind](data) if type(data) is tuple else data))
+def _event(entry: tuple, request_id: str, index: int) -> Event:
+    """The Event of a raw entry; a flat per-token entry gets its EventKind and FIELDS names here."""
+    kind, t, data = entry[0], entry[1], entry[2]
+    if type(data) is not dict:
+        kind = _KINDS[kind]
+        data = FIELDS[kind](entry[2:])
+    return _new(Event, (kind, request_id, index, t, data))
+
+
+_KINDS: Mapping[str, EventKind] = MappingProxyType(EventKind._value2member_map_)
 
 
 def write_jsonl(events: Iterable[Event], fh: TextIO) -> None:

@@ -51,10 +51,10 @@ def _quiet(event: str, action: str) -> frozenset:
 
 _SELECT_QUIET = _quiet("select", "record_selected")  # the action: token.selected in the trace
 _DECODE_DONE_QUIET = _quiet("decode_done", "record_decoded")  # decode.completed in the trace
-_TOKEN_SELECTED = EventKind.TOKEN_SELECTED
+_TOKEN_SELECTED = EventKind.TOKEN_SELECTED.value  # per-token entries carry the plain string (events.py)
 _PAUSE = BackpressurePolicy.PAUSE
-_DECODE_STARTED = EventKind.DECODE_STARTED
-_DECODE_COMPLETED = EventKind.DECODE_COMPLETED
+_DECODE_STARTED = EventKind.DECODE_STARTED.value
+_DECODE_COMPLETED = EventKind.DECODE_COMPLETED.value
 _MODEL_RESOURCES = ("kv_cache", "batch_slot", "rng_state")
 _STREAM_RESOURCES = ("stream_buffer", "trace_handle")
 # After these reasons the detokenizer tail lies past the end of the output: it is discarded,
@@ -312,14 +312,12 @@ class RequestRun:
             self.life.fire("select")
         eos = token == self.eos_id
         trace = self.trace
-        trace.put((_TOKEN_SELECTED, trace.clock(), (t, token, eos)))
+        trace.put((_TOKEN_SELECTED, trace.clock(), t, token, eos))
         if eos:
             self._byte_marks.append(self._detok_total)
             self.fire("eos")
             return False
         try:
-            if self._poisoned and t in self._poisoned:
-                raise DecodingError(f"injected decoding error at step {t}")
             new = self._detok_push(token)
         except DecodingError as exc:
             self.error = f"decoding_error: {exc}"
@@ -340,18 +338,19 @@ class RequestRun:
                 self._t["stop_buffer"] += self.clock() - self._held_since
                 self._held_since = None
             if safe:
-                policy = self.request.content_policy
-                if policy is not None and policy(bytes(self.output), safe):
-                    self.fire("content_interrupt")
-                    return False
-                if self._plain_send:  # `_send` with nothing to check: the inline reader takes it
+                if self._plain_send:  # nothing to check: the inline reader takes it at once
                     try:
                         self.stream.deliver(safe)
                     except StreamOverflow as exc:
                         return self._send_failed(exc.seq, str(exc))
                     self.output += safe
-                elif not self._send(safe):
-                    return False
+                else:
+                    policy = self.request.content_policy
+                    if policy is not None and policy(bytes(self.output), safe):
+                        self.fire("content_interrupt")
+                        return False
+                    if not self._send(safe):
+                        return False
             if hit is not None:
                 return self._stopped(hit, "string")
         if token_hit is not None:
@@ -425,13 +424,13 @@ class RequestRun:
     def begin_decode(self) -> None:
         trace = self.trace
         self._t0 = t = trace.clock()
-        trace.put((_DECODE_STARTED, t, (len(self.tokens),)))
+        trace.put((_DECODE_STARTED, t, len(self.tokens)))
 
     def end_decode(self, logits: torch.Tensor) -> None:
         self.decoded += 1
         trace = self.trace
         t = trace.clock()
-        trace.put((_DECODE_COMPLETED, t, (len(self.tokens), self.cache.length)))
+        trace.put((_DECODE_COMPLETED, t, len(self.tokens), self.cache.length))
         self._decode_s += t - self._t0
         if self.life.state in _DECODE_DONE_QUIET:
             self.logits = logits
@@ -568,11 +567,22 @@ class RequestRun:
         self._plain_send = self._plain()
 
     def _plain(self) -> bool:
-        """Would `_send` only deliver? An inline reader, no fault plan to consult, no listener and
-        the pause policy (whose stream never overflows): select then delivers without the call."""
-        return self._inline and not self._faulty and not self._may_overflow and not self._listeners
+        """Would `_send` only deliver? An inline reader, no content policy, no fault plan to
+        consult, no listener and the pause policy (whose stream never overflows): select then
+        delivers without the call."""
+        return (
+            self._inline and self.request.content_policy is None and not self._faulty
+            and not self._may_overflow and not self._listeners
+        )
 
     # ---- fault injection (issue 4 item 5) ----------------------------------------------------
+
+    def _poisoned_push(self, token: int) -> bytes:
+        """The detokenizer's push where a decoding_error fault was injected for some step."""
+        step = len(self.tokens)
+        if step in self._poisoned:
+            raise DecodingError(f"injected decoding error at step {step}")
+        return self.detok.push(token)
 
     def _inject(self, ev: Any) -> None:
         data = ev.data
@@ -590,6 +600,7 @@ def _fault_model_error(run: RequestRun, step: int) -> None:
 
 def _fault_decoding_error(run: RequestRun, step: int) -> None:
     run._poisoned.add(step)
+    run._detok_push = run._poisoned_push  # only a run with an injected fault pays for the check
 
 
 def _fault_deadline(run: RequestRun, step: int) -> None:

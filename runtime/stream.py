@@ -44,7 +44,7 @@ _PAUSE_POLICY = BackpressurePolicy.PAUSE
 _OPEN = compiled("stream").State["OPEN"]
 # Where the table makes a delta a quiet self-loop, the per-delta paths skip the fire (issue 8).
 _DELTA_LOOPS = compiled("stream").self_loops("delta", "emit_delta")
-_RESPONSE_DELTA = EventKind.RESPONSE_DELTA
+_RESPONSE_DELTA = EventKind.RESPONSE_DELTA.value  # a per-token entry carries the plain string (events.py)
 
 
 class StreamEventKind(enum.StrEnum):
@@ -220,7 +220,7 @@ class OrderedStream:
             self._log.append((seq, data))  # _append's work, inline on the per-token path
             if self._trace is not None:
                 trace = self._trace
-                trace.put((_RESPONSE_DELTA, trace.clock(), (seq, data, events, nbytes)))
+                trace.put((_RESPONSE_DELTA, trace.clock(), seq, data, events, nbytes))
             if self._sleepers or self._async_waiters:
                 self._wake()
             if pause and not self._has_room(1):
@@ -247,7 +247,7 @@ class OrderedStream:
                     self._cursor = len(log)
                     if self._trace is not None:
                         trace = self._trace
-                        trace.put((_RESPONSE_DELTA, trace.clock(), (seq, data, 1, len(data))))
+                        trace.put((_RESPONSE_DELTA, trace.clock(), seq, data, 1, len(data)))
                     return seq
         seq = self.delta(data)
         while self.get(timeout=0) is not None:

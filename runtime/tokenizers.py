@@ -75,6 +75,13 @@ class DecodePlan:
     skipped: frozenset[int] = frozenset()
     strip_byte: int | None = None
     strip_count: int = 0
+    # The entries of `rest` that are whole UTF-8 on their own: with nothing pending, such a token
+    # is final as it is, with no check of its bytes (the detokenizer's fast path, issue 8).
+    whole: Mapping[int, bytes] = attrs.field(init=False, repr=False, eq=False)
+
+    @whole.default
+    def _whole(self) -> Mapping[int, bytes]:
+        return {i: b for i, b in self.rest.items() if is_utf8(b)}
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         """Batch decode as bytes under this plan (no U+FFFD replacement; ids already checked)."""
@@ -91,6 +98,15 @@ class DecodePlan:
         while n < self.strip_count and n < len(out) and out[n] == self.strip_byte:
             n += 1
         return out[n:]
+
+
+def is_utf8(data: bytes) -> bool:
+    """True when `data` is whole, valid UTF-8."""
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def check_token_id(token_id: Any, vocab_size: int) -> int:

@@ -187,6 +187,19 @@ def test_finish_twice_is_illegal_and_keeps_the_state(toks):
         assert d.state == "FINISHED"
 
 
+def test_a_whole_token_passes_straight_through_only_with_nothing_pending(toks):
+    """Issue 8: a token whose bytes are whole UTF-8 is final as it is only in EMPTY; after an
+    unfinished lead byte the same token is checked with it, and here no continuation can repair it."""
+    d = IncrementalDetokenizer(toks["byte_table"])
+    assert d.push(258) == b"AB" and d.state == "EMPTY"
+    assert d.push(0xE4) == b"" and d.state == "PENDING"
+    with pytest.raises(DecodingError, match="invalid UTF-8"):
+        d.push(258)
+    assert d.state == "FAILED"
+    with pytest.raises(IllegalTransition):
+        d.push(258)
+
+
 # -- the prompt context ---------------------------------------------------------------------
 
 

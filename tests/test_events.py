@@ -3,6 +3,7 @@ the hot path, Events built when read, indices equal to positions even across thr
 
 from __future__ import annotations
 
+import gc
 import io
 import threading
 
@@ -95,7 +96,7 @@ def test_jsonl_round_trip_keeps_every_field():
 
 
 def test_a_per_token_entry_put_as_values_reads_as_the_same_event_as_emit():
-    """Issue 8: the per-token kinds are put as value tuples (no mapping on the hot path); read
+    """Issue 8: the per-token kinds are put as flat tuples of values (no mapping on the hot path); read
     back, each is the Event `emit` with the same fields gives, listeners included."""
     seen: list[Event] = []
     fast, slow = Trace("r", clock=lambda: 7.0), Trace("r", clock=lambda: 7.0)
@@ -107,17 +108,33 @@ def test_a_per_token_entry_put_as_values_reads_as_the_same_event_as_emit():
         (EventKind.DECODE_COMPLETED, (3, 9), {"step": 3, "cache_len": 9}),
     ]
     for kind, values, fields in rows:
-        fast.put((kind, fast.clock(), values))
+        fast.put((kind.value, fast.clock(), *values))  # the plain string, as the hot path puts it
         slow.emit(kind, **fields)
     assert fast.events == slow.events == seen
+    assert all(type(e.kind) is EventKind for e in fast.events + seen)
     assert [e.to_json() for e in fast.events] == [e.to_json() for e in slow.events]
 
 
 def test_put_notifies_only_once_someone_subscribed():
     """With no listener `put` is the list's own append; subscribing makes later puts notify."""
     tr = Trace("r")
-    tr.put((EventKind.DECODE_STARTED, 1.0, (1,)))
+    tr.put((EventKind.DECODE_STARTED.value, 1.0, 1))
     seen: list[Event] = []
     tr.subscribe(seen.append)
-    tr.put((EventKind.DECODE_COMPLETED, 2.0, (1, 5)))
+    tr.put((EventKind.DECODE_COMPLETED.value, 2.0, 1, 5))
     assert [(e.index, e.kind, dict(e.data)) for e in seen] == [(1, EventKind.DECODE_COMPLETED, {"step": 1, "cache_len": 5})]
+
+
+def test_per_token_entries_leave_the_garbage_collector_at_its_first_pass():
+    """Issue 8: a per-token entry is one flat tuple of atomic values (its kind as a plain string),
+    so one collection stops tracking it and a long trace adds nothing to later full collections."""
+    from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, generate
+
+    tok = ByteTableTokenizer({1: b"> ", 2: b"</s>", 10: b"ab", 11: b"c"}, eos_id=2)
+    model = ScriptedModel([10, 11, 10, 11, 2], vocab_size=16)
+    result = generate(Request([1]), model=model, tokenizer=tok)
+    gc.collect()
+    raw = result.trace._raw
+    per_token = [entry for entry in raw if type(entry[2]) is not dict]
+    assert {entry[0] for entry in per_token} == {"token.selected", "decode.started", "decode.completed", "response.delta"}
+    assert not any(gc.is_tracked(entry) for entry in per_token)
