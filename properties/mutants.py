@@ -195,23 +195,16 @@ def _unbounded_buffer() -> Iterator[None]:
 def _disconnect_as_eos() -> Iterator[None]:
     """§4.12 row 6: a client disconnect is recorded as a model EOS."""
 
-    def disconnect(orig):
-        def wrapped(self):
-            orig(self)
-            self._mutant_disconnected = True
-
-        return wrapped
-
     def check_point(orig):
         def wrapped(self):
-            if getattr(self, "_mutant_disconnected", False) and self.state == "DECODING":
+            if not self.stream.connected and self.state == "DECODING":
                 self.fire("eos")
                 return False
             return orig(self)
 
         return wrapped
 
-    with _patch(RequestRun, "disconnect", disconnect), _patch(RequestRun, "check_point", check_point):
+    with _patch(RequestRun, "check_point", check_point):
         yield
 
 

@@ -38,7 +38,7 @@ import functools
 from collections.abc import Sequence
 
 from ..machine import compiled
-from .tokenizers import TokenIdError, Tokenizer, check_token_id
+from .tokenizers import TokenIdError, Tokenizer, check_token_id, check_tokenizer
 
 __all__ = ["DecodingError", "IncrementalDetokenizer"]
 
@@ -95,8 +95,7 @@ class IncrementalDetokenizer:
     )
 
     def __init__(self, tokenizer: Tokenizer, *, prompt_ids: Sequence[int] = (), skip_special: bool = True) -> None:
-        if not isinstance(tokenizer, Tokenizer):
-            raise TypeError(f"tokenizer must implement the Tokenizer protocol, got {type(tokenizer).__name__}")
+        check_tokenizer(tokenizer)
         prompt = [check_token_id(t, tokenizer.vocab_size) for t in prompt_ids]
         self._tok = tokenizer
         self._skip = skip_special

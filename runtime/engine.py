@@ -558,13 +558,14 @@ class Engine:
     def _decode(self, active: list[_Entry]) -> None:
         """One decode_one over the active batch; a failure is narrowed to its sequence(s)."""
         runs = [e.run for e in active]
-        for run in runs:
+        caches, tokens, lengths = [], [], []
+        for run in runs:  # one pass: decode.started, then the in-flight cancel check, per run
             run.begin_decode()
-        for run in runs:
             run.observe_in_flight()
-        caches = [run.cache for run in runs]
-        tokens = [run.tokens[-1] for run in runs]
-        lengths = [c.length for c in caches]
+            cache = run.cache
+            caches.append(cache)
+            tokens.append(run.tokens[-1])
+            lengths.append(cache.length)
         picks: list[int | None] = [None] * len(runs)
         try:
             out = self.model.decode_one(caches, tokens)

@@ -71,6 +71,18 @@ _TERMINAL_SEND: dict[str, Callable[[OrderedStream, FinishReason, dict, str], int
 class RequestRun:
     """The StepState of §4.2 plus lifecycle, stream, ledger and trace of one request."""
 
+    # Slots: the per-token path reads a dozen of these per token, right after a model step has
+    # pushed them out of the CPU caches; a slot is one fixed offset, a dict entry a probe (issue 8).
+    __slots__ = (
+        "cache", "clock", "deadline_at", "decoded", "detok", "eos_id", "error", "faults", "ledger",
+        "life", "logits", "model", "output", "prompt_ids", "reason", "request", "sampler",
+        "stop_hit", "stopper", "stream", "token_stopper", "tokenizer", "tokens", "trace",
+        "_byte_marks", "_cancel_claimed", "_cancel_fired", "_cancel_lock", "_cancel_requested",
+        "_created", "_deadline_forced", "_decode_s", "_detok_push", "_detok_total", "_faulty",
+        "_held_since", "_inline", "_kernel_fault", "_listeners", "_lock", "_may_overflow",
+        "_plain_send", "_poisoned", "_stop_push", "_t", "_t0", "_token_held",
+    )
+
     def __init__(
         self,
         request: Request,
@@ -138,7 +150,7 @@ class RequestRun:
         self._poisoned: set[int] = set()
         self._lock = threading.Lock()
         self._created = clock()
-        self._t = {"queue": 0.0, "prefill": 0.0, "stop_buffer": 0.0, "send": 0.0}
+        self._t = {"queue": 0.0, "prefill": 0.0, "stop_buffer": 0.0}
         self._decode_s = 0.0  # the per-token sum of decode time, kept out of `_t` (issue 8)
         self._held_since: float | None = None
         self.deadline_at = self._created + request.deadline_s if request.deadline_s is not None else None
@@ -387,8 +399,8 @@ class RequestRun:
     def _send(self, data: bytes) -> bool:
         """stream.emit_delta_if_nonempty (§4.3); a failed send ends the request (§4.10).
 
-        `send_s` counts the time a producer without an inline reader spends in `stream.delta`,
-        where the pause policy waits (§4.8); the inline reader's `deliver` never waits.
+        Where the pause policy waits for the reader (§4.8), the stream counts the time itself
+        (`paused_s`, the `send_s` of TIMINGS); the inline reader's `deliver` never waits.
         """
         if not data:
             return True
@@ -404,9 +416,7 @@ class RequestRun:
             if self._inline:
                 stream.deliver(data)
             else:
-                t0 = self.clock()
                 stream.delta(data)
-                self._t["send"] += self.clock() - t0
         except StreamOverflow as exc:  # a paused send waited past the stream's pause timeout (D5)
             return self._send_failed(exc.seq, str(exc))
         self.output += data
@@ -506,7 +516,8 @@ class RequestRun:
                 _TERMINAL_SEND[self.state](self.stream, self.reason, self.usage().as_dict(), self.error)
             for kind in _STREAM_RESOURCES:
                 self.ledger.release(kind)
-            self.trace.emit(EventKind.TIMINGS, **{f"{k}_s": v for k, v in self._t.items()}, decode_s=self._decode_s)
+            self.trace.emit(EventKind.TIMINGS, **{f"{k}_s": v for k, v in self._t.items()}, decode_s=self._decode_s,
+                            send_s=self.stream.paused_s)
 
     def _freer(self, kind: str) -> Callable[[], None] | None:
         if kind != "kv_cache":

@@ -163,6 +163,7 @@ class OrderedStream:
         self._unread_events = 0  # unread deltas (the terminal has its own slot)
         self._unread_bytes = 0
         self._pending = 0  # size of the delta a paused producer is waiting to send
+        self.paused_s = 0.0  # seconds the producer waited for the reader (pause policy, §4.8)
         self._sleepers = 0  # threads in `_sleep`
         self._next_seq = 0
         self._connected = True
@@ -467,7 +468,8 @@ class OrderedStream:
             self._st.fire("block")
         if self._st.state != "PAUSED":
             return
-        deadline = None if self.pause_timeout_s is None else time.monotonic() + self.pause_timeout_s
+        paused_at = time.monotonic()
+        deadline = None if self.pause_timeout_s is None else paused_at + self.pause_timeout_s
         self._pending = size
         try:
             while self._st.state == "PAUSED":
@@ -481,6 +483,7 @@ class OrderedStream:
                 self._sleep(left)
         finally:
             self._pending = 0
+            self.paused_s += time.monotonic() - paused_at
 
     def _overflow_usage(self) -> Any:
         return self._usage_provider() if self._usage_provider is not None else None

@@ -306,6 +306,24 @@ def test_constructor_rejects_a_non_tokenizer_and_bad_prompt_ids(toks):
         IncrementalDetokenizer(toks["wordpiece"], prompt_ids=[10_000])
 
 
+def test_the_tokenizer_check_refuses_exactly_what_the_protocol_refuses(toks):
+    """check_tokenizer (once per request) is isinstance(obj, Tokenizer) without typing's cost: an
+    object lacking any one member of the protocol is refused by both, naming the member."""
+    import typing
+
+    from decodespec.runtime.tokenizers import Tokenizer, check_tokenizer
+
+    members = sorted(typing._get_protocol_attrs(Tokenizer))
+    full = {name: getattr(toks["byte_table"], name) for name in members}
+    assert isinstance(type("Full", (), full)(), Tokenizer)
+    check_tokenizer(type("Full", (), full)())
+    for name in members:
+        lacking = type("Lacking", (), {k: v for k, v in full.items() if k != name})()
+        assert not isinstance(lacking, Tokenizer)
+        with pytest.raises(TypeError, match=f"Lacking lacks {name}$"):
+            check_tokenizer(lacking)
+
+
 # -- the property: concat(pushes) + finish == batch decode, append-only ---------------------
 
 

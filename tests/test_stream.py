@@ -266,6 +266,23 @@ def test_pause_blocks_the_producer_thread_until_the_reader_drains():
     assert [e.seq for e in got[1:]] == list(range(9)) and sent == list(range(8))
 
 
+def test_paused_s_counts_only_the_time_the_producer_waited_for_its_reader():
+    """§4.8: `paused_s` (TIMINGS' send_s) is the time a pause-policy producer spent waiting; a
+    send that fits waits for nothing and adds nothing."""
+    s = started(policy="pause", max_events=2)
+    s.delta(b"A")
+    assert s.paused_s == 0.0
+    producer = threading.Thread(target=lambda: s.delta(b"B") and s.delta(b"C"), daemon=True)
+    producer.start()
+    assert wait_until(s.would_block)
+    time.sleep(0.1)  # the producer stays paused until the reader reads
+    while s.get(timeout=0) is not None:
+        pass
+    producer.join(WAIT)
+    assert not producer.is_alive()
+    assert 0.09 <= s.paused_s < WAIT
+
+
 def test_pause_byte_cap_holds_unread_bytes_under_max_bytes():
     """§4.8: under pause, a delta that would pass max_bytes waits, so unread bytes stay within it."""
     s = started(policy="pause", max_bytes=4, pause_timeout_s=0)
