@@ -12,7 +12,6 @@ cancel (a flag observed at the safe points, §4.9).
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -411,7 +410,7 @@ class RequestRun:
                 self.trace.emit(EventKind.FAULT_INJECTED, point="response.delta", step=seq, action="transport_error")
                 return self._send_failed(seq, "injected send failure")
         if self._may_overflow and not stream.fits(len(data)):
-            return self._send_failed(stream.next_seq, OVERFLOW_ERROR, overflow=data)
+            return self._send_failed(stream.next_seq, OVERFLOW_ERROR, overflow=True)
         try:
             if self._inline:
                 stream.deliver(data)
@@ -425,7 +424,7 @@ class RequestRun:
                 fn(data)
         return True
 
-    def _send_failed(self, seq: int, why: str, overflow: bytes | None = None) -> bool:
+    def _send_failed(self, seq: int, why: str, overflow: bool = False) -> bool:
         self.error = f"transport_error: {why}"
         self.trace.emit(EventKind.TRANSPORT, what="send_failed", seq=seq)
         self._terminate("transport_error", overflow=overflow)
@@ -495,11 +494,10 @@ class RequestRun:
             return
         self._terminate("complete")
 
-    def _terminate(self, event: str, overflow: bytes | None = None) -> None:
+    def _terminate(self, event: str, overflow: bool = False) -> None:
         """transition_and_emit_terminal (§4.3): model resources first, then state and event together.
 
-        `overflow`: the delta that did not fit; offering it now fires the stream's overflow row,
-        which emits the terminal event (D6).
+        `overflow`: a delta did not fit; the stream's overflow row emits the terminal event (D6).
         """
         with self._lock:
             if self._held_since is not None:
@@ -509,9 +507,8 @@ class RequestRun:
                 if self.ledger.state(kind) == "HELD":
                     self.ledger.release(kind)
             self.fire(event)
-            if overflow is not None:
-                with contextlib.suppress(StreamOverflow):
-                    self.stream.delta(overflow)
+            if overflow:
+                self.stream.overflow()
             if not self.stream.closed:
                 _TERMINAL_SEND[self.state](self.stream, self.reason, self.usage().as_dict(), self.error)
             for kind in _STREAM_RESOURCES:

@@ -208,10 +208,7 @@ class OrderedStream:
                 if self._st.state is not _OPEN or not self._has_room(size):
                     self._wait_for_room(size)
             elif not self._within_cap(size):
-                _, state = self._st.fire("overflow")
-                seq = self._terminate(state.value, FinishReason.TRANSPORT_ERROR,
-                                      self._overflow_usage(), OVERFLOW_ERROR)
-                raise StreamOverflow(self.request_id, seq, OVERFLOW_ERROR)
+                raise StreamOverflow(self.request_id, self.overflow(), OVERFLOW_ERROR)
             if self._st.state not in _DELTA_LOOPS:
                 self._st.fire("delta")
             seq = self._next_seq
@@ -437,6 +434,15 @@ class OrderedStream:
         if type(entry) is tuple:
             return StreamEvent(StreamEventKind.DELTA, entry[0], entry[1], request_id=self.request_id)
         return entry
+
+    def overflow(self) -> int:
+        """A delta did not fit (§4.8 buffer/fail policy): fire the table's `overflow` row and queue
+        failed(transport_error); returns its seq. A producer that asked `fits` first calls this
+        with its verdict, so a reader making room in between cannot let the refused delta through
+        after its lifecycle has already failed (DECISIONS D6)."""
+        with self._lock:
+            _, state = self._st.fire("overflow")
+            return self._terminate(state.value, FinishReason.TRANSPORT_ERROR, self._overflow_usage(), OVERFLOW_ERROR)
 
     def fits(self, size: int) -> bool:
         """Would a delta of `size` bytes be taken without overflowing? Always True under `pause`,

@@ -329,6 +329,30 @@ def test_buffer_policy_overflow_fails_only_that_request():
     assert all(_same(r.result(), ref[r.request.request_id]) for r in runs)
 
 
+def test_a_reader_making_room_after_an_overflow_cannot_let_the_refused_delta_through():
+    """§4.8, DECISIONS D6, found by the soak: the producer asks `fits`, is refused, and fails its
+    lifecycle; a reader that drains the buffer in that instant must not turn the refused delta into
+    a sent one. The transition to FAILED stays next to response.failed and the usage counts exactly
+    the bytes the trace shows sent."""
+    eng = Engine(MODEL, TOK)
+    run = eng.submit(Request("flood", max_output_tokens=40, policy="buffer", max_buffer_bytes=5))
+    fits = run.stream.fits
+
+    def fits_then_a_reader_drains(size: int) -> bool:
+        verdict = fits(size)
+        if not verdict:  # the reader's turn comes between the verdict and the producer's failure
+            while run.stream.get(timeout=0) is not None:
+                pass
+        return verdict
+
+    run.stream.fits = fits_then_a_reader_drains
+    eng.run_until_idle()
+    assert run.state == "FAILED" and run.reason.value == "transport_error"
+    assert check_trace(run.trace.events, tokenizer=TOK) == []
+    sent = sum(len(e.data["bytes"]) for e in run.trace.events if e.kind == EventKind.RESPONSE_DELTA)
+    assert run.result().usage.returned_bytes == sent == len(run.result().output)
+
+
 def test_full_queue_refuses_without_starting_anything():
     """Admission: a full queue raises QueueFull (the server's 429) and creates no request."""
     eng = Engine(MODEL, TOK, max_queue=2)
