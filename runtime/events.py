@@ -209,7 +209,7 @@ def _event(entry: tuple, request_id: str, index: int) -> Event:
     return _new(Event, (kind, request_id, index, t, data))
 
 
-_KINDS: Mapping[str, EventKind] = MappingProxyType(EventKind._value2member_map_)
+_KINDS: Mapping[str, EventKind] = MappingProxyType({k.value: k for k in EventKind})
 
 
 def write_jsonl(events: Iterable[Event], fh: TextIO) -> None:

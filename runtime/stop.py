@@ -40,9 +40,6 @@ _CLEAR_LOOPS = compiled("stop_matcher").self_loops("clear", "emit_safe")
 DEFAULT_MAX_STOPS = 4096
 # The transition table has (total stop bytes + 1) x (distinct bytes + 1) entries: bound it.
 DEFAULT_MAX_STOP_BYTES = 1 << 16
-_QUIET_MAX = 1 << 16  # chunks one stop set remembers as quiet (see _ByteAutomaton.quiet)
-_QUIET_MAX_LEN = 64  # longer chunks are not remembered (a token's bytes are rarely longer)
-_NOT_ARMED: frozenset[bytes] = frozenset()  # `_quiet` outside SCANNING-at-the-root
 
 
 class StopKind(enum.StrEnum):
@@ -133,10 +130,6 @@ class _ByteAutomaton:
     stride: int
     prefixes: tuple[bytes, ...]
     lengths: tuple[int, ...]
-    # Chunks seen to lead from the root back to the root with no match on the way: pushed in
-    # SCANNING with nothing held, such a chunk is all safe and changes nothing but the position.
-    # Learnt by every matcher of this stop set (the same token pieces recur), bounded.
-    quiet: set[bytes] = attrs.field(factory=set, eq=False, repr=False)
 
 
 @functools.lru_cache(maxsize=32)
@@ -317,7 +310,7 @@ class StopMatcher(_TableControl):
     """
 
     __slots__ = (
-        "_stops", "_auto", "_delta", "_classes", "_stride", "_prefixes", "_s", "held", "_pos", "_quiet",
+        "_stops", "_auto", "_delta", "_classes", "_stride", "_prefixes", "_s", "held", "_pos",
     )
 
     def __init__(
@@ -343,7 +336,6 @@ class StopMatcher(_TableControl):
         self._s = 0  # automaton state (pre-multiplied node index)
         self.held = b""  # bytes pushed but not (yet) returned; read it, only the matcher writes it
         self._pos = 0  # bytes pushed so far
-        self._quiet = auto.quiet  # SCANNING at the root: the fast path of `push` is armed
 
     @property
     def stops(self) -> tuple[str | bytes, ...]:
@@ -351,37 +343,24 @@ class StopMatcher(_TableControl):
 
     def push(self, data: bytes) -> tuple[bytes, StopHit | None]:
         """Feed output bytes; return (safe bytes, the hit or None). §4.6."""
-        if type(data) is bytes:
-            if data in self._quiet:  # SCANNING at the root, and `data` leads back to it: all safe
-                self._pos += len(data)
-                return data, None
-        elif isinstance(data, (bytearray, memoryview)):
+        if type(data) is not bytes:
+            if not isinstance(data, (bytearray, memoryview)):
+                raise TypeError(f"push() takes bytes, got {type(data).__name__}: {data!r}")
             data = bytes(data)
-        else:
-            raise TypeError(f"push() takes bytes, got {type(data).__name__}: {data!r}")
         delta = self._delta
-        start = s = self._s
+        s = self._s
         symbols = data.translate(self._classes)
         for c in symbols:
             s = delta[s + c]
             if s < 0:
-                self._quiet = _NOT_ARMED
                 return self._on_hit(data, symbols, ~s)
         held = self._prefixes[s // self._stride]
         st = self._st  # fire unless the table makes this push a quiet self-loop (issue 8)
         if held:
             if st.state not in _HOLD_LOOPS:
                 st.fire("hold")
-            self._quiet = _NOT_ARMED
-        else:
-            if st.state not in _CLEAR_LOOPS:
-                st.fire("clear")
-            if st.state in _CLEAR_LOOPS:  # where the table makes `clear` quiet: arm the fast path
-                quiet = self._quiet = self._auto.quiet
-                if not start and len(data) <= _QUIET_MAX_LEN and len(quiet) < _QUIET_MAX:
-                    quiet.add(data)
-            else:
-                self._quiet = _NOT_ARMED
+        elif st.state not in _CLEAR_LOOPS:
+            st.fire("clear")
         old = self.held
         self._s = s
         self._pos += len(data)
@@ -411,14 +390,12 @@ class StopMatcher(_TableControl):
     def flush(self) -> bytes:
         """End of output without a hit: the held suffix is safe after all (§4.3)."""
         self._st.fire("flush")
-        self._quiet = _NOT_ARMED
         out, self.held = self.held, b""
         return out
 
     def discard_from_first_match(self) -> None:
         """After a hit: drop the match and everything after it (§4.3)."""
         self._st.fire("discard")
-        self._quiet = _NOT_ARMED
         self.held = b""
 
     def __repr__(self) -> str:

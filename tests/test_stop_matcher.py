@@ -182,29 +182,6 @@ def test_flush_returns_the_held_suffix_and_closes():
         m.push(b"x")
 
 
-def test_a_chunk_seen_to_pass_from_the_root_is_trusted_only_at_the_root():
-    """Issue 8: matchers of one stop set learn the chunks that lead from the root back to it and
-    pass them straight through, but only in SCANNING with nothing held: held bytes, a hit or a
-    flush send the same chunk through the automaton and the table."""
-    stops = ["zq9", "\u00a7q"]  # a stop set no other test uses, so the chunk is learnt here
-    assert StopMatcher(stops).push(b"q9") == (b"q9", None)  # learnt: root -> root, no match
-    assert StopMatcher(stops).push(b"q9") == (b"q9", None)  # taken straight through
-    holding = StopMatcher(stops)
-    assert holding.push(b"az") == (b"a", None) and holding.state == "HOLDING"
-    safe, hit = holding.push(b"q9")
-    assert safe == b"" and hit is not None and (hit.stop, hit.start, hit.end) == ("zq9", 1, 4)
-    flushed = StopMatcher(stops)
-    flushed.push(b"q9")
-    assert flushed.flush() == b""
-    with pytest.raises(IllegalTransition):
-        flushed.push(b"q9")
-    assert flushed.state == "FLUSHED"
-    after_hit = StopMatcher(stops)
-    assert after_hit.push("\u00a7q".encode())[1] is not None
-    with pytest.raises(IllegalTransition):
-        after_hit.push(b"q9")
-
-
 def test_discard_without_a_hit_is_illegal():
     """§4.3: discard_from_first_match needs a match; the table rejects it before one."""
     m = StopMatcher(["x"])
