@@ -6,6 +6,9 @@ For batch sizes 1, 8, 32 and 64, the same B prompts produce the same number of t
   §4.3 semantics per token: lifecycle table, detokenizer, stop matcher, ordered stream, ledger,
   trace), which runs the same prefill and STEPS decode steps.
 EOS is disabled (a tokenizer view without eos_id) so both produce exactly B x STEPS decoded tokens.
+STEPS is 128 (`--steps`): at batch 32 each run then lasts about 0.7 s, long enough for a shared
+machine's noise to average out within a round, and the figure is throughput, the per-request work
+(set-up, drain, the terminal event) being still in it over 128 tokens instead of 64.
 Several rounds: in each, bare and engine run back to back (which goes first alternates), and the
 ratio engine/bare is taken within the round, so a slow stretch of the shared machine falls on both
 sides of one ratio; the median of the rounds' ratios is the figure (target >= 0.9 at batch 32),
@@ -34,7 +37,7 @@ from decodespec.runtime.tinylm import ASSETS, TinyLM
 from decodespec.runtime.tokenizers import HFTokenizer
 
 BATCHES = (1, 8, 32, 64)
-STEPS = 64
+STEPS = 128  # decode steps per run (--steps); see the module doc
 
 
 class _NoEos:
@@ -62,10 +65,10 @@ def _sync(model: TinyLM) -> None:
         torch.cuda.synchronize()
 
 
-def bare(model: TinyLM, prompts: list[list[int]]) -> tuple[float, float]:
+def bare(model: TinyLM, prompts: list[list[int]], steps: int = STEPS) -> tuple[float, float]:
     t0, c0 = time.perf_counter(), time.process_time()
     logits, caches = model.prefill_batch(prompts)
-    for _ in range(STEPS):
+    for _ in range(steps):
         logits = model.decode_one(caches, logits.argmax(dim=-1).tolist())
     _sync(model)
     return time.perf_counter() - t0, time.process_time() - c0
@@ -94,29 +97,31 @@ class _Timed:
         return timed
 
 
-def engine(model: TinyLM, tok: Any, prompts: list[list[int]], timed: _Timed | None = None) -> tuple[float, float]:
+def engine(model: TinyLM, tok: Any, prompts: list[list[int]], timed: _Timed | None = None,
+           steps: int = STEPS) -> tuple[float, float]:
     """Wall and CPU seconds of the engine run; `timed` (wrapping `model`) adds up its forward time."""
     eng = Engine(timed or model, tok, max_batch=len(prompts))
     t0, c0 = time.perf_counter(), time.process_time()
-    runs = [eng.submit(Request(p, max_output_tokens=STEPS + 1, max_buffer_events=STEPS + 8)) for p in prompts]
+    runs = [eng.submit(Request(p, max_output_tokens=steps + 1, max_buffer_events=steps + 8)) for p in prompts]
     eng.run_until_idle()
     _sync(model)
     dt, dc = time.perf_counter() - t0, time.process_time() - c0
-    bad = [r.error or r.reason for r in runs if r.reason.value != "max_output_tokens" or r.decoded != STEPS]
+    bad = [r.error or r.reason for r in runs if r.reason.value != "max_output_tokens" or r.decoded != steps]
     assert not bad, bad[:3]
     return dt, dc
 
 
-def compare(model: TinyLM, tok: Any, prompts: list[list[int]], rounds: int) -> dict[str, float]:
+def compare(model: TinyLM, tok: Any, prompts: list[list[int]], rounds: int, steps: int = STEPS) -> dict[str, float]:
     """bare against engine on `prompts`, paired round by round (module doc): tokens/s of each,
     the median per-round ratio with its min and max, the CPU-time ratio and the forward share."""
     b = len(prompts)
-    bare(model, prompts), engine(model, tok, prompts)  # warm-up
+    bare(model, prompts, steps), engine(model, tok, prompts, steps=steps)  # warm-up
     t_bare, t_eng, shares = [], [], []
     timed = _Timed(model)
     for i in range(rounds):  # paired: both see the same stretch of machine load
         timed.seconds = 0.0
-        timers = (("bare", lambda: bare(model, prompts)), ("engine", lambda: engine(model, tok, prompts, timed)))
+        timers = (("bare", lambda: bare(model, prompts, steps)),
+                  ("engine", lambda: engine(model, tok, prompts, timed, steps)))
         got = {}
         for name, timer in timers if i % 2 == 0 else timers[::-1]:
             gc.collect()  # each starts from a clean heap: neither pays for the other's garbage
@@ -127,18 +132,18 @@ def compare(model: TinyLM, tok: Any, prompts: list[list[int]], rounds: int) -> d
     ratios = [tb / te for (tb, _), (te, _) in zip(t_bare, t_eng)]
     cpu_ratios = [cb / ce for (_, cb), (_, ce) in zip(t_bare, t_eng)]
     mb, me = statistics.median(t for t, _ in t_bare), statistics.median(t for t, _ in t_eng)
-    return {"bare_tok_s": b * STEPS / mb, "engine_tok_s": b * STEPS / me,
+    return {"bare_tok_s": b * steps / mb, "engine_tok_s": b * steps / me,
             "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
             "cpu_ratio": statistics.median(cpu_ratios), "forward_share": statistics.median(shares),
             "forward_share_min": min(shares), "forward_share_max": max(shares)}
 
 
-def run(rounds: int = 5, device: str = "cpu") -> dict[str, Any]:
+def run(rounds: int = 5, device: str = "cpu", steps: int = STEPS) -> dict[str, Any]:
     model = TinyLM.default(device=device)
     tok = _NoEos(HFTokenizer(ASSETS / "tokenizer.json"))
-    out: dict[str, Any] = {"steps": STEPS, "device": device, "threads": torch.get_num_threads(), "batches": {}}
+    out: dict[str, Any] = {"steps": steps, "device": device, "threads": torch.get_num_threads(), "batches": {}}
     for b in BATCHES:
-        out["batches"][b] = compare(model, tok, _prompts(tok, b), rounds)
+        out["batches"][b] = compare(model, tok, _prompts(tok, b), rounds, steps)
     return out
 
 
@@ -147,10 +152,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--steps", type=int, default=STEPS, help=f"decode steps per run (default {STEPS})")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    res = run(args.rounds, args.device)
+    res = run(args.rounds, args.device, args.steps)
     print(f"engine vs bare forward, {res['steps']} decode steps, device {res['device']}, "
           f"{res['threads']} threads, median of {args.rounds} paired rounds")
     print(f"{'batch':>6} {'bare tok/s':>12} {'engine tok/s':>13} {'ratio':>7} {'(min-max)':>11} {'cpu ratio':>10} "
