@@ -129,6 +129,14 @@ class OrderedStream:
     failed event, which the producer does not pass.
     """
 
+    # Slots: the engine reads these for every run at every step, just after the model has pushed
+    # them out of the CPU caches (issue 8).
+    __slots__ = (
+        "max_bytes", "max_events", "pause_timeout_s", "paused_s", "policy", "request_id",
+        "_async_waiters", "_cond", "_connected", "_cursor", "_inline_max", "_lock", "_log", "_next_seq",
+        "_pending", "_sleepers", "_st", "_trace", "_unread_bytes", "_unread_events", "_usage_provider",
+    )
+
     def __init__(
         self,
         request_id: str,

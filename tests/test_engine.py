@@ -20,6 +20,7 @@ from decodespec.runtime.engine import (
     UnknownRequest,
 )
 from decodespec.runtime.events import EventKind
+from decodespec.runtime.stream import OrderedStream
 
 MODEL = tiny_model()
 TOK = ascii_tokenizer()
@@ -329,23 +330,23 @@ def test_buffer_policy_overflow_fails_only_that_request():
     assert all(_same(r.result(), ref[r.request.request_id]) for r in runs)
 
 
-def test_a_reader_making_room_after_an_overflow_cannot_let_the_refused_delta_through():
+def test_a_reader_making_room_after_an_overflow_cannot_let_the_refused_delta_through(monkeypatch):
     """§4.8, DECISIONS D6, found by the soak: the producer asks `fits`, is refused, and fails its
     lifecycle; a reader that drains the buffer in that instant must not turn the refused delta into
     a sent one. The transition to FAILED stays next to response.failed and the usage counts exactly
     the bytes the trace shows sent."""
     eng = Engine(MODEL, TOK)
     run = eng.submit(Request("flood", max_output_tokens=40, policy="buffer", max_buffer_bytes=5))
-    fits = run.stream.fits
+    fits = OrderedStream.fits
 
-    def fits_then_a_reader_drains(size: int) -> bool:
-        verdict = fits(size)
+    def fits_then_a_reader_drains(stream: OrderedStream, size: int) -> bool:
+        verdict = fits(stream, size)
         if not verdict:  # the reader's turn comes between the verdict and the producer's failure
-            while run.stream.get(timeout=0) is not None:
+            while stream.get(timeout=0) is not None:
                 pass
         return verdict
 
-    run.stream.fits = fits_then_a_reader_drains
+    monkeypatch.setattr(OrderedStream, "fits", fits_then_a_reader_drains)
     eng.run_until_idle()
     assert run.state == "FAILED" and run.reason.value == "transport_error"
     assert check_trace(run.trace.events, tokenizer=TOK) == []
