@@ -50,31 +50,36 @@ class EventKind(enum.StrEnum):
 # the kind as its plain string, the entry is one tuple of atomic values: nothing nested to allocate,
 # and the cyclic garbage collector stops tracking it at its first pass, so a long trace adds nothing
 # to the full collections, which with torch loaded cost about 0.1 s each (issue 8).
-def _selected(v: tuple) -> dict[str, Any]:
-    step, token, eos = v
+def _selected(e: tuple) -> dict[str, Any]:
+    _, _, step, token, eos = e
     return {"step": step, "token": token, "eos": eos}
 
 
-def _started(v: tuple) -> dict[str, Any]:
-    return {"step": v[0]}
+def _started(e: tuple) -> dict[str, Any]:
+    return {"step": e[2]}
 
 
-def _completed(v: tuple) -> dict[str, Any]:
-    step, cache_len = v
+def _completed(e: tuple) -> dict[str, Any]:
+    _, _, step, cache_len = e
     return {"step": step, "cache_len": cache_len}
 
 
-def _delta(v: tuple) -> dict[str, Any]:
-    seq, data, unread_events, unread_bytes = v
+def _delta(e: tuple) -> dict[str, Any]:
+    _, _, seq, data, unread_events, unread_bytes = e
     return {"seq": seq, "bytes": data, "unread_events": unread_events, "unread_bytes": unread_bytes}
 
 
-FIELDS: Mapping[str, Callable[[tuple], dict[str, Any]]] = MappingProxyType({
+# kind -> the function that names a flat entry's values (it takes the whole entry).
+FIELDS: Mapping[EventKind, Callable[[tuple], dict[str, Any]]] = MappingProxyType({
     EventKind.TOKEN_SELECTED: _selected,
     EventKind.DECODE_STARTED: _started,
     EventKind.DECODE_COMPLETED: _completed,
     EventKind.RESPONSE_DELTA: _delta,
 })
+# A flat entry's plain-string kind -> (its EventKind, its FIELDS function): one lookup per Event.
+_FLAT: Mapping[str, tuple[EventKind, Callable[[tuple], dict[str, Any]]]] = MappingProxyType(
+    {k.value: (k, fn) for k, fn in FIELDS.items()}
+)
 
 TERMINAL_KINDS = frozenset(
     {EventKind.RESPONSE_COMPLETED, EventKind.RESPONSE_CANCELLED, EventKind.RESPONSE_FAILED}
@@ -204,12 +209,9 @@ def _event(entry: tuple, request_id: str, index: int) -> Event:
     """The Event of a raw entry; a flat per-token entry gets its EventKind and FIELDS names here."""
     kind, t, data = entry[0], entry[1], entry[2]
     if type(data) is not dict:
-        kind = _KINDS[kind]
-        data = FIELDS[kind](entry[2:])
+        kind, fields = _FLAT[kind]
+        data = fields(entry)
     return _new(Event, (kind, request_id, index, t, data))
-
-
-_KINDS: Mapping[str, EventKind] = MappingProxyType({k.value: k for k in EventKind})
 
 
 def write_jsonl(events: Iterable[Event], fh: TextIO) -> None:
