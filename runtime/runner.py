@@ -79,7 +79,7 @@ class RequestRun:
         "_byte_marks", "_cancel_claimed", "_cancel_fired", "_cancel_lock", "_cancel_requested",
         "_created", "_deadline_forced", "_decode_s", "_detok_push", "_detok_total", "_faulty",
         "_held_since", "_inline", "_kernel_fault", "_listeners", "_lock", "_may_overflow",
-        "_plain_send", "_poisoned", "_stop_push", "_t", "_t0", "_token_held",
+        "_plain_send", "_poisoned", "_put_delta", "_stop_push", "_t", "_t0", "_token_held",
     )
 
     def __init__(
@@ -155,7 +155,7 @@ class RequestRun:
         self.deadline_at = self._created + request.deadline_s if request.deadline_s is not None else None
         self._listeners: list[Callable[[Any], None]] = []
         self._inline = False
-        self._plain_send = False
+        self._put_delta = self.stream.delta  # deliver() once the driver reads inline
         self._faulty = bool(self.faults.faults)
         if self._faulty:
             self.trace.subscribe(self._inject)
@@ -163,6 +163,7 @@ class RequestRun:
         self._detok_push = self.detok.push
         self._stop_push = self.stopper.push
         self._may_overflow = self.stream.policy is not _PAUSE  # pause waits instead (§4.8)
+        self._plain_send = self._plain()
         self.trace.emit(
             EventKind.REQUEST_CREATED,
             prompt_tokens=len(self.prompt_ids),
@@ -349,10 +350,10 @@ class RequestRun:
                 self._t["stop_buffer"] += self.clock() - self._held_since
                 self._held_since = None
             if safe:
-                if self._plain_send:  # nothing to check: the inline reader takes it at once
+                if self._plain_send:  # nothing to check: straight to the stream
                     try:
-                        self.stream.deliver(safe)
-                    except StreamOverflow as exc:
+                        self._put_delta(safe)
+                    except StreamOverflow as exc:  # a paused send waited past its timeout (D5)
                         return self._send_failed(exc.seq, str(exc))
                     self.output += safe
                 else:
@@ -412,10 +413,7 @@ class RequestRun:
         if self._may_overflow and not stream.fits(len(data)):
             return self._send_failed(stream.next_seq, OVERFLOW_ERROR, overflow=True)
         try:
-            if self._inline:
-                stream.deliver(data)
-            else:
-                stream.delta(data)
+            self._put_delta(data)
         except StreamOverflow as exc:  # a paused send waited past the stream's pause timeout (D5)
             return self._send_failed(exc.seq, str(exc))
         self.output += data
@@ -572,15 +570,15 @@ class RequestRun:
     @inline_reader.setter
     def inline_reader(self, value: bool) -> None:
         self._inline = bool(value)
-        self._plain_send = self._plain()
+        self._put_delta = self.stream.deliver if self._inline else self.stream.delta
 
     def _plain(self) -> bool:
-        """Would `_send` only deliver? An inline reader, no content policy, no fault plan to
-        consult, no listener and the pause policy (whose stream never overflows): select then
-        delivers without the call."""
+        """Would `_send` only pass the delta on? No content policy, no fault plan to consult, no
+        listener and the pause policy (whose stream never overflows, §4.8): select then hands it
+        to the stream itself."""
         return (
-            self._inline and self.request.content_policy is None and not self._faulty
-            and not self._may_overflow and not self._listeners
+            self.request.content_policy is None and not self._faulty and not self._may_overflow
+            and not self._listeners
         )
 
     # ---- fault injection (issue 4 item 5) ----------------------------------------------------

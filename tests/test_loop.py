@@ -256,9 +256,9 @@ def test_result_trace_ends_with_the_request_even_if_the_run_logs_more_later():
 @pytest.mark.parametrize("policy", ["pause", "buffer", "fail"])
 @pytest.mark.parametrize("read_inline", [True, False])
 def test_every_send_path_streams_the_same_deltas_and_output(policy, read_inline):
-    """§4.7: whether select delivers inline without the checks of `_send` (issue 8) or goes
-    through them (a listener, another policy, no inline reader), the deltas, the listener's view
-    and the output are the same."""
+    """§4.7: whether select hands a delta to the stream itself, read inline or not (issue 8), or
+    goes through the checks of `_send` (a listener, another policy), the deltas, the listener's
+    view and the output are the same."""
     script = [10, 14, 15, 11, 17, 15, 12]
     seen: list[bytes] = []
     quiet = run(script, max_output_tokens=7, policy=policy)
