@@ -193,7 +193,8 @@ def _unbounded_buffer() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _disconnect_as_eos() -> Iterator[None]:
-    """§4.12 row 6: a client disconnect is recorded as a model EOS."""
+    """§4.12 row 6: a client disconnect is recorded as a model EOS (while the stream is
+    disconnected: a reconnect would end the mutation)."""
 
     def check_point(orig):
         def wrapped(self):

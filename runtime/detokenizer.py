@@ -40,7 +40,7 @@ import functools
 from collections.abc import Sequence
 
 from ..machine import compiled
-from .tokenizers import TokenIdError, Tokenizer, check_token_id, check_tokenizer
+from .tokenizers import TokenIdError, Tokenizer, check_token_id, check_tokenizer, is_utf8
 
 __all__ = ["DecodingError", "IncrementalDetokenizer"]
 
@@ -78,11 +78,8 @@ def _incomplete_tail(data: bytes) -> int:
     for k in range(1, min(3, len(data)) + 1):
         lead = data[-k]
         if lead >= 0xC0:
-            try:
-                data[-k:].decode()
-            except UnicodeDecodeError as e:
-                return k if e.reason == _INCOMPLETE and e.start == 0 else 0
-            return 0
+            tail = data[-k:]
+            return k if not is_utf8(tail) and _unfinished(tail) is None else 0
         if lead < 0x80:
             return 0
     return 0

@@ -559,9 +559,8 @@ class Engine:
         """One decode_one over the active batch; a failure is narrowed to its sequence(s)."""
         runs = [e.run for e in active]
         caches, tokens, lengths = [], [], []
-        for run in runs:  # one pass: decode.started, then the in-flight cancel check, per run
+        for run in runs:  # one pass: decode.started and the in-flight cancel check, per run
             run.begin_decode()
-            run.observe_in_flight()
             cache = run.cache
             caches.append(cache)
             tokens.append(run.tokens[-1])

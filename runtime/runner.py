@@ -429,9 +429,13 @@ class RequestRun:
         return False
 
     def begin_decode(self) -> None:
+        """decode.started; the kernel counts as in flight from here, so a cancel that arrived by
+        now is observed at once (§4.9, §4.11 B), as `observe_in_flight` would."""
         trace = self.trace
         self._t0 = t = trace.clock()
         trace.put((_DECODE_STARTED, t, len(self.tokens)))
+        if self._cancel_requested:
+            self._observe_cancel()
 
     def end_decode(self, logits: torch.Tensor) -> None:
         self.decoded += 1

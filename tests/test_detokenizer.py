@@ -190,14 +190,20 @@ def test_finish_twice_is_illegal_and_keeps_the_state(toks):
 def test_a_whole_token_passes_straight_through_only_with_nothing_pending(toks):
     """Issue 8: a token whose bytes are whole UTF-8 is final as it is only in EMPTY; after an
     unfinished lead byte the same token is checked with it, and here no continuation can repair it."""
+    whole = toks["byte_table"].plan().whole
     d = IncrementalDetokenizer(toks["byte_table"])
     assert d.push(258) == b"AB" and d.state == "EMPTY"
+    assert d._fast is whole  # armed: the next whole token is one lookup
     assert d.push(0xE4) == b"" and d.state == "PENDING"
+    assert d._fast is not whole and not d._fast  # disarmed while a character is pending
     with pytest.raises(DecodingError, match="invalid UTF-8"):
         d.push(258)
-    assert d.state == "FAILED"
+    assert d.state == "FAILED" and not d._fast
     with pytest.raises(IllegalTransition):
         d.push(258)
+    ok = IncrementalDetokenizer(toks["byte_table"])
+    ok.push(0xE4), ok.push(0xB8)
+    assert ok.push(0xAD) == "中".encode() and ok.state == "EMPTY" and ok._fast is whole  # re-armed
 
 
 # -- the prompt context ---------------------------------------------------------------------

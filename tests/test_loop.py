@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import threading
+import time
 
 import pytest
 
@@ -269,6 +270,29 @@ def test_every_send_path_streams_the_same_deltas_and_output(policy, read_inline)
     deltas = [e.data["bytes"] for e in kinds(quiet, EventKind.RESPONSE_DELTA)]
     assert deltas == [e.data["bytes"] for e in kinds(heard, EventKind.RESPONSE_DELTA)] == seen
     assert quiet.output == heard.output == b"".join(deltas) == "ab中cc中d".encode()
+
+
+def test_timings_send_s_is_the_time_the_producer_waited_for_its_reader():
+    """§4.8: TIMINGS' send_s is the stream's paused_s, the time a pause-policy producer spent
+    waiting for a reader that started late; nothing else is counted in it."""
+    runs = []
+
+    def late_reader(run) -> None:
+        runs.append(run)
+
+        def read() -> None:
+            time.sleep(0.1)
+            for _ in run.stream:
+                pass
+
+        threading.Thread(target=read, daemon=True).start()
+
+    res = generate(Request([1], max_output_tokens=6, policy="pause", max_buffer_events=1),
+                   model=ScriptedModel([10, 11, 12, 13, 10, 11], vocab_size=128), tokenizer=tok(),
+                   on_run=late_reader, read_inline=False)
+    assert res.finish_reason.value == "max_output_tokens" and res.output == b"abcdeabc"
+    send_s = kinds(res, EventKind.TIMINGS)[0].data["send_s"]
+    assert send_s == runs[0].stream.paused_s and 0.09 <= send_s < 5
 
 
 def test_a_cancel_is_in_the_trace_before_the_driver_can_observe_it():
