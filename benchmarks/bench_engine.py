@@ -6,17 +6,16 @@ For batch sizes 1, 8, 32 and 64, the same B prompts produce the same number of t
   §4.3 semantics per token: lifecycle table, detokenizer, stop matcher, ordered stream, ledger,
   trace), which runs the same prefill and STEPS decode steps.
 EOS is disabled (a tokenizer view without eos_id) so both produce exactly B x STEPS decoded tokens.
-STEPS is 128 (`--steps`): at batch 32 each run then lasts about 0.7 s, long enough for a shared
-machine's noise to average out within a round, and the figure is throughput, the per-request work
-(set-up, drain, the terminal event) being still in it over 128 tokens instead of 64.
-Several rounds: in each, bare and engine run back to back (which goes first alternates), and the
-ratio engine/bare is taken within the round, so a slow stretch of the shared machine falls on both
-sides of one ratio; the median of the rounds' ratios is the figure (target >= 0.9 at batch 32),
-with its spread, beside the median tokens/s of each. Wall time is the figure; the same ratio of
-CPU time (process_time) is printed beside it, as it is less disturbed by other processes.
-A third figure needs no second run: inside each engine run the model's own calls are timed, and
+STEPS is 128 (`--steps`), so the figure is throughput with the per-request work (set-up, drain,
+the terminal event) spread over 128 tokens, not 64.
+The two run in lockstep: one bare forward, one `Engine.step()`, and so on (which goes first
+alternates), each side timing only its own steps. The shared machine's slow stretches last far
+longer than a step (5-10 ms here), so they fall on both sides alike; run one after the other, a
+round's ratio swung by +-20 % with them. Each round gives the ratio engine/bare tokens per second;
+the median over the rounds is the figure (target >= 0.9 at batch 32), with its spread.
+A second figure needs no second run: inside each engine run the model's own calls are timed, and
 forward time / engine time is the share of the engine's wall time that is the bare forward (what
-the framework leaves to the model); it is far steadier than the paired ratio on a noisy machine.
+the framework leaves to the model).
 
 Run: .venv/bin/python benchmarks/bench_engine.py [--rounds N] [--threads N] [--device cpu|cuda]
 """
@@ -27,6 +26,7 @@ import argparse
 import gc
 import statistics
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -65,13 +65,15 @@ def _sync(model: TinyLM) -> None:
         torch.cuda.synchronize()
 
 
-def bare(model: TinyLM, prompts: list[list[int]], steps: int = STEPS) -> tuple[float, float]:
-    t0, c0 = time.perf_counter(), time.process_time()
+def bare(model: TinyLM, prompts: list[list[int]], steps: int = STEPS) -> Iterator[None]:
+    """The bare loop, one forward per step: `prefill_batch`, then `steps` x (`decode_one` + argmax)."""
     logits, caches = model.prefill_batch(prompts)
+    _sync(model)
+    yield
     for _ in range(steps):
         logits = model.decode_one(caches, logits.argmax(dim=-1).tolist())
-    _sync(model)
-    return time.perf_counter() - t0, time.process_time() - c0
+        _sync(model)
+        yield
 
 
 class _Timed:
@@ -97,44 +99,53 @@ class _Timed:
         return timed
 
 
-def engine(model: TinyLM, tok: Any, prompts: list[list[int]], timed: _Timed | None = None,
-           steps: int = STEPS) -> tuple[float, float]:
-    """Wall and CPU seconds of the engine run; `timed` (wrapping `model`) adds up its forward time."""
-    eng = Engine(timed or model, tok, max_batch=len(prompts))
-    t0, c0 = time.perf_counter(), time.process_time()
+def engine(model: Any, tok: Any, prompts: list[list[int]], steps: int = STEPS) -> Iterator[None]:
+    """The engine, one `Engine.step()` per step, from the submits to the last terminal event."""
+    eng = Engine(model, tok, max_batch=len(prompts))
     runs = [eng.submit(Request(p, max_output_tokens=steps + 1, max_buffer_events=steps + 8)) for p in prompts]
-    eng.run_until_idle()
-    _sync(model)
-    dt, dc = time.perf_counter() - t0, time.process_time() - c0
+    while eng.step() and not eng.idle:
+        yield
     bad = [r.error or r.reason for r in runs if r.reason.value != "max_output_tokens" or r.decoded != steps]
     assert not bad, bad[:3]
-    return dt, dc
+
+
+def lockstep(sides: dict[str, Iterator[None]]) -> dict[str, float]:
+    """Advance the sides one step each in turn (which goes first alternates) until all are done;
+    returns each side's own wall seconds. A slow stretch of a shared machine lasts far longer
+    than a step, so it falls on both sides alike."""
+    spent = dict.fromkeys(sides, 0.0)
+    live = dict(sides)
+    turn = 0
+    while live:
+        for name in list(live) if turn % 2 == 0 else list(live)[::-1]:
+            t0 = time.perf_counter()
+            try:
+                next(live[name])
+            except StopIteration:
+                del live[name]
+            spent[name] += time.perf_counter() - t0
+        turn += 1
+    return spent
 
 
 def compare(model: TinyLM, tok: Any, prompts: list[list[int]], rounds: int, steps: int = STEPS) -> dict[str, float]:
-    """bare against engine on `prompts`, paired round by round (module doc): tokens/s of each,
-    the median per-round ratio with its min and max, the CPU-time ratio and the forward share."""
+    """bare against engine on `prompts` in lockstep (module doc), `rounds` times: tokens/s of
+    each, the median per-round ratio with its min and max, and the forward share."""
     b = len(prompts)
-    bare(model, prompts, steps), engine(model, tok, prompts, steps=steps)  # warm-up
-    t_bare, t_eng, shares = [], [], []
+    lockstep({"bare": bare(model, prompts, steps), "engine": engine(model, tok, prompts, steps)})  # warm-up
     timed = _Timed(model)
-    for i in range(rounds):  # paired: both see the same stretch of machine load
+    t_bare, t_eng, shares = [], [], []
+    for _ in range(rounds):
         timed.seconds = 0.0
-        timers = (("bare", lambda: bare(model, prompts, steps)),
-                  ("engine", lambda: engine(model, tok, prompts, timed, steps)))
-        got = {}
-        for name, timer in timers if i % 2 == 0 else timers[::-1]:
-            gc.collect()  # each starts from a clean heap: neither pays for the other's garbage
-            got[name] = timer()
-        t_bare.append(got["bare"])
-        t_eng.append(got["engine"])
-        shares.append(timed.seconds / got["engine"][0])
-    ratios = [tb / te for (tb, _), (te, _) in zip(t_bare, t_eng)]
-    cpu_ratios = [cb / ce for (_, cb), (_, ce) in zip(t_bare, t_eng)]
-    mb, me = statistics.median(t for t, _ in t_bare), statistics.median(t for t, _ in t_eng)
-    return {"bare_tok_s": b * steps / mb, "engine_tok_s": b * steps / me,
+        gc.collect()  # each round starts from a clean heap
+        spent = lockstep({"bare": bare(model, prompts, steps), "engine": engine(timed, tok, prompts, steps)})
+        t_bare.append(spent["bare"])
+        t_eng.append(spent["engine"])
+        shares.append(timed.seconds / spent["engine"])
+    ratios = [tb / te for tb, te in zip(t_bare, t_eng)]
+    return {"bare_tok_s": b * steps / statistics.median(t_bare), "engine_tok_s": b * steps / statistics.median(t_eng),
             "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-            "cpu_ratio": statistics.median(cpu_ratios), "forward_share": statistics.median(shares),
+            "forward_share": statistics.median(shares),
             "forward_share_min": min(shares), "forward_share_max": max(shares)}
 
 
@@ -159,13 +170,13 @@ def main() -> None:
     res = run(args.rounds, args.device, args.steps)
     print(f"engine vs bare forward, {res['steps']} decode steps, device {res['device']}, "
           f"{res['threads']} threads, median of {args.rounds} paired rounds")
-    print(f"{'batch':>6} {'bare tok/s':>12} {'engine tok/s':>13} {'ratio':>7} {'(min-max)':>11} {'cpu ratio':>10} "
+    print(f"{'batch':>6} {'bare tok/s':>12} {'engine tok/s':>13} {'ratio':>7} {'(min-max)':>11} "
           f"{'forward share':>14} {'(min-max)':>11}")
     for b, r in res["batches"].items():
         spread = f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f}"
         share = f"{r['forward_share_min']:.3f}-{r['forward_share_max']:.3f}"
         print(f"{b:>6} {r['bare_tok_s']:>12.0f} {r['engine_tok_s']:>13.0f} {r['ratio']:>7.2f} {spread:>11} "
-              f"{r['cpu_ratio']:>10.2f} {r['forward_share']:>14.3f} {share:>11}")
+              f"{r['forward_share']:>14.3f} {share:>11}")
 
 
 if __name__ == "__main__":
