@@ -21,9 +21,9 @@ Cost: O(1) per token for the decoders `runtime/tokenizers.py` models (byte-level
 with byte fallback / Metaspace, WordPiece, an explicit byte table): a table lookup, a UTF-8 check of
 the new bytes, one step of the compiled `detokenizer` table. In EMPTY (nothing pending, where the
 table makes `emit` a quiet self-loop) a token whose bytes are whole UTF-8 on their own is final as
-it is: one lookup in the plan's `whole` table, no check and no fire. WordPiece needs no lookahead because
-`tokenizers` applies its cleanup rules to each token by itself (the tests check this against the
-batch decode). For any other decoder the fallback re-decodes a bounded window (the last few tokens,
+it is: one lookup in the plan's `whole` table, no check and no fire. WordPiece needs no lookahead
+because `tokenizers` applies its cleanup rules to each token by itself (the tests check this
+against the batch decode). For any other decoder the fallback re-decodes a bounded window (the last few tokens,
 with prefix/read offsets); it is exact for the usual decoders but, unlike the table path, it cannot
 tell a genuine trailing U+FFFD from a split character, so it holds one until the next token and
 treats it as invalid at `finish()`.
