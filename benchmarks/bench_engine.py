@@ -17,7 +17,7 @@ A second figure needs no second run: inside each engine run the model's own call
 forward time / engine time is the share of the engine's wall time that is the bare forward (what
 the framework leaves to the model).
 
-Run: .venv/bin/python benchmarks/bench_engine.py [--rounds N] [--threads N] [--device cpu|cuda]
+Run: .venv/bin/python benchmarks/bench_engine.py [--rounds N] [--threads N] [--device cpu|cuda] [--steps N]
 """
 
 from __future__ import annotations

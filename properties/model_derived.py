@@ -102,7 +102,7 @@ def _busy_cancel_outside_kernel(comp: tuple[int, ...], step: Step) -> bool:
 
 # name -> (predicate on a model step, reason). Each is a model step that neither driver of the
 # reference runtime takes (generate() nor the Engine: both observe a cancel through
-# RequestRun.check_point / observe_in_flight); the model keeps them because the tables decide them
+# RequestRun.check_point and at begin_prefill / begin_decode); the model keeps them because the tables decide them
 # for other engines (the ignore rows of DECISIONS D2). The decisions reachable only through them
 # are MODEL_ONLY.
 UNREALIZABLE = {

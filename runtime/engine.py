@@ -408,10 +408,8 @@ class Engine:
 
     def _prefill(self, entries: list[_Entry]) -> None:
         """QUEUED -> PREFILLING -> DECODING for `entries`, one batched prefill kernel (§4.3)."""
-        for e in entries:
+        for e in entries:  # prefill.started and the in-flight cancel check, per run
             e.run.begin_prefill()
-        for e in entries:
-            e.run.observe_in_flight()
         prompts = [e.run.prompt_ids for e in entries]
         try:
             if self._batched_prefill and len(entries) > 1:

@@ -268,11 +268,6 @@ class RequestRun:
             self._cancel_fired = True
             self.fire("cancel")
 
-    def observe_in_flight(self) -> None:
-        """Called while a kernel runs: a cancel that arrived by now is observed (§4.11 B)."""
-        if self._cancel_requested:
-            self._observe_cancel()
-
     def take_kernel_fault(self) -> bool:
         """True (once) when a model_error fault was injected into the kernel now in flight."""
         fault, self._kernel_fault = self._kernel_fault, False
@@ -292,6 +287,8 @@ class RequestRun:
             self.ledger.acquire(kind, self._freer(kind))
         self._t0 = self.clock()
         self.trace.emit(EventKind.PREFILL_STARTED, step=0, prompt_tokens=len(self.prompt_ids))
+        if self._cancel_requested:  # in flight from here on: a cancel that arrived is observed
+            self._observe_cancel()
 
     def end_prefill(self, logits: torch.Tensor, cache: Any) -> None:
         self._t["prefill"] = self.clock() - self._t0
@@ -430,7 +427,7 @@ class RequestRun:
 
     def begin_decode(self) -> None:
         """decode.started; the kernel counts as in flight from here, so a cancel that arrived by
-        now is observed at once (§4.9, §4.11 B), as `observe_in_flight` would."""
+        now is observed at once (§4.9, §4.11 B), as in begin_prefill."""
         trace = self.trace
         self._t0 = t = trace.clock()
         trace.put((_DECODE_STARTED, t, len(self.tokens)))
@@ -637,8 +634,8 @@ _ENDINGS: dict[str, Callable[[RequestRun], None]] = {
 def run_kernel(run: RequestRun, fn: Callable[[], Any], begin: Callable[[], None], pool: Any) -> Any:
     """Run a model kernel so that a cancel can arrive while it is in flight (§4.9, §4.11 B).
 
-    The kernel runs on `pool`'s worker; its completion is gated until `begin()` (which records
-    *.started and so delivers injected faults) and the in-flight cancel observation have run.
+    The kernel runs on `pool`'s worker; its completion is gated until `begin()` has run: it
+    records *.started (delivering injected faults) and observes a cancel that arrived by then.
     On a CUDA device the step ends when the device says so: the worker records a CUDA event after
     the launch and waits on it, so the safe point is the kernel's real completion, not the return
     of an asynchronous launch. Raises ModelError when the kernel failed or a model_error fault
@@ -661,7 +658,6 @@ def run_kernel(run: RequestRun, fn: Callable[[], Any], begin: Callable[[], None]
     fut = pool.submit(gated)
     try:
         begin()
-        run.observe_in_flight()
     finally:
         gate.set()
     try:

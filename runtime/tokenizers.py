@@ -65,8 +65,10 @@ class Tokenizer(Protocol):
     def plan(self, *, skip_special: bool = True) -> DecodePlan | None: ...
 
 
-_MEMBERS = ("vocab_size", "eos_id", "special_ids", "encode", "decode", "decode_bytes", "token_bytes",
-            "id_to_token", "plan")
+# The protocol's members, read off its class body: its annotated attributes and its methods.
+_MEMBERS = tuple(Tokenizer.__annotations__) + tuple(
+    name for name, value in vars(Tokenizer).items() if callable(value) and not name.startswith("_")
+)
 
 
 def check_tokenizer(obj: Any) -> None:
