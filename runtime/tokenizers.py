@@ -245,7 +245,7 @@ def _bytes_to_unicode() -> dict[str, int]:
     return chars
 
 
-_BYTE_LEVEL = _bytes_to_unicode()
+BYTE_LEVEL = _bytes_to_unicode()  # byte-level char -> byte
 _BYTE_TOKEN = re.compile(rb"<0x([0-9A-Fa-f]{2})>")
 _WORDPIECE_CLEANUP = (
     (b" .", b"."), (b" ?", b"?"), (b" !", b"!"), (b" ,", b","), (b" ' ", b"'"), (b" n't", b"n't"),
@@ -260,7 +260,7 @@ class _Unsupported(Exception):
 def _byte_level(tok: bytes) -> bytes:
     text = tok.decode("utf-8", "surrogateescape")
     try:
-        return bytes(_BYTE_LEVEL[c] for c in text)
+        return bytes(BYTE_LEVEL[c] for c in text)
     except KeyError:
         return tok  # a token with a character outside the alphabet is kept as its UTF-8
 

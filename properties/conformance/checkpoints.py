@@ -1,0 +1,269 @@
+"""Compile script cases into forced checkpoints that any engine can load (issue 13 items 1-3).
+
+Cases are grouped by tokenizer: inline byte tables that agree on every shared id merge into one
+byte-level BPE tokenizer whose ids are the tables' own ids (so a case's script ids are the
+checkpoint's), and each fixture tokenizer (properties/fixtures.py) is used as it is. Every case
+of a group gets a marker (an added special token) that opens its prompt; `forced.forced_llama`
+then sets a one-layer Llama's weights so that greedy decoding from `[marker] + prompt` yields the
+case's script. A group folder holds a plain transformers checkpoint (config.json,
+model.safetensors, generation_config.json, tokenizer.json, tokenizer_config.json) and
+`decodespec-checkpoint.json`, the manifest: for each case id, its marker, prompt ids and script
+ids. The manifest is the mapping from case to request; engines never see the case files.
+
+`prove(folder)` runs transformers `generate` greedily on every program of a checkpoint and
+raises unless each yields its script exactly: no engine is judged on an unproved checkpoint.
+
+Expected results over HTTP come from the reference loop (`generate()` with `ScriptedModel`) on
+the checkpoint's own tokenizer and the case's script, never from a fixture's text, so a correct
+engine passes whatever the tokenizer (`reference_outcome`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from ...runtime.tokenizers import BYTE_LEVEL, HFTokenizer
+from .adapters.base import case_prompt, case_script, fixture_tokenizer, table_tokenizer
+from .cases import Case, CaseError, CaseKind
+from .forced import CONTEXT, Program, check_margins, forced_llama
+
+MANIFEST = "decodespec-checkpoint.json"
+FORMAT = "decodespec-forced/1"
+TABLE_GROUP = "byte_table"
+_CHAR_OF_BYTE = {b: c for c, b in BYTE_LEVEL.items()}
+
+# Why a script case cannot run against a black box, by the input that needs the engine's inside.
+HTTP_BLOCKERS = {
+    "faults": "it injects a fault inside the engine at a given step (cancel, deadline, model error, "
+              "transport); an HTTP server offers no such hook",
+    "context_limit": "it needs a context limit of a few tokens, below the server's fixed context length",
+}
+# Invariants a black box can show broken: through its text, its SSE deltas, finish_reason and usage.
+HTTP_OBSERVABLE = frozenset({
+    "stop_bytes_never_emitted", "nothing_after_stop_hit", "stop_reason_requires_hit", "eos_not_emitted",
+    "finish_reason_matches_state", "length_respected", "usage_consistent", "detok_concat_equals_batch",
+    "delta_nonempty", "single_terminal_event", "no_delta_after_terminal", "terminal_after_all_deltas",
+})
+
+
+def http_blocker(case: Case) -> str | None:
+    """Why `case` cannot run over HTTP on a forced checkpoint, or None when it can."""
+    if case.kind is not CaseKind.SCRIPT:
+        return "it is a black-box recipe, not a script case"
+    for key, why in HTTP_BLOCKERS.items():
+        if case.inputs.get(key):
+            return why
+    if case.invariant not in HTTP_OBSERVABLE:
+        return (f"its invariant {case.invariant} concerns the engine's internal events, which a black box "
+                "does not expose")
+    long_ids = [s for s in case.inputs.get("stop_token_ids", ()) if len(s) != 1]
+    if long_ids:
+        return (f"it stops on the token-id sequence(s) {long_ids}; OpenAI-compatible servers take single "
+                "stop_token_ids only")
+    return None
+
+
+# ---- tokenizers ----------------------------------------------------------------------------------
+
+
+def group_of(case: Case) -> str:
+    return case.fixture or TABLE_GROUP
+
+
+def merged_table(cases: Iterable[Case]) -> tuple[dict[int, bytes], int | None]:
+    """The union of the cases' byte tables; a CaseError names two cases that disagree."""
+    table: dict[int, bytes] = {}
+    owner: dict[int, str] = {}
+    eos: tuple[int | None, str] | None = None
+    for case in cases:
+        spec = case.tokenizer_spec
+        tok = table_tokenizer(spec)
+        if eos is not None and eos[0] != tok.eos_id:
+            raise CaseError(f"{case.id}: eos {tok.eos_id} differs from {eos[1]}'s {eos[0]}; they cannot share a checkpoint")
+        eos = (tok.eos_id, case.id)
+        for tid in map(int, spec["table"]):
+            data = tok.token_bytes(tid)
+            if table.setdefault(tid, data) != data:
+                raise CaseError(f"{case.id}: id {tid} is {data!r} but {table[tid]!r} in {owner[tid]}")
+            owner.setdefault(tid, case.id)
+    if eos is None:
+        raise CaseError("no byte-table case to build a tokenizer from")
+    return table, eos[0]
+
+
+def byte_table_tokenizer(table: Mapping[int, bytes], eos_id: int | None, markers: Sequence[str]) -> Any:
+    """A byte-level BPE `tokenizers.Tokenizer` with the table's ids and bytes, plus the markers.
+
+    Single-byte entries are the byte tokens themselves; the bytes the table lacks fill the free ids
+    from 0 up, so every byte has a token and ids are contiguous. There are no merges: prompts travel
+    as ids, and text encodes byte by byte. EOS (and each marker) is a special added token.
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    def chars(data: bytes) -> str:
+        return "".join(_CHAR_OF_BYTE[b] for b in data)
+
+    vocab: dict[str, int] = {}
+    for tid, data in sorted(table.items()):
+        if not data:
+            raise CaseError(f"table id {tid} has no bytes")
+        if chars(data) in vocab:
+            raise CaseError(f"table ids {vocab[chars(data)]} and {tid} both spell {data!r}")
+        vocab[chars(data)] = tid
+    free = (i for i in range(1 << 20) if i not in table)
+    for b in range(256):
+        if chars(bytes([b])) not in vocab:
+            vocab[chars(bytes([b]))] = next(free)
+    size = max(vocab.values()) + 1
+    for gap in sorted(set(range(size)) - set(vocab.values())):
+        vocab[f"<unused{gap}>"] = gap  # never scripted: keeps ids contiguous for GGUF converters
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    if eos_id is not None:
+        tok.add_special_tokens([AddedToken(chars(table[eos_id]), special=True, normalized=False)])
+    tok.add_special_tokens([AddedToken(m, special=True, normalized=False) for m in markers])
+    return tok
+
+
+def _group_tokenizer(group: str, cases: Sequence[Case], markers: Sequence[str]) -> tuple[Any, str]:
+    """The group's tokenizer with the markers added, and its EOS token's text."""
+    from tokenizers import AddedToken, Tokenizer
+
+    if group == TABLE_GROUP:
+        table, eos = merged_table(cases)
+        if eos is None:
+            raise CaseError("the byte-table cases declare no eos; a forced checkpoint needs one")
+        tok = byte_table_tokenizer(table, eos, markers)
+        return tok, tok.id_to_token(eos)
+    base = fixture_tokenizer(group)
+    tok = Tokenizer.from_file(str(base.path))
+    if base.eos_id is None:
+        raise CaseError(f"fixture tokenizer {group} has no eos")
+    eos_text = tok.id_to_token(base.eos_id)
+    tok.add_special_tokens([AddedToken(m, special=True, normalized=False) for m in markers])
+    return tok, eos_text
+
+
+def _marker(i: int) -> str:
+    return f"<|decodespec-case-{i}|>"
+
+
+# ---- building and proving -------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Checkpoint:
+    """A built group: its folder and programs (case id -> Program)."""
+
+    folder: Path
+    group: str
+    eos_id: int
+    programs: Mapping[str, Program]
+
+    @classmethod
+    def load(cls, folder: str | Path) -> Checkpoint:
+        folder = Path(folder)
+        path = folder / MANIFEST
+        if not path.is_file():
+            raise CaseError(f"{folder} is not a forced checkpoint: {MANIFEST} is missing "
+                            "(build one with `decodespec checkpoints build`)")
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("format") != FORMAT:
+            raise CaseError(f"{path}: format {data.get('format')!r}, expected {FORMAT!r}")
+        programs = {cid: Program(cid, p["marker"], p["prompt"], p["script"]) for cid, p in data["cases"].items()}
+        return cls(folder, data["group"], data["eos_id"], programs)
+
+    @property
+    def tokenizer(self) -> HFTokenizer:
+        return HFTokenizer(self.folder)
+
+
+def build_group(group: str, cases: Sequence[Case], folder: Path) -> Checkpoint:
+    """Write one group's checkpoint into `folder` (replaced if present) and return it."""
+    import torch
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer
+
+    cases = sorted(cases, key=lambda c: c.id)
+    markers = [_marker(i) for i in range(len(cases))]
+    tok, eos_text = _group_tokenizer(group, cases, markers)
+    tmp = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tok.save(str(tmp / "tokenizer.json"))
+    eos_id = tok.token_to_id(eos_text)
+    (tmp / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos_text, "bos_token": None, "pad_token": eos_text,
+        "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False,
+        "model_max_length": CONTEXT,
+        # Chat endpoints render the first message verbatim (its content starts with the marker).
+        "chat_template": "{{ messages[0]['content'] }}",
+    }, indent=2) + "\n")
+    hf = HFTokenizer(tmp)
+    rt = Tokenizer.from_file(str(tmp / "tokenizer.json"))
+    programs = []
+    for case, marker in zip(cases, markers):
+        mid = rt.token_to_id(marker)
+        programs.append(Program(case.id, mid, [mid, *case_prompt(case, hf)], case_script(case, hf)))
+    config, state = forced_llama(programs, rt.get_vocab_size(with_added_tokens=True), eos_id)
+    margin = check_margins(state, programs, eos_id)
+    save_file({k: torch.from_numpy(v) for k, v in state.items()}, str(tmp / "model.safetensors"),
+              metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (tmp / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": eos_id, "do_sample": False}, indent=2) + "\n")
+    manifest = {
+        "format": FORMAT, "group": group, "eos_id": eos_id, "margin": round(margin, 3),
+        "cases": {p.name: {"marker": p.marker, "prompt": list(p.prompt), "script": list(p.script)} for p in programs},
+    }
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+    return Checkpoint.load(folder)
+
+
+def build_checkpoints(cases: Iterable[Case], out: str | Path) -> list[Checkpoint]:
+    """One checkpoint per tokenizer group of the HTTP-runnable script cases, under `out/<group>`."""
+    groups: dict[str, list[Case]] = {}
+    for case in cases:
+        if http_blocker(case) is None:
+            groups.setdefault(group_of(case), []).append(case)
+    if not groups:
+        raise CaseError("none of the selected cases can run over HTTP; nothing to build")
+    return [build_group(g, cs, Path(out) / g) for g, cs in sorted(groups.items())]
+
+
+class ProofError(AssertionError):
+    """transformers did not follow a program of a forced checkpoint."""
+
+
+def prove(ckpt: Checkpoint) -> str:
+    """Greedy transformers `generate` on every program must give its script, then EOS.
+
+    Returns a one-line account (programs, tokens, transformers version); raises ProofError naming
+    the first program that deviates.
+    """
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(ckpt.folder, dtype=torch.float32).eval()
+    tokens = 0
+    for p in ckpt.programs.values():
+        want = [*p.script, ckpt.eos_id]
+        with torch.no_grad():
+            out = model.generate(torch.tensor([list(p.prompt)]), attention_mask=torch.ones(1, len(p.prompt), dtype=torch.long),
+                                 max_new_tokens=len(want), do_sample=False, eos_token_id=None, pad_token_id=ckpt.eos_id)
+        got = out[0, len(p.prompt):].tolist()
+        if got != want:
+            raise ProofError(f"{ckpt.folder.name}: {p.name} generated {got}, expected {want}")
+        tokens += len(want)
+    return (f"{ckpt.group}: {len(ckpt.programs)} programs, {tokens} tokens followed exactly by transformers "
+            f"{transformers.__version__} generate (greedy, float32)")
