@@ -164,5 +164,7 @@ from .cli_check import check  # noqa: E402
 
 main.add_command(check)
 from .cli_bench import bench  # noqa: E402
+from .cli_checkpoints import checkpoints  # noqa: E402
 
 main.add_command(bench)
+main.add_command(checkpoints)

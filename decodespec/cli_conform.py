@@ -33,7 +33,7 @@ def report_name(engine: str) -> str:
 
 
 @click.command()
-@click.option("--engine", required=True, help="reference | hf:PATH | decode-stream:TOKENIZER_JSON | openai:URL")
+@click.option("--engine", default=None, help="reference | hf:PATH | decode-stream:TOKENIZER_JSON | openai:URL")
 @click.option("--model", default=None, help="Model name for openai engines (default: the first of /v1/models).")
 @click.option("--select", "select", multiple=True, help="Only cases whose id starts with this prefix (repeatable).")
 @click.option("--dry-run", is_flag=True, help="List the selected cases (and whether the engine can run them); run nothing.")
@@ -42,20 +42,41 @@ def report_name(engine: str) -> str:
 @click.option("--report", "report_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write report.json, junit.xml, report.md, report.html into this folder.")
 @click.option("--name", default=None, help="Engine name shown in reports (default: derived from --engine).")
+@click.option("--checkpoint", "checkpoints", type=click.Path(exists=True, file_okay=False, path_type=Path), multiple=True,
+              help="openai: the forced checkpoint folder the server serves (`decodespec checkpoints build`), so its "
+                   "script cases run over HTTP. With --launch: checkpoint folders, or a folder of them.")
+@click.option("--launch", default=None, metavar="CMD",
+              help="Start a server per checkpoint with CMD ({model}, {gguf}, {name}, {port} filled in), run its "
+                   "cases, stop it by PID; one report for all (see scripts/peers/).")
+@click.option("--launch-timeout", type=click.FloatRange(min=1), default=600, show_default=True,
+              help="Seconds a launched server may take to answer /v1/models.")
+@click.option("--without", "without", multiple=True, type=click.Choice(["stop_token_ids"]),
+              help="openai only: a request field the server does not offer (its cases are skipped).")
 @click.option("-j", "--jobs", default=1, show_default=True, type=click.IntRange(1, 64), help="Cases run at once (threads).")
 def conform(engine: str, model: str | None, select: tuple[str, ...], dry_run: bool, expect_file: Path | None,
-            report_dir: Path | None, name: str | None, jobs: int) -> None:
+            report_dir: Path | None, name: str | None, checkpoints: tuple[Path, ...], launch: str | None,
+            launch_timeout: float, without: tuple[str, ...], jobs: int) -> None:
     """Run the conformance cases (§4.3-§4.10) against ENGINE and report per case."""
     from .properties.conformance import EngineSpecError, adapter_for, load_cases, run_cases
-    from .properties.conformance.reports import summary, write_reports
-    from .properties.conformance.runner import fixed, read_expectations, unexpected
 
     console = Console(width=120)
     cases = load_cases(select)
     if not cases:
         raise click.ClickException(f"no case id starts with {' or '.join(select)}")
+    if launch is not None:
+        if engine is not None:
+            raise click.BadParameter("give either --engine or --launch", param_hint="--launch")
+        folders = _checkpoint_folders(checkpoints)
+        return _conform_launched(cases, folders, launch, launch_timeout, frozenset(without), jobs, model,
+                                 name or "launched", report_dir, expect_file, dry_run, console)
+    if engine is None:
+        raise click.UsageError("--engine is required (or --launch CMD with --checkpoint)")
+    if len(checkpoints) > 1:
+        raise click.BadParameter("one --checkpoint per served engine (several only with --launch)",
+                                 param_hint="--checkpoint")
     try:
-        adapter = adapter_for(engine, model=model)
+        adapter = adapter_for(engine, model=model, checkpoint=str(checkpoints[0]) if checkpoints else None,
+                              without=frozenset(without))
     except EngineSpecError as exc:
         raise click.BadParameter(str(exc), param_hint="--engine") from None
     label = name or report_name(engine)
@@ -71,6 +92,48 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], dry_run: bo
                   console=console, transient=True) as progress:
         task = progress.add_task(f"conform {label}", total=len(cases))
         results = run_cases(adapter, cases, jobs=jobs, on_result=lambda r: progress.advance(task))
+    _finish(results, label, report_dir, expect_file, console)
+
+
+def _checkpoint_folders(given: tuple[Path, ...]) -> list[Path]:
+    """Checkpoint folders from --checkpoint values: each a checkpoint, or a folder of them."""
+    from .properties.conformance.checkpoints import MANIFEST
+
+    if not given:
+        raise click.UsageError("--launch needs --checkpoint (build them with `decodespec checkpoints build`)")
+    out: list[Path] = []
+    for g in given:
+        found = [g] if (g / MANIFEST).is_file() else sorted(p.parent for p in g.glob(f"*/{MANIFEST}"))
+        if not found:
+            raise click.BadParameter(f"{g} holds no forced checkpoint ({MANIFEST})", param_hint="--checkpoint")
+        out += found
+    return out
+
+
+def _conform_launched(cases, folders, launch, timeout_s, without, jobs, model, label, report_dir, expect_file,
+                      dry_run, console) -> None:
+    from .properties.conformance.checkpoints import Checkpoint
+    from .properties.conformance.launch import run_launched
+
+    if dry_run:
+        for f in folders:
+            ck = Checkpoint.load(f)
+            console.print(f"{f}: {sum(c.id in ck.programs for c in cases)} case(s); server: {launch}")
+        return
+    log_dir = (report_dir or Path(".cache/peers")) / "logs"
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as progress:
+        task = progress.add_task(f"conform {label}", total=len(cases))
+        results = run_launched(cases, folders, launch, log_dir=log_dir, without=without, jobs=jobs, model=model,
+                               timeout_s=timeout_s, on_result=lambda r: progress.advance(task))
+    _finish(results, label, report_dir, expect_file, console)
+
+
+def _finish(results, label, report_dir, expect_file, console) -> None:
+    """Print the table and summary, write the reports, exit 1 on an unexpected failure."""
+    from .properties.conformance.reports import summary, write_reports
+    from .properties.conformance.runner import fixed, read_expectations, unexpected
+
     table = RichTable(title=f"conformance: {label}")
     for col in ("case", "grade", "verdict", "first violated invariant / reason"):
         table.add_column(col, overflow="fold")

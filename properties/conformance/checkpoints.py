@@ -20,6 +20,7 @@ engine passes whatever the tokenizer (`reference_outcome`).
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
@@ -28,12 +29,20 @@ from typing import Any
 
 import attrs
 
+from ...runtime.loop import generate
+from ...runtime.models import ScriptedModel
+from ...runtime.request import Request
+from ...runtime.result import Result
 from ...runtime.tokenizers import BYTE_LEVEL, HFTokenizer
 from .adapters.base import case_prompt, case_script, fixture_tokenizer, table_tokenizer
 from .cases import Case, CaseError, CaseKind
 from .forced import CONTEXT, Program, check_margins, forced_llama
 
 MANIFEST = "decodespec-checkpoint.json"
+# The recipe program: varied free text (multi-byte characters included) that the black-box recipes
+# cut their probes from, then EOS, so they need no natural-language model.
+RECIPE = "recipe"
+RECIPE_TEXT = "Once upon a time, a café in 東京 served tea; the end."
 FORMAT = "decodespec-forced/1"
 TABLE_GROUP = "byte_table"
 _CHAR_OF_BYTE = {b: c for c, b in BYTE_LEVEL.items()}
@@ -182,7 +191,23 @@ class Checkpoint:
 
     @property
     def tokenizer(self) -> HFTokenizer:
-        return HFTokenizer(self.folder)
+        return _tokenizer(self.folder)
+
+
+@functools.cache
+def _tokenizer(folder: Path) -> HFTokenizer:
+    return HFTokenizer(folder)
+
+
+def reference_result(case: Case, ckpt: Checkpoint) -> Result:
+    """The reference loop on the checkpoint's tokenizer, forcing the case's compiled script."""
+    prog = ckpt.programs[case.id]
+    tok = ckpt.tokenizer
+    model = ScriptedModel(list(prog.script), vocab_size=tok.vocab_size)
+    request = Request(list(prog.prompt), stop=tuple(case.inputs.get("stop", ())),
+                      stop_token_ids=tuple(tuple(s) for s in case.inputs.get("stop_token_ids", ())),
+                      max_output_tokens=case.max_tokens, request_id=case.id)
+    return generate(request, model=model, tokenizer=tok)
 
 
 def build_group(group: str, cases: Sequence[Case], folder: Path) -> Checkpoint:
@@ -193,7 +218,8 @@ def build_group(group: str, cases: Sequence[Case], folder: Path) -> Checkpoint:
 
     cases = sorted(cases, key=lambda c: c.id)
     markers = [_marker(i) for i in range(len(cases))]
-    tok, eos_text = _group_tokenizer(group, cases, markers)
+    recipe_marker = _marker(len(cases))
+    tok, eos_text = _group_tokenizer(group, cases, [*markers, recipe_marker])
     tmp = folder.with_name(folder.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -212,6 +238,8 @@ def build_group(group: str, cases: Sequence[Case], folder: Path) -> Checkpoint:
     for case, marker in zip(cases, markers):
         mid = rt.token_to_id(marker)
         programs.append(Program(case.id, mid, [mid, *case_prompt(case, hf)], case_script(case, hf)))
+    mid = rt.token_to_id(recipe_marker)
+    programs.append(Program(RECIPE, mid, [mid], [*hf.encode(RECIPE_TEXT), eos_id]))
     config, state = forced_llama(programs, rt.get_vocab_size(with_added_tokens=True), eos_id)
     margin = check_margins(state, programs, eos_id)
     save_file({k: torch.from_numpy(v) for k, v in state.items()}, str(tmp / "model.safetensors"),

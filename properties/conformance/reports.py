@@ -36,13 +36,18 @@ def summary(results: Sequence[CaseResult]) -> dict[str, Any]:
 
 
 def _expected(r: CaseResult) -> dict[str, Any]:
-    return r.case.to_json()["expect"]
+    return dict(r.expected) if r.expected is not None else r.case.to_json()["expect"]
 
 
 def reproducer(r: CaseResult) -> dict[str, Any]:
     """What a reader needs to rerun the case by hand: inputs, expected, observed."""
-    obs = {k: v for k, v in r.observed.items() if v not in (None, [], {})}
-    return {"inputs": dict(r.case.inputs), "recipe": r.case.recipe, "expected": _expected(r), "observed": obs}
+    obs = {k: v for k, v in r.observed.items() if v not in (None, [], {}) and k not in ("exchanges", "reference")}
+    out = {"inputs": dict(r.case.inputs), "recipe": r.case.recipe, "expected": _expected(r), "observed": obs}
+    # Over HTTP: the exact requests sent with the raw answers, and the reference's answer to the same.
+    for key in ("exchanges", "reference"):
+        if r.observed.get(key):
+            out[key] = r.observed[key]
+    return out
 
 
 def to_json(results: Sequence[CaseResult], engine: str) -> dict[str, Any]:

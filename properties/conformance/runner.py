@@ -39,6 +39,7 @@ class CaseResult:
     reason: str = ""  # why SKIP or ERROR
     observed: Mapping[str, Any] = attrs.field(factory=dict)
     seconds: float = 0.0
+    expected: Mapping[str, Any] | None = None  # the expectation judged, when not the case file's own
 
     @property
     def first_invariant(self) -> str | None:
@@ -85,8 +86,8 @@ def _check_events(case: Case, events: Sequence[Any]) -> list[Finding]:
 
 
 def judge(case: Case, outcome: Outcome, engine: str, caps: frozenset[str]) -> CaseResult:
-    """Compare an Outcome with the case's expectations; the findings name their invariants."""
-    exp = case.expect
+    """Compare an Outcome with its expectation (the adapter's, else the case's); findings name invariants."""
+    exp = outcome.expect or case.expect
     fails: list[Finding] = list(outcome.findings)
     skipped: list[str] = []
     stops = [s.encode() for s in case.inputs.get("stop", ())]
@@ -135,9 +136,24 @@ def judge(case: Case, outcome: Outcome, engine: str, caps: frozenset[str]) -> Ca
         "error": outcome.error, "usage": dict(outcome.usage) if outcome.usage is not None else None,
         "chunks": [_text(c) for c in outcome.chunks] if outcome.chunks is not None else None,
         "notes": list(outcome.notes),
+        "exchanges": list(outcome.exchanges), "reference": dict(outcome.reference) if outcome.reference else None,
     }
     verdict = Verdict.FAIL if fails else Verdict.PASS
-    return CaseResult(case, engine, verdict, tuple(_dedup(fails)), tuple(skipped), observed=observed)
+    expected = None if outcome.expect is None else expect_json(outcome.expect)
+    return CaseResult(case, engine, verdict, tuple(_dedup(fails)), tuple(skipped), observed=observed, expected=expected)
+
+
+def expect_json(exp: Any) -> dict[str, Any]:
+    """An Expect as the JSON a report shows (bytes as text where they are UTF-8)."""
+    out: dict[str, Any] = {}
+    if exp.output is not None:
+        out["output"] = _text(exp.output)
+    for key in ("finish_reason", "state", "error"):
+        if getattr(exp, key) is not None:
+            out[key] = getattr(exp, key)
+    if exp.usage:
+        out["usage"] = dict(exp.usage)
+    return out
 
 
 def _dedup(findings: Iterable[Finding]) -> list[Finding]:

@@ -13,8 +13,15 @@ class EngineSpecError(ValueError):
     """An --engine value that names no adapter, or lacks its argument."""
 
 
-def adapter_for(spec: str, *, model: str | None = None) -> Adapter:
-    """Build the adapter an --engine value names (imports only what that engine needs)."""
+def adapter_for(spec: str, *, model: str | None = None, checkpoint: str | None = None,
+                without: frozenset[str] = frozenset()) -> Adapter:
+    """Build the adapter an --engine value names (imports only what that engine needs).
+
+    `checkpoint` (openai only) is the forced checkpoint folder the server serves; `without` names
+    request fields the server does not offer.
+    """
+    if checkpoint is not None and not spec.startswith("openai:"):
+        raise EngineSpecError("--checkpoint applies to openai:URL engines only")
     kind, _, arg = spec.partition(":")
     if kind == "reference" and not arg:
         from .reference import ReferenceAdapter
@@ -33,5 +40,12 @@ def adapter_for(spec: str, *, model: str | None = None) -> Adapter:
     if kind == "openai":
         from .openai import OpenAIAdapter
 
-        return OpenAIAdapter(arg, model=model)
+        from ..checkpoints import Checkpoint
+        from ..cases import CaseError
+
+        try:
+            ckpt = Checkpoint.load(checkpoint) if checkpoint is not None else None
+        except CaseError as exc:
+            raise EngineSpecError(str(exc)) from None
+        return OpenAIAdapter(arg, model=model, checkpoint=ckpt, without=without)
     raise EngineSpecError(f"unknown engine {spec!r}; use one of {', '.join(ENGINES)}")

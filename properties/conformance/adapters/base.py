@@ -46,6 +46,11 @@ class Outcome:
     findings: tuple[Finding, ...] = ()
     notes: tuple[str, ...] = ()
     skip: str | None = None  # the adapter found at run time that it cannot run the case
+    # What this run must meet, when the adapter compiled the case for its engine (over HTTP: the
+    # reference loop's answer on the engine's checkpoint, in the wire's vocabulary); else the case's.
+    expect: _cases.Expect | None = None
+    exchanges: tuple[Mapping[str, Any], ...] = ()  # requests sent and raw answers (trimmed)
+    reference: Mapping[str, Any] | None = None  # the reference engine's answer on the same checkpoint
 
 
 class Adapter(Protocol):

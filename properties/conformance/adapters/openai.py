@@ -19,7 +19,9 @@ from typing import Any
 import attrs
 import httpx
 
-from ..cases import Case
+from ..cases import Case, CaseKind
+from ..checkpoints import RECIPE, Checkpoint, group_of, http_blocker, reference_result
+from ..http_script import run_script
 from .base import Finding, Outcome, missing_capabilities
 
 ALLOWED_REASONS = frozenset({"stop", "length", "content_filter", "tool_calls", "function_call"})
@@ -40,6 +42,9 @@ class Answer:
 class Streamed:
     """One streamed response, as parsed from its SSE lines."""
 
+    status: int = 0
+    error: str | None = None  # a non-200 body, or an in-band {"error": ...} event
+    error_events: int = 0  # `event: error` lines
     deltas: list[str] = attrs.field(factory=list)
     finish_reasons: list[str] = attrs.field(factory=list)
     content_after_finish: list[str] = attrs.field(factory=list)
@@ -53,42 +58,103 @@ class Streamed:
         return "".join(self.deltas)
 
 
+class ServerError(RuntimeError):
+    """The server could not be reached or answered garbage: an ERROR of the run, never an engine FAIL."""
+
+
+class PromptAltered(Exception):
+    """The server did not take the prompt ids as sent: the case cannot be observed there (SKIP)."""
+
+
+def _trim(text: str, limit: int = 2000) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more characters]"
+
+
 class OpenAIAdapter:
-    """Black-box recipes against `url` (e.g. http://127.0.0.1:8000)."""
+    """Black-box recipes, and script cases on a forced checkpoint, against `url` (http://127.0.0.1:8000).
+
+    With `checkpoint` (the forced checkpoint folder the server serves, see checkpoints.py), every
+    script case compiled into it runs as a real request: its prompt ids (marker first), stop
+    strings, single stop_token_ids and max_tokens, greedy, non-streamed and streamed; the answer
+    is judged against the reference loop's answer on the same checkpoint (http_script.py). The
+    recipes then run on the checkpoint's recipe program, whose script is varied text. `without`
+    names request fields the server does not offer (e.g. stop_token_ids): cases needing them SKIP.
+    """
 
     capabilities = frozenset({"http"})
 
-    def __init__(self, url: str, *, model: str | None = None, timeout: float = 60.0) -> None:
+    def __init__(self, url: str, *, model: str | None = None, checkpoint: Checkpoint | None = None,
+                 without: frozenset[str] = frozenset(), timeout: float = 60.0, retries: int = 2) -> None:
         self.url = url.rstrip("/")
         self.name = f"openai[{self.url}]"
         self._model = model
+        self.checkpoint = checkpoint
+        self.without = frozenset(without)
+        self.retries = retries
         self.client = httpx.Client(base_url=self.url, timeout=timeout)
+        self._reference: dict[str, Any] = {}
+        self._chat_ok: str | None = None  # "" once the chat endpoint is known to keep the prompt as sent
 
     def unsupported(self, case: Case) -> str | None:
-        missing = missing_capabilities(self, case)
-        return f"{missing} (a white-box case; a black-box server cannot force tokens)" if missing else None
+        if case.kind is CaseKind.BLACKBOX:
+            return missing_capabilities(self, case)
+        if blocker := http_blocker(case):
+            return f"cannot run over HTTP: {blocker}"
+        if self.checkpoint is None:
+            return ("a script case runs over HTTP only on a forced checkpoint: serve one "
+                    "(`decodespec checkpoints build`) and pass it with --checkpoint DIR")
+        if case.id not in self.checkpoint.programs:
+            return f"compiled into the {group_of(case)} checkpoint; this server serves {self.checkpoint.group}"
+        if case.inputs.get("stop_token_ids") and "stop_token_ids" in self.without:
+            return f"{self.name} offers no stop_token_ids request field"
+        return None
 
     @property
     def model(self) -> str:
         if self._model is None:
-            data = self.client.get("/v1/models").raise_for_status().json().get("data") or []
+            r = self._send("GET", "/v1/models")
+            try:
+                data = r.json().get("data") or []
+            except ValueError:
+                raise ServerError(f"GET {self.url}/v1/models answered {r.status_code} without JSON: {_trim(r.text, 300)!r}") from None
             if not data:
-                raise RuntimeError(f"{self.url}/v1/models lists no model; pass --model")
+                raise ServerError(f"{self.url}/v1/models lists no model; pass --model")
             self._model = data[0]["id"]
         return self._model
 
+    # ---- transport: bounded retries on connection errors, every exchange recorded ----------------
+
+    def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            try:
+                return self.client.request(method, path, **kw)
+            except httpx.TransportError as exc:
+                last = exc
+                time.sleep(0.2 * (attempt + 1))
+        raise ServerError(f"{method} {self.url}{path}: {type(last).__name__}: {last} (after {self.retries + 1} tries)")
+
     # ---- requests --------------------------------------------------------------------------
+
+    def program_prompt(self) -> list[int] | None:
+        """The recipe program's prompt ids on a forced checkpoint (its script is varied text)."""
+        prog = self.checkpoint.programs.get(RECIPE) if self.checkpoint else None
+        return list(prog.prompt) if prog else None
 
     def body(self, case: Case, *, stream: bool, **over: Any) -> dict[str, Any]:
         inp = case.inputs
         chat = inp.get("endpoint") == "chat"
         b: dict[str, Any] = {"model": self.model, "max_tokens": inp.get("max_tokens", 24), "temperature": 0,
                              "stream": stream}
+        ids = self.program_prompt()
+        if ids is not None:  # run the recipe program to its EOS, so no limit cuts a character in two
+            b["max_tokens"] = len(self.checkpoint.programs[RECIPE].script)
         if chat:
-            b["messages"] = [{"role": "user", "content": inp["prompt"]}]
+            text = inp["prompt"] if ids is None else self.checkpoint.tokenizer.decode(ids, skip_special=False)
+            b["messages"] = [{"role": "user", "content": text}]
             b["logprobs"] = True
         else:
-            b["prompt"] = inp["prompt"]
+            b["prompt"] = inp["prompt"] if ids is None else ids
             b["logprobs"] = 1
         b.update(over)
         return {k: v for k, v in b.items() if v is not None}
@@ -96,59 +162,183 @@ class OpenAIAdapter:
     def path(self, case: Case) -> str:
         return "/v1/chat/completions" if case.inputs.get("endpoint") == "chat" else "/v1/completions"
 
-    def complete(self, case: Case, **over: Any) -> Answer:
-        r = self.client.post(self.path(case), json=self.body(case, stream=False, **over))
-        r.raise_for_status()
-        choice = r.json()["choices"][0]
-        chat = "message" in choice
-        text = (choice["message"].get("content") or "") if chat else choice.get("text", "")
-        return Answer(text, choice.get("finish_reason"), r.json().get("usage"), _tokens(choice.get("logprobs"), chat, text))
+    def post(self, path: str, body: dict[str, Any], log: list[dict[str, Any]] | None = None) -> tuple[int, Any, str]:
+        """POST a non-streamed request: (status, JSON body or None, raw text)."""
+        r = self._send("POST", path, json=body)
+        try:
+            data = r.json()
+        except ValueError:
+            data = None
+        if log is not None:
+            log.append({"request": {"path": path, "body": body}, "status": r.status_code, "response": _trim(r.text)})
+        return r.status_code, data, r.text
 
-    def stream(self, case: Case, *, stop_after: int | None = None, **over: Any) -> Streamed:
+    def complete(self, case: Case, log: list[dict[str, Any]] | None = None, **over: Any) -> Answer:
+        status, data, raw = self.post(self.path(case), self.body(case, stream=False, **over), log)
+        if status != 200 or not isinstance(data, dict) or not data.get("choices"):
+            raise ServerError(f"POST {self.path(case)} answered {status}: {_trim(raw, 500)!r}")
+        ans = _answer(data)
+        ids = self.program_prompt()
+        if ids is not None:
+            sent = (ans.usage or {}).get("prompt_tokens")
+            if sent is not None and sent != len(ids):
+                raise PromptAltered(f"the server turned the {len(ids)} prompt id(s) of the recipe program into {sent} "
+                                    f"tokens on {self.path(case)} (a chat template or a BOS), so the forced "
+                                    "checkpoint cannot steer that endpoint")
+            if ans.tokens is None:
+                ans.tokens = self.program_tokens(ans.text)
+        return ans
+
+    def program_tokens(self, text: str) -> list[str] | None:
+        """The recipe program's token texts, as far as they spell `text` (a server without logprobs)."""
+        prog = self.checkpoint.programs[RECIPE]
+        pieces = _split_text([self.checkpoint.tokenizer.token_bytes(t) for t in prog.script[:-1]])
+        out, spelled = [], ""
+        for p in pieces:
+            if spelled == text:
+                break
+            out.append(p)
+            spelled += p
+        return out if out and spelled == text else None
+
+    def stream(self, case: Case, *, stop_after: int | None = None, log: list[dict[str, Any]] | None = None,
+               **over: Any) -> Streamed:
+        return self.stream_body(self.path(case), self.body(case, stream=True, **over), stop_after=stop_after, log=log)
+
+    def stream_body(self, path: str, body: dict[str, Any], *, stop_after: int | None = None,
+                    log: list[dict[str, Any]] | None = None) -> Streamed:
         """POST with stream=true and parse the SSE by hand; `stop_after` n deltas drops the connection."""
         out = Streamed()
-        with self.client.stream("POST", self.path(case), json=self.body(case, stream=True, **over)) as r:
-            r.raise_for_status()
-            for line in r.iter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if out.done:
-                    out.data_after_done += 1
-                    continue
-                if payload == "[DONE]":
-                    out.done = True
-                    continue
-                try:
-                    chunk = json.loads(payload)
-                except json.JSONDecodeError:
-                    out.malformed.append(payload[:80])
-                    continue
-                if chunk.get("usage"):
-                    out.usage = chunk["usage"]
-                for choice in chunk.get("choices") or []:
-                    delta = choice.get("delta", {}).get("content") if "delta" in choice else choice.get("text")
-                    if delta:
-                        (out.content_after_finish if out.finish_reasons else out.deltas).append(delta)
-                    if choice.get("finish_reason"):
-                        out.finish_reasons.append(choice["finish_reason"])
-                if stop_after is not None and len(out.deltas) >= stop_after:
-                    break  # leaving the block closes the connection mid-stream
+        raw: list[str] = []
+        for attempt in range(self.retries + 1):
+            try:
+                with self.client.stream("POST", path, json=body) as r:
+                    out.status = r.status_code
+                    if r.status_code != 200:
+                        out.error = _trim(r.read().decode("utf-8", "replace"), 500)
+                        raw.append(out.error)
+                        break
+                    for line in r.iter_lines():
+                        raw.append(line)
+                        _parse_sse_line(out, line)
+                        if stop_after is not None and len(out.deltas) >= stop_after:
+                            break  # leaving the block closes the connection mid-stream
+                break
+            except httpx.TransportError as exc:
+                if out.deltas or out.finish_reasons or attempt == self.retries:
+                    raise ServerError(f"POST {path} (stream): {type(exc).__name__}: {exc}") from None
+                out, raw = Streamed(), []
+                time.sleep(0.2 * (attempt + 1))
+        if log is not None:
+            log.append({"request": {"path": path, "body": body}, "status": out.status, "sse": _trim("\n".join(raw))})
         return out
 
     def run(self, case: Case) -> Outcome:
+        if case.kind is CaseKind.SCRIPT:
+            return run_script(self, case)
         recipe = RECIPES.get(case.recipe or "")
         if recipe is None:
             return Outcome(skip=f"this adapter has no recipe {case.recipe!r}")
-        return recipe(self, case)
+        try:
+            if self.program_prompt() is not None and case.inputs.get("endpoint") == "chat":
+                self._check_chat(case)
+            return recipe(self, case)
+        except PromptAltered as exc:
+            return Outcome(skip=str(exc))
+
+    def _check_chat(self, case: Case) -> None:
+        """On a forced checkpoint the chat endpoint must render the message as its bare content
+        (the checkpoint's own template), or the marker is not at position 0: then PromptAltered."""
+        if self._chat_ok is None:
+            ids = self.program_prompt()
+            status, data, raw = self.post(self.path(case), self.body(case, stream=False, max_tokens=1))
+            sent = ((data or {}).get("usage") or {}).get("prompt_tokens") if isinstance(data, dict) else None
+            self._chat_ok = "" if status == 200 and sent == len(ids) else (
+                f"the chat endpoint did not take the recipe program's message as its {len(ids)} prompt id(s) "
+                f"(answer {status}, prompt_tokens {sent}: {_trim(raw, 200)!r}); its chat template wraps the "
+                "message, so the forced checkpoint cannot steer chat here")
+        if self._chat_ok:
+            raise PromptAltered(self._chat_ok)
+
+    def reference(self, case: Case) -> Any:
+        """The reference loop's Result for `case` on the served checkpoint (computed once)."""
+        if case.id not in self._reference:
+            self._reference[case.id] = reference_result(case, self.checkpoint)
+        return self._reference[case.id]
 
 
-def _tokens(logprobs: Any, chat: bool, text: str) -> list[str] | None:
-    """The token strings a response reveals through logprobs, when they spell its text."""
-    if not logprobs:
+def _parse_sse_line(out: Streamed, line: str) -> None:
+    if line.startswith("event:") and line[6:].strip() == "error":
+        out.error_events += 1
+        return
+    if not line.startswith("data:"):
+        return
+    payload = line[5:].strip()
+    if out.done:
+        out.data_after_done += 1
+        return
+    if payload == "[DONE]":
+        out.done = True
+        return
+    try:
+        chunk = json.loads(payload)
+    except json.JSONDecodeError:
+        out.malformed.append(payload[:80])
+        return
+    if not isinstance(chunk, dict):
+        out.malformed.append(payload[:80])
+        return
+    if chunk.get("error"):
+        out.error = json.dumps(chunk["error"], ensure_ascii=False)[:500]
+        return
+    if chunk.get("usage"):
+        out.usage = chunk["usage"]
+    for choice in chunk.get("choices") or []:
+        delta = (choice.get("delta") or {}).get("content") if "delta" in choice else choice.get("text")
+        if delta:
+            (out.content_after_finish if out.finish_reasons else out.deltas).append(delta)
+        if choice.get("finish_reason"):
+            out.finish_reasons.append(choice["finish_reason"])
+
+
+def _answer(data: dict[str, Any]) -> Answer:
+    choice = data["choices"][0]
+    chat = "message" in choice
+    text = ((choice.get("message") or {}).get("content") or "") if chat else (choice.get("text") or "")
+    return Answer(text, choice.get("finish_reason"), data.get("usage"), logprob_tokens(choice.get("logprobs"), text))
+
+
+def logprob_tokens(logprobs: Any, text: str) -> list[str] | None:
+    """The token strings a response reveals through logprobs, when they spell its text.
+
+    Shapes read: the completions legacy object (`tokens` list: vLLM, llama-cpp-python), a
+    `content` list of `{token, bytes}` (chat; llama-server on both endpoints), and null. Where
+    `bytes` are given they are used, so tokens that split a character still spell the text.
+    """
+    if not isinstance(logprobs, dict):
         return None
-    toks = [c.get("token", "") for c in logprobs.get("content") or []] if chat else list(logprobs.get("tokens") or [])
+    if isinstance(logprobs.get("content"), list):
+        items = logprobs["content"]
+        if items and all(isinstance(c, dict) and isinstance(c.get("bytes"), list) for c in items):
+            toks = _split_text([bytes(c["bytes"]) for c in items])
+        else:
+            toks = [c.get("token", "") if isinstance(c, dict) else "" for c in items]
+    else:
+        toks = [t for t in logprobs.get("tokens") or [] if isinstance(t, str)]
     return toks if toks and "".join(toks) == text else None
+
+
+def _split_text(pieces: list[bytes]) -> list[str]:
+    """Token byte pieces as text: a split character belongs to the token that completes it."""
+    out, buf = [], b""
+    for p in pieces:
+        buf += p
+        try:
+            out.append(buf.decode("utf-8"))
+            buf = b""
+        except UnicodeDecodeError:
+            out.append("")
+    return out if not buf else []
 
 
 # ---- recipes ------------------------------------------------------------------------------------
@@ -283,6 +473,8 @@ def eos_last_token(a: OpenAIAdapter, case: Case) -> Outcome:
     """D4: EOS as the last allowed token reports 'stop', not 'length'."""
     base = a.complete(case, max_tokens=64)
     n = (base.usage or {}).get("completion_tokens")
+    if a.program_prompt() is not None:  # on a forced checkpoint the EOS step is known, whatever usage counts
+        n = len(a.checkpoint.programs[RECIPE].script)
     if base.finish_reason != "stop" or not n:
         return Outcome(skip=f"the model did not end by itself within 64 tokens (finish_reason {base.finish_reason!r})")
     ans = a.complete(case, max_tokens=n)
@@ -309,7 +501,7 @@ def usage(a: OpenAIAdapter, case: Case) -> Outcome:
 
 
 def _gauges(a: OpenAIAdapter) -> dict[str, float] | None:
-    r = a.client.get("/metrics")
+    r = a._send("GET", "/metrics")
     if r.status_code != 200:
         return None
     return {m.group(1) + (m.group(2) or ""): float(m.group(3)) for line in r.text.splitlines() if (m := _GAUGE.match(line))}
@@ -345,7 +537,7 @@ def bad_input(a: OpenAIAdapter, case: Case) -> Outcome:
     """§4.1 (CREATED -> reject): malformed requests get a 4xx, and the server keeps serving."""
     f = []
     for over in ({"max_tokens": -1}, {"stop": 5}, {"temperature": "hot"}):
-        r = a.client.post(a.path(case), json=a.body(case, stream=False, **over))
+        r = a._send("POST", a.path(case), json=a.body(case, stream=False, **over))
         if not 400 <= r.status_code < 500:
             f.append(Finding(case.invariant, f"{over} answered {r.status_code}, expected a 4xx"))
     try:

@@ -1,0 +1,62 @@
+"""`decodespec checkpoints`: compile the script cases into forced checkpoints for real engines (issue 13).
+
+    decodespec checkpoints build --out .cache/checkpoints        # one folder per tokenizer group
+    decodespec checkpoints build --out DIR --select stop/ --no-prove
+    decodespec checkpoints list .cache/checkpoints               # what each folder forces
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.group()
+def checkpoints() -> None:
+    """Forced-script Llama checkpoints that any engine loads; greedy decoding follows each case."""
+
+
+@checkpoints.command("build")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".cache/checkpoints"),
+              show_default=True, help="Folder to write one checkpoint per tokenizer group into.")
+@click.option("--select", "select", multiple=True, help="Only cases whose id starts with this prefix (repeatable).")
+@click.option("--prove/--no-prove", default=True, show_default=True,
+              help="Run transformers generate on every program and refuse a checkpoint that deviates.")
+def build(out_dir: Path, select: tuple[str, ...], prove: bool) -> None:
+    """Build the checkpoints of every script case that can run over HTTP."""
+    from .properties.conformance import checkpoints as ck
+    from .properties.conformance.cases import CaseError, load_cases
+
+    cases = load_cases(select)
+    try:
+        built = ck.build_checkpoints(cases, out_dir)
+    except CaseError as exc:
+        raise click.ClickException(str(exc)) from None
+    for c in built:
+        line = f"{c.folder}: {len(c.programs) - 1} case(s) + the recipe program"
+        if prove:
+            try:
+                line += f"; proved: {ck.prove(c)}"
+            except ck.ProofError as exc:
+                raise click.ClickException(f"{c.folder} is not usable: {exc}") from None
+        click.echo(line)
+    blocked = [(c.id, ck.http_blocker(c)) for c in cases if c.kind.value == "script" and ck.http_blocker(c)]
+    for cid, why in blocked:
+        click.echo(f"not compiled: {cid}: {why}")
+
+
+@checkpoints.command("list")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False, path_type=Path))
+def list_(folder: Path) -> None:
+    """Show the case -> prompt ids -> script ids mapping of each checkpoint under FOLDER."""
+    from .properties.conformance.checkpoints import MANIFEST, Checkpoint
+
+    found = sorted(p.parent for p in folder.glob(f"*/{MANIFEST}")) or ([folder] if (folder / MANIFEST).is_file() else [])
+    if not found:
+        raise click.ClickException(f"no forced checkpoint ({MANIFEST}) under {folder}")
+    for sub in found:
+        c = Checkpoint.load(sub)
+        click.echo(f"{sub} ({c.group}, eos {c.eos_id})")
+        for cid, p in c.programs.items():
+            click.echo(f"  {cid}: prompt {list(p.prompt)} -> script {list(p.script)}")

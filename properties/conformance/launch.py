@@ -1,0 +1,103 @@
+"""Run the HTTP cases against a server started per forced checkpoint (issue 13 item 5).
+
+`run_launched(cases, folders, command)` starts `command` once per checkpoint folder, with
+`{model}` (the folder), `{gguf}` (its `model.gguf`), `{name}` (the group) and `{port}` (a free
+port on 127.0.0.1) filled in; waits for /v1/models; runs the cases compiled into that checkpoint
+(and the black-box recipes on the first one); then stops the server by its PID (its process group)
+and moves on. A server that does not come up turns its cases into ERRORs carrying the tail of its
+log, never FAILs. One list of results comes back, in case order, for one report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import httpx
+
+from .adapters.openai import OpenAIAdapter
+from .cases import Case, CaseKind
+from .checkpoints import Checkpoint, group_of, http_blocker
+from .runner import CaseResult, Verdict, run_cases
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail(path: Path, n: int = 1500) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+@contextlib.contextmanager
+def launched(command: str, ckpt: Checkpoint, log: Path, *, timeout_s: float = 600.0) -> Iterator[str]:
+    """Start the server for `ckpt`, yield its URL once /v1/models answers, stop it by PID after."""
+    port = free_port()
+    cmd = command.format(model=ckpt.folder, gguf=ckpt.folder / "model.gguf", name=ckpt.group, port=port)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(["bash", "-c", cmd], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited with status {proc.returncode} before answering; "
+                                   f"log {log}: ...{_tail(log)}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no answer on {url}/v1/models within {timeout_s:.0f} s; log {log}: ...{_tail(log)}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)  # the PID we started leads its own process group
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def run_launched(cases: Sequence[Case], folders: Sequence[Path], command: str, *, log_dir: Path,
+                 without: frozenset[str] = frozenset(), jobs: int = 1, model: str | None = None,
+                 timeout_s: float = 600.0, on_result: Callable[[CaseResult], None] | None = None) -> list[CaseResult]:
+    """Every case, run on the server of the checkpoint it was compiled into (see module)."""
+    ckpts = [Checkpoint.load(f) for f in folders]
+    done: dict[str, CaseResult] = {}
+    for i, ck in enumerate(ckpts):
+        mine = [c for c in cases if c.id in ck.programs or (i == 0 and c.kind is CaseKind.BLACKBOX)]
+        if not mine:
+            continue
+        try:
+            with launched(command, ck, log_dir / f"{ck.group}.log", timeout_s=timeout_s) as url:
+                adapter = OpenAIAdapter(url, model=model, checkpoint=ck, without=without)
+                for r in run_cases(adapter, mine, jobs=jobs, on_result=on_result):
+                    done[r.case.id] = r
+        except RuntimeError as exc:
+            for c in mine:
+                done[c.id] = r = CaseResult(c, f"launch[{ck.group}]", Verdict.ERROR, reason=str(exc))
+                if on_result is not None:
+                    on_result(r)
+    # Cases no checkpoint holds: the first adapter's reason (fault injection, internal events, ...).
+    for c in cases:
+        if c.id not in done:
+            why = http_blocker(c)
+            done[c.id] = r = CaseResult(c, "launch", Verdict.SKIP, reason=f"cannot run over HTTP: {why}" if why else
+                                        f"compiled into the {group_of(c)} checkpoint, which this run did not serve")
+            if on_result is not None:
+                on_result(r)
+    return [done[c.id] for c in cases]
