@@ -7,6 +7,8 @@ field (`param`). Limits chosen here, documented in the OpenAPI document too:
   characters (OpenAI's own limit is 4 strings); `null` means none.
 - `max_tokens` (chat also `max_completion_tokens`): an int in [1, context length]; and the prompt
   plus one output token must fit the context (§4.3 context_limit).
+- `stop_token_ids` (vLLM's extension): up to MAX_STOP_TOKEN_IDS ids in the vocabulary, each a
+  one-token stop sequence; as with every stop, its bytes are never sent.
 - `n` must be 1; `logprobs`/`top_logprobs` are accepted and answered with `logprobs: null` (the
   reference engine does not report log-probabilities); `user` is ignored; any other field -> 400.
 - chat messages are rendered with CHAT_TEMPLATE (the embedded model is not a chat model: the
@@ -33,6 +35,7 @@ from .request import Request
 
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 256
+MAX_STOP_TOKEN_IDS = 64
 CHAT_TEMPLATE = "<|{role}|>\n{content}\n"  # each message; then "<|assistant|>\n" opens the reply
 CHAT_ROLES = ("system", "user", "assistant")
 
@@ -76,7 +79,7 @@ class ParsedRequest:
 
 
 _COMMON = frozenset({"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop",
-                     "seed", "logprobs", "user"})
+                     "stop_token_ids", "seed", "logprobs", "user"})
 _FIELDS = {False: _COMMON | {"prompt"}, True: _COMMON | {"messages", "max_completion_tokens", "top_logprobs"}}
 
 
@@ -152,7 +155,8 @@ def parse_completion(raw: bytes, *, chat: bool, model_name: str, context_limit: 
     _get(body, "user", str, default=None)
     try:
         request = Request(
-            prompt_ids if not isinstance(prompt, str) else prompt, stop=_stop(body), max_output_tokens=max_tokens,
+            prompt_ids if not isinstance(prompt, str) else prompt, stop=_stop(body),
+            stop_token_ids=_stop_token_ids(body, vocab_size), max_output_tokens=max_tokens,
             temperature=float(temperature), top_p=top_p, seed=seed, policy=policy,
             max_buffer_events=max_buffer_events,
         )
@@ -215,6 +219,17 @@ def _messages(body: Mapping[str, Any]) -> str:
         _get(m, "name", str, name=f"messages[{i}].name")
         parts.append(CHAT_TEMPLATE.format(role=role, content=content))
     return "".join(parts) + "<|assistant|>\n"
+
+
+def _stop_token_ids(body: Mapping[str, Any], vocab_size: int) -> tuple[tuple[int, ...], ...]:
+    """vLLM's extension: token ids that each end the run when selected (§4.6); none of their bytes is sent."""
+    ids = _get(body, "stop_token_ids", list, default=[])
+    if len(ids) > MAX_STOP_TOKEN_IDS:
+        raise _bad("stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} ids, got {len(ids)}")
+    for i, t in enumerate(ids):
+        if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab_size:
+            raise _bad(f"stop_token_ids[{i}]", f"must be a token id in 0..{vocab_size - 1}, got {json.dumps(t)[:40]}")
+    return tuple((t,) for t in ids)
 
 
 def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
@@ -313,6 +328,7 @@ _SAMPLING = {
     "stream_options": {"type": ["object", "null"], "additionalProperties": False,
                        "properties": {"include_usage": {"type": "boolean"}}},
     "stop": _STOP,
+    "stop_token_ids": {"type": ["array", "null"], "maxItems": MAX_STOP_TOKEN_IDS, "items": {"type": "integer", "minimum": 0}},
     "seed": {"type": ["integer", "null"], "minimum": 0, "maximum": 2**63 - 1},
     "user": {"type": ["string", "null"]},
 }

@@ -44,7 +44,8 @@ HEAD_DIM = 64  # vLLM's CPU attention rejects 16; 64 is accepted everywhere trie
 KAPPA = 0.25  # the marker's own weight on its channel (position 0 only)
 SHARPNESS = 100.0  # ramp slope times the gap between neighbouring channel values
 VOTE = 20.0  # what a firing position writes on its vote dim
-EOS_BIAS = 0.5  # how strongly EOS reads the bias dim (the default choice)
+LOGIT = 20.0  # the scripted token's logit, about (RMSNorm makes a dominant dim sqrt(hidden))
+EOS_BIAS = 0.5  # how strongly EOS reads the bias dim, relative to a vote (the default choice)
 RMS_EPS = 1e-6
 ROPE_THETA = 1e6
 CONTEXT = 512
@@ -172,8 +173,8 @@ def forced_llama(programs: Sequence[Program], vocab_size: int, eos_id: int) -> t
                 down[lay.vote(tok), 2 * i + 1] -= sign * scale
     head = np.zeros((vocab_size, H), f64)
     for t in range(vocab_size):
-        head[t, lay.vote(t)] = 1.0
-    head[eos_id, 0] = EOS_BIAS
+        head[t, lay.vote(t)] = LOGIT / math.sqrt(H)
+    head[eos_id, 0] = EOS_BIAS * LOGIT / math.sqrt(H)
     ones = np.ones(H, f64)
     state = {
         "model.embed_tokens.weight": embed,

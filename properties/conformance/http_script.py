@@ -61,6 +61,8 @@ def run_script(a: OpenAIAdapter, case: Case) -> Outcome:
     body = request_body(a, case)
     log: list[dict[str, Any]] = []
     status, data, raw = a.post(PATH, {**body, "stream": False}, log)
+    if status == 400 and "stop_token_ids" in body and "stop_token_ids" in raw:
+        return Outcome(skip=f"the server refuses the stop_token_ids field: {raw[:200]!r}", exchanges=tuple(log))
     st = a.stream_body(PATH, {**body, "stream": True}, log=log)
     choice = (data.get("choices") or [{}])[0] if isinstance(data, dict) else {}
     usage = data.get("usage") if isinstance(data, dict) else None
