@@ -120,7 +120,7 @@ def _conform_launched(cases, folders, launch, timeout_s, without, jobs, model, l
             ck = Checkpoint.load(f)
             console.print(f"{f}: {sum(c.id in ck.programs for c in cases)} case(s); server: {launch}")
         return
-    log_dir = (report_dir or Path(".cache/peers")) / "logs"
+    log_dir = Path(".cache/peers/logs") / label
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as progress:
         task = progress.add_task(f"conform {label}", total=len(cases))

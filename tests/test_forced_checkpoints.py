@@ -12,7 +12,7 @@ import pytest
 from decodespec.properties.conformance import Verdict, load_cases, run_cases
 from decodespec.properties.conformance.adapters.openai import OpenAIAdapter, logprob_tokens
 from decodespec.properties.conformance.checkpoints import (
-    RECIPE, TABLE_GROUP, Checkpoint, build_checkpoints, byte_table_tokenizer, http_blocker, merged_table, prove,
+    RECIPE, TABLE_GROUP, build_checkpoints, byte_table_tokenizer, http_blocker, merged_table, prove,
     reference_result,
 )
 from decodespec.properties.conformance.forced import Program, ProgramError, check_margins, forced_llama

@@ -29,12 +29,9 @@ from typing import Any
 
 import attrs
 
-from ...runtime.loop import generate
-from ...runtime.models import ScriptedModel
-from ...runtime.request import Request
 from ...runtime.result import Result
 from ...runtime.tokenizers import BYTE_LEVEL, HFTokenizer
-from .adapters.base import case_prompt, case_script, fixture_tokenizer, table_tokenizer
+from .adapters.base import case_prompt, case_script, fixture_tokenizer, reference_on, table_tokenizer
 from .cases import Case, CaseError, CaseKind
 from .forced import CONTEXT, Program, check_margins, forced_llama
 
@@ -202,12 +199,7 @@ def _tokenizer(folder: Path) -> HFTokenizer:
 def reference_result(case: Case, ckpt: Checkpoint) -> Result:
     """The reference loop on the checkpoint's tokenizer, forcing the case's compiled script."""
     prog = ckpt.programs[case.id]
-    tok = ckpt.tokenizer
-    model = ScriptedModel(list(prog.script), vocab_size=tok.vocab_size)
-    request = Request(list(prog.prompt), stop=tuple(case.inputs.get("stop", ())),
-                      stop_token_ids=tuple(tuple(s) for s in case.inputs.get("stop_token_ids", ())),
-                      max_output_tokens=case.max_tokens, request_id=case.id)
-    return generate(request, model=model, tokenizer=tok)
+    return reference_on(case, ckpt.tokenizer, prog.prompt, prog.script)
 
 
 def build_group(group: str, cases: Sequence[Case], folder: Path) -> Checkpoint:

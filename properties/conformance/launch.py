@@ -4,7 +4,8 @@
 `{model}` (the folder), `{gguf}` (its `model.gguf`), `{name}` (the group) and `{port}` (a free
 port on 127.0.0.1) filled in; waits for /v1/models; runs the cases compiled into that checkpoint
 (and the black-box recipes on the first one); then stops the server by its PID (its process group)
-and moves on. A server that does not come up turns its cases into ERRORs carrying the tail of its
+and moves on. `model`, when given, is the model name requests carry (the same fields are filled
+in; by default the first of /v1/models). A server that does not come up turns its cases into ERRORs carrying the tail of its
 log, never FAILs. One list of results comes back, in case order, for one report.
 """
 
@@ -84,7 +85,8 @@ def run_launched(cases: Sequence[Case], folders: Sequence[Path], command: str, *
             continue
         try:
             with launched(command, ck, log_dir / f"{ck.group}.log", timeout_s=timeout_s) as url:
-                adapter = OpenAIAdapter(url, model=model, checkpoint=ck, without=without)
+                name = model.format(model=ck.folder, name=ck.group) if model else None
+                adapter = OpenAIAdapter(url, model=name, checkpoint=ck, without=without)
                 for r in run_cases(adapter, mine, jobs=jobs, on_result=on_result):
                     done[r.case.id] = r
         except RuntimeError as exc:

@@ -191,3 +191,26 @@ def case_prompt(case: Case, tok: Any) -> list[int]:
 
 def case_script(case: Case, tok: Any) -> list[int]:
     return resolve_ids(case.inputs["script"], tok, f"{case.id}: inputs.script")
+
+
+def reference_on(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[int]) -> Any:
+    """The reference loop's Result for `case` over `tok`, forcing `script` after `prompt` (§4.3)."""
+    from ....runtime.loop import generate
+    from ....runtime.models import ScriptedModel
+    from ....runtime.request import Request
+
+    inp = case.inputs
+    model = ScriptedModel(list(script), vocab_size=max(tok.vocab_size, max(script) + 1))
+    request = Request(list(prompt), stop=tuple(inp.get("stop", ())),
+                      stop_token_ids=tuple(tuple(s) for s in inp.get("stop_token_ids", ())),
+                      max_output_tokens=case.max_tokens, request_id=case.id)
+    return generate(request, model=model, tokenizer=tok)
+
+
+def reference_expect(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[int]) -> _cases.Expect:
+    """What an engine running `tok` must answer: the reference's output, reason and state on the same
+    tokenizer and ids, never the case file's text (which holds for the case's own tokenizer only).
+    The case's stream-level event constraints still apply."""
+    res = reference_on(case, tok, prompt, script)
+    return _cases.Expect(output=res.output, finish_reason=res.finish_reason.value, state=res.state.name,
+                         error=case.expect.error, events=case.expect.events)

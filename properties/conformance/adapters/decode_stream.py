@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+
 from ....runtime.tokenizers import HFTokenizer
 from ..cases import Case
-from .base import Outcome, case_prompt, case_script, tokenizer_kind, unsupported_on
+from .base import Outcome, case_prompt, case_script, reference_expect, tokenizer_kind, unsupported_on
 
 CAPABILITIES = frozenset({"forced_script", "fixture_tokenizer", "length_limit", "stream", "errors"})
 
@@ -39,7 +40,8 @@ class DecodeStreamAdapter:
         stream = DecodeStream(ids=prompt, skip_special_tokens=True)
         chunks: list[bytes] = []
         error = None
-        for tid in case_script(case, tok)[: case.max_tokens]:  # the ids an engine would have selected
+        script = case_script(case, tok)
+        for tid in script[: case.max_tokens]:  # the ids an engine would have selected
             try:
                 piece = stream.step(tok.backend, tid)
             except Exception as exc:  # tokenizers raises a plain Exception on undecodable input
@@ -47,7 +49,8 @@ class DecodeStreamAdapter:
                 break
             if piece:
                 chunks.append(piece.encode("utf-8"))
+        expect = reference_expect(case, tok, prompt, script)
         return Outcome(
-            output=b"".join(chunks), chunks=tuple(chunks), error=error,
+            output=b"".join(chunks), chunks=tuple(chunks), error=error, expect=expect,
             notes=("DecodeStream has no flush: bytes it still holds after the last id are not returned",),
         )

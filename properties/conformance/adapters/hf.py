@@ -5,6 +5,8 @@ case's stop strings, `max_new_tokens` its limit, and a `TextIteratorStreamer` gi
 The output is what `generate` returns, decoded as transformers decodes it (special tokens skipped);
 the events are derived from the streamer: response.start, one response.delta per non-empty chunk,
 response.completed. transformers reports no finish reason and no usage, so those are not checked.
+The expected output is the reference loop's on this checkpoint's tokenizer (`reference_expect`),
+so a checkpoint whose tokenizer differs from the case's fixture is judged on its own ids.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+
 from ....runtime.events import Event, EventKind
 from ....runtime.tokenizers import HFTokenizer
 from ..cases import Case
-from .base import Outcome, case_prompt, case_script, tokenizer_kind, unsupported_on
+from .base import Outcome, case_prompt, case_script, reference_expect, tokenizer_kind, unsupported_on
 
 CAPABILITIES = frozenset({"forced_script", "fixture_tokenizer", "stop_strings", "eos", "length_limit", "stream", "errors"})
 
@@ -71,10 +74,12 @@ class HFAdapter:
             chunks = [c.encode("utf-8") for c in streamer if c]
             thread.join()
         if "error" in box:
-            return Outcome(error=f"{type(box['error']).__name__}: {box['error']}", chunks=tuple(chunks))
+            return Outcome(error=f"{type(box['error']).__name__}: {box['error']}", chunks=tuple(chunks),
+                           expect=reference_expect(case, tok, prompt, script))
         new = box["out"][0, len(prompt):].tolist()
         output = self.hf_tokenizer.decode(new, skip_special_tokens=True).encode("utf-8")
         return Outcome(output=output, chunks=tuple(chunks), events=_stream_events(case.id, chunks),
+                       expect=reference_expect(case, tok, prompt, script),
                        notes=(f"generated ids {new}",))
 
 

@@ -1,0 +1,139 @@
+"""Servers side by side on one forced checkpoint: tokens/s at concurrency 1, 16 and 64 (issue 13 item 7).
+
+Every engine serves the same one-layer forced checkpoint (benchmarks/: a 128-token script, so each
+request's output is known and is checked), started on 127.0.0.1 by the command in
+scripts/peers/engines.py, measured, and stopped by its PID, one engine after the other in one run.
+At each concurrency c, c client threads send non-streamed greedy requests of max_tokens 128 until
+`requests(c)` are done; the figure is completion tokens per second of wall time. Ratios are against
+`decodespec serve` at the same c. Start-up time is reported apart and not in the rates. The machine
+is shared: read the ratios, not the absolute rates, and compare runs made the same day.
+
+    .venv/bin/python benchmarks/bench_peers.py [--engines decodespec-serve,vllm,llama-server] [--rounds 2]
+
+An engine that is not installed (scripts/peers/<engine>.sh install) is reported as missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from decodespec.properties.conformance.cases import parse_case
+from decodespec.properties.conformance.checkpoints import TABLE_GROUP, Checkpoint, build_group
+from decodespec.properties.conformance.launch import launched
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts" / "peers"))
+from engines import ENGINES  # noqa: E402
+
+TOKENS = 128
+CONCURRENCY = (1, 16, 64)
+QUICK = {"rounds": 1, "engines": "decodespec-serve", "concurrency": (1, 4)}
+TEXT = ("the quick brown fox jumps over the lazy dog " * 4)[:TOKENS]
+
+
+def bench_checkpoint(folder: Path) -> Checkpoint:
+    """A byte-table checkpoint whose one program writes TEXT, one byte a token."""
+    case = parse_case({
+        "id": "bench/long/001", "anchor": "§4.3", "grade": "MUST", "invariant": "length_respected",
+        "description": "benchmark program", "kind": "script",
+        "inputs": {"tokenizer": {"table": {"1": "> ", "2": "</s>"}, "eos": 2}, "prompt": [1],
+                   "script": [{"text": TEXT}], "max_tokens": TOKENS},
+    })
+    return build_group(TABLE_GROUP, [case], folder)
+
+
+def _installed(engine: str) -> bool:
+    install = ENGINES[engine]["install"]
+    probe = {"vllm": ".cache/peers/vllm/venv/bin/python", "llama-server": ".cache/peers/llama.cpp/build/bin/llama-server",
+             "llama-cpp-python": ".cache/peers/llama.cpp/venv/bin/python"}.get(engine)
+    return not install or probe is None or (ROOT / probe).exists()
+
+
+def _gguf(ck: Checkpoint) -> None:
+    if not (ck.folder / "model.gguf").is_file():
+        subprocess.run(["scripts/peers/llama_cpp.sh", "convert", str(ck.folder), str(ck.folder / "model.gguf")],
+                       cwd=ROOT, check=True, capture_output=True)
+
+
+def measure(url: str, model: str, prompt: list[int], c: int, n: int) -> dict[str, Any]:
+    """n requests from c threads; tokens/s over the wall time; every answer checked against TEXT."""
+    body = {"model": model, "prompt": prompt, "max_tokens": TOKENS, "temperature": 0}
+    lock, todo, wrong, tokens = threading.Lock(), [n], [], [0]
+
+    def worker() -> None:
+        with httpx.Client(base_url=url, timeout=300) as client:
+            while True:
+                with lock:
+                    if todo[0] == 0:
+                        return
+                    todo[0] -= 1
+                r = client.post("/v1/completions", json=body)
+                data = r.json() if r.status_code == 200 else {}
+                text = (data.get("choices") or [{}])[0].get("text")
+                with lock:
+                    tokens[0] += (data.get("usage") or {}).get("completion_tokens", 0)
+                    if text != TEXT:
+                        wrong.append(f"{r.status_code}: {str(text or r.text)[:80]!r}")
+
+    threads = [threading.Thread(target=worker) for _ in range(c)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    return {"tokens_per_s": tokens[0] / wall, "requests": n, "wall_s": round(wall, 2), "wrong": wrong[:3]}
+
+
+def run(rounds: int = 2, engines: str = "decodespec-serve,vllm,llama-server",
+        concurrency: tuple[int, ...] = CONCURRENCY) -> dict[str, Any]:
+    names = [e.strip() for e in engines.split(",") if e.strip()]
+    if unknown := [e for e in names if e not in ENGINES]:
+        raise SystemExit(f"unknown engine(s) {unknown}; known: {', '.join(ENGINES)}")
+    folder = Path(tempfile.mkdtemp(prefix="decodespec-bench-peers-")) / "bench"
+    ck = bench_checkpoint(folder)
+    prompt = list(ck.programs["bench/long/001"].prompt)
+    out: dict[str, Any] = {"tokens": TOKENS, "checkpoint": str(folder), "engines": {}}
+    for engine in names:
+        if not _installed(engine):
+            out["engines"][engine] = {"missing": f"not installed: run {ENGINES[engine]['install']}"}
+            continue
+        if ENGINES[engine]["gguf"]:
+            _gguf(ck)
+        t0 = time.perf_counter()
+        log = ROOT / ".cache/peers/logs/bench" / f"{engine}.log"
+        with launched(ENGINES[engine]["launch"], ck, log) as url:
+            fig: dict[str, Any] = {"startup_s": round(time.perf_counter() - t0, 1)}
+            model = ENGINES[engine]["model"].format(model=ck.folder) or httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+            measure(url, model, prompt, 1, 1)  # warm-up
+            for c in concurrency:
+                runs = [measure(url, model, prompt, c, max(4, 2 * c)) for _ in range(rounds)]
+                best = max(runs, key=lambda r: r["tokens_per_s"])
+                fig[f"c{c}"] = {**best, "tokens_per_s": round(best["tokens_per_s"], 1),
+                                "all": [round(r["tokens_per_s"], 1) for r in runs]}
+        out["engines"][engine] = fig
+    base = out["engines"].get("decodespec-serve", {})
+    for engine, fig in out["engines"].items():
+        for c in concurrency:
+            key = f"c{c}"
+            if key in fig and key in base:
+                fig[key]["vs_decodespec_serve"] = round(fig[key]["tokens_per_s"] / base[key]["tokens_per_s"], 2)
+    return out
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--engines", default="decodespec-serve,vllm,llama-server")
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    print(json.dumps(run(args.rounds, args.engines), indent=1))

@@ -1,0 +1,115 @@
+"""One page across engines, Autobahn-style: rows are cases grouped by section, columns engines.
+
+    python -m decodespec.properties.conformance.matrix reports/     # writes reports/matrix.{md,html}
+
+It reads every `reports/<engine>/report.json` and shows, per case and engine, the verdict and the
+first violated invariant (a SKIP shows its reason on hover); a cell links to the failure's
+reproducer in that engine's HTML report. The columns follow MATRIX_ORDER, then the rest by name.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+MATRIX_ORDER = ("reference", "decodespec-serve", "vllm", "llama-server", "llama-cpp-python", "transformers-serve",
+                "hf-generate")
+_CELL = {"PASS": "#cfc", "FAIL": "#f99", "ERROR": "#f66", "SKIP": "#eee"}
+
+
+def load_reports(folder: Path) -> dict[str, Mapping[str, Any]]:
+    found = {p.parent.name: json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*/report.json"))}
+    order = [e for e in MATRIX_ORDER if e in found] + sorted(e for e in found if e not in MATRIX_ORDER)
+    return {e: found[e] for e in order}
+
+
+def _rows(reports: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str, str, dict[str, Mapping[str, Any]]]]:
+    """(anchor, case id, grade, {engine: case entry}) sorted by section number, then id."""
+    cases: dict[str, dict[str, Any]] = {}
+    meta: dict[str, tuple[str, str]] = {}
+    for engine, rep in reports.items():
+        for c in rep["cases"]:
+            cases.setdefault(c["id"], {})[engine] = c
+            meta[c["id"]] = (c["anchor"], c["grade"])
+    key = lambda cid: (int(meta[cid][0].split(".")[1]), cid)  # noqa: E731  "§4.10" sorts after "§4.9"
+    return [(meta[cid][0], cid, meta[cid][1], cases[cid]) for cid in sorted(cases, key=key)]
+
+
+def _count(rep: Mapping[str, Any]) -> str:
+    s = rep["summary"]
+    ran = s["total"] - s["SKIP"]
+    return f"{s['PASS']}/{ran} pass, {s['FAIL']} fail, {s['ERROR']} error, {s['SKIP']} n/a"
+
+
+def to_markdown(reports: Mapping[str, Mapping[str, Any]]) -> str:
+    engines = list(reports)
+    lines = ["# Conformance matrix", "",
+             "Each cell: the verdict and, for a failure, the first violated invariant. n/a: the engine cannot "
+             "run the case (its report gives the reason).", "",
+             "| engine | cases |", "|---|---|", *[f"| {e} | {_count(reports[e])} |" for e in engines], "",
+             "| § | case | grade | " + " | ".join(engines) + " |", "|---|---|---|" + "---|" * len(engines)]
+    for anchor, cid, grade, per in _rows(reports):
+        cells = []
+        for e in engines:
+            c = per.get(e)
+            if c is None:
+                cells.append("")
+            elif c["verdict"] in ("FAIL", "ERROR"):
+                cells.append(f"**{c['verdict']}** {c.get('first_violated_invariant') or ''}".strip())
+            else:
+                cells.append("n/a" if c["verdict"] == "SKIP" else c["verdict"])
+        lines.append(f"| {anchor} | `{cid}` | {grade} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def to_html(reports: Mapping[str, Mapping[str, Any]]) -> str:
+    e = html.escape
+    engines = list(reports)
+    head = "".join(f"<th><a href='{e(name)}/report.html'>{e(name)}</a><br><small>{e(_count(reports[name]))}</small></th>"
+                   for name in engines)
+    body, last = [], None
+    for anchor, cid, grade, per in _rows(reports):
+        if anchor != last:
+            body.append(f"<tr class='sec'><td colspan='{2 + len(engines)}'>{e(anchor)}</td></tr>")
+            last = anchor
+        cells = []
+        for name in engines:
+            c = per.get(name)
+            if c is None:
+                cells.append("<td></td>")
+                continue
+            v = c["verdict"]
+            tip = c.get("reason") or "; ".join(f["message"] for f in c.get("failures", []))[:400]
+            label = {"SKIP": "n/a"}.get(v, v)
+            inv = f"<br><small>{e(c.get('first_violated_invariant') or '')}</small>" if v in ("FAIL", "ERROR") else ""
+            link = f"{name}/report.html#{cid}" if v in ("FAIL", "ERROR") else f"{name}/report.html"
+            cells.append(f"<td style='background:{_CELL[v]}' title='{e(tip)}'><a href='{e(link)}'>{label}</a>{inv}</td>")
+        body.append(f"<tr><td><code>{e(cid)}</code></td><td>{grade}</td>{''.join(cells)}</tr>")
+    css = ("body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse}td,th{border:1px solid #bbb;"
+           "padding:3px 8px;font-size:13px;text-align:center}td:first-child{text-align:left}a{color:#000;"
+           "text-decoration:none}tr.sec td{background:#335;color:#fff;text-align:left;font-weight:bold}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>decodespec conformance matrix</title>"
+            f"<style>{css}</style></head><body><h1>Conformance matrix</h1>"
+            "<p>Rows: cases grouped by section of chapter 4; columns: engines, each on the same forced checkpoints. "
+            "A cell links to the engine's report (a failure to its reproducer); hover for the reason.</p>"
+            f"<table><tr><th>case</th><th>grade</th>{head}</tr>{''.join(body)}</table></body></html>\n")
+
+
+def write_matrix(folder: str | Path) -> Sequence[Path]:
+    folder = Path(folder)
+    reports = load_reports(folder)
+    if not reports:
+        raise SystemExit(f"no */report.json under {folder}")
+    out = [folder / "matrix.md", folder / "matrix.html"]
+    out[0].write_text(to_markdown(reports), encoding="utf-8")
+    out[1].write_text(to_html(reports), encoding="utf-8")
+    return out
+
+
+if __name__ == "__main__":
+    for path in write_matrix(sys.argv[1] if len(sys.argv) > 1 else "reports"):
+        print(f"wrote {path}")

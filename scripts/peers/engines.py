@@ -1,0 +1,32 @@
+"""The local peer engines as data: how each installs, starts and what it lacks (issue 13 item 5).
+
+    python scripts/peers/engines.py NAME FIELD      # print one field (scripts/peers/conform.sh reads them)
+
+`launch` is a `decodespec conform --launch` command: {model} is a checkpoint folder, {gguf} its
+model.gguf (llama.cpp's converter wrote it), {port} a free port on 127.0.0.1. `install` runs before
+(idempotent, cached under .cache/peers/). `without` lists request fields the engine does not offer.
+`model` is the model name requests carry, when /v1/models does not list the served one first.
+"""
+
+from __future__ import annotations
+
+import sys
+
+ENGINES: dict[str, dict[str, str]] = {
+    "decodespec-serve": {"install": "", "gguf": "", "without": "", "model": "",
+                         "launch": ".venv/bin/decodespec serve --port {port} --model {model}"},
+    "vllm": {"install": "scripts/peers/vllm.sh install", "gguf": "", "without": "", "model": "",
+             "launch": "scripts/peers/vllm.sh serve {model} {port}"},
+    "llama-server": {"install": "scripts/peers/llama_cpp.sh install", "gguf": "yes", "without": "stop_token_ids",
+                     "model": "", "launch": "scripts/peers/llama_cpp.sh serve {gguf} {port}"},
+    "llama-cpp-python": {"install": "scripts/peers/llama_cpp.sh install", "gguf": "yes", "without": "stop_token_ids",
+                         "model": "", "launch": "scripts/peers/llama_cpp.sh serve-python {gguf} {port}"},
+    "transformers-serve": {"install": ".venv/bin/pip install -q -e .[peers]", "gguf": "", "without": "stop_token_ids",
+                           "model": "{model}",
+                           "launch": "HF_HUB_OFFLINE=1 .venv/bin/transformers serve --host 127.0.0.1 --port {port}"},
+}
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] not in ENGINES or sys.argv[2] not in ENGINES[sys.argv[1]]:
+        sys.exit(f"usage: engines.py {{{'|'.join(ENGINES)}}} {{{'|'.join(ENGINES['vllm'])}}}")
+    print(ENGINES[sys.argv[1]][sys.argv[2]])
