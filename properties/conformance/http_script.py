@@ -88,8 +88,11 @@ def run_script(a: OpenAIAdapter, case: Case) -> Outcome:
         counts = _completion_counts(ref)
         got = usage.get("completion_tokens") if isinstance(usage, dict) else None
         if got is not None and got not in counts:
-            f.append(Finding("usage_consistent", f"usage.completion_tokens is {got}; {ref.usage.selected_tokens} tokens "
-                             f"were selected (accepted: {sorted(counts)})"))
+            n = ref.usage.selected_tokens
+            how = (f"it went on {got - n} token(s) past the one that ends the run ({ref.finish_reason.value} at token {n})"
+                   if got > n else f"the run ends only at token {n} ({ref.finish_reason.value})")
+            f.append(Finding("usage_consistent", f"usage.completion_tokens is {got}: {how}; accepted counts "
+                             f"{sorted(counts)} (with or without the EOS)"))
     else:
         # §4.5 / D12: the run fails with a decoding error; the bytes before it are all it may show.
         if text is not None and reason in ("stop", "length"):

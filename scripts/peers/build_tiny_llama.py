@@ -50,7 +50,7 @@ def build(out: Path, steps: int = 300) -> Path:
     torch.manual_seed(0)
     eos = tok.convert_tokens_to_ids(fixtures.ENDOFTEXT)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
                       bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, tie_word_embeddings=True)
     model = LlamaForCausalLM(cfg)
     train(model, tok, steps)
