@@ -138,6 +138,7 @@ def judge(case: Case, outcome: Outcome, engine: str, caps: frozenset[str]) -> Ca
         "notes": list(outcome.notes),
         "exchanges": list(outcome.exchanges), "reference": dict(outcome.reference) if outcome.reference else None,
     }
+    fails.sort(key=lambda f: f.invariant != case.invariant)  # the case's own invariant leads the report
     verdict = Verdict.FAIL if fails else Verdict.PASS
     expected = None if outcome.expect is None else expect_json(outcome.expect)
     return CaseResult(case, engine, verdict, tuple(_dedup(fails)), tuple(skipped), observed=observed, expected=expected)

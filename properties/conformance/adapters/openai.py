@@ -94,6 +94,8 @@ class OpenAIAdapter:
         self.client = httpx.Client(base_url=self.url, timeout=timeout)
         self._reference: dict[str, Any] = {}
         self._chat_ok: str | None = None  # "" once the chat endpoint is known to keep the prompt as sent
+        self._id_prompts: bool | None = None  # whether the server takes token-id prompts (probed once)
+        self.prompt_note = ""
 
     def unsupported(self, case: Case) -> str | None:
         if case.kind is CaseKind.BLACKBOX:
@@ -136,6 +138,24 @@ class OpenAIAdapter:
 
     # ---- requests --------------------------------------------------------------------------
 
+    def prompt_for(self, ids: list[int]) -> list[int] | str:
+        """The prompt field for `ids`: the ids themselves, or their text where the server refuses
+        token-id prompts (llama-cpp-python's and transformers' servers take strings only). Which one
+        is probed once, on the recipe program; the caller checks usage.prompt_tokens either way."""
+        if self._id_prompts is None:
+            probe = self.program_prompt() or ids
+            body = {"model": self.model, "max_tokens": 1, "temperature": 0}
+            status, _, raw = self.post("/v1/completions", {**body, "prompt": probe})
+            self._id_prompts = status == 200
+            if not self._id_prompts:
+                text = self.checkpoint.tokenizer.decode(probe, skip_special=False)
+                if self.post("/v1/completions", {**body, "prompt": text})[0] == 200:
+                    self.prompt_note = (f"the server refuses token-id prompts ({status}: {_trim(raw, 120)!r}); "
+                                        "prompts are sent as their text")
+                else:
+                    self._id_prompts = True  # neither works: send ids and let the answer show why
+        return ids if self._id_prompts else self.checkpoint.tokenizer.decode(ids, skip_special=False)
+
     def program_prompt(self) -> list[int] | None:
         """The recipe program's prompt ids on a forced checkpoint (its script is varied text)."""
         prog = self.checkpoint.programs.get(RECIPE) if self.checkpoint else None
@@ -154,7 +174,7 @@ class OpenAIAdapter:
             b["messages"] = [{"role": "user", "content": text}]
             b["logprobs"] = True
         else:
-            b["prompt"] = inp["prompt"] if ids is None else ids
+            b["prompt"] = inp["prompt"] if ids is None else self.prompt_for(ids)
             b["logprobs"] = 1
         b.update(over)
         return {k: v for k, v in b.items() if v is not None}
