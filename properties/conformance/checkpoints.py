@@ -107,8 +107,8 @@ def byte_table_tokenizer(table: Mapping[int, bytes], eos_id: int | None, markers
     """A byte-level BPE `tokenizers.Tokenizer` with the table's ids and bytes, plus the markers.
 
     Single-byte entries are the byte tokens themselves; the bytes the table lacks fill the free ids
-    from 0 up, so every byte has a token and ids are contiguous. There are no merges: prompts travel
-    as ids, and text encodes byte by byte. EOS (and each marker) is a special added token.
+    from 0 up, so every byte has a token and ids are contiguous. EOS (and each marker) is a special
+    added token.
     """
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
@@ -129,7 +129,10 @@ def byte_table_tokenizer(table: Mapping[int, bytes], eos_id: int | None, markers
     size = max(vocab.values()) + 1
     for gap in sorted(set(range(size)) - set(vocab.values())):
         vocab[f"<unused{gap}>"] = gap  # never scripted: keeps ids contiguous for GGUF converters
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    # Two-byte entries get their merge (llama.cpp refuses a BPE vocabulary without merges); longer
+    # ones are reachable by id only, which is how prompts and scripts name them.
+    merges = [(chars(d[:1]), chars(d[1:])) for _, d in sorted(table.items()) if len(d) == 2]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     if eos_id is not None:

@@ -556,7 +556,8 @@ def disconnect(a: OpenAIAdapter, case: Case) -> Outcome:
 def bad_input(a: OpenAIAdapter, case: Case) -> Outcome:
     """§4.1 (CREATED -> reject): malformed requests get a 4xx, and the server keeps serving."""
     f = []
-    for over in ({"max_tokens": -1}, {"stop": 5}, {"temperature": "hot"}):
+    # -1 means "no limit" to llama.cpp (documented); -2 is out of range on every server.
+    for over in ({"max_tokens": -2}, {"stop": 5}, {"temperature": "hot"}):
         r = a._send("POST", a.path(case), json=a.body(case, stream=False, **over))
         if not 400 <= r.status_code < 500:
             f.append(Finding(case.invariant, f"{over} answered {r.status_code}, expected a 4xx"))
