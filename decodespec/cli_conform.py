@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -60,6 +61,7 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], dry_run: bo
     from .properties.conformance import EngineSpecError, adapter_for, load_cases, run_cases
 
     console = Console(width=120)
+    t0 = time.monotonic()
     cases = load_cases(select)
     if not cases:
         raise click.ClickException(f"no case id starts with {' or '.join(select)}")
@@ -68,7 +70,7 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], dry_run: bo
             raise click.BadParameter("give either --engine or --launch", param_hint="--launch")
         folders = _checkpoint_folders(checkpoints)
         return _conform_launched(cases, folders, launch, launch_timeout, frozenset(without), jobs, model,
-                                 name or "launched", report_dir, expect_file, dry_run, console)
+                                 name or "launched", report_dir, expect_file, dry_run, console, t0)
     if engine is None:
         raise click.UsageError("--engine is required (or --launch CMD with --checkpoint)")
     if len(checkpoints) > 1:
@@ -92,7 +94,7 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], dry_run: bo
                   console=console, transient=True) as progress:
         task = progress.add_task(f"conform {label}", total=len(cases))
         results = run_cases(adapter, cases, jobs=jobs, on_result=lambda r: progress.advance(task))
-    _finish(results, label, report_dir, expect_file, console)
+    _finish(results, label, report_dir, expect_file, console, t0)
 
 
 def _checkpoint_folders(given: tuple[Path, ...]) -> list[Path]:
@@ -111,7 +113,7 @@ def _checkpoint_folders(given: tuple[Path, ...]) -> list[Path]:
 
 
 def _conform_launched(cases, folders, launch, timeout_s, without, jobs, model, label, report_dir, expect_file,
-                      dry_run, console) -> None:
+                      dry_run, console, t0) -> None:
     from .properties.conformance.checkpoints import Checkpoint
     from .properties.conformance.launch import run_launched
 
@@ -126,10 +128,10 @@ def _conform_launched(cases, folders, launch, timeout_s, without, jobs, model, l
         task = progress.add_task(f"conform {label}", total=len(cases))
         results = run_launched(cases, folders, launch, log_dir=log_dir, without=without, jobs=jobs, model=model,
                                timeout_s=timeout_s, on_result=lambda r: progress.advance(task))
-    _finish(results, label, report_dir, expect_file, console)
+    _finish(results, label, report_dir, expect_file, console, t0)
 
 
-def _finish(results, label, report_dir, expect_file, console) -> None:
+def _finish(results, label, report_dir, expect_file, console, t0: float) -> None:
     """Print the table and summary, write the reports, exit 1 on an unexpected failure."""
     from .properties.conformance.reports import summary, write_reports
     from .properties.conformance.runner import fixed, read_expectations, unexpected
@@ -145,7 +147,8 @@ def _finish(results, label, report_dir, expect_file, console) -> None:
     console.print(f"{s['total']} cases: {s['PASS']} pass, {s['FAIL']} fail, {s['ERROR']} error, {s['SKIP']} skipped "
                   f"(MUST failures {s['must_failed']}, SHOULD failures {s['should_failed']})")
     if report_dir is not None:
-        for path in write_reports(results, label, report_dir, diagrams_dir=default_diagrams_dir()):
+        for path in write_reports(results, label, report_dir, diagrams_dir=default_diagrams_dir(),
+                                  wall_s=time.monotonic() - t0):
             console.print(f"wrote {path}")
     known = read_expectations(expect_file.read_text(encoding="utf-8")) if expect_file else None
     if known is not None:

@@ -24,7 +24,7 @@ from .conformance.cases import Case
 from .conformance.reports import reproducer
 from .conformance.runner import Verdict
 
-_ADAPTERS: dict[tuple[str, str | None], Any] = {}
+_ADAPTERS: dict[tuple[str, str | None, str | None], Any] = {}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -32,6 +32,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--decodespec-engine", default=None,
                     help="reference | hf:PATH | decode-stream:TOKENIZER_JSON | openai:URL")
     group.addoption("--decodespec-model", default=None, help="model name for openai engines")
+    group.addoption("--decodespec-checkpoint", default=None,
+                    help="openai engines: the forced checkpoint folder the server serves (its script cases run)")
     group.addoption("--decodespec-select", action="append", default=[], help="case id prefix (repeatable)")
     group.addoption("--decodespec-only", action="store_true", help="run only the conformance cases")
 
@@ -47,17 +49,19 @@ class ConformanceFailure(Exception):
 class CaseItem(pytest.Item):
     """One case on the engine named by --decodespec-engine."""
 
-    def __init__(self, *, case: Case, engine: str, model: str | None, **kw: Any) -> None:
+    def __init__(self, *, case: Case, engine: str, model: str | None, checkpoint: str | None = None,
+                 **kw: Any) -> None:
         super().__init__(**kw)
         self.case = case
         self.engine = engine
         self.model = model
+        self.checkpoint = checkpoint
         self.add_marker(pytest.mark.conformance)
 
     def _adapter(self) -> Any:
-        key = (self.engine, self.model)
+        key = (self.engine, self.model, self.checkpoint)
         if key not in _ADAPTERS:
-            _ADAPTERS[key] = adapter_for(self.engine, model=self.model)
+            _ADAPTERS[key] = adapter_for(self.engine, model=self.model, checkpoint=self.checkpoint)
         return _ADAPTERS[key]
 
     def runtest(self) -> None:
@@ -87,5 +91,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         config.hook.pytest_deselected(items=list(items))
         items.clear()
     model = config.getoption("--decodespec-model")
+    checkpoint = config.getoption("--decodespec-checkpoint")
     for case in load_cases(config.getoption("--decodespec-select")):
-        items.append(CaseItem.from_parent(session, name=f"{engine}::{case.id}", case=case, engine=engine, model=model))
+        items.append(CaseItem.from_parent(session, name=f"{engine}::{case.id}", case=case, engine=engine, model=model,
+                                          checkpoint=checkpoint))

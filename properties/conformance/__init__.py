@@ -2,6 +2,10 @@
 
     from decodespec.properties.conformance import load_cases, adapter_for, run_cases
     results = run_cases(adapter_for("reference"), load_cases(["stop/"]))
+
+Against a real engine: `checkpoints.build_checkpoints` compiles the script cases into forced
+checkpoints, and `adapter_for("openai:URL", checkpoint=FOLDER)` runs them over HTTP
+(`launch.run_launched` starts a server per checkpoint).
 """
 
 from .adapters import Adapter, EngineSpecError, Finding, Outcome, adapter_for

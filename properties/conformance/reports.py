@@ -50,12 +50,13 @@ def reproducer(r: CaseResult) -> dict[str, Any]:
     return out
 
 
-def to_json(results: Sequence[CaseResult], engine: str) -> dict[str, Any]:
+def to_json(results: Sequence[CaseResult], engine: str, wall_s: float | None = None) -> dict[str, Any]:
     return {
         "engine": engine,
         "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "summary": summary(results),
+        **({"wall_seconds": round(wall_s, 1)} if wall_s is not None else {}),
         "cases": [
             {
                 "id": r.case.id, "anchor": r.case.anchor, "grade": r.case.grade.value,
@@ -164,13 +165,14 @@ def to_html(results: Sequence[CaseResult], engine: str, *, out_dir: Path, diagra
 
 
 def write_reports(results: Sequence[CaseResult], engine: str, out_dir: str | Path,
-                  *, diagrams_dir: str | Path | None = None) -> list[Path]:
-    """Write the four report files into `out_dir`; returns their paths."""
+                  *, diagrams_dir: str | Path | None = None, wall_s: float | None = None) -> list[Path]:
+    """Write the four report files into `out_dir`; returns their paths. `wall_s`: the whole run's
+    wall time (server start-ups included), kept in report.json."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ddir = Path(diagrams_dir).resolve() if diagrams_dir is not None else None
     texts = {
-        "report.json": json.dumps(to_json(results, engine), ensure_ascii=False, indent=1) + "\n",
+        "report.json": json.dumps(to_json(results, engine, wall_s), ensure_ascii=False, indent=1) + "\n",
         "junit.xml": to_junit(results, engine),
         "report.md": to_markdown(results, engine, out_dir=out.resolve(), diagrams_dir=ddir),
         "report.html": to_html(results, engine, out_dir=out.resolve(), diagrams_dir=ddir),

@@ -1,11 +1,15 @@
 """`openai`: any OpenAI-compatible server, black box, over HTTP (§4.5-§4.10).
 
-Greedy runs (temperature 0) make the server deterministic: an unconstrained run shows its text
-(and, with logprobs, its tokens); each recipe then chooses stop strings *from that text* (across a
-token boundary, a multi-byte character, two overlapping ones, one ending on the last allowed token)
-and checks what the spec requires of the answer. SSE is parsed by hand with httpx, so a framing
-error is seen rather than smoothed over by a client library. A recipe that cannot build its probe
-from this server's output (no multi-byte character, no natural EOS) is a SKIP with the reason.
+Two kinds of case run here. On a forced checkpoint (checkpoints.py) every script case compiled
+into it becomes a real request (http_script.py). The black-box recipes run greedy (temperature 0)
+so the server is deterministic: an unconstrained run shows its text (on a forced checkpoint, the
+recipe program's; its tokens from logprobs or, failing that, from the program); each recipe then
+chooses stop strings *from that text* (across a token boundary, a multi-byte character, two
+overlapping ones, one ending on the last allowed token) and checks what the spec requires of the
+answer. SSE is parsed by hand with httpx, so a framing error or an in-band `{"error": ...}` is seen
+rather than smoothed over by a client library. Connection errors are retried a bounded number of
+times, then the case is an ERROR with the cause, never a FAIL. A recipe that cannot build its probe
+from this server's output is a SKIP with the reason.
 """
 
 from __future__ import annotations
