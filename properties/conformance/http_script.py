@@ -111,6 +111,10 @@ def run_script(a: OpenAIAdapter, case: Case) -> Outcome:
                              f"only {ref.output!r} may be sent"))
         expect = Expect()
         text = None  # an error answer has no output to compare
+    got_n = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if isinstance(got_n, int) and got_n > case.max_tokens:
+        f.append(Finding("length_respected", f"usage.completion_tokens is {got_n} with max_tokens {case.max_tokens}: "
+                         "the server generated past its limit"))
     if len(st.finish_reasons) > 1:
         f.append(Finding("single_terminal_event", f"{len(st.finish_reasons)} chunks carry a finish_reason: {st.finish_reasons}"))
     if st.content_after_finish:
