@@ -246,32 +246,8 @@ def _fake_app(*, leak_stops: bool):
 
 
 @pytest.fixture
-def fake_server():
-    import socket
-    import threading
-
-    import uvicorn
-
-    servers = []
-
-    def start(leak_stops: bool) -> str:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(_fake_app(leak_stops=leak_stops), port=port, log_level="error"))
-        threading.Thread(target=server.run, daemon=True).start()
-        for _ in range(200):
-            if server.started:
-                break
-            import time
-
-            time.sleep(0.02)
-        servers.append(server)
-        return f"http://127.0.0.1:{port}"
-
-    yield start
-    for server in servers:
-        server.should_exit = True
+def fake_server(app_server):
+    return lambda leak_stops: app_server(_fake_app(leak_stops=leak_stops))
 
 
 def test_openai_adapter_passes_a_conforming_fake_server(fake_server):

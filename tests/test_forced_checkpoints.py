@@ -4,8 +4,6 @@ script cases over HTTP against `decodespec serve` on them, with seeded bugs caug
 from __future__ import annotations
 
 import socket
-import threading
-import time
 
 import pytest
 
@@ -145,37 +143,22 @@ def test_an_unreachable_server_is_an_error_never_a_failure(forced):
 
 
 @pytest.fixture(scope="module")
-def serve(forced):
-    """Start `decodespec serve`'s app in process on a group's checkpoint; yields url by group."""
-    import uvicorn
-
+def serve(forced, app_server):
+    """`decodespec serve`'s app in process on a group's checkpoint, started once: url by group."""
     from decodespec.runtime.engine import Engine
     from decodespec.runtime.hfmodel import HFModel
     from decodespec.runtime.server import create_app
     from decodespec.runtime.tokenizers import HFTokenizer
 
-    servers, urls = [], {}
+    urls: dict[str, str] = {}
 
     def start(group: str) -> str:
         if group not in urls:
             ck = forced[group]
-            app = create_app(Engine(HFModel(ck.folder), HFTokenizer(ck.folder)))
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-            threading.Thread(target=server.run, daemon=True).start()
-            for _ in range(500):
-                if server.started:
-                    break
-                time.sleep(0.02)
-            servers.append(server)
-            urls[group] = f"http://127.0.0.1:{port}"
+            urls[group] = app_server(create_app(Engine(HFModel(ck.folder), HFTokenizer(ck.folder))))
         return urls[group]
 
-    yield start
-    for server in servers:
-        server.should_exit = True
+    return start
 
 
 @pytest.mark.slow

@@ -247,15 +247,17 @@ def load_cases(select: Iterable[str] = (), *, folder: str | Path | None = None) 
 # ---- saving counterexamples --------------------------------------------------------------------
 
 
-def _dump(case: Case) -> dict[str, Any]:
-    def b(v: bytes) -> Any:
-        try:
-            return v.decode("utf-8")
-        except UnicodeDecodeError:
-            return {"hex": v.hex()}
+def _bytes_json(v: bytes) -> Any:
+    try:
+        return v.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"hex": v.hex()}
 
+
+def expect_to_json(e: Expect) -> dict[str, Any]:
+    """An Expect in the case file's JSON shape (the inverse of parse_case's `expect`)."""
+    b = _bytes_json
     exp: dict[str, Any] = {}
-    e = case.expect
     if e.output is not None:
         exp["output"] = b(e.output)
     for key in ("finish_reason", "state", "error"):
@@ -271,6 +273,11 @@ def _dump(case: Case) -> dict[str, Any]:
              **({"n": c.n} if c.op == "count" else {})}
             for c in e.events
         ]
+    return exp
+
+
+def _dump(case: Case) -> dict[str, Any]:
+    exp = expect_to_json(case.expect)
     out = {"id": case.id, "anchor": case.anchor, "grade": case.grade.value, "invariant": case.invariant,
            "diagram": case.diagram, "description": case.description, "kind": case.kind.value,
            "inputs": dict(case.inputs), "expect": exp}

@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 
 from .adapters.base import Adapter, Finding, Outcome, case_tokenizer
-from .cases import Case, CaseKind, Grade
+from .cases import Case, CaseKind, Grade, expect_to_json
 
 
 class Verdict(enum.StrEnum):
@@ -140,21 +140,8 @@ def judge(case: Case, outcome: Outcome, engine: str, caps: frozenset[str]) -> Ca
     }
     fails.sort(key=lambda f: f.invariant != case.invariant)  # the case's own invariant leads the report
     verdict = Verdict.FAIL if fails else Verdict.PASS
-    expected = None if outcome.expect is None else expect_json(outcome.expect)
+    expected = None if outcome.expect is None else expect_to_json(outcome.expect)
     return CaseResult(case, engine, verdict, tuple(_dedup(fails)), tuple(skipped), observed=observed, expected=expected)
-
-
-def expect_json(exp: Any) -> dict[str, Any]:
-    """An Expect as the JSON a report shows (bytes as text where they are UTF-8)."""
-    out: dict[str, Any] = {}
-    if exp.output is not None:
-        out["output"] = _text(exp.output)
-    for key in ("finish_reason", "state", "error"):
-        if getattr(exp, key) is not None:
-            out[key] = getattr(exp, key)
-    if exp.usage:
-        out["usage"] = dict(exp.usage)
-    return out
 
 
 def _dedup(findings: Iterable[Finding]) -> list[Finding]:
