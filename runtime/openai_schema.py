@@ -11,8 +11,9 @@ field (`param`). Limits chosen here, documented in the OpenAPI document too:
   one-token stop sequence; as with every stop, its bytes are never sent.
 - `n` must be 1; `logprobs`/`top_logprobs` are accepted and answered with `logprobs: null` (the
   reference engine does not report log-probabilities); `user` is ignored; any other field -> 400.
-- chat messages are rendered with CHAT_TEMPLATE (the embedded model is not a chat model: the
-  template only makes the request well-defined).
+- chat messages are rendered with the checkpoint's own `chat_template` (tokenizer_config.json,
+  Jinja in a sandbox) when it has one, else with CHAT_TEMPLATE (the embedded model is not a chat
+  model: that template only makes the request well-defined).
 
 Finish reasons (§4.10 -> OpenAI): eos, stop_sequence, grammar_complete -> "stop";
 max_output_tokens, context_limit, deadline_exceeded -> "length" (a budget ran out);
@@ -24,7 +25,7 @@ not completions: they end a stream with an `event: error` and a non-stream call 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -83,8 +84,39 @@ _COMMON = frozenset({"model", "max_tokens", "temperature", "top_p", "n", "stream
 _FIELDS = {False: _COMMON | {"prompt"}, True: _COMMON | {"messages", "max_completion_tokens", "top_logprobs"}}
 
 
+ChatTemplate = Callable[[list[dict[str, str]]], str]
+
+
+def default_chat_template(messages: list[dict[str, str]]) -> str:
+    return "".join(CHAT_TEMPLATE.format(role=m["role"], content=m["content"]) for m in messages) + "<|assistant|>\n"
+
+
+def compile_chat_template(source: str | None) -> ChatTemplate:
+    """A checkpoint's Jinja chat template as a renderer (sandboxed; add_generation_prompt set), or
+    the default one when there is none. A template that does not compile is refused here, at start."""
+    if not source:
+        return default_chat_template
+    from jinja2 import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    try:
+        template = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(source)
+    except TemplateError as exc:
+        raise ValueError(f"the checkpoint's chat_template does not compile: {exc}") from None
+
+    def render(messages: list[dict[str, str]]) -> str:
+        try:
+            return template.render(messages=messages, add_generation_prompt=True)
+        except TemplateError as exc:
+            raise ApiError(400, f"messages: the model's chat template refused them: {exc}", param="messages",
+                           code="chat_template_error") from None
+
+    return render
+
+
 def parse_completion(raw: bytes, *, chat: bool, model_name: str, context_limit: int, vocab_size: int,
-                     tokenizer: Any, policy: str = "pause", max_buffer_events: int = 256) -> ParsedRequest:
+                     tokenizer: Any, policy: str = "pause", max_buffer_events: int = 256,
+                     chat_template: ChatTemplate = default_chat_template) -> ParsedRequest:
     """Validate a /v1/completions (chat False) or /v1/chat/completions body into a Request."""
     try:
         text = raw.decode("utf-8")
@@ -104,7 +136,7 @@ def parse_completion(raw: bytes, *, chat: bool, model_name: str, context_limit: 
     if model != model_name:
         raise ApiError(404, f"model: the model {model!r} does not exist; this server serves {model_name!r}",
                        param="model", code="model_not_found")
-    prompt, prompt_param = (_messages(body), "messages") if chat else (_prompt(body), "prompt")
+    prompt, prompt_param = (chat_template(_messages(body)), "messages") if chat else (_prompt(body), "prompt")
     if isinstance(prompt, str):
         try:
             prompt_ids = tokenizer.encode(prompt)
@@ -201,7 +233,8 @@ def _prompt(body: Mapping[str, Any]) -> str | list[int]:
                "invalid_type")
 
 
-def _messages(body: Mapping[str, Any]) -> str:
+def _messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The validated messages, as {role, content} (a chat template renders them)."""
     msgs = _get(body, "messages", list, required=True)
     if not msgs:
         raise _bad("messages", "must not be empty")
@@ -217,8 +250,8 @@ def _messages(body: Mapping[str, Any]) -> str:
             raise _bad(f"messages[{i}].role", f"must be one of {', '.join(CHAT_ROLES)}, got {role!r}")
         content = _get(m, "content", str, required=True, name=f"messages[{i}].content")
         _get(m, "name", str, name=f"messages[{i}].name")
-        parts.append(CHAT_TEMPLATE.format(role=role, content=content))
-    return "".join(parts) + "<|assistant|>\n"
+        parts.append({"role": role, "content": content})
+    return parts
 
 
 def _stop_token_ids(body: Mapping[str, Any], vocab_size: int) -> tuple[tuple[int, ...], ...]:

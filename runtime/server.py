@@ -40,6 +40,7 @@ from .openai_schema import (
     finish_fields,
     openai_usage,
     openapi,
+    compile_chat_template,
     parse_completion,
     terminal_error,
 )
@@ -94,12 +95,13 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
     name = model_name or engine.model_name
     vocab_size = engine.model.vocab_size
     schema = openapi(name)
+    chat_template = compile_chat_template(getattr(engine.tokenizer, "chat_template", None))
     views: collections.OrderedDict[str, ParsedRequest] = collections.OrderedDict()  # reconnect shape
 
     def parse(raw: bytes, chat: bool) -> ParsedRequest:
         return parse_completion(raw, chat=chat, model_name=name, context_limit=engine.context_limit,
                                 vocab_size=vocab_size, tokenizer=engine.tokenizer, policy=policy,
-                                max_buffer_events=max_buffer_events)
+                                max_buffer_events=max_buffer_events, chat_template=chat_template)
 
     async def completions(request: HttpRequest, chat: bool) -> Response:
         try:

@@ -372,6 +372,8 @@ class HFTokenizer:
         self.special_ids = frozenset(a["id"] for a in added if a.get("special"))
         self.decoder_spec: Mapping[str, Any] | None = spec.get("decoder")
         self.eos_id = check_token_id(eos_id, self.vocab_size) if eos_id is not None else self._find_eos(added)
+        template = _read_json(p.parent / "tokenizer_config.json").get("chat_template")
+        self.chat_template: str | None = template if isinstance(template, str) else None  # Jinja, for chat servers
         self._plans: dict[bool, DecodePlan | None] = {}
 
     def _find_eos(self, added: list[dict]) -> int | None:

@@ -261,3 +261,18 @@ def test_metrics_health_models_and_openapi(server):
     assert doc["openapi"].startswith("3.") and "/v1/requests/{request_id}/events" in doc["paths"]
     r = httpx.get(f"{base}/v1/requests/unknown/events", timeout=10)
     assert r.status_code == 404 and r.json()["error"]["param"] == "request_id"
+
+
+def test_a_checkpoints_chat_template_renders_the_messages():
+    """Chat requests use the checkpoint's own Jinja template (sandboxed) when it has one, the default
+    role-tagged one otherwise; a template that does not compile is refused at start, by name."""
+    from decodespec.runtime.openai_schema import compile_chat_template, default_chat_template
+
+    msgs = [{"role": "user", "content": "hi"}]
+    assert compile_chat_template(None) is default_chat_template
+    assert default_chat_template(msgs) == "<|user|>\nhi\n<|assistant|>\n"
+    render = compile_chat_template("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
+                                   "{% if add_generation_prompt %}>{% endif %}")
+    assert render(msgs) == "[user]hi>"
+    with pytest.raises(ValueError, match="chat_template does not compile"):
+        compile_chat_template("{% for m in messages %}")
