@@ -122,10 +122,45 @@ def test_reports_are_well_formed(reference_results, tmp_path):
     assert suite.tag == "testsuite" and len(suite.findall("testcase")) == len(reference_results)
     assert int(suite.get("skipped")) == sum(r.verdict is Verdict.SKIP for r in reference_results)
     md = (tmp_path / "report.md").read_text()
-    assert "| case | anchor | grade | verdict | first violated invariant |" in md
+    assert md.splitlines()[2].startswith("**reference: 50/50 pass (100%); 0 fail")
     assert all(f"`{r.case.id}`" in md for r in reference_results)
-    assert "diagrams/stop_matcher.svg)" in md
+    assert "<details><summary>Not applicable to this engine (14)</summary>" in md
     assert "<table>" in (tmp_path / "report.html").read_text()
+
+
+def test_report_json_follows_its_shipped_schema(reference_results, tmp_path, monkeypatch):
+    """Issue 15: report.json carries a version and validates against report.schema.json, a passing
+    run and a failing one (with reproducers) alike; a report missing a field does not."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from decodespec.properties.conformance.reports import REPORT_VERSION, SCHEMA_PATH
+
+    schema = json.loads(SCHEMA_PATH.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    write_reports(reference_results, "reference", tmp_path / "ok")
+    monkeypatch.setattr(runner_module, "StopMatcher", OneTokenStopMatcher)
+    write_reports(run_cases(adapter_for("reference"), load_cases(["stop/"])), "mutant", tmp_path / "bad")
+    for name in ("ok", "bad"):
+        data = json.loads((tmp_path / name / "report.json").read_text())
+        assert data["version"] == REPORT_VERSION
+        jsonschema.validate(data, schema)
+    del data["cases"][0]["statement"]
+    with pytest.raises(jsonschema.ValidationError, match="statement"):
+        jsonschema.validate(data, schema)
+
+
+def test_reports_lead_with_failures_grouped_by_section(monkeypatch, tmp_path):
+    """Issue 15: the headline gives the pass rate over what ran; failures come first, by section,
+    with the broken invariant's statement; passes follow; skips are folded with their reasons; the
+    HTML embeds the diagram a failure names, so the page stands alone."""
+    monkeypatch.setattr(runner_module, "StopMatcher", OneTokenStopMatcher)
+    results = run_cases(adapter_for("reference"), load_cases(["stop/", "lifecycle/", "http/stop/"]))
+    write_reports(results, "mutant", tmp_path, diagrams_dir=REPO / "diagrams")
+    md = (tmp_path / "report.md").read_text()
+    assert md.index("## Failures") < md.index("### §4.6") < md.index("## Passed") < md.index("Not applicable")
+    assert "> the returned bytes never contain a configured stop string" in md
+    page = (tmp_path / "report.html").read_text()
+    assert "<svg" in page and "id='diagram-stop_matcher'" in page and "diagrams/" not in page
+    assert page.index("Failures (") < page.index("Passed (")
 
 
 def test_failed_case_report_has_invariant_and_reproducer(monkeypatch, tmp_path):

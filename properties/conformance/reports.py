@@ -1,38 +1,86 @@
-"""Conformance reports per engine: JSON, JUnit XML, Markdown and HTML (issue 7 item 3).
+"""Conformance reports per engine: JSON, JUnit XML, Markdown and HTML (issues 7, 13, 15).
 
-Each row: case, anchor, grade, verdict, the first violated invariant, and a minimal reproducer (the
-case's inputs with the expected and the observed outcome), with a link to the machine's diagram.
+Every format leads with what is wrong. A one-line headline gives the pass rate over the cases that
+ran; the failures come first, grouped by section of chapter 4 (h2spec's tree), each with the
+statement of the invariant it breaks, its findings and a reproducer (for HTTP cases the exact
+requests sent, the raw answers and the reference's answer); then the passes by section, a pass
+that could not check everything marked *partial* with what it missed; the cases the engine cannot
+run are folded away with their reasons. The HTML page is self-contained: the state diagrams the
+failures name are embedded as SVG. report.json carries REPORT_VERSION and follows
+report.schema.json, shipped beside this module.
 """
 
 from __future__ import annotations
 
+import functools
 import html
 import json
-import os
 import platform
 import xml.etree.ElementTree as ET
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ...spec.invariants import load_invariants
 from .cases import Grade
 from .runner import CaseResult, Verdict
 
 REPORT_FILES = ("report.json", "junit.xml", "report.md", "report.html")
+REPORT_VERSION = 2
+SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
+
+
+@functools.cache
+def _statements() -> dict[str, str]:
+    return {name: inv.statement for name, inv in load_invariants().items()}
+
+
+def statement(invariant: str | None) -> str:
+    """What the invariant says (spec/invariants.toml), or '' for a name it does not hold."""
+    return _statements().get(invariant or "", "")
+
+
+def partial(r: CaseResult) -> bool:
+    """A pass that could not check everything its case expects (the rest is in `not_checked`)."""
+    return r.verdict is Verdict.PASS and bool(r.not_checked)
 
 
 def summary(results: Sequence[CaseResult]) -> dict[str, Any]:
-    """Counts by verdict, and by grade for failures; `must_all_pass` over the cases that ran."""
+    """Counts by verdict and grade; the pass rate over the cases that ran; `must_all_pass`."""
     by = Counter(r.verdict.value for r in results)
     must_fail = sum(1 for r in results if r.failed and r.case.grade is Grade.MUST)
     must_ran = sum(1 for r in results if r.case.grade is Grade.MUST and r.verdict is not Verdict.SKIP)
+    ran = len(results) - by.get("SKIP", 0)
     return {
         "total": len(results), **{v.value: by.get(v.value, 0) for v in Verdict},
+        "ran": ran, "pass_rate": round(by.get("PASS", 0) / ran, 4) if ran else None,
+        "partial": sum(partial(r) for r in results),
         "must_failed": must_fail, "should_failed": sum(1 for r in results if r.failed) - must_fail,
         "must_ran": must_ran, "must_all_pass": must_fail == 0,
     }
+
+
+def headline(results: Sequence[CaseResult], engine: str) -> str:
+    """One line: `vllm: 48/55 pass (87%); 7 fail and 0 error (6 MUST, 1 SHOULD); 9 n/a`."""
+    s = summary(results)
+    rate = f" ({s['pass_rate']:.0%})" if s["pass_rate"] is not None else ""
+    return (f"{engine}: {s['PASS']}/{s['ran']} pass{rate}; {s['FAIL']} fail and {s['ERROR']} error "
+            f"({s['must_failed']} MUST, {s['should_failed']} SHOULD); {s['SKIP']} n/a"
+            + (f"; {s['partial']} partial" if s["partial"] else ""))
+
+
+def _section_key(anchor: str) -> int:
+    return int(anchor.split(".")[1])
+
+
+def by_section(results: Iterable[CaseResult]) -> list[tuple[str, list[CaseResult]]]:
+    """Results grouped by their § anchor, §4.1 first (§4.10 after §4.9), ids sorted within."""
+    groups: dict[str, list[CaseResult]] = {}
+    for r in results:
+        groups.setdefault(r.case.anchor, []).append(r)
+    return [(a, sorted(groups[a], key=lambda r: r.case.id)) for a in sorted(groups, key=_section_key)]
 
 
 def _expected(r: CaseResult) -> dict[str, Any]:
@@ -40,10 +88,10 @@ def _expected(r: CaseResult) -> dict[str, Any]:
 
 
 def reproducer(r: CaseResult) -> dict[str, Any]:
-    """What a reader needs to rerun the case by hand: inputs, expected, observed."""
+    """What a reader needs to rerun the case by hand: inputs, expected, observed (and over HTTP the
+    exact requests sent with the raw answers, and the reference's answer to the same)."""
     obs = {k: v for k, v in r.observed.items() if v not in (None, [], {}) and k not in ("exchanges", "reference")}
     out = {"inputs": dict(r.case.inputs), "recipe": r.case.recipe, "expected": _expected(r), "observed": obs}
-    # Over HTTP: the exact requests sent with the raw answers, and the reference's answer to the same.
     for key in ("exchanges", "reference"):
         if r.observed.get(key):
             out[key] = r.observed[key]
@@ -52,16 +100,19 @@ def reproducer(r: CaseResult) -> dict[str, Any]:
 
 def to_json(results: Sequence[CaseResult], engine: str, wall_s: float | None = None) -> dict[str, Any]:
     return {
+        "version": REPORT_VERSION,
         "engine": engine,
         "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
+        "headline": headline(results, engine),
         "summary": summary(results),
         **({"wall_seconds": round(wall_s, 1)} if wall_s is not None else {}),
         "cases": [
             {
                 "id": r.case.id, "anchor": r.case.anchor, "grade": r.case.grade.value,
-                "invariant": r.case.invariant, "description": r.case.description,
-                "verdict": r.verdict.value, "first_violated_invariant": r.first_invariant,
+                "invariant": r.case.invariant, "statement": statement(r.case.invariant),
+                "description": r.case.description,
+                "verdict": r.verdict.value, "partial": partial(r), "first_violated_invariant": r.first_invariant,
                 "failures": [{"invariant": f.invariant, "message": f.message} for f in r.failures],
                 "not_checked": list(r.not_checked), "reason": r.reason, "seconds": round(r.seconds, 4),
                 "notes": list(r.observed.get("notes") or []),
@@ -87,95 +138,125 @@ def to_junit(results: Sequence[CaseResult], engine: str) -> str:
         elif r.verdict is Verdict.FAIL:
             msg = f"{r.first_invariant}: {r.failures[0].message}"
             ET.SubElement(tc, "failure", message=msg, type=r.first_invariant or "").text = (
-                "\n".join(f"{f.invariant}: {f.message}" for f in r.failures)
+                f"{r.first_invariant}: {statement(r.first_invariant)}\n\n"
+                + "\n".join(f"{f.invariant}: {f.message}" for f in r.failures)
                 + "\n\nreproducer:\n" + json.dumps(reproducer(r), ensure_ascii=False, indent=1))
     ET.indent(suite)
     return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
 
 
-def _diagram_link(r: CaseResult, out_dir: Path, diagrams_dir: Path | None) -> str | None:
-    if diagrams_dir is None:
-        return None
-    return os.path.relpath(diagrams_dir / f"{r.case.diagram}.svg", out_dir).replace(os.sep, "/")
+# ---- Markdown ------------------------------------------------------------------------------------
 
 
 def _md_cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def to_markdown(results: Sequence[CaseResult], engine: str, *, out_dir: Path, diagrams_dir: Path | None) -> str:
-    s = summary(results)
-    verdict = "passes every MUST case it ran" if s["must_all_pass"] else f"fails {s['must_failed']} MUST case(s)"
-    lines = [
-        f"# Conformance report: `{engine}`", "",
-        f"{s['total']} cases: {s['PASS']} pass, {s['FAIL']} fail, {s['ERROR']} error, {s['SKIP']} skipped. "
-        f"The engine **{verdict}** ({s['must_ran']} MUST cases ran; {s['should_failed']} SHOULD failure(s)).", "",
-        "| case | anchor | grade | verdict | first violated invariant | note | diagram |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        note = r.failures[0].message if r.failures else r.reason or (
-            f"not checked: {', '.join(r.not_checked)}" if r.not_checked else "")
-        link = _diagram_link(r, out_dir, diagrams_dir)
-        lines.append("| " + " | ".join(_md_cell(c) for c in (
-            f"`{r.case.id}`", r.case.anchor, r.case.grade.value, r.verdict.value, r.first_invariant or "",
-            note[:240], f"[{r.case.diagram}]({link})" if link else r.case.diagram)) + " |")
+def _pass_note(r: CaseResult) -> str:
+    return f"partial: not checked {', '.join(r.not_checked)}" if partial(r) else ""
+
+
+def to_markdown(results: Sequence[CaseResult], engine: str) -> str:
     failed = [r for r in results if r.failed]
-    if failed:
-        lines += ["", "## Failures and reproducers", ""]
-        for r in failed:
-            lines += [f"### `{r.case.id}` ({r.case.grade.value}, {r.case.anchor})", "", r.case.description, ""]
-            lines += [f"- **{f.invariant}**: {_md_cell(f.message)}" for f in r.failures] or [f"- error: {r.reason}"]
-            lines += ["", "```json", json.dumps(reproducer(r), ensure_ascii=False, indent=1), "```", ""]
+    passed = [r for r in results if r.verdict is Verdict.PASS]
+    skipped = [r for r in results if r.verdict is Verdict.SKIP]
+    lines = [f"# Conformance report: `{engine}`", "", f"**{headline(results, engine)}**", ""]
+    lines += [f"## Failures ({len(failed)})", ""] if failed else ["No failures.", ""]
+    for anchor, rs in by_section(failed):
+        lines += [f"### {anchor} ({len(rs)})", ""]
+        for r in rs:
+            inv = r.first_invariant or r.case.invariant
+            lines += [f"#### `{r.case.id}`: {r.verdict.value} ({r.case.grade.value}), {inv}", "",
+                      f"> {statement(inv)}" if statement(inv) else "> (adapter error)", "", r.case.description, ""]
+            lines += [f"- **{f.invariant}**: {_md_cell(f.message)}" for f in r.failures] or [f"- error: {_md_cell(r.reason)}"]
+            lines += ["", "<details><summary>reproducer</summary>", "", "```json",
+                      json.dumps(reproducer(r), ensure_ascii=False, indent=1), "```", "", "</details>", ""]
+    lines += [f"## Passed ({len(passed)})", "", "| § | case | grade | invariant | note |", "|---|---|---|---|---|"]
+    for anchor, rs in by_section(passed):
+        lines += [f"| {anchor} | `{r.case.id}` | {r.case.grade.value} | {r.case.invariant} | {_md_cell(_pass_note(r))} |"
+                  for r in rs]
+    if skipped:
+        lines += ["", f"<details><summary>Not applicable to this engine ({len(skipped)})</summary>", "",
+                  "| § | case | reason |", "|---|---|---|"]
+        lines += [f"| {a} | `{r.case.id}` | {_md_cell(r.reason)} |" for a, rs in by_section(skipped) for r in rs]
+        lines += ["", "</details>"]
     return "\n".join(lines) + "\n"
 
 
-_CSS = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
-        "padding:4px 8px;vertical-align:top}.PASS{background:#dfd}.FAIL{background:#fdd}.ERROR{background:#fbb}"
-        ".SKIP{background:#eee}pre{background:#f6f6f6;padding:8px;overflow:auto}")
+# ---- HTML ------------------------------------------------------------------------------------------
+
+_CSS = ("body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;margin:.5em 0}"
+        "td,th{border:1px solid #ccc;padding:3px 8px;vertical-align:top;font-size:14px}.PASS{background:#dfd}"
+        ".partial{background:#ffd}.FAIL{background:#fdd}.ERROR{background:#fbb}.SKIP{background:#eee}"
+        "h1{margin-bottom:.2em}.headline{font-size:1.15em;font-weight:bold;padding:.4em .6em;border-left:6px solid}"
+        ".bad{border-color:#c33;background:#fee}.good{border-color:#393;background:#efe}"
+        "blockquote{margin:.3em 0 .6em 0;padding:.2em .8em;border-left:4px solid #99c;color:#334}"
+        ".case{border:1px solid #ddd;padding:.2em 1em;margin:.8em 0}pre{background:#f6f6f6;padding:8px;"
+        "overflow:auto;max-height:30em;font-size:12px}summary{cursor:pointer;font-weight:bold}"
+        ".diagram svg{max-width:100%;height:auto}")
 
 
-def to_html(results: Sequence[CaseResult], engine: str, *, out_dir: Path, diagrams_dir: Path | None) -> str:
-    s = summary(results)
+def _svg(diagrams_dir: Path | None, name: str) -> str | None:
+    if diagrams_dir is None or not (diagrams_dir / f"{name}.svg").is_file():
+        return None
+    text = (diagrams_dir / f"{name}.svg").read_text(encoding="utf-8")
+    return text[text.find("<svg"):] if "<svg" in text else None
+
+
+def to_html(results: Sequence[CaseResult], engine: str, *, diagrams_dir: Path | None = None) -> str:
     e = html.escape
-    rows = []
-    for r in results:
-        link = _diagram_link(r, out_dir, diagrams_dir)
-        note = r.failures[0].message if r.failures else r.reason
-        anchor = f"<a href='#{e(r.case.id)}'>{e(r.case.id)}</a>" if r.failed else e(r.case.id)
-        rows.append(
-            f"<tr class='{r.verdict.value}'><td>{anchor}</td><td>{e(r.case.anchor)}</td><td>{r.case.grade.value}</td>"
-            f"<td>{r.verdict.value}</td><td>{e(r.first_invariant or '')}</td><td>{e(note)}</td>"
-            f"<td>{f'<a href={chr(39)}{e(link)}{chr(39)}>{e(r.case.diagram)}</a>' if link else e(r.case.diagram)}</td></tr>")
-    details = [
-        f"<h3 id='{e(r.case.id)}'>{e(r.case.id)} ({r.case.grade.value}, {e(r.case.anchor)})</h3><p>{e(r.case.description)}</p>"
-        f"<ul>{''.join(f'<li><b>{e(f.invariant)}</b>: {e(f.message)}</li>' for f in r.failures) or f'<li>error: {e(r.reason)}</li>'}</ul>"
-        f"<pre>{e(json.dumps(reproducer(r), ensure_ascii=False, indent=1))}</pre>"
-        for r in results if r.failed
-    ]
-    return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>decodespec conformance: {e(engine)}</title>"
-        f"<style>{_CSS}</style></head><body><h1>Conformance report: {e(engine)}</h1>"
-        f"<p>{s['total']} cases: {s['PASS']} pass, {s['FAIL']} fail, {s['ERROR']} error, {s['SKIP']} skipped; "
-        f"MUST failures: {s['must_failed']}, SHOULD failures: {s['should_failed']}.</p>"
-        "<table><tr><th>case</th><th>anchor</th><th>grade</th><th>verdict</th><th>first violated invariant</th>"
-        f"<th>note</th><th>diagram</th></tr>{''.join(rows)}</table>"
-        f"{'<h2>Failures and reproducers</h2>' if details else ''}{''.join(details)}</body></html>\n"
-    )
+    failed = [r for r in results if r.failed]
+    passed = [r for r in results if r.verdict is Verdict.PASS]
+    skipped = [r for r in results if r.verdict is Verdict.SKIP]
+    embedded = {d: svg for d in sorted({r.case.diagram for r in failed}) if (svg := _svg(diagrams_dir, d))}
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>decodespec conformance: {e(engine)}</title>"
+             f"<style>{_CSS}</style></head><body><h1>Conformance report: {e(engine)}</h1>",
+             f"<p class='headline {'bad' if failed else 'good'}'>{e(headline(results, engine))}</p>"]
+    parts.append(f"<h2>Failures ({len(failed)})</h2>" if failed else "<p>No failures.</p>")
+    for anchor, rs in by_section(failed):
+        parts.append(f"<h3>{e(anchor)} ({len(rs)})</h3>")
+        for r in rs:
+            inv = r.first_invariant or r.case.invariant
+            diagram = (f" · diagram <a href='#diagram-{e(r.case.diagram)}'>{e(r.case.diagram)}</a>"
+                       if r.case.diagram in embedded else "")
+            findings = "".join(f"<li><b>{e(f.invariant)}</b>: {e(f.message)}</li>" for f in r.failures) or \
+                f"<li>error: {e(r.reason)}</li>"
+            parts.append(
+                f"<div class='case {r.verdict.value}' id='{e(r.case.id)}'><h4>{e(r.case.id)}: {r.verdict.value} "
+                f"({r.case.grade.value}), {e(inv)}{diagram}</h4>"
+                f"<blockquote>{e(statement(inv)) or '(adapter error)'}</blockquote><p>{e(r.case.description)}</p>"
+                f"<ul>{findings}</ul><details><summary>reproducer</summary>"
+                f"<pre>{e(json.dumps(reproducer(r), ensure_ascii=False, indent=1))}</pre></details></div>")
+    rows = "".join(
+        f"<tr class='{'partial' if partial(r) else 'PASS'}'><td>{e(a)}</td><td>{e(r.case.id)}</td>"
+        f"<td>{r.case.grade.value}</td><td title='{e(statement(r.case.invariant))}'>{e(r.case.invariant)}</td>"
+        f"<td>{e(_pass_note(r))}</td></tr>"
+        for a, rs in by_section(passed) for r in rs)
+    parts.append(f"<h2>Passed ({len(passed)})</h2><table><tr><th>§</th><th>case</th><th>grade</th><th>invariant</th>"
+                 f"<th>note</th></tr>{rows}</table>")
+    if skipped:
+        rows = "".join(f"<tr class='SKIP'><td>{e(a)}</td><td>{e(r.case.id)}</td><td>{e(r.reason)}</td></tr>"
+                       for a, rs in by_section(skipped) for r in rs)
+        parts.append(f"<details><summary>Not applicable to this engine ({len(skipped)})</summary><table>"
+                     f"<tr><th>§</th><th>case</th><th>reason</th></tr>{rows}</table></details>")
+    for name, svg in embedded.items():
+        parts.append(f"<details class='diagram' id='diagram-{e(name)}'><summary>diagram: {e(name)}</summary>{svg}</details>")
+    return "".join(parts) + "</body></html>\n"
 
 
 def write_reports(results: Sequence[CaseResult], engine: str, out_dir: str | Path,
                   *, diagrams_dir: str | Path | None = None, wall_s: float | None = None) -> list[Path]:
     """Write the four report files into `out_dir`; returns their paths. `wall_s`: the whole run's
-    wall time (server start-ups included), kept in report.json."""
+    wall time (server start-ups included), kept in report.json. The HTML embeds the SVG diagrams
+    of `diagrams_dir` its failures name, so the page stands alone."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ddir = Path(diagrams_dir).resolve() if diagrams_dir is not None else None
     texts = {
         "report.json": json.dumps(to_json(results, engine, wall_s), ensure_ascii=False, indent=1) + "\n",
         "junit.xml": to_junit(results, engine),
-        "report.md": to_markdown(results, engine, out_dir=out.resolve(), diagrams_dir=ddir),
-        "report.html": to_html(results, engine, out_dir=out.resolve(), diagrams_dir=ddir),
+        "report.md": to_markdown(results, engine),
+        "report.html": to_html(results, engine, diagrams_dir=ddir),
     }
     paths = []
     for name in REPORT_FILES:
