@@ -5,8 +5,11 @@
     decodespec conform --engine openai:http://127.0.0.1:8000 --model tiny --select http/
     decodespec conform --engine reference --dry-run --select stop/
 
-Exit status: 1 when a failure is unexpected (with --expect FILE: any failure not listed there;
-without it: any MUST failure or adapter error), else 0.
+Exit status (the same rule as the pytest plugin's, `runner.unexpected`): 1 when a case ends in
+ERROR (the run could not judge it) or a MUST case fails, unless --expect FILE lists its id as a
+known failure; SHOULD failures are reported and fail the run only with --strict. An --expect
+file naming a case that does not exist is refused before anything runs. 2 for bad usage: an
+unknown or unreachable engine, a bad file.
 """
 
 from __future__ import annotations
@@ -37,9 +40,11 @@ def report_name(engine: str) -> str:
 @click.option("--engine", default=None, help="reference | hf:PATH | decode-stream:TOKENIZER_JSON | openai:URL")
 @click.option("--model", default=None, help="Model name for openai engines (default: the first of /v1/models).")
 @click.option("--select", "select", multiple=True, help="Only cases whose id starts with this prefix (repeatable).")
+@click.option("--list", "list_only", is_flag=True, help="List the selected cases with their descriptions; no engine needed.")
 @click.option("--dry-run", is_flag=True, help="List the selected cases (and whether the engine can run them); run nothing.")
 @click.option("--expect", "expect_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="Known failures, one case id a line: only other failures fail the run.")
+              help="Known failures, one case id a line (# comments): they do not fail the run. Unknown ids are refused.")
+@click.option("--strict", is_flag=True, help="SHOULD failures fail the run too (by default they are reported only).")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write report.json, junit.xml, report.md, report.html into this folder.")
 @click.option("--name", default=None, help="Engine name shown in reports (default: derived from --engine).")
@@ -54,23 +59,41 @@ def report_name(engine: str) -> str:
 @click.option("--without", "without", multiple=True, type=click.Choice(["stop_token_ids"]),
               help="openai only: a request field the server does not offer (its cases are skipped).")
 @click.option("-j", "--jobs", default=1, show_default=True, type=click.IntRange(1, 64), help="Cases run at once (threads).")
-def conform(engine: str, model: str | None, select: tuple[str, ...], dry_run: bool, expect_file: Path | None,
-            report_dir: Path | None, name: str | None, checkpoints: tuple[Path, ...], launch: str | None,
-            launch_timeout: float, without: tuple[str, ...], jobs: int) -> None:
+def conform(engine: str, model: str | None, select: tuple[str, ...], list_only: bool, dry_run: bool,
+            expect_file: Path | None, strict: bool, report_dir: Path | None, name: str | None,
+            checkpoints: tuple[Path, ...], launch: str | None, launch_timeout: float, without: tuple[str, ...],
+            jobs: int) -> None:
     """Run the conformance cases (§4.3-§4.10) against ENGINE and report per case."""
-    from .properties.conformance import EngineSpecError, adapter_for, load_cases, run_cases
+    from .properties.conformance import CaseError, EngineSpecError, adapter_for, load_cases, run_cases
+    from .properties.conformance.adapters.openai import ServerError
+    from .properties.conformance.runner import read_expectations
 
     console = Console(width=120)
     t0 = time.monotonic()
     cases = load_cases(select)
     if not cases:
         raise click.ClickException(f"no case id starts with {' or '.join(select)}")
+    if list_only:
+        table = RichTable(title=f"{len(cases)} case(s)")
+        for col in ("case", "§", "grade", "invariant", "description"):
+            table.add_column(col, overflow="fold")
+        for c in cases:
+            table.add_row(c.id, c.anchor, c.grade.value, c.invariant, c.description)
+        console.print(table)
+        return
+    known = frozenset()
+    if expect_file is not None:
+        try:
+            known = read_expectations(expect_file.read_text(encoding="utf-8"), known=(c.id for c in load_cases()))
+        except CaseError as exc:
+            raise click.BadParameter(f"{expect_file}: {exc}", param_hint="--expect") from None
+    policy = (known, strict)
     if launch is not None:
         if engine is not None:
             raise click.BadParameter("give either --engine or --launch", param_hint="--launch")
         folders = _checkpoint_folders(checkpoints)
         return _conform_launched(cases, folders, launch, launch_timeout, frozenset(without), jobs, model,
-                                 name or "launched", report_dir, expect_file, dry_run, console, t0)
+                                 name or "launched", report_dir, policy, dry_run, console, t0)
     if engine is None:
         raise click.UsageError("--engine is required (or --launch CMD with --checkpoint)")
     if len(checkpoints) > 1:
@@ -81,6 +104,11 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], dry_run: bo
                               without=frozenset(without))
     except EngineSpecError as exc:
         raise click.BadParameter(str(exc), param_hint="--engine") from None
+    if not dry_run and callable(getattr(adapter, "precheck", None)):
+        try:
+            adapter.precheck()
+        except ServerError as exc:
+            raise click.BadParameter(str(exc), param_hint="--engine") from None
     label = name or report_name(engine)
     if dry_run:
         table = RichTable(title=f"{len(cases)} case(s) for {label}")
@@ -94,7 +122,7 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], dry_run: bo
                   console=console, transient=True) as progress:
         task = progress.add_task(f"conform {label}", total=len(cases))
         results = run_cases(adapter, cases, jobs=jobs, on_result=lambda r: progress.advance(task))
-    _finish(results, label, report_dir, expect_file, console, t0)
+    _finish(results, label, report_dir, policy, console, t0)
 
 
 def _checkpoint_folders(given: tuple[Path, ...]) -> list[Path]:
@@ -112,7 +140,7 @@ def _checkpoint_folders(given: tuple[Path, ...]) -> list[Path]:
     return out
 
 
-def _conform_launched(cases, folders, launch, timeout_s, without, jobs, model, label, report_dir, expect_file,
+def _conform_launched(cases, folders, launch, timeout_s, without, jobs, model, label, report_dir, policy,
                       dry_run, console, t0) -> None:
     from .properties.conformance.checkpoints import Checkpoint
     from .properties.conformance.launch import run_launched
@@ -128,33 +156,30 @@ def _conform_launched(cases, folders, launch, timeout_s, without, jobs, model, l
         task = progress.add_task(f"conform {label}", total=len(cases))
         results = run_launched(cases, folders, launch, log_dir=log_dir, without=without, jobs=jobs, model=model,
                                timeout_s=timeout_s, on_result=lambda r: progress.advance(task))
-    _finish(results, label, report_dir, expect_file, console, t0)
+    _finish(results, label, report_dir, policy, console, t0)
 
 
-def _finish(results, label, report_dir, expect_file, console, t0: float) -> None:
-    """Print the table and summary, write the reports, exit 1 on an unexpected failure."""
-    from .properties.conformance.reports import summary, write_reports
-    from .properties.conformance.runner import fixed, read_expectations, unexpected
+def _finish(results, label, report_dir, policy, console, t0: float) -> None:
+    """Print the table and headline, write the reports, exit 1 on a result that fails the run."""
+    from .properties.conformance.reports import headline, write_reports
+    from .properties.conformance.runner import fixed, unexpected
 
+    known, strict = policy
     table = RichTable(title=f"conformance: {label}")
     for col in ("case", "grade", "verdict", "first violated invariant / reason"):
         table.add_column(col, overflow="fold")
-    for r in results:
+    for r in sorted(results, key=lambda r: (not r.failed, r.verdict.value == "SKIP", r.case.id)):
         table.add_row(r.case.id, r.case.grade.value, f"[{_STYLE[r.verdict.value]}]{r.verdict.value}[/]",
                       r.first_invariant or r.reason)
     console.print(table)
-    s = summary(results)
-    console.print(f"{s['total']} cases: {s['PASS']} pass, {s['FAIL']} fail, {s['ERROR']} error, {s['SKIP']} skipped "
-                  f"(MUST failures {s['must_failed']}, SHOULD failures {s['should_failed']})")
+    console.print(headline(results, label))
     if report_dir is not None:
         for path in write_reports(results, label, report_dir, diagrams_dir=default_diagrams_dir(),
                                   wall_s=time.monotonic() - t0):
             console.print(f"wrote {path}")
-    known = read_expectations(expect_file.read_text(encoding="utf-8")) if expect_file else None
-    if known is not None:
-        for r in fixed(results, known):
-            console.print(f"[yellow]{r.case.id} is listed as a known failure but passed: update {expect_file}[/]")
-    bad = unexpected(results, known)
+    for r in fixed(results, known):
+        console.print(f"[yellow]{r.case.id} is listed as a known failure but passed: update the --expect file[/]")
+    bad = unexpected(results, known, strict=strict)
     if bad:
-        console.print(f"[red]{len(bad)} unexpected failure(s): {', '.join(r.case.id for r in bad)}[/]")
+        console.print(f"[red]{len(bad)} result(s) fail the run: {', '.join(r.case.id for r in bad)}[/]")
         sys.exit(1)

@@ -176,9 +176,77 @@ def test_failed_case_report_has_invariant_and_reproducer(monkeypatch, tmp_path):
     assert ET.parse(tmp_path / "junit.xml").getroot().find("testcase/failure").get("type") == "stop_bytes_never_emitted"
 
 
-def test_unexpected_counts_must_failures_and_errors_only(reference_results):
-    """Without an expectations file only MUST failures and adapter errors fail a run."""
-    assert unexpected(reference_results, None) == []
+def test_unexpected_counts_must_failures_and_errors_only(reference_results, monkeypatch):
+    """One rule for CLI and plugin: ERRORs and unlisted MUST failures fail a run; SHOULD failures
+    only with strict; a listed id is a known failure."""
+    assert unexpected(reference_results) == []
+    monkeypatch.setattr(runner_module, "StopMatcher", OneTokenStopMatcher)
+    res = run_cases(adapter_for("reference"), load_cases(["stop/cross-token/001", "stop/overlap/001"]))
+    grades = {r.case.id: r.case.grade.value for r in res if r.failed}
+    assert grades == {"stop/cross-token/001": "MUST", "stop/overlap/001": "SHOULD"}
+    assert [r.case.id for r in unexpected(res)] == ["stop/cross-token/001"]
+    assert {r.case.id for r in unexpected(res, strict=True)} == set(grades)
+    assert unexpected(res, frozenset({"stop/cross-token/001"})) == []
+
+
+def test_cli_refuses_an_expect_file_naming_no_case(tmp_path):
+    """A typo in --expect would hide a failure: unknown ids are refused before anything runs."""
+    known = tmp_path / "known.txt"
+    known.write_text("stop/cross-token/001\nstop/cross-tokn/001\n")
+    out = CliRunner().invoke(main, ["conform", "--engine", "reference", "--expect", str(known)])
+    assert out.exit_code == 2 and "stop/cross-tokn/001" in out.output and "Traceback" not in out.output
+
+
+@pytest.mark.parametrize("engine, words", [
+    ("openai:http://127.0.0.1:1", "nothing answers at http://127.0.0.1:1"),
+    ("hf:/nonexistent", "/nonexistent"),
+    ("bogus", "unknown engine 'bogus'"),
+    ("string:Formatter", "lacks"),
+    ("no_such_module_xyz:make", "cannot import module"),
+])
+def test_cli_bad_or_unreachable_engine_is_one_clear_error(engine, words):
+    """Issue 15: a misspelt or unreachable engine fails fast with one message (exit 2), no traceback,
+    and no case is run or reported as a failure."""
+    out = CliRunner().invoke(main, ["conform", "--engine", engine])
+    assert out.exit_code == 2, out.output
+    assert words in " ".join(out.output.split()) and "Traceback" not in out.output and "MUST" not in out.output
+
+
+def test_a_python_adapter_plugs_in_as_module_factory(tmp_path, monkeypatch):
+    """`--engine module:factory` loads an in-house adapter (here one wrapping the reference)."""
+    (tmp_path / "my_engine.py").write_text(
+        "from decodespec.properties.conformance.adapters.reference import ReferenceAdapter\n"
+        "def make():\n    a = ReferenceAdapter()\n    a.name = 'my-engine'\n    return a\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = CliRunner().invoke(main, ["conform", "--engine", "my_engine:make", "--select", "stop/cross-token/001"])
+    assert out.exit_code == 0, out.output
+    assert "1/1 pass" in out.output
+
+
+def test_cli_list_shows_descriptions_without_an_engine():
+    out = CliRunner().invoke(main, ["conform", "--list", "--select", "stop/overlap/001"])
+    assert out.exit_code == 0 and "earliest" in out.output, out.output
+
+
+def test_pytest_plugin_exits_as_the_cli_does(tmp_path):
+    """The plugin fails items exactly where the CLI exits 1: a SHOULD-only failure is an xfail (exit 0),
+    and a bogus engine is one usage error, not one failure per case."""
+    conftest = tmp_path / "conftest.py"
+    conftest.write_text(  # the planted one-token stop matcher, for the whole (separate) pytest process
+        "from decodespec.runtime import runner\nimport test_conformance as t\nrunner.StopMatcher = t.OneTokenStopMatcher\n")
+    base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+            "--decodespec-engine=reference", "--decodespec-only", str(tmp_path)]
+    env = {**__import__("os").environ, "PYTHONPATH": str(REPO / "tests")}
+    should = subprocess.run([*base, "--decodespec-select=stop/overlap/001"], capture_output=True, text=True, env=env)
+    assert should.returncode == 0 and "1 xfailed" in should.stdout, should.stdout[-800:]
+    strict = subprocess.run([*base, "--decodespec-select=stop/overlap/001", "--decodespec-strict"], capture_output=True,
+                            text=True, env=env)
+    assert strict.returncode == 1, strict.stdout[-800:]
+    bogus = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+                            "--decodespec-engine=bogus", "--decodespec-only", str(tmp_path)],
+                           capture_output=True, text=True, env=env)
+    assert bogus.returncode == 4 and "unknown engine 'bogus'" in bogus.stderr + bogus.stdout
+    assert len((bogus.stdout + bogus.stderr).splitlines()) < 20
 
 
 def test_malformed_case_is_refused_with_the_field_named():
@@ -326,7 +394,7 @@ def test_openai_adapter_against_decodespec_serve():
                 time.sleep(0.2)
         results = run_cases(adapter_for(f"openai:{url}"), load_cases(["http/"]))
         assert not [r for r in results if r.verdict is Verdict.ERROR], [(r.case.id, r.reason) for r in results]
-        assert unexpected(results, None) == []
+        assert unexpected(results) == []
         assert sum(r.verdict is Verdict.PASS for r in results) >= 8
     finally:
         proc.terminate()

@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 
 from .adapters.base import Adapter, Finding, Outcome, case_tokenizer
-from .cases import Case, CaseKind, Grade, expect_to_json
+from .cases import Case, CaseError, CaseKind, Grade, expect_to_json
 
 
 class Verdict(enum.StrEnum):
@@ -200,15 +200,20 @@ def run_cases(
         return list(pool.map(one, cases))
 
 
-def unexpected(results: Sequence[CaseResult], expected_failures: frozenset[str] | None) -> list[CaseResult]:
-    """The failures that should fail a CI run.
+def unexpected(results: Sequence[CaseResult], expected_failures: frozenset[str] = frozenset(), *,
+               strict: bool = False) -> list[CaseResult]:
+    """The results that fail a run: the one rule shared by the CLI and the pytest plugin.
 
-    With an expectations file: every failure not listed in it (a listed case that now passes is
-    reported by `fixed`, not counted here). Without one: every MUST failure and every ERROR.
+    Every ERROR (the run could not judge) and every MUST failure, unless its id is listed as a known
+    failure; SHOULD failures too with `strict`. A listed case that now passes is reported by `fixed`.
     """
-    if expected_failures is None:
-        return [r for r in results if r.verdict is Verdict.ERROR or (r.failed and r.case.grade is Grade.MUST)]
-    return [r for r in results if r.failed and r.case.id not in expected_failures]
+    return [r for r in results if r.failed and r.case.id not in expected_failures
+            and (r.verdict is Verdict.ERROR or strict or r.case.grade is Grade.MUST)]
+
+
+def counts(r: CaseResult, *, strict: bool = False) -> bool:
+    """Whether this one result fails a run (see `unexpected`), for runners that see one at a time."""
+    return bool(unexpected([r], strict=strict))
 
 
 def fixed(results: Sequence[CaseResult], expected_failures: frozenset[str]) -> list[CaseResult]:
@@ -216,7 +221,10 @@ def fixed(results: Sequence[CaseResult], expected_failures: frozenset[str]) -> l
     return [r for r in results if r.verdict is Verdict.PASS and r.case.id in expected_failures]
 
 
-def read_expectations(text: str) -> frozenset[str]:
-    """An expectations file: one case id per line; `#` starts a comment."""
-    ids = (line.split("#", 1)[0].strip() for line in text.splitlines())
-    return frozenset(i for i in ids if i)
+def read_expectations(text: str, known: Iterable[str] | None = None) -> frozenset[str]:
+    """An expectations file: one case id per line; `#` starts a comment. With `known` (every case
+    id), an id that names no case is a CaseError listing them (a typo would hide a failure)."""
+    ids = frozenset(i for i in (line.split("#", 1)[0].strip() for line in text.splitlines()) if i)
+    if known is not None and (bad := sorted(ids - set(known))):
+        raise CaseError(f"the expectations name no such case: {', '.join(bad)}")
+    return ids

@@ -115,6 +115,17 @@ class OpenAIAdapter:
             return f"{self.name} offers no stop_token_ids request field"
         return None
 
+    def precheck(self) -> None:
+        """Fail fast, with one message, when nothing answers at the URL (a typo, a server not up)."""
+        try:
+            r = self.client.get("/v1/models", timeout=5)
+        except httpx.HTTPError as exc:
+            raise ServerError(f"nothing answers at {self.url}: {type(exc).__name__}: {exc} (is the server running, "
+                              "and is the URL right?)") from None
+        if r.status_code != 200:
+            raise ServerError(f"{self.url}/v1/models answered {r.status_code}: {_trim(r.text, 200)!r}; "
+                              "is this an OpenAI-compatible server?")
+
     @property
     def model(self) -> str:
         if self._model is None:
