@@ -38,6 +38,7 @@ from decodespec.runtime.tokenizers import HFTokenizer
 
 BATCHES = (1, 8, 32, 64)
 STEPS = 128  # decode steps per run (--steps); see the module doc
+QUICK = {"rounds": 1, "steps": 8}  # `decodespec bench --quick`: a smoke run in seconds, not a measurement
 
 
 class _NoEos:

@@ -119,6 +119,9 @@ def http_part(model: TinyLM, tok: Any, n: int, tokens: int) -> dict[str, float]:
     return {"wall_s": wall, "max_unread": sampler.max_unread, "peak_rss_mb": rss_mb, "frames": sum(frames)}
 
 
+QUICK = {"tokens": 16}  # `decodespec bench --quick`: a smoke run
+
+
 def run(tokens: int = 120) -> dict[str, Any]:
     model = TinyLM.default()
     tok = HFTokenizer(ASSETS / "tokenizer.json")

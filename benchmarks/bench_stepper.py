@@ -72,6 +72,9 @@ def _restart_in_place(tm: TransitionsMachine) -> Callable[[], TransitionsMachine
     return restart
 
 
+QUICK = {"rounds": 1, "steps": 20_000}  # `decodespec bench --quick`: a smoke run
+
+
 def run(rounds: int = 5, steps: int = 200_000, machine: str = "lifecycle", seed: int = 0) -> dict[str, Any]:
     """Median µs per event of each backend on one walk, and each one's ratio to the compiled stepper."""
     table = load_spec(machine)

@@ -132,6 +132,7 @@ def bench(names: tuple[str, ...], rounds: int | None, json_path: Path | None, qu
             results[name] = {"skipped": "no such file"}
             continue
         kwargs = run_arguments(module, rounds, quick)
+        console.print(f"bench {name}: running ({', '.join(f'{k}={v}' for k, v in kwargs.items()) or 'full size'})")
         t0 = time.perf_counter()
         try:
             figures = module.run(**kwargs)

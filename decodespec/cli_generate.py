@@ -10,12 +10,35 @@ import attrs
 import click
 
 
+def check_device(device: str) -> str:
+    """`--device` as torch names it; a name torch does not know, or CUDA where this torch build or
+    machine has none, is a usage error naming what is missing (before any model loads)."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise click.BadParameter(f"{device!r} is not a torch device ({exc}); use cpu, cuda or cuda:N",
+                                 param_hint="--device") from None
+    if dev.type == "cuda":
+        if torch.version.cuda is None:
+            raise click.BadParameter(f"{device!r}: this torch ({torch.__version__}) is a CPU build without CUDA",
+                                     param_hint="--device")
+        if not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count():
+            raise click.BadParameter(f"{device!r}: no such CUDA device is visible ({torch.cuda.device_count()} found)",
+                                     param_hint="--device")
+    elif dev.type != "cpu":
+        raise click.BadParameter(f"{device!r}: only cpu and cuda devices are supported", param_hint="--device")
+    return str(dev)
+
+
 def load_model_and_tokenizer(path: str | None, device: str = "cpu"):
     """The embedded TinyLM (path None), a TinyLM folder, or a transformers checkpoint folder."""
     from decodespec.runtime.models import HFModel, TinyLM
     from decodespec.runtime.tinylm import ASSETS, TinyLMConfig
     from decodespec.runtime.tokenizers import HFTokenizer
 
+    device = check_device(device)
     folder = ASSETS if path is None else Path(path)
     config = folder / "config.json"
     if not config.is_file():
@@ -26,8 +49,11 @@ def load_model_and_tokenizer(path: str | None, device: str = "cpu"):
     return model, HFTokenizer(folder)
 
 
+_TRACE_SUFFIXES = (".jsonl", ".json", ".ndjson", ".log", ".txt")
+
+
 @click.command()
-@click.argument("prompt")
+@click.argument("prompt", required=False)
 @click.option("--stop", multiple=True, help="A stop string (repeatable); matched across tokens (§4.6).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
@@ -45,12 +71,20 @@ def generate(prompt, stop, max_tokens, temperature, top_k, top_p, seed, model_pa
     from decodespec.runtime.events import write_jsonl
     from decodespec.runtime.errors import RequestError
 
+    if prompt is None:
+        if events_to not in (None, "-") and not events_to.endswith(_TRACE_SUFFIXES):
+            raise click.UsageError(f"--events took {events_to!r} as its file and no PROMPT is left: write "
+                                   "--events FILE.jsonl PROMPT, or --events - PROMPT for stderr")
+        raise click.UsageError("Missing argument 'PROMPT'.")
     model, tok = load_model_and_tokenizer(model_path, device)
+    if not tok.encode(prompt):
+        raise click.BadParameter("encodes to no tokens; give a non-empty prompt", param_hint="PROMPT")
     try:
         req = Request(prompt, stop=list(stop), max_output_tokens=max_tokens, temperature=temperature,
                       top_k=top_k, top_p=top_p, seed=seed)
     except RequestError as exc:
         raise click.BadParameter(str(exc)) from None
+    trace = sys.stderr if events_to == "-" else _open_for_trace(events_to) if events_to else None
     decoder = _Utf8Writer(sys.stdout)
     res = run_generate(req, model=model, tokenizer=tok, on_delta=decoder.write)
     decoder.close()
@@ -61,14 +95,20 @@ def generate(prompt, stop, max_tokens, temperature, top_k, top_p, seed, model_pa
         f"{'; ' + res.error if res.error else ''}]",
         err=True,
     )
-    if events_to is not None:
-        if events_to == "-":
-            write_jsonl(res.events, sys.stderr)
-        else:
-            with open(events_to, "w", encoding="utf-8") as fh:
-                write_jsonl(res.events, fh)
+    if trace is not None:
+        write_jsonl(res.events, trace)
+        if trace is not sys.stderr:
+            trace.close()
     if res.state.value == "FAILED":
         sys.exit(1)
+
+
+def _open_for_trace(path: str):
+    """Open the --events file before generating, so a path that cannot be written fails first."""
+    try:
+        return open(path, "w", encoding="utf-8")
+    except OSError as exc:
+        raise click.BadParameter(f"cannot write {path!r}: {exc.strerror}", param_hint="--events") from None
 
 
 class _Utf8Writer:

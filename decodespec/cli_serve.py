@@ -20,10 +20,12 @@ import click
 @click.option("--preemption", type=click.Choice(["swap", "recompute"]), default="swap", show_default=True)
 @click.option("--detach-timeout", "detach_timeout_s", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="Seconds a paused request whose client disconnected waits before transport_error (D5).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True,
+              help="Server log level; at info and below every request is logged (method, path, status).")
 @click.option("--retain", "retain_s", type=click.FloatRange(min=0), default=60.0, show_default=True,
               help="Seconds a finished request stays available for replay (Last-Event-ID).")
 def serve(host, port, model_path, device, policy, max_batch, max_queue, cache_budget_tokens, preemption,
-          detach_timeout_s, retain_s) -> None:
+          detach_timeout_s, log_level, retain_s) -> None:
     """Serve /v1/completions and /v1/chat/completions (SSE with replayable ids) until interrupted."""
     import uvicorn
 
@@ -37,4 +39,4 @@ def serve(host, port, model_path, device, policy, max_batch, max_queue, cache_bu
                     preemption=preemption, detach_timeout_s=detach_timeout_s, retain_s=retain_s)
     app = create_app(engine, policy=policy)
     click.echo(f"decodespec serve: model {engine.model_name!r} on http://{host}:{port}/v1 (policy {policy})", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=log_level in ("debug", "info"))

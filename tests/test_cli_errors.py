@@ -1,0 +1,66 @@
+"""`decodespec generate` and `serve` end bad input with one specific error, before any work starts
+(issue 15 item 5): nothing is generated, no file is half-written, no traceback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from decodespec.cli import main
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--device", "banana", "hi"], "'banana' is not a torch device"),
+    (["--events", "Once upon a time"], "--events took 'Once upon a time' as its file and no PROMPT is left"),
+    ([""], "encodes to no tokens"),
+    (["--events", "/nonexistent-dir/trace.jsonl", "hi"], "cannot write '/nonexistent-dir/trace.jsonl'"),
+])
+def test_generate_refuses_bad_input_with_one_clear_error(args, words):
+    out = CliRunner().invoke(main, ["generate", *args])
+    assert out.exit_code == 2, out.output
+    assert words in " ".join(out.output.split()) and "Traceback" not in out.output and "FAILED" not in out.output
+
+
+def test_generate_on_cuda_without_cuda_says_what_is_missing():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    out = CliRunner().invoke(main, ["generate", "--device", "cuda", "hi"])
+    assert out.exit_code == 2 and ("CPU build without CUDA" in out.output or "no such CUDA device" in out.output)
+
+
+def test_generate_writes_the_trace_where_asked(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    out = CliRunner().invoke(main, ["generate", "--max-tokens", "3", "--events", str(path), "Once"])
+    assert out.exit_code == 0, out.output
+    assert path.read_text().count("\n") >= 3 and '"request.created"' in path.read_text()
+
+
+def test_serve_logs_each_request_at_info_and_not_at_warning():
+    """`serve --log-level info` logs every request (method, path, status); warning is quiet."""
+    for level, logged in (("info", True), ("warning", False)):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        proc = subprocess.Popen([sys.executable, "-m", "decodespec", "serve", "--port", str(port), "--log-level", level],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            for _ in range(300):
+                try:
+                    httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1)
+                    break
+                except httpx.HTTPError:
+                    time.sleep(0.1)
+        finally:
+            proc.terminate()
+            text = proc.communicate(timeout=30)[0]
+        assert ('"GET /v1/models HTTP/1.1" 200' in text) is logged, text[-600:]
