@@ -68,12 +68,14 @@ def show(name: str) -> None:
     "--format",
     "formats",
     multiple=True,
-    type=click.Choice(["dot", "svg"]),
-    default=("dot", "svg"),
+    type=click.Choice(["dot", "svg", "mmd"]),
+    default=("dot", "svg", "mmd"),
     show_default=True,
+    help="dot, svg, and mmd (a Mermaid stateDiagram).",
 )
 def diagrams(out: Path | None, formats: tuple[str, ...]) -> None:
-    """Render every machine's diagram (terminal states double, anchors on edges)."""
+    """Render every machine's diagram (terminal states double, anchors and finish reasons on edges,
+    ignored events as dashed loops)."""
     from .machine.diagrams import GraphvizMissing, render_all
 
     try:

@@ -3,7 +3,9 @@
 Exit status: 0 when there is no violation and every sometimes-property has a witness, 1 otherwise.
 `--table FILE` replaces the shipped table of the same name by a modified one (a researcher's change
 is checked before anyone writes engine code); `--draw DIR` renders the first counterexample as a
-highlighted path on the diagram of each machine it passes through.
+highlighted path on the diagram of each machine it passes through (steps numbered across machines,
+each machine's last state filled red), `--witness NAME` a sometimes-property's witness. Ctrl-C
+stops the search and says how far it got (exit 130, no verdict).
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ from .spec import SpecError, load_file, load_spec
               help="A modified table file that replaces the shipped one of the same name (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--draw", "draw_dir", type=click.Path(file_okay=False), default=None,
-              help="Render the first counterexample on the state diagrams into this folder.")
-def check(requests, max_depth, max_tokens, policies, table_files, as_json, draw_dir) -> None:
+              help="Render the first counterexample (or --witness) on the state diagrams into this folder.")
+@click.option("--witness", "witness", default=None, metavar="NAME",
+              help="With --draw: draw this sometimes-property's witness instead of a counterexample.")
+def check(requests, max_depth, max_tokens, policies, table_files, as_json, draw_dir, witness) -> None:
     """Exhaust the model of the §4.3 loop over the tables and report invariants, liveness, witnesses."""
     tables = {}
     for path in table_files:
@@ -49,39 +53,64 @@ def check(requests, max_depth, max_tokens, policies, table_files, as_json, draw_
         default = ModelConfig() if requests == 1 else ModelConfig(max_output_tokens=1, policies=("pause",))
         config = ModelConfig(max_output_tokens=max_tokens or default.max_output_tokens,
                              policies=tuple(policies) or default.policies)
+    if witness is not None and draw_dir is None:
+        raise click.BadParameter("needs --draw DIR to draw into", param_hint="--witness")
     err = Console(stderr=True)
+    seen = [0, 0]
+
+    def progress(n: int, d: int) -> None:
+        seen[:] = [n, d]
+        bar.update(task, description=f"{n:,} states, depth {d}")
+
     try:
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                       console=err, transient=True, disable=as_json) as bar:
             task = bar.add_task("exploring", total=None)
             report = model_check(requests=requests, max_depth=max_depth, tables=tables or None, config=config,
-                           progress=lambda n, d: bar.update(task, description=f"{n:,} states, depth {d}"))
+                                 progress=progress)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    except KeyboardInterrupt:
+        err.print(f"interrupted after {seen[0]:,} states (depth {seen[1]}): the search was not finished, "
+                  "so nothing is proved and no violation is claimed")
+        sys.exit(130)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
     else:
         _summary(report, Console())
     if draw_dir is not None:
-        if report.violations:
-            for path in draw(report.violations[0], tables, draw_dir):
-                click.echo(f"wrote {path}", err=True)
+        if witness is not None:
+            if witness not in report.witnesses:
+                known = ", ".join(sorted(report.witnesses)) or "none"
+                raise click.BadParameter(f"no witness {witness!r} was found; found: {known}", param_hint="--witness")
+            paths = draw(report.witnesses[witness], tables, draw_dir, mark_end=False)
+        elif report.violations:
+            paths = draw(report.violations[0], tables, draw_dir)
         else:
-            click.echo("no counterexample to draw", err=True)
+            paths = []
+            click.echo("no counterexample to draw (give --witness NAME to draw a witness)", err=True)
+        for path in paths:
+            click.echo(f"wrote {path}", err=True)
     sys.exit(0 if report.ok else 1)
 
 
 
-def draw(cx: Counterexample, tables: dict, out_dir: str) -> list:
-    """Render the counterexample's path on the diagram of each machine of request 0 it touches."""
+def draw(cx: Counterexample, tables: dict, out_dir: str, *, mark_end: bool = True) -> list:
+    """Render the path on the diagram of each machine of request 0 it touches, steps numbered
+    globally; with `mark_end` each machine's state at the end of the path is filled red (where the
+    violation stands)."""
     from .machine.diagrams import render
+    from .spec import DecisionKind
 
     written = []
     for name in ("lifecycle", "stream", "stop_matcher", "detokenizer"):
         path = cx.path(name)
         if path:
             table = tables.get(name) or load_spec(name)
-            written += render(table, out_dir, highlight=path, stem=f"counterexample_{cx.name}_{name}")
+            last = table.decision(*path[-1])
+            end = last.target if last.kind is DecisionKind.ROW else path[-1][0]
+            written += render(table, out_dir, highlight=path, numbers=cx.numbers(name), formats=("dot", "svg"),
+                              violation=end if mark_end else None, stem=f"{'counterexample' if mark_end else 'witness'}_{cx.name}_{name}")
     return written
 
 

@@ -52,6 +52,11 @@ class Counterexample:
         """The (state, event) pairs of one machine of one request: a path to highlight on its diagram."""
         return [(s, e) for r, m, s, e in self.steps if r == request and m == machine]
 
+    def numbers(self, machine: str, request: int = 0) -> list[int]:
+        """The global step numbers (1-based, over every machine) of `path(machine, request)`, so the
+        drawings of several machines read as one sequence."""
+        return [i for i, (r, m, _, _) in enumerate(self.steps, start=1) if r == request and m == machine]
+
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "anchor": self.anchor, "message": self.message,
                 "labels": list(self.labels), "steps": [list(s) for s in self.steps]}

@@ -197,6 +197,23 @@ def test_cli_check_reports_a_changed_table_and_draws_it(tmp_path):
     assert "no_kernel_in_flight_at_cancelled" in result.output
     dot = (out / "counterexample_no_kernel_in_flight_at_cancelled_lifecycle.dot").read_text()
     assert "DECODING" in dot and "cancel" in dot
+    assert '\tCANCELLED [' in dot and 'fillcolor="#f5b7b1"' in dot.split("\tCANCELLED [", 1)[1].split("\n", 1)[0]
+    # steps are numbered across machines: the lifecycle's numbers skip those of the other machines
+    nums = [int(n) for n in __import__("re").findall(r"\[(\d+)(?:,\d+)*\] ", dot)]
+    assert nums and max(nums) > len(nums)
+
+
+def test_cli_check_draws_a_witness_and_refuses_an_unknown_one(tmp_path, one):
+    from click.testing import CliRunner
+
+    from decodespec.cli import main
+
+    name = sorted(one.witnesses)[0]
+    result = CliRunner().invoke(main, ["check", "--draw", str(tmp_path), "--witness", name])
+    assert result.exit_code == 0, result.output
+    assert list(tmp_path.glob(f"witness_{name}_*.svg"))
+    bad = CliRunner().invoke(main, ["check", "--draw", str(tmp_path), "--witness", "no_such"])
+    assert bad.exit_code == 2 and "no witness 'no_such'" in bad.output
 
 
 def test_content_policy_acts_before_the_send_and_before_the_length_check(one):
@@ -245,3 +262,21 @@ def test_no_cancel_is_observed_inside_a_paused_send():
                 seen.add(post)
                 todo.append(post)
     assert parked_cancels > 0
+
+
+@pytest.mark.slow
+def test_ctrl_c_says_how_far_the_search_got_and_claims_nothing():
+    """Issue 15: an interrupted check reports the states explored, proves nothing, exits 130."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "decodespec", "check", "--requests", "2", "--max-tokens", "3"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(4)
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 130, out[-500:]
+    assert "interrupted after" in out and "nothing is proved" in " ".join(out.split()) and "Traceback" not in out

@@ -71,14 +71,18 @@ def test_show_refuses_an_unknown_machine() -> None:
     assert result.exit_code == 2 and "'scheduler' is not one of" in result.stderr
 
 
-def test_diagrams_writes_dot_and_svg_for_the_five_machines(tmp_path, repo_root) -> None:
-    """`decodespec diagrams --out DIR` writes what is committed in diagrams/ (DESIGN, diagrams/)."""
+def test_diagrams_writes_dot_svg_and_mermaid_for_the_five_machines(tmp_path, repo_root) -> None:
+    """`decodespec diagrams --out DIR` writes what is committed in diagrams/ (DESIGN, diagrams/): each
+    machine as DOT, SVG and Mermaid, and the lifecycle's views (one per terminal state) as DOT and SVG."""
     result = _run("diagrams", "--out", str(tmp_path))
     assert result.exit_code == 0
-    expected = [tmp_path / f"{n}.{fmt}" for n in MACHINES for fmt in ("dot", "svg")]
-    assert result.stdout.splitlines() == [str(p) for p in expected]
-    for name in MACHINES:
-        assert (tmp_path / f"{name}.dot").read_bytes() == (repo_root / "diagrams" / f"{name}.dot").read_bytes()
+    written = {p.name for p in tmp_path.iterdir()}
+    assert written == {p.name for p in (repo_root / "diagrams").iterdir()}
+    assert {f"{n}.{fmt}" for n in MACHINES for fmt in ("dot", "svg", "mmd")} <= written
+    assert {f"lifecycle.{t}.{fmt}" for t in load_spec("lifecycle").terminal for fmt in ("dot", "svg")} <= written
+    assert sorted(result.stdout.splitlines()) == sorted(str(tmp_path / n) for n in written)
+    for name in sorted(written - {n for n in written if n.endswith(".svg")}):
+        assert (tmp_path / name).read_bytes() == (repo_root / "diagrams" / name).read_bytes(), name
 
 
 def test_default_diagrams_dir_is_the_checkouts_diagrams_folder(tmp_path, repo_root) -> None:

@@ -6,10 +6,11 @@ import re
 
 import pytest
 
-from decodespec.machine.diagrams import GraphvizMissing, render, to_dot
+from decodespec.machine.diagrams import GraphvizMissing, render, to_dot, to_mermaid, views
 from decodespec.spec import MACHINES, load_spec
 
-_EDGE = re.compile(r'^\t(\w+) -> (\w+) \[label="(.*?)"', re.M)
+_EDGE = re.compile(r'^\t(\w+) -> (\w+) \[label=<(.*)>[ \]]', re.M)
+_LINE = re.compile(r'(?:<FONT COLOR="[^"]+">)?(.*?)(?:</FONT>)?<BR ALIGN="LEFT"/>')
 _NODE = re.compile(r"^\t(\w+) \[(.*)\]$", re.M)
 
 
@@ -27,19 +28,50 @@ def test_committed_svg_exists(name: str, repo_root) -> None:
     assert "<svg" in svg and f">{load_spec(name).initial}</text>" in svg
 
 
+def _drawn_rows(dot: str) -> set[tuple[str, str, str, str, str | None, str]]:
+    return {
+        (src, event, dst, action, reason, anchor)
+        for src, dst, label in _EDGE.findall(dot)
+        for line in _LINE.findall(label)
+        for event, action, reason, anchor in [re.fullmatch(r"(\w+) / (\w+)(?:\((\w+)\))?  (§[\d.]+)", line).groups()]
+    }
+
+
 @pytest.mark.parametrize("name", MACHINES)
 def test_edges_are_exactly_the_rows(name: str) -> None:
-    """Every row is drawn once with its anchor; ignores and rejections are not edges (§4.1)."""
+    """Every row is drawn once with its anchor and the finish reason it fixes (§4.10); ignores are
+    dashed grey loops, and rejections are not drawn (§4.1)."""
     table = load_spec(name)
-    drawn = {
-        (src, event, dst, f"{event} / {action}  {anchor}")
-        for src, dst, label in _EDGE.findall(to_dot(table))
-        for line in label.split("\\l")
-        if line
-        for event, action, anchor in [re.fullmatch(r"(\w+) / (\w+)  (§[\d.]+)", line).groups()]
-    }
-    expected = {(d.state, d.event, d.target, f"{d.event} / {d.action}  {d.anchor}") for d in table.rows}
-    assert drawn == expected
+    expected = {(d.state, d.event, d.target, d.action, d.reason, d.anchor) for d in table.rows}
+    assert _drawn_rows(to_dot(table)) == expected
+
+
+def test_a_large_table_is_also_drawn_in_views_that_cover_every_row_once() -> None:
+    """The lifecycle is drawn as well in one view per terminal state (the way to FINISHED, to
+    CANCELLED, to FAILED), each legible at page width; together they hold every row exactly once."""
+    table = load_spec("lifecycle")
+    per_view = [_drawn_rows(to_dot(table, view=v)) for v in views(table)]
+    assert list(views(table)) == list(table.terminal)
+    assert set().union(*per_view) == _drawn_rows(to_dot(table)) and sum(map(len, per_view)) == len(table.rows)
+    assert ("DECODING", "eos", "DRAINING", "fix_reason", "eos", "§4.3") in per_view[0]
+    with pytest.raises(ValueError, match="no terminal state 'DECODING'"):
+        to_dot(table, view="DECODING")
+
+
+def test_ignored_pairs_are_drawn_as_dashed_grey_loops() -> None:
+    """A late cancel in DRAINING or FINISHED is ignored (§4.9): the picture shows it."""
+    dot = to_dot(load_spec("lifecycle"))
+    assert 'DRAINING -> DRAINING [label="ignored: cancel" arrowhead=none color="#8a8a8a"' in dot
+    assert 'FINISHED -> FINISHED [label="ignored: cancel"' in dot
+
+
+@pytest.mark.parametrize("name", MACHINES)
+def test_committed_mermaid_matches_the_table(name: str, repo_root) -> None:
+    """diagrams/<name>.mmd is the Mermaid stateDiagram of the table: every row a transition."""
+    table = load_spec(name)
+    text = to_mermaid(table)
+    assert (repo_root / "diagrams" / f"{name}.mmd").read_text(encoding="utf-8") == text
+    assert text.count(" --> ") == len(table.rows) + 1 + len(table.terminal)  # rows, [*] start, ends
 
 
 @pytest.mark.parametrize("name", MACHINES)
@@ -63,18 +95,36 @@ def test_ignores_are_listed_in_the_node_tooltip() -> None:
 
 
 def test_highlight_path_is_drawn_in_red_with_step_numbers(tmp_path) -> None:
-    """A counterexample path: the §4.6 cross-token fixture, then a rejected write after the hit."""
+    """A counterexample path: the §4.6 cross-token fixture, then a rejected write after the hit.
+    Only the fired row's line of a merged edge turns red, with its step numbers."""
     table = load_spec("stop_matcher")
     path = [("SCANNING", "hold"), ("HOLDING", "hold"), ("HOLDING", "hit"), ("HIT", "clear")]
     dot = to_dot(table, highlight=path)
-    assert 'SCANNING -> HOLDING [label="[1] hold / emit_safe_hold_suffix  §4.6\\l" color="#c0392b"' in dot
-    assert 'HOLDING -> HOLDING [label="[2] hold / emit_safe_hold_suffix  §4.6\\l" color="#c0392b"' in dot
-    assert 'HOLDING -> HIT [label="[3] hit / emit_before_match  §4.6\\l" color="#c0392b"' in dot
+    red = '<FONT COLOR="#c0392b">'
+    assert f'SCANNING -> HOLDING [label=<{red}[1] hold / emit_safe_hold_suffix  §4.6</FONT>' in dot
+    assert f'{red}[2] hold / emit_safe_hold_suffix  §4.6</FONT>' in dot
+    assert f'HOLDING -> HIT [label=<{red}[3] hit / emit_before_match  §4.6</FONT>' in dot
     assert '__rejected_4__ [label="4. clear\\nrejected"' in dot and "HIT -> __rejected_4__" in dot
     assert to_dot(table) != dot and to_dot(table, highlight=path) == dot
-    written = render(table, tmp_path, highlight=path, stem="counterexample")
+    written = render(table, tmp_path, highlight=path, stem="counterexample", formats=("dot", "svg"))
     assert [p.name for p in written] == ["counterexample.dot", "counterexample.svg"]
     assert "4. clear" in written[1].read_text(encoding="utf-8")
+
+
+def test_a_merged_edge_reddens_only_the_row_that_fired() -> None:
+    """DECODING -> DRAINING holds seven rows; a path through `eos` marks that line alone (D4)."""
+    dot = to_dot(load_spec("lifecycle"), highlight=[("DECODING", "eos")], numbers=[12])
+    line = next(x for x in dot.splitlines() if x.startswith("\tDECODING -> DRAINING"))
+    assert line.count('<FONT COLOR="#c0392b">') == 1 and "[12] eos / fix_reason(eos)" in line
+    assert "stop_hit / fix_reason(stop_sequence)  §4.6<BR" in line  # not highlighted
+
+
+def test_a_violation_state_is_filled_and_step_numbers_can_be_global() -> None:
+    dot = to_dot(load_spec("stream"), highlight=[("NEW", "start"), ("OPEN", "delta")], numbers=[3, 7], violation="OPEN")
+    assert "[3] start / emit_start" in dot and "[7] delta / emit_delta" in dot
+    assert re.search(r'\tOPEN \[.*fillcolor="#f5b7b1"', dot)
+    with pytest.raises(ValueError, match="2 step numbers for 1"):
+        to_dot(load_spec("stream"), highlight=[("NEW", "start")], numbers=[1, 2])
 
 
 def test_highlighted_ignore_is_drawn_as_a_dashed_loop() -> None:
@@ -92,7 +142,7 @@ def test_highlight_with_unknown_names_is_refused() -> None:
 
 
 def test_render_refuses_unknown_formats(tmp_path) -> None:
-    """Only DOT and SVG are produced (DESIGN, diagrams/)."""
+    """Only DOT, SVG and Mermaid are produced (DESIGN, diagrams/)."""
     with pytest.raises(ValueError, match=r"unknown diagram format\(s\) \['png'\]"):
         render(load_spec("resources"), tmp_path, formats=("svg", "png"))
 
