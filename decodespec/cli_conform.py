@@ -112,10 +112,11 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], list_only: 
     label = name or report_name(engine)
     if dry_run:
         table = RichTable(title=f"{len(cases)} case(s) for {label}")
-        for col in ("case", "anchor", "grade", "runs here"):
-            table.add_column(col)
+        for col in ("case", "anchor", "grade", "description", "runs here"):
+            table.add_column(col, overflow="fold")
         for c in cases:
-            table.add_row(c.id, c.anchor, c.grade.value, adapter.unsupported(c) and f"SKIP: {adapter.unsupported(c)}" or "yes")
+            table.add_row(c.id, c.anchor, c.grade.value, c.description,
+                          adapter.unsupported(c) and f"SKIP: {adapter.unsupported(c)}" or "yes")
         console.print(table)
         return
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

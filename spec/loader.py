@@ -24,11 +24,36 @@ _REASONS = frozenset(r.value for r in FinishReason)
 
 
 class SpecError(ValueError):
-    """A table that cannot be loaded; the message names the file, the entry and the problem."""
+    """A table that cannot be loaded; the message names the file, the entry and the problem.
 
-    def __init__(self, source: str, where: str, problem: str) -> None:
+    `problems` holds every (where, problem) the loader found in one pass (`where`/`problem` are the
+    first): a table with eight undecided pairs is refused once, with the eight listed.
+    """
+
+    def __init__(self, source: str, where: str, problem: str,
+                 problems: tuple[tuple[str, str], ...] | None = None) -> None:
         self.source, self.where, self.problem = source, where, problem
-        super().__init__(f"{source}: {where}: {problem}")
+        self.problems = problems or ((where, problem),)
+        if len(self.problems) == 1:
+            super().__init__(f"{source}: {where}: {problem}")
+        else:
+            lines = "".join(f"\n  {w}: {p}" for w, p in self.problems)
+            super().__init__(f"{source}: {len(self.problems)} problems:{lines}")
+
+
+class _Problems:
+    """Collects SpecErrors of one table so the loader can report them all at once."""
+
+    def __init__(self, source: str) -> None:
+        self.source, self.found = source, []
+
+    def add(self, exc: SpecError) -> None:
+        self.found.extend(exc.problems)
+
+    def raise_any(self) -> None:
+        if self.found:
+            (where, problem), *_ = self.found
+            raise SpecError(self.source, where, problem, tuple(self.found))
 
 
 def spec_path(name: str) -> Path:
@@ -61,43 +86,59 @@ def load_text(text: str, source: str = "<text>") -> Table:
 
 
 def build_table(data: dict[str, Any], source: str) -> Table:
-    """Validate parsed table data; every check names the entry it refuses."""
+    """Validate parsed table data; every check names the entry it refuses, and every problem of a
+    phase (declarations, entries, undecided pairs, the graph) is reported together."""
+    problems = _Problems(source)
     for key in _HEADER:
         if key not in data:
-            raise SpecError(source, "header", f"missing key '{key}'")
+            problems.add(SpecError(source, "header", f"missing key '{key}'"))
+    problems.raise_any()
     states = tuple(data["states"])
     events = tuple(data["events"])
     terminal = tuple(data["terminal"])
     for label, seq in (("states", states), ("events", events), ("terminal", terminal)):
         dup = _first_duplicate(seq)
         if dup is not None:
-            raise SpecError(source, label, f"'{dup}' is listed twice")
+            problems.add(SpecError(source, label, f"'{dup}' is listed twice"))
     if data["initial"] not in states:
-        raise SpecError(source, "initial", f"undeclared state '{data['initial']}'")
+        problems.add(SpecError(source, "initial", f"undeclared state '{data['initial']}'"))
     for t in terminal:
         if t not in states:
-            raise SpecError(source, "terminal", f"undeclared state '{t}'")
+            problems.add(SpecError(source, "terminal", f"undeclared state '{t}'"))
+    problems.raise_any()
 
     decisions: dict[tuple[str, str], Decision] = {}
     for section, kind in _SECTIONS.items():
         for i, entry in enumerate(data.get(section, []), start=1):
             where = f"{section} {i}"
-            for d in _entry_decisions(entry, kind, where, source):
-                _check_entry(d, states, events, terminal, source)
+            try:
+                entry_decisions = _entry_decisions(entry, kind, where, source)
+            except SpecError as exc:
+                problems.add(exc)
+                continue
+            for d in entry_decisions:
+                try:
+                    _check_entry(d, states, events, terminal, source)
+                except SpecError as exc:
+                    problems.add(exc)
+                    continue
                 key = (d.state, d.event)
                 if key in decisions:
                     first = decisions[key].where
-                    raise SpecError(
-                        source, where, f"duplicate pair ({d.state}, {d.event}), first decided in {first}"
-                    )
+                    problems.add(SpecError(
+                        source, where, f"duplicate pair ({d.state}, {d.event}), first decided in {first}"))
+                    continue
                 decisions[key] = d
+    problems.raise_any()
 
     for s in states:
         for e in events:
             if (s, e) not in decisions:
-                raise SpecError(source, f"state {s}", f"undecided pair ({s}, {e}): add a row, an ignore or a reject")
+                problems.add(SpecError(source, f"state {s}", f"undecided pair ({s}, {e}): add a row, an ignore or a reject"))
+    problems.raise_any()
 
-    _check_graph(data["initial"], states, terminal, decisions, source)
+    _check_graph(data["initial"], states, terminal, decisions, source, problems)
+    problems.raise_any()
     params = {k: v for k, v in data.items() if k not in _HEADER and k not in _SECTIONS}
     return Table(
         name=data["name"],
@@ -157,7 +198,8 @@ def _check_entry(d: Decision, states: tuple, events: tuple, terminal: tuple, sou
         raise SpecError(source, d.where, f"unknown finish reason '{d.reason}' (§4.10 lists {sorted(_REASONS)})")
 
 
-def _check_graph(initial: str, states: tuple, terminal: tuple, decisions: dict, source: str) -> None:
+def _check_graph(initial: str, states: tuple, terminal: tuple, decisions: dict, source: str,
+                 problems: _Problems) -> None:
     succ: dict[str, set[str]] = {s: set() for s in states}
     for d in decisions.values():
         if d.kind is DecisionKind.ROW:
@@ -165,7 +207,7 @@ def _check_graph(initial: str, states: tuple, terminal: tuple, decisions: dict, 
     seen = _closure([initial], succ)
     for s in states:
         if s not in seen:
-            raise SpecError(source, f"state {s}", f"unreachable state {s}: no row leads to it from {initial}")
+            problems.add(SpecError(source, f"state {s}", f"unreachable state {s}: no row leads to it from {initial}"))
     pred: dict[str, set[str]] = {s: set() for s in states}
     for a, targets in succ.items():
         for b in targets:
@@ -173,7 +215,7 @@ def _check_graph(initial: str, states: tuple, terminal: tuple, decisions: dict, 
     can_end = _closure(list(terminal), pred)
     for s in states:
         if s not in can_end:
-            raise SpecError(source, f"state {s}", f"non-terminal state {s} cannot reach a terminal state")
+            problems.add(SpecError(source, f"state {s}", f"non-terminal state {s} cannot reach a terminal state"))
 
 
 def _closure(start: list[str], edges: dict[str, set[str]]) -> set[str]:

@@ -80,7 +80,8 @@ CASES = {
     "unreachable state": (
         _edit(('states = ["A", "B", "Z"]', 'states = ["A", "B", "C", "Z"]'),
               ('[[reject]]\nstate = "Z"', '[[reject]]\nstate = "C"\nevents = ["go", "end"]\n\n[[reject]]\nstate = "Z"')),
-        "toy.toml: state C: unreachable state C: no row leads to it from A",
+        "toy.toml: 2 problems:\n  state C: unreachable state C: no row leads to it from A"
+        "\n  state C: non-terminal state C cannot reach a terminal state",
     ),
     "non-terminal state cannot reach a terminal": (
         _edit(*_STUCK),
@@ -139,7 +140,8 @@ def test_broken_table_is_refused_with_the_exact_message(case: str) -> None:
     with pytest.raises(SpecError) as info:
         load_text(text, source=SOURCE)
     assert str(info.value) == message
-    assert (info.value.source, f"{info.value.source}: {info.value.where}: {info.value.problem}") == (SOURCE, message)
+    first = message if "problems:" not in message else f"{SOURCE}: " + message.split("\n  ")[1]
+    assert (info.value.source, f"{info.value.source}: {info.value.where}: {info.value.problem}") == (SOURCE, first)
 
 
 def test_load_file_names_the_file_in_the_error(tmp_path) -> None:
@@ -168,3 +170,22 @@ def test_shipped_table_validates_and_decides_every_pair(name: str) -> None:
     assert "spec_version" in spec_path(name).read_text(encoding="utf-8")
     assert len(table.decisions) == len(table.states) * len(table.events)
     assert table.anchor.startswith("§4.")
+
+
+def test_every_problem_of_a_table_is_reported_at_once() -> None:
+    """Issue 15: the CREATED rejections dropped leave many undecided pairs: the table is refused once,
+    naming every one of them; a bad entry does not hide the next one either."""
+    lifecycle = spec_path("lifecycle").read_text(encoding="utf-8")
+    block = lifecycle[lifecycle.index('[[reject]]\nstate = "CREATED"'):]
+    block = block[: block.index("\n\n") + 2]
+    with pytest.raises(SpecError) as info:
+        load_text(lifecycle.replace(block, ""), source="lifecycle.toml")
+    undecided = [p for w, p in info.value.problems if p.startswith("undecided pair (CREATED, ")]
+    assert len(undecided) == len(info.value.problems) > 8
+    assert str(info.value).startswith(f"lifecycle.toml: {len(undecided)} problems:\n  state CREATED: undecided pair")
+    assert 'reason = "eos"' in lifecycle
+    two_bad = lifecycle.replace('target = "QUEUED"', 'target = "LIMBO"', 1).replace('reason = "eos"', 'reason = "bored"', 1)
+    with pytest.raises(SpecError) as info:
+        load_text(two_bad, source="lifecycle.toml")
+    text = str(info.value)
+    assert "unknown target 'LIMBO'" in text and "unknown finish reason 'bored'" in text

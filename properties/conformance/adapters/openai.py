@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -99,6 +100,7 @@ class OpenAIAdapter:
         self._reference: dict[str, Any] = {}
         self._chat_ok: str | None = None  # "" once the chat endpoint is known to keep the prompt as sent
         self._id_prompts: bool | None = None  # whether the server takes token-id prompts (probed once)
+        self._case = threading.local()  # the exchanges of the case this thread runs (for its reproducer)
         self.prompt_note = ""
 
     def unsupported(self, case: Case) -> str | None:
@@ -204,6 +206,7 @@ class OpenAIAdapter:
             data = r.json()
         except ValueError:
             data = None
+        log = log if log is not None else getattr(self._case, "log", None)
         if log is not None:
             log.append({"request": {"path": path, "body": body}, "status": r.status_code, "response": _trim(r.text)})
         return r.status_code, data, r.text
@@ -264,6 +267,7 @@ class OpenAIAdapter:
                     raise ServerError(f"POST {path} (stream): {type(exc).__name__}: {exc}") from None
                 out, raw = Streamed(), []
                 time.sleep(0.2 * (attempt + 1))
+        log = log if log is not None else getattr(self._case, "log", None)
         if log is not None:
             log.append({"request": {"path": path, "body": body}, "status": out.status, "sse": _trim("\n".join(raw))})
         return out
@@ -274,12 +278,15 @@ class OpenAIAdapter:
         recipe = RECIPES.get(case.recipe or "")
         if recipe is None:
             return Outcome(skip=f"this adapter has no recipe {case.recipe!r}")
+        self._case.log = log = []  # every request this recipe sends, with its raw answer
         try:
             if self.program_prompt() is not None and case.inputs.get("endpoint") == "chat":
                 self._check_chat(case)
-            return recipe(self, case)
+            return attrs.evolve(recipe(self, case), exchanges=tuple(log))
         except PromptAltered as exc:
-            return Outcome(skip=str(exc))
+            return Outcome(skip=str(exc), exchanges=tuple(log))
+        finally:
+            self._case.log = None
 
     def _check_chat(self, case: Case) -> None:
         """On a forced checkpoint the chat endpoint must render the message as its bare content
