@@ -97,6 +97,7 @@ def test_cli_dry_run_lists_selected_cases_only():
     assert out.exit_code == 0, out.output
     assert "stop/overlap/001" in out.output and "stop/overlap/003" in out.output
     assert "detok/" not in out.output and "stop/cross-token" not in out.output
+    assert "earliest" in out.output  # each case's description is listed beside it
 
 
 def test_cli_expect_file_tracks_known_failures(monkeypatch, tmp_path):
@@ -161,6 +162,19 @@ def test_reports_lead_with_failures_grouped_by_section(monkeypatch, tmp_path):
     page = (tmp_path / "report.html").read_text()
     assert "<svg" in page and "id='diagram-stop_matcher'" in page and "diagrams/" not in page
     assert page.index("Failures (") < page.index("Passed (")
+
+
+def test_a_pass_that_could_not_check_everything_is_marked_partial(tmp_path):
+    """DecodeStream reports no finish reason: its passes say so instead of looking complete."""
+    pytest.importorskip("tokenizers")
+    from decodespec.properties import fixtures
+
+    tok = fixtures.byte_level_bpe(tmp_path / "tok")
+    results = run_cases(adapter_for(f"decode-stream:{tok}"), load_cases(["finish/length/002"]))
+    assert results[0].verdict is Verdict.PASS and "finish_reason" in results[0].not_checked
+    write_reports(results, "ds", tmp_path / "rep")
+    assert "partial: not checked finish_reason" in (tmp_path / "rep" / "report.md").read_text()
+    assert json.loads((tmp_path / "rep" / "report.json").read_text())["summary"]["partial"] == 1
 
 
 def test_failed_case_report_has_invariant_and_reproducer(monkeypatch, tmp_path):

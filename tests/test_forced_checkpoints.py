@@ -183,6 +183,7 @@ def test_recipes_run_on_the_recipe_program(forced, serve):
     assert [r.verdict for r in results] == [Verdict.PASS] * len(results), [
         (r.case.id, r.verdict.value, r.reason, r.failures) for r in results if r.verdict is not Verdict.PASS]
     assert any(r.case.inputs.get("endpoint") == "chat" for r in results)
+    assert all(r.observed["exchanges"] for r in results)  # each recipe keeps the requests it sent
 
 
 @pytest.mark.slow
