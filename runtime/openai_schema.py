@@ -65,8 +65,37 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+MAX_ECHO = 80  # characters of a client's name or value an error message repeats
+
+
+def _short(text: str) -> str:
+    """A client-supplied string as an error may repeat it: bounded, and printable even if it holds
+    lone surrogates (the error body must always encode)."""
+    safe = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return safe if len(safe) <= MAX_ECHO else safe[:MAX_ECHO] + f"... ({len(text)} characters)"
+
+
 def _bad(param: str | None, message: str, code: str = "invalid_value") -> ApiError:
+    param = _short(param) if param is not None else None
     return ApiError(400, f"{param}: {message}" if param else message, param=param, code=code)
+
+
+def _surrogate_path(value: Any, path: str) -> str | None:
+    """The JSON path of the first string (key or value) holding a lone surrogate, iteratively."""
+    todo = [(value, path)]
+    while todo:
+        v, where = todo.pop()
+        if isinstance(v, str):
+            if any("\ud800" <= c <= "\udfff" for c in v):
+                return where
+        elif isinstance(v, dict):
+            for k, item in v.items():
+                if any("\ud800" <= c <= "\udfff" for c in k):
+                    return f"{where}.<key>" if where else "<key>"
+                todo.append((item, f"{where}.{k}" if where else k))
+        elif isinstance(v, list):
+            todo.extend((item, f"{where}[{i}]") for i, item in enumerate(v))
+    return None
 
 
 @attrs.frozen
@@ -127,14 +156,20 @@ def parse_completion(raw: bytes, *, chat: bool, model_name: str, context_limit: 
     except json.JSONDecodeError as exc:
         raise _bad(None, f"the body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
                    "invalid_json") from None
+    except RecursionError:
+        raise _bad(None, "the body nests too deeply to parse", "invalid_json") from None
+    except ValueError as exc:  # an integer longer than Python converts (4300 digits)
+        raise _bad(None, f"the body holds a number too large to read: {exc}", "invalid_json") from None
     if not isinstance(body, dict):
         raise _bad(None, f"the body must be a JSON object, got {type(body).__name__}", "invalid_json")
+    if (where := _surrogate_path(body, "")) is not None:
+        raise _bad(where, "holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text", "invalid_text")
     unknown = sorted(set(body) - _FIELDS[chat])
     if unknown:
         raise _bad(unknown[0], "unknown field (this server is strict)", "unknown_field")
     model = _get(body, "model", str, required=True)
     if model != model_name:
-        raise ApiError(404, f"model: the model {model!r} does not exist; this server serves {model_name!r}",
+        raise ApiError(404, f"model: the model {_short(model)!r} does not exist; this server serves {model_name!r}",
                        param="model", code="model_not_found")
     prompt, prompt_param = (chat_template(_messages(body)), "messages") if chat else (_prompt(body), "prompt")
     if isinstance(prompt, str):

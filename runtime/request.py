@@ -5,8 +5,7 @@ Malformed input never becomes a request: construction raises `RequestError` nami
 
 from __future__ import annotations
 
-import itertools
-import os
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,7 +15,6 @@ from .errors import RequestError
 from .grammar import Grammar, as_grammar
 
 MAX_STOPS = 1024
-_ids = itertools.count(1)
 
 
 def _prompt(value: Any) -> str | tuple[int, ...]:
@@ -110,7 +108,8 @@ class Request:
     seed: int | None = attrs.field(default=None, validator=_check)
     deadline_s: float | None = attrs.field(default=None, validator=_check)
     grammar: Grammar | None = attrs.field(default=None, converter=as_grammar)
-    request_id: str = attrs.field(default=None, converter=lambda v: v if v else f"req-{os.getpid()}-{next(_ids)}")
+    # Unguessable (a CSPRNG, 96 bits): over HTTP the id is the capability to cancel or replay a request.
+    request_id: str = attrs.field(default=None, converter=lambda v: v if v else f"req-{secrets.token_hex(12)}")
     policy: str = attrs.field(default="pause", validator=_check)
     max_buffer_events: int = 256
     max_buffer_bytes: int = 1 << 20

@@ -13,6 +13,14 @@ or failed request sends `event: error` with the reason and no [DONE]: never a fa
 A client that goes away is a transport fact (DECISIONS D5): `run.disconnect()`, recorded, not EOS and
 not a cancel; the request runs on, bounded by its stream policy, and a paused one fails with
 transport_error after the engine's `detach_timeout_s` unless a reader reconnects.
+
+Hostile and unlucky clients (issue 14): a request body is read up to `max_body_bytes` (413 past it,
+before any parsing), parsed and tokenized on a worker thread so the event loop keeps serving;
+browser-shaped requests (a CORS-safelisted content type such as text/plain, or an Origin not in
+`allowed_origins`) are refused, so a web page cannot drive the server; with `api_key` every route
+but /health needs `Authorization: Bearer KEY`. Request ids are unguessable (the id is the
+capability to cancel or replay). A 429 says when to retry; a client that leaves while its body is
+read is dropped quietly.
 """
 
 from __future__ import annotations
@@ -20,13 +28,16 @@ from __future__ import annotations
 import codecs
 import collections
 import contextlib
+import hmac
 import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -48,6 +59,32 @@ from .runner import RequestRun
 from .stream import StreamEvent, StreamEventKind
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+MAX_BODY_BYTES = 4 << 20  # 4 MiB: far above any prompt that fits a context, far below a memory problem
+RETRY_AFTER_S = 1  # what a 429 (queue full) tells the client to wait
+# Content types a browser may send cross-origin without a preflight (CORS "simple" requests).
+_BROWSER_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
+_OPEN_PATHS = frozenset({"/health"})
+
+
+class _Refused(Exception):
+    """A request refused before its handler runs (auth, origin, content type, size)."""
+
+    def __init__(self, error: ApiError, headers: dict[str, str] | None = None) -> None:
+        self.error, self.headers = error, headers or {}
+
+
+async def _read_body(request: HttpRequest, limit: int) -> bytes:
+    """The body, read in chunks up to `limit` bytes (413 past it, from Content-Length or as read)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _Refused(ApiError(413, f"the body is {declared} bytes; this server takes at most {limit}",
+                                code="body_too_large"))
+    buf = bytearray()
+    async for part in request.stream():
+        buf += part
+        if len(buf) > limit:
+            raise _Refused(ApiError(413, f"the body exceeds {limit} bytes", code="body_too_large"))
+    return bytes(buf)
 
 
 def _error(exc: ApiError, request_id: str | None = None) -> JSONResponse:
@@ -89,9 +126,11 @@ class _Renderer:
 
 
 def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "pause",
-               max_buffer_events: int = 256, manage_engine: bool = True) -> Starlette:
+               max_buffer_events: int = 256, manage_engine: bool = True, api_key: str | None = None,
+               allowed_origins: frozenset[str] = frozenset(), max_body_bytes: int = MAX_BODY_BYTES) -> Starlette:
     """The ASGI app. With `manage_engine` the app starts the engine thread at startup and stops it
-    (every live request cancelled) at shutdown."""
+    (every live request cancelled) at shutdown. `api_key`, `allowed_origins`, `max_body_bytes`: see
+    the module docstring."""
     name = model_name or engine.model_name
     vocab_size = engine.model.vocab_size
     schema = openapi(name)
@@ -103,15 +142,37 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
                                 vocab_size=vocab_size, tokenizer=engine.tokenizer, policy=policy,
                                 max_buffer_events=max_buffer_events, chat_template=chat_template)
 
+    def guard(request: HttpRequest) -> None:
+        """Auth, then origin and content type: a refusal names what is wrong (_Refused)."""
+        if api_key is not None and request.url.path not in _OPEN_PATHS:
+            given = request.headers.get("authorization", "")
+            if not (given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), api_key.encode())):
+                raise _Refused(ApiError(401, "a valid API key is required: Authorization: Bearer KEY",
+                                        code="invalid_api_key", type="authentication_error"),
+                               {"WWW-Authenticate": "Bearer"})
+        origin = request.headers.get("origin")
+        if origin is not None and origin not in allowed_origins:
+            raise _Refused(ApiError(403, f"Origin {origin[:80]!r} is not allowed (this server serves no browser "
+                                         "pages; start it with allowed origins to permit one)", code="origin_refused"))
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if request.method == "POST" and ctype in _BROWSER_TYPES:
+            raise _Refused(ApiError(415, f"Content-Type {ctype} is refused; send application/json",
+                                    code="unsupported_media_type"))
+
     async def completions(request: HttpRequest, chat: bool) -> Response:
         try:
-            parsed = parse(await request.body(), chat)
+            raw = await _read_body(request, max_body_bytes)
+        except ClientDisconnect:  # the client left while sending: nothing to answer, nothing to log
+            return Response(status_code=400)
+        try:
+            parsed = await run_in_threadpool(parse, raw, chat)  # tokenizing a long prompt never blocks the loop
         except ApiError as exc:
             return _error(exc)
         try:
             run = engine.submit(parsed.request)
         except QueueFull as exc:
-            return _error(ApiError(429, str(exc), code="queue_full", type="rate_limit_error"))
+            return JSONResponse(ApiError(429, str(exc), code="queue_full", type="rate_limit_error").body(),
+                                status_code=429, headers={"Retry-After": str(RETRY_AFTER_S)})
         except EngineStopped as exc:
             return _error(ApiError(503, str(exc), code="shutting_down", type="server_error"))
         rid = parsed.request.request_id
@@ -196,19 +257,31 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
     async def chat_completions(request: HttpRequest) -> Response:
         return await completions(request, chat=True)
 
-    routes = [
-        Route("/v1/completions", text_completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/requests/{request_id}/events", events, methods=["GET"]),
-        Route("/v1/requests/{request_id}/cancel", cancel, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/openapi.json", openapi_json, methods=["GET"]),
+    endpoints = [
+        ("/v1/completions", text_completions, ["POST"]),
+        ("/v1/chat/completions", chat_completions, ["POST"]),
+        ("/v1/requests/{request_id}/events", events, ["GET"]),
+        ("/v1/requests/{request_id}/cancel", cancel, ["POST"]),
+        ("/v1/models", models, ["GET"]),
+        ("/metrics", metrics, ["GET"]),
+        ("/health", health, ["GET"]),
+        ("/openapi.json", openapi_json, ["GET"]),
     ]
+    routes = [Route(path, _guarded(handler, guard), methods=methods) for path, handler, methods in endpoints]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
     app.state.engine = engine
     return app
+
+
+def _guarded(handler, guard):
+    async def run(request: HttpRequest) -> Response:
+        try:
+            guard(request)
+            return await handler(request)
+        except _Refused as exc:
+            return JSONResponse(exc.error.body(), status_code=exc.error.status, headers=exc.headers)
+
+    return run
 
 
 async def _http_error(request: HttpRequest, exc: Exception) -> Response:

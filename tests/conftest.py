@@ -15,29 +15,11 @@ def repo_root() -> Path:
 
 @pytest.fixture(scope="module")
 def app_server():
-    """Start ASGI apps on uvicorn in this process, each on a free 127.0.0.1 port: `start(app) -> url`.
-    Every server started is stopped when the module's tests are done."""
-    import socket
-    import threading
-    import time
+    """Start ASGI apps on uvicorn in this process (tests/_engine_kit.serve_in_thread), each on a free
+    127.0.0.1 port: `start(app) -> url`. Every server started stops when the module's tests are done."""
+    import contextlib
 
-    import uvicorn
+    from _engine_kit import serve_in_thread
 
-    servers = []
-
-    def start(app) -> str:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-        threading.Thread(target=server.run, daemon=True).start()
-        for _ in range(500):
-            if server.started:
-                break
-            time.sleep(0.02)
-        servers.append(server)
-        return f"http://127.0.0.1:{port}"
-
-    yield start
-    for server in servers:
-        server.should_exit = True
+    with contextlib.ExitStack() as stack:
+        yield lambda app: stack.enter_context(serve_in_thread(app))

@@ -1,0 +1,122 @@
+"""The server under hostile and unlucky clients (issue 14, items 3-5 and 8): no input gives a 5xx,
+error bodies stay small, bodies are capped before parsing, parsing never blocks the event loop,
+browser-shaped and unauthenticated requests are refused, ids cannot be guessed."""
+
+from __future__ import annotations
+
+import re
+import statistics
+import threading
+import time
+
+import httpx
+import pytest
+from _engine_kit import ascii_tokenizer, serve_in_thread, slow_model
+
+from decodespec.runtime.engine import Engine
+from decodespec.runtime.server import create_app
+
+MODEL = "tiny"
+
+
+@pytest.fixture(scope="module")
+def base():
+    engine = Engine(slow_model(delay_s=0.001), ascii_tokenizer(), poll_s=0.001)
+    with serve_in_thread(create_app(engine, model_name=MODEL, max_body_bytes=1 << 20)) as url:
+        yield url
+
+
+def _post(base: str, raw: bytes, path: str = "/v1/completions", **headers: str) -> httpx.Response:
+    return httpx.post(f"{base}{path}", content=raw, headers={"content-type": "application/json", **headers},
+                      timeout=60)
+
+
+@pytest.mark.parametrize("raw, where", [
+    (b'{"model":"tiny","prompt":"\\ud800"}', "prompt"),
+    (b'{"model":"tiny","prompt":"hi","stop":["a","\\udc00"]}', "stop[1]"),
+    (b'{"model":"tiny","prompt":"hi","\\ud83d":1}', "<key>"),
+    (b'{"model":"tiny","prompt":"hi","max_tokens":' + b"9" * 5000 + b"}", None),
+    (b"[" * 100_000 + b"]" * 100_000, None),
+], ids=["surrogate-prompt", "surrogate-stop", "surrogate-field-name", "5000-digit-int", "nested-100000"])
+def test_no_input_gets_a_5xx_only_a_400_naming_the_problem(base, raw, where):
+    r = _post(base, raw)
+    assert r.status_code == 400, r.text[:300]
+    err = r.json()["error"]
+    assert err["param"] == where and err["code"] in ("invalid_text", "invalid_json")
+
+
+def test_chat_content_with_a_lone_surrogate_is_a_400(base):
+    r = _post(base, b'{"model":"tiny","messages":[{"role":"user","content":"\\udfff"}]}', "/v1/chat/completions")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content"
+
+
+def test_an_error_never_echoes_a_huge_name(base):
+    r = _post(base, b'{"model":"tiny","prompt":"hi","' + b"x" * 500_000 + b'":1}')
+    assert r.status_code == 400 and len(r.content) < 1000 and "500000 characters" in r.text
+
+
+def test_a_body_past_the_cap_is_413_before_parsing(base):
+    r = _post(base, b'{"model":"tiny","prompt":"' + b"a" * (2 << 20) + b'"}')
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+
+
+def test_health_stays_responsive_while_a_long_prompt_is_tokenized(base):
+    """Parsing and tokenizing run on a worker thread: /health answers within 100 ms (p99) while a
+    prompt just under the cap is being tokenized and refused."""
+    prompt = ("word " * 200_000)[: (1 << 20) - 100]
+    done = threading.Event()
+
+    def big() -> None:
+        _post(base, ('{"model":"tiny","prompt":"' + prompt + '"}').encode())
+        done.set()
+
+    threading.Thread(target=big, daemon=True).start()
+    lat = []
+    with httpx.Client(base_url=base, timeout=10) as c:
+        while not done.is_set() and len(lat) < 200:
+            t0 = time.perf_counter()
+            assert c.get("/health").status_code == 200
+            lat.append(time.perf_counter() - t0)
+    assert lat and sorted(lat)[int(0.99 * (len(lat) - 1))] < 0.1, statistics.quantiles(lat, n=20) if len(lat) > 2 else lat
+
+
+def test_browser_shaped_requests_are_refused(base):
+    """A web page can send text/plain or form bodies cross-origin without a preflight: refused (415);
+    a foreign Origin is refused (403)."""
+    body = b'{"model":"tiny","prompt":"hi","max_tokens":1}'
+    assert _post(base, body, **{"content-type": "text/plain"}).status_code == 415
+    assert _post(base, body, **{"content-type": "application/x-www-form-urlencoded"}).status_code == 415
+    r = _post(base, body, origin="https://evil.example")
+    assert r.status_code == 403 and r.json()["error"]["code"] == "origin_refused"
+    assert _post(base, body).status_code == 200
+
+
+def test_request_ids_are_unguessable(base):
+    ids = {_post(base, b'{"model":"tiny","prompt":"hi","max_tokens":1}').headers["x-request-id"] for _ in range(3)}
+    assert len(ids) == 3 and all(re.fullmatch(r"req-[0-9a-f]{24}", i) for i in ids)
+
+
+def test_an_api_key_guards_every_route_but_health():
+    engine = Engine(slow_model(delay_s=0.001), ascii_tokenizer(), poll_s=0.001)
+    with serve_in_thread(create_app(engine, model_name=MODEL, api_key="s3cret")) as url:
+        body = b'{"model":"tiny","prompt":"hi","max_tokens":1}'
+        assert httpx.get(f"{url}/health").status_code == 200
+        r = _post(url, body)
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        assert _post(url, body, authorization="Bearer wrong").status_code == 401
+        assert httpx.get(f"{url}/v1/models").status_code == 401
+        assert _post(url, body, authorization="Bearer s3cret").status_code == 200
+
+
+def test_a_full_queue_says_when_to_retry():
+    engine = Engine(slow_model(delay_s=0.05), ascii_tokenizer(), max_batch=1, max_queue=1, poll_s=0.001)
+    with serve_in_thread(create_app(engine, model_name=MODEL)) as url:
+        body = b'{"model":"tiny","prompt":"hi","max_tokens":40}'
+        answers: list[httpx.Response] = []
+        threads = [threading.Thread(target=lambda: answers.append(_post(url, body))) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        full = [r for r in answers if r.status_code == 429]
+        assert full and all(r.headers.get("retry-after") == "1" for r in full)
