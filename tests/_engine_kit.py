@@ -116,3 +116,24 @@ def serve_in_thread(app: Any) -> Iterator[str]:
         server.should_exit = True
         thread.join(20)
         sock.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_serving(url: str, timeout_s: float = 60.0) -> None:
+    """Poll `url`/v1/models until the server answers (a subprocess server started by a test)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            httpx.get(f"{url}/v1/models", timeout=1)
+            return
+        except httpx.HTTPError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nothing answered at {url} within {timeout_s:.0f} s") from None
+            time.sleep(0.1)

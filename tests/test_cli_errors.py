@@ -4,13 +4,11 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 
-import httpx
 import pytest
+from _engine_kit import free_port, wait_until_serving
 from click.testing import CliRunner
 
 from decodespec.cli import main
@@ -47,19 +45,12 @@ def test_generate_writes_the_trace_where_asked(tmp_path):
 def test_serve_logs_each_request_at_info_and_not_at_warning():
     """`serve --log-level info` logs every request (method, path, status); warning is quiet."""
     for level, logged in (("info", True), ("warning", False)):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         proc = subprocess.Popen([sys.executable, "-m", "decodespec", "serve", "--port", str(port), "--log-level", level],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
-            for _ in range(300):
-                try:
-                    httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1)
-                    break
-                except httpx.HTTPError:
-                    time.sleep(0.1)
+            wait_until_serving(f"http://127.0.0.1:{port}")
         finally:
             proc.terminate()
             text = proc.communicate(timeout=30)[0]

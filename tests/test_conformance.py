@@ -388,24 +388,14 @@ def test_openai_adapter_catches_stop_leak_and_double_terminal(fake_server):
 @pytest.mark.slow
 def test_openai_adapter_against_decodespec_serve():
     """The project's own server (runtime/server.py) as a black-box peer: every MUST recipe passes or is skipped."""
-    import socket
-    import time
+    from _engine_kit import free_port, wait_until_serving
 
-    import httpx
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "decodespec", "serve", "--port", str(port)], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
-        for _ in range(300):
-            try:
-                httpx.get(f"{url}/v1/models", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        wait_until_serving(url)
         results = run_cases(adapter_for(f"openai:{url}"), load_cases(["http/"]))
         assert not [r for r in results if r.verdict is Verdict.ERROR], [(r.case.id, r.reason) for r in results]
         assert unexpected(results) == []

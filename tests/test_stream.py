@@ -19,7 +19,6 @@ from decodespec.runtime.stream import (
     Deduper,
     OrderedStream,
     StreamEvent,
-    StreamEventKind,
     StreamOverflow,
 )
 from decodespec.spec import FinishReason, load_spec
