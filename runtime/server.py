@@ -30,6 +30,7 @@ import collections
 import contextlib
 import hmac
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -56,9 +57,10 @@ from .openai_schema import (
     terminal_error,
 )
 from .runner import RequestRun
-from .stream import StreamEvent, StreamEventKind
+from .stream import StreamEvent, StreamEventKind, StreamReader
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_SEQ = re.compile(r"[0-9]{1,18}")
 MAX_BODY_BYTES = 4 << 20  # 4 MiB: far above any prompt that fits a context, far below a memory problem
 RETRY_AFTER_S = 1  # what a 429 (queue full) tells the client to wait
 # Content types a browser may send cross-origin without a preflight (CORS "simple" requests).
@@ -182,10 +184,10 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
         renderer = _Renderer(run, parsed, name, int(time.time()))
         headers = {"X-Request-Id": rid}
         if parsed.stream:
-            return StreamingResponse(_follow(run, renderer, []), media_type="text/event-stream",
+            return StreamingResponse(_follow(run, renderer, run.stream.reader()), media_type="text/event-stream",
                                      headers=headers | _SSE_HEADERS)
         text, last = bytearray(), None
-        async for ev in run.stream:
+        async for ev in run.stream.reader():
             if ev.kind is StreamEventKind.DELTA:
                 text += ev.data
             last = ev
@@ -204,19 +206,18 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
         last = request.headers.get("last-event-id")
         after: int | None = None
         if last is not None:
-            try:
-                after = int(last)
-            except ValueError:
-                return _error(ApiError(400, f"Last-Event-ID must be an integer seq, got {last!r}",
+            if not _SEQ.fullmatch(last):  # int() would take "+3", " 3" and "3_0"
+                return _error(ApiError(400, f"Last-Event-ID must be a seq (digits only), got {last[:40]!r}",
                                        param="Last-Event-ID", code="invalid_value"))
+            after = int(last)
         parsed = views.get(rid) or ParsedRequest(request=run.request, chat=False, stream=True, include_usage=True)
         run.stream.reconnect()
-        missed = run.stream.replay(after)
-        if after is not None:  # the client already has the start frame
-            missed = [ev for ev in missed if ev.kind is not StreamEventKind.START]
+        # This connection reads through its own cursor and becomes the one backpressure follows; a
+        # connection still open keeps its own view to the end (DECISIONS D5).
+        reader = run.stream.reader(after, resume=True)
         renderer = _Renderer(run, parsed, name, int(time.time()))
-        return StreamingResponse(_follow(run, renderer, missed), media_type="text/event-stream",
-                                 headers={"X-Request-Id": rid} | _SSE_HEADERS)
+        return StreamingResponse(_follow(run, renderer, reader, skip_start=after is not None),
+                                 media_type="text/event-stream", headers={"X-Request-Id": rid} | _SSE_HEADERS)
 
     async def cancel(request: HttpRequest) -> Response:
         rid = request.path_params["request_id"]
@@ -291,21 +292,21 @@ async def _http_error(request: HttpRequest, exc: Exception) -> Response:
                            code="not_found" if status == 404 else "invalid_request"))
 
 
-async def _follow(run: RequestRun, renderer: _Renderer, first: list[StreamEvent]) -> AsyncIterator[bytes]:
-    """SSE frames of `first` (a replay), then of the live stream up to its terminal event.
-    Leaving early (the client went away) is recorded as a disconnect (D5), nothing more."""
+async def _follow(run: RequestRun, renderer: _Renderer, reader: StreamReader, *,
+                  skip_start: bool = False) -> AsyncIterator[bytes]:
+    """SSE frames of every event `reader` gets, up to the terminal one (`skip_start`: the client
+    already has the start frame). Leaving early (the client went away) is recorded as a disconnect
+    of the primary reader (D5), nothing more."""
     ended = False
     try:
-        for ev in first:
+        while not ended and (ev := await reader.aget()) is not None:
+            ended = ev.terminal
+            if skip_start and ev.kind is StreamEventKind.START:
+                continue
             for frame in renderer.frames(ev):
                 yield frame
-            ended = ev.terminal
-        while not ended and (ev := await run.stream.aget()) is not None:
-            for frame in renderer.frames(ev):
-                yield frame
-            ended = ev.terminal
     finally:
-        if not ended:
+        if not ended and reader.primary:
             run.disconnect()
 
 

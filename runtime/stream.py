@@ -134,7 +134,8 @@ class OrderedStream:
     __slots__ = (
         "max_bytes", "max_events", "pause_timeout_s", "paused_s", "policy", "request_id",
         "_async_waiters", "_cond", "_connected", "_cursor", "_inline_max", "_lock", "_log", "_next_seq",
-        "_pending", "_sleepers", "_st", "_trace", "_unread_bytes", "_unread_events", "_usage_provider",
+        "_pending", "_primary", "_sleepers", "_st", "_trace", "_unread_bytes", "_unread_events",
+        "_usage_provider",
     )
 
     def __init__(
@@ -167,7 +168,8 @@ class OrderedStream:
         # Every event, retained for replay. A delta is kept as its (seq, data) pair and becomes a
         # StreamEvent when read (`_event`): a producer that reads inline never builds one.
         self._log: list[StreamEvent | tuple[int, bytes]] = []
-        self._cursor = 0  # index in _log of the reader's next unread event
+        self._cursor = 0  # index in _log of the (primary) reader's next unread event
+        self._primary: StreamReader | None = None  # the reader whose reads backpressure counts
         self._unread_events = 0  # unread deltas (the terminal has its own slot)
         self._unread_bytes = 0
         self._pending = 0  # size of the delta a paused producer is waiting to send
@@ -353,6 +355,53 @@ class OrderedStream:
             yield ev
             if ev.terminal:
                 return
+
+    def reader(self, after_seq: int | None = None, *, resume: bool = False) -> StreamReader:
+        """A reader with its own cursor over the retained log: it sees every event once, in order,
+        up to the terminal one, whatever other readers do (§4.7 rules 1-4, DECISIONS D5).
+
+        The newest reader is the *primary* one: its reads are what backpressure counts (§4.8). A
+        first reader starts at the first unread event. With `resume` (a reconnect, `after_seq` the
+        last seq the client has, None for all) it starts after that seq, the events up to now count
+        as read (the `replay` row: a paused producer may resume), and a reader that was primary
+        keeps its own view but no longer holds the producer back. Resuming a finished stream at or
+        past its end still yields the terminal event, so the client always sees how it ended."""
+        if after_seq is not None and (isinstance(after_seq, bool) or not isinstance(after_seq, int)):
+            raise TypeError(f"after_seq must be an int or None, got {type(after_seq).__name__}")
+        with self._cond:
+            if not resume:
+                r = StreamReader(self, self._cursor)
+            else:
+                self._st.fire("replay")
+                start = 0 if after_seq is None else next(
+                    (i for i, e in enumerate(self._log) if self._seq_of(e) is not None and self._seq_of(e) > after_seq),
+                    len(self._log))
+                if start == len(self._log) and self._st.terminal and self._log:
+                    start = len(self._log) - 1  # the terminal event again: the client sees the end
+                r = StreamReader(self, start)
+                self._cursor = len(self._log)
+                self._unread_events = self._unread_bytes = 0
+                self._after_read()
+            self._primary = r
+            return r
+
+    @staticmethod
+    def _seq_of(entry: StreamEvent | tuple[int, bytes]) -> int | None:
+        return entry[0] if type(entry) is tuple else entry.seq
+
+    def _take_for(self, r: StreamReader) -> StreamEvent | None:
+        """The reader's next event (lock held); the primary reader's reads count as the stream's."""
+        if r.index >= len(self._log):
+            return None
+        entry = self._log[r.index]
+        r.index += 1
+        if r is self._primary and r.index > self._cursor:
+            self._cursor = r.index
+            if type(entry) is tuple:
+                self._unread_events -= 1
+                self._unread_bytes -= len(entry[1])
+                self._after_read()
+        return self._event(entry)
 
     def replay(self, after_seq: int | None = None) -> list[StreamEvent]:
         """Retained events with seq > `after_seq` (None: the whole log, start included), for a
@@ -550,6 +599,55 @@ class OrderedStream:
 
     def __repr__(self) -> str:
         return f"<OrderedStream {self.request_id} {self._st.state.value} next_seq={self._next_seq}>"
+
+
+class StreamReader:
+    """One reader's cursor over an OrderedStream's log (`OrderedStream.reader`): each HTTP connection
+    of a request reads through its own, so a reconnect never steals events from, nor loses events
+    to, a connection that is still open. `delivered` is the seqs handed out, in order (a per-reader
+    delivery trace for the §4.7 checks)."""
+
+    __slots__ = ("stream", "index", "delivered")
+
+    def __init__(self, stream: OrderedStream, index: int) -> None:
+        self.stream, self.index = stream, index
+        self.delivered: list[int | None] = []
+
+    @property
+    def primary(self) -> bool:
+        return self.stream._primary is self
+
+    def _next(self) -> tuple[StreamEvent | None, bool]:
+        st = self.stream
+        ev = st._take_for(self)
+        if ev is not None:
+            self.delivered.append(ev.seq)
+            return ev, False
+        return None, st._st.terminal and self.index >= len(st._log)
+
+    async def aget(self) -> StreamEvent | None:
+        """The next event for this reader (None once it has had the terminal one); never blocks the loop."""
+        st = self.stream
+        loop = asyncio.get_running_loop()
+        while True:
+            with st._cond:
+                ev, done = self._next()
+                if ev is not None or done:
+                    return ev
+                fut: asyncio.Future[None] = loop.create_future()
+                st._async_waiters.append((loop, fut))
+            try:
+                await fut
+            finally:
+                with st._cond:
+                    if (loop, fut) in st._async_waiters:
+                        st._async_waiters.remove((loop, fut))
+
+    async def __aiter__(self) -> AsyncIterator[StreamEvent]:
+        while (ev := await self.aget()) is not None:
+            yield ev
+            if ev.terminal:
+                return
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

@@ -276,3 +276,59 @@ def test_a_checkpoints_chat_template_renders_the_messages():
     assert render(msgs) == "[user]hi>"
     with pytest.raises(ValueError, match="chat_template does not compile"):
         compile_chat_template("{% for m in messages %}")
+
+
+def _check_delivery(ids: list[int], first: int) -> None:
+    """§4.7 on one reader's delivery: seqs strictly increasing, no gap, from `first`."""
+    assert ids == list(range(first, first + len(ids))), ids
+
+
+def test_a_resume_while_the_old_connection_is_open_gets_every_later_event(server):
+    """Issue 14 item 1 (DECISIONS D5): each connection reads through its own cursor. A client whose
+    first connection stalls (still open) resumes with Last-Event-ID: it gets every event after that
+    id, then the terminal and [DONE]; the stalled connection, read later, still has its own
+    complete view; neither sees a duplicate or a gap."""
+    base, _ = server
+    body = {"model": MODEL_NAME, "prompt": "resume", "max_tokens": 60, "temperature": 0, "stream": True}
+    for _trial in range(3):
+        with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=30) as first:
+            rid = first.headers["x-request-id"]
+            lines = first.iter_lines()
+            seen: list[int] = []
+            for i, _, _ in _frames(lines):
+                if i is not None:
+                    seen.append(int(i))
+                if len(seen) == 3:
+                    break  # stop reading; the connection stays open
+            with httpx.stream("GET", f"{base}/v1/requests/{rid}/events",
+                              headers={"Last-Event-ID": str(seen[-1])}, timeout=30) as second:
+                frames = list(_frames(second.iter_lines()))
+            resumed = [int(i) for i, _, _ in frames if i is not None]
+            _check_delivery(resumed, seen[-1] + 1)
+            assert frames[-1][2] == "[DONE]" and '"finish_reason":"length"' in frames[-2][2]
+            rest = [int(i) for i, _, _ in _frames(lines) if i is not None]  # the stalled connection, read now
+            _check_delivery(seen + rest, 0)
+            assert rest[-1] == resumed[-1]
+
+
+def test_resuming_a_finished_request_at_its_end_still_ends_it(server):
+    """Resuming at or past the last id of a finished request yields its terminal and [DONE]."""
+    base, _ = server
+    body = {"model": MODEL_NAME, "prompt": "done", "max_tokens": 3, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=30) as r:
+        rid = r.headers["x-request-id"]
+        ids = [int(i) for i, _, _ in _frames(r.iter_lines()) if i is not None]
+    for after in (ids[-1], ids[-1] + 5):
+        with httpx.stream("GET", f"{base}/v1/requests/{rid}/events", headers={"Last-Event-ID": str(after)},
+                          timeout=30) as again:
+            frames = list(_frames(again.iter_lines()))
+        assert frames and frames[-1][2] == "[DONE]" and '"finish_reason"' in frames[-2][2], frames
+
+
+@pytest.mark.parametrize("bad", ["+3", "3_0", "1e3", "-1", "3.0", "x"])
+def test_last_event_id_is_parsed_strictly(server, bad):
+    base, _ = server
+    body = {"model": MODEL_NAME, "prompt": "strict", "max_tokens": 2, "temperature": 0}
+    rid = httpx.post(f"{base}/v1/completions", json=body, timeout=30).headers["x-request-id"]
+    r = httpx.get(f"{base}/v1/requests/{rid}/events", headers={"Last-Event-ID": bad}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "Last-Event-ID"
