@@ -20,6 +20,11 @@ import click
 @click.option("--preemption", type=click.Choice(["swap", "recompute"]), default="swap", show_default=True)
 @click.option("--detach-timeout", "detach_timeout_s", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="Seconds a paused request whose client disconnected waits before transport_error (D5).")
+@click.option("--stall-timeout", "stall_timeout_s", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="Seconds a paused request whose client is connected but not reading waits before transport_error.")
+@click.option("--shutdown-timeout", "shutdown_timeout_s", type=click.FloatRange(min=0), default=10.0,
+              show_default=True, help="On SIGTERM: seconds open connections get before the server closes them and "
+                                      "ends every live request with a terminal event.")
 @click.option("--api-key", envvar="DECODESPEC_API_KEY", default=None,
               help="Require Authorization: Bearer KEY on every route but /health (env DECODESPEC_API_KEY).")
 @click.option("--allow-origin", "allowed_origins", multiple=True,
@@ -31,7 +36,7 @@ import click
 @click.option("--retain", "retain_s", type=click.FloatRange(min=0), default=60.0, show_default=True,
               help="Seconds a finished request stays available for replay (Last-Event-ID).")
 def serve(host, port, model_path, device, policy, max_batch, max_queue, cache_budget_tokens, preemption,
-          detach_timeout_s, api_key, allowed_origins, max_body_bytes, log_level, retain_s) -> None:
+          detach_timeout_s, stall_timeout_s, shutdown_timeout_s, api_key, allowed_origins, max_body_bytes, log_level, retain_s) -> None:
     """Serve /v1/completions and /v1/chat/completions (SSE with replayable ids) until interrupted."""
     import uvicorn
 
@@ -42,8 +47,10 @@ def serve(host, port, model_path, device, policy, max_batch, max_queue, cache_bu
 
     model, tok = load_model_and_tokenizer(model_path, device)
     engine = Engine(model, tok, max_batch=max_batch, max_queue=max_queue, cache_budget_tokens=cache_budget_tokens,
-                    preemption=preemption, detach_timeout_s=detach_timeout_s, retain_s=retain_s)
+                    preemption=preemption, detach_timeout_s=detach_timeout_s, stall_timeout_s=stall_timeout_s,
+                    retain_s=retain_s)
     app = create_app(engine, policy=policy, api_key=api_key or None, allowed_origins=frozenset(allowed_origins),
                      max_body_bytes=max_body_bytes)
     click.echo(f"decodespec serve: model {engine.model_name!r} on http://{host}:{port}/v1 (policy {policy})", err=True)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=log_level in ("debug", "info"))
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=log_level in ("debug", "info"),
+                timeout_graceful_shutdown=shutdown_timeout_s)

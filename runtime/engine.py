@@ -17,7 +17,9 @@ decides *when* each run's phase methods are called. One `step()`:
 Backpressure (§4.8, DECISIONS D6): a `pause` run whose stream cannot take the next delta without
 waiting is *parked*: it keeps its slot but is skipped (no select, no decode, no finish), so a slow
 reader never blocks the batch; its safe points still run, so cancels and deadlines still land. A
-parked run whose reader is disconnected fails with transport_error after `detach_timeout_s` (D5).
+parked run whose reader is disconnected fails with transport_error after `detach_timeout_s` (D5), and
+one whose reader is connected but not reading after `stall_timeout_s` (a silent client cannot hold a
+slot for ever; None: no bound).
 `buffer` and `fail` streams never wait: past their cap the run fails inside `select()`.
 
 Preemption (§4.8, last paragraph): when the resident caches plus one token per decoding run would
@@ -93,6 +95,7 @@ class EngineStats:
     queue_depth: int
     active_slots: int
     parked: int
+    parked_longest_s: float  # how long the longest-parked resident run has waited for its reader
     swapped: int
     cache_tokens_in_use: int
     cache_bytes_in_use: int
@@ -121,6 +124,7 @@ class _Entry:
     snapshot: Any = None  # CacheSnapshot while swapped out
     swapped: bool = False
     detached_since: float | None = None
+    parked_since: float | None = None  # when its reader last let it run (connected or not)
     # y_t chosen ahead by the batch's one argmax, valid while the run's logits are `chosen_from`
     chosen: int | None = None
     chosen_from: Any = None
@@ -147,6 +151,7 @@ class Engine:
         cache_budget_tokens: int | None = None,
         preemption: str | Preemption = "swap",
         detach_timeout_s: float = 30.0,
+        stall_timeout_s: float | None = 60.0,
         retain_s: float = 60.0,
         max_retained: int = 1024,
         poll_s: float = 0.002,
@@ -160,6 +165,9 @@ class Engine:
             isinstance(cache_budget_tokens, bool) or not isinstance(cache_budget_tokens, int) or cache_budget_tokens < 1
         ):
             raise ValueError(f"cache_budget_tokens must be None or an int >= 1, got {cache_budget_tokens!r}")
+        if stall_timeout_s is not None and (isinstance(stall_timeout_s, bool) or not isinstance(stall_timeout_s, (int, float))
+                                            or stall_timeout_s < 0):
+            raise ValueError(f"stall_timeout_s must be None or a number of seconds >= 0, got {stall_timeout_s!r}")
         for name, value in (("detach_timeout_s", detach_timeout_s), ("retain_s", retain_s), ("poll_s", poll_s)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
@@ -174,6 +182,7 @@ class Engine:
         self.max_queue = max_queue
         self.cache_budget_tokens = cache_budget_tokens
         self.detach_timeout_s = float(detach_timeout_s)
+        self.stall_timeout_s = None if stall_timeout_s is None else float(stall_timeout_s)
         self.retain_s = float(retain_s)
         self.max_retained = max_retained
         self.poll_s = float(poll_s)
@@ -269,6 +278,8 @@ class Engine:
                 queue_depth=len(self._queue),
                 active_slots=len(resident),
                 parked=sum(1 for e in resident if self._blocked(e)),
+                parked_longest_s=max((self.clock() - e.parked_since for e in resident if e.parked_since is not None),
+                                     default=0.0),
                 swapped=len(swapped),
                 cache_tokens_in_use=sum(c.length for c in caches),
                 cache_bytes_in_use=sum(c.nbytes() for c in caches),
@@ -485,7 +496,7 @@ class Engine:
             decoding = run.decoding
             if decoding and run.check_point():
                 if not run.stream.would_wait(e.headroom):  # the common case (_blocked): to select
-                    e.detached_since = None
+                    e.detached_since = e.parked_since = None
                     ready.append(e)
                     continue
             elif decoding:
@@ -493,7 +504,7 @@ class Engine:
             if self._blocked(e):
                 moved = self._parked(e, now) or moved
             elif run.decoding:
-                e.detached_since = None
+                e.detached_since = e.parked_since = None
                 ready.append(e)
             moved = self._settle(e) or moved
         ready = self._fit_budget(ready)
@@ -527,16 +538,26 @@ class Engine:
         return False
 
     def _parked(self, e: _Entry, now: float) -> bool:
-        """A run held back by its slow reader (§4.8); True when it was failed (D5 detach timeout)."""
+        """A run held back by its slow reader (§4.8); True when it was failed: its reader detached for
+        `detach_timeout_s` (D5), or connected but not reading for `stall_timeout_s` (issue 14)."""
         run = e.run
-        if run.stream.connected or run.done:
+        if run.done:
+            e.detached_since = e.parked_since = None
+            return False
+        if e.parked_since is None:
+            e.parked_since = now
+        if run.stream.connected:
             e.detached_since = None
+            since, limit, what = e.parked_since, self.stall_timeout_s, "stall_timeout"
+            why = f"reader connected but not reading for {limit} s (the stream paused)"
+        else:
+            if e.detached_since is None:
+                e.detached_since = now
+            since, limit, what = e.detached_since, self.detach_timeout_s, "detach_timeout"
+            why = f"reader detached and the stream paused for {limit} s"
+        if limit is None or now - since < limit or run.state not in ("DECODING", "DRAINING"):
             return False
-        if e.detached_since is None:
-            e.detached_since = now
-        if now - e.detached_since < self.detach_timeout_s or run.state not in ("DECODING", "DRAINING"):
-            return False
-        run.transport_failed(f"reader detached and the stream paused for {self.detach_timeout_s} s")
+        run.transport_failed(why, what)
         return True
 
     def _fit_budget(self, ready: list[_Entry]) -> list[_Entry]:

@@ -273,11 +273,12 @@ class RequestRun:
         fault, self._kernel_fault = self._kernel_fault, False
         return fault
 
-    def transport_failed(self, error: str) -> None:
-        """The return channel gave up (a detached, parked reader past its timeout, DECISIONS D5):
-        FAILED with transport_error. Valid in DECODING and DRAINING."""
+    def transport_failed(self, error: str, what: str = "detach_timeout") -> None:
+        """The return channel gave up (a parked reader past its timeout: `detach_timeout` when it is
+        gone, DECISIONS D5, `stall_timeout` when connected but not reading): FAILED with
+        transport_error. Valid in DECODING and DRAINING."""
         self.error = f"transport_error: {error}"
-        self.trace.emit(EventKind.TRANSPORT, what="detach_timeout")
+        self.trace.emit(EventKind.TRANSPORT, what=what)
         self._terminate("transport_error")
 
     def begin_prefill(self) -> None:

@@ -317,6 +317,7 @@ def prometheus_text(engine: Engine) -> str:
         "queue_depth": (s.queue_depth, "requests waiting for admission"),
         "active_slots": (s.active_slots, "sequences resident in the batch"),
         "parked_requests": (s.parked, "resident sequences held back by a slow reader (§4.8)"),
+        "parked_longest_seconds": (round(s.parked_longest_s, 3), "how long the longest-parked sequence has waited"),
         "swapped_requests": (s.swapped, "preempted sequences waiting to resume (§4.8)"),
         "cache_tokens_in_use": (s.cache_tokens_in_use, "KV cache tokens held on the device"),
         "cache_bytes_in_use": (s.cache_bytes_in_use, "KV cache bytes held on the device"),

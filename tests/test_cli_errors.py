@@ -55,3 +55,43 @@ def test_serve_logs_each_request_at_info_and_not_at_warning():
             proc.terminate()
             text = proc.communicate(timeout=30)[0]
         assert ('"GET /v1/models HTTP/1.1" 200' in text) is logged, text[-600:]
+
+
+@pytest.mark.slow
+def test_sigterm_ends_the_server_within_its_shutdown_bound():
+    """Issue 14 item 2: with a streaming client still connected and reading slowly (its connection
+    open past the signal), SIGTERM ends the server within --shutdown-timeout plus slack."""
+    import signal
+    import threading
+    import time
+
+    import httpx
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "decodespec", "serve", "--port", str(port), "--shutdown-timeout", "2",
+                             "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    reading = threading.Event()
+    try:
+        wait_until_serving(url)
+
+        def slow_client() -> None:
+            body = {"model": httpx.get(f"{url}/v1/models").json()["data"][0]["id"], "prompt": "Once upon a time",
+                    "max_tokens": 200, "stream": True}
+            try:
+                with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+                    for _ in r.iter_lines():
+                        reading.set()
+                        time.sleep(0.2)
+            except httpx.HTTPError:
+                pass
+
+        threading.Thread(target=slow_client, daemon=True).start()
+        assert reading.wait(30)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        assert time.monotonic() - t0 < 2 + 8
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -317,6 +317,47 @@ def test_detached_paused_request_fails_with_transport_error_after_the_timeout():
     _gauges_zero(eng)
 
 
+def test_silent_connected_readers_cannot_hold_every_slot():
+    """Issue 14 item 2: two clients take both slots and stop reading (still connected): their runs
+    park, the longest wait shows in the stats, and after stall_timeout_s they fail with
+    transport_error, freeing the slots, so the queued third request is answered."""
+    clock = FakeClock()
+    eng = Engine(MODEL, TOK, max_batch=2, stall_timeout_s=5.0, clock=clock)
+    silent = [eng.submit(Request(f"silent {i}", max_output_tokens=40, max_buffer_events=2)) for i in range(2)]
+    waiting = eng.submit(Request("waiting", max_output_tokens=5))
+    eng.run_until_idle()
+    assert not waiting.done and all(r.stream.connected and not r.done for r in silent)
+    clock.advance(3.0)
+    assert eng.stats().parked == 2 and eng.stats().parked_longest_s >= 3.0
+    eng.step()
+    assert not any(r.done for r in silent)
+    clock.advance(2.5)
+    eng.run_until_idle()
+    for r in silent:
+        assert r.state == "FAILED" and r.reason.value == "transport_error" and "not reading" in r.error
+        assert [e.data.get("what") for e in r.trace.events if e.kind == EventKind.TRANSPORT] == ["stall_timeout"]
+    assert waiting.state == "FINISHED"
+    _no_violations([*silent, waiting])
+    _gauges_zero(eng)
+
+
+def test_a_stall_bound_of_none_waits_for_the_reader():
+    clock = FakeClock()
+    eng = Engine(MODEL, TOK, stall_timeout_s=None, clock=clock)
+    run = eng.submit(Request("patient", max_output_tokens=20, max_buffer_events=2))
+    eng.run_until_idle()
+    clock.advance(10_000)
+    eng.step()
+    assert not run.done
+    for _ in range(1000):  # the reader comes back: it reads what is there, the engine goes on
+        while run.stream.get(timeout=0) is not None:
+            pass
+        eng.step()
+        if run.done:
+            break
+    assert run.state == "FINISHED"
+
+
 def test_buffer_policy_overflow_fails_only_that_request():
     """§4.8, DECISIONS D6 (buffer): past max_bytes the request fails with transport_error;
     nothing is dropped silently and the batch-mates are untouched."""

@@ -120,3 +120,8 @@ def test_a_full_queue_says_when_to_retry():
             t.join()
         full = [r for r in answers if r.status_code == 429]
         assert full and all(r.headers.get("retry-after") == "1" for r in full)
+
+
+def test_metrics_show_how_long_the_longest_parked_request_has_waited(base):
+    text = httpx.get(f"{base}/metrics").text
+    assert re.search(r"^decodespec_parked_longest_seconds [0-9.]+$", text, re.M), text[:400]
