@@ -25,6 +25,11 @@ import click
 @click.option("--shutdown-timeout", "shutdown_timeout_s", type=click.FloatRange(min=0), default=10.0,
               show_default=True, help="On SIGTERM: seconds open connections get before the server closes them and "
                                       "ends every live request with a terminal event.")
+@click.option("--on-disconnect", type=click.Choice(["continue", "cancel"]), default="continue", show_default=True,
+              help="What a streaming client's disconnect does (DECISIONS D5); a non-streamed request whose client "
+                   "leaves is always cancelled.")
+@click.option("--body-timeout", "body_timeout_s", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+              help="Seconds a request body may take to arrive (408 past it).")
 @click.option("--api-key", envvar="DECODESPEC_API_KEY", default=None,
               help="Require Authorization: Bearer KEY on every route but /health (env DECODESPEC_API_KEY).")
 @click.option("--allow-origin", "allowed_origins", multiple=True,
@@ -36,7 +41,7 @@ import click
 @click.option("--retain", "retain_s", type=click.FloatRange(min=0), default=60.0, show_default=True,
               help="Seconds a finished request stays available for replay (Last-Event-ID).")
 def serve(host, port, model_path, device, policy, max_batch, max_queue, cache_budget_tokens, preemption,
-          detach_timeout_s, stall_timeout_s, shutdown_timeout_s, api_key, allowed_origins, max_body_bytes, log_level, retain_s) -> None:
+          detach_timeout_s, stall_timeout_s, shutdown_timeout_s, on_disconnect, body_timeout_s, api_key, allowed_origins, max_body_bytes, log_level, retain_s) -> None:
     """Serve /v1/completions and /v1/chat/completions (SSE with replayable ids) until interrupted."""
     import uvicorn
 
@@ -50,7 +55,7 @@ def serve(host, port, model_path, device, policy, max_batch, max_queue, cache_bu
                     preemption=preemption, detach_timeout_s=detach_timeout_s, stall_timeout_s=stall_timeout_s,
                     retain_s=retain_s)
     app = create_app(engine, policy=policy, api_key=api_key or None, allowed_origins=frozenset(allowed_origins),
-                     max_body_bytes=max_body_bytes)
+                     max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s, on_disconnect=on_disconnect)
     click.echo(f"decodespec serve: model {engine.model_name!r} on http://{host}:{port}/v1 (policy {policy})", err=True)
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=log_level in ("debug", "info"),
                 timeout_graceful_shutdown=shutdown_timeout_s)

@@ -25,6 +25,7 @@ read is dropped quietly.
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 import collections
 import contextlib
@@ -32,7 +33,7 @@ import hmac
 import json
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -129,10 +130,16 @@ class _Renderer:
 
 def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "pause",
                max_buffer_events: int = 256, manage_engine: bool = True, api_key: str | None = None,
-               allowed_origins: frozenset[str] = frozenset(), max_body_bytes: int = MAX_BODY_BYTES) -> Starlette:
+               allowed_origins: frozenset[str] = frozenset(), max_body_bytes: int = MAX_BODY_BYTES,
+               body_timeout_s: float = 30.0, on_disconnect: str = "continue") -> Starlette:
     """The ASGI app. With `manage_engine` the app starts the engine thread at startup and stops it
     (every live request cancelled) at shutdown. `api_key`, `allowed_origins`, `max_body_bytes`: see
-    the module docstring."""
+    the module docstring. `body_timeout_s`: a body not fully received by then is a 408.
+    `on_disconnect` ("continue", DECISIONS D5's default, or "cancel"): what a streaming request's
+    disconnect does; a non-streamed request whose client leaves is always cancelled (nobody can
+    ever read its answer: its id was never sent)."""
+    if on_disconnect not in ("continue", "cancel"):
+        raise ValueError(f"on_disconnect must be 'continue' or 'cancel', got {on_disconnect!r}")
     name = model_name or engine.model_name
     vocab_size = engine.model.vocab_size
     schema = openapi(name)
@@ -143,6 +150,13 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
         return parse_completion(raw, chat=chat, model_name=name, context_limit=engine.context_limit,
                                 vocab_size=vocab_size, tokenizer=engine.tokenizer, policy=policy,
                                 max_buffer_events=max_buffer_events, chat_template=chat_template)
+
+    def gone(run: RequestRun) -> None:
+        """A streaming client left: recorded (D5); cancelled too with on_disconnect="cancel"."""
+        run.disconnect()
+        if on_disconnect == "cancel":
+            with contextlib.suppress(UnknownRequest):
+                engine.cancel(run.request.request_id, source="disconnect")
 
     def guard(request: HttpRequest) -> None:
         """Auth, then origin and content type: a refusal names what is wrong (_Refused)."""
@@ -163,9 +177,11 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
 
     async def completions(request: HttpRequest, chat: bool) -> Response:
         try:
-            raw = await _read_body(request, max_body_bytes)
+            raw = await asyncio.wait_for(_read_body(request, max_body_bytes), body_timeout_s)
         except ClientDisconnect:  # the client left while sending: nothing to answer, nothing to log
             return Response(status_code=400)
+        except TimeoutError:
+            return _error(ApiError(408, f"the body was not received within {body_timeout_s:g} s", code="body_timeout"))
         try:
             parsed = await run_in_threadpool(parse, raw, chat)  # tokenizing a long prompt never blocks the loop
         except ApiError as exc:
@@ -184,13 +200,17 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
         renderer = _Renderer(run, parsed, name, int(time.time()))
         headers = {"X-Request-Id": rid}
         if parsed.stream:
-            return StreamingResponse(_follow(run, renderer, run.stream.reader()), media_type="text/event-stream",
+            return StreamingResponse(_follow(run, renderer, run.stream.reader(), on_gone=gone), media_type="text/event-stream",
                                      headers=headers | _SSE_HEADERS)
         text, last = bytearray(), None
-        async for ev in run.stream.reader():
-            if ev.kind is StreamEventKind.DELTA:
-                text += ev.data
-            last = ev
+        watch = asyncio.ensure_future(_watch_disconnect(request, run, lambda: engine.cancel(rid, source="disconnect")))
+        try:
+            async for ev in run.stream.reader():
+                if ev.kind is StreamEventKind.DELTA:
+                    text += ev.data
+                last = ev
+        finally:
+            watch.cancel()
         if last is None or last.kind is not StreamEventKind.COMPLETED:
             return _error(terminal_error(last.finish_reason, last.error, rid), rid)
         body = completion_body(parsed, renderer.cid, renderer.created, name, text.decode("utf-8", "replace"),
@@ -216,7 +236,7 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
         # connection still open keeps its own view to the end (DECISIONS D5).
         reader = run.stream.reader(after, resume=True)
         renderer = _Renderer(run, parsed, name, int(time.time()))
-        return StreamingResponse(_follow(run, renderer, reader, skip_start=after is not None),
+        return StreamingResponse(_follow(run, renderer, reader, skip_start=after is not None, on_gone=gone),
                                  media_type="text/event-stream", headers={"X-Request-Id": rid} | _SSE_HEADERS)
 
     async def cancel(request: HttpRequest) -> Response:
@@ -292,11 +312,11 @@ async def _http_error(request: HttpRequest, exc: Exception) -> Response:
                            code="not_found" if status == 404 else "invalid_request"))
 
 
-async def _follow(run: RequestRun, renderer: _Renderer, reader: StreamReader, *,
-                  skip_start: bool = False) -> AsyncIterator[bytes]:
+async def _follow(run: RequestRun, renderer: _Renderer, reader: StreamReader, *, skip_start: bool = False,
+                  on_gone: Callable[[RequestRun], None]) -> AsyncIterator[bytes]:
     """SSE frames of every event `reader` gets, up to the terminal one (`skip_start`: the client
-    already has the start frame). Leaving early (the client went away) is recorded as a disconnect
-    of the primary reader (D5), nothing more."""
+    already has the start frame). Leaving early (the client went away) while this reader is the
+    primary one calls `on_gone` (a disconnect, D5)."""
     ended = False
     try:
         while not ended and (ev := await reader.aget()) is not None:
@@ -307,7 +327,20 @@ async def _follow(run: RequestRun, renderer: _Renderer, reader: StreamReader, *,
                 yield frame
     finally:
         if not ended and reader.primary:
+            on_gone(run)
+
+
+async def _watch_disconnect(request: HttpRequest, run: RequestRun, cancel: Callable[[], object],
+                            poll_s: float = 0.2) -> None:
+    """For a non-streamed request: when its client goes away before the answer, record the
+    disconnect and cancel the request (its answer can never be delivered)."""
+    while not run.done:
+        if await request.is_disconnected():
             run.disconnect()
+            with contextlib.suppress(UnknownRequest):
+                cancel()
+            return
+        await asyncio.sleep(poll_s)
 
 
 def prometheus_text(engine: Engine) -> str:

@@ -125,3 +125,56 @@ def test_a_full_queue_says_when_to_retry():
 def test_metrics_show_how_long_the_longest_parked_request_has_waited(base):
     text = httpx.get(f"{base}/metrics").text
     assert re.search(r"^decodespec_parked_longest_seconds [0-9.]+$", text, re.M), text[:400]
+
+
+def _live_after(engine: Engine, seconds: float) -> int:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and engine.stats().live_requests:
+        time.sleep(0.05)
+    return engine.stats().live_requests
+
+
+def test_an_abandoned_non_stream_request_is_cancelled():
+    """Issue 14 item 7 (finding): a non-streamed client that leaves can never get its answer (its id
+    was never sent), so the request is cancelled instead of running to its end."""
+    import socket
+
+    engine = Engine(slow_model(delay_s=0.1), ascii_tokenizer(), poll_s=0.001)
+    with serve_in_thread(create_app(engine, model_name=MODEL)) as url:
+        host, port = url.removeprefix("http://").split(":")
+        body = b'{"model":"tiny","prompt":"resume","max_tokens":60}'  # 60 tokens take 6 s (no EOS before)
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            time.sleep(0.5)  # then the client leaves
+        assert _live_after(engine, 4) == 0
+        assert any(state == "CANCELLED" for state, _ in engine.stats().requests_total)
+
+
+def test_on_disconnect_cancel_stops_a_dropped_stream():
+    engine = Engine(slow_model(delay_s=0.05), ascii_tokenizer(), poll_s=0.001)
+    with serve_in_thread(create_app(engine, model_name=MODEL, on_disconnect="cancel")) as url:
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 120, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as r:
+            for n, _ in enumerate(r.iter_lines()):
+                if n == 4:
+                    break
+        assert _live_after(engine, 5) == 0
+        assert any(state == "CANCELLED" for state, _ in engine.stats().requests_total)
+
+
+def test_a_body_that_never_arrives_is_a_408():
+    """Issue 14 item 8: a client that declares a body and sends part of it is answered 408 after the
+    body timeout instead of holding the connection."""
+    import socket
+
+    engine = Engine(slow_model(delay_s=0.001), ascii_tokenizer(), poll_s=0.001)
+    with serve_in_thread(create_app(engine, model_name=MODEL, body_timeout_s=0.5)) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 100\r\n\r\n{\"model\":")
+            answer = b""
+            while b"body_timeout" not in answer and (part := s.recv(4096)):
+                answer += part
+        assert answer.startswith(b"HTTP/1.1 408") and b"body_timeout" in answer
