@@ -98,3 +98,32 @@ def test_fuzz_left_the_engine_idle(http):
     http.post("/v1/completions", json={"model": MODEL_NAME, "prompt": "end", "max_tokens": 2})
     s = engine.stats()
     assert (s.live_requests, s.queue_depth, s.active_slots, s.cache_tokens_in_use) == (0, 0, 0, 0)
+
+
+_surrogate_text = st.lists(st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF) | st.characters(max_codepoint=0x7F),
+                           min_size=1, max_size=6).map("".join).filter(lambda t: any("\ud800" <= c <= "\udfff" for c in t))
+hostile = st.one_of(
+    # a lone surrogate in any field's value, or in a field's name
+    st.sampled_from(["prompt", "stop", "model", "user"]).flatmap(
+        lambda f: _surrogate_text.map(lambda t: json.dumps({"model": MODEL_NAME, "prompt": "hi", f: t}).encode())),
+    _surrogate_text.map(lambda t: json.dumps({"model": MODEL_NAME, "prompt": "hi", t: 1}).encode()),
+    _surrogate_text.map(lambda t: json.dumps({"model": MODEL_NAME, "messages": [{"role": "user", "content": t}]}).encode()),
+    # integers past Python's 4300-digit conversion limit, in any numeric field
+    st.tuples(st.sampled_from(["max_tokens", "seed", "temperature", "n"]), st.integers(4301, 6000)).map(
+        lambda fd: b'{"model":"tiny","prompt":"hi","' + fd[0].encode() + b'":' + b"7" * fd[1] + b"}"),
+    # nesting far past the recursion limit, as a field value or as the whole body
+    st.integers(2_000, 120_000).map(lambda n: b'{"model":"tiny","prompt":' + b"[" * n + b"]" * n + b"}"),
+    st.integers(2_000, 120_000).map(lambda n: b"{\"a\":" * n + b"1" + b"}" * n),
+)
+
+
+@settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow])
+@given(raw=hostile, chat=st.booleans())
+def test_hostile_bodies_never_5xx(http, raw, chat):
+    """Issue 14 item 5: lone surrogates anywhere, huge integers and deep nesting get a 400 naming the
+    problem, never a 5xx, on both endpoints."""
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    resp = http.post(path, content=raw, headers={"content-type": "application/json"})
+    assert resp.status_code == 400, (resp.status_code, resp.text[:300])
+    _assert_no_5xx(resp)
