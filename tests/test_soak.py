@@ -145,7 +145,7 @@ def test_soak_over_http():
             r = random.Random(i)
             body = {"model": "tiny", "prompt": f"http soak {i}", "max_tokens": r.randint(1, 60),
                     "temperature": r.choice([0, 0.8]), "seed": i}
-            action = r.choice(["json", "stream", "stream", "cancel", "leave"])
+            action = r.choice(["json", "stream", "stream", "cancel", "leave", "resume"])
             with httpx.Client(base_url=base, timeout=30) as http:
                 if action == "json":
                     assert http.post("/v1/completions", json=body).status_code in (200, 500)
@@ -153,12 +153,20 @@ def test_soak_over_http():
                 with http.stream("POST", "/v1/completions", json=body | {"stream": True}) as resp:
                     rid = resp.headers["x-request-id"]
                     lines = resp.iter_lines()
-                    next(lines)
+                    seen: list[str] = []
+                    first = _ids_until(lines, r.randint(1, 4), seen)
                     if action == "cancel":
                         http.post(f"/v1/requests/{rid}/cancel")
+                    if action == "resume":  # a second reader while the first is still open (issue 14)
+                        after = first[-1] if first else None
+                        headers = {} if after is None else {"Last-Event-ID": str(after)}
+                        with http.stream("GET", f"/v1/requests/{rid}/events", headers=headers) as again:
+                            second = list(again.iter_lines())
+                        _check_reader(_ids_until(iter(second)), 0 if after is None else after + 1, second)
                     if action != "leave":
-                        rest = list(lines)
+                        rest = seen + list(lines)
                         assert rest.count("data: [DONE]") <= 1
+                        _check_reader(_ids_until(iter(rest)), 0, rest)
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(rng.randint(40, 50))]
         for t in threads:
@@ -171,6 +179,26 @@ def test_soak_over_http():
         runs = list(engine.runs())
     assert runs
     _check_all(runs, engine)
+
+
+def _ids_until(lines, n: int | None = None, seen: list[str] | None = None) -> list[int]:
+    """The SSE `id:` seqs read from `lines` (at most n of them); `seen` keeps the lines consumed."""
+    out: list[int] = []
+    for line in lines:
+        if seen is not None:
+            seen.append(line)
+        if line.startswith("id:"):
+            out.append(int(line[3:]))
+            if n is not None and len(out) == n:
+                break
+    return out
+
+
+def _check_reader(ids: list[int], first: int, tail: list[str]) -> None:
+    """§4.7 on one reader's delivery: contiguous seqs from `first`, no duplicate, and it ends with a
+    terminal ([DONE] after a finish, or an error event)."""
+    assert ids == list(range(first, first + len(ids))), ids
+    assert "data: [DONE]" in tail or "event: error" in tail, tail[-4:]
 
 
 def test_queue_full_under_load_starts_nothing():
