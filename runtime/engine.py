@@ -271,6 +271,7 @@ class Engine:
             return not self._live
 
     def stats(self) -> EngineStats:
+        now = self.clock()
         with self._lock:
             resident, swapped = list(self._resident), list(self._swapped)
             caches = [e.run.cache for e in resident if e.run.cache is not None]
@@ -278,7 +279,7 @@ class Engine:
                 queue_depth=len(self._queue),
                 active_slots=len(resident),
                 parked=sum(1 for e in resident if self._blocked(e)),
-                parked_longest_s=max((self.clock() - e.parked_since for e in resident if e.parked_since is not None),
+                parked_longest_s=max((now - e.parked_since for e in resident if e.parked_since is not None),
                                      default=0.0),
                 swapped=len(swapped),
                 cache_tokens_in_use=sum(c.length for c in caches),

@@ -335,11 +335,16 @@ class OrderedStream:
 
     async def aget(self) -> StreamEvent | None:
         """`get()` for an asyncio reader: never blocks the loop; cancelling it loses no event."""
+        return await self._await(lambda: (ev := self._take(), ev is None and self._drained()))
+
+    async def _await(self, step: Callable[[], tuple[StreamEvent | None, bool]]) -> StreamEvent | None:
+        """Call `step` (lock held) until it gives an event or says the reader is done, waiting on
+        the producer in between without blocking the loop (every asyncio read goes through here)."""
         loop = asyncio.get_running_loop()
         while True:
             with self._cond:
-                ev = self._take()
-                if ev is not None or self._drained():
+                ev, done = step()
+                if ev is not None or done:
                     return ev
                 fut: asyncio.Future[None] = loop.create_future()
                 self._async_waiters.append((loop, fut))
@@ -372,18 +377,24 @@ class OrderedStream:
             if not resume:
                 r = StreamReader(self, self._cursor)
             else:
-                self._st.fire("replay")
-                start = 0 if after_seq is None else next(
-                    (i for i, e in enumerate(self._log) if self._seq_of(e) is not None and self._seq_of(e) > after_seq),
-                    len(self._log))
+                start = self._resume(after_seq)
                 if start == len(self._log) and self._st.terminal and self._log:
                     start = len(self._log) - 1  # the terminal event again: the client sees the end
                 r = StreamReader(self, start)
-                self._cursor = len(self._log)
-                self._unread_events = self._unread_bytes = 0
-                self._after_read()
             self._primary = r
             return r
+
+    def _resume(self, after_seq: int | None) -> int:
+        """The `replay` row (lock held): everything logged counts as read, a paused producer may
+        resume; returns the log index of the first event with seq > `after_seq` (None: 0)."""
+        self._st.fire("replay")
+        start = 0 if after_seq is None else next(
+            (i for i, e in enumerate(self._log) if self._seq_of(e) is not None and self._seq_of(e) > after_seq),
+            len(self._log))
+        self._cursor = len(self._log)
+        self._unread_events = self._unread_bytes = 0
+        self._after_read()
+        return start
 
     @staticmethod
     def _seq_of(entry: StreamEvent | tuple[int, bytes]) -> int | None:
@@ -410,14 +421,7 @@ class OrderedStream:
         if after_seq is not None and (isinstance(after_seq, bool) or not isinstance(after_seq, int)):
             raise TypeError(f"after_seq must be an int or None, got {type(after_seq).__name__}")
         with self._cond:
-            self._st.fire("replay")
-            out = [self._event(entry) for entry in self._log]
-            if after_seq is not None:
-                out = [ev for ev in out if ev.seq is not None and ev.seq > after_seq]
-            self._cursor = len(self._log)
-            self._unread_events = self._unread_bytes = 0
-            self._after_read()
-            return out
+            return [self._event(entry) for entry in self._log[self._resume(after_seq):]]
 
     def disconnect(self) -> None:
         """The reader's transport went away: recorded, never EOS, not a cancel (DECISIONS D5)."""
@@ -627,21 +631,7 @@ class StreamReader:
 
     async def aget(self) -> StreamEvent | None:
         """The next event for this reader (None once it has had the terminal one); never blocks the loop."""
-        st = self.stream
-        loop = asyncio.get_running_loop()
-        while True:
-            with st._cond:
-                ev, done = self._next()
-                if ev is not None or done:
-                    return ev
-                fut: asyncio.Future[None] = loop.create_future()
-                st._async_waiters.append((loop, fut))
-            try:
-                await fut
-            finally:
-                with st._cond:
-                    if (loop, fut) in st._async_waiters:
-                        st._async_waiters.remove((loop, fut))
+        return await self.stream._await(self._next)
 
     async def __aiter__(self) -> AsyncIterator[StreamEvent]:
         while (ev := await self.aget()) is not None:

@@ -59,16 +59,15 @@ def test_programs_that_cannot_share_a_checkpoint_are_refused_by_name(programs, m
         forced_llama(programs, 50, 9)
 
 
-def test_compiled_byte_table_keeps_every_id_and_its_bytes():
+def test_compiled_byte_table_keeps_every_id_and_its_bytes(tmp_path):
     """The case's own ids and bytes survive compilation (incl. invalid UTF-8 pieces), EOS is special."""
     from decodespec.runtime.tokenizers import HFTokenizer
 
     cases = [c for c in load_cases() if c.tokenizer_spec.get("table")]
     table, eos = merged_table(cases)
     tok = byte_table_tokenizer(table, eos, ["<|m|>"])
-    folder = pytest.importorskip("tempfile").mkdtemp()
-    tok.save(f"{folder}/tokenizer.json")
-    hf = HFTokenizer(folder, eos_id=eos)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    hf = HFTokenizer(tmp_path, eos_id=eos)
     for tid, data in table.items():
         assert hf.token_bytes(tid) == data, tid
     assert eos in hf.special_ids and hf.decode_bytes([103, eos, 104]) == b"EF"

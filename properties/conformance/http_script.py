@@ -74,6 +74,7 @@ def run_script(a: OpenAIAdapter, case: Case) -> Outcome:
         return Outcome(skip=f"{why} ({'sent as text: ' + repr(body['prompt']) if as_text else 'sent as ids'}); "
                             "the forced checkpoint steers only the exact prompt", exchanges=tuple(log))
     finished = ref.state.name == "FINISHED"
+    got_n = usage.get("completion_tokens") if isinstance(usage, dict) else None
     f: list[Finding] = []
     text = choice.get("text") if status == 200 and isinstance(choice.get("text"), str) else None
     reason = choice.get("finish_reason") if status == 200 else None
@@ -90,12 +91,11 @@ def run_script(a: OpenAIAdapter, case: Case) -> Outcome:
                              f"({ref.finish_reason.value})"))
         expect = Expect(output=ref.output, finish_reason=want)
         counts = _completion_counts(ref)
-        got = usage.get("completion_tokens") if isinstance(usage, dict) else None
-        if got is not None and got not in counts:
+        if got_n is not None and got_n not in counts:
             n = ref.usage.selected_tokens
-            how = (f"it went on {got - n} token(s) past the one that ends the run ({ref.finish_reason.value} at token {n})"
-                   if got > n else f"the run ends only at token {n} ({ref.finish_reason.value})")
-            f.append(Finding("usage_consistent", f"usage.completion_tokens is {got}: {how}; accepted counts "
+            how = (f"it went on {got_n - n} token(s) past the one that ends the run ({ref.finish_reason.value} at token {n})"
+                   if got_n > n else f"the run ends only at token {n} ({ref.finish_reason.value})")
+            f.append(Finding("usage_consistent", f"usage.completion_tokens is {got_n}: {how}; accepted counts "
                              f"{sorted(counts)} (with or without the EOS)"))
     else:
         # §4.5 / D12: the run fails with a decoding error; the bytes before it are all it may show.
@@ -111,7 +111,6 @@ def run_script(a: OpenAIAdapter, case: Case) -> Outcome:
                              f"only {ref.output!r} may be sent"))
         expect = Expect()
         text = None  # an error answer has no output to compare
-    got_n = usage.get("completion_tokens") if isinstance(usage, dict) else None
     if isinstance(got_n, int) and got_n > case.max_tokens:
         f.append(Finding("length_respected", f"usage.completion_tokens is {got_n} with max_tokens {case.max_tokens}: "
                          "the server generated past its limit"))

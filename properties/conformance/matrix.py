@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .reports import section_key
+
 MATRIX_ORDER = ("reference", "decodespec-serve", "vllm", "llama-server", "llama-cpp-python", "transformers-serve",
                 "hf-generate")
 _CELL = {"PASS": "#cfc", "FAIL": "#f99", "ERROR": "#f66", "SKIP": "#eee"}
@@ -35,8 +37,8 @@ def _rows(reports: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str, str,
         for c in rep["cases"]:
             cases.setdefault(c["id"], {})[engine] = c
             meta[c["id"]] = (c["anchor"], c["grade"])
-    key = lambda cid: (int(meta[cid][0].split(".")[1]), cid)  # noqa: E731  "§4.10" sorts after "§4.9"
-    return [(meta[cid][0], cid, meta[cid][1], cases[cid]) for cid in sorted(cases, key=key)]
+    return [(meta[cid][0], cid, meta[cid][1], cases[cid])
+            for cid in sorted(cases, key=lambda cid: (section_key(meta[cid][0]), cid))]
 
 
 def _count(rep: Mapping[str, Any]) -> str:

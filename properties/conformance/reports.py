@@ -71,7 +71,8 @@ def headline(results: Sequence[CaseResult], engine: str) -> str:
             + (f"; {s['partial']} partial" if s["partial"] else ""))
 
 
-def _section_key(anchor: str) -> int:
+def section_key(anchor: str) -> int:
+    """'§4.10' -> 10, so sections sort as chapter 4 numbers them (§4.10 after §4.9)."""
     return int(anchor.split(".")[1])
 
 
@@ -80,7 +81,7 @@ def by_section(results: Iterable[CaseResult]) -> list[tuple[str, list[CaseResult
     groups: dict[str, list[CaseResult]] = {}
     for r in results:
         groups.setdefault(r.case.anchor, []).append(r)
-    return [(a, sorted(groups[a], key=lambda r: r.case.id)) for a in sorted(groups, key=_section_key)]
+    return [(a, sorted(groups[a], key=lambda r: r.case.id)) for a in sorted(groups, key=section_key)]
 
 
 def _expected(r: CaseResult) -> dict[str, Any]:

@@ -194,17 +194,21 @@ def case_script(case: Case, tok: Any) -> list[int]:
 
 
 def reference_on(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[int]) -> Any:
-    """The reference loop's Result for `case` over `tok`, forcing `script` after `prompt` (§4.3)."""
+    """The reference loop's Result for `case` over `tok`, forcing `script` after `prompt` (§4.3),
+    with the case's stops, limits, context limit and faults."""
+    from ....runtime.faults import Fault, FaultPlan
     from ....runtime.loop import generate
     from ....runtime.models import ScriptedModel
     from ....runtime.request import Request
 
     inp = case.inputs
-    model = ScriptedModel(list(script), vocab_size=max(tok.vocab_size, max(script) + 1))
+    model = ScriptedModel(list(script), vocab_size=max(tok.vocab_size, max(script) + 1),
+                          context_limit=int(inp.get("context_limit", 4096)))
     request = Request(list(prompt), stop=tuple(inp.get("stop", ())),
                       stop_token_ids=tuple(tuple(s) for s in inp.get("stop_token_ids", ())),
                       max_output_tokens=case.max_tokens, request_id=case.id)
-    return generate(request, model=model, tokenizer=tok)
+    faults = FaultPlan([Fault(**f) for f in inp.get("faults", ())])
+    return generate(request, model=model, tokenizer=tok, faults=faults)
 
 
 def reference_expect(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[int]) -> _cases.Expect:

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from ....runtime.faults import Fault, FaultPlan
-from ....runtime.loop import generate
-from ....runtime.models import ScriptedModel
-from ....runtime.request import Request
 from ..cases import Case
-from .base import Outcome, case_prompt, case_script, case_tokenizer, missing_capabilities
+from .base import Outcome, case_prompt, case_script, case_tokenizer, missing_capabilities, reference_on
 
 CAPABILITIES = frozenset({
     "forced_script", "byte_table", "fixture_tokenizer", "stop_strings", "stop_token_ids", "faults",
@@ -26,19 +22,7 @@ class ReferenceAdapter:
 
     def run(self, case: Case) -> Outcome:
         tok = case_tokenizer(case)
-        script = case_script(case, tok)
-        inp = case.inputs
-        model = ScriptedModel(script, vocab_size=max(tok.vocab_size, max(script) + 1),
-                              context_limit=int(inp.get("context_limit", 4096)))
-        request = Request(
-            case_prompt(case, tok),
-            stop=tuple(inp.get("stop", ())),
-            stop_token_ids=tuple(tuple(s) for s in inp.get("stop_token_ids", ())),
-            max_output_tokens=case.max_tokens,
-            request_id=case.id,
-        )
-        faults = FaultPlan([Fault(**f) for f in inp.get("faults", ())])
-        res = generate(request, model=model, tokenizer=tok, faults=faults)
+        res = reference_on(case, tok, case_prompt(case, tok), case_script(case, tok))
         return Outcome(
             output=res.output,
             finish_reason=str(res.finish_reason.value if hasattr(res.finish_reason, "value") else res.finish_reason),
