@@ -30,6 +30,8 @@ import click
                    "leaves is always cancelled.")
 @click.option("--body-timeout", "body_timeout_s", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
               help="Seconds a request body may take to arrive (408 past it).")
+@click.option("--header-timeout", "header_timeout_s", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              help="Seconds a connection may take to send a request's headers (408 and closed past it).")
 @click.option("--api-key", envvar="DECODESPEC_API_KEY", default=None,
               help="Require Authorization: Bearer KEY on every route but /health (env DECODESPEC_API_KEY).")
 @click.option("--allow-origin", "allowed_origins", multiple=True,
@@ -38,15 +40,18 @@ import click
               help="Largest request body read; past it the answer is 413 before any parsing.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True,
               help="Server log level; at info and below every request is logged (method, path, status).")
+@click.option("--utf8-guard", type=click.Choice(["sampled", "always", "never"]), default="sampled", show_default=True,
+              help="Which requests that do not set utf8_guard sample only tokens that keep the output valid "
+                   "UTF-8 (DECISIONS D16): sampled ones (temperature > 0), all, or none.")
 @click.option("--retain", "retain_s", type=click.FloatRange(min=0), default=60.0, show_default=True,
               help="Seconds a finished request stays available for replay (Last-Event-ID).")
 def serve(host, port, model_path, device, policy, max_batch, max_queue, cache_budget_tokens, preemption,
-          detach_timeout_s, stall_timeout_s, shutdown_timeout_s, on_disconnect, body_timeout_s, api_key, allowed_origins, max_body_bytes, log_level, retain_s) -> None:
+          detach_timeout_s, stall_timeout_s, shutdown_timeout_s, on_disconnect, body_timeout_s, header_timeout_s, api_key, allowed_origins, max_body_bytes, log_level, utf8_guard, retain_s) -> None:
     """Serve /v1/completions and /v1/chat/completions (SSE with replayable ids) until interrupted."""
     import uvicorn
 
     from decodespec.runtime.engine import Engine
-    from decodespec.runtime.server import create_app
+    from decodespec.runtime.server import create_app, uvicorn_config
 
     from .cli_generate import load_model_and_tokenizer
 
@@ -55,7 +60,9 @@ def serve(host, port, model_path, device, policy, max_batch, max_queue, cache_bu
                     preemption=preemption, detach_timeout_s=detach_timeout_s, stall_timeout_s=stall_timeout_s,
                     retain_s=retain_s)
     app = create_app(engine, policy=policy, api_key=api_key or None, allowed_origins=frozenset(allowed_origins),
-                     max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s, on_disconnect=on_disconnect)
+                     max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s, on_disconnect=on_disconnect,
+                     utf8_guard=utf8_guard)
     click.echo(f"decodespec serve: model {engine.model_name!r} on http://{host}:{port}/v1 (policy {policy})", err=True)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=log_level in ("debug", "info"),
-                timeout_graceful_shutdown=shutdown_timeout_s)
+    config = uvicorn_config(app, host=host, port=port, log_level=log_level, access_log=log_level in ("debug", "info"),
+                            timeout_graceful_shutdown=shutdown_timeout_s, header_timeout_s=header_timeout_s)
+    uvicorn.Server(config).run()

@@ -611,6 +611,9 @@ def _detok_concat_equals_batch(rt: RequestTrace):
         yield rt.terminal.index, f"decode(prompt) {head[-20:]!r} is not a prefix of decode(prompt + output)"
         return
     full = whole[len(head):]
+    dropped = next(rt.of(K.DETOK_DROPPED), None)
+    if dropped is not None:  # a guarded run dropped its unfinished last character (D16)
+        full = full[: len(full) - dropped.data["bytes"]]
     if hit is not None and hit.data.get("kind") != "token_ids":
         full = _cut_at_stop(full, [s.encode("utf-8") for s in rt.created.get("stop", ()) if s])
     out = rt.output

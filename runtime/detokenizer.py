@@ -272,6 +272,13 @@ class IncrementalDetokenizer:
         return self._pending[self._hidden :]
 
     @property
+    def held(self) -> bytes | None:
+        """Every byte held back, the prompt's unfinished character included: what the next
+        token's bytes continue (the UTF-8 guard's input). None on the window path, which holds
+        tokens, not bytes."""
+        return None if self._window is not None else self._pending
+
+    @property
     def state(self):
         """The control state of the `detokenizer` table (EMPTY, PENDING or a terminal state)."""
         return self._ctl.state

@@ -43,6 +43,7 @@ class EventKind(enum.StrEnum):
     TIMINGS = "timings"  # queue_s, prefill_s, decode_s, stop_buffer_s, send_s
     PREEMPTED = "sequence.preempted"  # mode ("swap" | "recompute"), cache_len (§4.8; no lifecycle change)
     RESUMED = "sequence.resumed"  # mode, cache_len
+    DETOK_DROPPED = "detok.dropped"  # bytes: a guarded run's unfinished character at an end it did not choose (D16)
 
 
 # The kinds put on the per-token path. Their entry is flat, `Trace.put((kind.value, t, *values))`,

@@ -25,6 +25,7 @@ not completions: they end a stream with an `event: error` and a non-stream call 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -37,6 +38,14 @@ from .request import Request
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
+# A client's own request id (X-Request-Id): long enough to be unguessable if the client makes it so.
+CLIENT_ID = re.compile(r"[A-Za-z0-9._:-]{16,128}")
+# The server's `--utf8-guard` choices: whether a body that does not say gets the guard (D16).
+UTF8_GUARD_DEFAULTS: Mapping[str, Callable[[float], bool]] = {
+    "sampled": lambda temperature: temperature > 0,
+    "always": lambda temperature: True,
+    "never": lambda temperature: False,
+}
 CHAT_TEMPLATE = "<|{role}|>\n{content}\n"  # each message; then "<|assistant|>\n" opens the reply
 CHAT_ROLES = ("system", "user", "assistant")
 
@@ -109,7 +118,7 @@ class ParsedRequest:
 
 
 _COMMON = frozenset({"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop",
-                     "stop_token_ids", "seed", "logprobs", "user"})
+                     "stop_token_ids", "seed", "logprobs", "user", "utf8_guard"})
 _FIELDS = {False: _COMMON | {"prompt"}, True: _COMMON | {"messages", "max_completion_tokens", "top_logprobs"}}
 
 
@@ -145,8 +154,15 @@ def compile_chat_template(source: str | None) -> ChatTemplate:
 
 def parse_completion(raw: bytes, *, chat: bool, model_name: str, context_limit: int, vocab_size: int,
                      tokenizer: Any, policy: str = "pause", max_buffer_events: int = 256,
-                     chat_template: ChatTemplate = default_chat_template) -> ParsedRequest:
-    """Validate a /v1/completions (chat False) or /v1/chat/completions body into a Request."""
+                     chat_template: ChatTemplate = default_chat_template, utf8_guard: str = "sampled",
+                     request_id: str | None = None) -> ParsedRequest:
+    """Validate a /v1/completions (chat False) or /v1/chat/completions body into a Request.
+
+    `utf8_guard` is the server's default for a body without the field (UTF8_GUARD_DEFAULTS, D16);
+    `request_id` the client's own id (the X-Request-Id header), checked against CLIENT_ID."""
+    if request_id is not None and not CLIENT_ID.fullmatch(request_id):
+        raise _bad("X-Request-Id", f"must be 16 to 128 characters from A-Z a-z 0-9 . _ : - (an id the client "
+                                   f"made unguessable), got {_short(request_id)!r}", "invalid_request_id")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -220,12 +236,14 @@ def parse_completion(raw: bytes, *, chat: bool, model_name: str, context_limit: 
         if lp is not None and not 0 <= lp <= 5:
             raise _bad("logprobs", f"must be between 0 and 5, got {lp}")
     _get(body, "user", str, default=None)
+    guard = _get(body, "utf8_guard", bool, default=None)
     try:
         request = Request(
             prompt_ids if not isinstance(prompt, str) else prompt, stop=_stop(body),
             stop_token_ids=_stop_token_ids(body, vocab_size), max_output_tokens=max_tokens,
             temperature=float(temperature), top_p=top_p, seed=seed, policy=policy,
-            max_buffer_events=max_buffer_events,
+            max_buffer_events=max_buffer_events, request_id=request_id,
+            utf8_guard=UTF8_GUARD_DEFAULTS[utf8_guard](temperature) if guard is None else guard,
         )
     except RequestError as exc:
         raise _bad(_PARAM.get(exc.field, exc.field), str(exc).split(": ", 1)[-1]) from None
@@ -369,12 +387,24 @@ def completion_body(parsed: ParsedRequest, cid: str, created: int, model: str, t
             "model": model, "choices": [choice], "usage": usage}
 
 
+# A failure's error kind (the prefix of its `error`, D12) -> (HTTP status, code, type, what to do).
+# An output that is not UTF-8 is the model's answer, not a server fault: a 422 that retrying as it
+# is will not fix (greedy repeats it), with the remedy named.
+_FAILURES: Mapping[str, tuple[int, str, str, str]] = {
+    "decoding_error": (422, "output_not_utf8", "invalid_output_error",
+                       "the model's output bytes are not valid UTF-8 (§4.5); send \"utf8_guard\": true to "
+                       "sample only tokens that keep it valid"),
+}
+_FAILED = (500, "", "server_error", "")
+
+
 def terminal_error(reason: FinishReason, error: str | None, request_id: str) -> ApiError:
     """A cancelled or failed request as an error (never a fake stop, §4.7)."""
     if reason is FinishReason.CANCELLED:
         return ApiError(409, f"request {request_id} was cancelled", code="cancelled", type="request_cancelled")
-    return ApiError(500, f"request {request_id} failed: {error or reason.value}", code=reason.value,
-                    type="server_error")
+    status, code, kind, hint = _FAILURES.get((error or "").split(":", 1)[0], _FAILED)
+    message = f"request {request_id} failed: {error or reason.value}" + (f"; {hint}" if hint else "")
+    return ApiError(status, message, code=code or reason.value, type=kind)
 
 
 # ---- OpenAPI 3 ---------------------------------------------------------------------------------
@@ -399,6 +429,8 @@ _SAMPLING = {
     "stop_token_ids": {"type": ["array", "null"], "maxItems": MAX_STOP_TOKEN_IDS, "items": {"type": "integer", "minimum": 0}},
     "seed": {"type": ["integer", "null"], "minimum": 0, "maximum": 2**63 - 1},
     "user": {"type": ["string", "null"]},
+    "utf8_guard": {"type": ["boolean", "null"], "description": "sample only tokens that keep the output valid "
+                   "UTF-8 (DECISIONS D16); unset: the server's --utf8-guard default"},
 }
 _COMPLETION_REQ = {"type": "object", "additionalProperties": False, "required": ["model", "prompt"], "properties": {
     **_SAMPLING,
@@ -419,13 +451,18 @@ _CHAT_REQ = {"type": "object", "additionalProperties": False, "required": ["mode
 }}
 _ERRORS = {str(s): {"description": d, "content": {"application/json": {"schema": _ERROR}}}
            for s, d in ((400, "invalid request: `param` names the field"), (404, "unknown model or request"),
-                        (409, "the request was cancelled"), (429, "the queue is full"),
+                        (409, "the request was cancelled, or its X-Request-Id is in use"), (429, "the queue is full"),
+                        (422, "the output is not valid UTF-8 (code output_not_utf8; D12, D16)"),
                         (500, "the request failed (model_error, transport_error)"), (503, "shutting down"))}
 _SSE = {"text/event-stream": {"schema": {"type": "string"}}}
 
 
 def _post(summary: str, schema: dict) -> dict[str, Any]:
-    return {"post": {"summary": summary, "requestBody": {"required": True, "content": {
+    return {"post": {"summary": summary, "parameters": [{
+        "name": "X-Request-Id", "in": "header", "required": False,
+        "description": "the client's own request id, known before any answer (to cancel a non-streamed call)",
+        "schema": {"type": "string", "pattern": f"^{CLIENT_ID.pattern}$"}}],
+        "requestBody": {"required": True, "content": {
         "application/json": {"schema": schema}}}, "responses": {
         "200": {"description": "the completion (JSON), or SSE when stream is true",
                 "headers": {"X-Request-Id": {"schema": {"type": "string"}}},
@@ -446,7 +483,7 @@ def openapi(model_name: str) -> dict[str, Any]:
             "/v1/requests/{request_id}/events": {"get": {
                 "summary": "Replay a retained request's stream after Last-Event-ID, then follow it (§4.7 rule 4)",
                 "parameters": rid + [{"name": "Last-Event-ID", "in": "header", "required": False,
-                                      "schema": {"type": "string", "pattern": "^-?[0-9]+$"}}],
+                                      "schema": {"type": "string", "pattern": "^[0-9]{1,18}$"}}],
                 "responses": {"200": {"description": "SSE", "content": _SSE}, "400": _ERRORS["400"],
                               "404": _ERRORS["404"]}}},
             "/v1/requests/{request_id}/cancel": {"post": {

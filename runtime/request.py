@@ -89,6 +89,9 @@ def _check(inst: Request, attribute: attrs.Attribute, value: Any) -> None:
     elif name == "deadline_s":
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
             raise RequestError(name, f"must be a number of seconds >= 0, got {value!r}")
+    elif name == "utf8_guard":
+        if not isinstance(value, bool):
+            raise RequestError(name, f"must be true or false, got {value!r}")
     elif name == "policy":
         if value not in ("pause", "buffer", "fail"):
             raise RequestError(name, f"must be one of pause, buffer, fail; got {value!r}")
@@ -108,6 +111,8 @@ class Request:
     seed: int | None = attrs.field(default=None, validator=_check)
     deadline_s: float | None = attrs.field(default=None, validator=_check)
     grammar: Grammar | None = attrs.field(default=None, converter=as_grammar)
+    # Mask tokens that would make the output invalid UTF-8 (runtime/utf8_guard.py, DECISIONS D16).
+    utf8_guard: bool = attrs.field(default=False, validator=_check)
     # Unguessable (a CSPRNG, 96 bits): over HTTP the id is the capability to cancel or replay a request.
     request_id: str = attrs.field(default=None, converter=lambda v: v if v else f"req-{secrets.token_hex(12)}")
     policy: str = attrs.field(default="pause", validator=_check)

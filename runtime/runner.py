@@ -32,6 +32,7 @@ from .sampling import Sampler, SamplingParams
 from .stop import StopMatcher, TokenStopMatcher
 from .stream import OVERFLOW_ERROR, BackpressurePolicy, OrderedStream, StreamOverflow
 from .tokenizers import TokenizerError
+from .utf8_guard import Utf8Guard, guard_for
 
 _LIFECYCLE = load_spec("lifecycle")
 # (state, event) -> the finish reason the row fixes, straight from the table.
@@ -73,7 +74,7 @@ class RequestRun:
     # Slots: the per-token path reads a dozen of these per token, right after a model step has
     # pushed them out of the CPU caches; a slot is one fixed offset, a dict entry a probe (issue 8).
     __slots__ = (
-        "cache", "clock", "deadline_at", "decoded", "detok", "eos_id", "error", "faults", "ledger",
+        "cache", "clock", "deadline_at", "decoded", "detok", "eos_id", "error", "faults", "guard", "ledger",
         "life", "logits", "model", "output", "prompt_ids", "reason", "request", "sampler",
         "stop_hit", "stopper", "stream", "token_stopper", "tokenizer", "tokens", "trace",
         "_byte_marks", "_cancel_claimed", "_cancel_fired", "_cancel_lock", "_cancel_requested",
@@ -120,6 +121,13 @@ class RequestRun:
             raise RequestError("prompt", str(exc)) from None
         self.eos_id: int | None = tokenizer.eos_id
         self.detok = IncrementalDetokenizer(tokenizer, prompt_ids=self.prompt_ids)
+        self.guard: Utf8Guard | None = None
+        if request.utf8_guard:
+            plan = tokenizer.plan()
+            if plan is None:
+                raise RequestError("utf8_guard", "needs a tokenizer whose decoder has a per-token byte table "
+                                                 f"({type(tokenizer).__name__}'s has none)")
+            self.guard = guard_for(plan, model.vocab_size, self.eos_id)
         self.stopper = StopMatcher(request.stop)
         self.token_stopper = TokenStopMatcher(request.stop_token_ids) if request.stop_token_ids else None
         self._token_held: list[bytes] = []  # bytes of tokens that may still be a stop id sequence
@@ -179,6 +187,7 @@ class RequestRun:
             seed=self.sampler.seed,
             deadline_s=request.deadline_s,
             policy=request.policy,
+            utf8_guard=request.utf8_guard,
             max_events=request.max_buffer_events,
             max_bytes=request.max_buffer_bytes,
         )
@@ -313,7 +322,14 @@ class RequestRun:
         `token`: y_t already chosen from this run's logits by the caller (the Engine's one argmax
         over a greedy batch); None chooses it here with the run's own sampler.
         """
-        if token is None:
+        guard = self.guard
+        if guard is not None:  # only tokens that keep the output valid UTF-8 (D16)
+            remaining = min(self.request.max_output_tokens - len(self.tokens), self.model.context_limit
+                            - self.cache.length) - 1
+            logits = guard.restrict(self.logits, self.detok.held, remaining)
+            if token is None or logits[token] == float("-inf"):
+                token = self.sampler.choose(logits)
+        elif token is None:
             token = self.sampler.choose(self.logits)
         tokens = self.tokens
         tokens.append(token)
@@ -471,12 +487,19 @@ class RequestRun:
             self._token_held.clear()
             self._terminate("complete")
             return
-        try:
-            tail = self.detok.finish()
-        except DecodingError as exc:
-            self.error = f"decoding_error: {exc}"
-            self._terminate("decode_error")
-            return
+        if self.guard is not None and self.detok.pending:
+            # An end the sampler did not choose (a deadline, a grammar) cut a character short:
+            # the guarded run drops the unfinished character instead of failing (D16).
+            self.trace.emit(EventKind.DETOK_DROPPED, bytes=len(self.detok.pending))
+            self.detok.discard_pending_after_stop()
+            tail = b""
+        else:
+            try:
+                tail = self.detok.finish()
+            except DecodingError as exc:
+                self.error = f"decoding_error: {exc}"
+                self._terminate("decode_error")
+                return
         self._detok_total += len(tail)
         if self._byte_marks:
             self._byte_marks[-1] = self._detok_total

@@ -44,7 +44,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .engine import Engine, EngineStopped, QueueFull, UnknownRequest
+from .engine import DuplicateRequest, Engine, EngineStopped, QueueFull, UnknownRequest
 from .openai_schema import (
     ApiError,
     ParsedRequest,
@@ -56,6 +56,7 @@ from .openai_schema import (
     compile_chat_template,
     parse_completion,
     terminal_error,
+    UTF8_GUARD_DEFAULTS,
 )
 from .runner import RequestRun
 from .stream import StreamEvent, StreamEventKind, StreamReader
@@ -131,32 +132,35 @@ class _Renderer:
 def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "pause",
                max_buffer_events: int = 256, manage_engine: bool = True, api_key: str | None = None,
                allowed_origins: frozenset[str] = frozenset(), max_body_bytes: int = MAX_BODY_BYTES,
-               body_timeout_s: float = 30.0, on_disconnect: str = "continue") -> Starlette:
+               body_timeout_s: float = 30.0, on_disconnect: str = "continue", utf8_guard: str = "sampled") -> Starlette:
     """The ASGI app. With `manage_engine` the app starts the engine thread at startup and stops it
     (every live request cancelled) at shutdown. `api_key`, `allowed_origins`, `max_body_bytes`: see
     the module docstring. `body_timeout_s`: a body not fully received by then is a 408.
     `on_disconnect` ("continue", DECISIONS D5's default, or "cancel"): what a streaming request's
-    disconnect does; a non-streamed request whose client leaves is always cancelled (nobody can
-    ever read its answer: its id was never sent)."""
+    disconnect does, and a non-streamed one's whose client chose its X-Request-Id; any other
+    non-streamed request whose client leaves is cancelled (nobody can ever read its answer). `utf8_guard`: which requests that
+    do not say get the UTF-8 guard, a key of UTF8_GUARD_DEFAULTS (DECISIONS D16)."""
     if on_disconnect not in ("continue", "cancel"):
         raise ValueError(f"on_disconnect must be 'continue' or 'cancel', got {on_disconnect!r}")
+    if utf8_guard not in UTF8_GUARD_DEFAULTS:
+        raise ValueError(f"utf8_guard must be one of {', '.join(UTF8_GUARD_DEFAULTS)}, got {utf8_guard!r}")
     name = model_name or engine.model_name
     vocab_size = engine.model.vocab_size
     schema = openapi(name)
     chat_template = compile_chat_template(getattr(engine.tokenizer, "chat_template", None))
     views: collections.OrderedDict[str, ParsedRequest] = collections.OrderedDict()  # reconnect shape
 
-    def parse(raw: bytes, chat: bool) -> ParsedRequest:
+    def parse(raw: bytes, chat: bool, request_id: str | None) -> ParsedRequest:
         return parse_completion(raw, chat=chat, model_name=name, context_limit=engine.context_limit,
                                 vocab_size=vocab_size, tokenizer=engine.tokenizer, policy=policy,
-                                max_buffer_events=max_buffer_events, chat_template=chat_template)
+                                max_buffer_events=max_buffer_events, chat_template=chat_template,
+                                utf8_guard=utf8_guard, request_id=request_id)
 
-    def gone(run: RequestRun) -> None:
-        """A streaming client left: recorded (D5); cancelled too with on_disconnect="cancel"."""
+    def recorded(run: RequestRun) -> None:
+        """A streaming client left: recorded (D5), and the request runs on."""
         run.disconnect()
-        if on_disconnect == "cancel":
-            with contextlib.suppress(UnknownRequest):
-                engine.cancel(run.request.request_id, source="disconnect")
+
+    gone = _cancelled(engine) if on_disconnect == "cancel" else recorded
 
     def guard(request: HttpRequest) -> None:
         """Auth, then origin and content type: a refusal names what is wrong (_Refused)."""
@@ -183,7 +187,8 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
         except TimeoutError:
             return _error(ApiError(408, f"the body was not received within {body_timeout_s:g} s", code="body_timeout"))
         try:
-            parsed = await run_in_threadpool(parse, raw, chat)  # tokenizing a long prompt never blocks the loop
+            # Tokenizing a long prompt never blocks the loop.
+            parsed = await run_in_threadpool(parse, raw, chat, request.headers.get("x-request-id"))
         except ApiError as exc:
             return _error(exc)
         try:
@@ -193,6 +198,8 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
                                 status_code=429, headers={"Retry-After": str(RETRY_AFTER_S)})
         except EngineStopped as exc:
             return _error(ApiError(503, str(exc), code="shutting_down", type="server_error"))
+        except DuplicateRequest as exc:
+            return _error(ApiError(409, str(exc), param="X-Request-Id", code="request_id_in_use"))
         rid = parsed.request.request_id
         views[rid] = parsed
         while len(views) > engine.max_retained + engine.max_queue + engine.max_batch:
@@ -203,7 +210,10 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
             return StreamingResponse(_follow(run, renderer, run.stream.reader(), on_gone=gone), media_type="text/event-stream",
                                      headers=headers | _SSE_HEADERS)
         text, last = bytearray(), None
-        watch = asyncio.ensure_future(_watch_disconnect(request, run, lambda: engine.cancel(rid, source="disconnect")))
+        # A client that named its id can come back for the answer (/events): its disconnect follows
+        # on_disconnect like a stream's. Nobody else can ever read this answer: it is cancelled.
+        named = "x-request-id" in request.headers
+        watch = asyncio.ensure_future(_watch_disconnect(request, run, gone if named else _cancelled(engine)))
         try:
             async for ev in run.stream.reader():
                 if ev.kind is StreamEventKind.DELTA:
@@ -330,17 +340,88 @@ async def _follow(run: RequestRun, renderer: _Renderer, reader: StreamReader, *,
             on_gone(run)
 
 
-async def _watch_disconnect(request: HttpRequest, run: RequestRun, cancel: Callable[[], object],
+def _cancelled(engine: Engine) -> Callable[[RequestRun], None]:
+    """A disconnect that also cancels: the answer can never be delivered (D5)."""
+    def gone(run: RequestRun) -> None:
+        run.disconnect()
+        with contextlib.suppress(UnknownRequest):
+            engine.cancel(run.request.request_id, source="disconnect")
+
+    return gone
+
+
+async def _watch_disconnect(request: HttpRequest, run: RequestRun, on_gone: Callable[[RequestRun], None],
                             poll_s: float = 0.2) -> None:
-    """For a non-streamed request: when its client goes away before the answer, record the
-    disconnect and cancel the request (its answer can never be delivered)."""
+    """For a non-streamed request: when its client goes away before the answer, `on_gone(run)`."""
     while not run.done:
         if await request.is_disconnected():
-            run.disconnect()
-            with contextlib.suppress(UnknownRequest):
-                cancel()
+            on_gone(run)
             return
         await asyncio.sleep(poll_s)
+
+
+HEADER_TIMEOUT_S = 10.0  # a connection must complete each request's headers this soon (slowloris)
+
+
+def _timed_protocol(header_timeout_s: float) -> type:
+    """uvicorn's h11 protocol with a header read timeout: a connection that has not completed a
+    request's headers `header_timeout_s` after it opened (or after its last response) is answered
+    408 and closed. uvicorn bounds only idle keep-alive, and any byte resets that bound."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class TimedH11Protocol(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(header_timeout_s, self._headers_late)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_late(self) -> None:
+            self._header_timer = None
+            if not self.transport.is_closing() and self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and (
+                    self.cycle is None or self.cycle.response_complete):
+                body = json.dumps(ApiError(408, f"the request headers did not arrive within {header_timeout_s:g} s",
+                                           code="header_timeout").body()).encode()
+                self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                                     b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+                self.transport.close()
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def handle_events(self) -> None:
+            cycle = self.cycle
+            super().handle_events()
+            if self.cycle is not cycle:  # a request's headers are complete: its handler runs
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
+    return TimedH11Protocol
+
+
+def uvicorn_config(app: Starlette, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
+                   header_timeout_s: float = HEADER_TIMEOUT_S, **kw: Any) -> Any:
+    """The one uvicorn configuration of the server (the CLI and the tests): the h11 protocol with
+    its header read timeout; the body's own timeout is the app's (`body_timeout_s`)."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, http=_timed_protocol(header_timeout_s),
+                          **kw)
 
 
 def prometheus_text(engine: Engine) -> str:

@@ -94,15 +94,18 @@ def slow_model(delay_s: float = 0.002, context_limit: int = 128) -> SlowModel:
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: Any) -> Iterator[str]:
-    """Run `app` on uvicorn at 127.0.0.1 on a free port in a thread; yields the base URL and
-    shuts the server down (lifespan included) on exit."""
+def serve_in_thread(app: Any, **config: Any) -> Iterator[str]:
+    """Run `app` on uvicorn at 127.0.0.1 on a free port in a thread, configured as `decodespec
+    serve` configures it (`uvicorn_config`, with `config` on top); yields the base URL and shuts
+    the server down (lifespan included) on exit."""
     import uvicorn
+
+    from decodespec.runtime.server import uvicorn_config
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn_config(app, lifespan="on", **config))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

@@ -4,6 +4,7 @@ browser-shaped and unauthenticated requests are refused, ids cannot be guessed."
 
 from __future__ import annotations
 
+import json
 import re
 import statistics
 import threading
@@ -178,3 +179,110 @@ def test_a_body_that_never_arrives_is_a_408():
             while b"body_timeout" not in answer and (part := s.recv(4096)):
                 answer += part
         assert answer.startswith(b"HTTP/1.1 408") and b"body_timeout" in answer
+
+
+def test_headers_that_never_finish_are_a_408_and_the_socket_is_closed():
+    """Issue 14 item 8 (slowloris): a connection trickling its headers is answered 408 and closed
+    after the header timeout; uvicorn alone resets its keep-alive bound on every byte."""
+    import socket
+
+    engine = Engine(slow_model(delay_s=0.001), ascii_tokenizer(), poll_s=0.001)
+    with serve_in_thread(create_app(engine, model_name=MODEL), header_timeout_s=0.6) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            t0 = time.monotonic()
+            answer = b""
+            for part in (b"POST /v1/completions HTTP/1.1\r\n", b"Host: x\r\n", b"X-Slow: 1\r\n", b"X-Slow: 2\r\n"):
+                try:
+                    s.sendall(part)
+                except OSError:
+                    break
+                time.sleep(0.25)
+            while part := s.recv(4096):  # returns b"" once the server closed the socket
+                answer += part
+            waited = time.monotonic() - t0
+        assert answer.startswith(b"HTTP/1.1 408") and b"header_timeout" in answer
+        assert waited < 5
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200  # a normal client is served
+
+
+def test_a_non_stream_client_that_names_its_id_can_cancel_before_the_answer():
+    """Issue 14 item 6: the id is known before the body (the client's own X-Request-Id), so a
+    non-streamed call can be cancelled from another connection; its answer is then the 409."""
+    engine = Engine(slow_model(delay_s=0.05), ascii_tokenizer(), poll_s=0.001)
+    rid = "client-" + "7f3a9c" * 4
+    with serve_in_thread(create_app(engine, model_name=MODEL)) as url:
+        got: dict = {}
+
+        def call() -> None:
+            got["r"] = httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": "resume", "max_tokens": 100},
+                                  headers={"X-Request-Id": rid}, timeout=30)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        deadline = time.monotonic() + 10
+        while (c := httpx.post(f"{url}/v1/requests/{rid}/cancel", timeout=10)).status_code == 404:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        caller.join(30)
+        assert c.json()["cancelled"] is True
+        r = got["r"]
+        assert r.status_code == 409 and r.json()["error"]["code"] == "cancelled"
+        assert r.headers["X-Request-Id"] == rid
+        again = httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1},
+                           headers={"X-Request-Id": rid}, timeout=30)
+        assert again.status_code == 409 and again.json()["error"]["code"] == "request_id_in_use"
+
+
+@pytest.mark.parametrize("rid", ["short", "has space in it 1234", "x" * 129, "ünïcödé-ünïcödé-ü"])
+def test_a_client_request_id_must_be_long_and_plain(base, rid):
+    r = httpx.post(f"{base}/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1},
+                   headers={"X-Request-Id": rid.encode("utf-8")}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "X-Request-Id"
+
+
+def _lead_byte_server(**app_kw):
+    """A model whose only wish is a lone lead byte (0 "a", 1 b"\\xc3", 2 EOS): unguarded, every
+    answer is invalid UTF-8."""
+    from decodespec.runtime import ByteTableTokenizer, ScriptedModel
+
+    tok = ByteTableTokenizer({0: b"a", 1: b"\xc3", 2: b""}, eos_id=2)
+    engine = Engine(ScriptedModel([1], vocab_size=3), tok, poll_s=0.001)
+    return serve_in_thread(create_app(engine, model_name=MODEL, **app_kw))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_decoding_failure_says_what_happened_and_how_to_avoid_it(stream):
+    """Issue 14 item 7: invalid output bytes (§4.5, D12) are a 422 output_not_utf8 naming the guard,
+    not a generic 500 that clients retry; in a stream, the same error in its error event."""
+    with _lead_byte_server() as url:
+        body = {"model": MODEL, "prompt": [0], "max_tokens": 1, "temperature": 0, "stream": stream}
+        r = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+        if stream:
+            assert r.status_code == 200
+            err = json.loads(r.text.split("event: error\ndata: ", 1)[1].split("\n", 1)[0])["error"]
+        else:
+            assert r.status_code == 422
+            err = r.json()["error"]
+        assert err["code"] == "output_not_utf8" and err["type"] == "invalid_output_error"
+        assert "utf8_guard" in err["message"] and "not valid UTF-8" in err["message"]
+
+
+@pytest.mark.parametrize(("default", "body", "text"), [
+    ("sampled", {"temperature": 1.0}, "a"),          # sampled requests are guarded by default
+    ("sampled", {"temperature": 0}, None),           # greedy ones are the strict reference
+    ("sampled", {"temperature": 0, "utf8_guard": True}, "a"),
+    ("always", {"temperature": 0}, "a"),
+    ("never", {"temperature": 1.0}, None),
+    ("always", {"temperature": 1.0, "utf8_guard": False}, None),
+])
+def test_the_utf8_guard_default_and_its_override(default, body, text):
+    """DECISIONS D16: `--utf8-guard` picks which requests are guarded; the body's utf8_guard wins."""
+    with _lead_byte_server(utf8_guard=default) as url:
+        r = httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": [0], "max_tokens": 1, **body},
+                       timeout=30)
+        if text is None:
+            assert r.status_code == 422, r.text
+        else:
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["text"] == text
