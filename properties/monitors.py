@@ -23,7 +23,7 @@ K = EventKind
 _LIFECYCLE_TERMINAL = frozenset(load_spec("lifecycle").terminal)
 _MODEL_RESOURCES = ("kv_cache", "batch_slot", "rng_state")
 # Events another thread (or the fault injector) may log between two steps of the loop.
-_ASYNC_KINDS = frozenset({K.CANCEL_REQUESTED, K.TRANSPORT, K.FAULT_INJECTED})
+_ASYNC_KINDS = frozenset({K.CANCEL_REQUESTED, K.TRANSPORT, K.FAULT_INJECTED, K.READER_OPENED, K.DELIVERED})
 _TERMINAL_STATE = {K.RESPONSE_COMPLETED: "FINISHED", K.RESPONSE_CANCELLED: "CANCELLED", K.RESPONSE_FAILED: "FAILED"}
 _REASONS_OF_STATE = {
     "FINISHED": frozenset({
@@ -288,6 +288,49 @@ def _seq_contiguous(rt: RequestTrace):
         if e.data.get("seq") != n:
             yield e.index, f"delta number {n} has seq={e.data.get('seq')}: a gap or a restart"
             return
+
+
+@monitor("reader_delivery_complete")
+def _reader_delivery_complete(rt: RequestTrace):
+    """Per reader (stream.reader_opened / stream.delivered): the events after its start point,
+    each once, in order, with no gap; the terminal event at most once and nothing after it. A
+    resume after seq a starts at a + 1, or with the terminal again when a is at or past the end."""
+    logged = {e.data.get("seq") for e in rt.deltas} | {t.data.get("seq") for t in rt.terminals}
+    end = rt.terminal.data.get("seq") if rt.terminal is not None else None
+    opened = {e.data["reader"]: e.data for e in rt.of(K.READER_OPENED)}
+    last: dict[int, int] = {}
+    ended: set[int] = set()
+    for e in rt.of(K.DELIVERED):
+        r, seq = e.data["reader"], e.data["seq"]
+        how = opened.get(r)
+        if how is None:
+            yield e.index, f"reader {r} was handed seq={seq} but never opened"
+            continue
+        if r in ended:
+            yield e.index, f"reader {r} was handed seq={seq} after its terminal event"
+            continue
+        if seq is None:  # response.start: only as a reader's first event
+            if r in last:
+                yield e.index, f"reader {r} was handed response.start after seq={last[r]}"
+            continue
+        if seq not in logged:
+            yield e.index, f"reader {r} was handed seq={seq}, which the stream never logged"
+        if r in last:
+            expected = last[r] + 1
+        elif how["resume"]:
+            expected = 0 if how["after"] is None else how["after"] + 1
+            if end is not None and expected > end:
+                expected = end  # a resume past the end: the terminal event again
+        else:
+            expected = seq  # a first reader starts where the stream's unread events start
+        if seq != expected:
+            kind = "a duplicate" if r in last and seq <= last[r] else "a gap"
+            yield e.index, f"reader {r} was handed seq={seq} where seq={expected} was due ({kind})"
+        last[r] = seq
+        if e.data["terminal"]:
+            ended.add(r)
+            if seq != end:
+                yield e.index, f"reader {r} was handed a terminal with seq={seq}; the stream's terminal is seq={end}"
 
 
 @monitor("delta_nonempty")

@@ -43,6 +43,8 @@ class EventKind(enum.StrEnum):
     TIMINGS = "timings"  # queue_s, prefill_s, decode_s, stop_buffer_s, send_s
     PREEMPTED = "sequence.preempted"  # mode ("swap" | "recompute"), cache_len (§4.8; no lifecycle change)
     RESUMED = "sequence.resumed"  # mode, cache_len
+    READER_OPENED = "stream.reader_opened"  # reader (its number), after (Last-Event-ID or None), resume
+    DELIVERED = "stream.delivered"  # reader, seq, terminal: one event handed to one reader (§4.7)
     DETOK_DROPPED = "detok.dropped"  # bytes: a guarded run's unfinished character at an end it did not choose (D16)
 
 

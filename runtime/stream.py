@@ -134,7 +134,7 @@ class OrderedStream:
     __slots__ = (
         "max_bytes", "max_events", "pause_timeout_s", "paused_s", "policy", "request_id",
         "_async_waiters", "_cond", "_connected", "_cursor", "_inline_max", "_lock", "_log", "_next_seq",
-        "_pending", "_primary", "_sleepers", "_st", "_trace", "_unread_bytes", "_unread_events",
+        "_pending", "_primary", "_readers", "_sleepers", "_st", "_trace", "_unread_bytes", "_unread_events",
         "_usage_provider",
     )
 
@@ -170,6 +170,7 @@ class OrderedStream:
         self._log: list[StreamEvent | tuple[int, bytes]] = []
         self._cursor = 0  # index in _log of the (primary) reader's next unread event
         self._primary: StreamReader | None = None  # the reader whose reads backpressure counts
+        self._readers = 0  # readers made so far (each one's number)
         self._unread_events = 0  # unread deltas (the terminal has its own slot)
         self._unread_bytes = 0
         self._pending = 0  # size of the delta a paused producer is waiting to send
@@ -374,13 +375,15 @@ class OrderedStream:
         if after_seq is not None and (isinstance(after_seq, bool) or not isinstance(after_seq, int)):
             raise TypeError(f"after_seq must be an int or None, got {type(after_seq).__name__}")
         with self._cond:
+            number = self._readers
+            self._readers = number + 1
             if not resume:
-                r = StreamReader(self, self._cursor)
+                r = StreamReader(self, self._cursor, number, after_seq, resume)
             else:
                 start = self._resume(after_seq)
                 if start == len(self._log) and self._st.terminal and self._log:
                     start = len(self._log) - 1  # the terminal event again: the client sees the end
-                r = StreamReader(self, start)
+                r = StreamReader(self, start, number, after_seq, resume)
             self._primary = r
             return r
 
@@ -608,14 +611,16 @@ class OrderedStream:
 class StreamReader:
     """One reader's cursor over an OrderedStream's log (`OrderedStream.reader`): each HTTP connection
     of a request reads through its own, so a reconnect never steals events from, nor loses events
-    to, a connection that is still open. `delivered` is the seqs handed out, in order (a per-reader
-    delivery trace for the §4.7 checks)."""
+    to, a connection that is still open. Each reader is numbered (`number`, 0 the first) and, on a
+    traced stream, records `stream.reader_opened` and one `stream.delivered` per event handed out:
+    the per-reader delivery trace the §4.7 monitor `reader_delivery_complete` checks."""
 
-    __slots__ = ("stream", "index", "delivered")
+    __slots__ = ("stream", "index", "number")
 
-    def __init__(self, stream: OrderedStream, index: int) -> None:
-        self.stream, self.index = stream, index
-        self.delivered: list[int | None] = []
+    def __init__(self, stream: OrderedStream, index: int, number: int, after_seq: int | None, resume: bool) -> None:
+        self.stream, self.index, self.number = stream, index, number
+        if stream._trace is not None:
+            stream._trace.emit(EventKind.READER_OPENED, reader=number, after=after_seq, resume=resume)
 
     @property
     def primary(self) -> bool:
@@ -625,7 +630,8 @@ class StreamReader:
         st = self.stream
         ev = st._take_for(self)
         if ev is not None:
-            self.delivered.append(ev.seq)
+            if st._trace is not None:
+                st._trace.emit(EventKind.DELIVERED, reader=self.number, seq=ev.seq, terminal=ev.terminal)
             return ev, False
         return None, st._st.terminal and self.index >= len(st._log)
 

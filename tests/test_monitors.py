@@ -110,6 +110,22 @@ def eos_run():
     ] + tail(seq=1, reason="eos", usage=usage)
 
 
+def readers_run():
+    """length_run read over HTTP: the live reader, then a resume after seq 0 while it is still open
+    (D5: each has its own cursor; both get the rest and the terminal)."""
+    def got(reader, seq, terminal=False):
+        return ("stream.delivered", {"reader": reader, "seq": seq, "terminal": terminal})
+
+    return length_run() + [
+        ("stream.reader_opened", {"reader": 0, "after": None, "resume": False}),
+        got(0, None), got(0, 0), got(0, 1), got(0, 2, True),
+        ("stream.reader_opened", {"reader": 1, "after": 0, "resume": True}),
+        got(1, 1), got(1, 2, True),
+        ("stream.reader_opened", {"reader": 2, "after": 9, "resume": True}),  # past the end: the terminal again
+        got(2, 2, True),
+    ]
+
+
 def build(rows) -> list[Event]:
     tr = Trace("r1", clock=lambda: 0.0)
     for kind, data in rows:
@@ -165,6 +181,7 @@ BROKEN = {
     "terminal_with_transition": lambda: insert_before(length_run(), "response.completed", ("decode.started", {"step": 9})),
     "seq_strictly_increasing": lambda: edit(length_run(), "response.delta", 1, seq=0),
     "seq_contiguous": lambda: edit(edit(length_run(), "response.delta", 1, seq=2), "response.completed", seq=3),
+    "reader_delivery_complete": lambda: drop(readers_run(), "stream.delivered", reader=1, seq=1),
     "delta_nonempty": lambda: insert_before(length_run(), "decode.started", ("response.delta", {"seq": 1, "bytes": b""})),
     "stream_bounded": lambda: edit(edit(length_run(), "request.created", max_events=1), "response.delta", unread_events=2),
     "release_exactly_once": lambda: insert_before(length_run(), "lifecycle.transition",
@@ -214,7 +231,7 @@ def test_monitor_catches_its_violation(name):
     assert named[0].request_id == "r1"
 
 
-@pytest.mark.parametrize("rows", [length_run, stop_run, cancel_run, eos_run])
+@pytest.mark.parametrize("rows", [length_run, stop_run, cancel_run, eos_run, readers_run])
 def test_contract_traces_conform(rows):
     """Traces written to the trace contract (§4.3 loop; §4.11 experiments A and B) have no violation."""
     assert check_trace(build(rows()), tokenizer=TOK) == []
@@ -271,3 +288,17 @@ def test_check_trace_refuses_non_events():
     """A clear TypeError names what was passed instead of an Event."""
     with pytest.raises(TypeError, match="Event"):
         check_trace([("response.start", {})])
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    (lambda rows: drop(rows, "stream.delivered", reader=1, seq=1), "a gap"),
+    (lambda rows: insert_before(rows, "stream.reader_opened", ("stream.delivered", {"reader": 0, "seq": 1,
+                                                                                   "terminal": False}), 1), "after its terminal"),
+    (lambda rows: edit(rows, "stream.delivered", reader=0, seq=1, match={"reader": 0, "seq": 2}), "a duplicate"),
+    (lambda rows: edit(rows, "stream.delivered", terminal=True, match={"reader": 1, "seq": 1}), "terminal with seq=1"),
+])
+def test_reader_delivery_monitor_names_each_kind_of_wrong_delivery(change, says):
+    """§4.7 per reader: gaps, duplicates, events after the terminal, a wrong terminal."""
+    found = [str(v) for v in check_trace(build(change(readers_run())), tokenizer=TOK)
+             if v.invariant == "reader_delivery_complete"]
+    assert found and says in found[0], found

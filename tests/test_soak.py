@@ -19,7 +19,7 @@ from _engine_kit import ascii_tokenizer, serve_in_thread, slow_model, tiny_model
 from decodespec.properties import check_trace
 from decodespec.runtime import Fault, FaultPlan, Request
 from decodespec.runtime.engine import Engine, QueueFull, UnknownRequest
-from decodespec.runtime.events import TERMINAL_KINDS
+from decodespec.runtime.events import TERMINAL_KINDS, EventKind
 from decodespec.runtime.server import create_app
 
 TOK = ascii_tokenizer()
@@ -178,7 +178,9 @@ def test_soak_over_http():
             time.sleep(0.01)
         runs = list(engine.runs())
     assert runs
-    _check_all(runs, engine)
+    _check_all(runs, engine)  # the per-reader delivery traces included (reader_delivery_complete)
+    resumed = [e for run in runs for e in run.trace.events if e.kind == EventKind.READER_OPENED and e.data["resume"]]
+    assert resumed, "no client resumed: the per-reader checks saw one reader per request"
 
 
 def _ids_until(lines, n: int | None = None, seen: list[str] | None = None) -> list[int]:
