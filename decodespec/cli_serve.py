@@ -48,10 +48,8 @@ import click
 def serve(host, port, model_path, device, policy, max_batch, max_queue, cache_budget_tokens, preemption,
           detach_timeout_s, stall_timeout_s, shutdown_timeout_s, on_disconnect, body_timeout_s, header_timeout_s, api_key, allowed_origins, max_body_bytes, log_level, utf8_guard, retain_s) -> None:
     """Serve /v1/completions and /v1/chat/completions (SSE with replayable ids) until interrupted."""
-    import uvicorn
-
     from decodespec.runtime.engine import Engine
-    from decodespec.runtime.server import create_app, uvicorn_config
+    from decodespec.runtime.server import create_app, reference_server, uvicorn_config
 
     from .cli_generate import load_model_and_tokenizer
 
@@ -64,5 +62,5 @@ def serve(host, port, model_path, device, policy, max_batch, max_queue, cache_bu
                      utf8_guard=utf8_guard)
     click.echo(f"decodespec serve: model {engine.model_name!r} on http://{host}:{port}/v1 (policy {policy})", err=True)
     config = uvicorn_config(app, host=host, port=port, log_level=log_level, access_log=log_level in ("debug", "info"),
-                            timeout_graceful_shutdown=shutdown_timeout_s, header_timeout_s=header_timeout_s)
-    uvicorn.Server(config).run()
+                            header_timeout_s=header_timeout_s)
+    reference_server(config, engine, shutdown_timeout_s).run()

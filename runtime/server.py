@@ -424,6 +424,28 @@ def uvicorn_config(app: Starlette, *, host: str = "127.0.0.1", port: int = 0, lo
                           **kw)
 
 
+def reference_server(config: Any, engine: Engine, shutdown_timeout_s: float) -> Any:
+    """The uvicorn Server of `decodespec serve` (`.run()` until SIGINT/SIGTERM), whose shutdown
+    stays within `shutdown_timeout_s` (D5): new connections are refused at once; live requests get
+    half the bound to finish; the rest are cancelled, so every open stream still receives its
+    terminal event before its connection closes; past the bound uvicorn closes what is left."""
+    import uvicorn
+
+    class ReferenceServer(uvicorn.Server):
+        async def shutdown(self, sockets: list | None = None) -> None:
+            for server in self.servers:
+                server.close()
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + shutdown_timeout_s / 2
+            while not engine.idle and loop.time() < deadline and not self.force_exit:
+                await asyncio.sleep(0.05)
+            await loop.run_in_executor(None, engine.stop)  # the rest: cancelled, terminal events sent
+            await super().shutdown(sockets)
+
+    config.timeout_graceful_shutdown = shutdown_timeout_s / 2
+    return ReferenceServer(config)
+
+
 def prometheus_text(engine: Engine) -> str:
     """The Engine's counters in the Prometheus text exposition format."""
     s = engine.stats()

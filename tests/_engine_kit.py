@@ -102,7 +102,9 @@ def serve_in_thread(app: Any, **config: Any) -> Iterator[str]:
 
     from decodespec.runtime.server import uvicorn_config
 
-    sock = socket.socket()
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
+    # without it every response written in two parts waits 40 ms for a delayed ACK (Nagle).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn_config(app, lifespan="on", **config))
