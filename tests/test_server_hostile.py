@@ -332,3 +332,26 @@ def test_shutdown_sends_every_open_stream_its_terminal_event_within_the_bound():
     assert not thread.is_alive() and time.monotonic() - t0 < 2 + 1.5
     assert "event: error" in lines and not any(x.startswith("cut") for x in lines), lines[-4:]
     assert '"cancelled"' in lines[lines.index("event: error") + 1]
+
+
+def test_a_client_that_leaves_mid_body_is_dropped_without_an_error_log(caplog):
+    """Issue 14 item 8: a ClientDisconnect while the body is read is not a server error: nothing
+    at ERROR in any log, and the server goes on serving."""
+    import logging
+    import socket
+
+    engine = Engine(slow_model(delay_s=0.001), ascii_tokenizer(), poll_s=0.001)
+    uvicorn_log = logging.getLogger("uvicorn")
+    with caplog.at_level(logging.INFO), serve_in_thread(create_app(engine, model_name=MODEL)) as url:
+        uvicorn_log.addHandler(caplog.handler)  # uvicorn's loggers, configured at start, do not propagate
+        host, port = url.removeprefix("http://").split(":")
+        for _ in range(3):
+            with socket.create_connection((host, int(port)), timeout=10) as s:
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: 1000\r\n\r\n{\"model\":")
+                time.sleep(0.1)
+        time.sleep(0.3)
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+    uvicorn_log.removeHandler(caplog.handler)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [], [r.getMessage() for r in errors]
