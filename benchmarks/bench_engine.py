@@ -45,6 +45,7 @@ class _NoEos:
     """The tokenizer with EOS switched off, so every run produces exactly its token budget."""
 
     eos_id = None
+    eos_ids: frozenset[int] = frozenset()
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner

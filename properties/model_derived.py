@@ -118,6 +118,14 @@ UNREALIZABLE = {
         "a kernel is in flight (§4.9 safe points); once the reason is fixed (DRAINING) or the request "
         "ended, nothing looks at the flag. The ignore rows (D2) are for engines that still do",
     ),
+    "stop_in_drained_tail": (
+        lambda comp, step: step.label.startswith("loop: finish(): tail, stop matcher hit"),
+        "RequestRun's stop matcher sees every byte the moment it is detokenized (a partial stop-id "
+        "match withholds bytes from the stream, not from the matcher: D3), and a per-token "
+        "detokenizer drains nothing at finish() but an unfinished character, which fails (D12); so "
+        "no stop can complete in a drained tail. The row is there for engines that hold decoded "
+        "text back",
+    ),
 }
 
 
@@ -134,6 +142,10 @@ MODEL_ONLY: dict[tuple[str, ...], str] = {
     ("ignore", "lifecycle", "DRAINING", "cancel"): "cancel_observed_without_kernel",
     ("ignore", "lifecycle", "FINISHED", "cancel"): "cancel_observed_without_kernel",
     ("ignore", "lifecycle", "FAILED", "cancel"): "cancel_observed_without_kernel",
+    ("row", "lifecycle", "DRAINING", "stop_hit"): "stop_in_drained_tail",
+    **{("fault", label, "draining_stop_hit"): "stop_in_drained_tail"
+       for label in ("reader: reads one delta", "transport: the client disconnects",
+                     "transport: the client reconnects and replays from its last seq")},
 }
 
 

@@ -21,7 +21,7 @@ from ..runtime.loop import generate
 from ..runtime.models import ScriptedModel
 from ..runtime.request import Request
 from ..runtime.runner import RequestRun
-from ..runtime.stop import StopMatcher
+from ..runtime.stop import StopKind, StopMatcher
 from ..runtime.stream import Deduper, OrderedStream
 from ..runtime.tokenizers import ByteTableTokenizer
 from .monitors import check_trace
@@ -106,7 +106,7 @@ def _eos_as_text() -> Iterator[None]:
     def init(orig):
         def wrapped(self, *a, **kw):
             orig(self, *a, **kw)
-            self.eos_id = None
+            self.eos_id, self.eos_ids = None, frozenset()
 
         return wrapped
 
@@ -141,6 +141,10 @@ class _OneTokenStopMatcher(StopMatcher):
 class _FakeHit:
     stop: str
     rule_version: int = 1
+    index: int = 0
+    start: int = 0
+    end: int = 0
+    kind: StopKind = StopKind.STRING
 
 
 @contextlib.contextmanager

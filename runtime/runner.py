@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -35,6 +35,42 @@ from .tokenizers import TokenizerError
 from .utf8_guard import Utf8Guard, guard_for
 
 _LIFECYCLE = load_spec("lifecycle")
+# The one implementation of each finish check the lifecycle table lists ([[finish_check]], §4.3,
+# DECISIONS D4): a condition over `select`'s locals (run, eos, safe: the bytes this token would
+# send, hit: a stop hit, t: tokens selected). `_winner` runs them in the table's order.
+FINISH_CHECKS: dict[str, str] = {
+    "eos": "eos",
+    "content_interrupt": "safe and run.request.content_policy is not None"
+                         " and run.request.content_policy(bytes(run.output), safe)",
+    "stop_hit": "hit is not None",
+    "length": "t >= run.request.max_output_tokens",
+    "context_full": "run.cache.length + 1 >= run.model.context_limit",
+    "grammar_done": "run.request.grammar is not None"
+                    " and run.request.grammar.complete((run.output + safe).decode('utf-8', 'replace'))",
+}
+
+
+def finish_checker(checks: Sequence[Any]) -> Callable[..., str | None]:
+    """`winner(run, eos, safe, hit, t)`: the event of the first check in `checks` (the table's
+    FinishCheck list) that holds, or None. Generated once from the list, so the per-token cost is
+    one call with the checks inline (issue 8); its source is its docstring."""
+    order = [c.event for c in checks]
+    unknown = [e for e in order if e not in FINISH_CHECKS]
+    unused = [e for e in FINISH_CHECKS if e not in order]
+    if unknown or unused:
+        raise RuntimeError(f"lifecycle finish checks and runtime/runner.FINISH_CHECKS differ: listed without an "
+                           f"implementation {unknown}, implemented but not listed {unused}")
+    body = "".join(f"    if {FINISH_CHECKS[e]}:\n        return {e!r}\n" for e in order)
+    source = f"def winner(run, eos, safe, hit, t):\n{body}    return None\n"
+    namespace: dict[str, Any] = {}
+    exec(compile(source, f"<{_LIFECYCLE.source} finish_check>", "exec"), namespace)
+    winner = namespace["winner"]
+    winner.__doc__ = source
+    return winner
+
+
+_WINNER = finish_checker(_LIFECYCLE.finish_checks)
+_CONTENT_INTERRUPT = "content_interrupt"
 # (state, event) -> the finish reason the row fixes, straight from the table.
 _REASONS = {k: FinishReason(d.reason) for k, d in _LIFECYCLE.decisions.items() if d.reason}
 _IGNORED = frozenset(k for k, d in _LIFECYCLE.decisions.items() if d.kind == "ignore")
@@ -74,13 +110,13 @@ class RequestRun:
     # Slots: the per-token path reads a dozen of these per token, right after a model step has
     # pushed them out of the CPU caches; a slot is one fixed offset, a dict entry a probe (issue 8).
     __slots__ = (
-        "cache", "clock", "deadline_at", "decoded", "detok", "eos_id", "error", "faults", "guard", "ledger",
+        "cache", "clock", "deadline_at", "decoded", "detok", "eos_id", "eos_ids", "error", "faults", "guard", "ledger",
         "life", "logits", "model", "output", "prompt_ids", "reason", "request", "sampler",
         "stop_hit", "stopper", "stream", "token_stopper", "tokenizer", "tokens", "trace",
         "_byte_marks", "_cancel_claimed", "_cancel_fired", "_cancel_lock", "_cancel_requested",
         "_created", "_deadline_forced", "_decode_s", "_detok_push", "_detok_total", "_faulty",
         "_held_since", "_inline", "_kernel_fault", "_listeners", "_lock", "_may_overflow",
-        "_plain_send", "_poisoned", "_put_delta", "_stop_push", "_t", "_t0", "_token_held",
+        "_plain_send", "_poisoned", "_put_delta", "_stop_push", "_t", "_t0", "_unsent",
     )
 
     def __init__(
@@ -120,6 +156,9 @@ class RequestRun:
         except TokenizerError as exc:
             raise RequestError("prompt", str(exc)) from None
         self.eos_id: int | None = tokenizer.eos_id
+        # Every id that ends the output (a checkpoint may list several, as Llama 3's does, §4.6).
+        self.eos_ids: frozenset[int] = getattr(tokenizer, "eos_ids", None) or frozenset(
+            () if self.eos_id is None else (self.eos_id,))
         self.detok = IncrementalDetokenizer(tokenizer, prompt_ids=self.prompt_ids)
         self.guard: Utf8Guard | None = None
         if request.utf8_guard:
@@ -127,10 +166,10 @@ class RequestRun:
             if plan is None:
                 raise RequestError("utf8_guard", "needs a tokenizer whose decoder has a per-token byte table "
                                                  f"({type(tokenizer).__name__}'s has none)")
-            self.guard = guard_for(plan, model.vocab_size, self.eos_id)
+            self.guard = guard_for(plan, model.vocab_size, self.eos_ids)
         self.stopper = StopMatcher(request.stop)
         self.token_stopper = TokenStopMatcher(request.stop_token_ids) if request.stop_token_ids else None
-        self._token_held: list[bytes] = []  # bytes of tokens that may still be a stop id sequence
+        self._unsent = b""  # bytes the stop matcher released that a partial stop-id match withholds
         self.sampler = Sampler(
             SamplingParams(
                 temperature=request.temperature, top_k=request.top_k, top_p=request.top_p, seed=request.seed
@@ -181,6 +220,7 @@ class RequestRun:
             max_output_tokens=request.max_output_tokens,
             context_limit=model.context_limit,
             eos_id=self.eos_id,
+            eos_ids=sorted(self.eos_ids),
             temperature=request.temperature,
             top_k=request.top_k,
             top_p=request.top_p,
@@ -336,79 +376,81 @@ class RequestRun:
         t = len(tokens)
         if self.life.state not in _SELECT_QUIET:
             self.life.fire("select")
-        eos = token == self.eos_id
+        eos = token in self.eos_ids
         trace = self.trace
         trace.put((_TOKEN_SELECTED, trace.clock(), t, token, eos))
-        if eos:
+        safe, hit = b"", None
+        if eos:  # EOS is not text: never detokenized, no bytes (the first finish check, D4)
             self._byte_marks.append(self._detok_total)
-            self.fire("eos")
-            return False
-        try:
-            new = self._detok_push(token)
-        except DecodingError as exc:
-            self.error = f"decoding_error: {exc}"
-            self._byte_marks.append(self._detok_total)
-            self._terminate("decode_error")
-            return False
-        total = self._detok_total = self._detok_total + len(new)
-        self._byte_marks.append(total)
-        token_hit = None
-        if self.token_stopper is not None:
-            token_hit, new = self._token_stop(token, new)
-        if new:  # detokenizer bytes -> stop matcher -> content policy -> stream (§4.3)
-            safe, hit = self._stop_push(new)
-            if self.stopper.held:  # the clock is read only when holding starts or ends
-                if self._held_since is None:
-                    self._held_since = self.clock()
-            elif self._held_since is not None:
-                self._t["stop_buffer"] += self.clock() - self._held_since
-                self._held_since = None
-            if safe:
-                if self._plain_send:  # nothing to check: straight to the stream
-                    try:
-                        self._put_delta(safe)
-                    except StreamOverflow as exc:  # a paused send waited past its timeout (D5)
-                        return self._send_failed(exc.seq, str(exc))
-                    self.output += safe
-                else:
-                    policy = self.request.content_policy
-                    if policy is not None and policy(bytes(self.output), safe):
-                        self.fire("content_interrupt")
-                        return False
-                    if not self._send(safe):
-                        return False
-            if hit is not None:
-                return self._stopped(hit, "string")
-        if token_hit is not None:
-            return self._stopped(token_hit, "token_ids")
-        req = self.request
-        if t >= req.max_output_tokens:
-            self.fire("length")
-        elif self.cache.length + 1 >= self.model.context_limit:
-            self.fire("context_full")
-        elif req.grammar is not None and req.grammar.complete(self.output.decode("utf-8", "replace")):
-            self.fire("grammar_done")
         else:
+            try:
+                new = self._detok_push(token)
+            except DecodingError as exc:
+                self.error = f"decoding_error: {exc}"
+                self._byte_marks.append(self._detok_total)
+                self._terminate("decode_error")
+                return False
+            total = self._detok_total = self._detok_total + len(new)
+            self._byte_marks.append(total)
+            if new:  # detokenizer bytes -> stop matcher (§4.3)
+                safe, hit = self._stop_push(new)
+                if self.stopper.held:  # the clock is read only when holding starts or ends
+                    if self._held_since is None:
+                        self._held_since = self.clock()
+                elif self._held_since is not None:
+                    self._t["stop_buffer"] += self.clock() - self._held_since
+                    self._held_since = None
+            if self.token_stopper is not None:
+                safe, hit = self._token_stop(token, safe, hit)
+        event = _WINNER(self, eos, safe, hit, t)  # the table's finish checks, in its order (D4)
+        if safe and event != _CONTENT_INTERRUPT:  # a refused chunk is never sent (D11)
+            if self._plain_send:  # nothing to check: straight to the stream
+                try:
+                    self._put_delta(safe)
+                except StreamOverflow as exc:  # a paused send waited past its timeout (D5)
+                    return self._send_failed(exc.seq, str(exc))
+                self.output += safe
+            elif not self._send(safe):
+                return False
+        if hit is not None and event != _CONTENT_INTERRUPT:  # the output ends at the match, whichever
+            self._record_hit(hit)  # check fixes the reason; after an interruption nothing is kept
+        if event is None:
             return True
+        self.fire(event)
         return False
 
-    def _token_stop(self, token: int, new: bytes) -> tuple[Any, bytes]:
-        """Stop id sequences (§4.6): the hit, if any, and the bytes no partial match holds back."""
+    def _token_stop(self, token: int, safe: bytes, hit: Any) -> tuple[bytes, Any]:
+        """Merge the token-id stops into the string matcher's verdict (§4.6, D3). The string
+        matcher sees every byte at once; the bytes of tokens that may still begin a stop-id
+        sequence are withheld from sending (`_unsent`). On a hit the text up to the cut is final:
+        the earlier cut wins, a string match on a tie."""
         token_hit = self.token_stopper.push(token)
-        held = self._token_held
-        held.append(new)
-        keep = 0 if token_hit else len(self.token_stopper.held)
-        release = held[: len(held) - keep]
-        del held[: len(held) - keep]
-        if token_hit:
-            release = release[: len(release) - len(token_hit.stop)]  # the stop ids' bytes stay out
-        return token_hit, b"".join(release)
+        unsent = self._unsent + safe if self._unsent else safe
+        sent = len(self.output)
+        if token_hit is not None:
+            marks, n = self._byte_marks, len(token_hit.stop)
+            cut = marks[-n - 1] if len(marks) > n else 0  # where the stop ids' bytes begin
+            if hit is None or hit.start > cut:  # the token-id stop cuts first: it wins
+                self._unsent = b""
+                return (unsent + self.stopper.held)[: cut - sent], token_hit
+        if hit is not None:  # a string stop: everything before it is final
+            self._unsent = b""
+            return unsent, hit
+        k = len(self.token_stopper.held)
+        if not k:
+            self._unsent = b""
+            return unsent, None
+        marks = self._byte_marks
+        cap = marks[-k - 1] if len(marks) > k else 0  # the held tokens' bytes begin here
+        n = max(0, cap - sent)
+        self._unsent = unsent[n:]
+        return unsent[:n], None
 
-    def _stopped(self, hit: Any, kind: str) -> bool:
+    def _record_hit(self, hit: Any) -> None:
+        """stop.hit with the match's index and span (D3); the output ends at its start."""
         self.stop_hit = hit
-        self.trace.emit(EventKind.STOP_HIT, stop=hit.stop, rule_version=hit.rule_version, kind=kind)
-        self.fire("stop_hit")
-        return False
+        self.trace.emit(EventKind.STOP_HIT, stop=hit.stop, rule_version=hit.rule_version, kind=hit.kind.value,
+                        index=hit.index, start=hit.start, end=hit.end)
 
     def _send(self, data: bytes) -> bool:
         """stream.emit_delta_if_nonempty (§4.3); a failed send ends the request (§4.10).
@@ -476,15 +518,15 @@ class RequestRun:
 
     def _cancel_at_safe_point(self) -> None:
         """discard_non_safe_stop_buffer (§4.3): held bytes are not safe and are never sent."""
-        self._token_held.clear()
+        self._unsent = b""
         self._terminate("safe_point")
 
     def _drain(self) -> None:
-        if self.reason in _DISCARD_TAIL:
+        if self.reason in _DISCARD_TAIL or self.stop_hit is not None:  # the output ended at a cut
             self.detok.discard_pending_after_stop()
             if self.stopper.hit is not None:
                 self.stopper.discard_from_first_match()
-            self._token_held.clear()
+            self._unsent = b""
             self._terminate("complete")
             return
         if self.guard is not None and self.detok.pending:
@@ -503,14 +545,14 @@ class RequestRun:
         self._detok_total += len(tail)
         if self._byte_marks:
             self._byte_marks[-1] = self._detok_total
-        tail = b"".join(self._token_held) + tail
-        self._token_held.clear()
+        unsent, self._unsent = self._unsent, b""  # already through the stop matcher: final now
+        if not self._send(unsent):
+            return
         safe, hit = self.stopper.push(tail) if tail else (b"", None)
         if not self._send(safe):
             return
         if hit is not None:
-            self.stop_hit = hit
-            self.trace.emit(EventKind.STOP_HIT, stop=hit.stop, rule_version=hit.rule_version, kind="string")
+            self._record_hit(hit)
             self.fire("stop_hit")
             self.stopper.discard_from_first_match()
         elif not self._send(self.stopper.flush()):

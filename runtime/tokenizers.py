@@ -172,6 +172,7 @@ class ByteTableTokenizer:
         self.vocab_size = max(clean) + 1
         self.eos_id = eos_id
         self.special_ids = frozenset() if eos_id is None else frozenset({eos_id})
+        self.eos_ids = self.special_ids
         self._by_bytes = {v: k for k, v in sorted(clean.items(), reverse=True) if v and k not in self.special_ids}
         self._max_len = max((len(b) for b in self._by_bytes), default=0)
         self._plans = {
@@ -372,6 +373,10 @@ class HFTokenizer:
         self.special_ids = frozenset(a["id"] for a in added if a.get("special"))
         self.decoder_spec: Mapping[str, Any] | None = spec.get("decoder")
         self.eos_id = check_token_id(eos_id, self.vocab_size) if eos_id is not None else self._find_eos(added)
+        # Every id that ends the output: eos_id, and (with no eos_id given) every one the checkpoint's
+        # generation_config.json / config.json lists (Llama 3 lists several; §4.6).
+        self.eos_ids: frozenset[int] = frozenset(() if self.eos_id is None else (self.eos_id,)) | (
+            frozenset() if eos_id is not None else self._listed_eos())
         template = _read_json(p.parent / "tokenizer_config.json").get("chat_template")
         self.chat_template: str | None = template if isinstance(template, str) else None  # Jinja, for chat servers
         self._plans: dict[bool, DecodePlan | None] = {}
@@ -392,6 +397,15 @@ class HFTokenizer:
                 return eid
         specials = {a["content"]: a["id"] for a in added if a.get("special")}
         return next((specials[n] for n in _EOS_NAMES if n in specials), None)
+
+    def _listed_eos(self) -> frozenset[int]:
+        out: set[int] = set()
+        for name in ("generation_config.json", "config.json"):
+            eid = _read_json(self.path.parent / name).get("eos_token_id")
+            for i in eid if isinstance(eid, list) else [eid]:
+                if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.vocab_size:
+                    out.add(i)
+        return frozenset(out)
 
     def plan(self, *, skip_special: bool = True) -> DecodePlan | None:
         """The per-token tables for this tokenizer's decoder, built once; None if not modelled."""

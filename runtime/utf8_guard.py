@@ -77,12 +77,12 @@ class Utf8Guard:
 
     __slots__ = ("_blocked",)
 
-    def __init__(self, plan: DecodePlan, vocab_size: int, eos_id: int | None) -> None:
+    def __init__(self, plan: DecodePlan, vocab_size: int, eos_ids: frozenset[int]) -> None:
         n = len(STATES)
         after = []  # per token: the state it leads to from each state
         for tid in range(vocab_size):
             data = plan.rest.get(tid)
-            if tid == eos_id:
+            if tid in eos_ids:
                 after.append([ACCEPT] + [REJECT] * (n - 1))
             elif data is None:
                 after.append(list(range(n)) if tid in plan.skipped else [REJECT] * n)
@@ -118,15 +118,15 @@ class Utf8Guard:
 
 
 # id(plan) -> (a weak reference to the plan, its guard); plans are unhashable (they hold dicts).
-_GUARDS: dict[int, tuple[weakref.ref, int, int | None, Utf8Guard]] = {}
+_GUARDS: dict[int, tuple[weakref.ref, int, frozenset[int], Utf8Guard]] = {}
 
 
-def guard_for(plan: DecodePlan, vocab_size: int, eos_id: int | None) -> Utf8Guard:
+def guard_for(plan: DecodePlan, vocab_size: int, eos_ids: frozenset[int]) -> Utf8Guard:
     """The guard of a decode plan, built on first use and dropped with the plan."""
     key = id(plan)
     entry = _GUARDS.get(key)
-    if entry is None or entry[0]() is not plan or entry[1:3] != (vocab_size, eos_id):
-        guard = Utf8Guard(plan, vocab_size, eos_id)
-        _GUARDS[key] = (weakref.ref(plan, lambda _ref, key=key: _GUARDS.pop(key, None)), vocab_size, eos_id, guard)
+    if entry is None or entry[0]() is not plan or entry[1:3] != (vocab_size, eos_ids):
+        guard = Utf8Guard(plan, vocab_size, eos_ids)
+        _GUARDS[key] = (weakref.ref(plan, lambda _ref, key=key: _GUARDS.pop(key, None)), vocab_size, eos_ids, guard)
         return guard
     return entry[3]

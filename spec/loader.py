@@ -8,18 +8,22 @@ pair, undecided pair; plus a reason outside the ten of §4.10.
 from __future__ import annotations
 
 import functools
+import os
 import tomllib
 from collections import deque
 from pathlib import Path
 from typing import Any
 
-from .tables import Decision, Table
+from .tables import Decision, FinishCheck, Table
 from .vocabulary import DecisionKind, FinishReason
 
-SPEC_DIR = Path(__file__).resolve().parent
+# The tables every layer loads: this package's, or a copy named by DECODESPEC_SPEC_DIR (a table
+# change tried end to end, runtime and checker included, before anyone edits the originals).
+SPEC_DIR = Path(os.environ.get("DECODESPEC_SPEC_DIR") or Path(__file__).resolve().parent)
 MACHINES = ("lifecycle", "stop_matcher", "detokenizer", "stream", "resources")
 _HEADER = ("name", "anchor", "spec_version", "initial", "terminal", "states", "events")
 _SECTIONS = {"row": DecisionKind.ROW, "ignore": DecisionKind.IGNORE, "reject": DecisionKind.REJECT}
+_FINISH = "finish_check"  # the ordered finish checks (lifecycle; DECISIONS D4)
 _REASONS = frozenset(r.value for r in FinishReason)
 
 
@@ -138,8 +142,9 @@ def build_table(data: dict[str, Any], source: str) -> Table:
     problems.raise_any()
 
     _check_graph(data["initial"], states, terminal, decisions, source, problems)
+    checks = _finish_checks(data.get(_FINISH, []), events, decisions, source, problems)
     problems.raise_any()
-    params = {k: v for k, v in data.items() if k not in _HEADER and k not in _SECTIONS}
+    params = {k: v for k, v in data.items() if k not in _HEADER and k not in _SECTIONS and k != _FINISH}
     return Table(
         name=data["name"],
         anchor=data["anchor"],
@@ -151,7 +156,33 @@ def build_table(data: dict[str, Any], source: str) -> Table:
         decisions={k: decisions[k] for k in sorted(decisions, key=lambda k: (states.index(k[0]), events.index(k[1])))},
         params=params,
         source=source,
+        finish_checks=checks,
     )
+
+
+def _finish_checks(entries: list, events: tuple, decisions: dict, source: str, problems: _Problems) -> tuple:
+    """The ordered finish checks: each names a declared event, once, that some row fires with a
+    finish reason (what the check decides is that reason)."""
+    out, seen = [], set()
+    reasons = {d.event for d in decisions.values() if d.kind is DecisionKind.ROW and d.reason}
+    for i, entry in enumerate(entries, start=1):
+        where = f"{_FINISH} {i}"
+        event = entry.get("event")
+        extra = sorted(set(entry) - {"event", "anchor", "note"})
+        if extra:
+            problems.add(SpecError(source, where, f"unknown key '{extra[0]}'"))
+        elif event not in events:
+            problems.add(SpecError(source, where, f"undeclared event '{event}'"))
+        elif event in seen:
+            problems.add(SpecError(source, where, f"'{event}' is checked twice"))
+        elif event not in reasons:
+            problems.add(SpecError(source, where, f"no row fires '{event}' with a finish reason"))
+        elif "anchor" not in entry:
+            problems.add(SpecError(source, where, "missing 'anchor'"))
+        else:
+            seen.add(event)
+            out.append(FinishCheck(event, entry["anchor"], entry.get("note", "")))
+    return tuple(out)
 
 
 def _entry_decisions(entry: dict[str, Any], kind: DecisionKind, where: str, source: str) -> list[Decision]:

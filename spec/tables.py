@@ -35,6 +35,16 @@ class Decision:
 
 
 @attrs.frozen
+class FinishCheck:
+    """One check a selected token goes through (§4.3 "check finish conditions"): when it holds,
+    `event` fires. A table's checks run in their listed order and the first that holds wins."""
+
+    event: str
+    anchor: str
+    note: str = ""
+
+
+@attrs.frozen
 class Table:
     """A validated transition table: every (state, event) pair has exactly one Decision."""
 
@@ -48,6 +58,7 @@ class Table:
     decisions: Mapping[tuple[str, str], Decision] = attrs.field(repr=False)
     params: Mapping[str, Any] = attrs.field(factory=dict, repr=False)
     source: str = ""
+    finish_checks: tuple[FinishCheck, ...] = ()
     State: type[enum.Enum] = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:

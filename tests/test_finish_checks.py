@@ -1,0 +1,154 @@
+"""The finish checks of a selected token are the lifecycle table's ordered list (§4.3, §4.6, §4.10;
+DECISIONS D3, D4, D11): the runtime runs that list, a copy of the tables with the list permuted
+changes what the runtime reports, and token-id and string stops share one cut (issue 16)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from decodespec.properties import check_trace
+from decodespec.runtime import ByteTableTokenizer, EventKind, Request, ScriptedModel, generate
+from decodespec.runtime.runner import FINISH_CHECKS, finish_checker
+from decodespec.spec import FinishReason, load_spec
+from decodespec.spec.loader import SPEC_DIR, SpecError, load_text
+
+# 1 "x", 2 "A", 3 "B", 4 "Z", 9 "Q", 5 EOS.
+TOK = ByteTableTokenizer({1: b"x", 2: b"A", 3: b"B", 4: b"Z", 9: b"Q", 5: b""}, eos_id=5)
+
+
+def _run(script, **kw):
+    res = generate(Request([1], **kw), model=ScriptedModel(script, vocab_size=10), tokenizer=TOK)
+    assert check_trace(res.trace, tokenizer=TOK) == [], [str(v) for v in check_trace(res.trace, tokenizer=TOK)]
+    return res
+
+
+def test_every_listed_check_has_one_implementation_and_every_implementation_is_listed():
+    """The registry is checked both ways (as invariants and monitors are)."""
+    listed = [c.event for c in load_spec("lifecycle").finish_checks]
+    assert sorted(listed) == sorted(FINISH_CHECKS)
+    with pytest.raises(RuntimeError, match="implemented but not listed"):
+        finish_checker(load_spec("lifecycle").finish_checks[:-1])
+
+
+def test_the_checker_is_generated_from_the_list_in_its_order():
+    checks = load_spec("lifecycle").finish_checks
+    src = finish_checker(checks).__doc__
+    positions = [src.index(f"return {c.event!r}") for c in checks]
+    assert positions == sorted(positions)
+    reordered = finish_checker(checks[::-1]).__doc__
+    assert reordered.index("return 'grammar_done'") < reordered.index("return 'eos'")
+
+
+@pytest.mark.parametrize(("entry", "problem"), [
+    ('event = "nope"\nanchor = "§4.3"', "undeclared event 'nope'"),
+    ('event = "schedule"\nanchor = "§4.3"', "no row fires 'schedule' with a finish reason"),
+    ('event = "eos"\nanchor = "§4.6"', "'eos' is checked twice"),
+    ('event = "length"\nwhen = "always"', "unknown key 'when'"),
+])
+def test_a_bad_finish_check_is_refused_naming_it(entry, problem):
+    text = (SPEC_DIR / "lifecycle.toml").read_text(encoding="utf-8")
+    with pytest.raises(SpecError, match=problem):
+        load_text(text + f"\n[[finish_check]]\n{entry}\n", "lifecycle.toml")
+
+
+def test_content_policy_beats_a_stop_string_on_the_same_token():
+    """D4/D11: the policy judges the safe bytes before anything is sent; a refused chunk is
+    never sent even when the same token completes a stop."""
+    res = _run([2, 3, 4], stop=["B"], max_output_tokens=3, content_policy=lambda sent, chunk: chunk == b"A")
+    assert res.finish_reason is FinishReason.CONTENT_INTERRUPTED and res.output == b""
+
+
+def test_a_stop_on_the_last_allowed_token_reports_the_stop():
+    """D4: stop_hit is checked before length."""
+    res = _run([2, 3], stop=["AB"], max_output_tokens=2)
+    assert res.finish_reason is FinishReason.STOP_SEQUENCE and res.output == b""
+
+
+def test_a_token_id_stop_keeps_the_bytes_the_string_matcher_held():
+    """§4.6 (issue 16, finding): "A" is held as a possible start of the stop "AB"; the token-id
+    stop Z ends the text after "A", so "A" is final and returned, not dropped."""
+    res = _run([1, 2, 4, 1], stop=["AB"], stop_token_ids=[[4]], max_output_tokens=4)
+    assert res.finish_reason is FinishReason.STOP_SEQUENCE and res.stop == (4,)
+    assert res.output == b"xA"
+
+
+def test_a_partial_token_id_match_does_not_delay_a_complete_string_stop():
+    """§4.6 (issue 16, finding): the string matcher sees B at once; the stop "AB" ends the run on
+    that token even though B might begin the stop ids [3, 9]."""
+    res = _run([1, 2, 3, 9], stop=["AB"], stop_token_ids=[[3, 9]], max_output_tokens=4)
+    assert res.stop == "AB" and len(res.tokens) == 3 and res.output == b"x"
+
+
+def test_when_both_kinds_hit_on_one_token_the_earlier_cut_wins():
+    """D3: the token ids [4] cut at Z; the string "BZ" cuts at B, earlier: the string wins."""
+    res = _run([1, 3, 4], stop=["BZ"], stop_token_ids=[[4]], max_output_tokens=3)
+    assert res.stop == "BZ" and res.output == b"x"
+    res = _run([1, 3, 4], stop=["Z"], stop_token_ids=[[3, 4]], max_output_tokens=3)
+    assert res.stop == (3, 4) and res.output == b"x"
+
+
+def test_bytes_a_partial_token_id_match_withheld_are_sent_when_it_fails():
+    res = _run([1, 3, 2, 1], stop_token_ids=[[3, 4]], max_output_tokens=4)
+    assert res.output == b"xBAx" and res.finish_reason is FinishReason.MAX_OUTPUT_TOKENS
+    deltas = [e.data["bytes"] for e in res.trace.events if e.kind is EventKind.RESPONSE_DELTA]
+    assert deltas == [b"x", b"BA", b"x"]  # B waited for the token after it
+
+
+def test_the_stop_hit_event_carries_index_and_span():
+    """D3 promises which stop matched and where: stop.hit has index, start and end."""
+    res = _run([1, 2, 3], stop=["Q", "AB"], max_output_tokens=3)
+    hit = next(e for e in res.trace.events if e.kind is EventKind.STOP_HIT)
+    assert (hit.data["index"], hit.data["start"], hit.data["end"]) == (1, 1, 3)
+
+
+def test_every_eos_id_the_checkpoint_lists_ends_the_output(tmp_path):
+    """§4.6: a generation_config listing several EOS ids (Llama 3) ends on any of them."""
+    from tokenizers import Tokenizer, models
+
+    from decodespec.runtime.tokenizers import HFTokenizer
+
+    tok = Tokenizer(models.WordLevel({"a": 0, "b": 1, "<eos>": 2, "<eot>": 3}, unk_token="a"))
+    tok.add_special_tokens(["<eos>", "<eot>"])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 3]}))
+    hf = HFTokenizer(tmp_path)
+    assert hf.eos_ids == {2, 3}
+    res = generate(Request([0], max_output_tokens=4), model=ScriptedModel([1, 3, 1, 1], vocab_size=4), tokenizer=hf)
+    assert res.finish_reason is FinishReason.EOS and res.tokens == (1, 3)
+
+
+def test_a_permuted_list_in_a_copy_of_the_tables_changes_what_the_runtime_reports(tmp_path):
+    """Issue 16 item 1: move `length` before `stop_hit` and `eos` in a copy of spec/ only; the
+    runtime then reports max_output_tokens for a stop or an EOS on the last allowed token."""
+    copy = tmp_path / "spec"
+    shutil.copytree(SPEC_DIR, copy, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
+    text = (copy / "lifecycle.toml").read_text(encoding="utf-8")
+    length = '[[finish_check]]\nevent = "length"\n'
+    block = text[text.index(length): text.index("[[finish_check]]", text.index(length) + 1)]
+    text = text.replace(block, "").replace('[[finish_check]]\nevent = "eos"\n', block + '[[finish_check]]\nevent = "eos"\n', 1)
+    (copy / "lifecycle.toml").write_text(text, encoding="utf-8")
+    probe = textwrap.dedent("""
+        from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, generate
+        from decodespec.properties import check_trace
+        tok = ByteTableTokenizer({1: b"x", 2: b"A", 3: b"B", 5: b""}, eos_id=5)
+        for script, kw in (([2, 3], {"stop": ["AB"]}), ([2, 5], {})):
+            r = generate(Request([1], max_output_tokens=2, **kw), model=ScriptedModel(script, vocab_size=6), tokenizer=tok)
+            print(r.finish_reason.value, r.output, len(check_trace(r.trace, tokenizer=tok)))
+    """)
+    env = {**os.environ, "DECODESPEC_SPEC_DIR": str(copy)}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.split("\n")
+    assert lines[0].startswith("max_output_tokens b'' 0") and lines[1].startswith("max_output_tokens b'A' 0"), out.stdout
+    # Unpermuted, the same two runs report the stop and the EOS.
+    assert _run([2, 3], stop=["AB"], max_output_tokens=2).finish_reason is FinishReason.STOP_SEQUENCE
+    assert _run([2, 5], max_output_tokens=2).finish_reason is FinishReason.EOS
