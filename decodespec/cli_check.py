@@ -130,9 +130,13 @@ def _summary(report: CheckReport, out: Console) -> None:
     never = {m: rows for m, rows in report.rows_never_fired.items() if rows}
     t.add_row("rows never fired", "none" if not never else "; ".join(
         f"{m}: " + ", ".join(f"({s}, {e})" for s, e in rows) for m, rows in never.items()))
+    t.add_row("reasons never reached", ", ".join(report.reasons_never_reached) or "none")
     out.print(t)
     for name in report.missing_witnesses:
         out.print(f"[red]no witness[/red] for {name}: the pass may be vacuous")
+    if report.requests == 1 and report.exhaustive and report.unexplored:
+        out.print("[red]unexplored[/red]: the model never fired the rows or reached the reasons above, so the "
+                  "pass says nothing about them (a new event or reason needs a step in machine/checker_model.py)")
     for v in report.violations:
         out.print(f"[red]violation[/red] {v.name} ({v.anchor}): {v.message}")
         for i, label in enumerate(v.labels, start=1):

@@ -66,6 +66,9 @@ REASONS_OF_STATE = {
     "CANCELLED": frozenset({FinishReason.CANCELLED}),
     "FAILED": frozenset({FinishReason.MODEL_ERROR, FinishReason.TRANSPORT_ERROR, FinishReason.CONTEXT_LIMIT}),
 }
+# The loop's label of a finish check that wins at P_CHECKS (model_derived reads these labels).
+_CHECK_LABELS = {"stop_hit": "loop: stop hit: finish reason stop_sequence, tails discarded",
+                 "length": "loop: max_output_tokens reached"}
 STREAM_TERMINAL_OF = {"FINISHED": "COMPLETED", "CANCELLED": "CANCELLED", "FAILED": "FAILED"}
 STREAM_EVENT_OF = {"FINISHED": "complete", "CANCELLED": "cancel", "FAILED": "fail"}
 
@@ -231,6 +234,8 @@ class Model:
         self.detok = self.machines["detokenizer"]
         self.config = config or ModelConfig()
         self._policy_names = self.config.policies
+        # The lifecycle table's finish checks, in its order (D4): the loop below runs this list.
+        self.finish_order = tuple(c.event for c in self.life.table.finish_checks)
 
     def initial(self) -> list[tuple[int, ...]]:
         """One initial request per backpressure policy."""
@@ -352,26 +357,54 @@ class Model:
         else:
             self._select(c, out)
 
+    def _winners(self, forced: Mapping[str, bool], free: frozenset[str], skip: frozenset[str] = frozenset()) -> list:
+        """The events that can win the finish checks (D4), in the table's order: a check whose
+        fact the state forces ends the list, one the environment chooses (`free`) may win and
+        the list goes on; None stands for "no check holds" (decoding goes on)."""
+        out: list[str | None] = []
+        for event in self.finish_order:
+            if event in skip:
+                continue
+            if forced.get(event):
+                out.append(event)
+                return out
+            if event in free:
+                out.append(event)
+        out.append(None)
+        return out
+
+    def _free(self, nonempty: bool) -> frozenset[str]:
+        """The finish checks whose outcome the environment picks (content policy, context, grammar)."""
+        if not self.config.finish_conditions:
+            return frozenset()
+        return frozenset({"context_full", "grammar_done"} | ({"content_interrupt"} if nonempty else set()))
+
     def _select(self, c, out) -> None:
-        """choose y_t, then EOS check, detokenizer push, stop matcher push and, on non-empty safe
-        bytes, the content policy before the send (§4.3, §4.5, §4.6, DECISIONS D11)."""
-        s = self._new(c, out, "loop: select EOS")
-        s.f[F_SEL] += 1
-        s.after_lifecycle(s.lc("select"), default=P_TOP)
-        s.f[F_EOS] = 1
-        s.after_lifecycle(s.lc("eos"), default=P_DRAIN)
+        """choose y_t; an EOS is not detokenized, any other token goes through the detokenizer
+        and the stop matcher; then the table's finish checks (§4.3, §4.5, §4.6, D4): the content
+        policy, where it wins, refuses the chunk before it is sent (D11)."""
+        limit = c[F_SEL] + 1 >= self.config.max_output_tokens
+        for event in self._winners({"eos": True, "length": limit}, self._free(False)):
+            s = self._new(c, out, "loop: select EOS" if event == "eos" else f"loop: select EOS, {event} checked first")
+            s.f[F_SEL] += 1
+            s.after_lifecycle(s.lc("select"), default=P_TOP)
+            s.f[F_EOS] = 1
+            s.after_lifecycle(s.lc(event), default=P_DRAIN)
         s = self._push(c, out, "loop: select a token: detokenizer invalid", "invalid", None)
         if s is not None:
             s.lc("decode_error")
-        self._push(c, out, "loop: select a token: detokenizer hold", "hold", None, P_CHECKS)
-        for stop, nonempty in (("clear", True), ("hold", True), ("hold", False), ("hit", True), ("hit", False)):
-            label = f"loop: select a token: detokenizer emit, stop matcher {stop}, safe bytes " + (
-                "non-empty" if nonempty else "empty")
-            s = self._push(c, out, label, "emit", stop, P_CHECKS)
-            if s is not None and nonempty:
-                s.send(P_CHECKS)
-                if self.config.finish_conditions:
-                    self._interrupt(c, out, label, stop)
+        outcomes = [("loop: select a token: detokenizer hold", "hold", None, False)] + [
+            (f"loop: select a token: detokenizer emit, stop matcher {stop}, safe bytes "
+             + ("non-empty" if nonempty else "empty"), "emit", stop, nonempty)
+            for stop, nonempty in (("clear", True), ("hold", True), ("hold", False), ("hit", True), ("hit", False))]
+        for label, push, stop, nonempty in outcomes:
+            winners = self._winners({"stop_hit": stop == "hit", "length": limit}, self._free(nonempty), frozenset({"eos"}))
+            if any(w != "content_interrupt" for w in winners):  # the chunk is sent, P_CHECKS decides
+                s = self._push(c, out, label, push, stop, P_CHECKS)
+                if s is not None and nonempty:
+                    s.send(P_CHECKS)
+            if "content_interrupt" in winners:
+                self._interrupt(c, out, label, stop)
 
     def _push(self, c, out, label: str, push: str, stop: str | None, pc: int | None = None) -> Step | None:
         """A step that selects a token and pushes it through the detokenizer (and the stop
@@ -400,27 +433,26 @@ class Model:
             s.fire("stop_matcher", "discard")
 
     def _finish_checks(self, c, out) -> None:
-        """After the token's delta: stop, length, then the context and grammar checks (D4); the
-        content policy came before the delta (`_interrupt`)."""
-        if self.stop.states[c[F_SM]] == "HIT":
-            s = self._new(c, out, "loop: stop hit: finish reason stop_sequence, tails discarded")
-            s.after_lifecycle(s.lc("stop_hit"), default=P_DRAIN_END)
+        """After the token's delta: the rest of the table's finish checks (D4; EOS and the content
+        policy were decided at the select). A stop that matched cuts the output whichever check
+        wins the reason: the tails are discarded."""
+        hit = self.stop.states[c[F_SM]] == "HIT"
+        forced = {"stop_hit": hit, "length": c[F_SEL] >= self.config.max_output_tokens}
+        free = self._free(False)
+        for event in self._winners(forced, free, frozenset({"eos", "content_interrupt"})):
+            if event is None:
+                s = self._new(c, out, "loop: no finish condition: decode starts")
+                s.f[F_KERNEL] = 2
+                s.f[F_PC] = P_DECODE
+                continue
+            s = self._new(c, out, _CHECK_LABELS.get(event, f"loop: {event}"))
+            if not hit:
+                s.after_lifecycle(s.lc(event), default=P_DRAIN)
+                continue
+            s.after_lifecycle(s.lc(event), default=P_DRAIN_END)
             s.fire("stop_matcher", "discard")
             if not self.detok.terminal[s.f[F_DT]]:
                 s.fire("detokenizer", "discard")
-            return
-        if c[F_SEL] >= self.config.max_output_tokens:
-            s = self._new(c, out, "loop: max_output_tokens reached")
-            s.after_lifecycle(s.lc("length"), default=P_DRAIN)
-            return
-        s = self._new(c, out, "loop: no finish condition: decode starts")
-        s.f[F_KERNEL] = 2
-        s.f[F_PC] = P_DECODE
-        if not self.config.finish_conditions:
-            return
-        for event in ("context_full", "grammar_done"):
-            s = self._new(c, out, f"loop: {event}")
-            s.after_lifecycle(s.lc(event), default=P_DRAIN)
 
     def _kernel_end(self, c, out, done_event: str, what: str) -> None:
         s = self._new(c, out, f"device: {what} kernel completes")

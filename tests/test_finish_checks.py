@@ -152,3 +152,46 @@ def test_a_permuted_list_in_a_copy_of_the_tables_changes_what_the_runtime_report
     # Unpermuted, the same two runs report the stop and the EOS.
     assert _run([2, 3], stop=["AB"], max_output_tokens=2).finish_reason is FinishReason.STOP_SEQUENCE
     assert _run([2, 5], max_output_tokens=2).finish_reason is FinishReason.EOS
+
+
+def _lifecycle_with(edit):
+    return load_text(edit((SPEC_DIR / "lifecycle.toml").read_text(encoding="utf-8")), "lifecycle.toml")
+
+
+def _length_first(text: str) -> str:
+    length = '[[finish_check]]\nevent = "length"\n'
+    block = text[text.index(length): text.index("[[finish_check]]", text.index(length) + 1)]
+    return text.replace(block, "").replace('[[finish_check]]\nevent = "eos"\n', block + '[[finish_check]]\nevent = "eos"\n', 1)
+
+
+def test_the_checker_model_runs_the_same_list():
+    """Issue 16 item 1: with `length` first, the checker no longer finds a stop on the last allowed
+    token: its witness goes missing, the report is not ok, and nothing else breaks."""
+    from decodespec.machine.checker import check
+
+    assert "stop_at_last_allowed_token" in check(1).witnesses
+    report = check(1, tables={"lifecycle": _lifecycle_with(_length_first)})
+    assert "stop_at_last_allowed_token" in report.missing_witnesses and not report.ok
+    assert not report.violations  # the permuted list is consistent: only the stop witness is gone
+
+
+def test_check_refuses_a_table_with_a_row_it_never_fires():
+    """Issue 16 item 4: a new event with a row in DECODING that the model never offers makes the
+    report not ok (rows never fired), and `decodespec check` exits non-zero."""
+    from decodespec.machine.checker import check
+
+    def add_tool_call(text: str) -> str:
+        text = text.replace('"model_error", "decode_error", "transport_error"]\n\n#',
+                            '"model_error", "decode_error", "transport_error", "tool_call"]\n\n#', 1)
+        text += ('\n[[row]]\nstate = "DECODING"\nevent = "tool_call"\ntarget = "DRAINING"\naction = "fix_reason"\n'
+                 'reason = "eos"\nanchor = "§4.3"\n')
+        for state in ("CREATED", "QUEUED", "PREFILLING", "DRAINING", "CANCEL_REQUESTED", "FINISHED", "CANCELLED",
+                      "FAILED"):
+            text += f'\n[[reject]]\nstate = "{state}"\nevents = ["tool_call"]\n'
+        return text
+
+    table = _lifecycle_with(add_tool_call)
+    assert "tool_call" in table.events
+    report = check(1, tables={"lifecycle": table})
+    assert report.rows_never_fired["lifecycle"] == (("DECODING", "tool_call"),)
+    assert report.unexplored and not report.ok
