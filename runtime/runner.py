@@ -37,30 +37,32 @@ from .utf8_guard import Utf8Guard, guard_for
 _LIFECYCLE = load_spec("lifecycle")
 # The one implementation of each finish check the lifecycle table lists ([[finish_check]], §4.3,
 # DECISIONS D4): a condition over `select`'s locals (run, eos, safe: the bytes this token would
-# send, hit: a stop hit, t: tokens selected). `_winner` runs them in the table's order.
-FINISH_CHECKS: dict[str, str] = {
-    "eos": "eos",
-    "content_interrupt": "safe and run.request.content_policy is not None"
-                         " and run.request.content_policy(bytes(run.output), safe)",
-    "stop_hit": "hit is not None",
-    "length": "t >= run.request.max_output_tokens",
-    "context_full": "run.cache.length + 1 >= run.model.context_limit",
-    "grammar_done": "run.request.grammar is not None"
-                    " and run.request.grammar.complete((run.output + safe).decode('utf-8', 'replace'))",
+# send, hit: a stop hit, t: tokens selected), and the request feature without which it can never
+# hold (None: always checked). `finish_checker` runs them in the table's order.
+FINISH_CHECKS: dict[str, tuple[str, str | None]] = {
+    "eos": ("eos", None),
+    "content_interrupt": ("safe and run.request.content_policy(bytes(run.output), safe)", "policy"),
+    "stop_hit": ("hit is not None", "stops"),
+    "length": ("t >= run.request.max_output_tokens", None),
+    "context_full": ("run.cache.length + 1 >= run.model.context_limit", None),
+    "grammar_done": ("run.request.grammar.complete((run.output + safe).decode('utf-8', 'replace'))", "grammar"),
 }
+FEATURES = ("policy", "stops", "grammar")
 
 
-def finish_checker(checks: Sequence[Any]) -> Callable[..., str | None]:
+def finish_checker(checks: Sequence[Any], features: frozenset[str] = frozenset(FEATURES)) -> Callable[..., str | None]:
     """`winner(run, eos, safe, hit, t)`: the event of the first check in `checks` (the table's
-    FinishCheck list) that holds, or None. Generated once from the list, so the per-token cost is
-    one call with the checks inline (issue 8); its source is its docstring."""
+    FinishCheck list) that holds, or None. Generated from the list, with the checks whose feature
+    the request lacks left out (they cannot hold), so the per-token cost is one call with the
+    remaining checks inline (issue 8); its source is its docstring."""
     order = [c.event for c in checks]
     unknown = [e for e in order if e not in FINISH_CHECKS]
     unused = [e for e in FINISH_CHECKS if e not in order]
     if unknown or unused:
         raise RuntimeError(f"lifecycle finish checks and runtime/runner.FINISH_CHECKS differ: listed without an "
                            f"implementation {unknown}, implemented but not listed {unused}")
-    body = "".join(f"    if {FINISH_CHECKS[e]}:\n        return {e!r}\n" for e in order)
+    body = "".join(f"    if {FINISH_CHECKS[e][0]}:\n        return {e!r}\n" for e in order
+                   if FINISH_CHECKS[e][1] is None or FINISH_CHECKS[e][1] in features)
     source = f"def winner(run, eos, safe, hit, t):\n{body}    return None\n"
     namespace: dict[str, Any] = {}
     exec(compile(source, f"<{_LIFECYCLE.source} finish_check>", "exec"), namespace)
@@ -69,7 +71,20 @@ def finish_checker(checks: Sequence[Any]) -> Callable[..., str | None]:
     return winner
 
 
-_WINNER = finish_checker(_LIFECYCLE.finish_checks)
+# One checker per set of request features, built from the table's list on first use.
+_WINNERS: dict[frozenset[str], Callable[..., str | None]] = {}
+
+
+def _winner_for(request: Request) -> Callable[..., str | None]:
+    features = frozenset(name for name, present in zip(FEATURES, (
+        request.content_policy is not None, bool(request.stop or request.stop_token_ids), request.grammar is not None))
+        if present)
+    winner = _WINNERS.get(features)
+    if winner is None:
+        winner = _WINNERS[features] = finish_checker(_LIFECYCLE.finish_checks, features)
+    return winner
+
+
 _CONTENT_INTERRUPT = "content_interrupt"
 # (state, event) -> the finish reason the row fixes, straight from the table.
 _REASONS = {k: FinishReason(d.reason) for k, d in _LIFECYCLE.decisions.items() if d.reason}
@@ -116,7 +131,7 @@ class RequestRun:
         "_byte_marks", "_cancel_claimed", "_cancel_fired", "_cancel_lock", "_cancel_requested",
         "_created", "_deadline_forced", "_decode_s", "_detok_push", "_detok_total", "_faulty",
         "_held_since", "_inline", "_kernel_fault", "_listeners", "_lock", "_may_overflow",
-        "_plain_send", "_poisoned", "_put_delta", "_stop_push", "_t", "_t0", "_unsent",
+        "_plain_send", "_poisoned", "_put_delta", "_stop_push", "_t", "_t0", "_unsent", "_winner",
     )
 
     def __init__(
@@ -211,6 +226,7 @@ class RequestRun:
         self._stop_push = self.stopper.push
         self._may_overflow = self.stream.policy is not _PAUSE  # pause waits instead (§4.8)
         self._plain_send = self._plain()
+        self._winner = _winner_for(request)
         self.trace.emit(
             EventKind.REQUEST_CREATED,
             prompt_tokens=len(self.prompt_ids),
@@ -402,7 +418,7 @@ class RequestRun:
                     self._held_since = None
             if self.token_stopper is not None:
                 safe, hit = self._token_stop(token, safe, hit)
-        event = _WINNER(self, eos, safe, hit, t)  # the table's finish checks, in its order (D4)
+        event = self._winner(self, eos, safe, hit, t)  # the table's finish checks, in its order (D4)
         if safe and event != _CONTENT_INTERRUPT:  # a refused chunk is never sent (D11)
             if self._plain_send:  # nothing to check: straight to the stream
                 try:
