@@ -32,10 +32,11 @@ from collections.abc import Mapping
 import attrs
 
 from ..spec import DecisionKind, FinishReason, Table, load_spec
+from ..spec.derived import final_reasons, model_resources, stream_end_of, terminal_stream_event
 
 MACHINES = ("lifecycle", "stream", "resources", "stop_matcher", "detokenizer")
 RESOURCE_KINDS = ("trace_handle", "stream_buffer", "kv_cache", "batch_slot", "rng_state")
-MODEL_KINDS = ("kv_cache", "batch_slot", "rng_state")
+MODEL_KINDS = model_resources()
 REASONS = (None, *FinishReason)  # index 0: no reason fixed yet
 
 # Program counter: where in generate() (§4.3) the request is.
@@ -57,20 +58,9 @@ FIELD_OF = {"lifecycle": F_LC, "stream": F_ST, "stop_matcher": F_SM, "detokenize
 # F_CANCEL: 0 none, 1 requested, 2 observed, 3 repeated; F_DEADLINE: 0, 1 passed, 2 observed;
 # F_KERNEL: 0 none, 1 prefill, 2 decode; F_CONN: 0 connected, 1 disconnected, 2 reconnected.
 
-_FINISHED_REASONS = frozenset({
-    FinishReason.EOS, FinishReason.STOP_SEQUENCE, FinishReason.GRAMMAR_COMPLETE, FinishReason.MAX_OUTPUT_TOKENS,
-    FinishReason.CONTEXT_LIMIT, FinishReason.DEADLINE_EXCEEDED, FinishReason.CONTENT_INTERRUPTED,
-})
-REASONS_OF_STATE = {
-    "FINISHED": _FINISHED_REASONS,
-    "CANCELLED": frozenset({FinishReason.CANCELLED}),
-    "FAILED": frozenset({FinishReason.MODEL_ERROR, FinishReason.TRANSPORT_ERROR, FinishReason.CONTEXT_LIMIT}),
-}
 # The loop's label of a finish check that wins at P_CHECKS (model_derived reads these labels).
 _CHECK_LABELS = {"stop_hit": "loop: stop hit: finish reason stop_sequence, tails discarded",
                  "length": "loop: max_output_tokens reached"}
-STREAM_TERMINAL_OF = {"FINISHED": "COMPLETED", "CANCELLED": "CANCELLED", "FAILED": "FAILED"}
-STREAM_EVENT_OF = {"FINISHED": "complete", "CANCELLED": "cancel", "FAILED": "fail"}
 
 
 @attrs.frozen
@@ -181,7 +171,7 @@ class Step:
             self.bad.append(("nothing_after_stop_hit", "a token is selected after the stop hit", None))
 
     def terminal_event(self, state: str, overflow: bool) -> None:
-        event = "overflow" if overflow else STREAM_EVENT_OF.get(state, "fail")
+        event = "overflow" if overflow else self.m.stream_event_of.get(state, "fail")
         self.fire("stream", event)
         self.f[F_TERMS] += 1
         self.f[F_PC] = P_CLOSE
@@ -234,6 +224,12 @@ class Model:
         self.detok = self.machines["detokenizer"]
         self.config = config or ModelConfig()
         self._policy_names = self.config.policies
+        # Derived from these tables (spec/derived.py), not the shipped ones: a changed table is
+        # checked against its own terminal events and final reasons.
+        life, stream = self.tables["lifecycle"], self.tables["stream"]
+        self.stream_event_of = terminal_stream_event(life, stream)
+        self.stream_end_of = stream_end_of(life, stream)
+        self.reasons_of_state = final_reasons(life)
         # The lifecycle table's finish checks, in its order (D4): the loop below runs this list.
         self.finish_order = tuple(c.event for c in self.life.table.finish_checks)
 
@@ -560,7 +556,7 @@ class Model:
         life, st = self.life.states[c[F_LC]], self.stream.states[c[F_ST]]
         life_end, st_end = self.life.terminal[c[F_LC]], self.stream.terminal[c[F_ST]]
         reason = REASONS[c[F_REASON]]
-        if life_end and st_end and STREAM_TERMINAL_OF.get(life) != st:
+        if life_end and st_end and self.stream_end_of.get(life) != st:
             bad.append(("terminal_exclusive", f"lifecycle {life} but stream {st}", None))
         if life_end != st_end and c[F_PC] != P_NEW:
             bad.append(("terminal_with_transition", f"lifecycle {life} and stream {st}: one terminal without the other", None))
@@ -585,7 +581,7 @@ class Model:
             bad.append(("deadline_not_cancelled", "deadline observed, reason cancelled", None))
         if reason == FinishReason.EOS and not c[F_EOS]:
             bad.append(("transport_not_eos", "reason eos without an EOS token", None))
-        if life_end and reason not in REASONS_OF_STATE.get(life, ()):
+        if life_end and reason not in self.reasons_of_state.get(life, ()):
             bad.append(("finish_reason_matches_state", f"{life} with reason {reason}", None))
         limit = self.config.max_output_tokens
         if c[F_SEL] > limit or (reason == FinishReason.MAX_OUTPUT_TOKENS and c[F_SEL] != limit):

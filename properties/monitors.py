@@ -17,23 +17,17 @@ import attrs
 from ..machine import IllegalTransition, compiled
 from ..runtime.events import TERMINAL_KINDS, Event, EventKind
 from ..spec import FinishReason, load_spec
+from ..spec.derived import final_reasons, model_resources, stream_end_of
 from .invariants import load_invariants, monitor, monitors
 
 K = EventKind
 _LIFECYCLE_TERMINAL = frozenset(load_spec("lifecycle").terminal)
-_MODEL_RESOURCES = ("kv_cache", "batch_slot", "rng_state")
+_MODEL_RESOURCES = model_resources()
 # Events another thread (or the fault injector) may log between two steps of the loop.
 _ASYNC_KINDS = frozenset({K.CANCEL_REQUESTED, K.TRANSPORT, K.FAULT_INJECTED, K.READER_OPENED, K.DELIVERED})
-_TERMINAL_STATE = {K.RESPONSE_COMPLETED: "FINISHED", K.RESPONSE_CANCELLED: "CANCELLED", K.RESPONSE_FAILED: "FAILED"}
-_REASONS_OF_STATE = {
-    "FINISHED": frozenset({
-        FinishReason.EOS, FinishReason.STOP_SEQUENCE, FinishReason.GRAMMAR_COMPLETE,
-        FinishReason.MAX_OUTPUT_TOKENS, FinishReason.CONTEXT_LIMIT, FinishReason.DEADLINE_EXCEEDED,
-        FinishReason.CONTENT_INTERRUPTED,
-    }),
-    "CANCELLED": frozenset({FinishReason.CANCELLED}),
-    "FAILED": frozenset({FinishReason.MODEL_ERROR, FinishReason.TRANSPORT_ERROR, FinishReason.CONTEXT_LIMIT}),
-}
+# The trace kind of each terminal lifecycle state: "response." + the stream state its event reaches.
+_TERMINAL_STATE = {K(f"response.{end.lower()}"): state for state, end in stream_end_of().items()}
+_REASONS_OF_STATE = final_reasons()
 _OVERFLOW_MARK = "overflow"
 
 

@@ -21,6 +21,7 @@ import torch
 
 from ..machine import compiled
 from ..spec import FinishReason, load_spec
+from ..spec.derived import model_resources, stream_resources, terminal_stream_event
 from .detokenizer import DecodingError, IncrementalDetokenizer
 from .errors import ModelError, RequestError
 from .events import EventKind, Trace
@@ -106,17 +107,19 @@ _TOKEN_SELECTED = EventKind.TOKEN_SELECTED.value  # per-token entries carry the 
 _PAUSE = BackpressurePolicy.PAUSE
 _DECODE_STARTED = EventKind.DECODE_STARTED.value
 _DECODE_COMPLETED = EventKind.DECODE_COMPLETED.value
-_MODEL_RESOURCES = ("kv_cache", "batch_slot", "rng_state")
-_STREAM_RESOURCES = ("stream_buffer", "trace_handle")
+_MODEL_RESOURCES = model_resources()  # released before the terminal event, the rest after (§4.10)
+_STREAM_RESOURCES = stream_resources()
 # After these reasons the detokenizer tail lies past the end of the output: it is discarded,
 # finish() is not called (§4.3, DECISIONS D11). Every other reason drains with finish().
 _DISCARD_TAIL = frozenset({FinishReason.STOP_SEQUENCE, FinishReason.CONTENT_INTERRUPTED})
-# The stream call that carries each terminal lifecycle state (transition_and_emit_terminal).
-_TERMINAL_SEND: dict[str, Callable[[OrderedStream, FinishReason, dict, str], int]] = {
-    "FINISHED": lambda s, reason, usage, err: s.complete(reason, usage),
-    "CANCELLED": lambda s, reason, usage, err: s.cancel(usage),
-    "FAILED": lambda s, reason, usage, err: s.fail(reason, usage, err),
+# The OrderedStream call of each terminal stream event; the table says which terminal lifecycle
+# state sends which (lifecycle.toml terminal_events, transition_and_emit_terminal of §4.3).
+_STREAM_SEND: dict[str, Callable[[OrderedStream, FinishReason, dict, str], int]] = {
+    "complete": lambda s, reason, usage, err: s.complete(reason, usage),
+    "cancel": lambda s, reason, usage, err: s.cancel(usage),
+    "fail": lambda s, reason, usage, err: s.fail(reason, usage, err),
 }
+_TERMINAL_SEND = {state: _STREAM_SEND[event] for state, event in terminal_stream_event().items()}
 
 
 class RequestRun:
@@ -129,7 +132,7 @@ class RequestRun:
         "life", "logits", "model", "output", "prompt_ids", "reason", "request", "sampler",
         "stop_hit", "stopper", "stream", "token_stopper", "tokenizer", "tokens", "trace",
         "_byte_marks", "_cancel_claimed", "_cancel_fired", "_cancel_lock", "_cancel_requested",
-        "_created", "_deadline_forced", "_decode_s", "_detok_push", "_detok_total", "_faulty",
+        "_created", "_deadline_forced", "_decode_s", "_deferred", "_detok_push", "_detok_total", "_faulty",
         "_held_since", "_inline", "_kernel_fault", "_listeners", "_lock", "_may_overflow",
         "_plain_send", "_poisoned", "_put_delta", "_stop_push", "_t", "_t0", "_unsent", "_winner",
     )
@@ -219,6 +222,7 @@ class RequestRun:
         self._inline = False
         self._put_delta = self.stream.delta  # deliver() once the driver reads inline
         self._faulty = bool(self.faults.faults)
+        self._deferred: list[tuple[FaultAction, int]] | None = []
         if self._faulty:
             self.trace.subscribe(self._inject)
         # Bound once: the per-token path calls these for every token (issue 8).
@@ -250,6 +254,11 @@ class RequestRun:
         self.ledger.acquire("trace_handle")
         self.ledger.acquire("stream_buffer")
         self.stream.start(model_name or getattr(model, "name", type(model).__name__))
+        # Faults that arrived at request.created (a client that left at once, say) land now that
+        # the request exists: the stream table accepts nothing before response.start.
+        deferred, self._deferred = self._deferred, None
+        for action, step in deferred:
+            _FAULTS[action](self, step)
 
     # ---- the lifecycle table -------------------------------------------------------------
 
@@ -680,7 +689,10 @@ class RequestRun:
             return
         for action in self.faults.at(str(ev.kind), step):
             self.trace.emit(EventKind.FAULT_INJECTED, point=str(ev.kind), step=step, action=action.value)
-            _FAULTS[action](self, step)
+            if self._deferred is not None:  # still being built: delivered once the stream has started
+                self._deferred.append((action, step))
+            else:
+                _FAULTS[action](self, step)
 
 
 def _fault_model_error(run: RequestRun, step: int) -> None:

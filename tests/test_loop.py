@@ -323,3 +323,13 @@ def test_prompt_id_outside_the_tokenizer_is_refused_before_anything_starts():
 
     with pytest.raises(RequestError, match=r"^prompt: .*999"):
         generate(Request([999]), model=ScriptedModel([10], vocab_size=1000), tokenizer=tok())
+
+
+@pytest.mark.parametrize(("action", "state"), [("cancel", "CANCELLED"), ("deadline", "FINISHED"),
+                                               ("disconnect", "FINISHED")])
+def test_an_asynchronous_fault_at_request_created_lands_once_the_request_exists(action, state):
+    """Issue 16 (§4.9, D5): a cancel, deadline or disconnect injected at request.created is
+    delivered once the stream has started (the stream table accepts nothing before
+    response.start); it never raises IllegalTransition out of generate()."""
+    res = run([10, 11, 12], faults=FaultPlan([Fault("request.created", 0, action)]), max_output_tokens=3)
+    assert res.state.value == state

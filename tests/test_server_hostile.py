@@ -155,7 +155,7 @@ def test_an_abandoned_non_stream_request_is_cancelled():
 def test_on_disconnect_cancel_stops_a_dropped_stream():
     engine = Engine(slow_model(delay_s=0.05), ascii_tokenizer(), poll_s=0.001)
     with serve_in_thread(create_app(engine, model_name=MODEL, on_disconnect="cancel")) as url:
-        body = {"model": MODEL, "prompt": "hi", "max_tokens": 120, "stream": True}
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 120, "stream": True, "temperature": 0}  # no early EOS
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as r:
             for n, _ in enumerate(r.iter_lines()):
                 if n == 4:

@@ -1,0 +1,82 @@
+"""Facts every layer needs, derived from the tables once (issue 16: no layer keeps its own copy).
+
+- `model_resources()` / `stream_resources()`: resources.toml's `model_kinds`, and the other kinds
+  in table order (released before / after the terminal event, §4.10).
+- `terminal_stream_event()`: lifecycle terminal state -> the stream event that carries it
+  (lifecycle.toml `terminal_events`); `stream_end_of()`: -> the stream terminal state it reaches.
+- `final_reasons()`: per lifecycle terminal state, the finish reasons a run can end there with:
+  the reason of the last row on any path that fixes one (§4.10). Found by search over the table,
+  so a new row or reason changes it with no edit anywhere else.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import deque
+from collections.abc import Mapping
+
+from .loader import SpecError, load_spec
+from .tables import Table
+from .vocabulary import DecisionKind, FinishReason
+
+
+@functools.cache
+def model_resources() -> tuple[str, ...]:
+    table = load_spec("resources")
+    kinds, model = table.params["kinds"], table.params.get("model_kinds", ())
+    unknown = [k for k in model if k not in kinds]
+    if unknown:
+        raise SpecError(table.source, "model_kinds", f"{unknown} are not in kinds {kinds}")
+    return tuple(model)
+
+
+@functools.cache
+def stream_resources() -> tuple[str, ...]:
+    return tuple(k for k in load_spec("resources").params["kinds"] if k not in model_resources())
+
+
+def terminal_stream_event(life: Table | None = None, stream: Table | None = None) -> Mapping[str, str]:
+    life, stream = life or load_spec("lifecycle"), stream or load_spec("stream")
+    events = life.params.get("terminal_events", {})
+    if set(events) != set(life.terminal):
+        raise SpecError(life.source, "terminal_events", f"must name each terminal state {list(life.terminal)} once, "
+                                                         f"got {sorted(events)}")
+    for state, event in events.items():
+        if event not in stream.events:
+            raise SpecError(life.source, "terminal_events", f"{state}: '{event}' is not an event of the stream table")
+    return dict(events)
+
+
+def stream_end_of(life: Table | None = None, stream: Table | None = None) -> Mapping[str, str]:
+    """Lifecycle terminal state -> the stream state its event leads to from OPEN."""
+    stream = stream or load_spec("stream")
+    out = {}
+    for state, event in terminal_stream_event(life, stream).items():
+        d = stream.decision("OPEN", event)
+        if d.kind is not DecisionKind.ROW or d.target not in stream.terminal:
+            raise SpecError(stream.source, f"OPEN {event}", f"must lead to a terminal stream state (for {state})")
+        out[state] = d.target
+    return out
+
+
+def final_reasons(life: Table | None = None) -> Mapping[str, frozenset[FinishReason]]:
+    life = life or load_spec("lifecycle")
+    rows: dict[str, list] = {}
+    for d in life.decisions.values():
+        if d.kind is DecisionKind.ROW:
+            rows.setdefault(d.state, []).append(d)
+    seen = {(life.initial, None)}
+    queue = deque(seen)
+    out: dict[str, set[FinishReason]] = {s: set() for s in life.terminal}
+    while queue:
+        state, reason = queue.popleft()
+        if state in out:
+            if reason is not None:
+                out[state].add(FinishReason(reason))
+            continue
+        for d in rows.get(state, ()):
+            nxt = (d.target, d.reason or reason)
+            if nxt not in seen:
+                seen.add(nxt)
+                queue.append(nxt)
+    return {s: frozenset(r) for s, r in out.items()}
