@@ -596,6 +596,9 @@ class Model:
                     break
         if st_end and self.stream.step[c[F_ST]].get("delta", (0, False, 0))[1]:
             bad.append(("no_delta_after_terminal", f"the stream table accepts a delta in {st}", ("stream", st, "delta")))
+        if held and "acquire" in self.res.step[self.res.i("HELD")]:
+            bad.append(("release_exactly_once", f"the resources table accepts a second 'acquire' of {held[0]} in HELD "
+                        "(a second acquire would need a second release)", ("resources", "HELD", "acquire")))
         if life == "CANCEL_REQUESTED" and "select" in self.life.step[c[F_LC]]:
             bad.append(("no_select_after_cancel_observed", "the lifecycle table accepts 'select' in CANCEL_REQUESTED",
                         ("lifecycle", life, "select")))

@@ -1,0 +1,87 @@
+"""Seeded table bugs (issue 16 item 4): small semantic edits of the tables that the loader accepts,
+each of which the one-request checker must refuse (`decodespec check` exits 1), with a short
+counterexample where the bug is a reachable violation. Kinds: a changed reason, a changed target,
+an ignore made a reject and a reject made an ignore, a new row the model never offers."""
+
+from __future__ import annotations
+
+import pytest
+
+from decodespec.machine.checker import check
+from decodespec.spec.loader import SPEC_DIR, load_text
+
+_CHANGE = ("lifecycle", "DECODING tool_call")
+
+
+def _edit(name: str, old: str, new: str) -> tuple[str, str]:
+    text = (SPEC_DIR / f"{name}.toml").read_text(encoding="utf-8")
+    assert text.count(old) == 1, f"{name}.toml: the seeded edit's anchor text is not unique: {old!r}"
+    return name, text.replace(old, new)
+
+
+def _new_row() -> tuple[str, str]:
+    text = (SPEC_DIR / "lifecycle.toml").read_text(encoding="utf-8")
+    declared = '"model_error", "decode_error", "transport_error"]\n\n#'
+    text = text.replace(declared, declared.replace('"transport_error"]', '"transport_error", "tool_call"]'), 1)
+    text += ('\n[[row]]\nstate = "DECODING"\nevent = "tool_call"\ntarget = "DRAINING"\naction = "fix_reason"\n'
+             'reason = "eos"\nanchor = "§4.3"\n')
+    for state in ("CREATED", "QUEUED", "PREFILLING", "DRAINING", "CANCEL_REQUESTED", "FINISHED", "CANCELLED", "FAILED"):
+        text += f'\n[[reject]]\nstate = "{state}"\nevents = ["tool_call"]\n'
+    return "lifecycle", text
+
+
+# name -> (table, edited text, what must catch it: an invariant with the longest counterexample
+# allowed, or "witness:NAME" / "unexplored").
+SEEDED = {
+    "reason: length reports eos": (*_edit(
+        "lifecycle", 'event = "length"\ntarget = "DRAINING"\naction = "fix_reason"\nreason = "max_output_tokens"',
+        'event = "length"\ntarget = "DRAINING"\naction = "fix_reason"\nreason = "eos"'), ("transport_not_eos", 12)),
+    "reason: a deadline in DECODING reports cancelled": (*_edit(
+        "lifecycle", 'state = "DECODING"\nevent = "deadline"\ntarget = "DRAINING"\naction = "fix_reason"\n'
+                     'reason = "deadline_exceeded"',
+        'state = "DECODING"\nevent = "deadline"\ntarget = "DRAINING"\naction = "fix_reason"\nreason = "cancelled"'),
+        ("cancelled_only_if_requested", 10)),
+    "reason: a content interruption reports eos": (*_edit(
+        "lifecycle", 'reason = "content_interrupted"', 'reason = "eos"'), ("transport_not_eos", 8)),
+    "target: a cancel while decoding skips the safe point": (*_edit(
+        "lifecycle", 'state = "DECODING"\nevent = "cancel"\ntarget = "CANCEL_REQUESTED"',
+        'state = "DECODING"\nevent = "cancel"\ntarget = "DRAINING"'), ("refinement", 10)),
+    "target: a prefill model error is swallowed": (*_edit(
+        "lifecycle", 'state = "PREFILLING"\nevent = "model_error"\ntarget = "FAILED"',
+        'state = "PREFILLING"\nevent = "model_error"\ntarget = "PREFILLING"'), ("refinement", 8)),
+    "target: the terminal of a paused stream never comes": (*_edit(
+        "stream", 'state = "PAUSED"\nevent = "complete"\ntarget = "COMPLETED"',
+        'state = "PAUSED"\nevent = "complete"\ntarget = "PAUSED"'), ("terminal_with_transition", 10)),
+    "target: unblock leaves the producer paused": (*_edit(
+        "stream", 'state = "PAUSED"\nevent = "unblock"\ntarget = "OPEN"',
+        'state = "PAUSED"\nevent = "unblock"\ntarget = "PAUSED"'), "witness:replay_resumes_paused_producer"),
+    "ignore -> reject: a late cancel while draining": (*_edit(
+        "lifecycle", '[[ignore]]\nstate = "DRAINING"\nevents = ["cancel"]',
+        '[[reject]]\nstate = "DRAINING"\nevents = ["cancel"]'), ("refinement", 8)),
+    "reject -> ignore: a second acquire of a resource": (*_edit(
+        "resources", '[[reject]]\nstate = "HELD"\nevents = ["acquire"]',
+        '[[ignore]]\nstate = "HELD"\nevents = ["acquire"]'), ("release_exactly_once", 4)),
+    "new row: an event the model never offers": (*_new_row(), "unexplored"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SEEDED))
+def test_the_checker_catches_each_seeded_table_bug(name):
+    machine, text, catcher = SEEDED[name]
+    table = load_text(text, f"{machine}.toml")  # the loader accepts it: only the checker can tell
+    report = check(1, tables={machine: table})
+    assert not report.ok, f"{name}: passed the checker"
+    if catcher == "unexplored":
+        assert report.unexplored and report.rows_never_fired["lifecycle"] == (("DECODING", "tool_call"),)
+    elif isinstance(catcher, str):
+        assert catcher.split(":", 1)[1] in report.missing_witnesses
+    else:
+        invariant, longest = catcher
+        found = [v for v in report.violations if v.name == invariant]
+        assert found, f"{name}: caught by {[v.name for v in report.violations]}, not {invariant}"
+        assert len(found[0].labels) <= longest, f"{name}: counterexample of {len(found[0].labels)} steps"
+
+
+def test_the_shipped_tables_pass():
+    """The control: the same check on the unedited tables is ok."""
+    assert check(1).ok
