@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 import attrs
+import interegular
 
 from .errors import RequestError
 
@@ -19,12 +20,34 @@ class Grammar(Protocol):
 
 @attrs.frozen
 class RegexGrammar:
-    """Complete as soon as the whole output text matches the pattern (`re.fullmatch`)."""
+    """Complete once the whole output text matches the pattern and no longer text could (D14):
+    `a+` is never complete (more a's may follow), `[0-9]{3}` is at "123". Acceptance is
+    `re.fullmatch`; "no longer match" walks the pattern's automaton (interegular), built once. A
+    pattern interegular cannot turn into an automaton (a backreference, a lookaround), or a
+    case-insensitive one, completes at its first full match, as D14 states."""
 
     pattern: re.Pattern[str]
+    fsm: Any = attrs.field(init=False, eq=False, repr=False)
+
+    @fsm.default
+    def _fsm(self) -> Any:
+        try:
+            return interegular.parse_pattern(self.pattern.pattern).to_fsm()
+        except Exception:  # interegular raises its own errors for syntax it does not model
+            return None
 
     def complete(self, text: str) -> bool:
-        return self.pattern.fullmatch(text) is not None
+        if self.pattern.fullmatch(text) is None:
+            return False
+        fsm = self.fsm
+        if fsm is None or self.pattern.flags & re.IGNORECASE:
+            return True
+        state, alphabet, other = fsm.initial, fsm.alphabet, interegular.fsm.anything_else
+        for ch in text:
+            state = fsm.map.get(state, {}).get(alphabet[ch] if ch in alphabet else alphabet[other])
+            if state is None:
+                return True  # the automaton disagrees with re: trust re's match
+        return not any(fsm.islive(nxt) for nxt in fsm.map.get(state, {}).values())
 
 
 @attrs.frozen

@@ -200,7 +200,7 @@ class RequestRun:
         self.tokens: list[int] = []
         self.decoded = 0
         self.output = bytearray()
-        self._byte_marks: list[int] = []  # detokenized bytes so far, after each token (usage D7)
+        self._byte_marks: list[int] = []  # output bytes through each token, held ones included (usage D7)
         self._detok_total = 0
         self.reason: FinishReason | None = None
         self.error = ""
@@ -405,18 +405,19 @@ class RequestRun:
         trace = self.trace
         trace.put((_TOKEN_SELECTED, trace.clock(), t, token, eos))
         safe, hit = b"", None
+        marks = self._byte_marks  # output bytes up to each token's own, held ones included (D7)
         if eos:  # EOS is not text: never detokenized, no bytes (the first finish check, D4)
-            self._byte_marks.append(self._detok_total)
+            marks.append(marks[-1] if marks else 0)
         else:
             try:
                 new = self._detok_push(token)
             except DecodingError as exc:
                 self.error = f"decoding_error: {exc}"
-                self._byte_marks.append(self._detok_total)
+                marks.append(marks[-1] if marks else 0)
                 self._terminate("decode_error")
                 return False
             total = self._detok_total = self._detok_total + len(new)
-            self._byte_marks.append(total)
+            marks.append(total + len(self.detok.pending))  # a split character counts for each of its tokens
             if new:  # detokenizer bytes -> stop matcher (§4.3)
                 safe, hit = self._stop_push(new)
                 if self.stopper.held:  # the clock is read only when holding starts or ends

@@ -111,6 +111,15 @@ def test_grammar_acceptance_completes():
     assert (res.finish_reason, res.output) == ("grammar_complete", b"abc")
 
 
+def test_grammar_waits_while_a_longer_match_is_still_possible():
+    """D14 (issue 16): "ab" matches ab(cd)? but "abcd" still could: the run goes on and completes
+    at "abcd", where nothing longer can match; the grammar sees this token's bytes."""
+    res = run([10, 11, 12, 13], grammar=r"ab(cd)?", max_output_tokens=8)
+    assert (res.finish_reason, res.output, res.usage.selected_tokens) == ("grammar_complete", b"abcd", 3)
+    res = run([10, 10, 11], grammar=r"(ab)+", max_output_tokens=3)  # never complete: more "ab" may come
+    assert res.finish_reason == "max_output_tokens"
+
+
 def test_content_interruption_is_not_disguised_as_eos():
     """§4.10, DECISIONS D11: a policy interruption ends FINISHED/content_interrupted; the chunk is not sent."""
     res = run([10, 11, 12], content_policy=lambda sent, chunk: b"c" in chunk, max_output_tokens=8)
@@ -333,3 +342,12 @@ def test_an_asynchronous_fault_at_request_created_lands_once_the_request_exists(
     response.start); it never raises IllegalTransition out of generate()."""
     res = run([10, 11, 12], faults=FaultPlan([Fault("request.created", 0, action)]), max_output_tokens=3)
     assert res.state.value == state
+
+
+def test_a_character_split_across_tokens_counts_each_token_as_returned():
+    """D7 (issue 16): returned_tokens counts tokens at least one of whose bytes reached the client;
+    both halves of 中 (e4 b8 | ad) did, though the first emitted nothing on its own."""
+    res = run([14, 15, EOS], max_output_tokens=8)
+    assert res.output == "中".encode() and res.usage.returned_tokens == 2 and res.usage.returned_bytes == 3
+    res = run([10, 14, 15, 11], max_output_tokens=4)
+    assert res.output == b"ab\xe4\xb8\xadc" and res.usage.returned_tokens == 4
