@@ -43,10 +43,13 @@ import click
 @click.option("--utf8-guard", type=click.Choice(["sampled", "always", "never"]), default="sampled", show_default=True,
               help="Which requests that do not set utf8_guard sample only tokens that keep the output valid "
                    "UTF-8 (DECISIONS D16): sampled ones (temperature > 0), all, or none.")
+@click.option("--batch-invariant", is_flag=True, default=False,
+              help="Run every kernel call on one sequence: tokens then never depend on batching or "
+                   "preemption, in any dtype (slower; see runtime/engine.py on exactness).")
 @click.option("--retain", "retain_s", type=click.FloatRange(min=0), default=60.0, show_default=True,
               help="Seconds a finished request stays available for replay (Last-Event-ID).")
 def serve(host, port, model_path, device, policy, max_batch, max_queue, cache_budget_tokens, preemption,
-          detach_timeout_s, stall_timeout_s, shutdown_timeout_s, on_disconnect, body_timeout_s, header_timeout_s, api_key, allowed_origins, max_body_bytes, log_level, utf8_guard, retain_s) -> None:
+          detach_timeout_s, stall_timeout_s, shutdown_timeout_s, on_disconnect, body_timeout_s, header_timeout_s, api_key, allowed_origins, max_body_bytes, log_level, utf8_guard, batch_invariant, retain_s) -> None:
     """Serve /v1/completions and /v1/chat/completions (SSE with replayable ids) until interrupted."""
     from decodespec.runtime.engine import Engine
     from decodespec.runtime.server import create_app, reference_server, uvicorn_config
@@ -56,7 +59,7 @@ def serve(host, port, model_path, device, policy, max_batch, max_queue, cache_bu
     model, tok = load_model_and_tokenizer(model_path, device)
     engine = Engine(model, tok, max_batch=max_batch, max_queue=max_queue, cache_budget_tokens=cache_budget_tokens,
                     preemption=preemption, detach_timeout_s=detach_timeout_s, stall_timeout_s=stall_timeout_s,
-                    retain_s=retain_s)
+                    retain_s=retain_s, batch_invariant=batch_invariant)
     app = create_app(engine, policy=policy, api_key=api_key or None, allowed_origins=frozenset(allowed_origins),
                      max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s, on_disconnect=on_disconnect,
                      utf8_guard=utf8_guard)

@@ -25,9 +25,20 @@ slot for ever; None: no bound).
 Preemption (§4.8, last paragraph): when the resident caches plus one token per decoding run would
 pass `cache_budget_tokens`, the latest-arrived resident run is preempted: `swap` copies its cache to
 CPU (`snapshot()`) and frees the device tensors, `recompute` frees the cache and later re-prefills
-prompt + processed outputs. The run keeps its StepState, pending logits and Sampler (RNG cursor),
-so its tokens equal an uninterrupted run's. Preemption is not a lifecycle transition; the trace
-records `sequence.preempted` / `sequence.resumed`.
+prompt + processed outputs. The run keeps its StepState, pending logits and Sampler (RNG cursor).
+Preemption is not a lifecycle transition; the trace records `sequence.preempted` /
+`sequence.resumed`.
+
+Exactness, precisely (§4.4, §4.8). Swap restores the cache bit for bit in every dtype. Whether a
+run's tokens equal generate()'s (one sequence per kernel call) is a property of the kernels:
+batching changes which kernel computes a row, and with bf16 weights the rounding then differs (on
+the embedded model in bf16, 1 of 24 greedy outputs changed with batch composition); recompute
+re-prefills the outputs in one call, which rounds differently from the token-by-token decodes it
+replaces. In fp32 on CPU the tests find no difference, but no kernel promises it. With
+`batch_invariant=True` every prefill and decode runs one sequence at a time and recompute replays
+the decodes token by token, so every run's tokens equal generate()'s bit for bit, in every dtype,
+with swap or recompute, at the cost of batching's throughput (the batch-invariant-kernel remedy of
+the deterministic-inference work, done here by never batching a kernel).
 
 Kernel failures (§4.10): if a batched kernel raises, each sequence whose cache is unchanged is
 retried alone, so only the sequence(s) whose kernel fails end FAILED with model_error; the others
@@ -157,6 +168,7 @@ class Engine:
         poll_s: float = 0.002,
         model_name: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        batch_invariant: bool = False,
     ) -> None:
         for name, value in (("max_batch", max_batch), ("max_queue", max_queue), ("max_retained", max_retained)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -188,7 +200,10 @@ class Engine:
         self.poll_s = float(poll_s)
         self.clock = clock
         self._budget = math.inf if cache_budget_tokens is None else cache_budget_tokens
-        self._batched_prefill = callable(getattr(model, "prefill_batch", None))
+        if not isinstance(batch_invariant, bool):
+            raise ValueError(f"batch_invariant must be True or False, got {batch_invariant!r}")
+        self.batch_invariant = batch_invariant
+        self._batched_prefill = callable(getattr(model, "prefill_batch", None)) and not batch_invariant
         self._lock = threading.Lock()
         self._order = itertools.count()
         self._queue: collections.deque[_Entry] = collections.deque()
@@ -428,7 +443,7 @@ class Engine:
                 logits, caches = self.model.prefill_batch(prompts)
                 results: list[Any] = list(zip(logits, caches))
             else:
-                results = [self.model.prefill(prompts[0])]
+                results = [self.model.prefill(p) for p in prompts]
         except Exception as exc:
             results = [self._prefill_alone(p) for p in prompts] if len(entries) > 1 else [exc]
         for e, out in zip(entries, results):
@@ -457,6 +472,11 @@ class Engine:
         try:
             if self.preemption is Preemption.SWAP:
                 run.cache.restore(e.snapshot)
+            elif self.batch_invariant:  # the same kernel calls as the first time: the same bits
+                _, cache = self.model.prefill(run.prompt_ids)
+                for token in run.tokens[: run.decoded]:
+                    self.model.decode_one([cache], [token])
+                run.cache = cache
             else:
                 _, cache = self.model.prefill(run.prompt_ids + run.tokens[: run.decoded])
                 cache.prompt_length = len(run.prompt_ids)
@@ -586,15 +606,18 @@ class Engine:
             tokens.append(run.tokens[-1])
             lengths.append(cache.length)
         picks: list[int | None] = [None] * len(runs)
-        try:
-            out = self.model.decode_one(caches, tokens)
-        except Exception as exc:
-            rows: Any = [self._decode_alone(c, t, n, exc, len(runs)) for c, t, n in zip(caches, tokens, lengths)]
+        if self.batch_invariant:  # one sequence per kernel call: rows never depend on the batch
+            rows: Any = [self._decode_single(c, t) for c, t in zip(caches, tokens)]
         else:
-            if isinstance(out, torch.Tensor):  # greedy rows: one argmax for the batch (§4.4)
-                rows, picks = out.unbind(0), greedy_rows(out, [run.sampler for run in runs])
+            try:
+                out = self.model.decode_one(caches, tokens)
+            except Exception as exc:
+                rows = [self._decode_alone(c, t, n, exc, len(runs)) for c, t, n in zip(caches, tokens, lengths)]
             else:
-                rows = list(out)
+                if isinstance(out, torch.Tensor):  # greedy rows: one argmax for the batch (§4.4)
+                    rows, picks = out.unbind(0), greedy_rows(out, [run.sampler for run in runs])
+                else:
+                    rows = list(out)
         decoded = 0
         for e, run, row, pick in zip(active, runs, rows, picks):
             if run.take_kernel_fault():
@@ -611,8 +634,12 @@ class Engine:
         self._decoded += decoded
 
     def _decode_alone(self, cache: Any, token: int, length: int, batch_exc: Exception, size: int) -> Any:
+        """After a batched decode raised: this sequence alone, unless its cache was already written."""
         if size == 1 or cache.length != length:
             return batch_exc
+        return self._decode_single(cache, token)
+
+    def _decode_single(self, cache: Any, token: int) -> Any:
         try:
             return self.model.decode_one([cache], [token])[0]
         except Exception as exc:

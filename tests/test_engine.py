@@ -466,3 +466,46 @@ def test_constructor_rejects_bad_settings():
         Engine(MODEL, TOK, cache_budget_tokens=-1)
     with pytest.raises(TypeError, match="Request"):
         Engine(MODEL, TOK).submit({"prompt": "x"})
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_swap_restores_the_cache_bit_for_bit_in_every_dtype(dtype):
+    """§4.8 (issue 16): snapshot() to host memory and restore() give back the very bits."""
+    import torch
+
+    model = tiny_model().to(getattr(torch, dtype))
+    _, cache = model.prefill(list(range(3, 20)))
+    for t in (5, 6, 7):
+        model.decode_one([cache], [t])
+    k0, v0 = (x.clone() for x in cache.keys_values())
+    snap = cache.snapshot()
+    cache.free()
+    cache.restore(snap)
+    k1, v1 = cache.keys_values()
+    assert k1.dtype == getattr(torch, dtype) and torch.equal(k0, k1) and torch.equal(v0, v1)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("preemption", [None, "swap", "recompute"])
+def test_a_batch_invariant_engine_equals_generate_bit_for_bit(dtype, preemption):
+    """§4.4, §4.8 (issue 16): with batch_invariant every kernel call holds one sequence and
+    recompute replays the decodes, so batching and preemption change no token, in fp32 and bf16
+    (where batched kernels round differently: the Engine's docstring states what holds without)."""
+    import torch
+
+    from decodespec.runtime.tinylm import ASSETS, TinyLM
+    from decodespec.runtime.tokenizers import HFTokenizer
+
+    tok = HFTokenizer(ASSETS / "tokenizer.json")
+    model = TinyLM.default().to(getattr(torch, dtype))
+    reqs = [Request(f"Story {i}: once", max_output_tokens=16, request_id=f"s{i}") for i in range(12)]
+    ref = {r.request_id: generate(r, model=model, tokenizer=tok).tokens for r in reqs}
+    budget = {} if preemption is None else {"cache_budget_tokens": 120, "preemption": preemption}
+    eng = Engine(model, tok, max_batch=6, batch_invariant=True, **budget)
+    runs = [eng.submit(r) for r in reqs]
+    eng.run_until_idle()
+    assert {r.request.request_id: r.result().tokens for r in runs} == ref
+    if preemption is not None:
+        assert eng.stats().preemptions_total > 0
+    for run in runs:
+        assert check_trace(run.trace.events, tokenizer=tok) == []
