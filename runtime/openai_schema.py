@@ -32,6 +32,7 @@ from typing import Any
 import attrs
 
 from ..spec import FinishReason
+from ..spec.vocabulary import OPENAI_FINISH
 from .errors import RequestError
 from .request import Request
 
@@ -49,15 +50,6 @@ UTF8_GUARD_DEFAULTS: Mapping[str, Callable[[float], bool]] = {
 CHAT_TEMPLATE = "<|{role}|>\n{content}\n"  # each message; then "<|assistant|>\n" opens the reply
 CHAT_ROLES = ("system", "user", "assistant")
 
-OPENAI_FINISH = {
-    FinishReason.EOS: "stop",
-    FinishReason.STOP_SEQUENCE: "stop",
-    FinishReason.GRAMMAR_COMPLETE: "stop",
-    FinishReason.MAX_OUTPUT_TOKENS: "length",
-    FinishReason.CONTEXT_LIMIT: "length",
-    FinishReason.DEADLINE_EXCEEDED: "length",
-    FinishReason.CONTENT_INTERRUPTED: "content_filter",
-}
 # Request fields named in errors by their OpenAI name.
 _PARAM = {"max_output_tokens": "max_tokens"}
 

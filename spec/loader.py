@@ -8,18 +8,15 @@ pair, undecided pair; plus a reason outside the ten of §4.10.
 from __future__ import annotations
 
 import functools
-import os
 import tomllib
 from collections import deque
 from pathlib import Path
 from typing import Any
 
 from .tables import Decision, FinishCheck, Table
-from .vocabulary import DecisionKind, FinishReason
+from .vocabulary import SPEC_DIR, DecisionKind, FinishReason
 
-# The tables every layer loads: this package's, or a copy named by DECODESPEC_SPEC_DIR (a table
-# change tried end to end, runtime and checker included, before anyone edits the originals).
-SPEC_DIR = Path(os.environ.get("DECODESPEC_SPEC_DIR") or Path(__file__).resolve().parent)
+
 MACHINES = ("lifecycle", "stop_matcher", "detokenizer", "stream", "resources")
 _HEADER = ("name", "anchor", "spec_version", "initial", "terminal", "states", "events")
 _SECTIONS = {"row": DecisionKind.ROW, "ignore": DecisionKind.IGNORE, "reject": DecisionKind.REJECT}

@@ -1,23 +1,37 @@
-"""The fixed vocabulary shared by every table: finish reasons (§4.10) and terminal kinds."""
+"""The vocabulary shared by every table: the finish reasons of §4.10 (declared in
+spec/reasons.toml, with their OpenAI wire names) and the kinds of decision."""
 
 from __future__ import annotations
 
 import enum
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 
-class FinishReason(enum.StrEnum):
-    """The ten finish reasons of §4.10; a row's `reason` must be one of them."""
+# The tables every layer loads: this package's, or a copy named by DECODESPEC_SPEC_DIR (a table
+# change tried end to end, runtime and checker included, before anyone edits the originals).
+SPEC_DIR = Path(os.environ.get("DECODESPEC_SPEC_DIR") or Path(__file__).resolve().parent)
 
-    EOS = "eos"
-    STOP_SEQUENCE = "stop_sequence"
-    GRAMMAR_COMPLETE = "grammar_complete"
-    MAX_OUTPUT_TOKENS = "max_output_tokens"
-    CONTEXT_LIMIT = "context_limit"
-    CANCELLED = "cancelled"
-    DEADLINE_EXCEEDED = "deadline_exceeded"
-    CONTENT_INTERRUPTED = "content_interrupted"
-    MODEL_ERROR = "model_error"
-    TRANSPORT_ERROR = "transport_error"
+
+def _reasons() -> list[dict[str, Any]]:
+    path = SPEC_DIR / "reasons.toml"
+    entries = tomllib.loads(path.read_text(encoding="utf-8")).get("reason", [])
+    names = [e.get("name") for e in entries]
+    bad = [n for n in names if not isinstance(n, str) or not n.isidentifier() or names.count(n) > 1]
+    if not entries or bad:
+        raise ValueError(f"{path}: every [[reason]] needs a unique identifier `name`; bad: {bad or 'none listed'}")
+    return entries
+
+
+REASON_ENTRIES = tuple(_reasons())
+# The finish reasons of §4.10, declared in spec/reasons.toml; a row's `reason` must be one of them.
+FinishReason = enum.StrEnum("FinishReason", [(e["name"].upper(), e["name"]) for e in REASON_ENTRIES])
+FinishReason.__doc__ = "The finish reasons of §4.10 (spec/reasons.toml); a row's `reason` must be one of them."
+# FinishReason -> the OpenAI wire finish_reason of a completion that ends with it.
+OPENAI_FINISH: Mapping[FinishReason, str] = {FinishReason(e["name"]): e["openai"] for e in REASON_ENTRIES if "openai" in e}
 
 
 class DecisionKind(enum.StrEnum):

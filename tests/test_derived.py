@@ -52,3 +52,13 @@ def test_terminal_events_must_name_every_terminal_state():
     edited = _lifecycle(lambda t: t.replace('FAILED = "fail" }', 'FAILED = "explode" }'))
     with pytest.raises(SpecError, match="'explode' is not an event of the stream table"):
         terminal_stream_event(edited)
+
+
+def test_the_openai_mapping_covers_exactly_the_reasons_a_completion_ends_with():
+    """Issue 16: the wire finish_reason is data (spec/reasons.toml); every reason a run can end
+    FINISHED with has one, and no reason that only ends a cancelled or failed run does."""
+    from decodespec.spec.vocabulary import OPENAI_FINISH
+
+    finished = final_reasons()["FINISHED"]
+    assert set(OPENAI_FINISH) == set(finished)
+    assert set(OPENAI_FINISH.values()) <= {"stop", "length", "content_filter", "tool_calls", "function_call"}

@@ -195,3 +195,39 @@ def test_check_refuses_a_table_with_a_row_it_never_fires():
     report = check(1, tables={"lifecycle": table})
     assert report.rows_never_fired["lifecycle"] == (("DECODING", "tool_call"),)
     assert report.unexplored and not report.ok
+
+
+def test_a_new_finish_reason_needs_spec_files_only(tmp_path):
+    """Issue 16 item 4: declare `budget_exhausted` (OpenAI "length") in spec/reasons.toml and let
+    the length row fix it in spec/lifecycle.toml, in a copy of spec/ (2 files, no code). The
+    runtime reports it, the monitors accept it, the server maps it, the checker and the diagrams
+    follow."""
+    copy = tmp_path / "spec"
+    shutil.copytree(SPEC_DIR, copy, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
+    with open(copy / "reasons.toml", "a", encoding="utf-8") as f:
+        f.write('\n[[reason]]\nname = "budget_exhausted"\nanchor = "§4.3"\nopenai = "length"\n')
+    life = (copy / "lifecycle.toml").read_text(encoding="utf-8")
+    old = 'event = "length"\ntarget = "DRAINING"\naction = "fix_reason"\nreason = "max_output_tokens"'
+    assert life.count(old) == 1
+    (copy / "lifecycle.toml").write_text(life.replace(old, old.replace("max_output_tokens", "budget_exhausted")),
+                                         encoding="utf-8")
+    probe = textwrap.dedent(f"""
+        from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, generate
+        from decodespec.runtime.openai_schema import finish_fields
+        from decodespec.properties import check_trace
+        from decodespec.machine.checker import check
+        from decodespec.machine.diagrams import render
+        tok = ByteTableTokenizer({{1: b"x", 2: b"A", 5: b""}}, eos_id=5)
+        r = generate(Request([1], max_output_tokens=2), model=ScriptedModel([2, 2], vocab_size=6), tokenizer=tok)
+        print(r.finish_reason.value, finish_fields(r.finish_reason, None)[0], len(check_trace(r.trace, tokenizer=tok)))
+        report = check(1)
+        print(report.ok, report.reasons_never_reached, len(report.violations))
+        from decodespec.spec import load_spec
+        paths = render(load_spec("lifecycle"), {str(tmp_path)!r}, formats=("dot",))
+        print(any("budget_exhausted" in open(p).read() for p in paths))
+    """)
+    env = {**os.environ, "DECODESPEC_SPEC_DIR": str(copy)}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[:3] == ["budget_exhausted length 0", "True () 0", "True"], out.stdout
