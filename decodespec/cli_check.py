@@ -139,5 +139,4 @@ def _summary(report: CheckReport, out: Console) -> None:
                   "pass says nothing about them (a new event or reason needs a step in machine/checker_model.py)")
     for v in report.violations:
         out.print(f"[red]violation[/red] {v.name} ({v.anchor}): {v.message}")
-        for i, label in enumerate(v.labels, start=1):
-            out.print(f"  {i:3}. {label}")
+        out.print(v.text(), markup=False, highlight=False, soft_wrap=True)

@@ -47,6 +47,22 @@ class Counterexample:
     message: str
     labels: tuple[str, ...]
     steps: tuple[tuple[int, str, str, str], ...]
+    # The state of every request before the first step and after each labelled step (TLC's
+    # trace): one dict per request, from Model.describe.
+    states: tuple[tuple[Mapping[str, Any], ...], ...] = ()
+
+    def text(self) -> str:
+        """The trace as TLC prints one: the initial state, then each step with what it changed."""
+        if not self.states:
+            return "\n".join(f"{i:3}. {label}" for i, label in enumerate(self.labels, start=1))
+        lines = ["  0. initial state"] + [f"       r{r}: " + _fields(s) for r, s in enumerate(self.states[0])]
+        for i, (label, before, after) in enumerate(zip(self.labels, self.states, self.states[1:]), start=1):
+            lines.append(f"{i:3}. {label}")
+            for r, (a, b) in enumerate(zip(before, after)):
+                changed = {k: v for k, v in b.items() if a.get(k) != v}
+                if changed:
+                    lines.append(f"       r{r}: " + _fields(changed))
+        return "\n".join(lines)
 
     def path(self, machine: str, request: int = 0) -> list[tuple[str, str]]:
         """The (state, event) pairs of one machine of one request: a path to highlight on its diagram."""
@@ -59,7 +75,12 @@ class Counterexample:
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "anchor": self.anchor, "message": self.message,
-                "labels": list(self.labels), "steps": [list(s) for s in self.steps]}
+                "labels": list(self.labels), "steps": [list(s) for s in self.steps],
+                "states": [[dict(r) for r in step] for step in self.states]}
+
+
+def _fields(values: Mapping[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in values.items())
 
 
 @attrs.frozen
@@ -388,6 +409,11 @@ class _Search:
         labels: list[str] = []
         steps: list[tuple[int, str, str, str]] = []
 
+        states = []
+
+        def snap() -> None:
+            states.append(tuple(self.model.describe(loc.comps[c]) for c in ids[: self.requests]))
+
         def take(label_id: int) -> int:
             src, text, fired, _ = loc.labels[label_id]
             who = ids.index(src)
@@ -395,18 +421,25 @@ class _Search:
             steps.extend((who, m, s, e) for m, s, e in fired)
             return who
 
+        snap()
         for prev, cur in zip(chain, chain[1:]):
             lab, who, nx = self._edge(ids, prev, cur)
             take(lab)
             ids[who] = nx
+            snap()
         if edge >= 0:
-            take(edge)
+            who = take(edge)
+            nxt = next((nx for lab, nx, *_ in loc.succ[ids[who]] or () if lab == edge), None)
+            if nxt is not None:  # a step the table refused has no successor: the state stays
+                ids[who] = nxt
+            snap()
         if extra is not None:
             who = next(r for r, c in enumerate(ids) if any(b[2] == extra for b in loc.bad[c]))
             labels.append(f"r{who}: the table allows {extra[1]} --{extra[2]}--> ({extra[0]})")
             steps.append((who, *extra))
+            snap()
         anchor = self.invariants[name].anchor if name in self.invariants else self._witness_anchor(name)
-        return Counterexample(name, anchor, msg, tuple(labels), tuple(steps))
+        return Counterexample(name, anchor, msg, tuple(labels), tuple(steps), tuple(states))
 
     def _edge(self, ids: list[int], prev: int, cur: int) -> tuple[int, int, int]:
         """Which request moved from `prev` to `cur`, by which local step, to which request id."""

@@ -546,6 +546,25 @@ class Model:
 
     # ---- what is checked ---------------------------------------------------------------------
 
+    def describe(self, c: tuple[int, ...]) -> dict[str, object]:
+        """One request tuple as named values: every machine's state, where the loop is, and the
+        data (the state of a TLC trace)."""
+        return {
+            "pc": PC_NAMES[c[F_PC]],
+            "lifecycle": self.life.states[c[F_LC]],
+            "stream": self.stream.states[c[F_ST]],
+            "stop_matcher": self.stop.states[c[F_SM]],
+            "detokenizer": self.detok.states[c[F_DT]],
+            **{f"resources[{kind}]": self.res.states[c[field]] for kind, field in RES_FIELD.items()},
+            "selected": c[F_SEL], "decoded": c[F_DEC], "seq": c[F_SEQ], "unread": c[F_BUF],
+            "reason": None if REASONS[c[F_REASON]] is None else REASONS[c[F_REASON]].value,
+            "cancel": ("none", "requested", "observed", "repeated")[c[F_CANCEL]],
+            "deadline": ("none", "passed", "observed")[c[F_DEADLINE]],
+            "kernel": ("none", "prefill", "decode")[c[F_KERNEL]],
+            "policy": self._policy_names[c[F_POLICY]],
+            "reader": ("connected", "disconnected", "reconnected")[c[F_CONN]],
+        }
+
     def state_violations(self, c: tuple[int, ...]) -> list[tuple[str, str, tuple[str, str, str] | None]]:
         """State invariants of one request (scope "state"/"both" in spec/invariants.toml).
 

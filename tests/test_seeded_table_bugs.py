@@ -85,3 +85,22 @@ def test_the_checker_catches_each_seeded_table_bug(name):
 def test_the_shipped_tables_pass():
     """The control: the same check on the unedited tables is ok."""
     assert check(1).ok
+
+
+def test_a_counterexample_gives_every_machine_state_at_every_step():
+    """Issue 16 item 8: as TLC does, the trace holds the state of every machine (and the loop's
+    data) before the first step and after each, in text (what changed) and JSON (everything)."""
+    import json
+
+    machine, text, _ = SEEDED["reason: a deadline in DECODING reports cancelled"]
+    report = check(1, tables={machine: load_text(text, f"{machine}.toml")})
+    cx = next(v for v in report.violations if v.name == "cancelled_only_if_requested")
+    assert len(cx.states) == len(cx.labels) + 1
+    first, last = cx.states[0][0], cx.states[-1][0]
+    assert (first["lifecycle"], first["stream"], first["pc"]) == ("CREATED", "NEW", "new")
+    assert (last["lifecycle"], last["reason"], last["cancel"]) == ("DRAINING", "cancelled", "none")
+    lines = cx.text().splitlines()
+    assert lines[0] == "  0. initial state" and lines[-1].strip() == (
+        "r0: pc=draining_finish lifecycle=DRAINING reason=cancelled deadline=observed")
+    data = json.loads(json.dumps(cx.to_json()))
+    assert data["states"][-1][0]["reason"] == "cancelled" and len(data["states"]) == len(data["labels"]) + 1
