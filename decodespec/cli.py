@@ -2,7 +2,7 @@
 
     decodespec spec validate [--file PATH]...   load and validate tables, print their sizes
     decodespec spec show NAME                   a table as Markdown (§4.1 ... §4.10 anchors per row)
-    decodespec diagrams [--out DIR]             write DOT and SVG of the five machines
+    decodespec diagrams [--out DIR]             write DOT, SVG and Mermaid of the six machines
 """
 
 from __future__ import annotations

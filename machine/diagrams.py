@@ -189,7 +189,7 @@ def render(
 
 
 def render_all(out_dir: str | Path, *, formats: Sequence[str] = FORMATS) -> list[Path]:
-    """Render the five shipped machines into `out_dir`, and the views of a table with more than
+    """Render the six shipped machines into `out_dir`, and the views of a table with more than
     SPLIT_ROWS rows (`lifecycle.FINISHED.svg`, one per terminal state) as DOT and SVG."""
     out = []
     for name in MACHINES:

@@ -69,6 +69,7 @@ from .events import EventKind
 from .faults import FaultPlan
 from .request import Request
 from .runner import RequestRun
+from ..machine import compiled
 from .sampling import SamplingError, greedy_rows
 
 
@@ -125,20 +126,36 @@ class EngineStats:
 _DELTA_SLACK = 64
 
 
+_SEQUENCE = compiled("sequence")
+_SWAPPED = _SEQUENCE.State["SWAPPED"]
+
+
 @attrs.define(eq=False, slots=True)
 class _Entry:
-    """The Engine's bookkeeping for one live run (driver thread only, except `order`)."""
+    """The Engine's bookkeeping for one live run (driver thread only, except `order`). Where the
+    sequence is (queued, resident, parked, swapped, done) is `seq`, a stepper of
+    spec/sequence.toml: the lists below only order the entries of each state."""
 
     run: RequestRun
     order: int
     headroom: int
+    seq: Any = attrs.field(factory=_SEQUENCE.new)
     snapshot: Any = None  # CacheSnapshot while swapped out
-    swapped: bool = False
     detached_since: float | None = None
     parked_since: float | None = None  # when its reader last let it run (connected or not)
     # y_t chosen ahead by the batch's one argmax, valid while the run's logits are `chosen_from`
     chosen: int | None = None
     chosen_from: Any = None
+
+    @property
+    def swapped(self) -> bool:
+        return self.seq.state is _SWAPPED
+
+    def unpark(self) -> None:
+        """Its reader let it run: the hold ends (the `unpark` row), the timers restart."""
+        if self.parked_since is not None:
+            self.seq.fire("unpark")
+        self.detached_since = self.parked_since = None
 
 
 def _need(e: _Entry) -> int:
@@ -391,7 +408,8 @@ class Engine:
             moved = True
             if not self._settle(e):  # DRAINING with a full stream: it needs no cache, only its reader
                 self._swapped.remove(e)
-                e.snapshot, e.swapped = None, False
+                e.snapshot = None
+                e.seq.fire("resume")
                 self._resident.append(e)
                 self._resident.sort(key=lambda x: x.order)
         if moved:
@@ -435,7 +453,8 @@ class Engine:
 
     def _prefill(self, entries: list[_Entry]) -> None:
         """QUEUED -> PREFILLING -> DECODING for `entries`, one batched prefill kernel (§4.3)."""
-        for e in entries:  # prefill.started and the in-flight cancel check, per run
+        for e in entries:  # into the batch; prefill.started and the in-flight cancel check, per run
+            e.seq.fire("admit")
             e.run.begin_prefill()
         prompts = [e.run.prompt_ids for e in entries]
         try:
@@ -483,7 +502,8 @@ class Engine:
                 run.cache = cache
         except Exception as exc:
             run.kernel_failed(ModelError(f"resume failed: {type(exc).__name__}: {exc}"))
-        e.snapshot, e.swapped = None, False
+        e.snapshot = None
+        e.seq.fire("resume")
         self._swapped.remove(e)
         self._resumes += 1
         if run.done:
@@ -498,7 +518,8 @@ class Engine:
         if self.preemption is Preemption.SWAP:
             e.snapshot = run.cache.snapshot()
         run.cache.free()
-        e.swapped = True
+        e.seq.fire("preempt")
+        e.detached_since = e.parked_since = None  # its reader's timers start again once it is back
         self._resident.remove(e)
         self._swapped.append(e)
         self._swapped.sort(key=lambda x: x.order)
@@ -517,7 +538,8 @@ class Engine:
             decoding = run.decoding
             if decoding and run.check_point():
                 if not run.stream.would_wait(e.headroom):  # the common case (_blocked): to select
-                    e.detached_since = e.parked_since = None
+                    if e.parked_since is not None:
+                        e.unpark()
                     ready.append(e)
                     continue
             elif decoding:
@@ -525,7 +547,7 @@ class Engine:
             if self._blocked(e):
                 moved = self._parked(e, now) or moved
             elif run.decoding:
-                e.detached_since = e.parked_since = None
+                e.unpark()
                 ready.append(e)
             moved = self._settle(e) or moved
         ready = self._fit_budget(ready)
@@ -563,9 +585,10 @@ class Engine:
         `detach_timeout_s` (D5), or connected but not reading for `stall_timeout_s` (issue 14)."""
         run = e.run
         if run.done:
-            e.detached_since = e.parked_since = None
+            e.unpark()
             return False
         if e.parked_since is None:
+            e.seq.fire("park")
             e.parked_since = now
         if run.stream.connected:
             e.detached_since = None
@@ -653,7 +676,9 @@ class Engine:
         return not run.done and run.stream.would_wait(e.headroom)
 
     def _drop(self, e: _Entry) -> None:
-        """Forget a run that reached its terminal state; keep it for replay (retain_s)."""
+        """Forget a run that reached its terminal state; keep it for replay (retain_s). The
+        `drop` row: a second drop is an IllegalTransition, never a second release."""
+        e.seq.fire("drop")
         e.snapshot = None
         if e in self._resident:
             self._resident.remove(e)

@@ -509,3 +509,31 @@ def test_a_batch_invariant_engine_equals_generate_bit_for_bit(dtype, preemption)
         assert eng.stats().preemptions_total > 0
     for run in runs:
         assert check_trace(run.trace.events, tokenizer=tok) == []
+
+
+def test_the_engine_moves_sequences_only_along_the_sequence_table(monkeypatch):
+    """Issue 16 item 5 (§4.4, §4.8): queued, resident, parked, swapped and done are the states of
+    spec/sequence.toml; with preemption and slow readers every entry ends DONE, and a second drop
+    (the abort/finish race that double-frees elsewhere) is an IllegalTransition that changes nothing."""
+    from decodespec.machine import IllegalTransition
+    from decodespec.runtime import engine as engine_mod
+
+    dropped = []
+    original = engine_mod.Engine._drop
+
+    def spy(self, e):
+        original(self, e)
+        dropped.append(e)
+
+    monkeypatch.setattr(engine_mod.Engine, "_drop", spy)
+    eng = Engine(MODEL, TOK, max_batch=4, cache_budget_tokens=60, preemption="swap")
+    runs = [eng.submit(Request(**r)) for r in _requests(10)]
+    eng.run_until_idle()
+    assert eng.stats().preemptions_total > 0
+    assert len(dropped) == len(runs) and {e.seq.state.value for e in dropped} == {"DONE"}
+    before = eng.stats().requests_total
+    with pytest.raises(IllegalTransition, match="sequence: event 'drop' is not allowed in state DONE"):
+        eng._drop(dropped[0])
+    assert eng.stats().requests_total == before
+    _no_violations(runs)
+    _gauges_zero(eng)

@@ -154,11 +154,11 @@ def test_load_file_names_the_file_in_the_error(tmp_path) -> None:
 
 
 def test_unknown_machine_name_is_refused() -> None:
-    """Only the five shipped machines have packaged tables (DESIGN, spec/)."""
+    """Only the six shipped machines have packaged tables (DESIGN, spec/)."""
     with pytest.raises(SpecError) as info:
         load_spec("scheduler")
     assert str(info.value) == (
-        "scheduler: name: no such machine; known: lifecycle, stop_matcher, detokenizer, stream, resources"
+        "scheduler: name: no such machine; known: lifecycle, stop_matcher, detokenizer, stream, resources, sequence"
     )
 
 
