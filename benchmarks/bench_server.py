@@ -90,6 +90,14 @@ class _Busy:
         return self.last
 
 
+def _serve_in_thread() -> Any:
+    """The tests' uvicorn-in-a-thread helper (tests/_engine_kit.py), configured as `serve` is."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from _engine_kit import serve_in_thread
+
+    return serve_in_thread
+
+
 def _engine(model: TinyLM, tok: Any, n: int) -> Engine:
     return Engine(model, tok, max_batch=n, max_queue=n, poll_s=0.0005)
 
@@ -120,8 +128,7 @@ def engine_part(model: TinyLM, tok: Any, n: int, tokens: int) -> dict[str, float
 
 
 def http_part(model: TinyLM, tok: Any, n: int, tokens: int) -> dict[str, float]:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from _engine_kit import serve_in_thread  # the same uvicorn-in-a-thread helper the tests use
+    serve_in_thread = _serve_in_thread()
 
     eng = _engine(model, tok, n)
     app = create_app(eng, max_buffer_events=CAP)
@@ -198,8 +205,7 @@ def mixed_part(model: TinyLM, tok: Any, n: int, tokens: int, rounds: int = 3) ->
     """MIXED streams with mixed readers against the same requests one at a time (see the docstring)."""
     from decodespec.properties import check_trace
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from _engine_kit import serve_in_thread
+    serve_in_thread = _serve_in_thread()
 
     # One round's requests stay retained (max_retained = n): a round's traces are all checked, and
     # what the server keeps is bounded, so RSS after round 2 shows any growth beyond that bound.
@@ -255,8 +261,7 @@ def mixed_part(model: TinyLM, tok: Any, n: int, tokens: int, rounds: int = 3) ->
 
 def health_part(model: TinyLM, tok: Any, probes: int = 200) -> dict[str, Any]:
     """/health latency while a 10 MB prompt is sent and rejected (413 before any parsing)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from _engine_kit import serve_in_thread
+    serve_in_thread = _serve_in_thread()
 
     eng = Engine(model, tok, max_batch=8, poll_s=0.0005)
     big = b'{"model":"m","prompt":"' + b"a" * (10 << 20) + b'"}'

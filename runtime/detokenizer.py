@@ -90,7 +90,7 @@ class IncrementalDetokenizer:
 
     __slots__ = (
         "_tok", "_skip", "_ctl", "_fire", "_cur", "_rest", "_skipped", "_strip_byte", "_strip_left",
-        "_pending", "_hidden", "_window", "_whole", "_fast",
+        "_pending", "_hidden", "_window", "_whole", "_fast", "held_bytes",
     )
 
     def __init__(self, tokenizer: Tokenizer, *, prompt_ids: Sequence[int] = (), skip_special: bool = True) -> None:
@@ -102,6 +102,9 @@ class IncrementalDetokenizer:
         self._fire = self._ctl.fire
         self._pending = b""  # held bytes; the first `_hidden` of them belong to the prompt
         self._hidden = 0
+        # Output bytes held back (`pending`'s length, kept as a plain int for the per-token path;
+        # always 0 on the window path, which holds tokens, not bytes).
+        self.held_bytes = 0
         plan = tokenizer.plan(skip_special=skip_special)
         if plan is None:
             self._cur = self._rest = {}  # every push takes the window path
@@ -169,6 +172,7 @@ class IncrementalDetokenizer:
         self._cur = self._rest
         if pend:
             self._pending = b""
+            self.held_bytes = 0
             if self._hidden:
                 data, self._hidden = data[self._hidden :], 0
         self._sync()
@@ -202,7 +206,7 @@ class IncrementalDetokenizer:
     def _close(self, event: str) -> None:
         """Fire an event that ends the output (or fails it): nothing is pending after it."""
         self._fire(event)
-        self._pending, self._hidden = b"", 0
+        self._pending, self._hidden, self.held_bytes = b"", 0, 0
         self._sync()
 
     def _invalid(self, data: bytes, start: int, end: int, reason: str) -> DecodingError:
@@ -220,11 +224,11 @@ class IncrementalDetokenizer:
         self._fire("hold")
         self._cur = self._rest
         self._pending = data[cut:]
-        self._sync()
         if cut:
             self._hidden = 0
-            return data[hidden:cut]
-        return b""
+        self.held_bytes = len(self._pending) - self._hidden
+        self._sync()
+        return data[hidden:cut] if cut else b""
 
     def _window_push(self, token_id: int) -> bytes:
         tid = check_token_id(token_id, self._tok.vocab_size)

@@ -417,7 +417,7 @@ class RequestRun:
                 self._terminate("decode_error")
                 return False
             total = self._detok_total = self._detok_total + len(new)
-            marks.append(total + len(self.detok.pending))  # a split character counts for each of its tokens
+            marks.append(total + self.detok.held_bytes)  # a split character counts for each of its tokens
             if new:  # detokenizer bytes -> stop matcher (§4.3)
                 safe, hit = self._stop_push(new)
                 if self.stopper.held:  # the clock is read only when holding starts or ends

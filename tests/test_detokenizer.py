@@ -417,3 +417,18 @@ def test_hold_back_is_minimal(toks, kind, data):
         so_far.decode()  # only whole characters left the detokenizer
         assert (d.state == "PENDING") == bool(d.pending)
     assert d.finish() == b"" and so_far == raw
+
+
+def test_held_bytes_is_the_length_of_what_is_pending():
+    """The plain int the per-token path reads (usage D7) agrees with `pending` at every push."""
+    from decodespec.runtime import ByteTableTokenizer, IncrementalDetokenizer
+
+    tok = ByteTableTokenizer({1: b"a", 2: b"\xe4", 3: b"\xb8", 4: b"\xad", 5: b""}, eos_id=5)
+    for prompt in ((1,), (1, 2), (1, 2, 3)):
+        d = IncrementalDetokenizer(tok, prompt_ids=prompt)
+        for t in (3, 4, 2, 3, 4, 1, 2):
+            try:
+                d.push(t)
+            except Exception:
+                break
+            assert d.held_bytes == len(d.pending), (prompt, t)
