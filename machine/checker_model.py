@@ -33,6 +33,7 @@ import attrs
 
 from ..spec import DecisionKind, FinishReason, Table, load_spec
 from ..spec.derived import final_reasons, model_resources, stream_end_of, terminal_stream_event
+from .actions import Executor
 
 MACHINES = ("lifecycle", "stream", "resources", "stop_matcher", "detokenizer")
 RESOURCE_KINDS = ("trace_handle", "stream_buffer", "kv_cache", "batch_slot", "rng_state")
@@ -52,11 +53,15 @@ PARKED_CANCEL = "loop: cancel observed at a check point while the producer is pa
 
 # Fields of a request tuple.
 (F_PC, F_LC, F_ST, F_TH, F_SB, F_KV, F_BS, F_RNG, F_SM, F_DT, F_SEL, F_DEC, F_SEQ, F_REASON,
- F_CANCEL, F_DEADLINE, F_KERNEL, F_POLICY, F_BUF, F_CONN, F_RET, F_EOS, F_TERMS) = range(23)
+ F_CANCEL, F_DEADLINE, F_KERNEL, F_POLICY, F_BUF, F_CONN, F_RET, F_EOS, F_TERMS, F_FREED,
+ F_LOST) = range(25)
+N_FIELDS = 25
 RES_FIELD = dict(zip(RESOURCE_KINDS, (F_TH, F_SB, F_KV, F_BS, F_RNG)))
 FIELD_OF = {"lifecycle": F_LC, "stream": F_ST, "stop_matcher": F_SM, "detokenizer": F_DT}
 # F_CANCEL: 0 none, 1 requested, 2 observed, 3 repeated; F_DEADLINE: 0, 1 passed, 2 observed;
-# F_KERNEL: 0 none, 1 prefill, 2 decode; F_CONN: 0 connected, 1 disconnected, 2 reconnected.
+# F_KERNEL: 0 none, 1 prefill, 2 decode; F_CONN: 0 connected, 1 disconnected, 2 reconnected;
+# F_FREED: one bit per resource kind whose free callback ran; F_LOST: 1 once output bytes that
+# were neither sent nor discarded by a row went nowhere (the tables lost them).
 
 # The loop's label of a finish check that wins at P_CHECKS (model_derived reads these labels).
 _CHECK_LABELS = {"stop_hit": "loop: stop hit: finish reason stop_sequence, tails discarded",
@@ -83,7 +88,8 @@ class ModelConfig:
 
 
 class Machine:
-    """Integer dispatch of one table: `step[state][event] -> (target, is_row, reason index)`."""
+    """Integer dispatch of one table: `step[state][event] -> (target, is_row, reason index, plan)`;
+    the plan runs the row's action, effect by effect, through the model's executor (actions.py)."""
 
     def __init__(self, table: Table) -> None:
         self.table = table
@@ -91,9 +97,11 @@ class Machine:
         self.states = table.states
         self.index = {s: i for i, s in enumerate(table.states)}
         self.terminal = tuple(s in table.terminal for s in table.states)
-        self.step: tuple[dict[str, tuple[int, bool, int]], ...] = tuple(
+        plans = EXECUTORS[table.name].plans(table)
+        self.step: tuple[dict[str, tuple], ...] = tuple(
             {
-                e: (self.index[d.target], d.kind is DecisionKind.ROW, REASONS.index(FinishReason(d.reason)) if d.reason else 0)
+                e: (self.index[d.target], d.kind is DecisionKind.ROW,
+                    REASONS.index(FinishReason(d.reason)) if d.reason else 0, plans[(s, e)])
                 for e in table.events
                 if (d := table.decision(s, e)).kind is not DecisionKind.REJECT
             }
@@ -107,7 +115,8 @@ class Machine:
 class Step:
     """One local transition under construction: the fields it changes and the events it fires."""
 
-    __slots__ = ("m", "f", "fired", "bad", "pool", "needs_slot", "label", "dead")
+    __slots__ = ("m", "f", "fired", "bad", "pool", "needs_slot", "label", "dead", "overflow",
+                 "passed", "released", "held_out", "raised")
 
     def __init__(self, model: Model, comp: tuple[int, ...], label: str) -> None:
         self.m = model
@@ -118,6 +127,9 @@ class Step:
         self.needs_slot = False
         self.label = label
         self.dead = False
+        self.overflow = False  # the terminal event is the stream's overflow (D6)
+        # What the detokenizer's and the stop matcher's effects did with this step's bytes.
+        self.passed = self.released = self.held_out = self.raised = False
 
     def fire(self, machine: str, event: str, field: int | None = None) -> int | None:
         """Fire `event` on `machine` (resources: at `field`); None when the table refuses it."""
@@ -127,41 +139,35 @@ class Step:
         field = FIELD_OF[machine] if field is None else field
         s = self.f[field]
         name = machine if machine != "resources" else f"resources[{RESOURCE_KINDS[field - F_TH]}]"
-        self.fired.append((name, mach.states[s], event))
         entry = mach.step[s].get(event)
         if entry is None:
+            self.fired.append((name, mach.states[s], event))
             self.bad.append(("refinement", f"{name}: the loop fires '{event}' in {mach.states[s]} and the table refuses it", None))
             self.dead = True
             return None
-        target, is_row, reason = entry
+        target, is_row, reason, plan = entry
         if mach.terminal[s] and target != s:
             self.bad.append(("terminal_irreversible", f"{name} left terminal state {mach.states[s]} on '{event}'", None))
+        for fn in plan.before:  # what must happen before the state changes (release_model, §4.3)
+            fn(self, field, target, reason)
+        self.fired.append((name, mach.states[s], event))
         self.f[field] = target
-        if machine == "lifecycle" and reason:
-            self.f[F_REASON] = reason
+        for fn in plan.with_:
+            fn(self, field, target, reason)
+        for fn in plan.after:
+            fn(self, field, target, reason)
         return target
 
     # ---- helpers the loop steps share -----------------------------------------------------
 
     def lc(self, event: str, *, overflow: bool = False) -> str | None:
-        """Fire a lifecycle event the way runner.fire/_terminate do: model resources are released
-        before a transition into a terminal state, and the terminal event follows at once (§4.3)."""
-        m = self.m.life
-        before = self.f[F_LC]
-        entry = m.step[before].get(event)
-        ends = entry is not None and m.terminal[entry[0]] and not m.terminal[before]
-        if ends:
-            for kind in MODEL_KINDS:
-                self.release(kind)
+        """Fire a lifecycle event as runner.fire does: the row's action runs its effects (release
+        the model resources before the change, emit the terminal event after it, §4.3)."""
         if event == "select":
             self._select_checks()
+        self.overflow = overflow
         target = self.fire("lifecycle", event)
-        if target is None:
-            return None
-        state = m.states[target]
-        if ends:
-            self.terminal_event(state, overflow)
-        return state
+        return None if target is None else self.m.life.states[target]
 
     def _select_checks(self) -> None:
         f = self.f
@@ -170,19 +176,10 @@ class Step:
         if REASONS[f[F_REASON]] == FinishReason.STOP_SEQUENCE or self.m.stop.states[f[F_SM]] in ("HIT", "DISCARDED"):
             self.bad.append(("nothing_after_stop_hit", "a token is selected after the stop hit", None))
 
-    def terminal_event(self, state: str, overflow: bool) -> None:
-        event = "overflow" if overflow else self.m.stream_event_of.get(state, "fail")
-        self.fire("stream", event)
-        self.f[F_TERMS] += 1
-        self.f[F_PC] = P_CLOSE
-
     def release(self, kind: str) -> None:
         field = RES_FIELD[kind]
-        if self.m.res.states[self.f[field]] != "HELD":
-            return
-        target = self.fire("resources", "release", field)
-        if kind == "batch_slot" and target is not None:
-            self.pool += 1
+        if self.m.res.states[self.f[field]] == "HELD":
+            self.fire("resources", "release", field)
 
     def acquire(self, kind: str) -> None:
         if kind == "batch_slot":
@@ -195,6 +192,34 @@ class Step:
         self.f[F_PC] = P_SEND
         self.f[F_RET] = ret
 
+    def out(self, nonempty: bool, ret: int, gone: bool | None = None) -> None:
+        """The step's bytes leave if the effects passed them on (`gone`; default: the detokenizer
+        passed them and the stop matcher released them); bytes that neither went out nor were
+        dropped by a row are lost (F_LOST)."""
+        if gone is None:
+            gone = self.passed and self.released
+        if not nonempty:
+            self.f[F_PC] = ret
+        elif gone:
+            self.send(ret)
+        else:
+            self.f[F_LOST] = 1
+            self.f[F_PC] = ret
+
+    def push(self, detok: str, stop: str | None) -> None:
+        """One push through the detokenizer and (its bytes) the stop matcher."""
+        self.passed = self.released = False
+        self.fire("detokenizer", detok)
+        if stop is not None:
+            self.fire("stop_matcher", stop)
+
+    def discard_match(self) -> None:
+        """After a hit: the stop matcher's discard row; a row that lets the held match out sends it."""
+        self.held_out = False
+        self.fire("stop_matcher", "discard")
+        if self.held_out:
+            self.send(self.f[F_PC])
+
     def after_lifecycle(self, state: str | None, *, default: int) -> None:
         """Where the loop goes once the table has answered (the runtime reads its state)."""
         if state is None or self.m.life.terminal[self.m.life.i(state)]:
@@ -205,6 +230,123 @@ class Step:
             self.f[F_PC] = P_DRAIN
         else:
             self.f[F_PC] = default
+
+
+# ---- the model's implementation of every effect (machine/actions.py) --------------------------
+# Each runs on the Step under construction as (step, field, target state index, reason index).
+
+LIFECYCLE = Executor("lifecycle", "the checker model")
+STREAM = Executor("stream", "the checker model")
+RESOURCES = Executor("resources", "the checker model")
+STOP = Executor("stop_matcher", "the checker model")
+DETOK = Executor("detokenizer", "the checker model")
+EXECUTORS = {x.table: x for x in (LIFECYCLE, STREAM, RESOURCES, STOP, DETOK)}
+
+
+@LIFECYCLE.effect("release_model")
+def _release_model(s: Step, field: int, target: int, reason: int) -> None:
+    for kind in MODEL_KINDS:
+        s.release(kind)
+
+
+@LIFECYCLE.effect("fix_reason")
+def _fix_reason(s: Step, field: int, target: int, reason: int) -> None:
+    s.f[F_REASON] = reason
+
+
+@LIFECYCLE.effect("emit_terminal")
+def _emit_terminal(s: Step, field: int, target: int, reason: int) -> None:
+    state = s.m.life.states[target]
+    s.fire("stream", "overflow" if s.overflow else s.m.stream_event_of.get(state, "fail"))
+    s.f[F_PC] = P_CLOSE
+
+
+@LIFECYCLE.effect("acquire_model")
+def _acquire_model(s: Step, field: int, target: int, reason: int) -> None:
+    for kind in MODEL_KINDS:
+        s.acquire(kind)
+    s.f[F_KERNEL] = 1
+
+
+LIFECYCLE.abstracts("observe_cancel", "the loop's cancel progress (F_CANCEL) is the observation; "
+                    "its trace entry is checked by cancel_observed_after_requested")
+LIFECYCLE.abstracts("discard_result", "the model holds no logits; no_select_after_cancel_observed checks "
+                    "that no token comes from a discarded result")
+
+
+@STREAM.effect("queue_delta")
+def _queue_delta(s: Step, field: int, target: int, reason: int) -> None:
+    s.f[F_SEQ] += 1
+    s.f[F_BUF] += 1
+
+
+@STREAM.effect("queue_terminal")
+def _queue_terminal(s: Step, field: int, target: int, reason: int) -> None:
+    s.f[F_TERMS] += 1
+
+
+@STREAM.effect("replay")
+def _replay(s: Step, field: int, target: int, reason: int) -> None:
+    s.f[F_BUF] = 0
+
+
+@STREAM.effect("detach")
+def _detach(s: Step, field: int, target: int, reason: int) -> None:
+    s.f[F_CONN] = 1
+
+
+@STREAM.effect("attach")
+def _attach(s: Step, field: int, target: int, reason: int) -> None:
+    s.f[F_CONN] = 2
+
+
+STREAM.abstracts("open", "response.start: the stream's OPEN state is the fact")
+STREAM.abstracts("pause", "the PAUSED state is the fact: the loop does not send from it")
+STREAM.abstracts("resume", "the OPEN state is the fact: the loop sends again")
+
+
+@RESOURCES.effect("free")
+def _free(s: Step, field: int, target: int, reason: int) -> None:
+    bit = 1 << (field - F_TH)
+    if s.f[F_FREED] & bit:
+        s.bad.append(("release_exactly_once", f"{RESOURCE_KINDS[field - F_TH]} freed twice", None))
+    s.f[F_FREED] |= bit
+    if field == F_BS:
+        s.pool += 1
+
+
+@STOP.effect("release_safe")
+def _release_safe(s: Step, field: int, target: int, reason: int) -> None:
+    s.released = True
+
+
+@STOP.effect("release_held")
+def _release_held(s: Step, field: int, target: int, reason: int) -> None:
+    s.held_out = True
+
+
+STOP.abstracts("hold_suffix", "the model keeps no bytes: HOLDING says a suffix is held")
+STOP.abstracts("cut_at_match", "the model keeps no bytes: HIT says the match is held back")
+STOP.abstracts("drop_held", "dropping is sending nothing: the model sends only what a row releases")
+
+
+@DETOK.effect("pass_complete")
+def _pass_complete(s: Step, field: int, target: int, reason: int) -> None:
+    s.passed = True
+
+
+@DETOK.effect("pass_tail")
+def _pass_tail(s: Step, field: int, target: int, reason: int) -> None:
+    s.passed = True
+
+
+@DETOK.effect("raise_error")
+def _raise_error(s: Step, field: int, target: int, reason: int) -> None:
+    s.raised = True
+
+
+DETOK.abstracts("hold_partial", "the model keeps no bytes: PENDING says a partial character is held")
+DETOK.abstracts("drop_pending", "dropping is passing nothing on")
 
 
 class Model:
@@ -235,7 +377,7 @@ class Model:
 
     def initial(self) -> list[tuple[int, ...]]:
         """One initial request per backpressure policy."""
-        base = [0] * 23
+        base = [0] * N_FIELDS
         base[F_PC] = P_NEW
         base[F_LC] = self.life.i(self.life.table.initial)
         base[F_ST] = self.stream.i(self.stream.table.initial)
@@ -314,15 +456,12 @@ class Model:
         elif pc == P_DRAIN_HIT:
             s = self._new(c, out, "loop: stop hit in the drained tail")
             s.after_lifecycle(s.lc("stop_hit"), default=P_DRAIN_END)
-            s.fire("stop_matcher", "discard")
+            s.discard_match()
         elif pc == P_FLUSH:
             s = self._new(c, out, "loop: flush the held suffix")
             held = self.stop.states[c[F_SM]] == "HOLDING"
             s.fire("stop_matcher", "flush")
-            if held:
-                s.send(P_DRAIN_END)
-            else:
-                s.f[F_PC] = P_DRAIN_END
+            s.out(held, P_DRAIN_END, s.held_out)
         elif pc == P_DRAIN_END:
             s = self._new(c, out, "loop: model resources released, FINISHED with the terminal event")
             s.lc("complete")
@@ -345,11 +484,7 @@ class Model:
             s.after_lifecycle(s.lc("deadline"), default=P_DRAIN)
         elif pc == P_QUEUED:
             s = self._new(c, out, "loop: scheduled: prefill starts (slot, cache, RNG acquired)")
-            state = s.lc("schedule")
-            for kind in MODEL_KINDS:
-                s.acquire(kind)
-            s.f[F_KERNEL] = 1
-            s.after_lifecycle(state, default=P_PREFILL)
+            s.after_lifecycle(s.lc("schedule"), default=P_PREFILL)
         else:
             self._select(c, out)
 
@@ -388,7 +523,7 @@ class Model:
             s.after_lifecycle(s.lc(event), default=P_DRAIN)
         s = self._push(c, out, "loop: select a token: detokenizer invalid", "invalid", None)
         if s is not None:
-            s.lc("decode_error")
+            self._invalid(s, P_CHECKS)
         outcomes = [("loop: select a token: detokenizer hold", "hold", None, False)] + [
             (f"loop: select a token: detokenizer emit, stop matcher {stop}, safe bytes "
              + ("non-empty" if nonempty else "empty"), "emit", stop, nonempty)
@@ -397,8 +532,8 @@ class Model:
             winners = self._winners({"stop_hit": stop == "hit", "length": limit}, self._free(nonempty), frozenset({"eos"}))
             if any(w != "content_interrupt" for w in winners):  # the chunk is sent, P_CHECKS decides
                 s = self._push(c, out, label, push, stop, P_CHECKS)
-                if s is not None and nonempty:
-                    s.send(P_CHECKS)
+                if s is not None:
+                    s.out(nonempty, P_CHECKS)
             if "content_interrupt" in winners:
                 self._interrupt(c, out, label, stop)
 
@@ -409,9 +544,7 @@ class Model:
         s.f[F_SEL] += 1
         if s.lc("select") is None:
             return None
-        s.fire("detokenizer", push)
-        if stop is not None:
-            s.fire("stop_matcher", stop)
+        s.push(push, stop)
         if pc is not None:
             s.f[F_PC] = pc
         return s
@@ -426,7 +559,7 @@ class Model:
         if not self.detok.terminal[s.f[F_DT]]:
             s.fire("detokenizer", "discard")
         if self.stop.states[s.f[F_SM]] == "HIT":
-            s.fire("stop_matcher", "discard")
+            s.discard_match()
 
     def _finish_checks(self, c, out) -> None:
         """After the token's delta: the rest of the table's finish checks (D4; EOS and the content
@@ -446,7 +579,7 @@ class Model:
                 s.after_lifecycle(s.lc(event), default=P_DRAIN)
                 continue
             s.after_lifecycle(s.lc(event), default=P_DRAIN_END)
-            s.fire("stop_matcher", "discard")
+            s.discard_match()
             if not self.detok.terminal[s.f[F_DT]]:
                 s.fire("detokenizer", "discard")
 
@@ -471,11 +604,9 @@ class Model:
             s = self._new(c, out, "loop: delta queued on the stream")
             if c[F_TERMS] or self.stream.terminal[c[F_ST]]:
                 s.bad.append(("no_delta_after_terminal", "a delta is sent after the terminal event", None))
-            if REASONS[c[F_REASON]] == FinishReason.STOP_SEQUENCE:
+            if REASONS[c[F_REASON]] == FinishReason.STOP_SEQUENCE or self.stop.states[c[F_SM]] == "DISCARDED":
                 s.bad.append(("nothing_after_stop_hit", "a delta is sent after the stop hit", None))
-            if s.fire("stream", "delta") is not None:
-                s.f[F_SEQ] += 1
-                s.f[F_BUF] += 1
+            if s.fire("stream", "delta") is not None:  # the row's effect queues it (seq, unread)
                 s.f[F_PC] = c[F_RET]
                 if s.f[F_BUF] >= self.config.buffer_cap and self._policy_names[c[F_POLICY]] == "pause":
                     s.fire("stream", "block")  # the buffer is at its cap: the producer pauses (§4.8)
@@ -493,17 +624,21 @@ class Model:
             s.f[F_PC] = P_FLUSH
             return
         s = self._new(c, out, "loop: finish(): the tail is not valid text (decoding error)")
-        s.fire("detokenizer", "finish_invalid")
-        s.lc("decode_error")
+        s.push("finish_invalid", None)
+        self._invalid(s, P_FLUSH)
         for stop, nonempty in (("clear", True), ("hold", True), ("hold", False), ("hit", True), ("hit", False)):
             s = self._new(c, out, f"loop: finish(): tail, stop matcher {stop}, safe bytes {'non-empty' if nonempty else 'empty'}")
-            s.fire("detokenizer", "finish")
-            s.fire("stop_matcher", stop)
-            nxt = P_DRAIN_HIT if stop == "hit" else P_FLUSH
-            if nonempty:
-                s.send(nxt)
-            else:
-                s.f[F_PC] = nxt
+            s.push("finish", stop)
+            s.out(nonempty, P_DRAIN_HIT if stop == "hit" else P_FLUSH)
+
+    def _invalid(self, s: Step, ret: int) -> None:
+        """Bytes that can never be text: the detokenizer's row raises and the request FAILS; a row
+        that does not raise lets the run go on at `ret` with those bytes lost."""
+        if s.raised:
+            s.lc("decode_error")
+        elif not s.dead:
+            s.f[F_LOST] = 1
+            s.f[F_PC] = ret
 
     def _environment(self, c, out) -> None:
         """Injections possible at any point: cancel, deadline, reader progress, disconnect (§4.7-§4.9)."""
@@ -533,14 +668,11 @@ class Model:
                 s.fire("stream", "unblock")
         if c[F_CONN] == 0 and st != "NEW":
             s = self._new(c, out, "transport: the client disconnects")
-            s.fire("stream", "disconnect")
-            s.f[F_CONN] = 1
+            s.fire("stream", "disconnect")  # its row's effect: the reader is gone (F_CONN)
         elif c[F_CONN] == 1:
             s = self._new(c, out, "transport: the client reconnects and replays from its last seq")
             s.fire("stream", "reconnect")
-            s.fire("stream", "replay")
-            s.f[F_CONN] = 2
-            s.f[F_BUF] = 0  # the replayed deltas count as read (OrderedStream.replay)
+            s.fire("stream", "replay")  # the replayed deltas count as read (OrderedStream.replay)
             if st == "PAUSED":
                 s.fire("stream", "unblock")
 
@@ -563,6 +695,8 @@ class Model:
             "kernel": ("none", "prefill", "decode")[c[F_KERNEL]],
             "policy": self._policy_names[c[F_POLICY]],
             "reader": ("connected", "disconnected", "reconnected")[c[F_CONN]],
+            "freed": [kind for kind, field in RES_FIELD.items() if c[F_FREED] >> (field - F_TH) & 1],
+            "lost_bytes": bool(c[F_LOST]),
         }
 
     def state_violations(self, c: tuple[int, ...]) -> list[tuple[str, str, tuple[str, str, str] | None]]:
@@ -586,6 +720,11 @@ class Model:
         held = [k for k, f in RES_FIELD.items() if self.res.states[c[f]] == "HELD"]
         if c[F_PC] == P_DONE and held:
             bad.append(("no_leak", f"{held} still held at the end", None))
+        unfreed = [k for k, f in RES_FIELD.items() if self.res.states[c[f]] == "RELEASED" and not c[F_FREED] >> (f - F_TH) & 1]
+        if unfreed:
+            bad.append(("no_leak", f"{unfreed} released without their free callback (the row's action frees nothing)", None))
+        if c[F_LOST] and life == "FINISHED":
+            bad.append(("detok_concat_equals_batch", "output bytes neither sent nor discarded by a row", None))
         if life_end and set(held) & set(MODEL_KINDS):
             bad.append(("model_released_before_terminal", f"{sorted(set(held) & set(MODEL_KINDS))} held in {life}", None))
         if c[F_SEL] - c[F_DEC] not in (0, 1):
@@ -609,11 +748,11 @@ class Model:
             bad.append(("stream_bounded", f"{c[F_BUF]} unread deltas, cap {self.config.buffer_cap}", None))
         # guards: what the tables must refuse in this state
         if life_end:
-            for e, (t, _, _) in self.life.step[c[F_LC]].items():
+            for e, (t, *_) in self.life.step[c[F_LC]].items():
                 if t != c[F_LC]:
                     bad.append(("terminal_irreversible", f"the lifecycle table lets '{e}' leave {life}", ("lifecycle", life, e)))
                     break
-        if st_end and self.stream.step[c[F_ST]].get("delta", (0, False, 0))[1]:
+        if st_end and self.stream.step[c[F_ST]].get("delta", (0, False, 0, None))[1]:
             bad.append(("no_delta_after_terminal", f"the stream table accepts a delta in {st}", ("stream", st, "delta")))
         if held and "acquire" in self.res.step[self.res.i("HELD")]:
             bad.append(("release_exactly_once", f"the resources table accepts a second 'acquire' of {held[0]} in HELD "

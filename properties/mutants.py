@@ -174,16 +174,18 @@ def _written_before_decode() -> Iterator[None]:
 def _racing_terminals() -> Iterator[None]:
     """§4.12 row 4: completion and a late cancel both write a terminal event."""
 
-    def terminate(orig):
+    def fire(orig):
         def wrapped(self, event, **kw):
-            orig(self, event, **kw)
-            if self._cancel_requested and self.state != "CANCELLED":
+            ended = self.done
+            action = orig(self, event, **kw)
+            if not ended and self.done and self._cancel_requested and self.state != "CANCELLED":
                 self.trace.emit(EventKind.RESPONSE_CANCELLED, seq=self.stream.next_seq, finish_reason="cancelled",
                                 usage=self.usage().as_dict())
+            return action
 
         return wrapped
 
-    with _patch(RequestRun, "_terminate", terminate):
+    with _patch(RequestRun, "fire", fire):
         yield
 
 
@@ -242,14 +244,17 @@ def _deadline_as_cancel() -> Iterator[None]:
 def _double_release() -> Iterator[None]:
     """§4.10: the cache is released twice on the way out."""
 
-    def terminate(orig):
+    def fire(orig):
         def wrapped(self, event, **kw):
-            orig(self, event, **kw)
-            self.ledger.release("kv_cache")
+            ended = self.done
+            action = orig(self, event, **kw)
+            if not ended and self.done and self.ledger.state("kv_cache") != "UNACQUIRED":
+                self.ledger.release("kv_cache")
+            return action
 
         return wrapped
 
-    with _patch(RequestRun, "_terminate", terminate):
+    with _patch(RequestRun, "fire", fire):
         yield
 
 

@@ -5,7 +5,7 @@ each released once, and that a failed clean-up is recorded rather than reopening
 runs one `resources` table (spec/resources.toml) per kind; the table decides every step:
 
 - ``acquire`` in UNACQUIRED -> HELD; any other acquire is rejected (IllegalTransition).
-- ``release`` in HELD -> RELEASED with action ``free``: the free callback runs, once.
+- ``release`` in HELD -> RELEASED with action ``free``, whose effect ``free`` runs the callback, once.
 - ``release`` in RELEASED is an ignore row (``record_double_release``): recorded as a violation,
   nothing freed, no exception.
 - ``release`` in UNACQUIRED is rejected: releasing what was never acquired is a caller bug, so the
@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 import attrs
 
 from ..machine import Stepper, compiled
+from ..machine.actions import Executor
 from ..spec import load_spec
 from .events import EventKind, Trace
 
@@ -107,17 +108,18 @@ class ResourceLedger:
         """
         k = resource_kind(kind)
         with self._lock:
-            action, _ = self._steppers[k].fire("release")
-            if action != "free":
+            st = self._steppers[k]
+            plan = _PLANS.get((st.state.value, "release"))
+            if plan is None:
+                st.fire("release")  # raises the table's IllegalTransition (never acquired)
+            for fn in plan.before:
+                fn(self, k)
+            st.fire("release")
+            for fn in plan.with_ + plan.after:  # the row's action: `free` runs the callback
+                fn(self, k)
+            if not plan.has("free"):
                 self._record(k, LedgerProblem.DOUBLE_RELEASE)
                 return False
-            self._emit(EventKind.RESOURCE_RELEASED, resource=k.value)
-            fn = self._free.pop(k, None)
-            if fn is not None:
-                try:
-                    fn()
-                except Exception as exc:  # noqa: BLE001 - recorded as a background error (§4.10)
-                    self._record(k, LedgerProblem.FREE_FAILED, f"{type(exc).__name__}: {exc}")
             return True
 
     def release_all(self) -> list[ResourceKind]:
@@ -166,3 +168,22 @@ class ResourceLedger:
 
     def __repr__(self) -> str:
         return f"<ResourceLedger {self.request_id} held={[k.value for k in self.held]}>"
+
+
+# The runtime's implementation of the resources table's effects (machine/actions.py).
+RESOURCES = Executor("resources", "the runtime (ledger.ResourceLedger)")
+
+
+@RESOURCES.effect("free")
+def _free_effect(ledger: ResourceLedger, k: ResourceKind) -> None:
+    """The one free of `k`: its callback runs; one that raises is a background error (§4.10)."""
+    ledger._emit(EventKind.RESOURCE_RELEASED, resource=k.value)
+    fn = ledger._free.pop(k, None)
+    if fn is not None:
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - recorded as a background error (§4.10)
+            ledger._record(k, LedgerProblem.FREE_FAILED, f"{type(exc).__name__}: {exc}")
+
+
+_PLANS = RESOURCES.plans(load_spec("resources"))

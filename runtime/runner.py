@@ -1,9 +1,9 @@
 """One request's execution state across the loop of §4.3, shared by generate() and the Engine.
 
 The lifecycle's control state is the compiled `lifecycle` table: every transition is a `fire`
-of its event, each row's `reason` fixes the finish reason (§4.10), and the row's action names the
-side effect the phase method around it performs (`release_and_emit_terminal` is `_terminate`,
-`discard_step_result` drops a finished kernel's logits, `observe_cancel` logs cancel.observed).
+of its event, and firing a row runs its action: the action's effects (lifecycle.toml [actions]),
+each implemented once below (`LIFECYCLE`, machine/actions.py) and checked both ways against the
+table, e.g. `fail` is release_model, fix_reason, emit_terminal (§4.3, §4.10).
 The drivers (runtime/loop.py for one request, runtime/engine.py for a batch) call the phase methods
 in §4.3's order: admit, check_point, begin_prefill/end_prefill, select, begin_decode/end_decode,
 finish. Every lifecycle event is fired from the driver's thread; other threads only *request* a
@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ..machine import compiled
+from ..machine.actions import ActionError, Executor, Plan
 from ..spec import FinishReason, load_spec
 from ..spec.derived import model_resources, stream_resources, terminal_stream_event
 from .detokenizer import DecodingError, IncrementalDetokenizer
@@ -90,14 +91,15 @@ _CONTENT_INTERRUPT = "content_interrupt"
 # (state, event) -> the finish reason the row fixes, straight from the table.
 _REASONS = {k: FinishReason(d.reason) for k, d in _LIFECYCLE.decisions.items() if d.reason}
 _IGNORED = frozenset(k for k, d in _LIFECYCLE.decisions.items() if d.kind == "ignore")
-_DISCARD = "discard_step_result"  # the action of the rows that drop a finished kernel's result
 _DECODING = _LIFECYCLE.State["DECODING"]
 
 
 def _quiet(event: str, action: str) -> frozenset:
-    """The states where the table makes the per-token `event` a self-loop whose only effect is
-    `action`, done by the caller (no reason to fix, nothing to log): select and end_decode skip
-    the fire there (issue 8) and fire everywhere else."""
+    """The states where the table makes the per-token `event` a self-loop with `action`, an
+    action with no effects (lifecycle.toml [actions]; the caller records the token itself): select
+    and end_decode skip the fire there (issue 8) and fire, running the row's effects, elsewhere."""
+    if _LIFECYCLE.actions.get(action):
+        return frozenset()
     return frozenset(s for s in compiled("lifecycle").self_loops(event, action) if (s.value, event) not in _REASONS)
 
 
@@ -133,7 +135,7 @@ class RequestRun:
         "stop_hit", "stopper", "stream", "token_stopper", "tokenizer", "tokens", "trace",
         "_byte_marks", "_cancel_claimed", "_cancel_fired", "_cancel_lock", "_cancel_requested",
         "_created", "_deadline_forced", "_decode_s", "_deferred", "_detok_push", "_detok_total", "_faulty",
-        "_held_since", "_inline", "_kernel_fault", "_listeners", "_lock", "_may_overflow",
+        "_held_since", "_inline", "_kernel_fault", "_listeners", "_lock", "_may_overflow", "_overflow",
         "_plain_send", "_poisoned", "_put_delta", "_stop_push", "_t", "_t0", "_unsent", "_winner",
     )
 
@@ -213,6 +215,7 @@ class RequestRun:
         self._kernel_fault = False
         self._poisoned: set[int] = set()
         self._lock = threading.Lock()
+        self._overflow = False  # the terminal event is the stream's overflow (D6)
         self._created = clock()
         self._t = {"queue": 0.0, "prefill": 0.0, "stop_buffer": 0.0}
         self._decode_s = 0.0  # the per-token sum of decode time, kept out of `_t` (issue 8)
@@ -276,22 +279,34 @@ class RequestRun:
         return self.life.state is _DECODING
 
     def fire(self, event: str, **data: Any) -> str | None:
-        """Fire a lifecycle event; log it (§4.12) and apply the row's reason and action."""
-        before = self.life.state
-        action, after = self.life.fire(event)
-        key = (before._value_, event)
+        """Fire a lifecycle event and run its row's action: the `before` effects, the change, the
+        `with` effects, the trace entry (§4.12), the `after` effects. A row that ends the request
+        runs in one critical section (transition_and_emit_terminal, §4.3)."""
+        key = (self.life.state._value_, event)
+        plan = _PLANS.get(key)
+        if plan is None:
+            self.life.fire(event)  # raises the table's IllegalTransition; nothing changed
+        if plan.before or plan.after:
+            with self._lock:
+                return self._run(plan, key, data)
+        return self._run(plan, key, data)
+
+    def _run(self, plan: Plan, key: tuple[str, str], data: dict) -> str | None:
         reason = _REASONS.get(key)
-        if reason is not None:
-            self.reason = reason
-        if action == "observe_cancel":
-            self.trace.emit(EventKind.CANCEL_OBSERVED, state=key[0])
-        if after is not before:
+        for fn in plan.before:
+            fn(self, key, reason)
+        action, after = self.life.fire(key[1])
+        for fn in plan.with_:
+            fn(self, key, reason)
+        if after._value_ != key[0]:
             self.trace.emit(
-                EventKind.LIFECYCLE, **{"from": key[0]}, to=after._value_, event=event,
+                EventKind.LIFECYCLE, **{"from": key[0]}, to=after._value_, event=key[1],
                 action=action, reason=reason.value if reason else None, **data,
             )
         elif key in _IGNORED:
-            self.trace.emit(EventKind.LIFECYCLE_IGNORED, state=key[0], event=event, action=action)
+            self.trace.emit(EventKind.LIFECYCLE_IGNORED, state=key[0], event=key[1], action=action)
+        for fn in plan.after:
+            fn(self, key, reason)
         return action
 
     # ---- requests from other threads ------------------------------------------------------
@@ -316,11 +331,11 @@ class RequestRun:
     def admit(self) -> bool:
         """CREATED -> QUEUED, or a refusal (D9) or an early cancel (D2). True when queued."""
         if self._cancel_requested:
-            self._terminate("cancel")
+            self.fire("cancel")
             return False
         if len(self.prompt_ids) >= self.model.context_limit:
             self.error = f"prompt of {len(self.prompt_ids)} tokens leaves no room in a context of {self.model.context_limit}"
-            self._terminate("reject")
+            self.fire("reject")
             return False
         self.fire("enqueue")
         return True
@@ -353,13 +368,11 @@ class RequestRun:
         transport_error. Valid in DECODING and DRAINING."""
         self.error = f"transport_error: {error}"
         self.trace.emit(EventKind.TRANSPORT, what=what)
-        self._terminate("transport_error")
+        self.fire("transport_error")
 
     def begin_prefill(self) -> None:
         self._t["queue"] = self.clock() - self._created
-        self.fire("schedule")
-        for kind in _MODEL_RESOURCES:
-            self.ledger.acquire(kind, self._freer(kind))
+        self.fire("schedule")  # start_prefill: the model resources are acquired (acquire_model)
         self._t0 = self.clock()
         self.trace.emit(EventKind.PREFILL_STARTED, step=0, prompt_tokens=len(self.prompt_ids))
         if self._cancel_requested:  # in flight from here on: a cancel that arrived is observed
@@ -370,16 +383,12 @@ class RequestRun:
         self.cache = cache
         self.logits = logits
         self.trace.emit(EventKind.PREFILL_COMPLETED, step=0, cache_len=cache.length)
-        if self.fire("prefill_done") == _DISCARD:
-            self.logits = None  # the table's ignore row: the prefill's result is discarded (§4.9)
+        self.fire("prefill_done")  # after a cancel, the ignore row's discard_result drops it (§4.9)
 
     def kernel_failed(self, exc: BaseException) -> None:
         """A prefill or decode kernel raised: FAILED with model_error (or ignored after a cancel)."""
         self.error = f"model_error: {exc}"
-        if (self.state, "model_error") in _IGNORED:
-            self.fire("model_error")  # an ignore row: the cancel came first and wins (D2)
-            return
-        self._terminate("model_error")
+        self.fire("model_error")  # after a cancel an ignore row: the cancel came first and wins (D2)
 
     def select(self, token: int | None = None) -> bool:
         """Choose y_t and run every check of §4.3 on it; True when y_t must be decoded next.
@@ -400,7 +409,7 @@ class RequestRun:
         tokens.append(token)
         t = len(tokens)
         if self.life.state not in _SELECT_QUIET:
-            self.life.fire("select")
+            self.fire("select")
         eos = token in self.eos_ids
         trace = self.trace
         trace.put((_TOKEN_SELECTED, trace.clock(), t, token, eos))
@@ -414,7 +423,7 @@ class RequestRun:
             except DecodingError as exc:
                 self.error = f"decoding_error: {exc}"
                 marks.append(marks[-1] if marks else 0)
-                self._terminate("decode_error")
+                self.fire("decode_error")
                 return False
             total = self._detok_total = self._detok_total + len(new)
             marks.append(total + self.detok.held_bytes)  # a split character counts for each of its tokens
@@ -507,7 +516,8 @@ class RequestRun:
     def _send_failed(self, seq: int, why: str, overflow: bool = False) -> bool:
         self.error = f"transport_error: {why}"
         self.trace.emit(EventKind.TRANSPORT, what="send_failed", seq=seq)
-        self._terminate("transport_error", overflow=overflow)
+        self._overflow = overflow
+        self.fire("transport_error")
         return False
 
     def begin_decode(self) -> None:
@@ -528,7 +538,8 @@ class RequestRun:
         if self.life.state in _DECODE_DONE_QUIET:
             self.logits = logits
             return
-        self.logits = None if self.fire("decode_done") == _DISCARD else logits
+        self.logits = logits
+        self.fire("decode_done")  # after a cancel, the ignore row's discard_result drops it (§4.9)
 
     def finish(self) -> Result:
         """After the loop: `end()`, then the Result (generate()'s return value)."""
@@ -545,7 +556,7 @@ class RequestRun:
     def _cancel_at_safe_point(self) -> None:
         """discard_non_safe_stop_buffer (§4.3): held bytes are not safe and are never sent."""
         self._unsent = b""
-        self._terminate("safe_point")
+        self.fire("safe_point")
 
     def _drain(self) -> None:
         if self.reason in _DISCARD_TAIL or self.stop_hit is not None:  # the output ended at a cut
@@ -553,7 +564,7 @@ class RequestRun:
             if self.stopper.hit is not None:
                 self.stopper.discard_from_first_match()
             self._unsent = b""
-            self._terminate("complete")
+            self.fire("complete")
             return
         if self.guard is not None and self.detok.pending:
             # An end the sampler did not choose (a deadline, a grammar) cut a character short:
@@ -566,7 +577,7 @@ class RequestRun:
                 tail = self.detok.finish()
             except DecodingError as exc:
                 self.error = f"decoding_error: {exc}"
-                self._terminate("decode_error")
+                self.fire("decode_error")
                 return
         self._detok_total += len(tail)
         if self._byte_marks:
@@ -583,29 +594,7 @@ class RequestRun:
             self.stopper.discard_from_first_match()
         elif not self._send(self.stopper.flush()):
             return
-        self._terminate("complete")
-
-    def _terminate(self, event: str, overflow: bool = False) -> None:
-        """transition_and_emit_terminal (§4.3): model resources first, then state and event together.
-
-        `overflow`: a delta did not fit; the stream's overflow row emits the terminal event (D6).
-        """
-        with self._lock:
-            if self._held_since is not None:
-                self._t["stop_buffer"] += self.clock() - self._held_since
-                self._held_since = None
-            for kind in _MODEL_RESOURCES:
-                if self.ledger.state(kind) == "HELD":
-                    self.ledger.release(kind)
-            self.fire(event)
-            if overflow:
-                self.stream.overflow()
-            if not self.stream.closed:
-                _TERMINAL_SEND[self.state](self.stream, self.reason, self.usage().as_dict(), self.error)
-            for kind in _STREAM_RESOURCES:
-                self.ledger.release(kind)
-            self.trace.emit(EventKind.TIMINGS, **{f"{k}_s": v for k, v in self._t.items()}, decode_s=self._decode_s,
-                            send_s=self.stream.paused_s)
+        self.fire("complete")
 
     def _freer(self, kind: str) -> Callable[[], None] | None:
         if kind != "kv_cache":
@@ -718,6 +707,60 @@ _FAULTS: dict[FaultAction, Callable[[RequestRun, int], None]] = {
     FaultAction.DISCONNECT: lambda run, step: run.disconnect(),
 }
 
+
+# ---- the runtime's implementation of every lifecycle effect (machine/actions.py) -------------
+# Each runs as (run, (state, event), the row's reason); `fire` runs them by phase.
+LIFECYCLE = Executor("lifecycle", "the runtime (runner.RequestRun)")
+
+
+@LIFECYCLE.effect("release_model")
+def _release_model(run: RequestRun, key: tuple[str, str], reason: FinishReason | None) -> None:
+    for kind in _MODEL_RESOURCES:
+        if run.ledger.state(kind) == "HELD":
+            run.ledger.release(kind)
+
+
+@LIFECYCLE.effect("fix_reason")
+def _fix_reason(run: RequestRun, key: tuple[str, str], reason: FinishReason | None) -> None:
+    run.reason = reason
+
+
+@LIFECYCLE.effect("observe_cancel")
+def _cancel_observed(run: RequestRun, key: tuple[str, str], reason: FinishReason | None) -> None:
+    run.trace.emit(EventKind.CANCEL_OBSERVED, state=key[0])
+
+
+@LIFECYCLE.effect("emit_terminal")
+def _emit_terminal(run: RequestRun, key: tuple[str, str], reason: FinishReason | None) -> None:
+    """The terminal state's stream event (an overflow's own, D6), then the stream resources (§4.10)."""
+    if run._held_since is not None:
+        run._t["stop_buffer"] += run.clock() - run._held_since
+        run._held_since = None
+    if run._overflow:
+        run.stream.overflow()
+    if not run.stream.closed:
+        send = _TERMINAL_SEND.get(run.state)
+        if send is None:
+            raise ActionError(f"lifecycle row {key}: emit_terminal in {run.state}, which is not a terminal state")
+        send(run.stream, run.reason, run.usage().as_dict(), run.error)
+    for kind in _STREAM_RESOURCES:
+        run.ledger.release(kind)
+    run.trace.emit(EventKind.TIMINGS, **{f"{k}_s": v for k, v in run._t.items()}, decode_s=run._decode_s,
+                   send_s=run.stream.paused_s)
+
+
+@LIFECYCLE.effect("acquire_model")
+def _acquire_model(run: RequestRun, key: tuple[str, str], reason: FinishReason | None) -> None:
+    for kind in _MODEL_RESOURCES:
+        run.ledger.acquire(kind, run._freer(kind))
+
+
+@LIFECYCLE.effect("discard_result")
+def _discard_result(run: RequestRun, key: tuple[str, str], reason: FinishReason | None) -> None:
+    run.logits = None
+
+
+_PLANS = LIFECYCLE.plans(_LIFECYCLE)
 
 # What is left to do after the loop, by the state the loop ended in (§4.3, after `while true`).
 _ENDINGS: dict[str, Callable[[RequestRun], None]] = {

@@ -13,7 +13,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from .tables import Decision, FinishCheck, Table
+from .tables import Decision, Effect, FinishCheck, Table
 from .vocabulary import SPEC_DIR, DecisionKind, FinishReason
 
 
@@ -21,6 +21,8 @@ MACHINES = ("lifecycle", "stop_matcher", "detokenizer", "stream", "resources", "
 _HEADER = ("name", "anchor", "spec_version", "initial", "terminal", "states", "events")
 _SECTIONS = {"row": DecisionKind.ROW, "ignore": DecisionKind.IGNORE, "reject": DecisionKind.REJECT}
 _FINISH = "finish_check"  # the ordered finish checks (lifecycle; DECISIONS D4)
+_EFFECTS, _ACTIONS = "effects", "actions"  # what each action does (machine/actions.py)
+_PHASES = ("before", "with", "after")
 _REASONS = frozenset(r.value for r in FinishReason)
 
 
@@ -140,8 +142,10 @@ def build_table(data: dict[str, Any], source: str) -> Table:
 
     _check_graph(data["initial"], states, terminal, decisions, source, problems)
     checks = _finish_checks(data.get(_FINISH, []), events, decisions, source, problems)
+    effects, actions = _actions(data, decisions, source, problems)
     problems.raise_any()
-    params = {k: v for k, v in data.items() if k not in _HEADER and k not in _SECTIONS and k != _FINISH}
+    params = {k: v for k, v in data.items()
+              if k not in _HEADER and k not in _SECTIONS and k not in (_FINISH, _EFFECTS, _ACTIONS)}
     return Table(
         name=data["name"],
         anchor=data["anchor"],
@@ -154,6 +158,8 @@ def build_table(data: dict[str, Any], source: str) -> Table:
         params=params,
         source=source,
         finish_checks=checks,
+        effects=effects,
+        actions=actions,
     )
 
 
@@ -180,6 +186,63 @@ def _finish_checks(entries: list, events: tuple, decisions: dict, source: str, p
             seen.add(event)
             out.append(FinishCheck(event, entry["anchor"], entry.get("note", "")))
     return tuple(out)
+
+
+def _actions(data: dict[str, Any], decisions: dict, source: str, problems: _Problems) -> tuple[dict, dict]:
+    """[effects] and [actions]: every action a row or an ignore names is declared, once, as a list
+    of declared effects; every effect is some action's; a row has a `reason` exactly when its action
+    has an effect that takes one (an action no row names yet is allowed: a table edit may swap one
+    action for another). A table without both sections declares no actions (the
+    executors of machine/actions.py refuse such a table by name)."""
+    raw_effects, raw_actions = data.get(_EFFECTS), data.get(_ACTIONS)
+    if raw_effects is None and raw_actions is None:
+        return {}, {}
+    if not isinstance(raw_effects, dict) or not isinstance(raw_actions, dict):
+        problems.add(SpecError(source, "actions", "[effects] and [actions] are tables and come together"))
+        return {}, {}
+    effects: dict[str, Effect] = {}
+    for name, e in raw_effects.items():
+        where = f"effects.{name}"
+        if not isinstance(e, dict):
+            problems.add(SpecError(source, where, "an effect is a table: { phase, anchor, note }"))
+            continue
+        extra = sorted(set(e) - {"phase", "anchor", "note", "takes_reason"})
+        if extra:
+            problems.add(SpecError(source, where, f"unknown key '{extra[0]}'"))
+        elif e.get("phase") not in _PHASES:
+            problems.add(SpecError(source, where, f"phase must be one of {', '.join(_PHASES)}, got {e.get('phase')!r}"))
+        elif "anchor" not in e:
+            problems.add(SpecError(source, where, "missing 'anchor'"))
+        else:
+            effects[name] = Effect(name, e["phase"], e["anchor"], e.get("note", ""), bool(e.get("takes_reason", False)))
+    actions: dict[str, tuple[str, ...]] = {}
+    for name, listed in raw_actions.items():
+        where = f"actions.{name}"
+        if not isinstance(listed, list) or not all(isinstance(x, str) for x in listed):
+            problems.add(SpecError(source, where, "an action is a list of effect names"))
+            continue
+        unknown = [x for x in listed if x not in raw_effects]
+        dup = _first_duplicate(tuple(listed))
+        if unknown:
+            problems.add(SpecError(source, where, f"undeclared effect '{unknown[0]}'"))
+        elif dup is not None:
+            problems.add(SpecError(source, where, f"effect '{dup}' is listed twice"))
+        else:
+            actions[name] = tuple(listed)
+    for d in decisions.values():
+        if d.action and d.action not in raw_actions:
+            problems.add(SpecError(source, d.where, f"action '{d.action}' of ({d.state}, {d.event}) is not declared in [actions]"))
+        elif d.action in actions:
+            takes = any(effects[x].takes_reason for x in actions[d.action] if x in effects)
+            if takes and d.kind is DecisionKind.ROW and not d.reason:
+                problems.add(SpecError(source, d.where, f"action '{d.action}' fixes a reason and ({d.state}, {d.event}) gives none"))
+            elif d.reason and not takes:
+                problems.add(SpecError(source, d.where, f"({d.state}, {d.event}) has reason '{d.reason}' and its action '{d.action}' does not fix one"))
+    used = {x for listed in raw_actions.values() if isinstance(listed, list) for x in listed}
+    for name in effects:
+        if name not in used:
+            problems.add(SpecError(source, f"effects.{name}", "no action has this effect"))
+    return effects, actions
 
 
 def _entry_decisions(entry: dict[str, Any], kind: DecisionKind, where: str, source: str) -> list[Decision]:

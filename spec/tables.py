@@ -45,6 +45,21 @@ class FinishCheck:
 
 
 @attrs.frozen
+class Effect:
+    """One effect an action may have (a table's [effects]); each executor implements it once.
+
+    `phase`: ``before`` the state changes, ``with`` the change (in its trace entry) or ``after``.
+    `takes_reason`: it applies the row's finish reason.
+    """
+
+    name: str
+    phase: str
+    anchor: str
+    note: str = ""
+    takes_reason: bool = False
+
+
+@attrs.frozen
 class Table:
     """A validated transition table: every (state, event) pair has exactly one Decision."""
 
@@ -59,6 +74,8 @@ class Table:
     params: Mapping[str, Any] = attrs.field(factory=dict, repr=False)
     source: str = ""
     finish_checks: tuple[FinishCheck, ...] = ()
+    effects: Mapping[str, Effect] = attrs.field(factory=dict, repr=False)
+    actions: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict, repr=False)  # action -> effects
     State: type[enum.Enum] = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:

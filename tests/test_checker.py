@@ -79,7 +79,7 @@ SEEDED = {
         seeded("lifecycle", "CANCEL_REQUESTED", "select"), "no_select_after_cancel_observed",
         ("lifecycle", "CANCEL_REQUESTED", "select")),
     "cancel ends DECODING with a kernel in flight (§4.9)": (
-        seeded("lifecycle", "DECODING", "cancel", "CANCELLED", action="release_and_emit_terminal", reason="cancelled"),
+        seeded("lifecycle", "DECODING", "cancel", "CANCELLED", action="cancel_at_safe_point", reason="cancelled"),
         "no_kernel_in_flight_at_cancelled", ("lifecycle", "DECODING", "cancel")),
 }
 
@@ -189,7 +189,8 @@ def test_cli_check_reports_a_changed_table_and_draws_it(tmp_path):
     row = 'state = "DECODING"\nevent = "cancel"\ntarget = "CANCEL_REQUESTED"\naction = "observe_cancel"'
     assert row in text
     changed = tmp_path / "lifecycle.toml"
-    changed.write_text(text.replace(row, row.replace('target = "CANCEL_REQUESTED"', 'target = "CANCELLED"\nreason = "cancelled"')),
+    changed.write_text(text.replace(row, row.replace('target = "CANCEL_REQUESTED"\naction = "observe_cancel"',
+                                                                'target = "CANCELLED"\naction = "cancel_at_safe_point"\nreason = "cancelled"')),
                        encoding="utf-8")
     out = tmp_path / "draw"
     result = CliRunner().invoke(main, ["check", "--table", str(changed), "--draw", str(out)])

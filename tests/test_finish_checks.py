@@ -5,14 +5,9 @@ changes what the runtime reports, and token-id and string stops share one cut (i
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
+from _spec_kit import probe, spec_copy
 
 from decodespec.properties import check_trace
 from decodespec.runtime import ByteTableTokenizer, EventKind, Request, ScriptedModel, generate
@@ -39,24 +34,6 @@ def _length_first(text: str) -> str:
 
 def _lifecycle_with(edit):
     return load_text(edit((SPEC_DIR / "lifecycle.toml").read_text(encoding="utf-8")), "lifecycle.toml")
-
-
-def _spec_copy(tmp_path: Path, edits: dict) -> Path:
-    """A copy of spec/ with `edits` (file name -> function of its text) applied: for DECODESPEC_SPEC_DIR."""
-    copy = tmp_path / "spec"
-    shutil.copytree(SPEC_DIR, copy, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
-    for name, edit in edits.items():
-        (copy / name).write_text(edit((copy / name).read_text(encoding="utf-8")), encoding="utf-8")
-    return copy
-
-
-def _probe(spec_dir: Path, source: str) -> list[str]:
-    """Run `source` in a fresh interpreter whose every layer loads the tables of `spec_dir`."""
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(source)], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "DECODESPEC_SPEC_DIR": str(spec_dir)},
-                         cwd=Path(__file__).resolve().parent.parent)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout.split("\n")
 
 
 def test_every_listed_check_has_one_implementation_and_every_implementation_is_listed():
@@ -157,8 +134,8 @@ def test_every_eos_id_the_checkpoint_lists_ends_the_output(tmp_path):
 def test_a_permuted_list_in_a_copy_of_the_tables_changes_what_the_runtime_reports(tmp_path):
     """Issue 16 item 1: move `length` before `stop_hit` and `eos` in a copy of spec/ only; the
     runtime then reports max_output_tokens for a stop or an EOS on the last allowed token."""
-    copy = _spec_copy(tmp_path, {"lifecycle.toml": _length_first})
-    lines = _probe(copy, """
+    copy = spec_copy(tmp_path, {"lifecycle.toml": _length_first})
+    lines = probe(copy, """
         from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, generate
         from decodespec.properties import check_trace
         tok = ByteTableTokenizer({1: b"x", 2: b"A", 3: b"B", 5: b""}, eos_id=5)
@@ -190,11 +167,11 @@ def test_a_new_finish_reason_needs_spec_files_only(tmp_path):
     follow."""
     old = 'event = "length"\ntarget = "DRAINING"\naction = "fix_reason"\nreason = "max_output_tokens"'
     assert (SPEC_DIR / "lifecycle.toml").read_text(encoding="utf-8").count(old) == 1
-    copy = _spec_copy(tmp_path, {
+    copy = spec_copy(tmp_path, {
         "reasons.toml": lambda t: t + '\n[[reason]]\nname = "budget_exhausted"\nanchor = "§4.3"\nopenai = "length"\n',
         "lifecycle.toml": lambda t: t.replace(old, old.replace("max_output_tokens", "budget_exhausted")),
     })
-    lines = _probe(copy, f"""
+    lines = probe(copy, f"""
         from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, generate
         from decodespec.runtime.openai_schema import finish_fields
         from decodespec.properties import check_trace

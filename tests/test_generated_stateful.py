@@ -33,6 +33,15 @@ HUNT = settings(
 )
 
 
+def _with_mutant_action(data: dict) -> dict:
+    """Declare the action `mutant` (no effects) and drop the actions and effects no row names now."""
+    named = {e.get("action") for sec in ("row", "ignore") for e in data.get(sec, [])}
+    data["actions"] = {a: fx for a, fx in {**data["actions"], "mutant": []}.items() if a in named}
+    used = {x for fx in data["actions"].values() for x in fx}
+    data["effects"] = {e: v for e, v in data["effects"].items() if e in used}
+    return data
+
+
 def _mutants(name: str) -> dict[str, tuple[Table, tuple[str, str]]]:
     """Valid one-pair mutants of table `name`, each with the pair it changes.
 
@@ -59,10 +68,11 @@ def _mutants(name: str) -> dict[str, tuple[Table, tuple[str, str]]]:
     mutated = copy.deepcopy(data)
     event = next(r for r in mutated["reject"] if r == entry)["events"].pop()
     mutated["row"].append({"state": entry["state"], "event": event, "target": entry["state"], "action": "mutant", "anchor": "§0"})
-    out["reject_to_row"] = (build_table(mutated, source), (entry["state"], event))
+    out["reject_to_row"] = (build_table(_with_mutant_action(mutated), source), (entry["state"], event))
     mutated = copy.deepcopy(data)
     mutated["row"][-1]["action"] = "mutant"
-    out["new_action"] = (build_table(mutated, source), (data["row"][-1]["state"], data["row"][-1]["event"]))
+    mutated["row"][-1].pop("reason", None)  # `mutant` fixes no reason
+    out["new_action"] = (build_table(_with_mutant_action(mutated), source), (data["row"][-1]["state"], data["row"][-1]["event"]))
     return out
 
 

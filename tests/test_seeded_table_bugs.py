@@ -1,7 +1,9 @@
 """Seeded table bugs (issue 16 item 4): small semantic edits of the tables that the loader accepts,
 each of which the one-request checker must refuse (`decodespec check` exits 1), with a short
 counterexample where the bug is a reachable violation. Kinds: a changed reason, a changed target,
-an ignore made a reject and a reject made an ignore, a new row the model never offers."""
+an ignore made a reject and a reject made an ignore, a row given another action, an action given
+other effects (the model runs a row's action through machine/actions.py, as the runtime does), a
+new row the model never offers."""
 
 from __future__ import annotations
 
@@ -61,6 +63,31 @@ SEEDED = {
     "reject -> ignore: a second acquire of a resource": (*_edit(
         "resources", '[[reject]]\nstate = "HELD"\nevents = ["acquire"]',
         '[[ignore]]\nstate = "HELD"\nevents = ["acquire"]'), ("release_exactly_once", 4)),
+    "action: the safe point only fixes the reason": (*_edit(
+        "lifecycle", 'action = "cancel_at_safe_point"', 'action = "fix_reason"'), ("terminal_with_transition", 6)),
+    "action: completing the drain does nothing": (*_edit(
+        "lifecycle", 'event = "complete"\ntarget = "FINISHED"\naction = "release_and_emit_terminal"',
+        'event = "complete"\ntarget = "FINISHED"\naction = "admit"'), ("terminal_with_transition", 8)),
+    "action: the open stream's complete queues a delta": (*_edit(
+        "stream", 'state = "OPEN"\nevent = "complete"\ntarget = "COMPLETED"\naction = "emit_terminal"',
+        'state = "OPEN"\nevent = "complete"\ntarget = "COMPLETED"\naction = "emit_delta"'), ("single_terminal_event", 8)),
+    "action: an overflow opens the stream instead of ending it": (*_edit(
+        "stream", 'action = "emit_overflow_terminal"', 'action = "emit_start"'), ("single_terminal_event", 12)),
+    "action: a release records a double release instead of freeing": (*_edit(
+        "resources", 'event = "release"\ntarget = "RELEASED"\naction = "free"',
+        'event = "release"\ntarget = "RELEASED"\naction = "record_double_release"'), ("no_leak", 4)),
+    "action: the stop matcher's discard emits the match": (*_edit(
+        "stop_matcher", 'action = "discard_from_match"', 'action = "emit_held"'), ("nothing_after_stop_hit", 8)),
+    "action: a clear push discards the safe bytes": (*_edit(
+        "stop_matcher", 'state = "SCANNING"\nevent = "clear"\ntarget = "SCANNING"\naction = "emit_safe"',
+        'state = "SCANNING"\nevent = "clear"\ntarget = "SCANNING"\naction = "discard_from_match"'),
+        ("detok_concat_equals_batch", 10)),
+    "action: invalid bytes are drained instead of raised": (*_edit(
+        "detokenizer", 'state = "EMPTY"\nevent = "invalid"\ntarget = "FAILED"\naction = "raise_decoding_error"',
+        'state = "EMPTY"\nevent = "invalid"\ntarget = "FAILED"\naction = "drain_tail"'), ("refinement", 8)),
+    "effects: fail keeps the model resources": (*_edit(
+        "lifecycle", 'fail = ["release_model", "fix_reason", "emit_terminal"]', 'fail = ["fix_reason", "emit_terminal"]'),
+        ("model_released_before_terminal", 6)),
     "new row: an event the model never offers": (*_new_row(), "unexplored"),
 }
 

@@ -127,6 +127,69 @@ CASES = {
 }
 
 
+# The toy's actions as effects (machine/actions.py): `finish` fixes the row's reason.
+_ACTS = """
+[effects]
+moved = { phase = "after", anchor = "§4.1" }
+ended = { phase = "with", anchor = "§4.10", takes_reason = true }
+
+[actions]
+move = ["moved"]
+finish = ["ended"]
+"""
+TOY_ACTS = _edit(('action = "finish"\n', 'action = "finish"\nreason = "eos"\n')) + _ACTS
+
+ACTION_CASES = {
+    "action not declared": (
+        TOY_ACTS.replace('finish = ["ended"]\n', 'close = ["ended"]\n'),
+        "toy.toml: row 2: action 'finish' of (B, end) is not declared in [actions]",
+    ),
+    "undeclared effect": (
+        TOY_ACTS.replace('finish = ["ended"]', 'finish = ["ended", "vanish"]'),
+        "toy.toml: actions.finish: undeclared effect 'vanish'",
+    ),
+    "effect listed twice": (
+        TOY_ACTS.replace('finish = ["ended"]', 'finish = ["ended", "ended"]'),
+        "toy.toml: actions.finish: effect 'ended' is listed twice",
+    ),
+    "a reason the action does not fix": (
+        TOY_ACTS.replace('finish = ["ended"]', 'finish = []\nclose = ["ended"]'),
+        "toy.toml: row 2: (B, end) has reason 'eos' and its action 'finish' does not fix one",
+    ),
+    "an action that fixes a reason the row lacks": (
+        TOY_ACTS.replace('reason = "eos"\n', ""),
+        "toy.toml: row 2: action 'finish' fixes a reason and (B, end) gives none",
+    ),
+    "an effect no action has": (
+        TOY_ACTS.replace('[effects]\n', '[effects]\nspare = { phase = "after", anchor = "§4.1" }\n'),
+        "toy.toml: effects.spare: no action has this effect",
+    ),
+    "bad phase": (
+        TOY_ACTS.replace('moved = { phase = "after"', 'moved = { phase = "during"'),
+        "toy.toml: effects.moved: phase must be one of before, with, after, got 'during'",
+    ),
+    "actions without effects": (
+        TOY_ACTS.replace(_ACTS.split("[actions]")[0], "\n"),
+        "toy.toml: actions: [effects] and [actions] are tables and come together",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(ACTION_CASES))
+def test_a_broken_action_declaration_is_refused_with_the_exact_message(case: str) -> None:
+    """Issue 16 item 2: a row's action is declared, as declared effects; a reason goes with an
+    effect that takes it, both ways."""
+    text, message = ACTION_CASES[case]
+    with pytest.raises(SpecError) as info:
+        load_text(text, source=SOURCE)
+    assert str(info.value) == message
+
+
+def test_the_toy_with_actions_is_valid() -> None:
+    table = load_text(TOY_ACTS, source=SOURCE)
+    assert table.actions == {"move": ("moved",), "finish": ("ended",)} and table.effects["ended"].takes_reason
+
+
 def test_the_toy_table_itself_is_valid() -> None:
     """The base of every broken case loads: each case breaks exactly one thing (§4.1)."""
     table = load_text(TOY, source=SOURCE)

@@ -1,0 +1,92 @@
+"""Actions are effects, run through one registry by the runtime and by the checker model (issue 16
+item 2; machine/actions.py): every action a table names is declared with its effects, every
+effect has exactly one implementation per executor, and firing a row runs what its action says,
+so an edited action changes what the runtime does (§4.3, §4.10)."""
+
+from __future__ import annotations
+
+import pytest
+from _spec_kit import probe, spec_copy
+
+from decodespec.machine import checker_model
+from decodespec.machine.actions import ActionError, Executor
+from decodespec.properties import check_trace
+from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, generate, ledger, runner
+from decodespec.spec import MACHINES, load_spec, load_text
+from decodespec.spec.loader import SPEC_DIR
+
+EXECUTORS = {
+    "checker model": checker_model.EXECUTORS,
+    "runtime": {"lifecycle": runner.LIFECYCLE, "resources": ledger.RESOURCES},
+}
+
+
+@pytest.mark.parametrize("name", MACHINES)
+def test_every_action_a_table_names_is_declared_with_its_effects(name):
+    table = load_spec(name)
+    named = {d.action for d in table.decisions.values() if d.action}
+    assert named and named <= set(table.actions)
+    assert {e for fx in table.actions.values() for e in fx} == set(table.effects)
+
+
+@pytest.mark.parametrize("who, name", [(w, n) for w, xs in EXECUTORS.items() for n in xs])
+def test_each_executor_implements_exactly_the_effects_of_its_table(who, name):
+    executor = EXECUTORS[who][name]
+    table = load_spec(name)
+    assert set(executor.impl) == set(table.effects)
+    plans = executor.plans(table)
+    assert set(plans) == {k for k, d in table.decisions.items() if d.allowed}
+    for (state, event), plan in plans.items():
+        assert plan.action == table.decision(state, event).action
+        assert plan.effects == table.actions.get(plan.action, ())
+
+
+def test_the_model_says_why_it_abstracts_an_effect():
+    """An effect the model does not represent is registered with its reason, never silently."""
+    for executor in checker_model.EXECUTORS.values():
+        for name, fn in executor.impl.items():
+            assert fn is not None or len(executor.why[name]) > 20, (executor.table, name)
+
+
+def test_an_executor_missing_an_effect_or_implementing_an_extra_one_is_refused():
+    table = load_spec("resources")
+    bare = Executor("resources", "a test executor")
+    with pytest.raises(ActionError) as info:
+        bare.plans(table)
+    assert str(info.value) == "a test executor: no implementation of effect(s) ['free'] of spec/resources.toml"
+    extra = Executor("resources", "a test executor")
+    extra.effect("free")(lambda *a: None)
+    extra.effect("shred")(lambda *a: None)
+    with pytest.raises(ActionError) as info:
+        extra.verify(table)
+    assert str(info.value) == "a test executor: implements ['shred'], which spec/resources.toml does not declare"
+    with pytest.raises(ActionError, match="implemented twice"):
+        extra.effect("free")(lambda *a: None)
+
+
+def test_a_table_without_actions_is_refused_by_name():
+    raw = (SPEC_DIR / "resources.toml").read_text(encoding="utf-8")
+    bare = load_text(raw[: raw.index("# --- What each action does")], "bare.toml")
+    executor = Executor("resources", "the runtime")
+    executor.effect("free")(lambda *a: None)
+    with pytest.raises(ActionError) as info:
+        executor.plans(bare)
+    assert str(info.value) == "bare.toml: declares no [actions]; the runtime runs a row's effects"
+
+
+def test_a_changed_action_changes_what_the_runtime_does(tmp_path):
+    """§4.3: with the drain's `complete` row given the action `admit` (no effects) in a copy of
+    spec/, the runtime enters FINISHED without releasing or emitting anything, and the monitors
+    say so; with the shipped table the same run is clean."""
+    old = 'event = "complete"\ntarget = "FINISHED"\naction = "release_and_emit_terminal"'
+    copy = spec_copy(tmp_path, {"lifecycle.toml": lambda t: t.replace(old, old.replace("release_and_emit_terminal", "admit"))})
+    assert probe(copy, """
+        from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, generate
+        from decodespec.properties import check_trace
+        tok = ByteTableTokenizer({1: b"x", 2: b"A", 5: b""}, eos_id=5)
+        r = generate(Request([1], max_output_tokens=2), model=ScriptedModel([2, 5], vocab_size=6), tokenizer=tok)
+        print(r.state, " ".join(sorted({v.invariant for v in check_trace(r.trace, tokenizer=tok)})))
+    """)[0] == "FINISHED model_released_before_terminal no_leak single_terminal_event terminal_with_transition"
+    tok = ByteTableTokenizer({1: b"x", 2: b"A", 5: b""}, eos_id=5)
+    r = generate(Request([1], max_output_tokens=2), model=ScriptedModel([2, 5], vocab_size=6), tokenizer=tok)
+    assert (r.state, check_trace(r.trace, tokenizer=tok)) == ("FINISHED", [])
