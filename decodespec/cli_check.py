@@ -13,25 +13,27 @@ from __future__ import annotations
 import json
 import sys
 
+import attrs
 import click
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table as RichTable
 
-from .machine.checker import CheckReport, Counterexample
+from .machine.checker import MAX_REQUESTS, CheckReport, Counterexample, default_config
 from .machine.checker import check as model_check
-from .machine.checker_model import ModelConfig
 from .spec import SpecError, load_file, load_spec
 
 
 @click.command("check")
-@click.option("--requests", type=click.IntRange(1, 2), default=1, show_default=True,
-              help="1: one request; 2: two requests sharing one batch slot (symmetry reduced).")
+@click.option("--requests", type=click.IntRange(1, MAX_REQUESTS), default=1, show_default=True,
+              help="1: one request; 2 or 3: requests sharing the batch's places (symmetry reduced).")
+@click.option("--slots", type=click.IntRange(1, 4), default=1, show_default=True,
+              help="Places in the batch (spec/sequence.toml: admission and resume take one).")
 @click.option("--max-depth", type=click.IntRange(min=0), default=None, help="Stop the search at this depth.")
 @click.option("--max-tokens", type=click.IntRange(1, 8), default=None,
-              help="max_output_tokens of the model (default 2 for one request, 1 for two).")
+              help="max_output_tokens of the model (default 2 for one request, 1 for several).")
 @click.option("--policy", "policies", multiple=True, type=click.Choice(["pause", "buffer", "fail"]),
-              help="Backpressure policies explored (repeatable; default pause+buffer, pause for two).")
+              help="Backpressure policies explored (repeatable; default pause+buffer, pause for several).")
 @click.option("--table", "table_files", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="A modified table file that replaces the shipped one of the same name (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
@@ -39,7 +41,7 @@ from .spec import SpecError, load_file, load_spec
               help="Render the first counterexample (or --witness) on the state diagrams into this folder.")
 @click.option("--witness", "witness", default=None, metavar="NAME",
               help="With --draw: draw this sometimes-property's witness instead of a counterexample.")
-def check(requests, max_depth, max_tokens, policies, table_files, as_json, draw_dir, witness) -> None:
+def check(requests, slots, max_depth, max_tokens, policies, table_files, as_json, draw_dir, witness) -> None:
     """Exhaust the model of the §4.3 loop over the tables and report invariants, liveness, witnesses."""
     tables = {}
     for path in table_files:
@@ -50,9 +52,8 @@ def check(requests, max_depth, max_tokens, policies, table_files, as_json, draw_
         tables[t.name] = t
     config = None
     if max_tokens is not None or policies:
-        default = ModelConfig() if requests == 1 else ModelConfig(max_output_tokens=1, policies=("pause",))
-        config = ModelConfig(max_output_tokens=max_tokens or default.max_output_tokens,
-                             policies=tuple(policies) or default.policies)
+        config = attrs.evolve(default_config(requests), **({"max_output_tokens": max_tokens} if max_tokens else {}),
+                              **({"policies": tuple(policies)} if policies else {}))
     if witness is not None and draw_dir is None:
         raise click.BadParameter("needs --draw DIR to draw into", param_hint="--witness")
     err = Console(stderr=True)
@@ -67,7 +68,7 @@ def check(requests, max_depth, max_tokens, policies, table_files, as_json, draw_
                       console=err, transient=True, disable=as_json) as bar:
             task = bar.add_task("exploring", total=None)
             report = model_check(requests=requests, max_depth=max_depth, tables=tables or None, config=config,
-                                 progress=progress)
+                                 slots=slots, progress=progress)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     except KeyboardInterrupt:
@@ -103,7 +104,7 @@ def draw(cx: Counterexample, tables: dict, out_dir: str, *, mark_end: bool = Tru
     from .spec import DecisionKind
 
     written = []
-    for name in ("lifecycle", "stream", "stop_matcher", "detokenizer"):
+    for name in ("lifecycle", "stream", "stop_matcher", "detokenizer", "sequence"):
         path = cx.path(name)
         if path:
             table = tables.get(name) or load_spec(name)
@@ -119,7 +120,9 @@ def _summary(report: CheckReport, out: Console) -> None:
     t.add_column(style="bold")
     t.add_column()
     cfg = report.config
-    t.add_row("model", f"max_output_tokens {cfg.max_output_tokens}, policies {', '.join(cfg.policies)}")
+    t.add_row("model", f"max_output_tokens {cfg.max_output_tokens}, policies {', '.join(cfg.policies)}, "
+              f"{report.slots} place(s), preemptions {cfg.preemptions}, faults {', '.join(cfg.faults)}"
+              + ("" if cfg.byte_choices else ", plain text"))
     t.add_row("states", f"{report.states:,}")
     t.add_row("transitions", f"{report.transitions:,}")
     t.add_row("depth", f"{report.max_depth}" + ("" if report.exhaustive else " (bounded: not exhaustive)"))

@@ -1,11 +1,13 @@
 """The explicit-state model checker (DESIGN, machine/ "check"; issue 5 item 2).
 
-Breadth-first search over the product of one or two requests of the §4.3 loop (machine/
-checker_model.py: lifecycle, stream, five resources, stop matcher and detokenizer, each stepped
-through its table) with an environment that injects cancel, deadline, model, decoding and
-transport errors, a slow reader and a client disconnect at every point. Two requests share a pool
-of batch slots (1 slot: the second waits in QUEUED until the first releases it); the two request
-components are kept in canonical (sorted) order, so symmetric states are stored once.
+Breadth-first search over the product of one to three requests of the §4.3 loop (machine/
+checker_model.py: lifecycle, stream, five resources, stop matcher, detokenizer and the Engine's
+sequence, each stepped through its table) with an environment that injects cancel, deadline,
+model, decoding and transport errors, a slow reader and a client disconnect at every point, and a
+scheduler that parks, preempts and resumes. The requests share the batch's places (spec/
+sequence.toml: admission and resume take one, preemption and the drop give it back; with 1 place
+the second request waits in QUEUED); the request components are kept in canonical (sorted)
+order, so symmetric states are stored once.
 
 Speed: a request is interned once as a small int; its successors, state checks, edge checks and
 witnesses are computed once per distinct request and reused in every product state holding it; a
@@ -18,6 +20,7 @@ as a replayable list of (request, machine, state, event) steps.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -27,7 +30,8 @@ import attrs
 from ..spec import DecisionKind, Table
 from ..spec.invariants import load_invariants
 from .checker_model import (
-    F_LC, F_PC, F_REASON, PC_NAMES, POOL_WITNESSES, REASONS, WITNESSES, Model, ModelConfig,
+    F_LC, F_PC, F_REASON, FAULTS, PC_NAMES, POOL_WITNESSES, REASONS, WITNESS_NEEDS, WITNESSES, Model, ModelConfig,
+    config_offers,
 )
 
 _MASK = (1 << 21) - 1
@@ -99,6 +103,7 @@ class CheckReport:
     missing_witnesses: tuple[str, ...]
     rows_never_fired: Mapping[str, tuple[tuple[str, str], ...]]
     reasons_never_reached: tuple[str, ...] = ()
+    slots: int = 1
 
     @property
     def states_per_s(self) -> float:
@@ -121,7 +126,7 @@ class CheckReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "requests": self.requests, "config": attrs.asdict(self.config), "states": self.states,
+            "requests": self.requests, "slots": self.slots, "config": attrs.asdict(self.config), "states": self.states,
             "transitions": self.transitions, "max_depth": self.max_depth, "seconds": round(self.seconds, 3),
             "states_per_s": round(self.states_per_s), "exhaustive": self.exhaustive,
             "violations": [v.to_json() for v in self.violations],
@@ -174,6 +179,21 @@ class _Local:
         return out
 
 
+MAX_REQUESTS = 3
+
+
+def default_config(requests: int) -> ModelConfig:
+    """The bounds `check` uses: for one request every local behaviour (2 tokens, both policies,
+    every byte outcome); for several, what they share (the batch's places under preemption,
+    cancel, deadline and errors) with 1 token, the pause policy and plain text (a request's byte
+    outcomes do not touch another's; the one-request run explores them); for three, also no
+    reader disconnects (the reader is each request's own)."""
+    if requests == 1:
+        return ModelConfig()
+    faults = tuple(f for f in FAULTS if requests < 3 or f != "disconnect")
+    return ModelConfig(max_output_tokens=1, policies=("pause",), byte_choices=False, faults=faults)
+
+
 def check(
     requests: int = 1,
     max_depth: int | None = None,
@@ -183,25 +203,25 @@ def check(
     slots: int = 1,
     progress: Callable[[int, int], None] | None = None,
 ) -> CheckReport:
-    """Exhaust the model of `requests` (1 or 2) requests sharing `slots` batch slots.
+    """Exhaust the model of `requests` (1 to 3) requests sharing `slots` batch places.
 
     `tables` replaces shipped tables by name (e.g. {"lifecycle": modified}); `config` bounds the
-    data (default: max_output_tokens 2, both pause and buffer policies for one request; 1 token and
-    pause only for two). `max_depth` stops the search there (then liveness is not judged).
+    data (default: `default_config(requests)`). `max_depth` stops the search there (then liveness
+    is not judged).
     """
-    if requests not in (1, 2):
-        raise ValueError(f"requests must be 1 or 2, got {requests!r}")
+    if requests not in range(1, MAX_REQUESTS + 1):
+        raise ValueError(f"requests must be 1 to {MAX_REQUESTS}, got {requests!r}")
     if slots < 1:
         raise ValueError(f"slots must be >= 1, got {slots}")
     if config is None:
-        config = ModelConfig() if requests == 1 else ModelConfig(max_output_tokens=1, policies=("pause",))
+        config = default_config(requests)
     model = Model(tables, config)
     return _Search(model, requests, slots, max_depth, progress).run()
 
 
 class _Search:
-    """One BFS. A product state is an int: pool << 42 | min(a, b) << 21 | max(a, b), where a and
-    b are request ids (for one request, b is a sentinel id that never moves)."""
+    """One BFS. A product state is an int: the free places, then the N request ids in ascending
+    order, 21 bits each (pool << 21N | id_0 << 21(N-1) | ... | id_N-1)."""
 
     def __init__(self, model: Model, requests: int, slots: int, max_depth: int | None, progress) -> None:
         self.model, self.requests, self.slots = model, requests, slots
@@ -211,43 +231,49 @@ class _Search:
         self.invariants = load_invariants()
         self.found: dict[str, tuple[int, int, str, tuple | None]] = {}  # name -> (state, label or -1, msg, guard)
         self.witness_at: dict[str, tuple[int, int]] = {}  # name -> (state, label or -1)
+        self._shift = 21 * requests
+
+    def _pack(self, pool: int, ids: list[int]) -> int:
+        out = pool
+        for c in sorted(ids):
+            out = (out << 21) | c
+        return out
 
     def run(self) -> CheckReport:
         t0 = time.perf_counter()
-        loc, model = self.local, self.model
+        loc, model, n_req, shift = self.local, self.model, self.requests, self._shift
         inits = [loc.intern(c) for c in model.initial()]
         acyclic = self._prepass(inits)
         n = len(loc.comps)
-        self.none = none = n  # the sentinel: an absent second request
         comps = loc.comps
-        hold = self._hold = [int(model.holds_slot(c)) for c in comps] + [0]
-        done = [model.done(c) for c in comps] + [True]
-        self._waits = [model.waits_for_slot(c) for c in comps] + [False]
-        self._used = [model.used_slot(c) for c in comps] + [True]
-        flagged = [bool(b) for b in loc.bad] + [False]
-        free: list[list[tuple[int, int]]] = [[] for _ in range(n + 1)]  # (next id, pool delta)
-        slot: list[list[tuple[int, int]]] = [[] for _ in range(n + 1)]  # steps that take a slot
-        witness_edges: list[list] = [[] for _ in range(n + 1)]
+        hold = self._hold = [int(model.holds_slot(c)) for c in comps]
+        done = [model.done(c) for c in comps]
+        self._waits = [model.waits_for_slot(c) for c in comps]
+        self._used = [model.used_slot(c) for c in comps]
+        flagged = [bool(b) for b in loc.bad]
+        free: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]  # (next id, pool delta, holder delta)
+        slot: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]  # steps that take a place
+        witness_edges: list[list] = [[] for _ in range(n)]
         for c in range(n):
             for lab, nx, dp, need, wit in loc.succ[c]:
-                (slot if need else free)[c].append((nx, dp))
+                (slot if need else free)[c].append((nx, dp, hold[nx] - hold[c]))
                 if wit:
                     witness_edges[c].append((lab, need, wit))
-        ebad: list[list | None] = [None] * (n + 1)
+        ebad: list[list | None] = [None] * n
         for c, ks in loc.edge_bad_of.items():
             ebad[c] = [loc.edge_bad[k] for k in ks]
-        expanded = bytearray(n + 1)
+        expanded = bytearray(n)
 
-        two = self.requests == 2
-        combos = [(a, b) for a in inits for b in inits if a <= b] if two else [(a, none) for a in inits]
-        frontier = sorted({(self.slots << 42) | (a << 21) | b for a, b in combos})
+        combos = sorted({tuple(sorted(x)) for x in itertools.product(inits, repeat=n_req)})
+        frontier = sorted({self._pack(self.slots, list(x)) for x in combos})
         seen: dict[int, int] = dict.fromkeys(frontier, -1)
         for s in frontier:
             self._check_state(s)
         pred: dict[int, list[int]] | None = None if acyclic else {}
         slots, found, wit_found = self.slots, self.found, self.witness_at
         missing = set(self._expected_witnesses()) - set(POOL_WITNESSES)
-        pool_missing = two
+        pool_missing = [w for w in self._expected_witnesses() if w in POOL_WITNESSES]
+        shifts = [21 * (n_req - 1 - k) for k in range(n_req)]
         transitions = depth = 0
         truncated = False
         while frontier:
@@ -256,22 +282,36 @@ class _Search:
                 break
             nxt: list[int] = []
             for s in frontier:
-                pool = s >> 42
-                a, b = (s >> 21) & _MASK, s & _MASK
+                pool = s >> shift
+                ids = [(s >> sh) & _MASK for sh in shifts]
+                held = slots - pool - sum(hold[c] for c in ids)  # 0 unless places were lost or made
                 en = 0
-                for x, y in ((a, b), (b, a)) if a != b else ((a, b),):
+                prev = -1
+                for k, x in enumerate(ids):
+                    if x == prev:
+                        continue
+                    prev = x
+                    rest = ids[:k] + ids[k + 1:]
                     expanded[x] = 1
                     moves = free[x] + slot[x] if pool else free[x]
                     en += len(moves)
-                    for nx, dp in moves:
+                    for nx, dp, dh in moves:
                         np = pool + dp
-                        ns = (np << 42) | ((nx << 21) | y if nx <= y else (y << 21) | nx)
+                        ns = np
+                        placed = False
+                        for y in rest:
+                            if not placed and nx <= y:
+                                ns = (ns << 21) | nx
+                                placed = True
+                            ns = (ns << 21) | y
+                        if not placed:
+                            ns = (ns << 21) | nx
                         if ns not in seen:
                             seen[ns] = s
                             nxt.append(ns)
-                            if flagged[nx] or np + hold[nx] + hold[y] != slots or pool_missing:
+                            if flagged[nx] or held != dp + dh or pool_missing:
                                 self._check_state(ns)
-                                pool_missing = two and any(w not in wit_found for w in POOL_WITNESSES)
+                                pool_missing = [w for w in pool_missing if w not in wit_found]
                         if pred is not None:
                             pred.setdefault(ns, []).append(s)
                     if ebad[x]:
@@ -286,8 +326,8 @@ class _Search:
                                         wit_found[w] = (s, lab)
                                         missing.discard(w)
                 transitions += en
-                if not en and not (done[a] and done[b]) and _LIVENESS not in found:
-                    pcs = ", ".join(PC_NAMES[comps[c][F_PC]] for c in (a, b) if c != none)
+                if not en and not all(done[c] for c in ids) and _LIVENESS not in found:
+                    pcs = ", ".join(PC_NAMES[comps[c][F_PC]] for c in ids)
                     found[_LIVENESS] = (s, -1, f"deadlock: no successor (loop at {pcs})", None)
             frontier = nxt
             depth += 1
@@ -305,6 +345,7 @@ class _Search:
             missing_witnesses=tuple(sorted(set(self._expected_witnesses()) - set(wit_found))),
             rows_never_fired=self._rows_never_fired(expanded),
             reasons_never_reached=self._reasons_never_reached(expanded),
+            slots=self.slots,
         )
 
     def _prepass(self, inits: list[int]) -> bool:
@@ -338,11 +379,11 @@ class _Search:
         return ordered == len(loc.comps)
 
     def _comps(self, s: int) -> tuple[int, ...]:
-        return tuple(c for c in ((s >> 21) & _MASK, s & _MASK) if c != self.none)
+        return tuple((s >> (21 * (self.requests - 1 - k))) & _MASK for k in range(self.requests))
 
     def _check_state(self, s: int) -> None:
         loc = self.local
-        pool = s >> 42
+        pool = s >> self._shift
         comps = self._comps(s)
         for c in comps:
             for name, msg, extra in loc.bad[c]:
@@ -350,8 +391,8 @@ class _Search:
                     self.found[name] = (s, -1, msg, extra)
         holders = sum(self._hold[c] for c in comps)
         if pool + holders != self.slots and "release_exactly_once" not in self.found:
-            self.found["release_exactly_once"] = (s, -1, f"slot pool {pool} free + {holders} held != {self.slots}", None)
-        if self.requests == 2:
+            self.found["release_exactly_once"] = (s, -1, f"batch places: {pool} free + {holders} held != {self.slots}", None)
+        if self.requests > 1:
             if pool == 0 and any(self._waits[c] for c in comps):
                 self.witness_at.setdefault("request_waits_for_slot", (s, -1))
             if all(self._used[c] for c in comps):
@@ -384,18 +425,10 @@ class _Search:
 
     def _expected_witnesses(self) -> list[str]:
         names = list(WITNESSES)
-        if self.requests == 2:
-            names += list(POOL_WITNESSES)
-        policies = self.model.config.policies
-        skip = set()
-        if "pause" not in policies:
-            skip |= {"slow_reader_pauses_and_resumes", "replay_resumes_paused_producer"}
-        if not {"buffer", "fail"} & set(policies):
-            skip.add("buffer_overflow_fails")
-        if not self.model.config.finish_conditions:
-            skip.add("content_interrupt_on_last_allowed_token")
-        if self.model.config.max_output_tokens < 2:
-            skip |= {"cancel_during_decode_discarded", "stop_spans_two_tokens", "cancel_wins_over_completion"}
+        if self.requests > 1:
+            names += [w for w in POOL_WITNESSES if w != "request_waits_for_slot" or self.slots < self.requests]
+        offered = config_offers(self.model.config)
+        skip = {name for name, needs in WITNESS_NEEDS.items() if not set(needs) <= offered}
         return [n for n in names if n not in skip]
 
     def _counterexample(self, name: str, state: int, edge: int, msg: str, extra: tuple | None = None) -> Counterexample:
@@ -443,12 +476,12 @@ class _Search:
 
     def _edge(self, ids: list[int], prev: int, cur: int) -> tuple[int, int, int]:
         """Which request moved from `prev` to `cur`, by which local step, to which request id."""
-        pool = prev >> 42
+        pool = prev >> self._shift
         target = sorted(self._comps(cur))
         for who, x in enumerate(ids):
             rest = ids[:who] + ids[who + 1:]
             for lab, nx, dp, need, _ in self.local.succ[x]:
-                if (pool or not need) and pool + dp == cur >> 42 and sorted(rest + [nx]) == target:
+                if (pool or not need) and pool + dp == cur >> self._shift and sorted(rest + [nx]) == target:
                     return lab, who, nx
         raise AssertionError("no step links two states of a BFS chain")
 

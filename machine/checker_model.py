@@ -35,7 +35,7 @@ from ..spec import DecisionKind, FinishReason, Table, load_spec
 from ..spec.derived import final_reasons, model_resources, stream_end_of, terminal_stream_event
 from .actions import Executor
 
-MACHINES = ("lifecycle", "stream", "resources", "stop_matcher", "detokenizer")
+MACHINES = ("lifecycle", "stream", "resources", "stop_matcher", "detokenizer", "sequence")
 RESOURCE_KINDS = ("trace_handle", "stream_buffer", "kv_cache", "batch_slot", "rng_state")
 MODEL_KINDS = model_resources()
 REASONS = (None, *FinishReason)  # index 0: no reason fixed yet
@@ -54,18 +54,30 @@ PARKED_CANCEL = "loop: cancel observed at a check point while the producer is pa
 # Fields of a request tuple.
 (F_PC, F_LC, F_ST, F_TH, F_SB, F_KV, F_BS, F_RNG, F_SM, F_DT, F_SEL, F_DEC, F_SEQ, F_REASON,
  F_CANCEL, F_DEADLINE, F_KERNEL, F_POLICY, F_BUF, F_CONN, F_RET, F_EOS, F_TERMS, F_FREED,
- F_LOST) = range(25)
-N_FIELDS = 25
+ F_LOST, F_SQ, F_PRE) = range(27)
+N_FIELDS = 27
 RES_FIELD = dict(zip(RESOURCE_KINDS, (F_TH, F_SB, F_KV, F_BS, F_RNG)))
-FIELD_OF = {"lifecycle": F_LC, "stream": F_ST, "stop_matcher": F_SM, "detokenizer": F_DT}
+FIELD_OF = {"lifecycle": F_LC, "stream": F_ST, "stop_matcher": F_SM, "detokenizer": F_DT, "sequence": F_SQ}
 # F_CANCEL: 0 none, 1 requested, 2 observed, 3 repeated; F_DEADLINE: 0, 1 passed, 2 observed;
 # F_KERNEL: 0 none, 1 prefill, 2 decode; F_CONN: 0 connected, 1 disconnected, 2 reconnected;
 # F_FREED: one bit per resource kind whose free callback ran; F_LOST: 1 once output bytes that
-# were neither sent nor discarded by a row went nowhere (the tables lost them).
+# were neither sent nor discarded by a row went nowhere (the tables lost them); F_SQ: where the
+# Engine holds the sequence (spec/sequence.toml); F_PRE: how often the scheduler preempted it.
+
+# What the stop matcher makes of a push's bytes, and whether safe bytes remain (all of them, or
+# only plain text when ModelConfig.byte_choices is off).
+_STOP_OUTCOMES = {True: (("clear", True), ("hold", True), ("hold", False), ("hit", True), ("hit", False)),
+                  False: (("clear", True),)}
 
 # The loop's label of a finish check that wins at P_CHECKS (model_derived reads these labels).
 _CHECK_LABELS = {"stop_hit": "loop: stop hit: finish reason stop_sequence, tails discarded",
                  "length": "loop: max_output_tokens reached"}
+
+
+# What the environment may inject (ModelConfig.faults): a cancel (and its repetition), a deadline,
+# a model error in a kernel, a failed send, the reader's disconnect and reconnect. (The reader's
+# reads are not a fault: a paused producer needs them to go on.)
+FAULTS = ("cancel", "deadline", "model_error", "transport_error", "disconnect")
 
 
 @attrs.frozen
@@ -76,6 +88,9 @@ class ModelConfig:
     policies: tuple[str, ...] = ("pause", "buffer")
     buffer_cap: int = 1
     finish_conditions: bool = True  # context_full, grammar_done, content_interrupt as choices
+    preemptions: int = 1  # how often the scheduler may preempt one request (§4.8 swap/recompute)
+    byte_choices: bool = True  # every detokenizer/stop-matcher outcome of a token, else plain text
+    faults: tuple[str, ...] = FAULTS  # the environment's injections (see FAULTS)
 
     def __attrs_post_init__(self) -> None:
         if not 1 <= self.max_output_tokens <= 8:
@@ -85,6 +100,11 @@ class ModelConfig:
             raise ValueError(f"policies must be a non-empty subset of {sorted(known)}, got {self.policies}")
         if self.buffer_cap < 1:
             raise ValueError(f"buffer_cap must be >= 1, got {self.buffer_cap}")
+        if not 0 <= self.preemptions <= 3:
+            raise ValueError(f"preemptions must be 0..3, got {self.preemptions}")
+        unknown = sorted(set(self.faults) - set(FAULTS))
+        if unknown:
+            raise ValueError(f"unknown fault(s) {unknown}; known: {', '.join(FAULTS)}")
 
 
 class Machine:
@@ -182,9 +202,6 @@ class Step:
             self.fire("resources", "release", field)
 
     def acquire(self, kind: str) -> None:
-        if kind == "batch_slot":
-            self.pool -= 1
-            self.needs_slot = True
         self.fire("resources", "acquire", RES_FIELD[kind])
 
     def send(self, ret: int) -> None:
@@ -240,7 +257,8 @@ STREAM = Executor("stream", "the checker model")
 RESOURCES = Executor("resources", "the checker model")
 STOP = Executor("stop_matcher", "the checker model")
 DETOK = Executor("detokenizer", "the checker model")
-EXECUTORS = {x.table: x for x in (LIFECYCLE, STREAM, RESOURCES, STOP, DETOK)}
+SEQUENCE = Executor("sequence", "the checker model")
+EXECUTORS = {x.table: x for x in (LIFECYCLE, STREAM, RESOURCES, STOP, DETOK, SEQUENCE)}
 
 
 @LIFECYCLE.effect("release_model")
@@ -311,8 +329,6 @@ def _free(s: Step, field: int, target: int, reason: int) -> None:
     if s.f[F_FREED] & bit:
         s.bad.append(("release_exactly_once", f"{RESOURCE_KINDS[field - F_TH]} freed twice", None))
     s.f[F_FREED] |= bit
-    if field == F_BS:
-        s.pool += 1
 
 
 @STOP.effect("release_safe")
@@ -345,6 +361,25 @@ def _raise_error(s: Step, field: int, target: int, reason: int) -> None:
     s.raised = True
 
 
+@SEQUENCE.effect("take_place")
+def _take_place(s: Step, field: int, target: int, reason: int) -> None:
+    s.pool -= 1  # the product search lets this step run only while a place is free
+    s.needs_slot = True
+
+
+@SEQUENCE.effect("give_place")
+def _give_place(s: Step, field: int, target: int, reason: int) -> None:
+    s.pool += 1
+
+
+SEQUENCE.abstracts("snapshot_cache", "the model keeps no cache contents: that a resumed sequence decodes "
+                   "the same tokens is an Engine test (tests/test_engine.py, swap and recompute)")
+SEQUENCE.abstracts("restore_cache", "the model keeps no cache contents (see snapshot_cache)")
+SEQUENCE.abstracts("hold_reader", "PARKED is the fact: the loop selects nothing from it")
+SEQUENCE.abstracts("release_reader", "RESIDENT is the fact: the loop selects again")
+SEQUENCE.abstracts("forget", "DONE is the fact: the request has nothing left to run")
+
+
 DETOK.abstracts("hold_partial", "the model keeps no bytes: PENDING says a partial character is held")
 DETOK.abstracts("drop_pending", "dropping is passing nothing on")
 
@@ -364,7 +399,16 @@ class Model:
         self.res = self.machines["resources"]
         self.stop = self.machines["stop_matcher"]
         self.detok = self.machines["detokenizer"]
+        self.seq = self.machines["sequence"]
         self.config = config or ModelConfig()
+        self._places = _places(self.seq)  # per sequence state: does it hold a batch place?
+        # guards: per sequence state, the allowed events that would take a second place or give
+        # back one it does not hold (what the Engine must be refused, as a second acquire is)
+        self._place_guards = tuple(
+            tuple((e, "takes a second place" if self._places[i] else "gives back a place it does not hold")
+                  for e, (_, _, _, plan) in self.seq.step[i].items()
+                  if (plan.has("take_place") and self._places[i]) or (plan.has("give_place") and not self._places[i]))
+            for i in range(len(self.seq.states)))
         self._policy_names = self.config.policies
         # Derived from these tables (spec/derived.py), not the shipped ones: a changed table is
         # checked against its own terminal events and final reasons.
@@ -385,6 +429,7 @@ class Model:
             base[f] = self.res.i(self.res.table.initial)
         base[F_SM] = self.stop.i(self.stop.table.initial)
         base[F_DT] = self.detok.i(self.detok.table.initial)
+        base[F_SQ] = self.seq.i(self.seq.table.initial)
         out = []
         for p in range(len(self._policy_names)):
             base[F_POLICY] = p
@@ -395,14 +440,15 @@ class Model:
         return comp[F_PC] == P_DONE
 
     def holds_slot(self, comp: tuple[int, ...]) -> bool:
-        return self.res.states[comp[F_BS]] == "HELD"
+        """Its sequence holds one of the batch's places (derived from the sequence table)."""
+        return self._places[comp[F_SQ]]
 
     def waits_for_slot(self, comp: tuple[int, ...]) -> bool:
         """At the queue, nothing pending to observe: only a free slot lets it go on (§4.1 QUEUED)."""
         return comp[F_PC] == P_QUEUED and comp[F_CANCEL] != 1 and comp[F_DEADLINE] != 1
 
     def used_slot(self, comp: tuple[int, ...]) -> bool:
-        return self.res.states[comp[F_BS]] == "RELEASED"
+        return self.res.states[comp[F_BS]] == "RELEASED" and not self._places[comp[F_SQ]]
 
     # ---- the transition relation -----------------------------------------------------------
 
@@ -466,15 +512,16 @@ class Model:
             s = self._new(c, out, "loop: model resources released, FINISHED with the terminal event")
             s.lc("complete")
         elif pc == P_CLOSE:
-            s = self._new(c, out, "loop: stream resources released after the terminal event")
+            s = self._new(c, out, "loop: stream resources released after the terminal event, the Engine drops it")
             s.release("stream_buffer")
             s.release("trace_handle")
+            s.fire("sequence", "drop")
             s.f[F_PC] = P_DONE
 
     def _check_point(self, c, out, pc) -> None:
         """check_cancel_or_deadline (QUEUED) and the top of a decode step (§4.3, §4.9)."""
         if c[F_CANCEL] == 1:
-            parked = pc == P_TOP and self.stream.states[c[F_ST]] == "PAUSED"
+            parked = pc == P_TOP and self.seq.states[c[F_SQ]] == "PARKED"
             s = self._new(c, out, PARKED_CANCEL if parked else "loop: cancel observed at a check point")
             s.f[F_CANCEL] = 2
             s.after_lifecycle(s.lc("cancel"), default=P_SAFE)
@@ -484,8 +531,32 @@ class Model:
             s.after_lifecycle(s.lc("deadline"), default=P_DRAIN)
         elif pc == P_QUEUED:
             s = self._new(c, out, "loop: scheduled: prefill starts (slot, cache, RNG acquired)")
+            s.fire("sequence", "admit")
             s.after_lifecycle(s.lc("schedule"), default=P_PREFILL)
         else:
+            self._schedule(c, out)
+
+    def _schedule(self, c, out) -> None:
+        """Between two steps the Engine decides where the sequence is (§4.4, §4.8): a resident one
+        selects (or, behind its reader, is parked), a parked one waits for its reader, a swapped
+        one is resumed when a place is free; any resident or parked one may be preempted."""
+        where = self.seq.states[c[F_SQ]]
+        if where in ("RESIDENT", "PARKED") and c[F_PRE] < self.config.preemptions:
+            s = self._new(c, out, "scheduler: preempted (cache swapped out, place given back)")
+            s.fire("sequence", "preempt")
+            s.f[F_PRE] += 1
+        paused = self.stream.states[c[F_ST]] == "PAUSED"
+        if where == "SWAPPED":
+            s = self._new(c, out, "scheduler: resumed (cache restored, a place taken)")
+            s.fire("sequence", "resume")
+        elif where == "PARKED":
+            if not paused:
+                s = self._new(c, out, "scheduler: unparked (its reader caught up)")
+                s.fire("sequence", "unpark")
+        else:
+            if paused:
+                s = self._new(c, out, "scheduler: parked (its reader is behind)")
+                s.fire("sequence", "park")
             self._select(c, out)
 
     def _winners(self, forced: Mapping[str, bool], free: frozenset[str], skip: frozenset[str] = frozenset()) -> list:
@@ -521,13 +592,14 @@ class Model:
             s.after_lifecycle(s.lc("select"), default=P_TOP)
             s.f[F_EOS] = 1
             s.after_lifecycle(s.lc(event), default=P_DRAIN)
-        s = self._push(c, out, "loop: select a token: detokenizer invalid", "invalid", None)
-        if s is not None:
-            self._invalid(s, P_CHECKS)
-        outcomes = [("loop: select a token: detokenizer hold", "hold", None, False)] + [
+        if self.config.byte_choices:
+            s = self._push(c, out, "loop: select a token: detokenizer invalid", "invalid", None)
+            if s is not None:
+                self._invalid(s, P_CHECKS)
+        outcomes = ([("loop: select a token: detokenizer hold", "hold", None, False)] if self.config.byte_choices else []) + [
             (f"loop: select a token: detokenizer emit, stop matcher {stop}, safe bytes "
              + ("non-empty" if nonempty else "empty"), "emit", stop, nonempty)
-            for stop, nonempty in (("clear", True), ("hold", True), ("hold", False), ("hit", True), ("hit", False))]
+            for stop, nonempty in _STOP_OUTCOMES[self.config.byte_choices]]
         for label, push, stop, nonempty in outcomes:
             winners = self._winners({"stop_hit": stop == "hit", "length": limit}, self._free(nonempty), frozenset({"eos"}))
             if any(w != "content_interrupt" for w in winners):  # the chunk is sent, P_CHECKS decides
@@ -589,6 +661,8 @@ class Model:
         if what == "decode":
             s.f[F_DEC] += 1
         s.after_lifecycle(s.lc(done_event), default=P_TOP)
+        if "model_error" not in self.config.faults:
+            return
         s = self._new(c, out, f"environment: model error in the {what} kernel")
         s.f[F_KERNEL] = 0
         s.after_lifecycle(s.lc("model_error"), default=P_TOP)
@@ -596,8 +670,9 @@ class Model:
     def _send(self, c, out) -> None:
         """A delta waits to be queued on the stream: transport failure, backpressure, or sent (§4.8)."""
         st = self.stream.states[c[F_ST]]
-        s = self._new(c, out, "environment: the send fails (transport error)")
-        s.lc("transport_error")
+        if "transport_error" in self.config.faults:
+            s = self._new(c, out, "environment: the send fails (transport error)")
+            s.lc("transport_error")
         if st == "PAUSED":
             return  # the producer waits for the reader (pause policy)
         if c[F_BUF] < self.config.buffer_cap or st != "OPEN":
@@ -626,7 +701,7 @@ class Model:
         s = self._new(c, out, "loop: finish(): the tail is not valid text (decoding error)")
         s.push("finish_invalid", None)
         self._invalid(s, P_FLUSH)
-        for stop, nonempty in (("clear", True), ("hold", True), ("hold", False), ("hit", True), ("hit", False)):
+        for stop, nonempty in _STOP_OUTCOMES[True]:
             s = self._new(c, out, f"loop: finish(): tail, stop matcher {stop}, safe bytes {'non-empty' if nonempty else 'empty'}")
             s.push("finish", stop)
             s.out(nonempty, P_DRAIN_HIT if stop == "hit" else P_FLUSH)
@@ -644,7 +719,8 @@ class Model:
         """Injections possible at any point: cancel, deadline, reader progress, disconnect (§4.7-§4.9)."""
         life = self.life.states[c[F_LC]]
         life_terminal = self.life.terminal[c[F_LC]]
-        if c[F_CANCEL] == 0:
+        faults = self.config.faults
+        if c[F_CANCEL] == 0 and "cancel" in faults:
             s = self._new(c, out, "environment: cancel requested")
             s.f[F_CANCEL] = 1
         elif c[F_CANCEL] == 1 and c[F_PC] not in (P_CREATED, P_QUEUED, P_TOP) and (
@@ -657,7 +733,7 @@ class Model:
             s = self._new(c, out, "environment: the cancel is repeated")
             s.f[F_CANCEL] = 3
             s.lc("cancel")
-        if c[F_DEADLINE] == 0 and not life_terminal:
+        if c[F_DEADLINE] == 0 and not life_terminal and "deadline" in faults:
             s = self._new(c, out, "environment: deadline passes")
             s.f[F_DEADLINE] = 1
         st = self.stream.states[c[F_ST]]
@@ -666,7 +742,7 @@ class Model:
             s.f[F_BUF] -= 1
             if st == "PAUSED":
                 s.fire("stream", "unblock")
-        if c[F_CONN] == 0 and st != "NEW":
+        if c[F_CONN] == 0 and st != "NEW" and "disconnect" in faults:
             s = self._new(c, out, "transport: the client disconnects")
             s.fire("stream", "disconnect")  # its row's effect: the reader is gone (F_CONN)
         elif c[F_CONN] == 1:
@@ -695,6 +771,7 @@ class Model:
             "kernel": ("none", "prefill", "decode")[c[F_KERNEL]],
             "policy": self._policy_names[c[F_POLICY]],
             "reader": ("connected", "disconnected", "reconnected")[c[F_CONN]],
+            "sequence": self.seq.states[c[F_SQ]], "preempted": c[F_PRE],
             "freed": [kind for kind, field in RES_FIELD.items() if c[F_FREED] >> (field - F_TH) & 1],
             "lost_bytes": bool(c[F_LOST]),
         }
@@ -757,6 +834,10 @@ class Model:
         if held and "acquire" in self.res.step[self.res.i("HELD")]:
             bad.append(("release_exactly_once", f"the resources table accepts a second 'acquire' of {held[0]} in HELD "
                         "(a second acquire would need a second release)", ("resources", "HELD", "acquire")))
+        for e, what in self._place_guards[c[F_SQ]]:
+            where = self.seq.states[c[F_SQ]]
+            bad.append(("release_exactly_once", f"the sequence table lets '{e}' in {where}: it {what}",
+                        ("sequence", where, e)))
         if life == "CANCEL_REQUESTED" and "select" in self.life.step[c[F_LC]]:
             bad.append(("no_select_after_cancel_observed", "the lifecycle table accepts 'select' in CANCEL_REQUESTED",
                         ("lifecycle", life, "select")))
@@ -770,6 +851,23 @@ class Model:
             name for name, (_, trigger, pred) in WITNESSES.items()
             if (trigger in fs if trigger else moved) and pred(self, pre, post)
         ]
+
+
+def _places(seq: Machine) -> tuple[bool, ...]:
+    """Per state of the sequence table: does a sequence there hold a batch place? The places its
+    rows' effects take and give back, counted along the table from the initial state (first
+    count found; a table whose counts disagree is caught by the product's slot accounting)."""
+    take = {(d.state, d.event): sum((x == "take_place") - (x == "give_place") for x in seq.table.actions.get(d.action, ()))
+            for d in seq.table.rows}
+    held = {seq.table.initial: 0}
+    todo = [seq.table.initial]
+    while todo:
+        st = todo.pop()
+        for d in seq.table.rows:
+            if d.state == st and d.target not in held:
+                held[d.target] = held[st] + take[(d.state, d.event)]
+                todo.append(d.target)
+    return tuple(held.get(st, 0) > 0 for st in seq.states)
 
 
 def _ends(m: Model, post, state: str, *reasons: FinishReason) -> bool:
@@ -810,7 +908,45 @@ WITNESSES = {
         lambda m, a, b: b[F_SEL] == m.config.max_output_tokens and b[F_SEQ] == a[F_SEQ]),
     "replay_resumes_paused_producer": (
         "§4.7", ("stream", "PAUSED", "replay"), lambda m, a, b: m.stream.states[b[F_ST]] == "OPEN"),
+    # §4.8: the scheduler's moves (spec/sequence.toml)
+    "preempted_then_resumed": ("§4.8", ("sequence", "SWAPPED", "resume"), _always),
+    "parked_then_preempted": ("§4.8", ("sequence", "PARKED", "preempt"), _always),
+    "cancelled_while_swapped": ("§4.9", ("sequence", "SWAPPED", "drop"), lambda m, a, b: _ends(m, b, "CANCELLED")),
 }
+
+# What a witness needs from ModelConfig: a fault of FAULTS, "bytes" (byte_choices), a policy,
+# "finish_conditions", "two_tokens" (max_output_tokens >= 2) or "preemption" (preemptions >= 1).
+WITNESS_NEEDS: dict[str, tuple[str, ...]] = {
+    "cancel_wins_over_completion": ("cancel", "two_tokens"),
+    "late_cancel_ignored_in_draining": ("cancel",),
+    "completion_wins_over_late_cancel": ("cancel",),
+    "stop_at_last_allowed_token": ("bytes",),
+    "deadline_ends_deadline_exceeded": ("deadline",),
+    "deadline_while_queued": ("deadline",),
+    "stop_spans_two_tokens": ("bytes", "two_tokens"),
+    "stop_in_drained_tail": ("bytes",),
+    "decoding_error_at_finish_fails": ("bytes",),
+    "transport_error_fails": ("transport_error",),
+    "model_error_fails": ("model_error",),
+    "slow_reader_pauses_and_resumes": ("pause",),
+    "buffer_overflow_fails": ("buffer",),
+    "reconnect_then_finish": ("disconnect",),
+    "cancel_during_prefill_discarded": ("cancel",),
+    "cancel_during_decode_discarded": ("cancel", "two_tokens"),
+    "content_interrupt_on_last_allowed_token": ("finish_conditions",),
+    "replay_resumes_paused_producer": ("pause", "disconnect"),
+    "preempted_then_resumed": ("preemption",),
+    "parked_then_preempted": ("preemption", "pause", "two_tokens"),
+    "cancelled_while_swapped": ("preemption", "cancel"),
+}
+
+
+def config_offers(config: ModelConfig) -> frozenset[str]:
+    """The WITNESS_NEEDS conditions `config` meets."""
+    return frozenset({*config.faults, *config.policies} | {
+        name for name, on in (("bytes", config.byte_choices), ("finish_conditions", config.finish_conditions),
+                              ("two_tokens", config.max_output_tokens >= 2), ("preemption", config.preemptions >= 1))
+        if on})
 # Witnesses of the two-request configuration, over product states (§4.4 shared batch slots).
 POOL_WITNESSES = {
     "request_waits_for_slot": "§4.1",

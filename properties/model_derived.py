@@ -118,6 +118,12 @@ UNREALIZABLE = {
         "a kernel is in flight (§4.9 safe points); once the reason is fixed (DRAINING) or the request "
         "ended, nothing looks at the flag. The ignore rows (D2) are for engines that still do",
     ),
+    "scheduler_preempts": (
+        lambda comp, step: step.label.startswith(("scheduler: preempted", "scheduler: resumed")),
+        "generate() never preempts, and the Engine preempts when its own schedule needs the place "
+        "(§4.8), not at a point a derived run could name; tests/test_engine.py drives swap and "
+        "recompute, and the multi-request checker explores every preemption the sequence table allows",
+    ),
     "stop_in_drained_tail": (
         lambda comp, step: step.label.startswith("loop: finish(): tail, stop matcher hit"),
         "RequestRun's stop matcher sees every byte the moment it is detokenized (a partial stop-id "
@@ -143,6 +149,10 @@ MODEL_ONLY: dict[tuple[str, ...], str] = {
     ("ignore", "lifecycle", "FINISHED", "cancel"): "cancel_observed_without_kernel",
     ("ignore", "lifecycle", "FAILED", "cancel"): "cancel_observed_without_kernel",
     ("row", "lifecycle", "DRAINING", "stop_hit"): "stop_in_drained_tail",
+    **{("row", "sequence", state, event): "scheduler_preempts"
+       for state, event in (("RESIDENT", "preempt"), ("PARKED", "preempt"), ("SWAPPED", "resume"), ("SWAPPED", "drop"))},
+    **{("fault", label, "top_of_step"): "scheduler_preempts"
+       for label in ("scheduler: preempted (cache swapped out, place given back)", "scheduler: resumed (cache restored, a place taken)")},
     **{("fault", label, "draining_stop_hit"): "stop_in_drained_tail"
        for label in ("reader: reads one delta", "transport: the client disconnects",
                      "transport: the client reconnects and replays from its last seq")},

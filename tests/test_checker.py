@@ -16,7 +16,8 @@ from decodespec.machine import compile_table
 from decodespec.machine.checker import check
 from decodespec.machine.checker_model import POOL_WITNESSES, WITNESSES, ModelConfig
 from decodespec.properties.invariants import load_invariants
-from decodespec.spec import Decision, DecisionKind, load_spec
+from decodespec.spec import Decision, DecisionKind, load_spec, load_text
+from decodespec.spec.loader import SPEC_DIR
 
 MACHINE_DIR = Path(__file__).resolve().parent.parent / "machine"
 
@@ -67,6 +68,32 @@ def test_two_requests_share_one_slot():
     wait = report.witnesses["request_waits_for_slot"]
     assert any(label.startswith("r1: loop: scheduled") or label.startswith("r0: loop: scheduled") for label in wait.labels)
     assert report.states > 100_000
+
+
+def test_three_requests_share_two_places_through_preemption_cancel_and_errors():
+    """Issue 16 item 5 (§4.4, §4.8, §4.10): three requests, two batch places, the scheduler free to
+    preempt, park and resume each one, a cancel or a model error at any point: every place is
+    given back exactly once (the product's accounting, checked in every state) and every run ends;
+    a swapped sequence is resumed, another waits for a place, and a cancelled one ends while
+    swapped out."""
+    config = ModelConfig(max_output_tokens=1, policies=("pause",), byte_choices=False, faults=("cancel", "model_error"))
+    report = check(requests=3, slots=2, config=config)
+    assert report.violations == () and report.exhaustive and report.missing_witnesses == ()
+    assert {"preempted_then_resumed", "cancelled_while_swapped", "request_waits_for_slot"} <= set(report.witnesses)
+    assert report.states > 300_000
+    # the same search finds a sequence table whose resume takes no place (a place made from nothing)
+    text = (SPEC_DIR / "sequence.toml").read_text(encoding="utf-8")
+    bad = load_text(text.replace('restore_cache = ["take_place", "restore_cache"]', 'restore_cache = ["restore_cache"]'),
+                    "sequence.toml")
+    broken = check(requests=3, slots=2, config=config, tables={"sequence": bad})
+    assert [v.name for v in broken.violations][:1] == ["release_exactly_once"]
+
+
+def test_bad_fault_and_preemption_bounds_are_refused():
+    with pytest.raises(ValueError, match=r"unknown fault\(s\) \['oom'\]; known: cancel, deadline"):
+        ModelConfig(faults=("oom",))
+    with pytest.raises(ValueError, match="preemptions must be 0..3"):
+        ModelConfig(preemptions=4)
 
 
 SEEDED = {
@@ -146,7 +173,7 @@ def test_every_state_invariant_is_checked_by_the_model():
 @pytest.mark.parametrize(
     "kwargs, problem",
     [
-        (dict(requests=3), "requests must be 1 or 2"),
+        (dict(requests=4), "requests must be 1 to 3"),
         (dict(slots=0), "slots must be >= 1"),
         (dict(tables={"lifecyle": load_spec("lifecycle")}), "unknown machine"),
     ],

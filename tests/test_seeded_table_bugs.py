@@ -88,6 +88,19 @@ SEEDED = {
     "effects: fail keeps the model resources": (*_edit(
         "lifecycle", 'fail = ["release_model", "fix_reason", "emit_terminal"]', 'fail = ["fix_reason", "emit_terminal"]'),
         ("model_released_before_terminal", 6)),
+    "sequence action: a preemption keeps the place": (*_edit(
+        "sequence", 'state = "RESIDENT"\nevent = "preempt"\ntarget = "SWAPPED"\naction = "give_back_cache"',
+        'state = "RESIDENT"\nevent = "preempt"\ntarget = "SWAPPED"\naction = "hold_slot"'), ("release_exactly_once", 8)),
+    "sequence action: a finished resident sequence is forgotten with its place": (*_edit(
+        "sequence", 'state = "RESIDENT"\nevent = "drop"\ntarget = "DONE"\naction = "leave_batch"',
+        'state = "RESIDENT"\nevent = "drop"\ntarget = "DONE"\naction = "forget"'), ("release_exactly_once", 8)),
+    "sequence effects: a resume takes no place": (*_edit(
+        "sequence", 'restore_cache = ["take_place", "restore_cache"]', 'restore_cache = ["restore_cache"]'),
+        ("release_exactly_once", 8)),
+    "sequence reject -> row: a second admission of a resident sequence": (*_edit(
+        "sequence", '[[reject]]\nstate = "RESIDENT"\nevents = ["admit", "resume"]',
+        '[[row]]\nstate = "RESIDENT"\nevent = "admit"\ntarget = "RESIDENT"\naction = "prefill"\nanchor = "§4.4"\n\n'
+        '[[reject]]\nstate = "RESIDENT"\nevents = ["resume"]'), ("release_exactly_once", 6)),
     "new row: an event the model never offers": (*_new_row(), "unexplored"),
 }
 
