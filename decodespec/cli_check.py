@@ -133,6 +133,9 @@ def _summary(report: CheckReport, out: Console) -> None:
     never = {m: rows for m, rows in report.rows_never_fired.items() if rows}
     t.add_row("rows never fired", "none" if not never else "; ".join(
         f"{m}: " + ", ".join(f"({s}, {e})" for s, e in rows) for m, rows in never.items()))
+    never = {m: pairs for m, pairs in report.ignores_never_fired.items() if pairs}
+    t.add_row("ignores never fired", "none" if not never else "; ".join(
+        f"{m}: " + ", ".join(f"({s}, {e})" for s, e in pairs) for m, pairs in never.items()))
     t.add_row("reasons never reached", ", ".join(report.reasons_never_reached) or "none")
     out.print(t)
     for name in report.missing_witnesses:

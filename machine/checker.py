@@ -104,6 +104,7 @@ class CheckReport:
     rows_never_fired: Mapping[str, tuple[tuple[str, str], ...]]
     reasons_never_reached: tuple[str, ...] = ()
     slots: int = 1
+    ignores_never_fired: Mapping[str, tuple[tuple[str, str], ...]] = attrs.field(factory=dict)
 
     @property
     def states_per_s(self) -> float:
@@ -111,10 +112,11 @@ class CheckReport:
 
     @property
     def unexplored(self) -> bool:
-        """A row no step fired or a finish reason no run ended with: the model never tried part
-        of the tables, so passing says nothing about it (a new event, a row the loop never
-        offers)."""
-        return any(self.rows_never_fired.values()) or bool(self.reasons_never_reached)
+        """A row or an ignore no step fired, or a finish reason no run ended with: the model never
+        tried part of the tables, so passing says nothing about it (a new event, a row the loop
+        never offers, an ignore nobody sends)."""
+        return (any(self.rows_never_fired.values()) or any(self.ignores_never_fired.values())
+                or bool(self.reasons_never_reached))
 
     @property
     def ok(self) -> bool:
@@ -133,6 +135,7 @@ class CheckReport:
             "witnesses": {k: v.to_json() for k, v in self.witnesses.items()},
             "missing_witnesses": list(self.missing_witnesses),
             "rows_never_fired": {k: [list(p) for p in v] for k, v in self.rows_never_fired.items()},
+            "ignores_never_fired": {k: [list(p) for p in v] for k, v in self.ignores_never_fired.items()},
             "reasons_never_reached": list(self.reasons_never_reached),
         }
 
@@ -232,6 +235,7 @@ class _Search:
         self.found: dict[str, tuple[int, int, str, tuple | None]] = {}  # name -> (state, label or -1, msg, guard)
         self.witness_at: dict[str, tuple[int, int]] = {}  # name -> (state, label or -1)
         self._shift = 21 * requests
+        self._fired: set[tuple[str, str, str]] | None = None
 
     def _pack(self, pool: int, ids: list[int]) -> int:
         out = pool
@@ -256,7 +260,8 @@ class _Search:
         witness_edges: list[list] = [[] for _ in range(n)]
         for c in range(n):
             for lab, nx, dp, need, wit in loc.succ[c]:
-                (slot if need else free)[c].append((nx, dp, hold[nx] - hold[c]))
+                if nx != c or dp:  # a step that changes nothing is no edge (see _prepass)
+                    (slot if need else free)[c].append((nx, dp, hold[nx] - hold[c]))
                 if wit:
                     witness_edges[c].append((lab, need, wit))
         ebad: list[list | None] = [None] * n
@@ -343,8 +348,9 @@ class _Search:
             violations=tuple(self._counterexample(k, *v) for k, v in sorted(found.items(), key=lambda kv: self._depth(kv[1][0]))),
             witnesses={k: self._counterexample(k, s, lab, f"witness: {k}") for k, (s, lab) in sorted(wit_found.items())},
             missing_witnesses=tuple(sorted(set(self._expected_witnesses()) - set(wit_found))),
-            rows_never_fired=self._rows_never_fired(expanded),
+            rows_never_fired=self._never_fired(expanded, DecisionKind.ROW),
             reasons_never_reached=self._reasons_never_reached(expanded),
+            ignores_never_fired=self._never_fired(expanded, DecisionKind.IGNORE),
             slots=self.slots,
         )
 
@@ -354,7 +360,9 @@ class _Search:
         Without a cycle in the one-request graph the product has none either (every product step
         advances one request), so liveness reduces to: no reachable non-final state without a
         successor. With a cycle, the search keeps predecessor lists and checks that an end is
-        reachable from every state.
+        reachable from every state. A step that changes nothing (an ignore row offered where it
+        can occur, e.g. a release of a released resource) is no edge: it is checked and counted
+        as fired, and it neither moves the search nor keeps a state from being a deadlock.
         """
         loc = self.local
         todo, seen = list(inits), set(inits)
@@ -365,14 +373,17 @@ class _Search:
                     todo.append(nx)
         indeg = [0] * len(loc.comps)
         for c in range(len(loc.comps)):
-            for _, nx, _, _, _ in loc.succ[c]:
-                indeg[nx] += 1
+            for _, nx, dp, _, _ in loc.succ[c]:
+                if nx != c or dp:
+                    indeg[nx] += 1
         ready = [c for c in range(len(loc.comps)) if indeg[c] == 0]
         ordered = 0
         while ready:
             c = ready.pop()
             ordered += 1
-            for _, nx, _, _, _ in loc.succ[c]:
+            for _, nx, dp, _, _ in loc.succ[c]:
+                if nx == c and not dp:
+                    continue
                 indeg[nx] -= 1
                 if indeg[nx] == 0:
                     ready.append(nx)
@@ -498,15 +509,14 @@ class _Search:
                         reached.add(REASONS[c[F_REASON]].value)
         return tuple(sorted(declared - reached))
 
-    def _rows_never_fired(self, expanded: bytearray) -> dict[str, tuple[tuple[str, str], ...]]:
-        """Per machine, the rows no explored step fired (requests expanded in the product only)."""
-        fired: set[tuple[str, str, str]] = set()
-        for src, _, steps, _ in self.local.labels:
-            if expanded[src]:
-                for m, s, e in steps:
-                    fired.add((m.split("[")[0], s, e))
+    def _never_fired(self, expanded: bytearray, kind: DecisionKind) -> dict[str, tuple[tuple[str, str], ...]]:
+        """Per machine, the decisions of `kind` (rows, ignores) no explored step fired (requests
+        expanded in the product only)."""
+        if self._fired is None:
+            self._fired = {(m.split("[")[0], s, e) for src, _, steps, _ in self.local.labels if expanded[src]
+                           for m, s, e in steps}
         out = {}
         for name, table in self.model.tables.items():
-            rows = [(d.state, d.event) for d in table.decisions.values() if d.kind is DecisionKind.ROW]
-            out[name] = tuple(p for p in rows if (name, *p) not in fired)
+            pairs = [(d.state, d.event) for d in table.decisions.values() if d.kind is kind]
+            out[name] = tuple(p for p in pairs if (name, *p) not in self._fired)
         return out

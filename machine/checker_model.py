@@ -418,6 +418,7 @@ class Model:
         self.reasons_of_state = final_reasons(life)
         # The lifecycle table's finish checks, in its order (D4): the loop below runs this list.
         self.finish_order = tuple(c.event for c in self.life.table.finish_checks)
+        self.token_checks = tuple(c.event for c in self.life.table.finish_checks if c.tokens)
 
     def initial(self) -> list[tuple[int, ...]]:
         """One initial request per backpressure policy."""
@@ -592,6 +593,12 @@ class Model:
             s.after_lifecycle(s.lc("select"), default=P_TOP)
             s.f[F_EOS] = 1
             s.after_lifecycle(s.lc(event), default=P_DRAIN)
+        for check in self.token_checks:  # a token that fires a token check is not text either (D4)
+            for event in self._winners({check: True, "length": limit}, self._free(False), frozenset({"eos"})):
+                s = self._new(c, out, f"loop: select a {check} token" + ("" if event == check else f", {event} checked first"))
+                s.f[F_SEL] += 1
+                s.after_lifecycle(s.lc("select"), default=P_TOP)
+                s.after_lifecycle(s.lc(event), default=P_DRAIN)
         if self.config.byte_choices:
             s = self._push(c, out, "loop: select a token: detokenizer invalid", "invalid", None)
             if s is not None:
@@ -716,7 +723,11 @@ class Model:
             s.f[F_PC] = ret
 
     def _environment(self, c, out) -> None:
-        """Injections possible at any point: cancel, deadline, reader progress, disconnect (§4.7-§4.9)."""
+        """Injections possible at any point: cancel, deadline, reader progress, disconnect (§4.7-§4.9),
+        and the events the tables ignore, offered wherever they can arrive (a cancel after the end,
+        a failing connection while a cancel is pending, a racing release, a scheduler parking a
+        parked sequence or unparking a resident one): each is checked and counted as fired; one
+        that changes nothing is no edge of the search (machine/checker.py)."""
         life = self.life.states[c[F_LC]]
         life_terminal = self.life.terminal[c[F_LC]]
         faults = self.config.faults
@@ -729,10 +740,24 @@ class Model:
             s = self._new(c, out, "scheduler: cancel observed while the loop is busy")
             s.f[F_CANCEL] = 2
             s.after_lifecycle(s.lc("cancel"), default=c[F_PC])
-        elif c[F_CANCEL] == 2 and life == "CANCEL_REQUESTED":
+        elif c[F_CANCEL] == 2 and (life == "CANCEL_REQUESTED" or life_terminal):
             s = self._new(c, out, "environment: the cancel is repeated")
             s.f[F_CANCEL] = 3
             s.lc("cancel")
+        if life == "CANCEL_REQUESTED" and "transport_error" in faults:
+            s = self._new(c, out, "transport: the connection fails while the cancel is pending")
+            s.lc("transport_error")
+        if life_terminal and self.res.states[c[F_KV]] == "RELEASED":
+            s = self._new(c, out, "environment: a racing release of the KV cache")
+            s.fire("resources", "release", F_KV)
+        where = self.seq.states[c[F_SQ]]
+        if c[F_PC] == P_TOP and not life_terminal:
+            if where == "PARKED" and self.stream.states[c[F_ST]] == "PAUSED":
+                s = self._new(c, out, "scheduler: parks its parked sequence again")
+                s.fire("sequence", "park")
+            elif where == "RESIDENT" and self.stream.states[c[F_ST]] == "OPEN":
+                s = self._new(c, out, "scheduler: unparks a sequence that is not parked")
+                s.fire("sequence", "unpark")
         if c[F_DEADLINE] == 0 and not life_terminal and "deadline" in faults:
             s = self._new(c, out, "environment: deadline passes")
             s.f[F_DEADLINE] = 1

@@ -118,6 +118,18 @@ UNREALIZABLE = {
         "a kernel is in flight (§4.9 safe points); once the reason is fixed (DRAINING) or the request "
         "ended, nothing looks at the flag. The ignore rows (D2) are for engines that still do",
     ),
+    "racing_release": (
+        lambda comp, step: step.label.startswith("environment: a racing release"),
+        "RequestRun releases each kind once, under its lock, so neither driver releases a released "
+        "kind; the ignore row is how the ledger records a racing second release instead of freeing "
+        "twice (§4.12 row 4; tests/test_ledger.py and the double_release mutant)",
+    ),
+    "transport_while_cancel_pending": (
+        lambda comp, step: step.label.startswith("transport: the connection fails while the cancel is pending"),
+        "the reference fails a transport only inside a send or past a reader's timeout (DECODING, "
+        "DRAINING), never while a cancel waits for its safe point; the ignore row (D2) is for "
+        "engines whose connection can fail at any moment",
+    ),
     "scheduler_preempts": (
         lambda comp, step: step.label.startswith(("scheduler: preempted", "scheduler: resumed")),
         "generate() never preempts, and the Engine preempts when its own schedule needs the place "
@@ -140,8 +152,9 @@ _BUSY = "scheduler: cancel observed while the loop is busy"
 # tests/test_model_derived.py asserts that this is exactly what path search leaves unreached.
 MODEL_ONLY: dict[tuple[str, ...], str] = {
     **{("fault", "environment: the cancel is repeated", pt): "repeated_cancel"
-       for pt in ("prefill_in_flight", "decode_in_flight", "safe_point")},
+       for pt in ("prefill_in_flight", "decode_in_flight", "safe_point", "closing", "done")},
     ("ignore", "lifecycle", "CANCEL_REQUESTED", "cancel"): "repeated_cancel",
+    ("ignore", "lifecycle", "CANCELLED", "cancel"): "repeated_cancel",
     **{("fault", _BUSY, pt): "cancel_observed_without_kernel"
        for pt in ("sending", "draining_finish", "draining_stop_hit", "draining_flush", "draining_end",
                   "closing", "done")},
@@ -149,6 +162,11 @@ MODEL_ONLY: dict[tuple[str, ...], str] = {
     ("ignore", "lifecycle", "FINISHED", "cancel"): "cancel_observed_without_kernel",
     ("ignore", "lifecycle", "FAILED", "cancel"): "cancel_observed_without_kernel",
     ("row", "lifecycle", "DRAINING", "stop_hit"): "stop_in_drained_tail",
+    ("ignore", "resources", "RELEASED", "release"): "racing_release",
+    **{("fault", "environment: a racing release of the KV cache", pt): "racing_release" for pt in ("closing", "done")},
+    ("ignore", "lifecycle", "CANCEL_REQUESTED", "transport_error"): "transport_while_cancel_pending",
+    **{("fault", "transport: the connection fails while the cancel is pending", pt): "transport_while_cancel_pending"
+       for pt in ("prefill_in_flight", "decode_in_flight", "safe_point")},
     **{("row", "sequence", state, event): "scheduler_preempts"
        for state, event in (("RESIDENT", "preempt"), ("PARKED", "preempt"), ("SWAPPED", "resume"), ("SWAPPED", "drop"))},
     **{("fault", label, "top_of_step"): "scheduler_preempts"

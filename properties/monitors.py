@@ -633,10 +633,12 @@ def _usage_consistent(rt: RequestTrace):
 
 @monitor("detok_concat_equals_batch")
 def _detok_concat_equals_batch(rt: RequestTrace):
-    """Streamed bytes == batch decode of the non-EOS selected ids, cut at the stop (prefix if cut short)."""
+    """Streamed bytes == batch decode of the selected ids that are text (not EOS, not a token
+    check's), cut at the stop (prefix if cut short)."""
     if rt.terminal is None:
         return
-    ids = [e.data.get("token") for e in rt.selected if not e.data.get("eos")]
+    special = {i for ids in (rt.created.get("finish_tokens") or {}).values() for i in ids}  # not text (D4)
+    ids = [e.data.get("token") for e in rt.selected if not e.data.get("eos") and e.data.get("token") not in special]
     hit = next(rt.of(K.STOP_HIT), None)
     if hit is not None and hit.data.get("kind") == "token_ids":
         ids = ids[: len(ids) - len(hit.data.get("stop", ()))]

@@ -6,11 +6,12 @@ Malformed input never becomes a request: construction raises `RequestError` nami
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
+from ..spec import load_spec
 from .errors import RequestError
 from .grammar import Grammar, as_grammar
 
@@ -61,6 +62,30 @@ def _stop_ids(value: Any) -> tuple[tuple[int, ...], ...]:
             if isinstance(x, bool) or not isinstance(x, int) or x < 0:
                 raise RequestError("stop_token_ids", f"entry {i} holds {x!r}, not a non-negative int")
         out.append(tuple(seq))
+    return tuple(out)
+
+
+def token_checks() -> tuple[str, ...]:
+    """The lifecycle table's token finish checks (`tokens = true`): the events finish_tokens may name."""
+    return tuple(c.event for c in load_spec("lifecycle").finish_checks if c.tokens)
+
+
+def _finish_tokens(value: Any) -> tuple[tuple[str, frozenset[int]], ...]:
+    """{event: token ids}: selecting one of the ids fires the event (a token finish check, D4)."""
+    if not isinstance(value, Mapping):
+        raise RequestError("finish_tokens", f"must map a finish event to token ids, got {type(value).__name__}")
+    declared = token_checks()
+    out = []
+    for event, ids in sorted(value.items(), key=lambda kv: str(kv[0])):
+        if event not in declared:
+            raise RequestError("finish_tokens", f"{event!r} is not a token finish check of spec/lifecycle.toml "
+                               f"(declared: {', '.join(declared) or 'none'})")
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence) or not ids:
+            raise RequestError("finish_tokens", f"{event!r} must list token ids")
+        for x in ids:
+            if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+                raise RequestError("finish_tokens", f"{event!r} holds {x!r}, not a non-negative int")
+        out.append((event, frozenset(ids)))
     return tuple(out)
 
 
@@ -119,6 +144,9 @@ class Request:
     max_buffer_events: int = 256
     max_buffer_bytes: int = 1 << 20
     content_policy: Any = None  # callable(bytes_so_far, new_chunk) -> bool (True: interrupt), D11
+    # Token ids that fire a token finish check of the lifecycle table ({"tool_call": [id, ...]}):
+    # such a token is not text, like EOS (D4).
+    finish_tokens: tuple[tuple[str, frozenset[int]], ...] = attrs.field(factory=dict, converter=_finish_tokens)
 
     def __init__(self, prompt: str | Sequence[int], **kw: Any) -> None:  # positional prompt, rest keywords
         self.__attrs_init__(prompt=prompt, **kw)

@@ -37,10 +37,12 @@ from .tokenizers import TokenizerError
 from .utf8_guard import Utf8Guard, guard_for
 
 _LIFECYCLE = load_spec("lifecycle")
-# The one implementation of each finish check the lifecycle table lists ([[finish_check]], §4.3,
-# DECISIONS D4): a condition over `select`'s locals (run, eos, safe: the bytes this token would
-# send, hit: a stop hit, t: tokens selected), and the request feature without which it can never
-# hold (None: always checked). `finish_checker` runs them in the table's order.
+# The one implementation of each condition finish check the lifecycle table lists ([[finish_check]],
+# §4.3, DECISIONS D4): a condition over `select`'s locals (run, eos, safe: the bytes this token would
+# send, hit: a stop hit, t: tokens selected, token: y_t), and the request feature without which it
+# can never hold (None: always checked). A token check (`tokens = true`) needs no code: it holds when
+# y_t is one of the ids the request names for its event (`_token_check`). `finish_checker` runs
+# them all in the table's order.
 FINISH_CHECKS: dict[str, tuple[str, str | None]] = {
     "eos": ("eos", None),
     "content_interrupt": ("safe and run.request.content_policy(bytes(run.output), safe)", "policy"),
@@ -58,14 +60,15 @@ def finish_checker(checks: Sequence[Any], features: frozenset[str] = frozenset(F
     the request lacks left out (they cannot hold), so the per-token cost is one call with the
     remaining checks inline (issue 8); its source is its docstring."""
     order = [c.event for c in checks]
-    unknown = [e for e in order if e not in FINISH_CHECKS]
+    impl = {**FINISH_CHECKS, **{c.event: _token_check(c.event) for c in checks if c.tokens}}
+    unknown = [e for e in order if e not in impl]
     unused = [e for e in FINISH_CHECKS if e not in order]
     if unknown or unused:
         raise RuntimeError(f"lifecycle finish checks and runtime/runner.FINISH_CHECKS differ: listed without an "
                            f"implementation {unknown}, implemented but not listed {unused}")
-    body = "".join(f"    if {FINISH_CHECKS[e][0]}:\n        return {e!r}\n" for e in order
-                   if FINISH_CHECKS[e][1] is None or FINISH_CHECKS[e][1] in features)
-    source = f"def winner(run, eos, safe, hit, t):\n{body}    return None\n"
+    body = "".join(f"    if {impl[e][0]}:\n        return {e!r}\n" for e in order
+                   if impl[e][1] is None or impl[e][1] in features)
+    source = f"def winner(run, eos, safe, hit, t, token):\n{body}    return None\n"
     namespace: dict[str, Any] = {}
     exec(compile(source, f"<{_LIFECYCLE.source} finish_check>", "exec"), namespace)
     winner = namespace["winner"]
@@ -73,14 +76,19 @@ def finish_checker(checks: Sequence[Any], features: frozenset[str] = frozenset(F
     return winner
 
 
+def _token_check(event: str) -> tuple[str, str]:
+    """A token check's condition and feature: y_t is one of the request's ids for `event`."""
+    return f"token in run.finish_ids[{event!r}]", f"tokens:{event}"
+
+
 # One checker per set of request features, built from the table's list on first use.
 _WINNERS: dict[frozenset[str], Callable[..., str | None]] = {}
 
 
 def _winner_for(request: Request) -> Callable[..., str | None]:
-    features = frozenset(name for name, present in zip(FEATURES, (
+    features = frozenset([name for name, present in zip(FEATURES, (
         request.content_policy is not None, bool(request.stop or request.stop_token_ids), request.grammar is not None))
-        if present)
+        if present] + [f"tokens:{event}" for event, _ in request.finish_tokens])
     winner = _WINNERS.get(features)
     if winner is None:
         winner = _WINNERS[features] = finish_checker(_LIFECYCLE.finish_checks, features)
@@ -130,12 +138,13 @@ class RequestRun:
     # Slots: the per-token path reads a dozen of these per token, right after a model step has
     # pushed them out of the CPU caches; a slot is one fixed offset, a dict entry a probe (issue 8).
     __slots__ = (
-        "cache", "clock", "deadline_at", "decoded", "detok", "eos_id", "eos_ids", "error", "faults", "guard", "ledger",
+        "cache", "clock", "deadline_at", "decoded", "detok", "eos_id", "eos_ids", "error", "faults", "finish_ids",
+        "guard", "ledger",
         "life", "logits", "model", "output", "prompt_ids", "reason", "request", "sampler",
         "stop_hit", "stopper", "stream", "token_stopper", "tokenizer", "tokens", "trace",
         "_byte_marks", "_cancel_claimed", "_cancel_fired", "_cancel_lock", "_cancel_requested",
         "_created", "_deadline_forced", "_decode_s", "_deferred", "_detok_push", "_detok_total", "_faulty",
-        "_held_since", "_inline", "_kernel_fault", "_listeners", "_lock", "_may_overflow", "_overflow",
+        "_held_since", "_inline", "_kernel_fault", "_listeners", "_lock", "_may_overflow", "_not_text", "_overflow",
         "_plain_send", "_poisoned", "_put_delta", "_stop_push", "_t", "_t0", "_unsent", "_winner",
     )
 
@@ -234,6 +243,8 @@ class RequestRun:
         self._may_overflow = self.stream.policy is not _PAUSE  # pause waits instead (§4.8)
         self._plain_send = self._plain()
         self._winner = _winner_for(request)
+        self.finish_ids = dict(request.finish_tokens)  # event -> the ids of its token finish check
+        self._not_text = frozenset().union(*self.finish_ids.values())  # like EOS, never detokenized
         self.trace.emit(
             EventKind.REQUEST_CREATED,
             prompt_tokens=len(self.prompt_ids),
@@ -253,6 +264,7 @@ class RequestRun:
             utf8_guard=request.utf8_guard,
             max_events=request.max_buffer_events,
             max_bytes=request.max_buffer_bytes,
+            finish_tokens={event: sorted(ids) for event, ids in request.finish_tokens},
         )
         self.ledger.acquire("trace_handle")
         self.ledger.acquire("stream_buffer")
@@ -415,7 +427,7 @@ class RequestRun:
         trace.put((_TOKEN_SELECTED, trace.clock(), t, token, eos))
         safe, hit = b"", None
         marks = self._byte_marks  # output bytes up to each token's own, held ones included (D7)
-        if eos:  # EOS is not text: never detokenized, no bytes (the first finish check, D4)
+        if eos or token in self._not_text:  # EOS and a token check's ids are not text: no bytes (D4)
             marks.append(marks[-1] if marks else 0)
         else:
             try:
@@ -437,7 +449,7 @@ class RequestRun:
                     self._held_since = None
             if self.token_stopper is not None:
                 safe, hit = self._token_stop(token, safe, hit)
-        event = self._winner(self, eos, safe, hit, t)  # the table's finish checks, in its order (D4)
+        event = self._winner(self, eos, safe, hit, t, token)  # the table's finish checks, in its order (D4)
         if safe and event != _CONTENT_INTERRUPT:  # a refused chunk is never sent (D11)
             if self._plain_send:  # nothing to check: straight to the stream
                 try:

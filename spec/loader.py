@@ -171,7 +171,7 @@ def _finish_checks(entries: list, events: tuple, decisions: dict, source: str, p
     for i, entry in enumerate(entries, start=1):
         where = f"{_FINISH} {i}"
         event = entry.get("event")
-        extra = sorted(set(entry) - {"event", "anchor", "note"})
+        extra = sorted(set(entry) - {"event", "anchor", "note", "tokens"})
         if extra:
             problems.add(SpecError(source, where, f"unknown key '{extra[0]}'"))
         elif event not in events:
@@ -182,9 +182,11 @@ def _finish_checks(entries: list, events: tuple, decisions: dict, source: str, p
             problems.add(SpecError(source, where, f"no row fires '{event}' with a finish reason"))
         elif "anchor" not in entry:
             problems.add(SpecError(source, where, "missing 'anchor'"))
+        elif not isinstance(entry.get("tokens", False), bool):
+            problems.add(SpecError(source, where, f"'tokens' must be true or false, got {entry['tokens']!r}"))
         else:
             seen.add(event)
-            out.append(FinishCheck(event, entry["anchor"], entry.get("note", "")))
+            out.append(FinishCheck(event, entry["anchor"], entry.get("note", ""), entry.get("tokens", False)))
     return tuple(out)
 
 

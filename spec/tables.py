@@ -42,6 +42,10 @@ class FinishCheck:
     event: str
     anchor: str
     note: str = ""
+    # A token check: it holds when the selected token is one the request names for this event
+    # (Request.finish_tokens), a token that is not text (like EOS, never detokenized). Any other
+    # check is a condition implemented once in runtime/runner.FINISH_CHECKS.
+    tokens: bool = False
 
 
 @attrs.frozen

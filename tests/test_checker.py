@@ -58,6 +58,20 @@ def test_one_request_fires_every_row(one):
     assert {m: rows for m, rows in one.rows_never_fired.items() if rows} == {}
 
 
+def test_one_request_offers_every_ignored_event_where_it_can_arrive(one):
+    """Issue 16 item 4: every ignore row of every table is fired by some step (a cancel after the
+    end, a racing release, a connection failing while a cancel is pending, the scheduler's idle
+    park and unpark), so an ignore turned into a reject is a refinement violation, not unseen."""
+    assert {m: pairs for m, pairs in one.ignores_never_fired.items() if pairs} == {}
+
+
+def test_an_ignore_no_step_sends_leaves_the_check_unexplored():
+    """An ignore the model never offers (QUEUED safe_point) makes the one-request check not ok."""
+    report = check(requests=1, tables=seeded("lifecycle", "QUEUED", "safe_point", kind=DecisionKind.IGNORE, action=None))
+    assert report.violations == () and report.unexplored and not report.ok
+    assert report.ignores_never_fired["lifecycle"] == (("QUEUED", "safe_point"),)
+
+
 def test_two_requests_share_one_slot():
     """Two requests, one batch slot (§4.4, §4.10): no violation, the second waits in QUEUED and the
     slot is reused after its single release; symmetric states are stored once."""

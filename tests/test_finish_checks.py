@@ -187,3 +187,63 @@ def test_a_new_finish_reason_needs_spec_files_only(tmp_path):
         print(any("budget_exhausted" in open(p).read() for p in paths))
     """)
     assert lines[:3] == ["budget_exhausted length 0", "True () 0", "True"], lines
+
+
+def _with_tool_call(text: str) -> str:
+    """lifecycle.toml with a `tool_call` event: a token finish check right after EOS, its row in
+    DECODING fixing the new reason `tool_calls`, refused everywhere else."""
+    events = '"model_error", "decode_error", "transport_error"]\n\n#'
+    assert text.count(events) == 1
+    text = text.replace(events, events.replace('"transport_error"]', '"transport_error", "tool_call"]'))
+    eos = '[[finish_check]]\nevent = "content_interrupt"\n'
+    text = text.replace(eos, '[[finish_check]]\nevent = "tool_call"\ntokens = true\nanchor = "§4.3"\n\n' + eos, 1)
+    text += ('\n[[row]]\nstate = "DECODING"\nevent = "tool_call"\ntarget = "DRAINING"\naction = "fix_reason"\n'
+             'reason = "tool_calls"\nanchor = "§4.3"\n')
+    for state in ("CREATED", "QUEUED", "PREFILLING", "DRAINING", "CANCEL_REQUESTED", "FINISHED", "CANCELLED", "FAILED"):
+        text += f'\n[[reject]]\nstate = "{state}"\nevents = ["tool_call"]\n'
+    return text
+
+
+def test_a_new_event_and_reason_need_spec_files_only(tmp_path):
+    """Issue 16 item 4: a `tool_call` event (a token finish check) with the reason `tool_calls`
+    (OpenAI "tool_calls"), declared in a copy of spec/ only (lifecycle.toml and reasons.toml, no
+    code): the runtime ends on the request's tool-call token without sending it, the monitors accept
+    the trace, the server maps the reason, the checker explores the new row (check(1) ok), the
+    diagrams draw it, and the Engine ends the same way."""
+    copy = spec_copy(tmp_path, {
+        "reasons.toml": lambda t: t + '\n[[reason]]\nname = "tool_calls"\nanchor = "§4.3"\nopenai = "tool_calls"\n',
+        "lifecycle.toml": _with_tool_call,
+    })
+    lines = probe(copy, f"""
+        from decodespec.runtime import ByteTableTokenizer, Engine, Request, ScriptedModel, generate
+        from decodespec.runtime.openai_schema import finish_fields
+        from decodespec.properties import check_trace
+        from decodespec.machine.checker import check
+        from decodespec.machine.diagrams import render
+        from decodespec.spec import load_spec
+        tok = ByteTableTokenizer({{1: b"x", 2: b"A", 5: b"", 7: b"<call>"}}, eos_id=5)
+        req = Request([1], max_output_tokens=4, finish_tokens={{"tool_call": [7]}})
+        r = generate(req, model=ScriptedModel([2, 7, 2], vocab_size=8), tokenizer=tok)
+        print(r.finish_reason.value, r.output, finish_fields(r.finish_reason, None)[0], len(check_trace(r.trace, tokenizer=tok)))
+        engine = Engine(ScriptedModel([2, 7, 2], vocab_size=8), tok)
+        run = engine.submit(req)
+        engine.run_until_idle()
+        e = run.result()
+        print(e.finish_reason.value, e.output, len(check_trace(e.trace, tokenizer=tok)))
+        report = check(1)
+        print(report.ok, report.rows_never_fired["lifecycle"], report.reasons_never_reached, len(report.violations))
+        paths = render(load_spec("lifecycle"), {str(tmp_path)!r}, formats=("dot",))
+        print(any("tool_call" in open(p).read() for p in paths))
+    """)
+    assert lines[:4] == ["tool_calls b'A' tool_calls 0", "tool_calls b'A' 0", "True () () 0", "True"], lines
+
+
+def test_finish_tokens_must_name_a_token_check_of_the_table():
+    """The shipped tables declare no token check: a request naming one is refused, naming the field."""
+    from decodespec.runtime.errors import RequestError
+
+    with pytest.raises(RequestError, match=r"finish_tokens.*'tool_call' is not a token finish check of "
+                                           r"spec/lifecycle.toml \(declared: none\)"):
+        Request([1], finish_tokens={"tool_call": [7]})
+    with pytest.raises(RequestError, match="finish_tokens"):
+        Request([1], finish_tokens=[7])

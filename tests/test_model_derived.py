@@ -249,13 +249,15 @@ def test_replay_counts_as_read_and_resumes_a_paused_producer(pathset):
 def test_model_only_entries_are_the_cancels_no_driver_observes(pathset):
     """Issue 5 item 4: what stays model-only is a cancel observed a second time or after the reason
     is fixed (the ignore rows of D2, for other engines) and a stop completing in a drained tail
-    (issue 16: the reference's matcher sees every byte at once), and the scheduler's preemptions
-    (issue 16: the Engine preempts by its own schedule; the multi-request checker covers them);
+    (issue 16: the reference's matcher sees every byte at once), the scheduler's preemptions
+    (issue 16: the Engine preempts by its own schedule; the multi-request checker covers them), and
+    two ignores the model offers wherever they can arrive though the reference never sends them (a
+    racing second release, a connection failing while a cancel is pending);
     nothing about content policy, replay or a parked producer (both drivers realise those)."""
     assert set(md.UNREALIZABLE) == {"repeated_cancel", "cancel_observed_without_kernel", "stop_in_drained_tail",
-                                    "scheduler_preempts"}
-    assert {t[1] for t in md.MODEL_ONLY if t[0] == "ignore"} == {"lifecycle"}
-    assert all(t[3] == "cancel" for t in md.MODEL_ONLY if t[0] == "ignore")
+                                    "scheduler_preempts", "racing_release", "transport_while_cancel_pending"}
+    assert {t[1] for t in md.MODEL_ONLY if t[0] == "ignore"} == {"lifecycle", "resources"}
+    assert {t[3] for t in md.MODEL_ONLY if t[0] == "ignore"} == {"cancel", "transport_error", "release"}
     assert not any("replay" in str(t) or "content" in str(t) or "parked" in str(t) for t in pathset.unreached
                    if md.MODEL_ONLY.get(t) != "stop_in_drained_tail")  # there only as the point a replay lands
 

@@ -60,6 +60,12 @@ SEEDED = {
     "ignore -> reject: a late cancel while draining": (*_edit(
         "lifecycle", '[[ignore]]\nstate = "DRAINING"\nevents = ["cancel"]',
         '[[reject]]\nstate = "DRAINING"\nevents = ["cancel"]'), ("refinement", 8)),
+    "ignore -> reject: a cancel after CANCELLED": (*_edit(
+        "lifecycle", '[[ignore]]\nstate = "CANCELLED"\nevents = ["cancel"]',
+        '[[reject]]\nstate = "CANCELLED"\nevents = ["cancel"]'), ("refinement", 10)),
+    "ignore -> reject: a racing second release": (*_edit(
+        "resources", '[[ignore]]\nstate = "RELEASED"\nevents = ["release"]\naction = "record_double_release"',
+        '[[reject]]\nstate = "RELEASED"\nevents = ["release"]'), ("refinement", 12)),
     "reject -> ignore: a second acquire of a resource": (*_edit(
         "resources", '[[reject]]\nstate = "HELD"\nevents = ["acquire"]',
         '[[ignore]]\nstate = "HELD"\nevents = ["acquire"]'), ("release_exactly_once", 4)),
