@@ -69,7 +69,7 @@ FIELD_OF = {"lifecycle": F_LC, "stream": F_ST, "stop_matcher": F_SM, "detokenize
 _STOP_OUTCOMES = {True: (("clear", True), ("hold", True), ("hold", False), ("hit", True), ("hit", False)),
                   False: (("clear", True),)}
 
-# The loop's label of a finish check that wins at P_CHECKS (model_derived reads these labels).
+# The loop's label of a finish check that wins at P_CHECKS.
 _CHECK_LABELS = {"stop_hit": "loop: stop hit: finish reason stop_sequence, tails discarded",
                  "length": "loop: max_output_tokens reached"}
 
@@ -132,13 +132,41 @@ class Machine:
         return self.index[state]
 
 
+@attrs.frozen
+class Tag:
+    """What a model step is, as data (issue 16 item 6): machine/paths.py and properties/
+    model_derived.py read the tag; the label is for people.
+
+    `kind`: start, admit, refuse, schedule, kernel_done, model_error, select, check, decode,
+    delta, send_fails, overflow, safe_point, drain, drain_hit, flush, complete, close, observe (a
+    cancel or deadline seen at a check point or before admission), observe_busy, request (a cancel
+    or deadline asked for), repeat_cancel, transport_while_cancel, racing_release, read,
+    disconnect, reconnect, park, unpark, preempt, resume, park_again, unpark_idle.
+    `token` (select): eos, a token check's event, invalid, hold or push; `stop`: the stop matcher's
+    outcome; `safe`: safe bytes non-empty; `event`: the finish check that wins; `what`: the kernel
+    (prefill, decode), what is observed or requested (cancel, deadline), or what finish() finds
+    (nothing, invalid, tail); `interrupt`: the content policy refuses the chunk; `parked`: observed
+    while parked on the reader; `fault`: an environment fact, a fault point of paths.py.
+    """
+
+    kind: str
+    token: str | None = None
+    stop: str | None = None
+    safe: bool | None = None
+    event: str | None = None
+    what: str | None = None
+    interrupt: bool = False
+    parked: bool = False
+    fault: bool = False
+
+
 class Step:
     """One local transition under construction: the fields it changes and the events it fires."""
 
-    __slots__ = ("m", "f", "fired", "bad", "pool", "needs_slot", "label", "dead", "overflow",
+    __slots__ = ("m", "f", "fired", "bad", "pool", "needs_slot", "label", "tag", "dead", "overflow",
                  "passed", "released", "held_out", "raised")
 
-    def __init__(self, model: Model, comp: tuple[int, ...], label: str) -> None:
+    def __init__(self, model: Model, comp: tuple[int, ...], label: str, tag: Tag) -> None:
         self.m = model
         self.f = list(comp)
         self.fired: list[tuple[str, str, str]] = []
@@ -146,6 +174,7 @@ class Step:
         self.pool = 0
         self.needs_slot = False
         self.label = label
+        self.tag = tag
         self.dead = False
         self.overflow = False  # the terminal event is the stream's overflow (D6)
         # What the detokenizer's and the stop matcher's effects did with this step's bytes.
@@ -460,28 +489,28 @@ class Model:
         self._environment(comp, out)
         return [s for s in out if s.fired or s.f != list(comp)]
 
-    def _new(self, comp, out, label) -> Step:
-        s = Step(self, comp, label)
+    def _new(self, comp, out, label, tag: Tag) -> Step:
+        s = Step(self, comp, label, tag)
         out.append(s)
         return s
 
     def _loop(self, c: tuple[int, ...], out: list[Step]) -> None:
         pc = c[F_PC]
         if pc == P_NEW:
-            s = self._new(c, out, "loop: request created, stream resources acquired, response.start")
+            s = self._new(c, out, "loop: request created, stream resources acquired, response.start", Tag("start"))
             s.acquire("trace_handle")
             s.acquire("stream_buffer")
             s.fire("stream", "start")
             s.f[F_PC] = P_CREATED
         elif pc == P_CREATED:
             if c[F_CANCEL] == 1:
-                s = self._new(c, out, "loop: cancel observed before admission")
+                s = self._new(c, out, "loop: cancel observed before admission", Tag("observe", what="cancel", fault=True))
                 s.f[F_CANCEL] = 2
                 s.after_lifecycle(s.lc("cancel"), default=P_SAFE)
                 return
-            s = self._new(c, out, "loop: admitted (enqueue)")
+            s = self._new(c, out, "loop: admitted (enqueue)", Tag("admit"))
             s.after_lifecycle(s.lc("enqueue"), default=P_QUEUED)
-            s = self._new(c, out, "loop: admission refused (prompt fills the context)")
+            s = self._new(c, out, "loop: admission refused (prompt fills the context)", Tag("refuse"))
             s.lc("reject")
         elif pc in (P_QUEUED, P_TOP):
             self._check_point(c, out, pc)
@@ -494,26 +523,26 @@ class Model:
         elif pc == P_SEND:
             self._send(c, out)
         elif pc == P_SAFE:
-            s = self._new(c, out, "loop: safe point: tails discarded, model resources released, CANCELLED")
+            s = self._new(c, out, "loop: safe point: tails discarded, model resources released, CANCELLED", Tag("safe_point"))
             if not self.detok.terminal[c[F_DT]]:
                 s.fire("detokenizer", "discard")
             s.lc("safe_point")
         elif pc == P_DRAIN:
             self._drain(c, out)
         elif pc == P_DRAIN_HIT:
-            s = self._new(c, out, "loop: stop hit in the drained tail")
+            s = self._new(c, out, "loop: stop hit in the drained tail", Tag("drain_hit"))
             s.after_lifecycle(s.lc("stop_hit"), default=P_DRAIN_END)
             s.discard_match()
         elif pc == P_FLUSH:
-            s = self._new(c, out, "loop: flush the held suffix")
+            s = self._new(c, out, "loop: flush the held suffix", Tag("flush"))
             held = self.stop.states[c[F_SM]] == "HOLDING"
             s.fire("stop_matcher", "flush")
             s.out(held, P_DRAIN_END, s.held_out)
         elif pc == P_DRAIN_END:
-            s = self._new(c, out, "loop: model resources released, FINISHED with the terminal event")
+            s = self._new(c, out, "loop: model resources released, FINISHED with the terminal event", Tag("complete"))
             s.lc("complete")
         elif pc == P_CLOSE:
-            s = self._new(c, out, "loop: stream resources released after the terminal event, the Engine drops it")
+            s = self._new(c, out, "loop: stream resources released after the terminal event, the Engine drops it", Tag("close"))
             s.release("stream_buffer")
             s.release("trace_handle")
             s.fire("sequence", "drop")
@@ -523,15 +552,15 @@ class Model:
         """check_cancel_or_deadline (QUEUED) and the top of a decode step (§4.3, §4.9)."""
         if c[F_CANCEL] == 1:
             parked = pc == P_TOP and self.seq.states[c[F_SQ]] == "PARKED"
-            s = self._new(c, out, PARKED_CANCEL if parked else "loop: cancel observed at a check point")
+            s = self._new(c, out, PARKED_CANCEL if parked else "loop: cancel observed at a check point", Tag("observe", what="cancel", parked=parked, fault=True))
             s.f[F_CANCEL] = 2
             s.after_lifecycle(s.lc("cancel"), default=P_SAFE)
         elif c[F_DEADLINE] == 1:
-            s = self._new(c, out, "loop: deadline observed at a check point")
+            s = self._new(c, out, "loop: deadline observed at a check point", Tag("observe", what="deadline", fault=True))
             s.f[F_DEADLINE] = 2
             s.after_lifecycle(s.lc("deadline"), default=P_DRAIN)
         elif pc == P_QUEUED:
-            s = self._new(c, out, "loop: scheduled: prefill starts (slot, cache, RNG acquired)")
+            s = self._new(c, out, "loop: scheduled: prefill starts (slot, cache, RNG acquired)", Tag("schedule"))
             s.fire("sequence", "admit")
             s.after_lifecycle(s.lc("schedule"), default=P_PREFILL)
         else:
@@ -543,20 +572,20 @@ class Model:
         one is resumed when a place is free; any resident or parked one may be preempted."""
         where = self.seq.states[c[F_SQ]]
         if where in ("RESIDENT", "PARKED") and c[F_PRE] < self.config.preemptions:
-            s = self._new(c, out, "scheduler: preempted (cache swapped out, place given back)")
+            s = self._new(c, out, "scheduler: preempted (cache swapped out, place given back)", Tag("preempt", fault=True))
             s.fire("sequence", "preempt")
             s.f[F_PRE] += 1
         paused = self.stream.states[c[F_ST]] == "PAUSED"
         if where == "SWAPPED":
-            s = self._new(c, out, "scheduler: resumed (cache restored, a place taken)")
+            s = self._new(c, out, "scheduler: resumed (cache restored, a place taken)", Tag("resume", fault=True))
             s.fire("sequence", "resume")
         elif where == "PARKED":
             if not paused:
-                s = self._new(c, out, "scheduler: unparked (its reader caught up)")
+                s = self._new(c, out, "scheduler: unparked (its reader caught up)", Tag("unpark", fault=True))
                 s.fire("sequence", "unpark")
         else:
             if paused:
-                s = self._new(c, out, "scheduler: parked (its reader is behind)")
+                s = self._new(c, out, "scheduler: parked (its reader is behind)", Tag("park", fault=True))
                 s.fire("sequence", "park")
             self._select(c, out)
 
@@ -588,19 +617,19 @@ class Model:
         policy, where it wins, refuses the chunk before it is sent (D11)."""
         limit = c[F_SEL] + 1 >= self.config.max_output_tokens
         for event in self._winners({"eos": True, "length": limit}, self._free(False)):
-            s = self._new(c, out, "loop: select EOS" if event == "eos" else f"loop: select EOS, {event} checked first")
+            s = self._new(c, out, "loop: select EOS" if event == "eos" else f"loop: select EOS, {event} checked first", Tag("select", token="eos", event=event))
             s.f[F_SEL] += 1
             s.after_lifecycle(s.lc("select"), default=P_TOP)
             s.f[F_EOS] = 1
             s.after_lifecycle(s.lc(event), default=P_DRAIN)
         for check in self.token_checks:  # a token that fires a token check is not text either (D4)
             for event in self._winners({check: True, "length": limit}, self._free(False), frozenset({"eos"})):
-                s = self._new(c, out, f"loop: select a {check} token" + ("" if event == check else f", {event} checked first"))
+                s = self._new(c, out, f"loop: select a {check} token" + ("" if event == check else f", {event} checked first"), Tag("select", token=check, event=event))
                 s.f[F_SEL] += 1
                 s.after_lifecycle(s.lc("select"), default=P_TOP)
                 s.after_lifecycle(s.lc(event), default=P_DRAIN)
         if self.config.byte_choices:
-            s = self._push(c, out, "loop: select a token: detokenizer invalid", "invalid", None)
+            s = self._push(c, out, "loop: select a token: detokenizer invalid", Tag("select", token="invalid"), "invalid", None)
             if s is not None:
                 self._invalid(s, P_CHECKS)
         outcomes = ([("loop: select a token: detokenizer hold", "hold", None, False)] if self.config.byte_choices else []) + [
@@ -610,16 +639,17 @@ class Model:
         for label, push, stop, nonempty in outcomes:
             winners = self._winners({"stop_hit": stop == "hit", "length": limit}, self._free(nonempty), frozenset({"eos"}))
             if any(w != "content_interrupt" for w in winners):  # the chunk is sent, P_CHECKS decides
-                s = self._push(c, out, label, push, stop, P_CHECKS)
+                tag = Tag("select", token="hold") if push == "hold" else Tag("select", token="push", stop=stop, safe=nonempty)
+                s = self._push(c, out, label, tag, push, stop, P_CHECKS)
                 if s is not None:
                     s.out(nonempty, P_CHECKS)
             if "content_interrupt" in winners:
-                self._interrupt(c, out, label, stop)
+                self._interrupt(c, out, label, stop, nonempty)
 
-    def _push(self, c, out, label: str, push: str, stop: str | None, pc: int | None = None) -> Step | None:
+    def _push(self, c, out, label: str, tag: Tag, push: str, stop: str | None, pc: int | None = None) -> Step | None:
         """A step that selects a token and pushes it through the detokenizer (and the stop
         matcher); it continues at `pc`. None when the table refused the selection."""
-        s = self._new(c, out, label)
+        s = self._new(c, out, label, tag)
         s.f[F_SEL] += 1
         if s.lc("select") is None:
             return None
@@ -628,10 +658,11 @@ class Model:
             s.f[F_PC] = pc
         return s
 
-    def _interrupt(self, c, out, label: str, stop: str) -> None:
+    def _interrupt(self, c, out, label: str, stop: str, nonempty: bool) -> None:
         """The content policy sees the safe chunk before it is sent and refuses it (D11): the
         chunk is never sent, pending bytes (and a matched stop) are discarded, FINISHED follows."""
-        s = self._push(c, out, f"{label}, content policy interrupts (chunk not sent, D11)", "emit", stop)
+        s = self._push(c, out, f"{label}, content policy interrupts (chunk not sent, D11)",
+                       Tag("select", token="push", stop=stop, safe=nonempty, interrupt=True, fault=True), "emit", stop)
         if s is None:
             return
         s.after_lifecycle(s.lc("content_interrupt"), default=P_DRAIN_END)
@@ -649,11 +680,11 @@ class Model:
         free = self._free(False)
         for event in self._winners(forced, free, frozenset({"eos", "content_interrupt"})):
             if event is None:
-                s = self._new(c, out, "loop: no finish condition: decode starts")
+                s = self._new(c, out, "loop: no finish condition: decode starts", Tag("decode"))
                 s.f[F_KERNEL] = 2
                 s.f[F_PC] = P_DECODE
                 continue
-            s = self._new(c, out, _CHECK_LABELS.get(event, f"loop: {event}"))
+            s = self._new(c, out, _CHECK_LABELS.get(event, f"loop: {event}"), Tag("check", event=event))
             if not hit:
                 s.after_lifecycle(s.lc(event), default=P_DRAIN)
                 continue
@@ -663,14 +694,14 @@ class Model:
                 s.fire("detokenizer", "discard")
 
     def _kernel_end(self, c, out, done_event: str, what: str) -> None:
-        s = self._new(c, out, f"device: {what} kernel completes")
+        s = self._new(c, out, f"device: {what} kernel completes", Tag("kernel_done", what=what))
         s.f[F_KERNEL] = 0
         if what == "decode":
             s.f[F_DEC] += 1
         s.after_lifecycle(s.lc(done_event), default=P_TOP)
         if "model_error" not in self.config.faults:
             return
-        s = self._new(c, out, f"environment: model error in the {what} kernel")
+        s = self._new(c, out, f"environment: model error in the {what} kernel", Tag("model_error", what=what, fault=True))
         s.f[F_KERNEL] = 0
         s.after_lifecycle(s.lc("model_error"), default=P_TOP)
 
@@ -678,12 +709,12 @@ class Model:
         """A delta waits to be queued on the stream: transport failure, backpressure, or sent (§4.8)."""
         st = self.stream.states[c[F_ST]]
         if "transport_error" in self.config.faults:
-            s = self._new(c, out, "environment: the send fails (transport error)")
+            s = self._new(c, out, "environment: the send fails (transport error)", Tag("send_fails", fault=True))
             s.lc("transport_error")
         if st == "PAUSED":
             return  # the producer waits for the reader (pause policy)
         if c[F_BUF] < self.config.buffer_cap or st != "OPEN":
-            s = self._new(c, out, "loop: delta queued on the stream")
+            s = self._new(c, out, "loop: delta queued on the stream", Tag("delta"))
             if c[F_TERMS] or self.stream.terminal[c[F_ST]]:
                 s.bad.append(("no_delta_after_terminal", "a delta is sent after the terminal event", None))
             if REASONS[c[F_REASON]] == FinishReason.STOP_SEQUENCE or self.stop.states[c[F_SM]] == "DISCARDED":
@@ -693,23 +724,23 @@ class Model:
                 if s.f[F_BUF] >= self.config.buffer_cap and self._policy_names[c[F_POLICY]] == "pause":
                     s.fire("stream", "block")  # the buffer is at its cap: the producer pauses (§4.8)
         else:
-            s = self._new(c, out, "loop: buffer full: overflow, FAILED with transport_error (D6)")
+            s = self._new(c, out, "loop: buffer full: overflow, FAILED with transport_error (D6)", Tag("overflow"))
             s.lc("transport_error", overflow=True)
 
     def _drain(self, c, out) -> None:
         """DRAINING: text.finish(), its bytes through the stop matcher, else flush (§4.3)."""
         dt = self.detok.states[c[F_DT]]
         if dt != "PENDING":
-            s = self._new(c, out, "loop: finish(): nothing pending")
+            s = self._new(c, out, "loop: finish(): nothing pending", Tag("drain", what="nothing"))
             if not self.detok.terminal[c[F_DT]]:
                 s.fire("detokenizer", "finish")
             s.f[F_PC] = P_FLUSH
             return
-        s = self._new(c, out, "loop: finish(): the tail is not valid text (decoding error)")
+        s = self._new(c, out, "loop: finish(): the tail is not valid text (decoding error)", Tag("drain", what="invalid"))
         s.push("finish_invalid", None)
         self._invalid(s, P_FLUSH)
         for stop, nonempty in _STOP_OUTCOMES[True]:
-            s = self._new(c, out, f"loop: finish(): tail, stop matcher {stop}, safe bytes {'non-empty' if nonempty else 'empty'}")
+            s = self._new(c, out, f"loop: finish(): tail, stop matcher {stop}, safe bytes {'non-empty' if nonempty else 'empty'}", Tag("drain", what="tail", stop=stop, safe=nonempty))
             s.push("finish", stop)
             s.out(nonempty, P_DRAIN_HIT if stop == "hit" else P_FLUSH)
 
@@ -732,46 +763,46 @@ class Model:
         life_terminal = self.life.terminal[c[F_LC]]
         faults = self.config.faults
         if c[F_CANCEL] == 0 and "cancel" in faults:
-            s = self._new(c, out, "environment: cancel requested")
+            s = self._new(c, out, "environment: cancel requested", Tag("request", what="cancel"))
             s.f[F_CANCEL] = 1
         elif c[F_CANCEL] == 1 and c[F_PC] not in (P_CREATED, P_QUEUED, P_TOP) and (
             c[F_KERNEL] or life == "DRAINING" or life_terminal
         ):
-            s = self._new(c, out, "scheduler: cancel observed while the loop is busy")
+            s = self._new(c, out, "scheduler: cancel observed while the loop is busy", Tag("observe_busy", what="cancel", fault=True))
             s.f[F_CANCEL] = 2
             s.after_lifecycle(s.lc("cancel"), default=c[F_PC])
         elif c[F_CANCEL] == 2 and (life == "CANCEL_REQUESTED" or life_terminal):
-            s = self._new(c, out, "environment: the cancel is repeated")
+            s = self._new(c, out, "environment: the cancel is repeated", Tag("repeat_cancel", fault=True))
             s.f[F_CANCEL] = 3
             s.lc("cancel")
         if life == "CANCEL_REQUESTED" and "transport_error" in faults:
-            s = self._new(c, out, "transport: the connection fails while the cancel is pending")
+            s = self._new(c, out, "transport: the connection fails while the cancel is pending", Tag("transport_while_cancel", fault=True))
             s.lc("transport_error")
         if life_terminal and self.res.states[c[F_KV]] == "RELEASED":
-            s = self._new(c, out, "environment: a racing release of the KV cache")
+            s = self._new(c, out, "environment: a racing release of the KV cache", Tag("racing_release", fault=True))
             s.fire("resources", "release", F_KV)
         where = self.seq.states[c[F_SQ]]
         if c[F_PC] == P_TOP and not life_terminal:
             if where == "PARKED" and self.stream.states[c[F_ST]] == "PAUSED":
-                s = self._new(c, out, "scheduler: parks its parked sequence again")
+                s = self._new(c, out, "scheduler: parks its parked sequence again", Tag("park_again", fault=True))
                 s.fire("sequence", "park")
             elif where == "RESIDENT" and self.stream.states[c[F_ST]] == "OPEN":
-                s = self._new(c, out, "scheduler: unparks a sequence that is not parked")
+                s = self._new(c, out, "scheduler: unparks a sequence that is not parked", Tag("unpark_idle", fault=True))
                 s.fire("sequence", "unpark")
         if c[F_DEADLINE] == 0 and not life_terminal and "deadline" in faults:
-            s = self._new(c, out, "environment: deadline passes")
+            s = self._new(c, out, "environment: deadline passes", Tag("request", what="deadline"))
             s.f[F_DEADLINE] = 1
         st = self.stream.states[c[F_ST]]
         if c[F_BUF] and c[F_CONN] != 1:
-            s = self._new(c, out, "reader: reads one delta")
+            s = self._new(c, out, "reader: reads one delta", Tag("read", fault=True))
             s.f[F_BUF] -= 1
             if st == "PAUSED":
                 s.fire("stream", "unblock")
         if c[F_CONN] == 0 and st != "NEW" and "disconnect" in faults:
-            s = self._new(c, out, "transport: the client disconnects")
+            s = self._new(c, out, "transport: the client disconnects", Tag("disconnect", fault=True))
             s.fire("stream", "disconnect")  # its row's effect: the reader is gone (F_CONN)
         elif c[F_CONN] == 1:
-            s = self._new(c, out, "transport: the client reconnects and replays from its last seq")
+            s = self._new(c, out, "transport: the client reconnects and replays from its last seq", Tag("reconnect", fault=True))
             s.fire("stream", "reconnect")
             s.fire("stream", "replay")  # the replayed deltas count as read (OrderedStream.replay)
             if st == "PAUSED":

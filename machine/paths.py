@@ -21,45 +21,37 @@ from typing import Any
 import attrs
 
 from ..spec import Table
-from .checker_model import F_PC, F_POLICY, PC_NAMES, Model, ModelConfig, Step
+from .checker_model import F_PC, F_POLICY, PC_NAMES, Model, ModelConfig, Step, Tag
 
 Target = tuple[str, ...]
 DEFAULT_CONFIG = ModelConfig(policies=("pause", "buffer", "fail"))  # max_output_tokens 2, cap 1
 Allow = Callable[[tuple[int, ...], Step], bool]
-
-# Labels of steps that inject or observe an environment fact (§4.7-§4.10): fault points. The
-# content policy is an outside hook too (DECISIONS D11): each of its interruptions is one.
-_FAULT_PREFIXES = ("environment:", "scheduler:", "reader:", "transport:")
-_OBSERVATIONS = ("cancel observed", "deadline observed", "content policy interrupts")
-
 
 def machine_of(name: str) -> str:
     """`resources[kv_cache]` -> `resources`: the table a fired step belongs to."""
     return name.split("[", 1)[0]
 
 
-def is_fault_label(label: str) -> bool:
-    """True for steps the environment injects (and the loop's observation of cancel/deadline, and
-    the content policy's interruptions)."""
-    if label.startswith(("environment: cancel requested", "environment: deadline passes")):
-        return False  # a request alone changes no table: its observation is the fault point
-    return label.startswith(_FAULT_PREFIXES) or any(o in label for o in _OBSERVATIONS)
-
 
 @attrs.frozen
 class PathStep:
-    """One model step: its label, the loop point it starts from, and the table steps it fires."""
+    """One model step: its label, the loop point it starts from, the table steps it fires and its
+    tag (what the step is, as data: checker_model.Tag; a fault point when `tag.fault`: an
+    environment injection, the loop's observation of a cancel or deadline, a content policy
+    interruption, D11)."""
 
     label: str
     point: str
     fired: tuple[tuple[str, str, str], ...]
+    tag: Tag
 
     def to_json(self) -> dict[str, Any]:
-        return {"label": self.label, "point": self.point, "fired": [list(f) for f in self.fired]}
+        return {"label": self.label, "point": self.point, "fired": [list(f) for f in self.fired],
+                "tag": {k: v for k, v in attrs.asdict(self.tag).items() if v not in (None, False)}}
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> PathStep:
-        return cls(obj["label"], obj["point"], tuple(tuple(f) for f in obj["fired"]))
+        return cls(obj["label"], obj["point"], tuple(tuple(f) for f in obj["fired"]), Tag(**obj["tag"]))
 
 
 @attrs.frozen
@@ -114,7 +106,7 @@ def is_model_run(path: ModelPath, config: ModelConfig | None = None, tables: Map
     for ps in path.steps:
         comps = {
             tuple(s.f) for c in comps if PC_NAMES[c[F_PC]] == ps.point
-            for s in model.expand(c) if not s.dead and s.label == ps.label and tuple(s.fired) == ps.fired
+            for s in model.expand(c) if not s.dead and s.tag == ps.tag and s.label == ps.label and tuple(s.fired) == ps.fired
         }
         if not comps:
             return False
@@ -137,7 +129,7 @@ class _Graph:
                 if step.dead or (allow is not None and not allow(comp, step)):
                     continue
                 post = tuple(step.f)
-                ps = PathStep(step.label, PC_NAMES[comp[F_PC]], tuple(step.fired))
+                ps = PathStep(step.label, PC_NAMES[comp[F_PC]], tuple(step.fired), step.tag)
                 self.edges.append((comp, ps, post, self._targets(ps)))
                 if post not in self.depth:
                     self.depth[post] = self.depth[comp] + 1
@@ -150,7 +142,7 @@ class _Graph:
         for m, s, e in ps.fired:
             name = machine_of(m)
             out.append((self.model.tables[name].decision(s, e).kind.value, name, s, e))
-        if is_fault_label(ps.label):
+        if ps.tag.fault:
             out.append(("fault", ps.label, ps.point))
         return tuple(out)
 

@@ -21,7 +21,7 @@ path is turned into a `ConcreteRun`:
   path's backpressure policy with a cap of one delta (`buffer`: a byte cap computed from the deltas'
   sizes, a replay counting as a read of every unread delta);
 - driver: generate() (`read_inline=False`), except for a path whose cancel is observed while the
-  producer is parked on its reader (`PARKED_CANCEL`): generate() never parks before a select, the
+  producer is parked on its reader (an `observe` tag with `parked`): generate() never parks before a select, the
   batched Engine does (runtime/engine.py), so such a path runs on an Engine stepped on this thread
   until it parks; then the cancel is requested and the Engine steps on (`Driver.ENGINE`). The
   generate() paths are run on the Engine as well; those it does not realise the same way are named,
@@ -55,7 +55,7 @@ from typing import Any
 import attrs
 
 from ..machine import IllegalTransition, compiled
-from ..machine.checker_model import F_LC, PARKED_CANCEL, Step
+from ..machine.checker_model import F_LC, Step
 from ..machine.paths import ModelPath, PathSet, covering_paths, machine_of
 from ..runtime.detokenizer import DecodingError, IncrementalDetokenizer
 from ..runtime.engine import Engine
@@ -96,7 +96,7 @@ def tokenizer() -> ByteTableTokenizer:
 
 
 def _busy_cancel_outside_kernel(comp: tuple[int, ...], step: Step) -> bool:
-    return step.label.startswith("scheduler: cancel observed while the loop is busy") and \
+    return step.tag.kind == "observe_busy" and \
         step.m.life.states[comp[F_LC]] not in ("PREFILLING", "DECODING", "CANCEL_REQUESTED")
 
 
@@ -107,7 +107,7 @@ def _busy_cancel_outside_kernel(comp: tuple[int, ...], step: Step) -> bool:
 # are MODEL_ONLY.
 UNREALIZABLE = {
     "repeated_cancel": (
-        lambda comp, step: step.label.startswith("environment: the cancel is repeated"),
+        lambda comp, step: step.tag.kind == "repeat_cancel",
         "RequestRun fires `cancel` once (_observe_cancel, shared by generate() and the Engine); a "
         "second request only sets a flag that is already set (§4.9). The ignore row is there for "
         "engines that fire every cancel they receive",
@@ -119,25 +119,25 @@ UNREALIZABLE = {
         "ended, nothing looks at the flag. The ignore rows (D2) are for engines that still do",
     ),
     "racing_release": (
-        lambda comp, step: step.label.startswith("environment: a racing release"),
+        lambda comp, step: step.tag.kind == "racing_release",
         "RequestRun releases each kind once, under its lock, so neither driver releases a released "
         "kind; the ignore row is how the ledger records a racing second release instead of freeing "
         "twice (§4.12 row 4; tests/test_ledger.py and the double_release mutant)",
     ),
     "transport_while_cancel_pending": (
-        lambda comp, step: step.label.startswith("transport: the connection fails while the cancel is pending"),
+        lambda comp, step: step.tag.kind == "transport_while_cancel",
         "the reference fails a transport only inside a send or past a reader's timeout (DECODING, "
         "DRAINING), never while a cancel waits for its safe point; the ignore row (D2) is for "
         "engines whose connection can fail at any moment",
     ),
     "scheduler_preempts": (
-        lambda comp, step: step.label.startswith(("scheduler: preempted", "scheduler: resumed")),
+        lambda comp, step: step.tag.kind in ("preempt", "resume"),
         "generate() never preempts, and the Engine preempts when its own schedule needs the place "
         "(§4.8), not at a point a derived run could name; tests/test_engine.py drives swap and "
         "recompute, and the multi-request checker explores every preemption the sequence table allows",
     ),
     "stop_in_drained_tail": (
-        lambda comp, step: step.label.startswith("loop: finish(): tail, stop matcher hit"),
+        lambda comp, step: step.tag.kind == "drain" and step.tag.stop == "hit",
         "RequestRun's stop matcher sees every byte the moment it is detokenized (a partial stop-id "
         "match withholds bytes from the stream, not from the matcher: D3), and a per-token "
         "detokenizer drains nothing at finish() but an unfinished character, which fails (D12); so "
@@ -178,8 +178,8 @@ MODEL_ONLY: dict[tuple[str, ...], str] = {
 
 
 def _acts_before_admission(path: ModelPath) -> bool:
-    return any(_harness_action(s.label) and s.point == "created" for s in path.steps) and any(
-        s.label.startswith(("loop: admission refused", "loop: cancel observed before admission")) for s in path.steps)
+    return any(s.tag.kind in HARNESS_ACTIONS and s.point == "created" for s in path.steps) and any(
+        s.tag.kind == "refuse" or (s.tag.kind == "observe" and s.point == "created") for s in path.steps)
 
 
 # name -> (predicate on a derived path, reason): paths generate() realises and the Engine, the
@@ -320,71 +320,75 @@ def plan_of(path: ModelPath) -> Plan:
     max_tokens, context_limit = NO_LIMIT, 4096
     grammar_at = interrupt_at = overflow_at = None
     for st in path.steps:
-        lab, pt = st.label, st.point
+        tag, pt = st.tag, st.point
+        kind = tag.kind
         fired = set(st.fired)
-        if lab.startswith("loop: select"):
+        if kind == "select":
             t += 1
-            if "EOS" in lab:
+            if tag.token == "eos":
                 selects.append(Select("eos"))
-            elif "detokenizer invalid" in lab:
+            elif tag.token == "invalid":
                 selects.append(Select("invalid"))
                 faults.append(Fault("token.selected", t, "decoding_error"))
-            elif "detokenizer hold" in lab:
+            elif tag.token == "hold":
                 selects.append(Select("push", False, False))
-            else:
-                selects.append(Select("push", "safe bytes non-empty" in lab, "stop matcher hit" in lab))
-                if "content policy interrupts" in lab:  # the policy sees every non-empty chunk (D11)
+            elif tag.token == "push":
+                selects.append(Select("push", bool(tag.safe), tag.stop == "hit"))
+                if tag.interrupt:  # the policy sees every non-empty chunk (D11)
                     interrupt_at = sum(1 for s in selects if s.delta)
-        elif lab.startswith("loop: finish(): nothing pending"):
-            drain = Drain(False, False, False, None)
-        elif lab.startswith("loop: finish(): the tail is not valid"):
-            drain = Drain(True)
-        elif lab.startswith("loop: finish(): tail"):
-            drain = Drain(False, "safe bytes non-empty" in lab, None if "hit" not in lab else True, None)
-        elif lab.startswith("loop: flush the held suffix"):
+            else:
+                raise ValueError(f"a derived run has no token for a {tag.token} token check (finish_tokens)")
+        elif kind == "drain":
+            if tag.what == "nothing":
+                drain = Drain(False, False, False, None)
+            elif tag.what == "invalid":
+                drain = Drain(True)
+            else:
+                drain = Drain(False, bool(tag.safe), None if tag.stop != "hit" else True, None)
+        elif kind == "flush":
             assert drain is not None
             drain = attrs.evolve(drain, hit=False if drain.hit is None else drain.hit,
                                  flush=("stop_matcher", "HOLDING", "flush") in fired)
-        elif lab.startswith("loop: admission refused"):
+        elif kind == "refuse":
             reject = True
-        elif lab.startswith("loop: max_output_tokens reached"):
-            max_tokens = t
-        elif lab.startswith("loop: context_full"):
-            context_limit = t + len(PROMPT)
-        elif lab.startswith("loop: grammar_done"):
-            grammar_at = t
-        elif lab.startswith("loop: cancel observed before admission"):
-            faults.append(Fault("request.created", 0, "cancel"))
-        elif lab == PARKED_CANCEL:
+        elif kind == "check":
+            if tag.event == "length":
+                max_tokens = t
+            elif tag.event == "context_full":
+                context_limit = t + len(PROMPT)
+            elif tag.event == "grammar_done":
+                grammar_at = t
+        elif kind == "observe" and tag.parked:
             parked_cancel = True
-        elif lab.startswith(("loop: cancel observed at a check point", "loop: deadline observed")):
-            action = "cancel" if "cancel" in lab else "deadline"
-            if pt == "queued":
-                if action == "cancel":
+        elif kind == "observe":
+            if pt == "created":
+                faults.append(Fault("request.created", 0, "cancel"))
+            elif pt == "queued":
+                if tag.what == "cancel":
                     cancel_in_queue = True
                 else:
                     faults.append(Fault("request.created", 0, "deadline"))
             else:
-                faults.append(Fault("prefill.completed", 0, action) if t == 0 else Fault("decode.completed", t, action))
-        elif lab.startswith("scheduler: cancel observed while the loop is busy"):
+                faults.append(Fault("prefill.completed", 0, tag.what) if t == 0 else Fault("decode.completed", t, tag.what))
+        elif kind == "observe_busy":
             faults.append(Fault("prefill.started", 0, "cancel") if pt == "prefill_in_flight"
                           else Fault("decode.started", t, "cancel"))
-        elif lab.startswith("environment: model error"):
-            faults.append(Fault("prefill.started", 0, "model_error") if "prefill" in lab
+        elif kind == "model_error":
+            faults.append(Fault("prefill.started", 0, "model_error") if tag.what == "prefill"
                           else Fault("decode.started", t, "model_error"))
-        elif lab.startswith("environment: the send fails"):
+        elif kind == "send_fails":
             faults.append(Fault("response.delta", seq, "transport_error"))
             _unobserved_after_send(selects, drain)
-        elif lab.startswith("loop: buffer full: overflow"):
+        elif kind == "overflow":
             overflow_at = seq
             _unobserved_after_send(selects, drain)
-        elif lab.startswith("loop: delta queued"):
+        elif kind == "delta":
             seq += 1
-        elif (what := _harness_action(lab)) is not None:
+        elif kind in HARNESS_ACTIONS:
             if parked_cancel and not terminal:
-                parked_actions.append(what)  # done once the Engine has parked the run
+                parked_actions.append(kind)  # done once the Engine has parked the run
             else:
-                actions.append((seq, terminal, what))
+                actions.append((seq, terminal, kind))
         if any(m == "stream" and e in ("complete", "cancel", "fail", "overflow") for m, _, e in st.fired):
             terminal = True
     return Plan(tuple(selects), drain, tuple(faults), cancel_in_queue, max_tokens, context_limit,
@@ -392,13 +396,8 @@ def plan_of(path: ModelPath) -> Plan:
                 tuple(parked_actions))
 
 
-_HARNESS_ACTIONS = {"reader: reads one delta": "read", "transport: the client disconnects": "disconnect",
-                    "transport: the client reconnects": "reconnect"}
-
-
-def _harness_action(label: str) -> str | None:
-    """The reader/transport action a model step asks the harness for (None: not one)."""
-    return next((a for prefix, a in _HARNESS_ACTIONS.items() if label.startswith(prefix)), None)
+# The model steps this harness performs itself, by tag kind (the stream's reader and transport).
+HARNESS_ACTIONS = ("read", "disconnect", "reconnect")
 
 
 def _unobserved_after_send(selects: list[Select], drain: Drain | None) -> None:
