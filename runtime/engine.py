@@ -403,15 +403,21 @@ class Engine:
                 self._settle(e)
                 moved = True
         for e in list(self._swapped):
-            if e.run.check_point():
-                continue
-            moved = True
-            if not self._settle(e):  # DRAINING with a full stream: it needs no cache, only its reader
+            if e.run.decoding:
+                if e.run.check_point():
+                    continue
+                moved = True  # a cancel or a deadline observed while swapped out
+            if self._settle(e):
+                moved = True
+            elif len(self._resident) < self.max_batch:
+                # DRAINING with a full stream: it needs no cache, only its reader, but resuming takes
+                # a place in the batch (sequence.toml): without a free one it waits swapped.
                 self._swapped.remove(e)
                 e.snapshot = None
                 e.seq.fire("resume")
                 self._resident.append(e)
                 self._resident.sort(key=lambda x: x.order)
+                moved = True
         if moved:
             with self._lock:
                 self._queue = collections.deque(e for e in self._queue if not e.run.done)
@@ -431,7 +437,7 @@ class Engine:
         for e in waiting:
             need = _need(e)
             busy = self._resident or chosen
-            if slots == 0 or (busy and in_use + need + growth > self._budget):
+            if slots <= 0 or (busy and in_use + need + growth > self._budget):
                 break
             chosen.append(e)
             in_use += need

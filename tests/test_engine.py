@@ -537,3 +537,33 @@ def test_the_engine_moves_sequences_only_along_the_sequence_table(monkeypatch):
     assert eng.stats().requests_total == before
     _no_violations(runs)
     _gauges_zero(eng)
+
+
+def test_a_swapped_run_that_must_drain_waits_for_a_free_place():
+    """§4.4, §4.8 (spec/sequence.toml: `resume` takes a place): a swapped-out run whose deadline
+    passes while its reader is behind needs no cache, but it still may not join a full batch; it
+    stays swapped until a place is free, and the batch never exceeds max_batch. (White-box: the
+    scheduler's preemption and the other run's admission are forced at the moment the race needs.)"""
+    eng = Engine(MODEL, TOK, max_batch=1, preemption="swap")
+    y = eng.submit(Request("abc", max_output_tokens=8, policy="pause", max_buffer_events=1))
+    for _ in range(50):
+        eng.step()
+        if eng.stats().parked:
+            break
+    assert eng.stats().parked == 1
+    ey = eng._live[y.request.request_id]
+    eng._preempt(ey)
+    x = eng.submit(Request("xyz", max_output_tokens=8))
+    ex = eng._live[x.request.request_id]
+    with eng._lock:
+        eng._queue.remove(ex)
+    eng._prefill([ex])
+    y._deadline_forced = True  # the deadline passes while y is swapped out
+    eng._waiting_safe_points()
+    assert (len(eng._resident), ey.swapped, y.state) == (1, True, "DRAINING")
+    for _ in range(2000):  # y's reader never reads: x finishes, then y resumes into the free place
+        if x.done:
+            break
+        eng.step()
+    eng._admit()
+    assert x.done and not ey.swapped and len(eng._resident) <= eng.max_batch
