@@ -264,6 +264,7 @@ class _Search:
                     (slot if need else free)[c].append((nx, dp, hold[nx] - hold[c]))
                 if wit:
                     witness_edges[c].append((lab, need, wit))
+        both = [free[c] + slot[c] for c in range(n)]
         ebad: list[list | None] = [None] * n
         for c, ks in loc.edge_bad_of.items():
             ebad[c] = [loc.edge_bad[k] for k in ks]
@@ -289,28 +290,34 @@ class _Search:
             for s in frontier:
                 pool = s >> shift
                 ids = [(s >> sh) & _MASK for sh in shifts]
-                held = slots - pool - sum(hold[c] for c in ids)  # 0 unless places were lost or made
+                held = slots - pool - sum(map(hold.__getitem__, ids))  # 0 unless places were lost or made
                 en = 0
                 prev = -1
                 for k, x in enumerate(ids):
                     if x == prev:
                         continue
                     prev = x
-                    rest = ids[:k] + ids[k + 1:]
                     expanded[x] = 1
-                    moves = free[x] + slot[x] if pool else free[x]
+                    moves = both[x] if pool else free[x]
                     en += len(moves)
+                    # the others' ids stay sorted; the mover's new id sorts in among them (unrolled
+                    # for up to MAX_REQUESTS = 3: this is the search's innermost loop)
+                    if n_req == 2:
+                        y = ids[1 - k]
+                    elif n_req == 3:
+                        y, z = ids[:k] + ids[k + 1:]
                     for nx, dp, dh in moves:
                         np = pool + dp
-                        ns = np
-                        placed = False
-                        for y in rest:
-                            if not placed and nx <= y:
-                                ns = (ns << 21) | nx
-                                placed = True
-                            ns = (ns << 21) | y
-                        if not placed:
-                            ns = (ns << 21) | nx
+                        if n_req == 2:
+                            ns = (np << 42) | ((nx << 21) | y if nx <= y else (y << 21) | nx)
+                        elif n_req == 1:
+                            ns = (np << 21) | nx
+                        elif nx <= y:
+                            ns = (np << 63) | (nx << 42) | (y << 21) | z
+                        elif nx <= z:
+                            ns = (np << 63) | (y << 42) | (nx << 21) | z
+                        else:
+                            ns = (np << 63) | (y << 42) | (z << 21) | nx
                         if ns not in seen:
                             seen[ns] = s
                             nxt.append(ns)

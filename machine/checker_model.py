@@ -773,7 +773,8 @@ class Model:
             s.after_lifecycle(s.lc("cancel"), default=c[F_PC])
         elif c[F_CANCEL] == 2 and (life == "CANCEL_REQUESTED" or life_terminal):
             s = self._new(c, out, "environment: the cancel is repeated", Tag("repeat_cancel", fault=True))
-            s.f[F_CANCEL] = 3
+            if not life_terminal:  # after the end the ignore row changes nothing: no new state
+                s.f[F_CANCEL] = 3
             s.lc("cancel")
         if life == "CANCEL_REQUESTED" and "transport_error" in faults:
             s = self._new(c, out, "transport: the connection fails while the cancel is pending", Tag("transport_while_cancel", fault=True))
