@@ -70,6 +70,8 @@ from .faults import FaultPlan
 from .request import Request
 from .runner import RequestRun
 from ..machine import compiled
+from ..machine.actions import Executor
+from ..spec import load_spec
 from .sampling import SamplingError, greedy_rows
 
 
@@ -128,13 +130,15 @@ _DELTA_SLACK = 64
 
 _SEQUENCE = compiled("sequence")
 _SWAPPED = _SEQUENCE.State["SWAPPED"]
+_PARKED = _SEQUENCE.State["PARKED"]
 
 
 @attrs.define(eq=False, slots=True)
 class _Entry:
     """The Engine's bookkeeping for one live run (driver thread only, except `order`). Where the
     sequence is (queued, resident, parked, swapped, done) is `seq`, a stepper of
-    spec/sequence.toml: the lists below only order the entries of each state."""
+    spec/sequence.toml, moved only by Engine._move, which runs the row's effects (the lists
+    below, kept by those effects, only order the entries of each state)."""
 
     run: RequestRun
     order: int
@@ -150,12 +154,6 @@ class _Entry:
     @property
     def swapped(self) -> bool:
         return self.seq.state is _SWAPPED
-
-    def unpark(self) -> None:
-        """Its reader let it run: the hold ends (the `unpark` row), the timers restart."""
-        if self.parked_since is not None:
-            self.seq.fire("unpark")
-        self.detached_since = self.parked_since = None
 
 
 def _need(e: _Entry) -> int:
@@ -412,11 +410,7 @@ class Engine:
             elif len(self._resident) < self.max_batch:
                 # DRAINING with a full stream: it needs no cache, only its reader, but resuming takes
                 # a place in the batch (sequence.toml): without a free one it waits swapped.
-                self._swapped.remove(e)
-                e.snapshot = None
-                e.seq.fire("resume")
-                self._resident.append(e)
-                self._resident.sort(key=lambda x: x.order)
+                self._move(e, "resume")  # restore_cache restores nothing for a draining run
                 moved = True
         if moved:
             with self._lock:
@@ -460,7 +454,7 @@ class Engine:
     def _prefill(self, entries: list[_Entry]) -> None:
         """QUEUED -> PREFILLING -> DECODING for `entries`, one batched prefill kernel (§4.3)."""
         for e in entries:  # into the batch; prefill.started and the in-flight cancel check, per run
-            e.seq.fire("admit")
+            self._move(e, "admit")
             e.run.begin_prefill()
         prompts = [e.run.prompt_ids for e in entries]
         try:
@@ -481,9 +475,7 @@ class Engine:
                 run.kernel_failed(ModelError(f"{type(out).__name__}: {out}"))
             else:
                 run.end_prefill(*out)
-            if run.state == "DECODING":
-                self._resident.append(e)
-            else:
+            if run.state != "DECODING":
                 self._settle(e)
 
     def _prefill_alone(self, prompt: list[int]) -> Any:
@@ -493,44 +485,26 @@ class Engine:
             return exc
 
     def _resume(self, e: _Entry) -> None:
-        run = e.run
-        try:
-            if self.preemption is Preemption.SWAP:
-                run.cache.restore(e.snapshot)
-            elif self.batch_invariant:  # the same kernel calls as the first time: the same bits
-                _, cache = self.model.prefill(run.prompt_ids)
-                for token in run.tokens[: run.decoded]:
-                    self.model.decode_one([cache], [token])
-                run.cache = cache
-            else:
-                _, cache = self.model.prefill(run.prompt_ids + run.tokens[: run.decoded])
-                cache.prompt_length = len(run.prompt_ids)
-                run.cache = cache
-        except Exception as exc:
-            run.kernel_failed(ModelError(f"resume failed: {type(exc).__name__}: {exc}"))
-        e.snapshot = None
-        e.seq.fire("resume")
-        self._swapped.remove(e)
-        self._resumes += 1
-        if run.done:
+        self._move(e, "resume")  # take_place, restore_cache
+        if e.run.done:  # the restore failed: FAILED with model_error
             self._drop(e)
-            return
-        run.trace.emit(EventKind.RESUMED, mode=self.preemption.value, cache_len=run.cache.length)
-        self._resident.append(e)
 
     def _preempt(self, e: _Entry) -> None:
-        run = e.run
-        cache_len = run.cache.length
-        if self.preemption is Preemption.SWAP:
-            e.snapshot = run.cache.snapshot()
-        run.cache.free()
-        e.seq.fire("preempt")
-        e.detached_since = e.parked_since = None  # its reader's timers start again once it is back
-        self._resident.remove(e)
-        self._swapped.append(e)
-        self._swapped.sort(key=lambda x: x.order)
-        self._preemptions += 1
-        run.trace.emit(EventKind.PREEMPTED, mode=self.preemption.value, cache_len=cache_len)
+        self._move(e, "preempt")  # give_place, snapshot_cache
+
+    def _move(self, e: _Entry, event: str) -> None:
+        """Move the sequence along spec/sequence.toml: fire `event` and run its row's effects (the
+        Engine's SEQUENCE executor below); a move the table refuses changes nothing."""
+        plan = _SEQ_PLANS.get((e.seq.state._value_, event))
+        if plan is None:
+            e.seq.fire(event)  # raises the table's IllegalTransition
+        for fn in plan.before:
+            fn(self, e)
+        e.seq.fire(event)
+        for fn in plan.with_:
+            fn(self, e)
+        for fn in plan.after:
+            fn(self, e)
 
     # ---- phase 3: the decode step (§4.4) -------------------------------------------------
 
@@ -544,8 +518,8 @@ class Engine:
             decoding = run.decoding
             if decoding and run.check_point():
                 if not run.stream.would_wait(e.headroom):  # the common case (_blocked): to select
-                    if e.parked_since is not None:
-                        e.unpark()
+                    if e.seq.state is _PARKED:
+                        self._move(e, "unpark")
                     ready.append(e)
                     continue
             elif decoding:
@@ -553,7 +527,8 @@ class Engine:
             if self._blocked(e):
                 moved = self._parked(e, now) or moved
             elif run.decoding:
-                e.unpark()
+                if e.seq.state is _PARKED:
+                    self._move(e, "unpark")
                 ready.append(e)
             moved = self._settle(e) or moved
         ready = self._fit_budget(ready)
@@ -591,11 +566,11 @@ class Engine:
         `detach_timeout_s` (D5), or connected but not reading for `stall_timeout_s` (issue 14)."""
         run = e.run
         if run.done:
-            e.unpark()
+            if e.seq.state is _PARKED:
+                self._move(e, "unpark")
             return False
-        if e.parked_since is None:
-            e.seq.fire("park")
-            e.parked_since = now
+        if e.seq.state is not _PARKED:
+            self._move(e, "park")
         if run.stream.connected:
             e.detached_since = None
             since, limit, what = e.parked_since, self.stall_timeout_s, "stall_timeout"
@@ -684,15 +659,7 @@ class Engine:
     def _drop(self, e: _Entry) -> None:
         """Forget a run that reached its terminal state; keep it for replay (retain_s). The
         `drop` row: a second drop is an IllegalTransition, never a second release."""
-        e.seq.fire("drop")
-        e.snapshot = None
-        if e in self._resident:
-            self._resident.remove(e)
-        if e in self._swapped:
-            self._swapped.remove(e)
-        with self._lock:
-            if self._live.pop(e.run.request.request_id, None) is not None:
-                self._record_done(e.run)
+        self._move(e, "drop")  # leave_batch (give_place, forget) or forget
 
     def _record_done(self, run: RequestRun) -> None:
         """Called with the lock held."""
@@ -723,3 +690,86 @@ def _snapshot_bytes(snap: Any) -> int:
     if k is None:
         return 0
     return k.numel() * k.element_size() * 2
+
+
+# ---- the Engine's implementation of every sequence effect (machine/actions.py) ---------------
+# Each runs as (engine, entry); Engine._move runs them by phase when a sequence row fires.
+SEQUENCE = Executor("sequence", "the runtime (engine.Engine)")
+
+
+@SEQUENCE.effect("take_place")
+def _take_place(eng: Engine, e: _Entry) -> None:
+    eng._resident.append(e)
+    eng._resident.sort(key=lambda x: x.order)
+
+
+@SEQUENCE.effect("give_place")
+def _give_place(eng: Engine, e: _Entry) -> None:
+    eng._resident.remove(e)
+
+
+@SEQUENCE.effect("snapshot_cache")
+def _snapshot_cache(eng: Engine, e: _Entry) -> None:
+    """Swap: the cache is copied out, then freed; recompute: freed (§4.8)."""
+    run = e.run
+    cache_len = run.cache.length
+    if eng.preemption is Preemption.SWAP:
+        e.snapshot = run.cache.snapshot()
+    run.cache.free()
+    e.detached_since = e.parked_since = None  # its reader's timers start again once it is back
+    eng._swapped.append(e)
+    eng._swapped.sort(key=lambda x: x.order)
+    eng._preemptions += 1
+    run.trace.emit(EventKind.PREEMPTED, mode=eng.preemption.value, cache_len=cache_len)
+
+
+@SEQUENCE.effect("restore_cache")
+def _restore_cache(eng: Engine, e: _Entry) -> None:
+    """The cache comes back (swap: copied in; recompute: prefilled again, or replayed one decode at
+    a time when batch-invariant); a draining run needs none. A failure is the run's model_error."""
+    eng._swapped.remove(e)
+    run, snapshot = e.run, e.snapshot
+    e.snapshot = None
+    if not run.decoding:
+        return
+    try:
+        if eng.preemption is Preemption.SWAP:
+            run.cache.restore(snapshot)
+        elif eng.batch_invariant:  # the same kernel calls as the first time: the same bits
+            _, cache = eng.model.prefill(run.prompt_ids)
+            for token in run.tokens[: run.decoded]:
+                eng.model.decode_one([cache], [token])
+            run.cache = cache
+        else:
+            _, cache = eng.model.prefill(run.prompt_ids + run.tokens[: run.decoded])
+            cache.prompt_length = len(run.prompt_ids)
+            run.cache = cache
+    except Exception as exc:
+        run.kernel_failed(ModelError(f"resume failed: {type(exc).__name__}: {exc}"))
+        return
+    eng._resumes += 1
+    run.trace.emit(EventKind.RESUMED, mode=eng.preemption.value, cache_len=run.cache.length)
+
+
+@SEQUENCE.effect("hold_reader")
+def _hold_reader(eng: Engine, e: _Entry) -> None:
+    e.parked_since = eng.clock()
+
+
+@SEQUENCE.effect("release_reader")
+def _release_reader(eng: Engine, e: _Entry) -> None:
+    e.detached_since = e.parked_since = None
+
+
+@SEQUENCE.effect("forget")
+def _forget(eng: Engine, e: _Entry) -> None:
+    """It reached its terminal state: kept for replay only (retain_s)."""
+    e.snapshot = None
+    if e in eng._swapped:
+        eng._swapped.remove(e)
+    with eng._lock:
+        if eng._live.pop(e.run.request.request_id, None) is not None:
+            eng._record_done(e.run)
+
+
+_SEQ_PLANS = SEQUENCE.plans(load_spec("sequence"))

@@ -11,13 +11,13 @@ from _spec_kit import probe, spec_copy
 from decodespec.machine import checker_model
 from decodespec.machine.actions import ActionError, Executor
 from decodespec.properties import check_trace
-from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, generate, ledger, runner
+from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, engine, generate, ledger, runner
 from decodespec.spec import MACHINES, load_spec, load_text
 from decodespec.spec.loader import SPEC_DIR
 
 EXECUTORS = {
     "checker model": checker_model.EXECUTORS,
-    "runtime": {"lifecycle": runner.LIFECYCLE, "resources": ledger.RESOURCES},
+    "runtime": {"lifecycle": runner.LIFECYCLE, "resources": ledger.RESOURCES, "sequence": engine.SEQUENCE},
 }
 
 
@@ -90,3 +90,29 @@ def test_a_changed_action_changes_what_the_runtime_does(tmp_path):
     tok = ByteTableTokenizer({1: b"x", 2: b"A", 5: b""}, eos_id=5)
     r = generate(Request([1], max_output_tokens=2), model=ScriptedModel([2, 5], vocab_size=6), tokenizer=tok)
     assert (r.state, check_trace(r.trace, tokenizer=tok)) == ("FINISHED", [])
+
+
+def test_a_changed_sequence_action_changes_what_the_engine_does(tmp_path):
+    """§4.4: with a finished resident sequence's `drop` given the action `forget` (its place is
+    not given back) in a copy of spec/, the Engine keeps the finished run in its batch and drops it
+    again on the next step, which the table refuses by name; with the shipped table both runs end."""
+    old = 'state = "RESIDENT"\nevent = "drop"\ntarget = "DONE"\naction = "leave_batch"'
+    copy = spec_copy(tmp_path, {"sequence.toml": lambda t: t.replace(old, old.replace("leave_batch", "forget"))})
+    source = """
+        import sys
+        sys.path.insert(0, "tests")
+        from _engine_kit import ascii_tokenizer, tiny_model
+        from decodespec.machine import IllegalTransition
+        from decodespec.runtime import Request
+        from decodespec.runtime.engine import Engine
+        eng = Engine(tiny_model(), ascii_tokenizer(), max_batch=1)
+        runs = [eng.submit(Request("ab", max_output_tokens=3)) for _ in range(2)]
+        try:
+            eng.run_until_idle(max_steps=300)
+        except IllegalTransition as exc:
+            print("refused:", exc)
+        print(" ".join(r.state for r in runs))
+    """
+    lines = probe(copy, source)
+    assert lines[0].startswith("refused: sequence: event 'drop' is not allowed in state DONE"), lines
+    assert probe(SPEC_DIR, source)[0] == "FINISHED FINISHED"
