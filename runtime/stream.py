@@ -31,6 +31,7 @@ from typing import Any
 import attrs
 
 from ..machine import compiled
+from ..machine.actions import ActionError, Executor
 from ..spec import FinishReason, load_spec
 from .events import EventKind, Trace
 
@@ -42,8 +43,6 @@ BackpressurePolicy.__doc__ = "What a full buffer does (§4.8, DECISIONS D6): pau
 OVERFLOW_ERROR = "stream buffer overflow"
 _PAUSE_POLICY = BackpressurePolicy.PAUSE
 _OPEN = compiled("stream").State["OPEN"]
-# Where the table makes a delta a quiet self-loop, the per-delta paths skip the fire (issue 8).
-_DELTA_LOOPS = compiled("stream").self_loops("delta", "emit_delta")
 _RESPONSE_DELTA = EventKind.RESPONSE_DELTA.value  # a per-token entry carries the plain string (events.py)
 
 
@@ -193,9 +192,7 @@ class OrderedStream:
     def start(self, model: str = "") -> None:
         """Send response.start (§4.7); it precedes every other event."""
         with self._cond:
-            self._st.fire("start")
-            self._append(EventKind.RESPONSE_START,
-                         StreamEvent(StreamEventKind.START, request_id=self.request_id, model=model), model=model)
+            self._move("start", model=model)
 
     def delta(self, data: bytes) -> int | None:
         """Send `data` as the next delta and return its seq; empty data sends nothing (None).
@@ -220,43 +217,29 @@ class OrderedStream:
                     self._wait_for_room(size)
             elif not self._within_cap(size):
                 raise StreamOverflow(self.request_id, self.overflow(), OVERFLOW_ERROR)
-            if self._st.state not in _DELTA_LOOPS:
-                self._st.fire("delta")
-            seq = self._next_seq
-            self._next_seq = seq + 1
-            events = self._unread_events = self._unread_events + 1
-            nbytes = self._unread_bytes = self._unread_bytes + size
-            self._log.append((seq, data))  # _append's work, inline on the per-token path
-            if self._trace is not None:
-                trace = self._trace
-                trace.put((_RESPONSE_DELTA, trace.clock(), seq, data, events, nbytes))
-            if self._sleepers or self._async_waiters:
-                self._wake()
+            if self._st.state in _DELTA_FAST:  # the row is a self-loop that only queues (issue 8)
+                seq = self._queue(data)
+            else:
+                seq = self._move("delta", data=data)
             if pause and not self._has_room(1):
-                self._st.fire("block")
+                self._move("block")
             return seq
 
     def deliver(self, data: bytes) -> int | None:
         """`delta(data)` for a producer that is its own reader (generate() reads inline): the
         delta is sent and taken at once, and every earlier unread event is taken with it.
 
-        When nothing is unread and the delta fits (`_inline_max`), this is one critical section: the table's
-        `delta` row fires, the delta is logged and traced exactly as `delta()` does (one unread
-        event at that moment), then counted as read. Otherwise it is `delta()` followed by reads.
+        When nothing is unread, the delta fits (`_inline_max`) and the table's `delta` row only
+        queues it (`_DELTA_FAST`), this is one critical section: the delta is queued as `delta()`
+        queues it (one unread event at that moment), then counted as read. Otherwise it is
+        `delta()` followed by reads.
         """
         if type(data) is bytes and 0 < len(data) <= self._inline_max:
             with self._lock:
-                log = self._log
-                if self._cursor == len(log) and self._st.state is _OPEN:
-                    if _OPEN not in _DELTA_LOOPS:
-                        self._st.fire("delta")
-                    seq = self._next_seq
-                    self._next_seq = seq + 1
-                    log.append((seq, data))
-                    self._cursor = len(log)
-                    if self._trace is not None:
-                        trace = self._trace
-                        trace.put((_RESPONSE_DELTA, trace.clock(), seq, data, 1, len(data)))
+                if self._cursor == len(self._log) and self._st.state is _OPEN and _OPEN in _DELTA_FAST:
+                    seq = self._queue(data)
+                    self._cursor = len(self._log)
+                    self._unread_events = self._unread_bytes = 0
                     return seq
         seq = self.delta(data)
         while self.get(timeout=0) is not None:
@@ -390,13 +373,10 @@ class OrderedStream:
     def _resume(self, after_seq: int | None) -> int:
         """The `replay` row (lock held): everything logged counts as read, a paused producer may
         resume; returns the log index of the first event with seq > `after_seq` (None: 0)."""
-        self._st.fire("replay")
         start = 0 if after_seq is None else next(
             (i for i, e in enumerate(self._log) if self._seq_of(e) is not None and self._seq_of(e) > after_seq),
             len(self._log))
-        self._cursor = len(self._log)
-        self._unread_events = self._unread_bytes = 0
-        self._after_read()
+        self._move("replay")
         return start
 
     @staticmethod
@@ -428,11 +408,11 @@ class OrderedStream:
 
     def disconnect(self) -> None:
         """The reader's transport went away: recorded, never EOS, not a cancel (DECISIONS D5)."""
-        self._transport("disconnect", False)
+        self._transport("disconnect")
 
     def reconnect(self) -> None:
         """A reader is attached again; it catches up with `replay(last_seen_seq)`."""
-        self._transport("reconnect", True)
+        self._transport("reconnect")
 
     # ---- observation ---------------------------------------------------------------------
 
@@ -471,8 +451,35 @@ class OrderedStream:
 
     def _end(self, event: str, reason: FinishReason, usage: Any, error: str | None) -> int:
         with self._cond:
-            _, state = self._st.fire(event)
-            return self._terminate(state.value, reason, usage, error)
+            return self._move(event, reason=reason, usage=usage, error=error)
+
+    def _move(self, event: str, **ctx: Any) -> Any:
+        """Fire `event` and run its row's effects (the STREAM executor below) with `ctx`, the call's
+        data; returns what an effect left in ctx["seq"]. A refused event changes nothing. Lock held."""
+        key = (self._st.state._value_, event)
+        plan = _PLANS.get(key)
+        if plan is None:
+            self._st.fire(event)  # raises the table's IllegalTransition
+        for fn in plan.before:
+            _run(fn, self, ctx, key)
+        self._st.fire(event)
+        for fn in plan.with_ + plan.after:
+            _run(fn, self, ctx, key)
+        return ctx.get("seq")
+
+    def _queue(self, data: bytes) -> int:
+        """queue_delta: the delta is logged with the next seq and counts as unread (lock held)."""
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        events = self._unread_events = self._unread_events + 1
+        nbytes = self._unread_bytes = self._unread_bytes + len(data)
+        self._log.append((seq, data))  # _append's work, inline on the per-token path
+        if self._trace is not None:
+            trace = self._trace
+            trace.put((_RESPONSE_DELTA, trace.clock(), seq, data, events, nbytes))
+        if self._sleepers or self._async_waiters:
+            self._wake()
+        return seq
 
     def _terminate(self, state: str, reason: FinishReason, usage: Any, error: str | None) -> int:
         """Queue the one terminal event of `state` (same critical section as its transition)."""
@@ -505,8 +512,8 @@ class OrderedStream:
         with its verdict, so a reader making room in between cannot let the refused delta through
         after its lifecycle has already failed (DECISIONS D6)."""
         with self._lock:
-            _, state = self._st.fire("overflow")
-            return self._terminate(state.value, FinishReason.TRANSPORT_ERROR, self._overflow_usage(), OVERFLOW_ERROR)
+            return self._move("overflow", reason=FinishReason.TRANSPORT_ERROR, usage=self._overflow_usage(),
+                              error=OVERFLOW_ERROR)
 
     def fits(self, size: int) -> bool:
         """Would a delta of `size` bytes be taken without overflowing? Always True under `pause`,
@@ -535,7 +542,7 @@ class OrderedStream:
     def _wait_for_room(self, size: int) -> None:
         """Pause policy: block (table `block`) until the reader makes room (`unblock`)."""
         if self._st.state == "OPEN" and not self._has_room(size):
-            self._st.fire("block")
+            self._move("block")
         if self._st.state != "PAUSED":
             return
         paused_at = time.monotonic()
@@ -546,9 +553,8 @@ class OrderedStream:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     error = f"reader stalled: producer paused for {self.pause_timeout_s} s"
-                    _, state = self._st.fire("fail")
-                    seq = self._terminate(state.value, FinishReason.TRANSPORT_ERROR,
-                                          self._overflow_usage(), error)
+                    seq = self._move("fail", reason=FinishReason.TRANSPORT_ERROR, usage=self._overflow_usage(),
+                                     error=error)
                     raise StreamOverflow(self.request_id, seq, error)
                 self._sleep(left)
         finally:
@@ -573,8 +579,7 @@ class OrderedStream:
     def _after_read(self) -> None:
         """The reader made room: resume a paused producer once its pending delta fits."""
         if self._st.state == "PAUSED" and self._has_room(max(self._pending, 1)):
-            self._st.fire("unblock")
-            self._cond.notify_all()
+            self._move("unblock")
 
     def _drained(self) -> bool:
         """Terminal event already read: nothing will ever come."""
@@ -597,12 +602,9 @@ class OrderedStream:
             loop.call_soon_threadsafe(_resolve, fut)
         self._async_waiters.clear()
 
-    def _transport(self, what: str, connected: bool) -> None:
+    def _transport(self, what: str) -> None:
         with self._cond:
-            self._st.fire(what)
-            self._connected = connected
-            if self._trace is not None:
-                self._trace.emit(EventKind.TRANSPORT, what=what)
+            self._move(what)
 
     def __repr__(self) -> str:
         return f"<OrderedStream {self.request_id} {self._st.state.value} next_seq={self._next_seq}>"
@@ -668,3 +670,73 @@ class Deduper:
     def accept_event(self, event: StreamEvent) -> bool:
         """`accept` keyed by the event's own request_id and seq."""
         return self.accept(event.request_id, event.seq)
+
+
+def _run(fn: Callable[[OrderedStream, dict], None], st: OrderedStream, ctx: dict, key: tuple[str, str]) -> None:
+    """Run one effect; one that needs what this call does not carry (an edited table giving a row
+    another action) is an ActionError naming the row, not a KeyError from inside the stream."""
+    try:
+        fn(st, ctx)
+    except KeyError as exc:
+        name = next(n for n, f in STREAM.impl.items() if f is fn)
+        raise ActionError(f"stream row ({key[0]}, {key[1]}): effect {name} needs {exc.args[0]!r}, "
+                          "which this call does not carry") from None
+
+
+# ---- the runtime's implementation of every stream effect (machine/actions.py) ----------------
+# Each runs as (stream, ctx) with the lock held; OrderedStream._move runs them by phase.
+STREAM = Executor("stream", "the runtime (stream.OrderedStream)")
+
+
+@STREAM.effect("open")
+def _open(st: OrderedStream, ctx: dict) -> None:
+    model = ctx.get("model", "")
+    st._append(EventKind.RESPONSE_START, StreamEvent(StreamEventKind.START, request_id=st.request_id, model=model),
+               model=model)
+
+
+@STREAM.effect("queue_delta")
+def _queue_delta(st: OrderedStream, ctx: dict) -> None:
+    ctx["seq"] = st._queue(ctx["data"])
+
+
+@STREAM.effect("queue_terminal")
+def _queue_terminal(st: OrderedStream, ctx: dict) -> None:
+    ctx["seq"] = st._terminate(st._st.state._value_, ctx["reason"], ctx["usage"], ctx["error"])
+
+
+STREAM.abstracts("pause", "PAUSED is the fact: a pause-policy delta() waits while the stream is in it")
+
+
+@STREAM.effect("resume")
+def _resume_producer(st: OrderedStream, ctx: dict) -> None:
+    st._cond.notify_all()  # the producer waiting in _wait_for_room goes on
+
+
+@STREAM.effect("replay")
+def _replay(st: OrderedStream, ctx: dict) -> None:
+    """Everything logged counts as read: the live reader continues after it (§4.7)."""
+    st._cursor = len(st._log)
+    st._unread_events = st._unread_bytes = 0
+    st._after_read()
+
+
+@STREAM.effect("detach")
+def _detach(st: OrderedStream, ctx: dict) -> None:
+    st._connected = False
+    if st._trace is not None:
+        st._trace.emit(EventKind.TRANSPORT, what="disconnect")
+
+
+@STREAM.effect("attach")
+def _attach(st: OrderedStream, ctx: dict) -> None:
+    st._connected = True
+    if st._trace is not None:
+        st._trace.emit(EventKind.TRANSPORT, what="reconnect")
+
+
+_PLANS = STREAM.plans(load_spec("stream"))
+# Where a delta's row is a self-loop whose action only queues it, the per-delta paths queue it
+# without the fire (issue 8): derived from the table, so another action there goes through _move.
+_DELTA_FAST = frozenset(compiled("stream").State[s] for (s, e), plan in _PLANS.items()
+                        if e == "delta" and plan.effects == ("queue_delta",) and load_spec("stream").decision(s, e).target == s)

@@ -11,13 +11,14 @@ from _spec_kit import probe, spec_copy
 from decodespec.machine import checker_model
 from decodespec.machine.actions import ActionError, Executor
 from decodespec.properties import check_trace
-from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, engine, generate, ledger, runner
+from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, engine, generate, ledger, runner, stream
 from decodespec.spec import MACHINES, load_spec, load_text
 from decodespec.spec.loader import SPEC_DIR
 
 EXECUTORS = {
     "checker model": checker_model.EXECUTORS,
-    "runtime": {"lifecycle": runner.LIFECYCLE, "resources": ledger.RESOURCES, "sequence": engine.SEQUENCE},
+    "runtime": {"lifecycle": runner.LIFECYCLE, "resources": ledger.RESOURCES, "sequence": engine.SEQUENCE,
+                "stream": stream.STREAM},
 }
 
 
@@ -116,3 +117,29 @@ def test_a_changed_sequence_action_changes_what_the_engine_does(tmp_path):
     lines = probe(copy, source)
     assert lines[0].startswith("refused: sequence: event 'drop' is not allowed in state DONE"), lines
     assert probe(SPEC_DIR, source)[0] == "FINISHED FINISHED"
+
+
+def test_a_changed_stream_action_changes_what_the_stream_does(tmp_path):
+    """§4.7: with the open stream's `disconnect` given the action `attach_reader` in a copy of
+    spec/, a disconnect leaves the stream connected (and traced as a reconnect); an effect whose
+    input the call does not carry is refused by name (a `complete` given `emit_delta`)."""
+    detach = 'state = "OPEN"\nevents = ["disconnect"]\naction = "detach_reader"'
+    complete = 'state = "OPEN"\nevent = "complete"\ntarget = "COMPLETED"\naction = "emit_terminal"'
+    copy = spec_copy(tmp_path, {"stream.toml": lambda t: t.replace(detach, detach.replace("detach_reader", "attach_reader"))
+                                .replace(complete, complete.replace("emit_terminal", "emit_delta"))})
+    source = """
+        from decodespec.machine.actions import ActionError
+        from decodespec.runtime.stream import OrderedStream
+        s = OrderedStream("r1")
+        s.start()
+        s.disconnect()
+        print(s.connected)
+        try:
+            s.complete("eos")
+        except ActionError as exc:
+            print(exc)
+    """
+    lines = probe(copy, source)
+    assert lines[0] == "True" and lines[1] == (
+        "stream row (OPEN, complete): effect queue_delta needs 'data', which this call does not carry"), lines
+    assert probe(SPEC_DIR, source)[:2] == ["False", ""]
