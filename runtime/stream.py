@@ -236,7 +236,7 @@ class OrderedStream:
         """
         if type(data) is bytes and 0 < len(data) <= self._inline_max:
             with self._lock:
-                if self._cursor == len(self._log) and self._st.state is _OPEN and _OPEN in _DELTA_FAST:
+                if _OPEN_FAST and self._cursor == len(self._log) and self._st.state is _OPEN:
                     seq = self._queue(data)
                     self._cursor = len(self._log)
                     self._unread_events = self._unread_bytes = 0
@@ -740,3 +740,4 @@ _PLANS = STREAM.plans(load_spec("stream"))
 # without the fire (issue 8): derived from the table, so another action there goes through _move.
 _DELTA_FAST = frozenset(compiled("stream").State[s] for (s, e), plan in _PLANS.items()
                         if e == "delta" and plan.effects == ("queue_delta",) and load_spec("stream").decision(s, e).target == s)
+_OPEN_FAST = _OPEN in _DELTA_FAST
