@@ -30,13 +30,12 @@ from typing import Any
 import attrs
 
 from ..machine import compiled
+from ..machine.actions import Executor
 from ..spec import load_spec
 
 __all__ = ["StopHit", "StopKind", "StopMatcher", "TokenStopMatcher"]
 
 RULE_VERSION: int = load_spec("stop_matcher").params["stop_rule_version"]
-_HOLD_LOOPS = compiled("stop_matcher").self_loops("hold", "emit_safe_hold_suffix")
-_CLEAR_LOOPS = compiled("stop_matcher").self_loops("clear", "emit_safe")
 DEFAULT_MAX_STOPS = 4096
 # The transition table has (total stop bytes + 1) x (distinct bytes + 1) entries: bound it.
 DEFAULT_MAX_STOP_BYTES = 1 << 16
@@ -297,6 +296,15 @@ class _TableControl:
         """The first (winning) hit, once one occurred."""
         return self._hit
 
+    def _route(self, event: str) -> tuple[int, int]:
+        """Fire `event` (raises, changing nothing, when the table refuses it) and return where
+        its row's action sends the candidates: (what goes out, what stays held), indices into
+        (safe, held, match, nothing) (_ROUTES, derived from the effects below)."""
+        st = self._st
+        route = _ROUTES.get((st.state._value_, event))
+        st.fire(event)
+        return route
+
 
 class StopMatcher(_TableControl):
     """Stop strings on the output byte stream (§4.6): bytes in, safe bytes out.
@@ -355,20 +363,29 @@ class StopMatcher(_TableControl):
             if s < 0:
                 return self._on_hit(data, symbols, ~s)
         held = self._prefixes[s // self._stride]
-        st = self._st  # fire unless the table makes this push a quiet self-loop (issue 8)
-        if held:
-            if st.state not in _HOLD_LOOPS:
-                st.fire("hold")
-        elif st.state not in _CLEAR_LOOPS:
-            st.fire("clear")
         old = self.held
+        n = len(data) - len(held)  # the held suffix may reach back into the old held bytes
+        safe = (old + data[:n] if old else data[:n]) if n >= 0 else old[: len(old) + n]
+        # fire and route by the row's effects unless it is a self-loop that releases the safe
+        # bytes and keeps the suffix (the fast path, derived from the table: issue 8)
+        st = self._st
+        if held:
+            if st.state not in _HOLD_FAST:
+                route = _HOLD_ROUTES.get(st.state)
+                st.fire("hold")  # raises, changing nothing, when the table refuses it
+                if route != _KEEP_SUFFIX:
+                    candidates = (safe, held, b"", b"")
+                    safe, held = candidates[route[0]], candidates[route[1]]
+        elif st.state not in _CLEAR_FAST:
+            route = _CLEAR_ROUTES.get(st.state)
+            st.fire("clear")
+            if route != _RELEASE:
+                candidates = (safe, held, b"", b"")
+                safe, held = candidates[route[0]], candidates[route[1]]
         self._s = s
         self._pos += len(data)
         self.held = held
-        n = len(data) - len(held)  # the held suffix may reach back into the old held bytes
-        if n >= 0:
-            return (old + data[:n] if old else data[:n]), None
-        return old[: len(old) + n], None
+        return safe, None
 
     def _on_hit(self, data: bytes, symbols: bytes, index: int) -> tuple[bytes, StopHit]:
         delta, s, at = self._delta, self._s, 0
@@ -378,25 +395,28 @@ class StopMatcher(_TableControl):
         end = self._pos + at
         start = end - self._auto.lengths[index]
         hit = StopHit(self._stops[index], index, start, end, RULE_VERSION, StopKind.STRING)
-        self._st.fire("hit")
+        out, keep = self._route("hit")
         base = self._pos - len(self.held)
         buf = self.held + data
+        safe, match = buf[: start - base], buf[start - base :]
         self._s = 0
         self._pos += len(data)
-        self.held = buf[start - base :]
+        candidates = (safe, b"", match, b"")
+        self.held = candidates[keep]
         self._hit = hit
-        return buf[: start - base], hit
+        return candidates[out], hit
 
     def flush(self) -> bytes:
         """End of output without a hit: the held suffix is safe after all (§4.3)."""
-        self._st.fire("flush")
-        out, self.held = self.held, b""
-        return out
+        out, keep = self._route("flush")
+        candidates = (b"", self.held, b"", b"")
+        self.held = candidates[keep]
+        return candidates[out]
 
     def discard_from_first_match(self) -> None:
         """After a hit: drop the match and everything after it (§4.3)."""
-        self._st.fire("discard")
-        self.held = b""
+        out, keep = self._route("discard")
+        self.held = (b"", self.held, b"", b"")[keep]
 
     def __repr__(self) -> str:
         return f"<StopMatcher {len(self._stops)} stops at {self.state.value}, held {self.held!r}>"
@@ -445,24 +465,84 @@ class TokenStopMatcher(_TableControl):
             end = self._pos + 1
             stop = self._seqs[index]
             hit = StopHit(stop, index, end - len(stop), end, RULE_VERSION, StopKind.TOKEN_IDS)
-            self._st.fire("hit")
+            self._route("hit")  # the ids' text is the caller's: only the hit and its place count here
             self._s, self._pos, self._hit = 0, end, hit
             return hit
-        self._st.fire("hold" if s else "clear")
+        if self._st.state not in (_HOLD_FAST if s else _CLEAR_FAST):
+            _, keep = self._route("hold" if s else "clear")
+            s = (0, s, 0, 0)[keep]  # a row that keeps no suffix forgets the partial match
         self._s = s
         self._pos += 1
         return None
 
     def flush(self) -> tuple[int, ...]:
         """End of the token stream without a hit: returns and forgets the partial match (§4.3)."""
-        self._st.fire("flush")
-        out = self.held
+        out, _ = self._route("flush")
+        held = ((), self.held, (), ())[out]
         self._s = 0
-        return out
+        return held
 
     def discard_from_first_match(self) -> None:
         """After a hit: close the matcher (§4.3)."""
-        self._st.fire("discard")
+        self._route("discard")
 
     def __repr__(self) -> str:
         return f"<TokenStopMatcher {len(self._seqs)} sequences at {self.state.value}>"
+
+
+# ---- the runtime's implementation of every stop-matcher effect (machine/actions.py) ----------
+# A push, a flush or a discard has candidates: the safe bytes (SAFE), the held suffix (HELD) and,
+# at a hit, the match with what follows it (MATCH). Each effect says where one goes; run once per
+# row on a record of those names, they give the row's route (what goes out, what stays held),
+# which the matchers apply as indices into (safe, held, match, nothing). A row whose action lacks
+# an effect sends or keeps NOTHING there.
+SAFE, HELD, MATCH, NOTHING = 0, 1, 2, 3
+STOP = Executor("stop_matcher", "the runtime (stop.StopMatcher, stop.TokenStopMatcher)")
+
+
+@STOP.effect("release_safe")
+def _release_safe(r: dict) -> None:
+    r["out"] = SAFE
+
+
+@STOP.effect("hold_suffix")
+def _hold_suffix(r: dict) -> None:
+    r["keep"] = HELD
+
+
+@STOP.effect("cut_at_match")
+def _cut_at_match(r: dict) -> None:
+    r["keep"] = MATCH
+
+
+@STOP.effect("release_held")
+def _release_held(r: dict) -> None:
+    r["out"] = HELD
+
+
+@STOP.effect("drop_held")
+def _drop_held(r: dict) -> None:
+    r["keep"] = NOTHING
+
+
+def _routes() -> dict[tuple[str, str], tuple[int, int]]:
+    out = {}
+    for key, plan in STOP.plans(load_spec("stop_matcher")).items():
+        r = {"out": NOTHING, "keep": HELD if key[1] == "discard" else NOTHING}  # a discard keeps what no effect drops
+        for fn in plan.before + plan.with_ + plan.after:
+            fn(r)
+        out[key] = (r["out"], r["keep"])
+    return out
+
+
+_ROUTES = _routes()
+# Where a push's row is a self-loop that releases the safe bytes (and, holding, keeps the suffix)
+# the matchers skip the fire and the routing: the per-token fast path, derived from the table.
+_STATES = compiled("stop_matcher").State
+_RELEASE, _KEEP_SUFFIX = (SAFE, NOTHING), (SAFE, HELD)  # what emit_safe and emit_safe_hold_suffix route
+_CLEAR_ROUTES = {_STATES[s]: r for (s, e), r in _ROUTES.items() if e == "clear"}
+_HOLD_ROUTES = {_STATES[s]: r for (s, e), r in _ROUTES.items() if e == "hold"}
+_CLEAR_FAST = frozenset(st for st, r in _CLEAR_ROUTES.items()
+                        if r == _RELEASE and load_spec("stop_matcher").decision(st.value, "clear").target == st.value)
+_HOLD_FAST = frozenset(st for st, r in _HOLD_ROUTES.items()
+                       if r == _KEEP_SUFFIX and load_spec("stop_matcher").decision(st.value, "hold").target == st.value)

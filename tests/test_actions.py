@@ -11,14 +11,14 @@ from _spec_kit import probe, spec_copy
 from decodespec.machine import checker_model
 from decodespec.machine.actions import ActionError, Executor
 from decodespec.properties import check_trace
-from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, engine, generate, ledger, runner, stream
+from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, engine, generate, ledger, runner, stop, stream
 from decodespec.spec import MACHINES, load_spec, load_text
 from decodespec.spec.loader import SPEC_DIR
 
 EXECUTORS = {
     "checker model": checker_model.EXECUTORS,
     "runtime": {"lifecycle": runner.LIFECYCLE, "resources": ledger.RESOURCES, "sequence": engine.SEQUENCE,
-                "stream": stream.STREAM},
+                "stream": stream.STREAM, "stop_matcher": stop.STOP},
 }
 
 
@@ -143,3 +143,17 @@ def test_a_changed_stream_action_changes_what_the_stream_does(tmp_path):
     assert lines[0] == "True" and lines[1] == (
         "stream row (OPEN, complete): effect queue_delta needs 'data', which this call does not carry"), lines
     assert probe(SPEC_DIR, source)[:2] == ["False", ""]
+
+
+def test_a_changed_stop_matcher_action_changes_what_the_matcher_returns(tmp_path):
+    """§4.3, §4.6: with the holding matcher's `flush` given the action `discard_from_match` in a
+    copy of spec/, the held suffix is dropped at the end instead of sent; shipped, it is sent."""
+    flush = 'state = "HOLDING"\nevent = "flush"\ntarget = "FLUSHED"\naction = "emit_held"'
+    copy = spec_copy(tmp_path, {"stop_matcher.toml": lambda t: t.replace(flush, flush.replace("emit_held", "discard_from_match"))})
+    source = """
+        from decodespec.runtime.stop import StopMatcher
+        m = StopMatcher(["AB"])
+        print(m.push(b"xA"), m.flush())
+    """
+    assert probe(copy, source)[0] == "(b'x', None) b''"
+    assert probe(SPEC_DIR, source)[0] == "(b'x', None) b'A'"
