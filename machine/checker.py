@@ -255,13 +255,13 @@ class _Search:
         self._waits = [model.waits_for_slot(c) for c in comps]
         self._used = [model.used_slot(c) for c in comps]
         flagged = [bool(b) for b in loc.bad]
-        free: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]  # (next id, pool delta, holder delta)
+        free: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]  # (next id, pool delta, change of free + held)
         slot: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]  # steps that take a place
         witness_edges: list[list] = [[] for _ in range(n)]
         for c in range(n):
             for lab, nx, dp, need, wit in loc.succ[c]:
                 if nx != c or dp:  # a step that changes nothing is no edge (see _prepass)
-                    (slot if need else free)[c].append((nx, dp, hold[nx] - hold[c]))
+                    (slot if need else free)[c].append((nx, dp, dp + hold[nx] - hold[c]))
                 if wit:
                     witness_edges[c].append((lab, need, wit))
         both = [free[c] + slot[c] for c in range(n)]
@@ -276,7 +276,7 @@ class _Search:
         for s in frontier:
             self._check_state(s)
         pred: dict[int, list[int]] | None = None if acyclic else {}
-        slots, found, wit_found = self.slots, self.found, self.witness_at
+        found, wit_found = self.found, self.witness_at
         missing = set(self._expected_witnesses()) - set(POOL_WITNESSES)
         pool_missing = [w for w in self._expected_witnesses() if w in POOL_WITNESSES]
         shifts = [21 * (n_req - 1 - k) for k in range(n_req)]
@@ -289,8 +289,7 @@ class _Search:
             nxt: list[int] = []
             for s in frontier:
                 pool = s >> shift
-                ids = [(s >> sh) & _MASK for sh in shifts]
-                held = slots - pool - sum(map(hold.__getitem__, ids))  # 0 unless places were lost or made
+                ids = [(s >> 21) & _MASK, s & _MASK] if n_req == 2 else [(s >> sh) & _MASK for sh in shifts]
                 en = 0
                 prev = -1
                 for k, x in enumerate(ids):
@@ -306,7 +305,7 @@ class _Search:
                         y = ids[1 - k]
                     elif n_req == 3:
                         y, z = ids[:k] + ids[k + 1:]
-                    for nx, dp, dh in moves:
+                    for nx, dp, dh in moves:  # dh: what the move changes in the place accounting
                         np = pool + dp
                         if n_req == 2:
                             ns = (np << 42) | ((nx << 21) | y if nx <= y else (y << 21) | nx)
@@ -321,7 +320,9 @@ class _Search:
                         if ns not in seen:
                             seen[ns] = s
                             nxt.append(ns)
-                            if flagged[nx] or held != dp + dh or pool_missing:
+                            # a state whose places do not add up is first reached by a move that
+                            # changes the sum (free + held), so only those are checked for it
+                            if flagged[nx] or dh or pool_missing:
                                 self._check_state(ns)
                                 pool_missing = [w for w in pool_missing if w not in wit_found]
                         if pred is not None:
