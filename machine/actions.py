@@ -18,7 +18,7 @@ new effect cannot slip past either executor unnoticed.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
@@ -43,6 +43,28 @@ class Plan:
 
     def has(self, effect: str) -> bool:
         return effect in self.effects
+
+
+class _Stepper(Protocol):
+    state: Any
+
+    def fire(self, event: str) -> Any: ...
+
+
+def fire_with_effects(stepper: _Stepper, plans: Mapping[tuple[str, str], Plan], event: str, *args: Any) -> Plan:
+    """Fire `event` on `stepper` and run its row's effects by phase, each as `fn(*args)`; returns
+    the plan. A refused event raises the table's IllegalTransition and runs nothing."""
+    plan = plans.get((stepper.state._value_, event))
+    if plan is None:
+        stepper.fire(event)  # raises
+    for fn in plan.before:
+        fn(*args)
+    stepper.fire(event)
+    for fn in plan.with_:
+        fn(*args)
+    for fn in plan.after:
+        fn(*args)
+    return plan
 
 
 class Executor:

@@ -376,12 +376,8 @@ STOP.abstracts("drop_held", "dropping is sending nothing: the model sends only w
 
 
 @DETOK.effect("pass_complete")
-def _pass_complete(s: Step, field: int, target: int, reason: int) -> None:
-    s.passed = True
-
-
 @DETOK.effect("pass_tail")
-def _pass_tail(s: Step, field: int, target: int, reason: int) -> None:
+def _pass_bytes(s: Step, field: int, target: int, reason: int) -> None:
     s.passed = True
 
 

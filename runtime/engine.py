@@ -70,7 +70,7 @@ from .faults import FaultPlan
 from .request import Request
 from .runner import RequestRun
 from ..machine import compiled
-from ..machine.actions import Executor
+from ..machine.actions import Executor, fire_with_effects
 from ..spec import load_spec
 from .sampling import SamplingError, greedy_rows
 
@@ -495,16 +495,7 @@ class Engine:
     def _move(self, e: _Entry, event: str) -> None:
         """Move the sequence along spec/sequence.toml: fire `event` and run its row's effects (the
         Engine's SEQUENCE executor below); a move the table refuses changes nothing."""
-        plan = _SEQ_PLANS.get((e.seq.state._value_, event))
-        if plan is None:
-            e.seq.fire(event)  # raises the table's IllegalTransition
-        for fn in plan.before:
-            fn(self, e)
-        e.seq.fire(event)
-        for fn in plan.with_:
-            fn(self, e)
-        for fn in plan.after:
-            fn(self, e)
+        fire_with_effects(e.seq, _SEQ_PLANS, event, self, e)
 
     # ---- phase 3: the decode step (§4.4) -------------------------------------------------
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 import attrs
 
 from ..machine import Stepper, compiled
-from ..machine.actions import Executor
+from ..machine.actions import Executor, fire_with_effects
 from ..spec import load_spec
 from .events import EventKind, Trace
 
@@ -108,15 +108,8 @@ class ResourceLedger:
         """
         k = resource_kind(kind)
         with self._lock:
-            st = self._steppers[k]
-            plan = _PLANS.get((st.state.value, "release"))
-            if plan is None:
-                st.fire("release")  # raises the table's IllegalTransition (never acquired)
-            for fn in plan.before:
-                fn(self, k)
-            st.fire("release")
-            for fn in plan.with_ + plan.after:  # the row's action: `free` runs the callback
-                fn(self, k)
+            # the row's action: `free` runs the callback; never acquired: IllegalTransition
+            plan = fire_with_effects(self._steppers[k], _PLANS, "release", self, k)
             if not plan.has("free"):
                 self._record(k, LedgerProblem.DOUBLE_RELEASE)
                 return False

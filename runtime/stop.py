@@ -368,20 +368,11 @@ class StopMatcher(_TableControl):
         safe = (old + data[:n] if old else data[:n]) if n >= 0 else old[: len(old) + n]
         # fire and route by the row's effects unless it is a self-loop that releases the safe
         # bytes and keeps the suffix (the fast path, derived from the table: issue 8)
-        st = self._st
         if held:
-            if st.state not in _HOLD_FAST:
-                route = _HOLD_ROUTES.get(st.state)
-                st.fire("hold")  # raises, changing nothing, when the table refuses it
-                if route != _KEEP_SUFFIX:
-                    candidates = (safe, held, b"", b"")
-                    safe, held = candidates[route[0]], candidates[route[1]]
-        elif st.state not in _CLEAR_FAST:
-            route = _CLEAR_ROUTES.get(st.state)
-            st.fire("clear")
-            if route != _RELEASE:
-                candidates = (safe, held, b"", b"")
-                safe, held = candidates[route[0]], candidates[route[1]]
+            if self._st.state not in _HOLD_FAST:
+                safe, held = self._reroute("hold", _HOLD_ROUTES, _KEEP_SUFFIX, safe, held)
+        elif self._st.state not in _CLEAR_FAST:
+            safe, held = self._reroute("clear", _CLEAR_ROUTES, _RELEASE, safe, held)
         self._s = s
         self._pos += len(data)
         self.held = held
@@ -412,6 +403,16 @@ class StopMatcher(_TableControl):
         candidates = (b"", self.held, b"", b"")
         self.held = candidates[keep]
         return candidates[out]
+
+    def _reroute(self, event: str, routes: dict, plain: tuple[int, int], safe: bytes, held: bytes) -> tuple[bytes, bytes]:
+        """A push off the fast path: fire `event` (raises, changing nothing, when the table refuses
+        it) and route (safe, held) as its row's effects say (`plain`: as the fast path does)."""
+        route = routes.get(self._st.state)
+        self._st.fire(event)
+        if route == plain:
+            return safe, held
+        candidates = (safe, held, b"", b"")
+        return candidates[route[0]], candidates[route[1]]
 
     def discard_from_first_match(self) -> None:
         """After a hit: drop the match and everything after it (§4.3)."""
@@ -538,11 +539,16 @@ def _routes() -> dict[tuple[str, str], tuple[int, int]]:
 _ROUTES = _routes()
 # Where a push's row is a self-loop that releases the safe bytes (and, holding, keeps the suffix)
 # the matchers skip the fire and the routing: the per-token fast path, derived from the table.
-_STATES = compiled("stop_matcher").State
 _RELEASE, _KEEP_SUFFIX = (SAFE, NOTHING), (SAFE, HELD)  # what emit_safe and emit_safe_hold_suffix route
-_CLEAR_ROUTES = {_STATES[s]: r for (s, e), r in _ROUTES.items() if e == "clear"}
-_HOLD_ROUTES = {_STATES[s]: r for (s, e), r in _ROUTES.items() if e == "hold"}
-_CLEAR_FAST = frozenset(st for st, r in _CLEAR_ROUTES.items()
-                        if r == _RELEASE and load_spec("stop_matcher").decision(st.value, "clear").target == st.value)
-_HOLD_FAST = frozenset(st for st, r in _HOLD_ROUTES.items()
-                       if r == _KEEP_SUFFIX and load_spec("stop_matcher").decision(st.value, "hold").target == st.value)
+
+
+def _push_routes(event: str, plain: tuple[int, int]) -> tuple[dict, frozenset]:
+    """Per state, the route of a push `event`; and the states whose row is a self-loop routing as
+    `plain` (the fast path)."""
+    table, states = load_spec("stop_matcher"), compiled("stop_matcher").State
+    routes = {states[s]: r for (s, e), r in _ROUTES.items() if e == event}
+    return routes, frozenset(st for st, r in routes.items() if r == plain and table.decision(st.value, event).target == st.value)
+
+
+_CLEAR_ROUTES, _CLEAR_FAST = _push_routes("clear", _RELEASE)
+_HOLD_ROUTES, _HOLD_FAST = _push_routes("hold", _KEEP_SUFFIX)
