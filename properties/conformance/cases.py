@@ -247,7 +247,7 @@ def load_cases(select: Iterable[str] = (), *, folder: str | Path | None = None) 
 # ---- saving counterexamples --------------------------------------------------------------------
 
 
-def _bytes_json(v: bytes) -> Any:
+def bytes_json(v: bytes) -> Any:
     try:
         return v.decode("utf-8")
     except UnicodeDecodeError:
@@ -256,7 +256,7 @@ def _bytes_json(v: bytes) -> Any:
 
 def expect_to_json(e: Expect) -> dict[str, Any]:
     """An Expect in the case file's JSON shape (the inverse of parse_case's `expect`)."""
-    b = _bytes_json
+    b = bytes_json
     exp: dict[str, Any] = {}
     if e.output is not None:
         exp["output"] = b(e.output)

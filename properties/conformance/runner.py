@@ -16,8 +16,15 @@ from typing import Any
 
 import attrs
 
-from .adapters.base import Adapter, Finding, Outcome, case_tokenizer
+from ...runtime.openai_schema import OPENAI_FINISH
+from ...spec import FinishReason
+from .adapters.base import Adapter, Finding, Outcome, case_prompt, case_script, case_tokenizer, reference_on
 from .cases import Case, CaseError, CaseKind, Grade, expect_to_json
+from .judgement import expected_of
+from .symptoms import (WIRE, Expected, compare_reason, compare_split, compare_stream, compare_text, finding,
+                       merge)
+
+_REASON_VALUES = frozenset(r.value for r in FinishReason)
 
 
 class Verdict(enum.StrEnum):
@@ -43,7 +50,17 @@ class CaseResult:
 
     @property
     def first_invariant(self) -> str | None:
+        """The invariant the lead finding breaks (a wire convention's name when only those failed)."""
         return self.failures[0].invariant if self.failures else None
+
+    @property
+    def lead(self) -> Finding | None:
+        return self.failures[0] if self.failures else None
+
+    @property
+    def wire(self) -> tuple[Finding, ...]:
+        """The OpenAI wire-convention findings (never a §4.x failure; `--strict` counts them)."""
+        return tuple(f for f in self.failures if f.family == WIRE)
 
     @property
     def failed(self) -> bool:
@@ -86,51 +103,16 @@ def _check_events(case: Case, events: Sequence[Any]) -> list[Finding]:
 
 
 def judge(case: Case, outcome: Outcome, engine: str, caps: frozenset[str]) -> CaseResult:
-    """Compare an Outcome with its expectation (the adapter's, else the case's); findings name invariants."""
-    exp = outcome.expect or case.expect
-    fails: list[Finding] = list(outcome.findings)
-    skipped: list[str] = []
-    stops = [s.encode() for s in case.inputs.get("stop", ())]
-    streamed = b"".join(outcome.chunks) if outcome.chunks is not None else None
-    for label, data in (("output", outcome.output), ("stream", streamed)):
-        for s in stops:
-            if data is not None and s in data:
-                fails.append(Finding("stop_bytes_never_emitted", f"the {label} contains the stop string {s!r}: {_text(data)!r}"))
-    if exp.output is not None:
-        if outcome.output is None:
-            skipped.append("output")
-        elif outcome.output != exp.output:
-            fails.append(Finding(case.invariant, f"output {_text(outcome.output)!r} != expected {_text(exp.output)!r}"))
-    if streamed is not None and outcome.output is not None and streamed != outcome.output:
-        fails.append(Finding("detok_concat_equals_batch", f"streamed bytes {_text(streamed)!r} differ from the returned output {_text(outcome.output)!r}"))
-    for key, inv in (("finish_reason", case.invariant), ("state", "finish_reason_matches_state")):
-        want = getattr(exp, key)
-        if want is None:
-            continue
-        got = getattr(outcome, key)
-        if got is None:
-            skipped.append(key)
-        elif got != want:
-            fails.append(Finding(inv, f"{key} {got!r} != expected {want!r}"))
-    if exp.error is not None:
-        if "errors" not in caps:
-            skipped.append("error")
-        elif not (outcome.error or "").startswith(exp.error):
-            fails.append(Finding(case.invariant, f"expected an error starting {exp.error!r}, got {outcome.error!r}"))
-    if exp.usage:
-        if outcome.usage is None:
-            skipped.append("usage")
-        else:
-            for k, v in exp.usage.items():
-                if outcome.usage.get(k) != v:
-                    fails.append(Finding("usage_consistent", f"usage.{k} = {outcome.usage.get(k)!r}, expected {v}"))
-    if exp.events:
-        if outcome.events is None:
-            skipped.append("events")
-        else:
-            fails += _check_events(case, outcome.events)
-    if outcome.full_trace and outcome.events is not None and case.kind is CaseKind.SCRIPT:
-        fails += _trace_findings(case, outcome.events)
+    """Compare an Outcome with what the case expects; every finding names the invariant whose
+    statement the observation breaks (symptoms.py), never the case's own by default.
+
+    An adapter that judged its answer itself (over HTTP: judgement.py) gives the findings; for the
+    others each dimension is compared here. A case none of whose checks could be observed is n/a,
+    never a pass; a pass that missed some is partial (`not_checked`)."""
+    if outcome.judged:
+        fails, skipped, ran = list(outcome.findings), list(outcome.not_checked), True
+    else:
+        fails, skipped, ran = _judge_here(case, outcome, caps)
     observed = {
         "output": _text(outcome.output), "finish_reason": outcome.finish_reason, "state": outcome.state,
         "error": outcome.error, "usage": dict(outcome.usage) if outcome.usage is not None else None,
@@ -138,19 +120,106 @@ def judge(case: Case, outcome: Outcome, engine: str, caps: frozenset[str]) -> Ca
         "notes": list(outcome.notes),
         "exchanges": list(outcome.exchanges), "reference": dict(outcome.reference) if outcome.reference else None,
     }
-    fails.sort(key=lambda f: f.invariant != case.invariant)  # the case's own invariant leads the report
-    verdict = Verdict.FAIL if fails else Verdict.PASS
+    fails = merge(fails)
+    semantic = [f for f in fails if f.family != WIRE]
     expected = None if outcome.expect is None else expect_to_json(outcome.expect)
-    return CaseResult(case, engine, verdict, tuple(_dedup(fails)), tuple(skipped), observed=observed, expected=expected)
+    if not ran and not fails:
+        return CaseResult(case, engine, Verdict.SKIP, reason="the engine showed none of what the case checks: "
+                          + ", ".join(skipped), observed=observed, expected=expected)
+    # wire findings alone leave a PASS (graded by the convention, listed with the result)
+    verdict = Verdict.FAIL if semantic else Verdict.PASS
+    return CaseResult(case, engine, verdict, tuple(semantic + [f for f in fails if f.family == WIRE]),
+                      tuple(skipped), observed=observed, expected=expected)
 
 
-def _dedup(findings: Iterable[Finding]) -> list[Finding]:
-    seen, out = set(), []
-    for f in findings:
-        if (f.invariant, f.message) not in seen:
-            seen.add((f.invariant, f.message))
-            out.append(f)
-    return out
+def _judge_here(case: Case, outcome: Outcome, caps: frozenset[str]) -> tuple[list[Finding], list[str], bool]:
+    """(findings, not checked, whether any check ran) for an in-process adapter's Outcome."""
+    exp = outcome.expect or case.expect
+    fails: list[Finding] = list(outcome.findings)
+    skipped: list[str] = list(outcome.not_checked)
+    ran = bool(outcome.findings)
+    streamed = b"".join(outcome.chunks) if outcome.chunks is not None else None
+    ref = _expected(case, exp) if case.kind is CaseKind.SCRIPT else None
+    if exp.output is not None and ref is not None:
+        for where, got in (("output", outcome.output), ("stream", streamed)):
+            if got is None:
+                skipped.append(where)
+            else:
+                ran = True
+                fails += compare_text(ref, got, where)
+        fails += compare_stream(outcome.output, streamed)
+    if outcome.chunks is not None and ref is not None and any(c.kinds == {"response.delta"} for c in exp.events):
+        fails += compare_split(ref, outcome.chunks)
+    if exp.finish_reason is not None:
+        if outcome.finish_reason is None:
+            skipped.append("finish_reason")
+        else:
+            ran = True
+            fails += _reason_findings(ref, exp.finish_reason, outcome.finish_reason)
+    if exp.state is not None:
+        if outcome.state is None:
+            skipped.append("state")
+        elif outcome.state != exp.state:
+            ran = True
+            fails.append(finding("wrong_state", f"the run ended {outcome.state}; the reference ends it {exp.state}"))
+        else:
+            ran = True
+    if exp.error is not None:
+        if "errors" not in caps:
+            skipped.append("error")
+        else:
+            ran = True
+            if not (outcome.error or "").startswith(exp.error):
+                fails.append(finding("wrong_error", f"expected an error starting {exp.error!r}, got {outcome.error!r}"))
+    elif outcome.error and exp.state in (None, "FINISHED") and (ref is None or ref.reason is not None):
+        ran = True  # an error where the case expects none is never a pass
+        fails.append(finding("unexpected_error", f"the engine raised {outcome.error!r}; the reference "
+                                                 f"{'finishes' if exp.state in (None, 'FINISHED') else 'ends'} the run"))
+    if exp.usage:
+        if outcome.usage is None:
+            skipped.append("usage")
+        else:
+            ran = True
+            for k, v in exp.usage.items():
+                if outcome.usage.get(k) != v:
+                    fails.append(finding("usage_mismatch", f"usage.{k} = {outcome.usage.get(k)!r}, expected {v}"))
+    if exp.events:
+        if outcome.events is None:
+            split_only = all(c.kinds == {"response.delta"} for c in exp.events) and outcome.chunks is not None
+            if not split_only:
+                skipped.append("events")
+        else:
+            ran = True
+            fails += _check_events(case, outcome.events)
+    if outcome.full_trace and outcome.events is not None and case.kind is CaseKind.SCRIPT:
+        fails += _trace_findings(case, outcome.events)
+    return fails, skipped, ran
+
+
+def _expected(case: Case, exp: Any) -> Expected:
+    """The symptoms' view of what the case expects: the reference on the case's own tokenizer,
+    with the adapter's (or the case's) expected output and reason."""
+    tok = case_tokenizer(case)
+    prompt, script = case_prompt(case, tok), case_script(case, tok)
+    ref = expected_of(case, tok, prompt, script, reference_on(case, tok, prompt, script))
+    reason = exp.finish_reason if exp.finish_reason is not None else ref.reason
+    wire = OPENAI_FINISH.get(FinishReason(reason)) if reason in _REASON_VALUES else None
+    return attrs.evolve(ref, output=exp.output if exp.output is not None else ref.output, reason=reason,
+                        wire_reason=wire)
+
+
+def _reason_findings(ref: Expected | None, want: str, got: str) -> list[Finding]:
+    """An in-process engine's finish reason (the reference's own names) against the expected one."""
+    if got == want:
+        return []
+    if ref is not None and got in _REASON_VALUES and ref.wire_reason is not None:
+        wire_got = OPENAI_FINISH.get(FinishReason(got))
+        found = compare_reason(ref, wire_got, "finish reason", count=None)
+        if found:
+            return found
+        return [finding("precedence", f"finish reason {got!r} where the reference reports {want!r} on the same "
+                                      "token (D4: EOS > content policy > stop > length)")]
+    return [finding("wrong_state", f"finish reason {got!r} != expected {want!r}")]
 
 
 def _trace_findings(case: Case, events: Sequence[Any]) -> list[Finding]:
@@ -205,10 +274,11 @@ def unexpected(results: Sequence[CaseResult], expected_failures: frozenset[str] 
     """The results that fail a run: the one rule shared by the CLI and the pytest plugin.
 
     Every ERROR (the run could not judge) and every MUST failure, unless its id is listed as a known
-    failure; SHOULD failures too with `strict`. A listed case that now passes is reported by `fixed`.
+    failure; SHOULD failures and wire-convention findings too with `strict`. A listed case that now passes is reported by `fixed`.
     """
-    return [r for r in results if r.failed and r.case.id not in expected_failures
-            and (r.verdict is Verdict.ERROR or strict or r.case.grade is Grade.MUST)]
+    return [r for r in results if r.case.id not in expected_failures
+            and (r.failed and (r.verdict is Verdict.ERROR or strict or r.case.grade is Grade.MUST)
+                 or strict and bool(r.wire))]
 
 
 def counts(r: CaseResult, *, strict: bool = False) -> bool:

@@ -25,10 +25,16 @@ FIXTURE_DIR = Path(tempfile.gettempdir()) / "decodespec-conformance-fixtures"
 
 @attrs.frozen
 class Finding:
-    """A violation an adapter observed itself (black-box recipes), named by its invariant."""
+    """One thing an engine got wrong, named by the invariant whose statement it breaks.
+
+    `symptom` says what was seen (a key of symptoms.SYMPTOMS: 'stop_sent', 'past_limit', ...);
+    `family` is "semantics" (a rule of chapter 4) or "wire" (an OpenAI wire convention, graded as
+    such, never as a §4.x MUST)."""
 
     invariant: str
     message: str
+    symptom: str = ""
+    family: str = "semantics"
 
 
 @attrs.frozen
@@ -49,8 +55,10 @@ class Outcome:
     # What this run must meet, when the adapter compiled the case for its engine (over HTTP: the
     # reference loop's answer on the engine's checkpoint, in the wire's vocabulary); else the case's.
     expect: _cases.Expect | None = None
-    exchanges: tuple[Mapping[str, Any], ...] = ()  # requests sent and raw answers (trimmed)
+    exchanges: tuple[Mapping[str, Any], ...] = ()  # requests sent and raw answers (cut in the middle if long)
     reference: Mapping[str, Any] | None = None  # the reference engine's answer on the same checkpoint
+    not_checked: tuple[str, ...] = ()  # what the case expects that this run could not observe
+    judged: bool = False  # the adapter judged the answer itself (judgement.py): `findings` is the verdict
 
 
 class Adapter(Protocol):

@@ -27,9 +27,11 @@ import httpx
 from ..cases import Case, CaseKind
 from ..checkpoints import RECIPE, Checkpoint, group_of, http_blocker, reference_result
 from ..http_script import run_script
+from ..symptoms import Expected, compare_reason, compare_stream, compare_text, finding, merge
+from ..wire import Streamed, feed, trim_middle, wire_findings
 from .base import Finding, Outcome, missing_capabilities
 
-ALLOWED_REASONS = frozenset({"stop", "length", "content_filter", "tool_calls", "function_call"})
+_FINISHED = re.compile(r'^([A-Za-z_:][\w:]*request_success[\w:]*)\{[^}]*finished_reason="(\w+)"[^}]*\}\s+([0-9.eE+-]+)\s*$')
 _GAUGE = re.compile(r"^([A-Za-z_:][\w:]*(?:running|active|in_flight|inflight)[\w:]*)(\{[^}]*\})?\s+([0-9.eE+-]+)\s*$")
 
 
@@ -43,26 +45,6 @@ class Answer:
     tokens: list[str] | None
 
 
-@attrs.define
-class Streamed:
-    """One streamed response, as parsed from its SSE lines."""
-
-    status: int = 0
-    error: str | None = None  # a non-200 body, or an in-band {"error": ...} event
-    error_events: int = 0  # `event: error` lines
-    deltas: list[str] = attrs.field(factory=list)
-    finish_reasons: list[str] = attrs.field(factory=list)
-    content_after_finish: list[str] = attrs.field(factory=list)
-    done: bool = False
-    data_after_done: int = 0
-    usage: dict[str, Any] | None = None
-    malformed: list[str] = attrs.field(factory=list)
-
-    @property
-    def text(self) -> str:
-        return "".join(self.deltas)
-
-
 class ServerError(RuntimeError):
     """The server could not be reached or answered garbage: an ERROR of the run, never an engine FAIL."""
 
@@ -72,6 +54,7 @@ class PromptAltered(Exception):
 
 
 def _trim(text: str, limit: int = 2000) -> str:
+    """A message's excerpt of an answer (the exchange log keeps the answer whole: trim_middle)."""
     return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more characters]"
 
 
@@ -101,6 +84,8 @@ class OpenAIAdapter:
         self._chat_ok: str | None = None  # "" once the chat endpoint is known to keep the prompt as sent
         self._id_prompts: bool | None = None  # whether the server takes token-id prompts (probed once)
         self._case = threading.local()  # the exchanges of the case this thread runs (for its reproducer)
+        self._lock = threading.Lock()
+        self.dropped: list[str] = []  # every connection that failed and was retried, in order
         self.prompt_note = ""
 
     def unsupported(self, case: Case) -> str | None:
@@ -144,14 +129,24 @@ class OpenAIAdapter:
     # ---- transport: bounded retries on connection errors, every exchange recorded ----------------
 
     def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """One request, sent again (at most `retries` times) when the connection fails. A retry is
+        never silent: each one is counted in `dropped` (and, for the case running, in its log)."""
         last: Exception | None = None
         for attempt in range(self.retries + 1):
             try:
                 return self.client.request(method, path, **kw)
             except httpx.TransportError as exc:
                 last = exc
+                self._dropped(f"{method} {path}: {type(exc).__name__}: {exc}")
                 time.sleep(0.2 * (attempt + 1))
         raise ServerError(f"{method} {self.url}{path}: {type(last).__name__}: {last} (after {self.retries + 1} tries)")
+
+    def _dropped(self, what: str) -> None:
+        with self._lock:
+            self.dropped.append(what)
+        log = getattr(self._case, "log", None)
+        if log is not None:
+            log.append({"connection_failed": what})
 
     # ---- requests --------------------------------------------------------------------------
 
@@ -162,11 +157,11 @@ class OpenAIAdapter:
         if self._id_prompts is None:
             probe = self.program_prompt() or ids
             body = {"model": self.model, "max_tokens": 1, "temperature": 0}
-            status, _, raw = self.post("/v1/completions", {**body, "prompt": probe})
+            status, _, raw = self.post("/v1/completions", {**body, "prompt": probe}, log=[])  # a probe, not the case
             self._id_prompts = status == 200
             if not self._id_prompts:
                 text = self.checkpoint.tokenizer.decode(probe, skip_special=False)
-                if self.post("/v1/completions", {**body, "prompt": text})[0] == 200:
+                if self.post("/v1/completions", {**body, "prompt": text}, log=[])[0] == 200:
                     self.prompt_note = (f"the server refuses token-id prompts ({status}: {_trim(raw, 120)!r}); "
                                         "prompts are sent as their text")
                 else:
@@ -208,7 +203,8 @@ class OpenAIAdapter:
             data = None
         log = log if log is not None else getattr(self._case, "log", None)
         if log is not None:
-            log.append({"request": {"path": path, "body": body}, "status": r.status_code, "response": _trim(r.text)})
+            log.append({"request": {"path": path, "body": body}, "status": r.status_code,
+                        "response": trim_middle(r.text)})
         return r.status_code, data, r.text
 
     def complete(self, case: Case, log: list[dict[str, Any]] | None = None, **over: Any) -> Answer:
@@ -258,42 +254,47 @@ class OpenAIAdapter:
                         break
                     for line in r.iter_lines():
                         raw.append(line)
-                        _parse_sse_line(out, line)
+                        feed(out, line)
                         if stop_after is not None and len(out.deltas) >= stop_after:
                             break  # leaving the block closes the connection mid-stream
                 break
             except httpx.TransportError as exc:
-                if out.deltas or out.finish_reasons or attempt == self.retries:
+                self._dropped(f"POST {path} (stream): {type(exc).__name__}: {exc}")
+                if out.chunks or attempt == self.retries:
                     raise ServerError(f"POST {path} (stream): {type(exc).__name__}: {exc}") from None
-                out, raw = Streamed(), []
+                out, raw = Streamed(retries=attempt + 1), []
                 time.sleep(0.2 * (attempt + 1))
         log = log if log is not None else getattr(self._case, "log", None)
         if log is not None:
-            log.append({"request": {"path": path, "body": body}, "status": out.status, "sse": _trim("\n".join(raw))})
+            log.append({"request": {"path": path, "body": body}, "status": out.status, "sse": trim_middle("\n".join(raw)),
+                        **({"retries": out.retries} if out.retries else {})})
         return out
 
     def run(self, case: Case) -> Outcome:
-        if case.kind is CaseKind.SCRIPT:
-            return run_script(self, case)
-        recipe = RECIPES.get(case.recipe or "")
+        recipe = run_script if case.kind is CaseKind.SCRIPT else RECIPES.get(case.recipe or "")
         if recipe is None:
             return Outcome(skip=f"this adapter has no recipe {case.recipe!r}")
-        self._case.log = log = []  # every request this recipe sends, with its raw answer
+        self._case.log = log = []  # every request this case sends, with its raw answer
         try:
             if self.program_prompt() is not None and case.inputs.get("endpoint") == "chat":
                 self._check_chat(case)
-            return attrs.evolve(recipe(self, case), exchanges=tuple(log))
+            out = recipe(self, case)
         except PromptAltered as exc:
-            return Outcome(skip=str(exc), exchanges=tuple(log))
+            out = Outcome(skip=str(exc))
         finally:
             self._case.log = None
+        failed = [e["connection_failed"] for e in log if "connection_failed" in e]
+        if failed and not out.skip:  # a retried connection is a finding, never silent
+            out = attrs.evolve(out, findings=(*out.findings, finding(
+                "connection_dropped", f"{len(failed)} connection(s) failed and the request was sent again: {failed[:3]}")))
+        return attrs.evolve(out, exchanges=tuple(log))
 
     def _check_chat(self, case: Case) -> None:
         """On a forced checkpoint the chat endpoint must render the message as its bare content
         (the checkpoint's own template), or the marker is not at position 0: then PromptAltered."""
         if self._chat_ok is None:
             ids = self.program_prompt()
-            status, data, raw = self.post(self.path(case), self.body(case, stream=False, max_tokens=1))
+            status, data, raw = self.post(self.path(case), self.body(case, stream=False, max_tokens=1), log=[])
             sent = ((data or {}).get("usage") or {}).get("prompt_tokens") if isinstance(data, dict) else None
             self._chat_ok = "" if status == 200 and sent == len(ids) else (
                 f"the chat endpoint did not take the recipe program's message as its {len(ids)} prompt id(s) "
@@ -307,40 +308,6 @@ class OpenAIAdapter:
         if case.id not in self._reference:
             self._reference[case.id] = reference_result(case, self.checkpoint)
         return self._reference[case.id]
-
-
-def _parse_sse_line(out: Streamed, line: str) -> None:
-    if line.startswith("event:") and line[6:].strip() == "error":
-        out.error_events += 1
-        return
-    if not line.startswith("data:"):
-        return
-    payload = line[5:].strip()
-    if out.done:
-        out.data_after_done += 1
-        return
-    if payload == "[DONE]":
-        out.done = True
-        return
-    try:
-        chunk = json.loads(payload)
-    except json.JSONDecodeError:
-        out.malformed.append(payload[:80])
-        return
-    if not isinstance(chunk, dict):
-        out.malformed.append(payload[:80])
-        return
-    if chunk.get("error"):
-        out.error = json.dumps(chunk["error"], ensure_ascii=False)[:500]
-        return
-    if chunk.get("usage"):
-        out.usage = chunk["usage"]
-    for choice in chunk.get("choices") or []:
-        delta = (choice.get("delta") or {}).get("content") if "delta" in choice else choice.get("text")
-        if delta:
-            (out.content_after_finish if out.finish_reasons else out.deltas).append(delta)
-        if choice.get("finish_reason"):
-            out.finish_reasons.append(choice["finish_reason"])
 
 
 def _answer(data: dict[str, Any]) -> Answer:
@@ -386,75 +353,84 @@ def _split_text(pieces: list[bytes]) -> list[str]:
 # ---- recipes ------------------------------------------------------------------------------------
 
 
-def _outcome(ans: Answer | None, st: Streamed | None, findings: list[Finding], notes: tuple[str, ...] = ()) -> Outcome:
+def _outcome(ans: Answer | None, st: Streamed | None, findings: list[Finding], notes: tuple[str, ...] = (),
+             not_checked: tuple[str, ...] = ()) -> Outcome:
     return Outcome(output=ans.text.encode() if ans else None, chunks=tuple(d.encode() for d in st.deltas) if st else None,
-                   finish_reason=ans.finish_reason if ans else None, findings=tuple(findings), notes=notes)
+                   finish_reason=ans.finish_reason if ans else None, findings=tuple(merge(findings)), notes=notes,
+                   not_checked=not_checked, judged=True)
 
 
-def _check_stop(a: OpenAIAdapter, case: Case, stops: list[str], expected: str, **over: Any) -> tuple[Answer, Streamed, list[Finding]]:
+def _stop_expected(base: str, stops: list[str], cut: str, *, max_tokens: int, selected: int = -1) -> Expected:
+    """What a stop recipe expects: the unconstrained text `base` cut at `cut`, ended by the stop."""
+    win = next((s for s in stops if base.startswith(cut + s)), stops[0])
+    return Expected(output=cut.encode(), reason="stop_sequence", wire_reason="stop", selected=selected,
+                    max_tokens=max_tokens, script_text=base.encode(), stops=tuple(s.encode() for s in stops),
+                    stop=win.encode())
+
+
+def _check_stop(a: OpenAIAdapter, case: Case, base: str, stops: list[str], expected: str, *, selected: int = -1,
+                **over: Any) -> tuple[Answer, Streamed, list[Finding]]:
+    """Send the stops both ways; judge each answer's bytes, the two against each other, and the reason."""
     ans = a.complete(case, stop=stops, **over)
     st = a.stream(case, stop=stops, **over)
-    found = []
-    for label, text in (("non-streamed text", ans.text), ("stream", st.text)):
-        for s in stops:
-            if s in text:
-                found.append(Finding("stop_bytes_never_emitted", f"the {label} contains the stop {s!r}: {text!r}"))
-    for d in st.deltas:
-        if any(s in d for s in stops):
-            found.append(Finding("stop_bytes_never_emitted", f"a streamed delta carries a stop: {d!r}"))
-    if ans.text != expected:
-        found.append(Finding(case.invariant, f"with stop {stops!r} the text is {ans.text!r}, expected {expected!r}"))
-    if st.text != ans.text:
-        found.append(Finding("detok_concat_equals_batch", f"stream {st.text!r} differs from non-stream {ans.text!r}"))
-    if ans.finish_reason != "stop":
-        found.append(Finding(case.invariant, f"finish_reason {ans.finish_reason!r} after a stop hit, expected 'stop'"))
-    return ans, st, found
+    exp = _stop_expected(base, stops, expected, max_tokens=over.get("max_tokens", a.body(case, stream=False)["max_tokens"]),
+                         selected=selected)
+    found = compare_text(exp, ans.text.encode(), "non-streamed text") + compare_text(exp, st.text.encode(), "stream")
+    found += compare_stream(ans.text.encode(), st.text.encode())
+    found += compare_reason(exp, ans.finish_reason, "non-streamed answer", count=(ans.usage or {}).get("completion_tokens"))
+    found += compare_reason(exp, (st.finish_reasons or [None])[-1], "stream", count=None)
+    return ans, st, found + wire_findings(st)
 
 
 def stream_agrees(a: OpenAIAdapter, case: Case) -> Outcome:
-    """§4.5: the concatenated stream equals the non-streamed text (the judge compares them)."""
-    return _outcome(a.complete(case), a.stream(case), [])
+    """§4.5: the concatenated stream equals the non-streamed text."""
+    ans, st = a.complete(case), a.stream(case)
+    return _outcome(ans, st, compare_stream(ans.text.encode(), st.text.encode()) + wire_findings(st))
 
 
 def stream_framing(a: OpenAIAdapter, case: Case) -> Outcome:
-    """§4.7: one finish chunk, from the allowed set, nothing after it, then [DONE] and nothing more."""
+    """§4.7: one finish chunk, nothing after it; the API's framing ([DONE], JSON lines) as wire findings."""
     st = a.stream(case)
     f = []
     if len(st.finish_reasons) != 1:
-        f.append(Finding("single_terminal_event", f"{len(st.finish_reasons)} chunks carry a finish_reason: {st.finish_reasons}"))
-    bad = [r for r in st.finish_reasons if r not in ALLOWED_REASONS]
-    if bad:
-        f.append(Finding("finish_reason_matches_state", f"finish_reason {bad} is not one of {sorted(ALLOWED_REASONS)}"))
+        f.append(finding("two_terminals" if st.finish_reasons else "no_reason",
+                         f"{len(st.finish_reasons)} chunks carry a finish_reason: {st.finish_reasons}"))
     if st.content_after_finish:
-        f.append(Finding("no_delta_after_terminal", f"content after the finish chunk: {st.content_after_finish}"))
-    if not st.done:
-        f.append(Finding("single_terminal_event", "the stream did not end with data: [DONE]"))
-    if st.data_after_done:
-        f.append(Finding("no_delta_after_terminal", f"{st.data_after_done} data line(s) after [DONE]"))
-    if st.malformed:
-        f.append(Finding("refinement", f"data lines that are not JSON: {st.malformed}"))
-    return _outcome(None, st, f)
+        f.append(finding("content_after_finish", f"content after the finish chunk: {st.content_after_finish}"))
+    if st.empty_deltas:
+        f.append(finding("empty_delta", f"{st.empty_deltas} chunk(s) carry empty text and no finish_reason"))
+    return _outcome(None, st, f + wire_findings(st))
+
+
+def _token_bounds(a: OpenAIAdapter, base: Answer) -> tuple[list[str] | None, str]:
+    """The token texts of the unconstrained answer: the forced program's own (exact) or logprobs'."""
+    if a.program_prompt() is not None:
+        toks = a.program_tokens(base.text)
+        if toks is not None:
+            return toks, "tokens of the forced recipe program"
+    return base.tokens, "tokens from logprobs"
 
 
 def stop_cross_token(a: OpenAIAdapter, case: Case) -> Outcome:
     """§4.6: a stop across a token boundary of the unconstrained output."""
     base = a.complete(case)
     t = base.text
+    toks, _ = _token_bounds(a, base)
     notes: tuple[str, ...] = ()
     bounds = []
-    if base.tokens:
+    if toks:
         pos = 0
-        for tok in base.tokens[:-1]:
+        for tok in toks[:-1]:
             pos += len(tok)
             bounds.append(pos)
     else:
-        bounds = list(range(2, len(t) - 2))
-        notes = ("the server reveals no tokens (logprobs); the stop may not cross a token boundary",)
+        return Outcome(skip="the server reveals no tokens (logprobs) and serves no forced program, so no stop "
+                            "can be placed across a token boundary")
     bounds.sort(key=lambda b: abs(b - len(t) // 2))
     for b in bounds:
         stop = t[b - 2 : b + 2]
         if b >= 2 and b + 2 <= len(t) and stop.strip() and t.find(stop) == b - 2:
-            ans, st, f = _check_stop(a, case, [stop], t[: b - 2])
+            ans, st, f = _check_stop(a, case, t, [stop], t[: b - 2])
             return _outcome(ans, st, f, notes + (f"unconstrained text {t!r}; stop {stop!r} across offset {b}",))
     return Outcome(skip=f"no stop string across a token boundary could be chosen from {t!r}")
 
@@ -465,7 +441,7 @@ def stop_multi_byte(a: OpenAIAdapter, case: Case) -> Outcome:
     p = next((i for i, ch in enumerate(t) if i > 0 and len(ch.encode()) > 1), None)
     if p is None:
         return Outcome(skip=f"the unconstrained output has no multi-byte character after its first: {t!r}")
-    ans, st, f = _check_stop(a, case, [t[p]], t[: t.find(t[p])])
+    ans, st, f = _check_stop(a, case, t, [t[p]], t[: t.find(t[p])])
     return _outcome(ans, st, f, (f"unconstrained text {t!r}; stop {t[p]!r}",))
 
 
@@ -475,22 +451,33 @@ def stop_overlap(a: OpenAIAdapter, case: Case) -> Outcome:
     for i in sorted(range(len(t) - 5), key=lambda i: abs(i - len(t) // 3)):
         s1, s2 = t[i : i + 4], t[i + 2 : i + 6]
         if s1.strip() and s2.strip() and t.find(s1) == i and t.find(s2) == i + 2:
-            ans, st, f = _check_stop(a, case, [s2, s1], t[:i])
+            ans, st, f = _check_stop(a, case, t, [s2, s1], t[:i])
             return _outcome(ans, st, f, (f"unconstrained text {t!r}; stops {[s2, s1]!r}",))
     return Outcome(skip=f"no two overlapping stops could be chosen from {t!r}")
 
 
 def stop_last_token(a: OpenAIAdapter, case: Case) -> Outcome:
-    """D4: a stop completed by the last allowed token reports 'stop', not 'length'."""
+    """D4: a stop completed by the last allowed token reports 'stop', not 'length'.
+
+    The stop must end exactly on token k = max_tokens: chosen from the forced program's own tokens
+    (or logprobs), with token k non-empty and the stop found nowhere earlier; a server that reports
+    usage must then show k tokens, or the condition did not occur and the case is n/a."""
     base = a.complete(case)
-    if not base.tokens:
+    toks, how = _token_bounds(a, base)
+    if not toks:
         return Outcome(skip="the server reveals no tokens (logprobs), so the last allowed token is unknown")
-    for k in range(len(base.tokens) // 2, len(base.tokens)):
-        prefix = "".join(base.tokens[:k])
+    for k in range(len(toks) // 2, len(toks)):
+        prefix = "".join(toks[:k])
         stop = prefix[-2:]
-        if len(prefix) >= 3 and stop.strip() and base.text.find(stop) == len(prefix) - 2:
-            ans, st, f = _check_stop(a, case, [stop], prefix[:-2], max_tokens=k)
-            return _outcome(ans, st, f, (f"stop {stop!r} ends token {k}; max_tokens {k}",))
+        if (toks[k - 1] and len(prefix) >= 3 and stop.strip() and base.text.find(stop) == len(prefix) - 2
+                and len(toks[k - 1]) <= 2):
+            ans, st, f = _check_stop(a, case, base.text, [stop], prefix[:-2], selected=k, max_tokens=k)
+            n = (ans.usage or {}).get("completion_tokens")
+            if n is not None and n < k and not f:
+                return Outcome(skip=f"the stop {stop!r} ended on token {n}, not on the last allowed token {k} "
+                                    f"({how}): the condition of the case did not occur")
+            missed = () if n is not None else ("that the stop ended on token k (the server reports no usage)",)
+            return _outcome(ans, st, f, (f"stop {stop!r} ends token {k} ({how}); max_tokens {k}",), missed)
     return Outcome(skip=f"no stop ending exactly on a token could be chosen from {base.text!r}")
 
 
@@ -500,14 +487,16 @@ def max_tokens_exact(a: OpenAIAdapter, case: Case) -> Outcome:
     n = (base.usage or {}).get("completion_tokens") or len(base.tokens or []) or case.inputs.get("max_tokens", 24)
     k = max(1, min(5, n - 1))
     ans = a.complete(case, max_tokens=k)
-    f = []
-    if ans.finish_reason != "length":
-        f.append(Finding(case.invariant, f"max_tokens {k} below the natural length {n}: finish_reason {ans.finish_reason!r}, expected 'length'"))
+    exp = Expected(output=ans.text.encode(), reason="max_output_tokens", wire_reason="length", selected=k,
+                   max_tokens=k, script_text=base.text.encode())
+    f = compare_reason(exp, ans.finish_reason, f"{k}-token answer", count=(ans.usage or {}).get("completion_tokens"))
     got = (ans.usage or {}).get("completion_tokens")
-    if got is not None and got != k:
-        f.append(Finding(case.invariant, f"max_tokens {k}: usage.completion_tokens is {got}"))
+    if got is not None and got > k:
+        f.append(finding("past_limit", f"max_tokens {k}: usage.completion_tokens is {got}"))
+    elif got is not None and got < k:
+        f.append(finding("early_length", f"max_tokens {k} below the natural length {n}: usage.completion_tokens is {got}"))
     if not base.text.startswith(ans.text):
-        f.append(Finding("detok_concat_equals_batch", f"the {k}-token text {ans.text!r} is not a prefix of the greedy text {base.text!r}"))
+        f.append(finding("bytes_replaced", f"the {k}-token text {ans.text!r} is not a prefix of the greedy text {base.text!r}"))
     return _outcome(ans, None, f, (f"k={k}, natural length {n}",))
 
 
@@ -520,9 +509,9 @@ def eos_last_token(a: OpenAIAdapter, case: Case) -> Outcome:
     if base.finish_reason != "stop" or not n:
         return Outcome(skip=f"the model did not end by itself within 64 tokens (finish_reason {base.finish_reason!r})")
     ans = a.complete(case, max_tokens=n)
-    f = [] if ans.finish_reason == "stop" else [
-        Finding(case.invariant, f"EOS on token {n} = max_tokens: finish_reason {ans.finish_reason!r}, expected 'stop'")]
-    return _outcome(ans, None, f)
+    exp = Expected(output=base.text.encode(), reason="eos", wire_reason="stop", selected=n, max_tokens=n,
+                   script_text=base.text.encode())
+    return _outcome(ans, None, compare_reason(exp, ans.finish_reason, f"answer with max_tokens {n}", count=None))
 
 
 def usage(a: OpenAIAdapter, case: Case) -> Outcome:
@@ -532,47 +521,66 @@ def usage(a: OpenAIAdapter, case: Case) -> Outcome:
     f = []
     u = ans.usage or {}
     if not {"prompt_tokens", "completion_tokens"} <= set(u):
-        f.append(Finding("usage_consistent", f"usage lacks prompt/completion counts: {u}"))
+        f.append(finding("usage_missing", f"usage lacks prompt/completion counts: {u}"))
     elif u.get("total_tokens") is not None and u["total_tokens"] != u["prompt_tokens"] + u["completion_tokens"]:
-        f.append(Finding("usage_consistent", f"total_tokens {u['total_tokens']} != prompt + completion in {u}"))
-    if st.usage is None:
-        f.append(Finding("usage_consistent", "stream_options.include_usage gave no usage chunk"))
-    elif {k: st.usage.get(k) for k in ("prompt_tokens", "completion_tokens")} != {k: u.get(k) for k in ("prompt_tokens", "completion_tokens")}:
-        f.append(Finding("usage_consistent", f"streamed usage {st.usage} differs from non-streamed {u}"))
-    return _outcome(ans, st, f)
+        f.append(finding("usage_total", f"total_tokens {u['total_tokens']} != prompt + completion in {u}"))
+    keys = ("prompt_tokens", "completion_tokens")
+    if st.usage is not None and {k: st.usage.get(k) for k in keys} != {k: u.get(k) for k in keys}:
+        f.append(finding("usage_stream", f"streamed usage {st.usage} differs from non-streamed {u}"))
+    return _outcome(ans, st, f + wire_findings(st, include_usage=True))
 
 
-def _gauges(a: OpenAIAdapter) -> dict[str, float] | None:
+def _metrics(a: OpenAIAdapter) -> tuple[dict[str, float], dict[str, float]] | None:
+    """(running/active gauges, finished-request counters by reason) from /metrics, or None."""
     r = a._send("GET", "/metrics")
     if r.status_code != 200:
         return None
-    return {m.group(1) + (m.group(2) or ""): float(m.group(3)) for line in r.text.splitlines() if (m := _GAUGE.match(line))}
+    gauges, reasons = {}, {}
+    for line in r.text.splitlines():
+        if m := _GAUGE.match(line):
+            gauges[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+        elif m := _FINISHED.match(line):
+            reasons[m.group(2)] = reasons.get(m.group(2), 0.0) + float(m.group(3))
+    return gauges, reasons
 
 
 def disconnect(a: OpenAIAdapter, case: Case) -> Outcome:
-    """§4.7 rule 5, §4.9: a dropped stream leaves the server serving; metrics show the request freed."""
-    before = _gauges(a)
+    """§4.7 rule 5, §4.9: a dropped stream stops the request (an abort, not a run to its end), frees
+    its place, and leaves the server serving. Abort and freeing are read from /metrics where the
+    server counts finished requests by reason and gauges running ones; elsewhere they are not checked."""
+    before = _metrics(a)
     st = a.stream(case, stop_after=2)
     f = []
     notes = [f"dropped after {len(st.deltas)} delta(s)"]
+    missed: list[str] = []
     try:
         after = a.complete(case, max_tokens=2)
         if after.finish_reason is None and not after.text:
-            f.append(Finding(case.invariant, "after the disconnect the server answered without text or finish_reason"))
-    except httpx.HTTPError as exc:
-        f.append(Finding(case.invariant, f"after the disconnect the server no longer serves: {exc}"))
-    if before is None or not before:
-        notes.append("no running/active gauge on /metrics: freeing not checked")
+            f.append(finding("case_check", "after the disconnect the server answered without text or finish_reason",
+                             invariant=case.invariant))
+    except (httpx.HTTPError, ServerError) as exc:
+        f.append(finding("case_check", f"after the disconnect the server no longer serves: {exc}", invariant=case.invariant))
+    if before is None or not (before[0] or before[1]):
+        missed.append("abort and freeing (no /metrics gauge or finished-by-reason counter)")
     else:
         deadline = time.monotonic() + 10
-        now = _gauges(a) or {}
-        while time.monotonic() < deadline and any(now.get(k, 0) > v for k, v in before.items()):
+        now = _metrics(a) or ({}, {})
+        while time.monotonic() < deadline and any(now[0].get(k, 0) > v for k, v in before[0].items()):
             time.sleep(0.2)
-            now = _gauges(a) or {}
-        grown = {k: (before[k], now.get(k)) for k in before if now.get(k, 0) > before[k]}
+            now = _metrics(a) or ({}, {})
+        grown = {k: (before[0][k], now[0].get(k)) for k in before[0] if now[0].get(k, 0) > before[0][k]}
         if grown:
-            f.append(Finding("no_leak", f"10 s after the disconnect these gauges stay above their level before: {grown}"))
-    return _outcome(None, None, f, tuple(notes))
+            f.append(finding("gauge_stuck", f"10 s after the disconnect these gauges stay above their level before: {grown}"))
+        delta = {r: now[1].get(r, 0) - before[1].get(r, 0) for r in set(now[1]) | set(before[1])}
+        if not before[1]:
+            missed.append("abort (no finished-by-reason counter)")
+        elif delta.get("abort", 0) < 1:
+            ran = {r: d for r, d in delta.items() if d}
+            f.append(finding("not_aborted", f"the dropped stream was not counted as aborted: finished-request counters "
+                                            f"moved by {ran} (the request ran to its end instead of stopping)"))
+        else:
+            notes.append(f"counted as aborted (finished-request counters moved by {delta})")
+    return _outcome(None, None, f, tuple(notes), tuple(missed))
 
 
 def bad_input(a: OpenAIAdapter, case: Case) -> Outcome:
@@ -580,13 +588,13 @@ def bad_input(a: OpenAIAdapter, case: Case) -> Outcome:
     f = []
     # -1 means "no limit" to llama.cpp (documented); -2 is out of range on every server.
     for over in ({"max_tokens": -2}, {"stop": 5}, {"temperature": "hot"}):
-        r = a._send("POST", a.path(case), json=a.body(case, stream=False, **over))
-        if not 400 <= r.status_code < 500:
-            f.append(Finding(case.invariant, f"{over} answered {r.status_code}, expected a 4xx"))
+        status, _, raw = a.post(a.path(case), a.body(case, stream=False, **over))
+        if not 400 <= status < 500:
+            f.append(finding("accepted_bad_input", f"{over} answered {status}, expected a 4xx: {_trim(raw, 200)!r}"))
     try:
         a.complete(case, max_tokens=2)
-    except httpx.HTTPError as exc:
-        f.append(Finding(case.invariant, f"after bad requests the server no longer serves: {exc}"))
+    except (httpx.HTTPError, ServerError) as exc:
+        f.append(finding("case_check", f"after bad requests the server no longer serves: {exc}", invariant=case.invariant))
     return _outcome(None, None, f)
 
 

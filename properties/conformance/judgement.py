@@ -1,0 +1,114 @@
+"""One judgement for every engine that answers a script case: HTTP servers and Python APIs alike (issue 21).
+
+An engine's answer to one script case is an `Observed`: the non-streamed text, finish reason and
+token count, and the streamed chunks (every one, empty ones included) with their finish reasons.
+`judge_observed(expected, observed)` compares each dimension on its own with the reference's
+answer on the same checkpoint (`expected_of`) and returns findings by symptom (symptoms.py); what
+the engine did not show is returned as not checked. The HTTP runner (http_script.py) builds its
+Observed from the raw exchanges; an in-house engine with a Python API builds one from its own
+output and gets the same verdict:
+
+    exp = expected_for(case, checkpoint)           # the reference on the checkpoint's tokenizer
+    obs = Observed(text=b"...", finish_reason="stop", completion_tokens=3, chunks=(b"a", b"b"),
+                   stream_finish_reasons=("stop",))
+    findings, not_checked = judge_observed(exp, obs)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from ...runtime.openai_schema import OPENAI_FINISH
+from ...runtime.result import Result
+from .adapters.base import Finding, reference_on
+from .cases import Case
+from .symptoms import Expected, compare_count, compare_reason, compare_split, compare_stream, compare_text, finding, merge
+
+
+@attrs.frozen
+class Observed:
+    """What an engine answered for one script case; None where it does not show that field."""
+
+    text: bytes | None = None  # the non-streamed output
+    finish_reason: str | None = None  # the non-streamed finish reason, in the API's words (stop, length)
+    completion_tokens: int | None = None
+    chunks: tuple[bytes, ...] | None = None  # every streamed text before the finish chunk, empty ones too
+    stream_finish_reasons: tuple[str, ...] | None = None
+    content_after_finish: tuple[bytes, ...] = ()
+    error: str | None = None  # the non-streamed answer was an error (its status and body)
+    stream_error: str | None = None  # the stream carried an error (a non-200 answer or an error event)
+
+
+def expected_of(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[int], res: Result) -> Expected:
+    """The reference's Result on (tok, prompt, script) as an Expected (§4.3, §4.6, §4.10)."""
+    eos_ids = set(getattr(tok, "eos_ids", ()) or ()) | ({tok.eos_id} if tok.eos_id is not None else set())
+    eos_at = next((i + 1 for i, t in enumerate(script) if t in eos_ids), None)
+    body = list(script[: eos_at - 1] if eos_at else script)
+    full = tok.decode_bytes(list(prompt) + body)
+    head = tok.decode_bytes(list(prompt))
+    script_text = full[len(head):] if full.startswith(head) else tok.decode_bytes(body)
+    finished = res.state.name == "FINISHED"
+    stops = tuple(s.encode() for s in case.inputs.get("stop", ()))
+    deltas = tuple(bytes(e.data.get("bytes", b"")) for e in res.events if e.kind == "response.delta")
+    return Expected(
+        output=res.output, reason=res.finish_reason.value if finished else None,
+        wire_reason=OPENAI_FINISH.get(res.finish_reason) if finished else None,
+        selected=res.usage.selected_tokens, max_tokens=case.max_tokens, script_text=script_text, stops=stops,
+        stop=res.stop.encode() if isinstance(res.stop, str) and res.stop.encode() in stops else None,
+        eos_at=eos_at, eos_text=tok.token_bytes(script[eos_at - 1]) if eos_at else b"", error=res.error,
+        deltas=deltas, state=res.state.name)
+
+
+def expected_for(case: Case, checkpoint: Any) -> Expected:
+    """The Expected of `case` on a forced checkpoint (checkpoints.Checkpoint)."""
+    prog = checkpoint.programs[case.id]
+    tok = checkpoint.tokenizer
+    return expected_of(case, tok, prog.prompt, prog.script, reference_on(case, tok, prog.prompt, prog.script))
+
+
+def judge_observed(exp: Expected, obs: Observed, *, delta_split: bool = True) -> tuple[list[Finding], list[str]]:
+    """Findings by symptom (merged), and what `obs` did not let us check.
+
+    Each dimension is judged alone: the non-streamed text, the stream's text, the two against each
+    other, the finish reasons, the token count, the stream's delta boundaries (`delta_split`)."""
+    f: list[Finding] = []
+    not_checked: list[str] = []
+    failing = exp.reason is None
+    if obs.error is not None and not failing:
+        f.append(finding("refused", f"the non-streamed request was answered {obs.error}; the reference finishes it "
+                                    f"({exp.reason}) with {exp.output!r}"))
+    if obs.stream_error is not None and not failing:
+        f.append(finding("error_in_stream", f"the stream carried an error ({obs.stream_error}); the reference "
+                                            f"finishes ({exp.reason})"))
+    streamed = b"".join(obs.chunks) if obs.chunks is not None else None
+    for where, got in (("non-streamed text", obs.text), ("stream", streamed)):
+        if got is None:
+            not_checked.append(f"{where} (not shown)")
+        else:
+            f += compare_text(exp, got, where)
+    f += compare_stream(obs.text, streamed)
+    if not failing:
+        if obs.error is None:
+            f += compare_reason(exp, obs.finish_reason, "non-streamed answer", count=obs.completion_tokens)
+        reasons = obs.stream_finish_reasons
+        if reasons is None:
+            not_checked.append("stream finish_reason (not shown)")
+        elif obs.stream_error is None:
+            if len(reasons) > 1:
+                f.append(finding("two_terminals", f"{len(reasons)} chunks carry a finish_reason: {list(reasons)}"))
+            f += compare_reason(exp, reasons[-1] if reasons else None, "stream", count=None)
+        if obs.completion_tokens is None:
+            not_checked.append("usage.completion_tokens (not reported)")
+        else:
+            f += compare_count(exp, obs.completion_tokens)
+    elif obs.text is not None and obs.finish_reason in ("stop", "length") and not any(x.symptom == "invalid_sent" for x in f):
+        f.append(finding("invalid_sent", f"the reference fails this run ({exp.error}); the server completed it with "
+                                         f"finish_reason {obs.finish_reason!r} and text {obs.text!r}"))
+    if obs.content_after_finish:
+        f.append(finding("content_after_finish", f"text after the finish chunk: {list(obs.content_after_finish)}"))
+    if obs.chunks is not None and delta_split:
+        f += compare_split(exp, obs.chunks)
+    return merge(f), not_checked

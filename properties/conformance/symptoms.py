@@ -1,0 +1,328 @@
+"""Findings by symptom: what an engine's answer got wrong, named by the invariant it breaks (issue 21).
+
+A case exists to provoke one behaviour, but an engine can break something else on the way: it can
+miss a stop and run to its limit, replace a valid character, or count a token it should never have
+selected. Each observable dimension of an answer is therefore compared on its own with the
+reference's answer on the same checkpoint, and each difference is classified into a symptom
+(`SYMPTOMS`, a table): the symptom names the invariant whose statement the observation breaks,
+never the case's own invariant by default. The dimensions:
+
+- the bytes sent, non-streamed and streamed (stop bytes sent, text after the stop, tokens past the
+  limit or after EOS, bytes lost, replaced or added), §4.5, §4.6;
+- the finish reason and its precedence (D4), §4.10;
+- the token count (usage.completion_tokens), §4.3, §4.10;
+- the stream against the non-streamed answer, and the delta boundaries (a stop prefix sent before
+  it was ruled out, an empty delta), §4.5-§4.7;
+- the wire conventions of the OpenAI API (properties/conformance/wire.py), their own family: they
+  are graded by the convention, never as a §4.x MUST.
+
+The same symptom seen in several places of one case is one finding (`merge`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from .adapters.base import Finding
+from .cases import bytes_json, as_bytes
+
+SEMANTICS, WIRE = "semantics", "wire"
+
+# symptom -> (invariant whose statement it breaks, family, short label for matrices and causes)
+SYMPTOMS: Mapping[str, tuple[str, str, str]] = {
+    "stop_sent": ("stop_bytes_never_emitted", SEMANTICS, "stop bytes sent"),
+    "stop_prefix_sent": ("stop_prefix_held", SEMANTICS, "stop prefix sent before it was ruled out"),
+    "wrong_stop": ("stop_earliest_wins", SEMANTICS, "cut at a later-ending stop"),
+    "text_after_stop": ("nothing_after_stop_hit", SEMANTICS, "text after the stop"),
+    "token_after_stop": ("nothing_after_stop_hit", SEMANTICS, "token selected after the stop"),
+    "past_limit": ("length_respected", SEMANTICS, "token past max_tokens"),
+    "early_length": ("length_respected", SEMANTICS, "'length' before max_tokens"),
+    "after_eos": ("eos_not_emitted", SEMANTICS, "token after EOS"),
+    "eos_sent": ("eos_not_emitted", SEMANTICS, "EOS text sent"),
+    "bytes_lost": ("detok_concat_equals_batch", SEMANTICS, "bytes never sent"),
+    "bytes_replaced": ("detok_concat_equals_batch", SEMANTICS, "bytes replaced"),
+    "bytes_added": ("detok_concat_equals_batch", SEMANTICS, "bytes added"),
+    "invalid_sent": ("detok_concat_equals_batch", SEMANTICS, "invalid bytes sent as U+FFFD"),
+    "stream_vs_batch": ("detok_concat_equals_batch", SEMANTICS, "stream differs from non-stream"),
+    "precedence": ("finish_reason_precedence", SEMANTICS, "'length' where D4 says 'stop'"),
+    "stop_without_hit": ("stop_reason_requires_hit", SEMANTICS, "'stop' without a stop or EOS"),
+    "count_low": ("usage_consistent", SEMANTICS, "token count too low"),
+    "usage_missing": ("usage_consistent", SEMANTICS, "no token counts"),
+    "usage_total": ("usage_consistent", SEMANTICS, "total != prompt + completion"),
+    "usage_stream": ("usage_consistent", SEMANTICS, "streamed usage differs"),
+    "no_reason": ("single_terminal_event", SEMANTICS, "no finish_reason"),
+    "two_terminals": ("single_terminal_event", SEMANTICS, "two finish chunks"),
+    "error_in_stream": ("refinement", SEMANTICS, "error on a run that finishes"),
+    "content_after_finish": ("no_delta_after_terminal", SEMANTICS, "text after the finish chunk"),
+    "empty_delta": ("delta_nonempty", SEMANTICS, "empty delta"),
+    "refused": ("refinement", SEMANTICS, "valid request refused"),
+    "accepted_bad_input": ("refinement", SEMANTICS, "bad request accepted"),
+    "unexpected_error": ("refinement", SEMANTICS, "error where the run finishes"),
+    "not_aborted": ("no_leak", SEMANTICS, "abandoned request kept running"),
+    "gauge_stuck": ("no_leak", SEMANTICS, "running gauge stays up"),
+    "wrong_state": ("refinement", SEMANTICS, "other terminal state"),
+    "wrong_error": ("refinement", SEMANTICS, "other error"),
+    "usage_mismatch": ("usage_consistent", SEMANTICS, "usage count differs"),
+    "case_check": ("", SEMANTICS, "case check"),  # a recipe's own check: invariant given by the case
+    # OpenAI wire conventions (graded by the convention, not by chapter 4)
+    "done_missing": ("openai_sse_done", WIRE, "no data: [DONE]"),
+    "data_after_done": ("openai_sse_done", WIRE, "data after [DONE]"),
+    "malformed": ("openai_sse_json", WIRE, "data line not JSON"),
+    "reason_value": ("openai_finish_reason", WIRE, "finish_reason outside the API's set"),
+    "sse_id": ("openai_sse_id", WIRE, "SSE ids repeat or go back"),
+    "chunk_id": ("openai_sse_id", WIRE, "chunk ids differ within a response"),
+    "usage_chunk": ("openai_usage_chunk", WIRE, "include_usage gave no usage chunk"),
+    "error_body": ("openai_error_body", WIRE, "error body not in the API's shape"),
+    "connection_dropped": ("http_keep_alive", WIRE, "connection dropped"),
+}
+
+# Statements of the wire conventions (the §4.x invariants' statements are in spec/invariants.toml).
+WIRE_STATEMENTS: Mapping[str, str] = {
+    "openai_sse_done": "an OpenAI stream ends with the line `data: [DONE]` and sends nothing after it",
+    "openai_sse_json": "every `data:` line of an OpenAI stream but [DONE] is one JSON object",
+    "openai_finish_reason": "finish_reason is one of stop, length, content_filter, tool_calls, function_call",
+    "openai_sse_id": "SSE `id:` fields strictly increase, and every chunk of one response carries the same `id`",
+    "openai_usage_chunk": "with stream_options.include_usage the last chunk before [DONE] carries usage and no choices",
+    "openai_error_body": "an error answer is JSON {\"error\": {\"message\": ..., \"type\": ...}}",
+    "http_keep_alive": "a persistent HTTP/1.1 connection is closed only with `Connection: close` (RFC 9112 §9.3); "
+                       "a request sent on it gets an answer",
+}
+
+
+def finding(symptom: str, message: str, *, invariant: str | None = None) -> Finding:
+    """A Finding for `symptom` (a key of SYMPTOMS); `invariant` only for a recipe's own check."""
+    inv, family, _ = SYMPTOMS[symptom]
+    return Finding(invariant or inv, message, symptom=symptom, family=family)
+
+
+def label(symptom: str) -> str:
+    """The symptom's short label ('' for a finding without one)."""
+    return SYMPTOMS[symptom][2] if symptom in SYMPTOMS else ""
+
+
+def merge(findings: Iterable[Finding]) -> list[Finding]:
+    """One finding per (invariant, symptom): the messages of repeats are joined, first one first."""
+    order: list[tuple[str, str]] = []
+    by: dict[tuple[str, str], list[str]] = {}
+    proto: dict[tuple[str, str], Finding] = {}
+    for f in findings:
+        key = (f.invariant, f.symptom or f.message)
+        if key not in by:
+            order.append(key)
+            by[key], proto[key] = [], f
+        if f.message not in by[key]:
+            by[key].append(f.message)
+    return [attrs.evolve(proto[k], message="; ".join(by[k])) for k in order]
+
+
+# ---- what the reference says --------------------------------------------------------------------
+
+
+@attrs.frozen
+class Expected:
+    """The reference's answer on the engine's checkpoint, with what naming a deviation needs (§4.3).
+
+    `script_text` is what an engine that never stopped would send: the bytes of every script token
+    before the first EOS. `eos_at` is the 1-based position of that EOS in the script (None: no EOS).
+    `reason` is None when the reference fails the run (D12: bytes no continuation makes valid);
+    `output` is then what it sends before the failure."""
+
+    output: bytes
+    reason: str | None  # the reference's FinishReason value; None when the run fails
+    wire_reason: str | None
+    selected: int
+    max_tokens: int
+    script_text: bytes
+    stops: tuple[bytes, ...] = ()
+    stop: bytes | None = None  # the stop string that wins (D3), when the run ends on one
+    eos_at: int | None = None
+    eos_text: bytes = b""
+    error: str | None = None
+    deltas: tuple[bytes, ...] = ()  # the reference's own delta split
+    state: str = "FINISHED"
+
+    def to_json(self) -> dict[str, Any]:
+        b = bytes_json
+        return {"state": self.state, "output": b(self.output), "finish_reason": self.reason, "wire_finish_reason": self.wire_reason,
+                "selected_tokens": self.selected, "max_tokens": self.max_tokens, "script_text": b(self.script_text),
+                "stops": [b(s) for s in self.stops], "stop": None if self.stop is None else b(self.stop),
+                "eos_at": self.eos_at, "eos_text": b(self.eos_text), "error": self.error,
+                "deltas": [b(d) for d in self.deltas]}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Expected:
+        def b(v: Any) -> bytes:
+            return as_bytes(v, "reference")
+
+        return cls(output=b(d["output"]), reason=d["finish_reason"], wire_reason=d["wire_finish_reason"],
+                   selected=int(d["selected_tokens"]), max_tokens=int(d["max_tokens"]), script_text=b(d["script_text"]),
+                   stops=tuple(b(s) for s in d["stops"]), stop=None if d["stop"] is None else b(d["stop"]),
+                   eos_at=d["eos_at"], eos_text=b(d["eos_text"]), error=d["error"],
+                   deltas=tuple(b(x) for x in d["deltas"]), state=d.get("state", "FINISHED"))
+
+
+_FFFD = "\ufffd".encode()
+
+
+def _show(b: bytes) -> str:
+    return repr(b.decode("utf-8", "backslashreplace"))
+
+
+def _first_stop(stops: Sequence[bytes], text: bytes) -> tuple[bytes, int] | None:
+    hits = [(text.find(s), s) for s in stops if s and s in text]
+    return (min(hits)[1], min(hits)[0]) if hits else None
+
+
+def compare_text(exp: Expected, got: bytes, where: str) -> list[Finding]:
+    """The bytes an engine sent (`where`: 'non-streamed text' or 'stream') against the reference."""
+    if exp.reason is None:
+        return _compare_failing(exp, got, where)
+    want = exp.output
+    if got == want:
+        return []
+    out: list[Finding] = []
+    if hit := _first_stop(exp.stops, got):
+        s, at = hit
+        out.append(finding("stop_sent", f"the {where} contains the stop {_show(s)} at byte {at}: {_show(got)}"))
+    if got.startswith(want):
+        out += _ran_on(exp, got, where, stop_seen=bool(hit))
+    elif want.startswith(got):
+        out.append(finding("bytes_lost", f"the {where} ends after {len(got)} of {len(want)} bytes: "
+                                         f"{_show(want[len(got):])} was never sent (expected {_show(want)})"))
+    elif not hit:
+        p = next(i for i, (x, y) in enumerate(zip(got, want)) if x != y)
+        if got[p:].startswith(_FFFD):
+            out.append(finding("bytes_replaced", f"the {where} has U+FFFD at byte {p} where the reference sends "
+                                                 f"{_show(want[p:p + 4])}: {_show(got)} (expected {_show(want)})"))
+        else:
+            out.append(finding("bytes_replaced", f"the {where} differs from byte {p}: {_show(got)} (expected {_show(want)})"))
+    return out
+
+
+def _ran_on(exp: Expected, got: bytes, where: str, *, stop_seen: bool) -> list[Finding]:
+    """`got` extends the reference's output: say what the extra bytes are."""
+    want, extra = exp.output or b"", got[len(exp.output or b""):]
+    if exp.reason == "stop_sequence" and exp.stop is not None:
+        for s in exp.stops:  # the engine cut at another configured stop (D3: earliest end wins)
+            if s != exp.stop and exp.script_text.startswith(got + s) and not stop_seen:
+                return [finding("wrong_stop", f"the {where} is cut where {_show(s)} starts (byte {len(got)}), but "
+                                              f"{_show(exp.stop)} ends first, at byte {len(want) + len(exp.stop)} "
+                                              f"(D3): {_show(got)}, expected {_show(want)}")]
+        end = len(want) + len(exp.stop)
+        if len(got) > end or not stop_seen:
+            return [finding("text_after_stop", f"the {where} goes on {len(got) - end} byte(s) past the end of the "
+                                               f"stop {_show(exp.stop)} (byte {end}): {_show(got)}")]
+        return []
+    if exp.reason == "stop_sequence":  # a token-id stop: its bytes are not text
+        return [finding("text_after_stop", f"the {where} goes on past the stop token: {_show(extra)} after {_show(want)}")]
+    if exp.reason == "eos" and exp.eos_text and extra.startswith(exp.eos_text):
+        return [finding("eos_sent", f"the {where} carries the EOS token's text {_show(exp.eos_text)}: {_show(got)}")]
+    if exp.script_text.startswith(got):
+        kind = {"max_output_tokens": "past_limit", "eos": "after_eos"}.get(exp.reason or "", "bytes_added")
+        what = {"past_limit": f"past max_tokens = {exp.max_tokens}", "after_eos": "after the EOS",
+                "bytes_added": f"after the end ({exp.reason})"}[kind]
+        return [finding(kind, f"the {where} has {len(extra)} byte(s) of script text {what}: {_show(extra)} "
+                              f"after {_show(want)}")]
+    return [finding("bytes_added", f"the {where} adds {_show(extra)} after {_show(want)}, bytes that no script "
+                                   "token carries")]
+
+
+def _compare_failing(exp: Expected, got: bytes, where: str) -> list[Finding]:
+    """The reference fails the run (D12: bytes no continuation makes valid) after sending `exp.output`."""
+    want = exp.output or b""
+    if got.startswith(want):
+        extra = got[len(want):]
+        if not extra:
+            return []
+        how = "as U+FFFD" if _FFFD in extra else "by skipping them"
+        return [finding("invalid_sent", f"the {where} goes on past the invalid bytes at byte {len(want)} {how}: "
+                                        f"{_show(extra)} after {_show(want)}; the reference ends the run there with "
+                                        f"{exp.error or 'a decoding error'} (D12)")]
+    if want.startswith(got):
+        return [finding("bytes_lost", f"the {where} ends after {len(got)} bytes; before the decoding error the reference "
+                                      f"sends {_show(want)}")]
+    p = next(i for i, (x, y) in enumerate(zip(got, want)) if x != y)
+    return [finding("bytes_replaced", f"the {where} differs from byte {p}: {_show(got)}; before the decoding error "
+                                      f"the reference sends {_show(want)}")]
+
+
+def compare_stream(batch: bytes | None, streamed: bytes | None) -> list[Finding]:
+    """§4.5: the concatenated stream equals the non-streamed answer."""
+    if batch is None or streamed is None or batch == streamed:
+        return []
+    return [finding("stream_vs_batch", f"the stream sent {_show(streamed)}, the non-streamed answer {_show(batch)}")]
+
+
+def compare_reason(exp: Expected, got: str | None, where: str, *, count: int | None) -> list[Finding]:
+    """The wire finish_reason against the reference's (§4.10; D4 precedence)."""
+    want = exp.wire_reason
+    if want is None or got == want:
+        return []
+    if got is None:
+        return [finding("no_reason", f"the {where} carries no finish_reason (the reference: {want!r}, {exp.reason})")]
+    if got == "length" and want == "stop":
+        if exp.selected == exp.max_tokens:
+            return [finding("precedence", f"the {where} reports 'length'; the {exp.reason} completes on token "
+                                          f"{exp.selected} = max_tokens, so D4 gives 'stop'")]
+        n = f" after {count} token(s)" if count is not None else ""
+        return [finding("early_length", f"the {where} reports 'length'{n} with max_tokens {exp.max_tokens}; the reference "
+                                        f"ends with {exp.reason} on token {exp.selected}")]
+    if got == "stop" and want == "length":
+        if exp.eos_at == exp.max_tokens + 1:
+            return [finding("past_limit", f"the {where} reports 'stop' at max_tokens = {exp.max_tokens}: the script's "
+                                          f"EOS is token {exp.eos_at}, so it was selected past the limit")]
+        return [finding("stop_without_hit", f"the {where} reports 'stop' with no stop string completed and no EOS "
+                                            f"within max_tokens = {exp.max_tokens}")]
+    return [finding("reason_value" if got not in _API_REASONS else "stop_without_hit",
+                    f"the {where} reports {got!r}; the reference: {want!r} ({exp.reason})")]
+
+
+_API_REASONS = frozenset({"stop", "length", "content_filter", "tool_calls", "function_call"})
+
+
+def compare_count(exp: Expected, got: int | None) -> list[Finding]:
+    """usage.completion_tokens against the tokens the reference selected (§4.3, §4.10).
+
+    Counting the EOS that ended the run is a convention servers differ on: both counts pass."""
+    if got is None or exp.reason is None:
+        return []
+    n = exp.selected
+    ok = {n, n - 1} if exp.reason == "eos" else {n}
+    if got in ok:
+        return []
+    if got > exp.max_tokens:
+        return [finding("past_limit", f"usage.completion_tokens is {got} with max_tokens {exp.max_tokens}")]
+    if got < min(ok):
+        return [finding("count_low", f"usage.completion_tokens is {got}; the reference selects {n} ({exp.reason})")]
+    kind = {"stop_sequence": "token_after_stop", "eos": "after_eos", "max_output_tokens": "past_limit"}.get(
+        exp.reason or "", "token_after_stop")
+    what = {"token_after_stop": "after the token that completes the stop", "after_eos": "after the EOS",
+            "past_limit": "past max_tokens"}[kind]
+    return [finding(kind, f"usage.completion_tokens is {got}: {got - n} token(s) selected {what} "
+                          f"({exp.reason} at token {n})")]
+
+
+def compare_split(exp: Expected, chunks: Sequence[bytes]) -> list[Finding]:
+    """The stream's delta boundaries (§4.6 hold-back, §4.3 no empty delta).
+
+    A delta followed by more text must not end with a proper prefix of a configured stop: those bytes
+    are held until later bytes rule the stop out. An empty delta is never sent."""
+    out: list[Finding] = []
+    empty = sum(1 for c in chunks if not c)
+    if empty:
+        out.append(finding("empty_delta", f"{empty} streamed chunk(s) carry empty text and no finish_reason"))
+    sent = b""
+    nonempty = [c for c in chunks if c]
+    for i, c in enumerate(nonempty[:-1]):
+        sent += c
+        for s in exp.stops:
+            p = next((k for k in range(len(s) - 1, 0, -1) if sent.endswith(s[:k])), 0)
+            if p:
+                out.append(finding("stop_prefix_sent", f"delta {i} ends with {_show(s[:p])}, which may start the stop "
+                                                       f"{_show(s)}; it was sent before later bytes ruled the stop out "
+                                                       f"(deltas {[c.decode('utf-8', 'replace') for c in nonempty]})"))
+                return out
+    return out

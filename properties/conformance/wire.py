@@ -1,0 +1,202 @@
+"""The OpenAI stream as it came over the wire: every SSE line kept, and its conventions checked (issue 21).
+
+`parse_sse(text)` reads a whole `text/event-stream` body into a `Streamed`: every `data:` chunk in
+order (empty ones included: an empty delta is a finding, not noise), the SSE `id:` fields, [DONE]
+and what follows it. The chunks are folded into what chapter 4 judges (the deltas, the finish
+reasons, text after the finish chunk) by `Streamed`'s properties, so a report re-judged from the
+raw text sees exactly what the live run saw.
+
+`wire_findings` checks the API's own conventions ([DONE], JSON lines, finish_reason values, SSE
+and chunk ids, the usage chunk); they are the "wire" family of symptoms.py, graded by the
+convention and never as a §4.x MUST (§4.7's rule is one terminal event, which a stream without
+[DONE] can still keep).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+
+from .adapters.base import Finding
+from .symptoms import finding
+
+API_REASONS = frozenset({"stop", "length", "content_filter", "tool_calls", "function_call"})
+
+
+def trim_middle(text: str, cap: int = 24000) -> str:
+    """`text` whole up to `cap` characters, else its head and tail with the middle cut (the tail holds
+    the finish chunk, the usage chunk and [DONE], where framing faults live)."""
+    if len(text) <= cap:
+        return text
+    half = cap // 2
+    return f"{text[:half]}\n... [{len(text) - 2 * half} characters cut] ...\n{text[-half:]}"
+
+
+@attrs.define
+class Streamed:
+    """One streamed response: status, every parsed chunk, and the SSE framing around them."""
+
+    status: int = 0
+    error: str | None = None  # a non-200 body, or an in-band {"error": ...} chunk
+    error_events: int = 0  # `event: error` lines
+    chunks: list[dict[str, Any]] = attrs.field(factory=list)  # every JSON data line, in order
+    sse_ids: list[str] = attrs.field(factory=list)
+    done: bool = False
+    data_after_done: int = 0
+    malformed: list[str] = attrs.field(factory=list)
+    retries: int = 0  # connections the client had to open again before an answer came
+
+    # ---- chapter 4's view of the chunks ---------------------------------------------------------
+
+    def _fold(self) -> tuple[list[str], list[str], list[str]]:
+        """(texts sent before the first finish chunk, including empty ones; finish reasons; text after)."""
+        texts: list[str] = []
+        reasons: list[str] = []
+        after: list[str] = []
+        for chunk in self.chunks:
+            for choice in chunk.get("choices") or []:
+                text = _choice_text(choice)
+                if choice.get("finish_reason"):
+                    if text and not reasons:
+                        texts.append(text)  # the finish chunk may carry the last delta
+                    elif text:
+                        after.append(text)
+                    reasons.append(choice["finish_reason"])
+                elif text is not None:
+                    (after if reasons else texts).append(text)
+        return texts, reasons, after
+
+    @property
+    def texts(self) -> list[str]:
+        """Every text sent before the finish chunk, from the first non-empty one on: empty chunks
+        before any text are the stream's opening (several servers send one, as response.start)."""
+        texts = self._fold()[0]
+        first = next((i for i, t in enumerate(texts) if t), len(texts))
+        return texts[first:]
+
+    @property
+    def deltas(self) -> list[str]:
+        return [t for t in self.texts if t]
+
+    @property
+    def empty_deltas(self) -> int:
+        return sum(1 for t in self.texts if not t)
+
+    @property
+    def finish_reasons(self) -> list[str]:
+        return self._fold()[1]
+
+    @property
+    def content_after_finish(self) -> list[str]:
+        return self._fold()[2]
+
+    @property
+    def text(self) -> str:
+        return "".join(self.deltas)
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        found = [c["usage"] for c in self.chunks if isinstance(c.get("usage"), dict)]
+        return found[-1] if found else None
+
+
+def _choice_text(choice: dict[str, Any]) -> str | None:
+    """The text a choice chunk carries; None for one that carries no text field (a chat role chunk)."""
+    if "delta" in choice:
+        delta = choice.get("delta") or {}
+        if "role" in delta and not delta.get("content"):
+            return None  # the chat stream's opening chunk: the start, not a delta
+        return delta.get("content") if "content" in delta else None
+    return choice.get("text")
+
+
+def feed(out: Streamed, line: str) -> None:
+    """One SSE line into `out`."""
+    if line.startswith("event:") and line[6:].strip() == "error":
+        out.error_events += 1
+        return
+    if line.startswith("id:"):
+        out.sse_ids.append(line[3:].strip())
+        return
+    if not line.startswith("data:"):
+        return
+    payload = line[5:].strip()
+    if out.done:
+        out.data_after_done += 1
+        return
+    if payload == "[DONE]":
+        out.done = True
+        return
+    try:
+        chunk = json.loads(payload)
+    except json.JSONDecodeError:
+        out.malformed.append(payload[:80])
+        return
+    if not isinstance(chunk, dict):
+        out.malformed.append(payload[:80])
+        return
+    if chunk.get("error"):
+        out.error = json.dumps(chunk["error"], ensure_ascii=False)[:500]
+        return
+    out.chunks.append(chunk)
+
+
+def parse_sse(text: str, *, status: int = 200) -> Streamed:
+    """A whole SSE body (as a report keeps it) into a Streamed."""
+    out = Streamed(status=status)
+    if status != 200:
+        out.error = text[:500]
+        return out
+    for line in text.splitlines():
+        feed(out, line)
+    return out
+
+
+def wire_findings(st: Streamed, *, include_usage: bool = False) -> list[Finding]:
+    """The OpenAI stream conventions, each a "wire" finding (symptoms.WIRE_STATEMENTS)."""
+    if st.status != 200:
+        return []
+    out: list[Finding] = []
+    if not st.done and not (st.error or st.error_events):
+        out.append(finding("done_missing", "the stream did not end with data: [DONE]"))
+    if st.data_after_done:
+        out.append(finding("data_after_done", f"{st.data_after_done} data line(s) after [DONE]"))
+    if st.malformed:
+        out.append(finding("malformed", f"data lines that are not JSON objects: {st.malformed}"))
+    bad = sorted({r for r in st.finish_reasons if r not in API_REASONS})
+    if bad:
+        out.append(finding("reason_value", f"finish_reason {bad} is not one of {sorted(API_REASONS)}"))
+    out += _id_findings(st.sse_ids, [c.get("id") for c in st.chunks if "choices" in c])
+    if include_usage and st.usage is None:
+        out.append(finding("usage_chunk", "stream_options.include_usage gave no usage chunk"))
+    return out
+
+
+def _id_findings(sse_ids: list[str], chunk_ids: Iterable[Any]) -> list[Finding]:
+    out = []
+    nums = [int(i) for i in sse_ids if i.isdigit()]
+    if len(nums) == len(sse_ids) and any(b <= a for a, b in zip(nums, nums[1:])):
+        out.append(finding("sse_id", f"SSE ids do not strictly increase: {sse_ids[:20]}"))
+    elif len(set(sse_ids)) != len(sse_ids):
+        out.append(finding("sse_id", f"SSE ids repeat: {sse_ids[:20]}"))
+    distinct = {i for i in chunk_ids if i is not None}
+    if len(distinct) > 1:
+        out.append(finding("chunk_id", f"one response's chunks carry {len(distinct)} different ids: {sorted(distinct)[:5]}"))
+    return out
+
+
+def error_body_findings(status: int, raw: str) -> list[Finding]:
+    """A 4xx/5xx answer's body against the API's error shape (a wire convention)."""
+    if status < 400:
+        return []
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        body = None
+    err = body.get("error") if isinstance(body, dict) else None
+    if isinstance(err, dict) and isinstance(err.get("message"), str):
+        return []
+    return [finding("error_body", f"the {status} answer is not {{\"error\": {{\"message\": ...}}}}: {raw[:200]!r}")]
