@@ -21,20 +21,28 @@ def checkpoints() -> None:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".cache/checkpoints"),
               show_default=True, help="Folder to write one checkpoint per tokenizer group into.")
 @click.option("--select", "select", multiple=True, help="Only cases whose id starts with this prefix (repeatable).")
+@click.option("--group", "groups", multiple=True,
+              help="Only this checkpoint group (byte_table, byte_level_bpe, ...): what a reproducer rebuilds.")
 @click.option("--prove/--no-prove", default=True, show_default=True,
               help="Run transformers generate on every program and refuse a checkpoint that deviates.")
-def build(out_dir: Path, select: tuple[str, ...], prove: bool) -> None:
+def build(out_dir: Path, select: tuple[str, ...], groups: tuple[str, ...], prove: bool) -> None:
     """Build the checkpoints of every script case that can run over HTTP."""
     from .properties.conformance import checkpoints as ck
     from .properties.conformance.cases import CaseError, load_cases
 
     cases = load_cases(select)
+    if groups:
+        known = sorted({ck.group_of(c) for c in cases if c.kind.value == "script"})
+        if bad := sorted(set(groups) - set(known)):
+            raise click.BadParameter(f"no checkpoint group {', '.join(bad)}; groups: {', '.join(known)}",
+                                     param_hint="--group")
+        cases = [c for c in cases if c.kind.value == "script" and ck.group_of(c) in groups]
     try:
         built = ck.build_checkpoints(cases, out_dir)
     except CaseError as exc:
         raise click.ClickException(str(exc)) from None
     for c in built:
-        line = f"{c.folder}: {len(c.programs) - 1} case(s) + the recipe program"
+        line = f"{c.folder}: {len(c.programs) - 1} case(s) + the recipe program; sha256 {ck.digest(c.folder)}"
         if prove:
             try:
                 line += f"; proved: {ck.prove(c)}"
@@ -60,3 +68,14 @@ def list_(folder: Path) -> None:
         click.echo(f"{sub} ({c.group}, eos {c.eos_id})")
         for cid, p in c.programs.items():
             click.echo(f"  {cid}: prompt {list(p.prompt)} -> script {list(p.script)}")
+
+
+@checkpoints.command("digest")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False, path_type=Path))
+def digest_(folder: Path) -> None:
+    """Print a checkpoint's content hash (the one its reports name)."""
+    from .properties.conformance.checkpoints import MANIFEST, digest
+
+    if not (folder / MANIFEST).is_file():
+        raise click.ClickException(f"{folder} is not a forced checkpoint ({MANIFEST} is missing)")
+    click.echo(digest(folder))

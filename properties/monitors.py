@@ -427,6 +427,34 @@ def _forbidden_after(rt: RequestTrace, is_mark, what: str, kinds: tuple[str, ...
             yield e.index, f"{e.kind} after {what} at event {mark.index}"
 
 
+@monitor("stop_prefix_held")
+def _stop_prefix_held(rt: RequestTrace):
+    stops = [s.encode("utf-8") for s in rt.created.get("stop", ()) if len(s.encode("utf-8")) > 1]
+    if not stops or len(rt.deltas) < 2:
+        return
+    out = b""
+    for e in rt.deltas[:-1]:
+        out += bytes(e.data.get("bytes", b""))
+        for s in stops:
+            if any(out.endswith(s[:k]) for k in range(1, len(s))):
+                yield e.index, f"the delta ends with a prefix of the stop {s!r} that was not yet ruled out"
+                return
+
+
+@monitor("stop_earliest_wins")
+def _stop_earliest_wins(rt: RequestTrace):
+    hit = next((e for e in rt.of(K.STOP_HIT) if e.data.get("kind", "string") == "string"), None)
+    if hit is None:
+        return
+    won = str(hit.data.get("stop", "")).encode("utf-8")
+    text = rt.output + won  # the output ends where the winning match starts (D3)
+    for s in (s.encode("utf-8") for s in rt.created.get("stop", ()) if s):
+        at = text.find(s)
+        if at >= 0 and (at + len(s) < len(text) or at + len(s) == len(text) and len(s) > len(won)):
+            yield hit.index, f"the stop {won!r} won, but {s!r} ends at byte {at + len(s)}, before or with it (D3)"
+            return
+
+
 @monitor("stop_reason_requires_hit")
 def _stop_reason_requires_hit(rt: RequestTrace):
     if rt.reason == FinishReason.STOP_SEQUENCE:
@@ -600,6 +628,18 @@ def _length_respected(rt: RequestTrace):
         yield rt.selected[limit].index, f"token {limit + 1} selected with max_output_tokens={limit}"
     if rt.reason == FinishReason.MAX_OUTPUT_TOKENS and len(rt.selected) != limit:
         yield rt.terminal.index, f"reason max_output_tokens after {len(rt.selected)} of {limit} tokens"
+
+
+@monitor("finish_reason_precedence")
+def _finish_reason_precedence(rt: RequestTrace):
+    if rt.terminal is None or not rt.selected or rt.reason not in (FinishReason.MAX_OUTPUT_TOKENS, FinishReason.STOP_SEQUENCE):
+        return
+    last = rt.selected[-1]
+    eos_id = rt.created.get("eos_id")
+    if last.data.get("eos") or (eos_id is not None and last.data.get("token") == eos_id):
+        yield rt.terminal.index, f"the last selected token is EOS, but the reason is {rt.reason} (D4: EOS first)"
+    elif rt.reason == FinishReason.MAX_OUTPUT_TOKENS and any(rt.of(K.STOP_HIT)):
+        yield rt.terminal.index, "a stop was hit, but the reason is max_output_tokens (D4: stop before length)"
 
 
 @monitor("usage_consistent")

@@ -192,6 +192,11 @@ BROKEN = {
     "stop_bytes_never_emitted": lambda: edit(length_run(), "request.created", stop=["BE"]),
     "nothing_after_stop_hit": lambda: insert_before(length_run(), "response.delta",
                                                     ("stop.hit", {"stop": "XYZ", "rule_version": 1, "kind": "string"}), 1),
+    "stop_prefix_held": lambda: edit(length_run(), "request.created", stop=["BX"]),
+    "stop_earliest_wins": lambda: edit(stop_run(), "request.created", stop=["BCD", "AB"]),
+    "finish_reason_precedence": lambda: edit(
+        edit(stop_run(), "lifecycle.transition", match={"event": "stop_hit"}, event="length", reason="max_output_tokens"),
+        "response.completed", finish_reason="max_output_tokens"),
     "stop_reason_requires_hit": lambda: edit(drop(stop_run(), "stop.hit"), "request.created", stop=[]),
     "eos_not_emitted": lambda: insert_before(eos_run(), "lifecycle.transition",
                                              ("response.delta", {"seq": 1, "bytes": b"</s>"}), event="eos"),

@@ -21,6 +21,7 @@ engine passes whatever the tokenizer (`reference_outcome`).
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
@@ -192,6 +193,17 @@ class Checkpoint:
     @property
     def tokenizer(self) -> HFTokenizer:
         return _tokenizer(self.folder)
+
+
+def digest(folder: str | Path) -> str:
+    """A checkpoint's content hash: sha256 over its files (names and bytes, sorted; logs left out),
+    so a reproducer names exactly the weights and tokenizer a verdict was given on."""
+    h = hashlib.sha256()
+    root = Path(folder)
+    for p in sorted(root.iterdir()):
+        if p.is_file() and p.suffix in (".json", ".safetensors"):
+            h.update(p.name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
 
 
 @functools.cache

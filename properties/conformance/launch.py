@@ -73,6 +73,18 @@ def launched(command: str, ckpt: Checkpoint, log: Path, *, timeout_s: float = 60
                 proc.wait()
 
 
+def _refusal(folders: Sequence[Path], group: str) -> str:
+    """Why a checkpoint was left out, when the engine's converter refused it (scripts/peers/conform.sh
+    keeps the converter's log as <group>/convert.log beside the served checkpoints)."""
+    for root in {f.parent for f in folders}:
+        log = root / group / "convert.log"
+        if log.is_file() and not (root / group / "model.gguf").is_file():
+            lines = [ln for ln in _tail(log, 4000).splitlines() if ln.strip()]
+            cause = next((ln for ln in reversed(lines) if "rror" in ln), lines[-1] if lines else "")
+            return f": the engine's converter refused it ({cause.strip()[:300]}; {log})"
+    return ""
+
+
 def run_launched(cases: Sequence[Case], folders: Sequence[Path], command: str, *, log_dir: Path,
                  without: frozenset[str] = frozenset(), jobs: int = 1, model: str | None = None,
                  timeout_s: float = 600.0, on_result: Callable[[CaseResult], None] | None = None) -> list[CaseResult]:
@@ -86,7 +98,7 @@ def run_launched(cases: Sequence[Case], folders: Sequence[Path], command: str, *
         try:
             with launched(command, ck, log_dir / f"{ck.group}.log", timeout_s=timeout_s) as url:
                 name = model.format(model=ck.folder, name=ck.group) if model else None
-                adapter = OpenAIAdapter(url, model=name, checkpoint=ck, without=without)
+                adapter = OpenAIAdapter(url, model=name, checkpoint=ck, without=without, launch=command)
                 for r in run_cases(adapter, mine, jobs=jobs, on_result=on_result):
                     done[r.case.id] = r
         except RuntimeError as exc:
@@ -99,7 +111,8 @@ def run_launched(cases: Sequence[Case], folders: Sequence[Path], command: str, *
         if c.id not in done:
             why = http_blocker(c)
             done[c.id] = r = CaseResult(c, "launch", Verdict.SKIP, reason=f"cannot run over HTTP: {why}" if why else
-                                        f"compiled into the {group_of(c)} checkpoint, which this run did not serve")
+                                        f"compiled into the {group_of(c)} checkpoint, which this run did not serve"
+                                        + _refusal(folders, group_of(c)))
             if on_result is not None:
                 on_result(r)
     return [done[c.id] for c in cases]

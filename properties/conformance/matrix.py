@@ -47,10 +47,16 @@ def _count(rep: Mapping[str, Any]) -> str:
     return f"{s['PASS']}/{ran} pass, {s['FAIL']} fail, {s['ERROR']} error, {s['SKIP']} n/a"
 
 
+def _symptom(c: Mapping[str, Any]) -> str:
+    """A failed cell's text: the lead finding's symptom (what broke), not the case's invariant."""
+    return c.get("lead_symptom") or c.get("first_violated_invariant") or ""
+
+
 def to_markdown(reports: Mapping[str, Mapping[str, Any]]) -> str:
     engines = list(reports)
     lines = ["# Conformance matrix", "",
-             "Each cell: the verdict and, for a failure, the first violated invariant. n/a: the engine cannot "
+             "Each cell: the verdict and, for a failure, what broke first (the lead finding's symptom; the report "
+             "names its invariant). PASS (wire): only OpenAI wire conventions were missed. n/a: the engine cannot "
              "run the case (its report gives the reason).", "",
              "| engine | cases |", "|---|---|", *[f"| {e} | {_count(reports[e])} |" for e in engines], "",
              "| § | case | grade | " + " | ".join(engines) + " |", "|---|---|---|" + "---|" * len(engines)]
@@ -61,9 +67,9 @@ def to_markdown(reports: Mapping[str, Mapping[str, Any]]) -> str:
             if c is None:
                 cells.append("")
             elif c["verdict"] in ("FAIL", "ERROR"):
-                cells.append(f"**{c['verdict']}** {c.get('first_violated_invariant') or ''}".strip())
+                cells.append(f"**{c['verdict']}** {_symptom(c)}".strip())
             else:
-                cells.append("n/a" if c["verdict"] == "SKIP" else c["verdict"])
+                cells.append("n/a" if c["verdict"] == "SKIP" else c["verdict"] + (" (wire)" if c.get("failures") else ""))
         lines.append(f"| {anchor} | `{cid}` | {grade} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -87,7 +93,8 @@ def to_html(reports: Mapping[str, Mapping[str, Any]]) -> str:
             v = c["verdict"]
             tip = c.get("reason") or "; ".join(f["message"] for f in c.get("failures", []))[:400]
             label = {"SKIP": "n/a"}.get(v, v)
-            inv = f"<br><small>{e(c.get('first_violated_invariant') or '')}</small>" if v in ("FAIL", "ERROR") else ""
+            inv = (f"<br><small title='{e(c.get('first_violated_invariant') or '')}'>{e(_symptom(c))}</small>"
+                   if v in ("FAIL", "ERROR") else "<br><small>wire</small>" if c.get("failures") else "")
             link = f"{name}/report.html#{cid}" if v in ("FAIL", "ERROR") else f"{name}/report.html"
             cells.append(f"<td style='background:{_CELL[v]}' title='{e(tip)}'><a href='{e(link)}'>{label}</a>{inv}</td>")
         body.append(f"<tr><td><code>{e(cid)}</code></td><td>{grade}</td>{''.join(cells)}</tr>")

@@ -18,17 +18,19 @@ import json
 import platform
 import xml.etree.ElementTree as ET
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from ...spec.invariants import load_invariants
+from .adapters.base import Finding
 from .cases import Grade
 from .runner import CaseResult, Verdict
+from .symptoms import WIRE, WIRE_STATEMENTS, label
 
 REPORT_FILES = ("report.json", "junit.xml", "report.md", "report.html")
-REPORT_VERSION = 2
+REPORT_VERSION = 3
 SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
 
 
@@ -38,8 +40,36 @@ def _statements() -> dict[str, str]:
 
 
 def statement(invariant: str | None) -> str:
-    """What the invariant says (spec/invariants.toml), or '' for a name it does not hold."""
-    return _statements().get(invariant or "", "")
+    """What the invariant (spec/invariants.toml) or wire convention (symptoms.WIRE_STATEMENTS) says."""
+    return _statements().get(invariant or "", "") or WIRE_STATEMENTS.get(invariant or "", "")
+
+
+def anchor_of(invariant: str) -> str:
+    """The invariant's section (its wire convention says 'OpenAI API' instead)."""
+    inv = load_invariants().get(invariant)
+    return inv.anchor if inv is not None else ("OpenAI API" if invariant in WIRE_STATEMENTS else "")
+
+
+def short(f: Finding) -> str:
+    """A finding in a few words for a matrix cell: its symptom's label, else its invariant."""
+    return label(f.symptom) or f.invariant
+
+
+def causes(results: Sequence[CaseResult]) -> list[dict[str, Any]]:
+    """The distinct causes of a run's findings: (invariant, symptom) with the cases they cover,
+    chapter-4 ones first (most cases first), then the wire conventions."""
+    by: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in results:
+        for f in r.failures:
+            key = (f.invariant, f.symptom)
+            c = by.setdefault(key, {"invariant": f.invariant, "symptom": f.symptom, "label": short(f),
+                                    "family": f.family, "anchor": anchor_of(f.invariant),
+                                    "statement": statement(f.invariant), "cases": [], "lead_in": []})
+            if r.case.id not in c["cases"]:
+                c["cases"].append(r.case.id)
+            if r.lead is f and r.case.id not in c["lead_in"]:
+                c["lead_in"].append(r.case.id)
+    return sorted(by.values(), key=lambda c: (c["family"] == WIRE, -len(c["cases"]), c["invariant"], c["symptom"]))
 
 
 def partial(r: CaseResult) -> bool:
@@ -57,6 +87,7 @@ def summary(results: Sequence[CaseResult]) -> dict[str, Any]:
         "total": len(results), **{v.value: by.get(v.value, 0) for v in Verdict},
         "ran": ran, "pass_rate": round(by.get("PASS", 0) / ran, 4) if ran else None,
         "partial": sum(partial(r) for r in results),
+        "wire": sum(1 for r in results if r.wire),
         "must_failed": must_fail, "should_failed": sum(1 for r in results if r.failed) - must_fail,
         "must_ran": must_ran, "must_all_pass": must_fail == 0,
     }
@@ -68,7 +99,8 @@ def headline(results: Sequence[CaseResult], engine: str) -> str:
     rate = f" ({s['pass_rate']:.0%})" if s["pass_rate"] is not None else ""
     return (f"{engine}: {s['PASS']}/{s['ran']} pass{rate}; {s['FAIL']} fail and {s['ERROR']} error "
             f"({s['must_failed']} MUST, {s['should_failed']} SHOULD); {s['SKIP']} n/a"
-            + (f"; {s['partial']} partial" if s["partial"] else ""))
+            + (f"; {s['partial']} partial" if s["partial"] else "")
+            + (f"; {s['wire']} with wire-convention findings" if s["wire"] else ""))
 
 
 def section_key(anchor: str) -> int:
@@ -88,15 +120,70 @@ def _expected(r: CaseResult) -> dict[str, Any]:
     return dict(r.expected) if r.expected is not None else r.case.to_json()["expect"]
 
 
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def curl(exchange: Mapping[str, Any]) -> str:
+    """One recorded request as a curl line against $URL (streamed requests with -N)."""
+    req = exchange["request"]
+    body = json.dumps(req["body"], ensure_ascii=False, separators=(",", ":"))
+    flags = "-sS -N" if req["body"].get("stream") else "-sS"
+    return f"curl {flags} \"$URL{req['path']}\" -H 'Content-Type: application/json' -d {_quote(body)}"
+
+
+def replay(r: CaseResult) -> str:
+    """A shell snippet that replays an HTTP case by hand: rebuild just its checkpoint, start the
+    engine as the run did, send the same requests; what the reference requires and answers follows."""
+    server = r.observed.get("server") or {}
+    exchanges = [e for e in r.observed.get("exchanges") or [] if "request" in e]
+    ck = server.get("checkpoint")
+    lines = [f"# {r.case.id} on {r.engine}" + (f" (version {server['version']})" if server.get("version") else "")]
+    if ck:
+        lines += [f"# checkpoint {ck['group']}, sha256 {ck['sha256']}: rebuild just it, and check the hash",
+                  f"decodespec checkpoints build --out ckpt --group {ck['group']}",
+                  f"decodespec checkpoints digest ckpt/{ck['group']}"]
+    if server.get("launch"):
+        lines += ["# the engine, started as the run started it ({model} is the checkpoint folder, {port} a port):",
+                  f"#   {server['launch']}"]
+    lines.append(f"URL=${{URL:-{server.get('url', 'http://127.0.0.1:8000')}}}")
+    lines += [curl(e) for e in exchanges]
+    for f in r.failures:
+        where = anchor_of(f.invariant)
+        lines.append(f"# requires {f.invariant}{f' ({where})' if where else ''}: {statement(f.invariant)}")
+        lines.append(f"#   seen: {f.message[:400]}")
+    ref = r.observed.get("reference")
+    if ref:
+        lines.append("# the reference's answer on the same checkpoint: " + json.dumps(
+            {k: ref.get(k) for k in ("state", "output", "finish_reason", "wire_finish_reason", "selected_tokens")},
+            ensure_ascii=False))
+    return "\n".join(lines) + "\n"
+
+
 def reproducer(r: CaseResult) -> dict[str, Any]:
-    """What a reader needs to rerun the case by hand: inputs, expected, observed (and over HTTP the
-    exact requests sent with the raw answers, and the reference's answer to the same)."""
-    obs = {k: v for k, v in r.observed.items() if v not in (None, [], {}) and k not in ("exchanges", "reference")}
-    out = {"inputs": dict(r.case.inputs), "recipe": r.case.recipe, "expected": _expected(r), "observed": obs}
-    for key in ("exchanges", "reference"):
+    """What a reader needs to rerun the case by hand. Over HTTP: the replay snippet (rebuild, launch,
+    curl), the server, the exchanges with their raw answers and the reference's answer; the case's
+    inline tokenizer is left out (the checkpoint's hash names it). In process: inputs, expected,
+    observed."""
+    obs = {k: v for k, v in r.observed.items()
+           if v not in (None, [], {}) and k not in ("exchanges", "reference", "server")}
+    http = any("request" in e for e in r.observed.get("exchanges") or [])
+    inputs = {k: v for k, v in r.case.inputs.items() if not (http and k == "tokenizer")}
+    out: dict[str, Any] = {"inputs": inputs, "recipe": r.case.recipe, "expected": _expected(r), "observed": obs}
+    if http:
+        out = {"replay": replay(r), **out}
+    for key in ("server", "exchanges", "reference"):
         if r.observed.get(key):
             out[key] = r.observed[key]
     return out
+
+
+def evidence(r: CaseResult) -> dict[str, Any]:
+    """What a pass keeps so it can be audited: the requests and raw answers (or the outputs seen)."""
+    if r.observed.get("exchanges"):
+        return {"exchanges": r.observed["exchanges"], **({"reference": r.observed["reference"]}
+                                                         if r.observed.get("reference") else {})}
+    return {k: r.observed[k] for k in ("output", "chunks", "finish_reason", "state") if r.observed.get(k) is not None}
 
 
 def to_json(results: Sequence[CaseResult], engine: str, wall_s: float | None = None) -> dict[str, Any]:
@@ -107,6 +194,7 @@ def to_json(results: Sequence[CaseResult], engine: str, wall_s: float | None = N
         "python": platform.python_version(),
         "headline": headline(results, engine),
         "summary": summary(results),
+        "causes": causes(results),
         **({"wall_seconds": round(wall_s, 1)} if wall_s is not None else {}),
         "cases": [
             {
@@ -114,10 +202,14 @@ def to_json(results: Sequence[CaseResult], engine: str, wall_s: float | None = N
                 "invariant": r.case.invariant, "statement": statement(r.case.invariant),
                 "description": r.case.description,
                 "verdict": r.verdict.value, "partial": partial(r), "first_violated_invariant": r.first_invariant,
-                "failures": [{"invariant": f.invariant, "message": f.message} for f in r.failures],
+                "failures": [{"invariant": f.invariant, "symptom": f.symptom, "family": f.family, "message": f.message}
+                             for f in r.failures],
                 "not_checked": list(r.not_checked), "reason": r.reason, "seconds": round(r.seconds, 4),
                 "notes": list(r.observed.get("notes") or []),
-                "diagram": r.case.diagram, **({"reproducer": reproducer(r)} if r.failed else {}),
+                "lead_symptom": short(r.lead) if r.lead else None,
+                "diagram": r.case.diagram,
+                **({"reproducer": reproducer(r)} if r.failed or r.wire else
+                   {"evidence": evidence(r)} if r.verdict is Verdict.PASS else {}),
             }
             for r in results
         ],
@@ -154,7 +246,23 @@ def _md_cell(text: Any) -> str:
 
 
 def _pass_note(r: CaseResult) -> str:
-    return f"partial: not checked {', '.join(r.not_checked)}" if partial(r) else ""
+    notes = [f"partial: not checked {', '.join(r.not_checked)}"] if partial(r) else []
+    notes += [f"wire: {short(f)} ({f.invariant})" for f in r.wire]
+    return "; ".join(notes)
+
+
+def _md_causes(results: Sequence[CaseResult]) -> list[str]:
+    found = causes(results)
+    if not found:
+        return []
+    lines = [f"## Causes ({len(found)})", "",
+             "Each distinct thing the engine got wrong, with the cases that show it (lead: the cases where it is "
+             "the first finding). Wire conventions are the OpenAI API's, not rules of chapter 4.", "",
+             "| family | invariant | § | symptom | cases | lead in |", "|---|---|---|---|---|---|"]
+    for c in found:
+        lines.append(f"| {c['family']} | {c['invariant']} | {c['anchor']} | {_md_cell(c['label'])} | "
+                     f"{len(c['cases'])}: {', '.join(f'`{i}`' for i in c['cases'])} | {len(c['lead_in'])} |")
+    return lines + [""]
 
 
 def to_markdown(results: Sequence[CaseResult], engine: str) -> str:
@@ -162,14 +270,20 @@ def to_markdown(results: Sequence[CaseResult], engine: str) -> str:
     passed = [r for r in results if r.verdict is Verdict.PASS]
     skipped = [r for r in results if r.verdict is Verdict.SKIP]
     lines = [f"# Conformance report: `{engine}`", "", f"**{headline(results, engine)}**", ""]
+    lines += _md_causes(results)
     lines += [f"## Failures ({len(failed)})", ""] if failed else ["No failures.", ""]
     for anchor, rs in by_section(failed):
         lines += [f"### {anchor} ({len(rs)})", ""]
         for r in rs:
             inv = r.first_invariant or r.case.invariant
-            lines += [f"#### `{r.case.id}`: {r.verdict.value} ({r.case.grade.value}), {inv}", "",
+            lead = f"{inv}: {short(r.lead)}" if r.lead else inv
+            lines += [f"#### `{r.case.id}`: {r.verdict.value} ({r.case.grade.value}), {lead}", "",
                       f"> {statement(inv)}" if statement(inv) else "> (adapter error)", "", r.case.description, ""]
-            lines += [f"- **{f.invariant}**: {_md_cell(f.message)}" for f in r.failures] or [f"- error: {_md_cell(r.reason)}"]
+            lines += [f"- **{f.invariant}** ({short(f)}{', wire' if f.family == WIRE else ''}): {_md_cell(f.message)}"
+                      for f in r.failures] or [f"- error: {_md_cell(r.reason)}"]
+            rep = reproducer(r)
+            if "replay" in rep:
+                lines += ["", "Replay by hand:", "", "```sh", rep["replay"].rstrip(), "```"]
             lines += ["", "<details><summary>reproducer</summary>", "", "```json",
                       json.dumps(reproducer(r), ensure_ascii=False, indent=1), "```", "", "</details>", ""]
     lines += [f"## Passed ({len(passed)})", "", "| § | case | grade | invariant | note |", "|---|---|---|---|---|"]
@@ -204,6 +318,10 @@ def _svg(diagrams_dir: Path | None, name: str) -> str | None:
     return text[text.find("<svg"):] if "<svg" in text else None
 
 
+def _links(ids: Sequence[str]) -> str:
+    return ", ".join(f"<a href='#{html.escape(i)}'>{html.escape(i)}</a>" for i in ids)
+
+
 def to_html(results: Sequence[CaseResult], engine: str, *, diagrams_dir: Path | None = None) -> str:
     e = html.escape
     failed = [r for r in results if r.failed]
@@ -213,6 +331,17 @@ def to_html(results: Sequence[CaseResult], engine: str, *, diagrams_dir: Path | 
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>decodespec conformance: {e(engine)}</title>"
              f"<style>{_CSS}</style></head><body><h1>Conformance report: {e(engine)}</h1>",
              f"<p class='headline {'bad' if failed else 'good'}'>{e(headline(results, engine))}</p>"]
+    found = causes(results)
+    if found:
+        rows = "".join(
+            f"<tr class='{'partial' if c['family'] == WIRE else 'FAIL'}'><td>{e(c['family'])}</td>"
+            f"<td title='{e(c['statement'])}'>{e(c['invariant'])}</td><td>{e(c['anchor'])}</td><td>{e(c['label'])}</td>"
+            f"<td>{len(c['cases'])}: {_links(c['cases'])}</td>"
+            f"<td>{len(c['lead_in'])}</td></tr>" for c in found)
+        parts.append(f"<h2>Causes ({len(found)})</h2><p>Each distinct thing the engine got wrong, with the cases "
+                     "that show it. Wire conventions are the OpenAI API's, not rules of chapter 4.</p><table><tr>"
+                     "<th>family</th><th>invariant</th><th>§</th><th>symptom</th><th>cases</th><th>lead in</th></tr>"
+                     f"{rows}</table>")
     parts.append(f"<h2>Failures ({len(failed)})</h2>" if failed else "<p>No failures.</p>")
     for anchor, rs in by_section(failed):
         parts.append(f"<h3>{e(anchor)} ({len(rs)})</h3>")
@@ -220,13 +349,16 @@ def to_html(results: Sequence[CaseResult], engine: str, *, diagrams_dir: Path | 
             inv = r.first_invariant or r.case.invariant
             diagram = (f" · diagram <a href='#diagram-{e(r.case.diagram)}'>{e(r.case.diagram)}</a>"
                        if r.case.diagram in embedded else "")
-            findings = "".join(f"<li><b>{e(f.invariant)}</b>: {e(f.message)}</li>" for f in r.failures) or \
+            findings = "".join(f"<li><b>{e(f.invariant)}</b> ({e(short(f))}{', wire' if f.family == WIRE else ''}): "
+                               f"{e(f.message)}</li>" for f in r.failures) or \
                 f"<li>error: {e(r.reason)}</li>"
             parts.append(
                 f"<div class='case {r.verdict.value}' id='{e(r.case.id)}'><h4>{e(r.case.id)}: {r.verdict.value} "
-                f"({r.case.grade.value}), {e(inv)}{diagram}</h4>"
+                f"({r.case.grade.value}), {e(inv)}{': ' + e(short(r.lead)) if r.lead else ''}{diagram}</h4>"
                 f"<blockquote>{e(statement(inv)) or '(adapter error)'}</blockquote><p>{e(r.case.description)}</p>"
-                f"<ul>{findings}</ul><details><summary>reproducer</summary>"
+                f"<ul>{findings}</ul>"
+                + (f"<p>Replay by hand:</p><pre>{e(reproducer(r)['replay'])}</pre>" if 'replay' in reproducer(r) else "")
+                + "<details><summary>reproducer</summary>"
                 f"<pre>{e(json.dumps(reproducer(r), ensure_ascii=False, indent=1))}</pre></details></div>")
     rows = "".join(
         f"<tr class='{'partial' if partial(r) else 'PASS'}'><td>{e(a)}</td><td>{e(r.case.id)}</td>"

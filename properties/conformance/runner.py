@@ -119,6 +119,7 @@ def judge(case: Case, outcome: Outcome, engine: str, caps: frozenset[str]) -> Ca
         "chunks": [_text(c) for c in outcome.chunks] if outcome.chunks is not None else None,
         "notes": list(outcome.notes),
         "exchanges": list(outcome.exchanges), "reference": dict(outcome.reference) if outcome.reference else None,
+        "server": dict(outcome.server) if outcome.server else None,
     }
     fails = merge(fails)
     semantic = [f for f in fails if f.family != WIRE]

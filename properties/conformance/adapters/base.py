@@ -59,6 +59,7 @@ class Outcome:
     reference: Mapping[str, Any] | None = None  # the reference engine's answer on the same checkpoint
     not_checked: tuple[str, ...] = ()  # what the case expects that this run could not observe
     judged: bool = False  # the adapter judged the answer itself (judgement.py): `findings` is the verdict
+    server: Mapping[str, Any] | None = None  # the server judged (URL, version, launch, checkpoint hash)
 
 
 class Adapter(Protocol):

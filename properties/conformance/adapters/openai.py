@@ -25,7 +25,7 @@ import attrs
 import httpx
 
 from ..cases import Case, CaseKind
-from ..checkpoints import RECIPE, Checkpoint, group_of, http_blocker, reference_result
+from ..checkpoints import RECIPE, Checkpoint, digest, group_of, http_blocker, reference_result
 from ..http_script import run_script
 from ..symptoms import Expected, compare_reason, compare_stream, compare_text, finding, merge
 from ..wire import Streamed, feed, trim_middle, wire_findings
@@ -72,7 +72,8 @@ class OpenAIAdapter:
     capabilities = frozenset({"http"})
 
     def __init__(self, url: str, *, model: str | None = None, checkpoint: Checkpoint | None = None,
-                 without: frozenset[str] = frozenset(), timeout: float = 60.0, retries: int = 2) -> None:
+                 without: frozenset[str] = frozenset(), timeout: float = 60.0, retries: int = 2,
+                 launch: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.name = f"openai[{self.url}]"
         self._model = model
@@ -87,6 +88,8 @@ class OpenAIAdapter:
         self._lock = threading.Lock()
         self.dropped: list[str] = []  # every connection that failed and was retried, in order
         self.prompt_note = ""
+        self.launch = launch  # the command that started the server, for reproducers
+        self._about: dict[str, Any] | None = None
 
     def unsupported(self, case: Case) -> str | None:
         if case.kind is CaseKind.BLACKBOX:
@@ -112,6 +115,27 @@ class OpenAIAdapter:
         if r.status_code != 200:
             raise ServerError(f"{self.url}/v1/models answered {r.status_code}: {_trim(r.text, 200)!r}; "
                               "is this an OpenAI-compatible server?")
+
+    def about(self) -> dict[str, Any]:
+        """The server as a reproducer names it: URL, model name, version (from /version or /props
+        where the server has one), the launch command and the checkpoint's group and content hash."""
+        if self._about is None:
+            info: dict[str, Any] = {"url": self.url, "model": self.model}
+            for path in ("/version", "/props"):
+                try:
+                    r = self.client.get(path, timeout=5)
+                    data = r.json() if r.status_code == 200 else None
+                except (httpx.HTTPError, ValueError):
+                    data = None
+                if isinstance(data, dict) and (v := data.get("version") or data.get("build_info")):
+                    info["version"] = str(v)
+                    break
+            if self.launch:
+                info["launch"] = self.launch
+            if self.checkpoint is not None:
+                info["checkpoint"] = {"group": self.checkpoint.group, "sha256": digest(self.checkpoint.folder)}
+            self._about = info
+        return self._about
 
     @property
     def model(self) -> str:
@@ -287,7 +311,7 @@ class OpenAIAdapter:
         if failed and not out.skip:  # a retried connection is a finding, never silent
             out = attrs.evolve(out, findings=(*out.findings, finding(
                 "connection_dropped", f"{len(failed)} connection(s) failed and the request was sent again: {failed[:3]}")))
-        return attrs.evolve(out, exchanges=tuple(log))
+        return attrs.evolve(out, exchanges=tuple(log), server=self.about())
 
     def _check_chat(self, case: Case) -> None:
         """On a forced checkpoint the chat endpoint must render the message as its bare content
