@@ -16,17 +16,44 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table as RichTable
 
 from .cli import default_diagrams_dir
 
 _STYLE = {"PASS": "green", "FAIL": "red", "ERROR": "bold red", "SKIP": "dim"}
+_MARK = {"PASS": ".", "FAIL": "F", "ERROR": "E", "SKIP": "s"}
+
+
+class Ticker:
+    """Progress as pytest shows it, on stderr while the run goes: one mark a case (. pass, F fail,
+    E error, s n/a, w a pass with wire-convention findings), a bar and the count at each line's end."""
+
+    def __init__(self, total: int, label: str, width: int = 50) -> None:
+        self.total, self.done, self.width = total, 0, width
+        self.t0 = time.monotonic()
+        self._lock = threading.Lock()  # run_cases calls it from its worker threads
+        sys.stderr.write(f"conform {label}: {total} case(s)\n")
+        sys.stderr.flush()
+
+    def __call__(self, r) -> None:
+        with self._lock:
+            self._tick(r)
+
+    def _tick(self, r) -> None:
+        self.done += 1
+        mark = "w" if r.verdict.value == "PASS" and r.wire else _MARK[r.verdict.value]
+        sys.stderr.write(mark)
+        if self.done % self.width == 0 or self.done == self.total:
+            filled = round(20 * self.done / self.total)
+            sys.stderr.write(f" [{'#' * filled}{'.' * (20 - filled)}] {self.done}/{self.total} "
+                             f"{time.monotonic() - self.t0:.0f} s\n")
+        sys.stderr.flush()
 
 
 def report_name(engine: str) -> str:
@@ -119,10 +146,7 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], list_only: 
                           adapter.unsupported(c) and f"SKIP: {adapter.unsupported(c)}" or "yes")
         console.print(table)
         return
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as progress:
-        task = progress.add_task(f"conform {label}", total=len(cases))
-        results = run_cases(adapter, cases, jobs=jobs, on_result=lambda r: progress.advance(task))
+    results = run_cases(adapter, cases, jobs=jobs, on_result=Ticker(len(cases), label))
     _finish(results, label, report_dir, policy, console, t0)
 
 
@@ -152,11 +176,8 @@ def _conform_launched(cases, folders, launch, timeout_s, without, jobs, model, l
             console.print(f"{f}: {sum(c.id in ck.programs for c in cases)} case(s); server: {launch}")
         return
     log_dir = Path(".cache/peers/logs") / label
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as progress:
-        task = progress.add_task(f"conform {label}", total=len(cases))
-        results = run_launched(cases, folders, launch, log_dir=log_dir, without=without, jobs=jobs, model=model,
-                               timeout_s=timeout_s, on_result=lambda r: progress.advance(task))
+    results = run_launched(cases, folders, launch, log_dir=log_dir, without=without, jobs=jobs, model=model,
+                           timeout_s=timeout_s, on_result=Ticker(len(cases), label))
     _finish(results, label, report_dir, policy, console, t0)
 
 

@@ -6,7 +6,8 @@ case has single-id stop sequences vLLM's `stop_token_ids`, and the case's `input
 as they are (OpenAI names). It is sent twice, non-streamed and streamed. The expectation is the
 reference loop's answer on the same checkpoint and script (judgement.expected_of), and the answer
 is judged dimension by dimension (judgement.judge_observed), the stream's framing by the wire
-conventions (wire.py). What the wire cannot show (the trace, the state name) is listed as not
+conventions (wire.py). Then the case is run again at every other max_tokens up to its script's
+length (`sweep`), each limit judged against the reference at that limit. What the wire cannot show (the trace, the state name) is listed as not
 checked, so such a pass is partial; conventions that legitimately differ (whether
 completion_tokens counts the EOS that ended the run) are accepted both ways.
 """
@@ -15,10 +16,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .adapters.base import Finding, Outcome
+import attrs
+
+from .adapters.base import Finding, Outcome, reference_on
 from .cases import STREAM_KINDS, Case
 from .judgement import Observed, expected_of, judge_observed
-from .symptoms import Expected
+from .symptoms import WIRE, Expected
 from .wire import Streamed, error_body_findings, wire_findings
 
 if TYPE_CHECKING:
@@ -84,6 +87,30 @@ def judge_exchange(case: Case, exp: Expected, status: int, data: Any, raw: str, 
     return found + wire_findings(st) + error_body_findings(status, raw), not_checked + not_observable(case)
 
 
+def sweep(a: OpenAIAdapter, case: Case) -> list[Finding]:
+    """§4.3: the case again with max_tokens at every token of its script (a tail bug can show only
+    when the limit lands on one particular token). Each limit is judged against the reference at
+    that limit; its chapter-4 findings say the limit, and its exchanges are kept only when it fails."""
+    prog = a.checkpoint.programs[case.id]
+    tok = a.checkpoint.tokenizer
+    out: list[Finding] = []
+    for k in range(1, len(prog.script) + 1):
+        if k == case.max_tokens:
+            continue
+        at = attrs.evolve(case, inputs={**case.inputs, "max_tokens": k})
+        exp = expected_of(at, tok, prog.prompt, prog.script, reference_on(at, tok, prog.prompt, prog.script))
+        body = request_body(a, case, max_tokens=k)
+        log: list[dict[str, Any]] = []
+        status, data, raw = a.post(PATH, {**body, "stream": False}, log)
+        st = a.stream_body(PATH, {**body, "stream": True}, log=log)
+        found = [attrs.evolve(f, message=f"at max_tokens={k}: {f.message}")
+                 for f in judge_exchange(at, exp, status, data, raw, st)[0] if f.family != WIRE]
+        if found:
+            a.log_exchanges(log)
+            out += found
+    return out
+
+
 def run_script(a: OpenAIAdapter, case: Case) -> Outcome:
     """Send the case both ways and judge the answers against the reference (see module)."""
     prog = a.checkpoint.programs[case.id]
@@ -102,6 +129,8 @@ def run_script(a: OpenAIAdapter, case: Case) -> Outcome:
         return Outcome(skip=f"{why} ({'sent as text: ' + repr(body['prompt']) if as_text else 'sent as ids'}); "
                             "the forced checkpoint steers only the exact prompt")
     findings, not_checked = judge_exchange(case, exp, status, data, raw, st)
+    if a.sweep:
+        findings += sweep(a, case)
     obs = observe(status, data, raw, st)
     return Outcome(
         output=obs.text, finish_reason=obs.finish_reason, chunks=obs.chunks, findings=tuple(findings),

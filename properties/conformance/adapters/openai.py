@@ -14,12 +14,14 @@ from this server's output is a SKIP with the reason.
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import attrs
 import httpx
@@ -73,7 +75,7 @@ class OpenAIAdapter:
 
     def __init__(self, url: str, *, model: str | None = None, checkpoint: Checkpoint | None = None,
                  without: frozenset[str] = frozenset(), timeout: float = 60.0, retries: int = 2,
-                 launch: str | None = None) -> None:
+                 launch: str | None = None, sweep: bool = True) -> None:
         self.url = url.rstrip("/")
         self.name = f"openai[{self.url}]"
         self._model = model
@@ -89,6 +91,7 @@ class OpenAIAdapter:
         self.dropped: list[str] = []  # every connection that failed and was retried, in order
         self.prompt_note = ""
         self.launch = launch  # the command that started the server, for reproducers
+        self.sweep = sweep  # script cases also run at every max_tokens of their script (http_script.sweep)
         self._about: dict[str, Any] | None = None
 
     def unsupported(self, case: Case) -> str | None:
@@ -164,6 +167,12 @@ class OpenAIAdapter:
                 self._dropped(f"{method} {path}: {type(exc).__name__}: {exc}")
                 time.sleep(0.2 * (attempt + 1))
         raise ServerError(f"{method} {self.url}{path}: {type(last).__name__}: {last} (after {self.retries + 1} tries)")
+
+    def log_exchanges(self, entries: list[dict[str, Any]]) -> None:
+        """Add exchanges recorded apart (a sweep's failing limits) to the running case's log."""
+        log = getattr(self._case, "log", None)
+        if log is not None:
+            log.extend(entries)
 
     def _dropped(self, what: str) -> None:
         with self._lock:
@@ -622,7 +631,67 @@ def bad_input(a: OpenAIAdapter, case: Case) -> Outcome:
     return _outcome(None, None, f)
 
 
+def max_tokens_zero(a: OpenAIAdapter, case: Case) -> Outcome:
+    """D18: max_tokens 0 selects no token. A 4xx refusal (the reference's answer) or an empty 'length'
+    answer with completion_tokens 0 conform; one token, or a run to EOS, breaks length_respected."""
+    status, data, raw = a.post(a.path(case), a.body(case, stream=False, max_tokens=0))
+    if 400 <= status < 500:
+        return _outcome(None, None, [], (f"refused with {status} (D18): {_trim(raw, 160)!r}",))
+    if status != 200 or not isinstance(data, dict) or not data.get("choices"):
+        return _outcome(None, None, [finding("unexpected_error", f"max_tokens 0 answered {status}: {_trim(raw, 200)!r}")])
+    ans = _answer(data)
+    n = (ans.usage or {}).get("completion_tokens")
+    f = []
+    if ans.text or (n or 0) > 0:
+        f.append(finding("past_limit", f"max_tokens 0 answered {n if n is not None else 'some'} token(s): {ans.text!r} "
+                                       f"(finish_reason {ans.finish_reason!r})"))
+    elif ans.finish_reason != "length":
+        f.append(finding("stop_without_hit", f"max_tokens 0 answered no text with finish_reason {ans.finish_reason!r}; "
+                                             "no stop or EOS was selected, so D18 gives 'length'"))
+    return _outcome(ans, None, f, (f"answered 200 with completion_tokens {n}",))
+
+
+def keep_alive(a: OpenAIAdapter, case: Case) -> Outcome:
+    """RFC 9112 §9.3 under §4.7 streams: hundreds of streamed requests on one persistent connection.
+    A connection the server closes without `Connection: close` (the next request on it fails) is a
+    finding with its count; nothing is retried silently. Bounded: `requests` and 120 s."""
+    n = int(case.inputs.get("requests", 200))
+    parts = urlsplit(a.url)
+    body = json.dumps(a.body(case, stream=True, max_tokens=int(case.inputs.get("max_tokens", 4)))).encode()
+    headers = {"Content-Type": "application/json"}
+
+    def connect() -> http.client.HTTPConnection:
+        return http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+
+    conn, sent, answered, announced, dropped = connect(), 0, 0, 0, []
+    deadline = time.monotonic() + 120
+    while sent < n and time.monotonic() < deadline:
+        sent += 1
+        try:
+            conn.request("POST", a.path(case), body, headers)
+            r = conn.getresponse()
+            data = r.read()
+            answered += 1
+            if r.status != 200 or b"data:" not in data:
+                dropped.append(f"request {sent}: answered {r.status} without a stream")
+            if r.will_close:
+                announced += 1
+                conn.close()
+                conn = connect()
+        except (http.client.HTTPException, OSError) as exc:
+            dropped.append(f"request {sent}: {type(exc).__name__}: {exc}")
+            conn.close()
+            conn = connect()
+    conn.close()
+    notes = (f"{sent} streamed requests to {a.url}; {answered} answered; {announced} announced Connection: close "
+             f"(a new connection followed); {len(dropped)} failed",)
+    f = [finding("connection_dropped", f"{len(dropped)} of {sent} streamed requests on one keep-alive connection "
+                                       f"failed: {dropped[:3]}")] if dropped else []
+    return _outcome(None, None, f, notes)
+
+
 RECIPES: dict[str, Callable[[OpenAIAdapter, Case], Outcome]] = {
     f.__name__: f for f in (stream_agrees, stream_framing, stop_cross_token, stop_multi_byte, stop_overlap,
-                            stop_last_token, max_tokens_exact, eos_last_token, usage, disconnect, bad_input)
+                            stop_last_token, max_tokens_exact, eos_last_token, usage, disconnect, bad_input,
+                            max_tokens_zero, keep_alive)
 }
