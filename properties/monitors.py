@@ -430,15 +430,21 @@ def _forbidden_after(rt: RequestTrace, is_mark, what: str, kinds: tuple[str, ...
 @monitor("stop_prefix_held")
 def _stop_prefix_held(rt: RequestTrace):
     stops = [s.encode("utf-8") for s in rt.created.get("stop", ()) if len(s.encode("utf-8")) > 1]
-    if not stops or len(rt.deltas) < 2:
+    if not stops:
         return
-    out = b""
-    for e in rt.deltas[:-1]:
-        out += bytes(e.data.get("bytes", b""))
-        for s in stops:
-            if any(out.endswith(s[:k]) for k in range(1, len(s))):
-                yield e.index, f"the delta ends with a prefix of the stop {s!r} that was not yet ruled out"
-                return
+    seen = sent = b""
+    for e in rt.events:
+        if e.kind == K.TOKEN_SELECTED and not e.data.get("eos"):
+            seen += rt.tokenizer.token_bytes(e.data["token"])
+        elif e.kind == K.RESPONSE_DELTA:
+            sent += bytes(e.data.get("bytes", b""))
+            if _left_decoding(rt, 0, e.index):
+                return  # the flush at the end: nothing follows, every held byte goes out
+            for j in range(len(sent)):
+                tail = seen[j:]
+                if any(len(tail) < len(s) and s.startswith(tail) for s in stops):
+                    yield e.index, f"sent byte {j} onward ({tail!r}) can still begin a stop"
+                    return
 
 
 @monitor("stop_earliest_wins")

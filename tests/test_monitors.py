@@ -275,8 +275,9 @@ def test_prefix_mode_skips_end_of_trace_obligations():
 
 
 def test_tokenizer_invariant_is_skipped_without_a_tokenizer():
-    """detok_concat_equals_batch (§4.5) needs a tokenizer; without one it is skipped, not passed."""
-    assert skipped() == ["detok_concat_equals_batch"]
+    """detok_concat_equals_batch (§4.5) and stop_prefix_held (§4.6) need a tokenizer; without one
+    they are skipped, not passed."""
+    assert sorted(skipped()) == ["detok_concat_equals_batch", "stop_prefix_held"]
     assert skipped(tokenizer=TOK) == []
     assert check_trace(build(BROKEN["detok_concat_equals_batch"]())) == []
 

@@ -53,13 +53,22 @@ def expected_of(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[in
     finished = res.state.name == "FINISHED"
     stops = tuple(s.encode() for s in case.inputs.get("stop", ()))
     deltas = tuple(bytes(e.data.get("bytes", b"")) for e in res.events if e.kind == "response.delta")
+    released: list[int] = []  # after each selected text token (EOS is not text), the bytes sent so far
+    sent = 0
+    for e in res.events:
+        if e.kind == "token.selected" and not e.data.get("eos"):
+            released.append(sent)
+        elif e.kind == "response.delta":
+            sent += len(bytes(e.data.get("bytes", b"")))
+            if released:
+                released[-1] = sent
     return Expected(
         output=res.output, reason=res.finish_reason.value if finished else None,
         wire_reason=OPENAI_FINISH.get(res.finish_reason) if finished else None,
         selected=res.usage.selected_tokens, max_tokens=case.max_tokens, script_text=script_text, stops=stops,
         stop=res.stop.encode() if isinstance(res.stop, str) and res.stop.encode() in stops else None,
         eos_at=eos_at, eos_text=tok.token_bytes(script[eos_at - 1]) if eos_at else b"", error=res.error,
-        deltas=deltas, state=res.state.name)
+        deltas=deltas, state=res.state.name, released=tuple(released))
 
 
 def expected_for(case: Case, checkpoint: Any) -> Expected:
@@ -110,5 +119,7 @@ def judge_observed(exp: Expected, obs: Observed, *, delta_split: bool = True) ->
     if obs.content_after_finish:
         f.append(finding("content_after_finish", f"text after the finish chunk: {list(obs.content_after_finish)}"))
     if obs.chunks is not None and delta_split:
-        f += compare_split(exp, obs.chunks)
+        split, missed = compare_split(exp, obs.chunks)
+        f += split
+        not_checked += missed
     return merge(f), not_checked

@@ -150,7 +150,9 @@ def _judge_here(case: Case, outcome: Outcome, caps: frozenset[str]) -> tuple[lis
                 fails += compare_text(ref, got, where)
         fails += compare_stream(outcome.output, streamed)
     if outcome.chunks is not None and ref is not None and any(c.kinds == {"response.delta"} for c in exp.events):
-        fails += compare_split(ref, outcome.chunks)
+        split, missed = compare_split(ref, outcome.chunks)
+        fails += split
+        skipped += missed
     if exp.finish_reason is not None:
         if outcome.finish_reason is None:
             skipped.append("finish_reason")

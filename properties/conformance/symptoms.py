@@ -142,6 +142,7 @@ class Expected:
     eos_text: bytes = b""
     error: str | None = None
     deltas: tuple[bytes, ...] = ()  # the reference's own delta split
+    released: tuple[int, ...] = ()  # bytes the reference had sent after each selected text token
     state: str = "FINISHED"
 
     def to_json(self) -> dict[str, Any]:
@@ -150,7 +151,7 @@ class Expected:
                 "selected_tokens": self.selected, "max_tokens": self.max_tokens, "script_text": b(self.script_text),
                 "stops": [b(s) for s in self.stops], "stop": None if self.stop is None else b(self.stop),
                 "eos_at": self.eos_at, "eos_text": b(self.eos_text), "error": self.error,
-                "deltas": [b(d) for d in self.deltas]}
+                "deltas": [b(d) for d in self.deltas], "released": list(self.released)}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Expected:
@@ -161,7 +162,8 @@ class Expected:
                    selected=int(d["selected_tokens"]), max_tokens=int(d["max_tokens"]), script_text=b(d["script_text"]),
                    stops=tuple(b(s) for s in d["stops"]), stop=None if d["stop"] is None else b(d["stop"]),
                    eos_at=d["eos_at"], eos_text=b(d["eos_text"]), error=d["error"],
-                   deltas=tuple(b(x) for x in d["deltas"]), state=d.get("state", "FINISHED"))
+                   deltas=tuple(b(x) for x in d["deltas"]), state=d.get("state", "FINISHED"),
+                   released=tuple(d.get("released", ())))
 
 
 _FFFD = "\ufffd".encode()
@@ -305,24 +307,27 @@ def compare_count(exp: Expected, got: int | None) -> list[Finding]:
                           f"({exp.reason} at token {n})")]
 
 
-def compare_split(exp: Expected, chunks: Sequence[bytes]) -> list[Finding]:
-    """The stream's delta boundaries (§4.6 hold-back, §4.3 no empty delta).
+def compare_split(exp: Expected, chunks: Sequence[bytes]) -> tuple[list[Finding], list[str]]:
+    """The stream's delta boundaries (§4.6 hold-back, §4.3 no empty delta), and what was not checked.
 
-    A delta followed by more text must not end with a proper prefix of a configured stop: those bytes
-    are held until later bytes rule the stop out. An empty delta is never sent."""
+    An empty delta is never sent. Hold-back is judged when the engine sent one text chunk per
+    selected text token, so chunk c went out with token c+1: its bytes sent so far must not pass
+    what the reference had released after that token (`exp.released`); holding more is allowed."""
     out: list[Finding] = []
     empty = sum(1 for c in chunks if not c)
     if empty:
         out.append(finding("empty_delta", f"{empty} streamed chunk(s) carry empty text and no finish_reason"))
-    sent = b""
-    nonempty = [c for c in chunks if c]
-    for i, c in enumerate(nonempty[:-1]):
-        sent += c
-        for s in exp.stops:
-            p = next((k for k in range(len(s) - 1, 0, -1) if sent.endswith(s[:k])), 0)
-            if p:
-                out.append(finding("stop_prefix_sent", f"delta {i} ends with {_show(s[:p])}, which may start the stop "
-                                                       f"{_show(s)}; it was sent before later bytes ruled the stop out "
-                                                       f"(deltas {[c.decode('utf-8', 'replace') for c in nonempty]})"))
-                return out
-    return out
+    if not exp.stops or not exp.released:
+        return out, []
+    if len(chunks) != len(exp.released):
+        return out, [f"hold-back (the {len(chunks)} chunks do not map one to one onto the {len(exp.released)} tokens)"]
+    sent = 0
+    for c, (chunk, safe) in enumerate(zip(chunks, exp.released)):
+        sent += len(chunk)
+        if sent > safe and c < len(chunks) - 1:
+            held = (exp.output or b"")[safe:sent]
+            out.append(finding("stop_prefix_sent", f"with token {c + 1} the stream had sent {sent} bytes; the reference "
+                                                   f"still held {held!r} there, which could begin a stop of "
+                                                   f"{[s.decode('utf-8', 'replace') for s in exp.stops]}"))
+            break
+    return out, []

@@ -672,6 +672,9 @@ def keep_alive(a: OpenAIAdapter, case: Case) -> Outcome:
             r = conn.getresponse()
             data = r.read()
             answered += 1
+            if answered == 1:  # the first exchange stands for all (they are the same request)
+                a.log_exchanges([{"request": {"path": a.path(case), "body": json.loads(body)}, "status": r.status,
+                                  "sse": trim_middle(data.decode("utf-8", "replace"))}])
             if r.status != 200 or b"data:" not in data:
                 dropped.append(f"request {sent}: answered {r.status} without a stream")
             if r.will_close:
