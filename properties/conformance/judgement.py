@@ -93,26 +93,36 @@ def judge_observed(exp: Expected, obs: Observed, *, delta_split: bool = True) ->
         f.append(finding("error_in_stream", f"the stream carried an error ({obs.stream_error}); the reference "
                                             f"finishes ({exp.reason})"))
     streamed = b"".join(obs.chunks) if obs.chunks is not None else None
+    n = obs.completion_tokens
+    if n is not None and n > exp.max_tokens:  # tokens past the limit explain any extra text: they lead
+        f += compare_count(exp, n)
+    # An engine that ended early (fewer tokens, its text a prefix of the reference's) broke the rule of
+    # the reason it gave, not the detokenizer: its text is the decode of what it selected.
+    early = (not failing and n is not None and n < exp.selected and obs.text is not None
+             and obs.text != exp.output and exp.output.startswith(obs.text))
+    if early and obs.error is None:
+        f += compare_reason(exp, obs.finish_reason, "non-streamed answer", count=n)
     for where, got in (("non-streamed text", obs.text), ("stream", streamed)):
         if got is None:
             not_checked.append(f"{where} (not shown)")
-        else:
+        elif not (early and got == obs.text):
             f += compare_text(exp, got, where)
     f += compare_stream(obs.text, streamed)
     if not failing:
-        if obs.error is None:
-            f += compare_reason(exp, obs.finish_reason, "non-streamed answer", count=obs.completion_tokens)
+        if obs.error is None and not early:
+            f += compare_reason(exp, obs.finish_reason, "non-streamed answer", count=n)
         reasons = obs.stream_finish_reasons
         if reasons is None:
             not_checked.append("stream finish_reason (not shown)")
         elif obs.stream_error is None:
             if len(reasons) > 1:
                 f.append(finding("two_terminals", f"{len(reasons)} chunks carry a finish_reason: {list(reasons)}"))
-            f += compare_reason(exp, reasons[-1] if reasons else None, "stream", count=None)
-        if obs.completion_tokens is None:
+            if not (early and streamed == obs.text):
+                f += compare_reason(exp, reasons[-1] if reasons else None, "stream", count=None)
+        if n is None:
             not_checked.append("usage.completion_tokens (not reported)")
-        else:
-            f += compare_count(exp, obs.completion_tokens)
+        elif n <= exp.max_tokens and not early:
+            f += compare_count(exp, n)
     elif obs.text is not None and obs.finish_reason in ("stop", "length") and not any(x.symptom == "invalid_sent" for x in f):
         f.append(finding("invalid_sent", f"the reference fails this run ({exp.error}); the server completed it with "
                                          f"finish_reason {obs.finish_reason!r} and text {obs.text!r}"))

@@ -25,6 +25,6 @@ for kind in byte_level_bpe sentencepiece_byte_fallback wordpiece; do
     --select detok/ --select stop/ --select finish/ --select stream/ --report "reports/decode-stream-$kind" || true
 done
 for engine in $HTTP_PEERS; do
-  scripts/peers/conform.sh "$engine" || echo "$engine: could not be run (see above)" >&2
+  scripts/peers/conform.sh "$engine" -j "${JOBS:-4}" || echo "$engine: could not be run (see above)" >&2
 done
 $PY -m decodespec.properties.conformance.matrix reports

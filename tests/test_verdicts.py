@@ -1,0 +1,111 @@
+"""Verdicts an engine author can act on (issue 21): findings by symptom, wire conventions apart.
+
+The fixtures are exchanges of real engines (vLLM 0.32 CPU, llama-server, llama-cpp-python,
+transformers serve) recorded in the committed reports and audited by hand against the seed: each
+names the invariant whose statement the raw answer breaks. Re-judging them offline must lead with
+that invariant (§4.3-§4.10), never with the case's own by default.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from decodespec.properties.conformance import load_cases
+from decodespec.properties.conformance.adapters.base import case_prompt, case_script, case_tokenizer, reference_on
+from decodespec.properties.conformance.http_script import judge_exchange
+from decodespec.properties.conformance.judgement import Observed, expected_of, judge_observed
+from decodespec.properties.conformance.symptoms import WIRE
+from decodespec.properties.conformance.wire import parse_sse, wire_findings
+
+AUDITED = json.loads((Path(__file__).parent / "fixtures" / "audited_exchanges.json").read_text(encoding="utf-8"))
+CASES = {c.id: c for c in load_cases()}
+
+
+def _expected(case_id):
+    case = CASES[case_id]
+    tok = case_tokenizer(case)
+    prompt, script = case_prompt(case, tok), case_script(case, tok)
+    return case, expected_of(case, tok, prompt, script, reference_on(case, tok, prompt, script))
+
+
+def _rejudge(entry):
+    case, exp = _expected(entry["case"])
+    ns, st = entry["exchanges"]
+    return judge_exchange(case, exp, ns["status"], json.loads(ns["response"]), ns["response"],
+                          parse_sse(st["sse"], status=st["status"]))[0]
+
+
+@pytest.mark.parametrize("entry", AUDITED, ids=[f"{e['engine']}:{e['case']}" for e in AUDITED])
+def test_an_audited_failure_leads_with_the_invariant_it_breaks(entry):
+    """§4.3-§4.10: the lead finding is the one audited by hand (not the case's invariant by default)."""
+    found = _rejudge(entry)
+    semantic = [f for f in found if f.family != WIRE]
+    if entry["lead_invariant"] is None:
+        assert semantic == [], [(f.invariant, f.message) for f in semantic]
+        return
+    assert semantic, found
+    assert (semantic[0].invariant, semantic[0].symptom) == (entry["lead_invariant"], entry["lead_symptom"]), \
+        [(f.invariant, f.symptom, f.message) for f in semantic]
+
+
+def test_a_missing_done_is_a_wire_finding_not_a_terminal_event_failure():
+    """§4.7 asks for one terminal event; [DONE] is the OpenAI convention, its own family."""
+    st = parse_sse('data: {"id":"c","choices":[{"text":"E","finish_reason":null}]}\n\n'
+                   'data: {"id":"c","choices":[{"text":"F","finish_reason":"length"}]}\n\n')
+    assert st.finish_reasons == ["length"] and st.deltas == ["E", "F"]
+    [f] = wire_findings(st)
+    assert (f.invariant, f.family) == ("openai_sse_done", WIRE)
+
+
+def test_empty_chunks_after_text_are_deltas_and_fail_delta_nonempty():
+    """§4.3: a token with no safe bytes sends nothing; an empty chunk after text is an empty delta
+    (the SSE parser keeps every chunk), while empty chunks before any text are the stream's opening."""
+    st = parse_sse('data: {"choices":[{"text":"","finish_reason":null}]}\n\n'
+                   'data: {"choices":[{"text":"E","finish_reason":null}]}\n\n'
+                   'data: {"choices":[{"text":"","finish_reason":null}]}\n\n'
+                   'data: {"choices":[{"text":"中F","finish_reason":"length"}]}\n\ndata: [DONE]\n\n')
+    assert st.texts == ["E", "", "中F"]
+    _, exp = _expected("stream/delta-nonempty/001")
+    found, _ = judge_observed(exp, Observed(text="E中F".encode(), finish_reason="length", completion_tokens=4,
+                                            chunks=tuple(t.encode() for t in st.texts), stream_finish_reasons=("length",)))
+    assert [f.invariant for f in found] == ["delta_nonempty"]
+
+
+def test_a_stream_that_differs_from_the_answer_is_a_finding_of_its_own():
+    """§4.5: stream and non-stream disagreeing is named, beside each one's difference from the reference."""
+    _, exp = _expected("detok/invalid/003")
+    found, _ = judge_observed(exp, Observed(text="E\ufffdaF".encode(), finish_reason="length", completion_tokens=4,
+                                            chunks=(b"E", "\ufffd".encode(), b"F"), stream_finish_reasons=("length",)))
+    assert {f.symptom for f in found} >= {"invalid_sent", "stream_vs_batch"}
+
+
+def test_an_eos_selected_past_the_limit_is_a_length_finding():
+    """§4.3: 'stop' at max_tokens with the script's EOS as the next token: selected past the limit."""
+    _, exp = _expected("finish/length/004")
+    found, _ = judge_observed(exp, Observed(text=b"EF", finish_reason="stop", completion_tokens=2,
+                                            chunks=(b"E", b"F"), stream_finish_reasons=("stop",)))
+    assert found and found[0].invariant == "length_respected" and found[0].symptom == "past_limit"
+
+
+def test_holding_more_than_the_reference_passes_and_sending_a_stop_prefix_early_fails():
+    """§4.6 hold-back over the wire (one chunk per token): sending bytes the reference still holds fails;
+    holding longer (vLLM holds a fixed window) passes."""
+    _, exp = _expected("stop/hold-back/001")
+    early = Observed(text=b"ABCD", finish_reason="length", completion_tokens=2, chunks=(b"AB", b"CD"),
+                     stream_finish_reasons=("length",))
+    late = Observed(text=b"ABCD", finish_reason="length", completion_tokens=2, chunks=(b"A", b"BCD"),
+                    stream_finish_reasons=("length",))
+    assert [f.invariant for f in judge_observed(exp, early)[0]] == ["stop_prefix_held"]
+    assert judge_observed(exp, late)[0] == []
+
+
+def test_a_result_with_nothing_observed_passes_nothing():
+    """A case none of whose checks could be observed is n/a with the reason, never PASS."""
+    from decodespec.properties.conformance.adapters.base import Outcome
+    from decodespec.properties.conformance.runner import Verdict, judge
+
+    res = judge(CASES["detok/utf8-split/001"], Outcome(), "empty", frozenset())
+    assert res.verdict is Verdict.SKIP and "showed none" in res.reason
