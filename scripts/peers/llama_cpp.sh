@@ -13,7 +13,10 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 ROOT=$PWD
-DIR=$ROOT/.cache/peers/llama.cpp
+# .cache may be a symlink that several checkouts share: name the cache by its physical path, so CMake
+# and the venv record the same paths whichever checkout runs this (other paths would rebuild it all).
+mkdir -p .cache/peers
+DIR=$(cd .cache/peers && pwd -P)/llama.cpp
 VERSION=${LLAMA_CPP_PY_VERSION:-0.3.36}
 SRC=$DIR/llama_cpp_python-$VERSION
 LLAMA=$SRC/vendor/llama.cpp

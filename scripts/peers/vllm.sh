@@ -14,7 +14,9 @@ cd "$(dirname "$0")/../.."
 
 VERSION=0.32.0
 TORCH=2.13.0
-DIR=.cache/peers/vllm
+# Physical path: .cache may be a symlink several checkouts share; the venv records the path it was made at.
+mkdir -p .cache/peers
+DIR=$(cd .cache/peers && pwd -P)/vllm
 VENV=$DIR/venv
 PY=$VENV/bin/python
 
