@@ -50,7 +50,9 @@ FINISH_CHECKS: dict[str, tuple[str, str | None]] = {
     "stop_hit": ("hit is not None", "stops"),
     "length": ("t >= run.request.max_output_tokens", None),
     "context_full": ("run.cache.length + 1 >= run.model.context_limit", None),
-    "grammar_done": ("run.request.grammar.complete((run.output + safe).decode('utf-8', 'replace'))", "grammar"),
+    # the text the decoder consumed: sent, sent now, withheld by the stop-id and stop matchers (D14, D23)
+    "grammar_done": ("run.request.grammar.complete((run.output + safe + run._unsent + run.stopper.held)"
+                     ".decode('utf-8', 'replace'))", "grammar"),
 }
 FEATURES = ("policy", "stops", "grammar")
 
@@ -499,7 +501,8 @@ class RequestRun:
             cut = marks[-n - 1] if len(marks) > n else 0  # where the stop ids' bytes begin
             if hit is None or hit.start > cut:  # the token-id stop cuts first: it wins
                 self._unsent = b""
-                return (unsent + self.stopper.held)[: cut - sent], token_hit
+                kept = unsent + self.stopper.held
+                return kept[: _char_start(kept, cut - sent)], token_hit
         if hit is not None:  # a string stop: everything before it is final
             self._unsent = b""
             return unsent, hit
@@ -509,7 +512,7 @@ class RequestRun:
             return unsent, None
         marks = self._byte_marks
         cap = marks[-k - 1] if len(marks) > k else 0  # the held tokens' bytes begin here
-        n = max(0, cap - sent)
+        n = _char_start(unsent, max(0, cap - sent))
         self._unsent = unsent[n:]
         return unsent[:n], None
 
@@ -810,6 +813,15 @@ _ENDINGS: dict[str, Callable[[RequestRun], None]] = {
     "CANCEL_REQUESTED": RequestRun._cancel_at_safe_point,
     "DRAINING": RequestRun._drain,
 }
+
+
+def _char_start(data: bytes, n: int) -> int:
+    """The largest i <= n where data[:i] ends between two UTF-8 characters: a stop-id cut (or the
+    bytes a partial stop-id match withholds) never splits a character; the character whose bytes
+    the stop ids complete goes with them (DECISIONS D24)."""
+    while 0 < n < len(data) and 0x80 <= data[n] < 0xC0:
+        n -= 1
+    return n
 
 
 # (id(tokenizer), vocab_size, device) -> (a weak reference to the tokenizer, its mask)

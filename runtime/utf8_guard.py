@@ -20,7 +20,8 @@ invalid. Its state is the UTF-8 automaton below, run over the detokenizer's held
   are left as they are and §4.5's strictness decides.
 
 For greedy decoding the guard changes nothing in a run that would have succeeded: the argmax,
-when allowed, stays the argmax, and it is refused only where the run would fail without the guard. Sampling draws from the distribution conditioned on validity.
+when allowed, stays the argmax, and it is refused only where the run would fail without the guard.
+Sampling draws from the distribution conditioned on validity.
 """
 
 from __future__ import annotations
