@@ -55,11 +55,7 @@ def generate(
             return run.finish()
         run.end_prefill(logits, cache)
         while run.state == "DECODING" and run.check_point():
-            try:
-                if not run.select():
-                    break
-            except Exception as exc:  # its sampler, tokenizer, policy or grammar raised (D20)
-                run.crashed(exc, "selecting a token")
+            if not run.select():
                 break
             tok = run.tokens[-1]
             try:
