@@ -21,14 +21,21 @@ install=$(field install)
 
 folders=()
 if [ -n "$(field gguf)" ]; then
+  exec 9>.cache/peers/checkpoints.lock
+  flock 9  # one converter at a time per set (see checkpoints.sh)
   for d in "$CKPTS"/*/; do  # llama.cpp's own converter, once per checkpoint
     d=${d%/}
     if [ ! -f "$d/model.gguf" ]; then
-      scripts/peers/llama_cpp.sh convert "$d" "$d/model.gguf" >"$d/convert.log" 2>&1 ||
-        { echo "llama.cpp's converter refused $d (see $d/convert.log); its cases are not run" >&2; rm -f "$d/model.gguf"; }
+      if scripts/peers/llama_cpp.sh convert "$d" "$d/model.gguf.partial" >"$d/convert.log" 2>&1; then
+        mv "$d/model.gguf.partial" "$d/model.gguf"
+      else
+        echo "llama.cpp's converter refused $d (see $d/convert.log); its cases are not run" >&2
+        rm -f "$d/model.gguf.partial"
+      fi
     fi
     [ -f "$d/model.gguf" ] && folders+=(--checkpoint "$d")
   done
+  exec 9>&-
 else
   folders=(--checkpoint "$CKPTS")
 fi

@@ -99,13 +99,21 @@ def prepare_metadata(self, vocab_only: bool):
 base.TextModel.get_vocab_base_pre = get_vocab_base_pre
 base.TextModel.prepare_metadata = prepare_metadata
 
+
 def _refuse_wordpiece(argv: list[str]) -> None:
-    """A Llama GGUF has no WordPiece vocabulary: the converter writes one llama.cpp cannot load."""
+    """Refuse a WordPiece tokenizer before the converter writes a GGUF llama.cpp cannot load.
+
+    The converter's Llama set_vocab has no WordPiece branch (only its BERT models write the "bert"
+    vocabulary): with no tokenizer.model and no byte-fallback BPE it falls through to the GPT-2 BPE
+    path, which stores the WordPiece pieces as tokenizer.ggml.model "gpt2" with no merges, and
+    llama.cpp's loader rejects that file ("cannot find tokenizer merges in model file").
+    """
     dirs = [Path(a) for a in argv[1:] if not a.startswith("-") and (Path(a) / "tokenizer.json").is_file()]
     for d in dirs[:1]:
         model = json.loads((d / "tokenizer.json").read_text(encoding="utf-8")).get("model") or {}
         if model.get("type") == "WordPiece":
-            sys.exit(f"{d}: a WordPiece tokenizer has no GGUF form for a Llama model (llama.cpp would refuse to load it)")
+            sys.exit(f"{d}: WordPiece tokenizer: llama.cpp's converter writes it for a Llama model as a GPT-2 BPE "
+                     "vocabulary without merges, which llama.cpp refuses to load (cannot find tokenizer merges)")
 
 
 if __name__ == "__main__":
