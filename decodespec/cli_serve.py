@@ -48,22 +48,33 @@ import click
                    "preemption, in any dtype (slower; see runtime/engine.py on exactness).")
 @click.option("--retain", "retain_s", type=click.FloatRange(min=0), default=60.0, show_default=True,
               help="Seconds a finished request stays available for replay (Last-Event-ID).")
+@click.option("--retain-count", "max_retained", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="Finished requests kept for replay at most; past it the oldest is dropped before --retain.")
+@click.option("--watchdog", "watchdog_s", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="/health answers 503 'stalled' while one engine step has run longer than this (DECISIONS D21).")
 def serve(host, port, model_path, device, policy, max_batch, max_queue, cache_budget_tokens, preemption,
-          detach_timeout_s, stall_timeout_s, shutdown_timeout_s, on_disconnect, body_timeout_s, header_timeout_s, api_key, allowed_origins, max_body_bytes, log_level, utf8_guard, batch_invariant, retain_s) -> None:
+          detach_timeout_s, stall_timeout_s, shutdown_timeout_s, on_disconnect, body_timeout_s, header_timeout_s, api_key,
+          allowed_origins, max_body_bytes, log_level, utf8_guard, batch_invariant, retain_s, max_retained,
+          watchdog_s) -> None:
     """Serve /v1/completions and /v1/chat/completions (SSE with replayable ids) until interrupted."""
     from decodespec.runtime.engine import Engine
     from decodespec.runtime.server import create_app, reference_server, uvicorn_config
 
     from .cli_generate import load_model_and_tokenizer
 
+    if api_key is not None and not api_key.strip():  # an empty key must not turn auth off silently
+        raise click.UsageError("--api-key (or DECODESPEC_API_KEY) is empty: give a key, or unset it to serve "
+                               "without authentication")
     model, tok = load_model_and_tokenizer(model_path, device)
     engine = Engine(model, tok, max_batch=max_batch, max_queue=max_queue, cache_budget_tokens=cache_budget_tokens,
                     preemption=preemption, detach_timeout_s=detach_timeout_s, stall_timeout_s=stall_timeout_s,
-                    retain_s=retain_s, batch_invariant=batch_invariant)
-    app = create_app(engine, policy=policy, api_key=api_key or None, allowed_origins=frozenset(allowed_origins),
+                    retain_s=retain_s, max_retained=max_retained, batch_invariant=batch_invariant)
+    app = create_app(engine, policy=policy, api_key=api_key, allowed_origins=frozenset(allowed_origins),
                      max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s, on_disconnect=on_disconnect,
-                     utf8_guard=utf8_guard)
+                     utf8_guard=utf8_guard, watchdog_s=watchdog_s)
     click.echo(f"decodespec serve: model {engine.model_name!r} on http://{host}:{port}/v1 (policy {policy})", err=True)
     config = uvicorn_config(app, host=host, port=port, log_level=log_level, access_log=log_level in ("debug", "info"),
                             header_timeout_s=header_timeout_s)
     reference_server(config, engine, shutdown_timeout_s).run()
+    if engine.failure is not None:  # the engine failed and the server shut down (D21)
+        raise SystemExit(f"decodespec serve: the engine failed: {type(engine.failure).__name__}: {engine.failure}")

@@ -534,6 +534,15 @@ class Model:
             held = self.stop.states[c[F_SM]] == "HOLDING"
             s.fire("stop_matcher", "flush")
             s.out(held, P_DRAIN_END, s.held_out)
+            if held and self.config.finish_conditions:  # the policy refuses the flushed bytes (D23)
+                s = self._new(c, out, "loop: flush the held suffix, the content policy refuses it (not sent, D23)",
+                              Tag("flush", interrupt=True, fault=True))
+                s.fire("stop_matcher", "flush")
+                s.after_lifecycle(s.lc("content_interrupt"), default=P_DRAIN_END)
+            if "model_error" in self.config.faults:  # a content policy that raises on the flush (D20)
+                s = self._new(c, out, "environment: the request's own code raises on the flushed bytes",
+                              Tag("drain_raises", fault=True))
+                s.lc("model_error")
         elif pc == P_DRAIN_END:
             s = self._new(c, out, "loop: model resources released, FINISHED with the terminal event", Tag("complete"))
             s.lc("complete")

@@ -144,6 +144,12 @@ UNREALIZABLE = {
         "no stop can complete in a drained tail. The row is there for engines that hold decoded "
         "text back",
     ),
+    "raises_on_the_flush": (
+        lambda comp, step: step.tag.kind == "drain_raises",
+        "a request's own code that raises while its tail is sent (a content policy judging the "
+        "flushed bytes) is not a fault a FaultPlan names; tests/test_engine.py drives it with a "
+        "raising policy, which ends that request alone FAILED with model_error (D20)",
+    ),
 }
 
 
@@ -162,6 +168,9 @@ MODEL_ONLY: dict[tuple[str, ...], str] = {
     ("ignore", "lifecycle", "FINISHED", "cancel"): "cancel_observed_without_kernel",
     ("ignore", "lifecycle", "FAILED", "cancel"): "cancel_observed_without_kernel",
     ("row", "lifecycle", "DRAINING", "stop_hit"): "stop_in_drained_tail",
+    ("row", "lifecycle", "DRAINING", "model_error"): "raises_on_the_flush",
+    ("fault", "environment: the request's own code raises on the flushed bytes", "draining_flush"):
+        "raises_on_the_flush",
     ("ignore", "resources", "RELEASED", "release"): "racing_release",
     **{("fault", "environment: a racing release of the KV cache", pt): "racing_release" for pt in ("closing", "done")},
     ("ignore", "lifecycle", "CANCEL_REQUESTED", "transport_error"): "transport_while_cancel_pending",
@@ -349,6 +358,8 @@ def plan_of(path: ModelPath) -> Plan:
             assert drain is not None
             drain = attrs.evolve(drain, hit=False if drain.hit is None else drain.hit,
                                  flush=("stop_matcher", "HOLDING", "flush") in fired)
+            if tag.interrupt:  # the policy refuses the flushed chunk: its call after every other (D23)
+                interrupt_at = sum(1 for s in selects if s.delta) + bool(drain.tail) + 1
         elif kind == "refuse":
             reject = True
         elif kind == "check":

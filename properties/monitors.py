@@ -677,6 +677,16 @@ def _usage_consistent(rt: RequestTrace):
 # ---------------------------------------------------------------- §4.5 the detokenizer
 
 
+def _whole_chars(data: bytes) -> bytes:
+    """`data` without an unfinished UTF-8 character at its end."""
+    for k in range(1, min(4, len(data)) + 1):
+        lead = data[-k]
+        if lead & 0xC0 != 0x80:  # the first byte of the last character
+            need = 1 if lead < 0x80 else 2 if lead >> 5 == 6 else 3 if lead >> 4 == 14 else 4
+            return data if k >= need else data[:-k]
+    return data
+
+
 @monitor("detok_concat_equals_batch")
 def _detok_concat_equals_batch(rt: RequestTrace):
     """Streamed bytes == batch decode of the selected ids that are text (not EOS, not a token
@@ -701,6 +711,8 @@ def _detok_concat_equals_batch(rt: RequestTrace):
         full = full[: len(full) - dropped.data["bytes"]]
     if hit is not None and hit.data.get("kind") != "token_ids":
         full = _cut_at_stop(full, [s.encode("utf-8") for s in rt.created.get("stop", ()) if s])
+    elif hit is not None:  # a stop-id cut keeps no unfinished character (D24)
+        full = _whole_chars(full)
     out = rt.output
     exact = rt.terminal.kind == K.RESPONSE_COMPLETED and rt.reason != FinishReason.CONTENT_INTERRUPTED
     if (out != full) if exact else not full.startswith(out):

@@ -45,6 +45,14 @@ retried alone, so only the sequence(s) whose kernel fails end FAILED with model_
 go on undisturbed. A sequence whose cache was already written by the failed batch call fails too
 (its K/V cannot be trusted twice).
 
+Faults (§4.10, DECISIONS D20, D21): an exception raised by one request's own step (its sampler on
+bad logits, its tokenizer, its content policy or grammar, its drain) ends that request FAILED with
+model_error and an error naming the cause; the others go on. An exception in the Engine's own
+bookkeeping ends the engine: every live request gets its terminal event at once (model_error, or
+cancelled for one still queued), `failure` says why, `submit` refuses with EngineFailed and the
+cause is logged. `step_running_s` is the watchdog's gauge: how long the step now running has run
+(a decode call that never returns shows here).
+
 Threads: the phase methods are called from one driver thread (the engine thread of `start()`, or
 the caller of `step()` / `run_until_idle()`). `submit`, `cancel`, `get` and `stats` may be called
 from any thread.
@@ -55,6 +63,7 @@ from __future__ import annotations
 import collections
 import enum
 import itertools
+import logging
 import math
 import threading
 import time
@@ -71,7 +80,7 @@ from .request import Request
 from .runner import RequestRun
 from ..machine import compiled
 from ..machine.actions import Executor, fire_with_effects
-from ..spec import load_spec
+from ..spec import FinishReason, load_spec
 from .sampling import SamplingError, greedy_rows
 
 
@@ -92,6 +101,10 @@ class QueueFull(EngineError):
 
 class EngineStopped(EngineError):
     """`submit` after `stop()` (the server answers 503)."""
+
+
+class EngineFailed(EngineStopped):
+    """`submit` after the engine itself failed (`Engine.failure`; the server answers 503)."""
 
 
 class DuplicateRequest(EngineError):
@@ -121,11 +134,13 @@ class EngineStats:
     resumes_total: int
     steps_total: int
     decode_tokens_total: int
+    step_running_s: float = 0.0  # how long the step now running has run (the watchdog's gauge, D21)
 
 
 # Bytes one select() may send at most beyond the token's own bytes: a held partial UTF-8
 # character and the stop matcher's held prefix (added per run to the longest stop).
 _DELTA_SLACK = 64
+_LOG = logging.getLogger("decodespec.engine")
 
 
 _SEQUENCE = compiled("sequence")
@@ -232,7 +247,8 @@ class Engine:
         self._wake = threading.Event()
         self._halt = threading.Event()
         self._thread: threading.Thread | None = None
-        self.failure: BaseException | None = None  # an unexpected error that ended the engine thread
+        self._step_since: float | None = None  # when the step now running began (the watchdog)
+        self.failure: BaseException | None = None  # an unexpected error that ended the engine (D21)
 
     # ---- the client side (any thread) ----------------------------------------------------
 
@@ -250,6 +266,9 @@ class Engine:
             raise TypeError(f"submit() takes a Request, got {type(request).__name__}")
         rid = request.request_id
         with self._lock:
+            if self.failure is not None:
+                raise EngineFailed(f"the engine failed ({type(self.failure).__name__}: {self.failure}) and "
+                                   "takes no new requests")
             if self._stopped:
                 raise EngineStopped("the engine is stopped and takes no new requests")
             if rid in self._live or rid in self._retained:
@@ -322,18 +341,26 @@ class Engine:
                 resumes_total=self._resumes,
                 steps_total=self._steps,
                 decode_tokens_total=self._decoded,
+                step_running_s=self.step_running_s,
             )
+
+    @property
+    def step_running_s(self) -> float:
+        """Seconds the step now running has taken so far, 0 between steps (the watchdog, D21)."""
+        since = self._step_since
+        return 0.0 if since is None else max(0.0, self.clock() - since)
 
     # ---- the driver ----------------------------------------------------------------------
 
     def step(self) -> bool:
         """One scheduler iteration (module doc). True when anything moved."""
-        now = self.clock()
+        now = self._step_since = self.clock()
         moved = self._waiting_safe_points()
         moved = self._admit() or moved
         moved = self._decode_step(now) or moved
         self._expire(now)
         self._steps += 1
+        self._step_since = None
         return moved
 
     def run_until_idle(self, max_steps: int = 1_000_000) -> int:
@@ -363,18 +390,36 @@ class Engine:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 raise EngineError(f"the engine thread did not stop within {timeout} s")
+        self._end_all(None)
+
+    def _end_all(self, failure: str | None) -> None:
+        """End every live request now. `failure` None (stop): cancelled where a cancel applies,
+        a DRAINING run finishes or fails on its slow reader (D2). Otherwise the engine failed
+        (D21): every run with model work FAILED with model_error and `failure` as its error, a
+        queued one cancelled (nothing of it started). One run that cannot be ended is logged and
+        its stream still gets a terminal event; the others are ended all the same."""
         with self._lock:
             entries = list(self._live.values())
         for e in entries:
-            e.run.cancel("shutdown")
+            e.run.cancel("shutdown" if failure is None else "engine_failed")
         for e in entries:
             run = e.run
-            if run.state in ("QUEUED", "DECODING"):
-                run.check_point()
-            if run.state == "DRAINING" and self._blocked(e):
-                run.transport_failed("the engine stopped before the reader took the rest")
-            run.end()
-            self._drop(e)
+            try:
+                if failure is not None and run.state in ("PREFILLING", "DECODING", "DRAINING"):
+                    run.kernel_failed(ModelError(failure))
+                if run.state in ("QUEUED", "DECODING"):
+                    run.check_point()
+                if run.state == "DRAINING" and self._blocked(e):
+                    run.transport_failed("the engine stopped before the reader took the rest")
+                run.end()
+                self._drop(e)
+            except Exception:  # the engine is going down: this run's stream still ends
+                _LOG.exception("request %s could not be ended in order", run.request.request_id)
+                if not run.stream.closed:
+                    run.stream.fail(FinishReason.MODEL_ERROR, run.usage().as_dict(),
+                                    f"model_error: {failure or 'the engine stopped'}")
+                with self._lock:
+                    self._live.pop(run.request.request_id, None)
         with self._lock:
             self._queue.clear()
         self._resident.clear()
@@ -386,8 +431,19 @@ class Engine:
                 self._wake.clear()
                 if not self.step():
                     self._wake.wait(self.poll_s if not self.idle else 0.1)
-        except BaseException as exc:  # recorded for /health; stop() still ends every request
+        except BaseException as exc:  # the engine cannot go on: every request ends now (D21)
+            self._step_since = None
             self.failure = exc
+            _LOG.critical("the engine failed: %s: %s; every live request ends", type(exc).__name__, exc, exc_info=exc)
+            with self._lock:
+                self._stopped = True
+            self._end_all(f"the engine failed: {type(exc).__name__}: {exc}")
+
+    def _crashed(self, e: _Entry, exc: Exception, where: str) -> None:
+        """One request's own step raised: that request alone fails (D20); the caller settles it."""
+        _LOG.warning("request %s: %s raised %s: %s; it ends FAILED", e.run.request.request_id, where,
+                     type(exc).__name__, exc)
+        e.run.crashed(exc, where)
 
     # ---- phase 1: safe points of queued and swapped-out runs -----------------------------
 
@@ -397,9 +453,13 @@ class Engine:
             queued = list(self._queue)
         moved = False
         for e in queued:
-            if not e.run.check_point():
-                self._settle(e)
-                moved = True
+            try:
+                if e.run.check_point():
+                    continue
+            except Exception as exc:
+                self._crashed(e, exc, "its safe point")
+            self._settle(e)
+            moved = True
         for e in list(self._swapped):
             if e.run.decoding:
                 if e.run.check_point():
@@ -474,7 +534,10 @@ class Engine:
             if isinstance(out, Exception):
                 run.kernel_failed(ModelError(f"{type(out).__name__}: {out}"))
             else:
-                run.end_prefill(*out)
+                try:
+                    run.end_prefill(*out)
+                except Exception as exc:
+                    self._crashed(e, exc, "its prefill's end")
             if run.state != "DECODING":
                 self._settle(e)
 
@@ -507,21 +570,25 @@ class Engine:
         for e in list(self._resident):
             run = e.run
             decoding = run.decoding
-            if decoding and run.check_point():
-                if not run.stream.would_wait(e.headroom):  # the common case (_blocked): to select
+            try:
+                if decoding and run.check_point():
+                    if not run.stream.would_wait(e.headroom):  # the common case (_blocked): to select
+                        if e.seq.state is _PARKED:
+                            self._move(e, "unpark")
+                        ready.append(e)
+                        continue
+                elif decoding:
+                    moved = True
+                if self._blocked(e):
+                    moved = self._parked(e, now) or moved
+                elif run.decoding:
                     if e.seq.state is _PARKED:
                         self._move(e, "unpark")
                     ready.append(e)
-                    continue
-            elif decoding:
-                moved = True
-            if self._blocked(e):
-                moved = self._parked(e, now) or moved
-            elif run.decoding:
-                if e.seq.state is _PARKED:
-                    self._move(e, "unpark")
-                ready.append(e)
-            moved = self._settle(e) or moved
+                moved = self._settle(e) or moved
+            except Exception as exc:
+                self._crashed(e, exc, "its safe point")
+                moved = self._settle(e) or True
         ready = self._fit_budget(ready)
         active: list[_Entry] = []
         for e in ready:
@@ -530,8 +597,11 @@ class Engine:
             e.chosen_from = None
             try:
                 needs_decode = run.select(token)
-            except SamplingError as exc:  # the model's logits cannot be sampled (NaN): its error
+            except SamplingError as exc:  # the model's logits cannot be sampled (NaN, +inf): its error
                 run.kernel_failed(ModelError(f"bad logits: {exc}"))
+                needs_decode = False
+            except Exception as exc:  # its tokenizer, content policy or grammar raised (D20)
+                self._crashed(e, exc, "selecting a token")
                 needs_decode = False
             if needs_decode:
                 active.append(e)
@@ -545,8 +615,13 @@ class Engine:
         """end() a run that reached the end of its loop and can send its tail; True when it
         is done (and dropped). A DRAINING run whose reader is behind waits (§4.8)."""
         run = e.run
-        if run.state == "CANCEL_REQUESTED" or (run.state == "DRAINING" and not self._blocked(e)):
+        if run.state == "CANCEL_REQUESTED":
             run.end()
+        elif run.state == "DRAINING" and not self._blocked(e):
+            try:
+                run.end()
+            except Exception as exc:  # its tail's checks raised (a content policy on the flush, D20)
+                self._crashed(e, exc, "sending its tail")
         if run.done:
             self._drop(e)
             return True
@@ -620,7 +695,10 @@ class Engine:
             if isinstance(row, Exception):
                 run.kernel_failed(row if isinstance(row, ModelError) else ModelError(f"{type(row).__name__}: {row}"))
             else:
-                run.end_decode(row)
+                try:
+                    run.end_decode(row)
+                except Exception as exc:
+                    self._crashed(e, exc, "its decode's end")
                 decoded += 1
                 if pick is not None:
                     e.chosen, e.chosen_from = pick, row

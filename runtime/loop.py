@@ -55,7 +55,11 @@ def generate(
             return run.finish()
         run.end_prefill(logits, cache)
         while run.state == "DECODING" and run.check_point():
-            if not run.select():
+            try:
+                if not run.select():
+                    break
+            except Exception as exc:  # its sampler, tokenizer, policy or grammar raised (D20)
+                run.crashed(exc, "selecting a token")
                 break
             tok = run.tokens[-1]
             try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,7 +50,9 @@ FINISH_CHECKS: dict[str, tuple[str, str | None]] = {
     "stop_hit": ("hit is not None", "stops"),
     "length": ("t >= run.request.max_output_tokens", None),
     "context_full": ("run.cache.length + 1 >= run.model.context_limit", None),
-    "grammar_done": ("run.request.grammar.complete((run.output + safe).decode('utf-8', 'replace'))", "grammar"),
+    # the text the decoder consumed: sent, sent now, withheld by the stop-id and stop matchers (D14, D23)
+    "grammar_done": ("run.request.grammar.complete((run.output + safe + run._unsent + run.stopper.held)"
+                     ".decode('utf-8', 'replace'))", "grammar"),
 }
 FEATURES = ("policy", "stops", "grammar")
 
@@ -145,7 +148,7 @@ class RequestRun:
         "_byte_marks", "_cancel_claimed", "_cancel_fired", "_cancel_lock", "_cancel_requested",
         "_created", "_deadline_forced", "_decode_s", "_deferred", "_detok_push", "_detok_total", "_faulty",
         "_held_since", "_inline", "_kernel_fault", "_listeners", "_lock", "_may_overflow", "_not_text", "_overflow",
-        "_plain_send", "_poisoned", "_put_delta", "_stop_push", "_t", "_t0", "_unsent", "_winner",
+        "_plain_send", "_poisoned", "_put_delta", "_stop_push", "_t", "_t0", "_undecodable", "_unsent", "_winner",
     )
 
     def __init__(
@@ -195,10 +198,16 @@ class RequestRun:
             if plan is None:
                 raise RequestError("utf8_guard", "needs a tokenizer whose decoder has a per-token byte table "
                                                  f"({type(tokenizer).__name__}'s has none)")
-            self.guard = guard_for(plan, model.vocab_size, self.eos_ids)
+            # Every byteless end (EOS, a token check's ids) waits for the character to finish (D22).
+            ends = self.eos_ids.union(*(ids for _, ids in request.finish_tokens))
+            self.guard = guard_for(plan, model.vocab_size, frozenset(ends))
         self.stopper = StopMatcher(request.stop)
         self.token_stopper = TokenStopMatcher(request.stop_token_ids) if request.stop_token_ids else None
         self._unsent = b""  # bytes the stop matcher released that a partial stop-id match withholds
+        # Ids the model may score but the tokenizer cannot decode are never chosen (D20); the
+        # guard already refuses them.
+        self._undecodable = None if self.guard is not None else undecodable_mask(
+            tokenizer, model.vocab_size, getattr(model, "device", "cpu"))
         self.sampler = Sampler(
             SamplingParams(
                 temperature=request.temperature, top_k=request.top_k, top_p=request.top_p, seed=request.seed
@@ -310,7 +319,7 @@ class RequestRun:
         action, after = self.life.fire(key[1])
         for fn in plan.with_:
             fn(self, key, reason)
-        if after._value_ != key[0]:
+        if after._value_ != key[0] or reason is not None:  # a self-loop that fixes a reason shows too
             self.trace.emit(
                 EventKind.LIFECYCLE, **{"from": key[0]}, to=after._value_, event=key[1],
                 action=action, reason=reason.value if reason else None, **data,
@@ -402,6 +411,13 @@ class RequestRun:
         self.error = f"model_error: {exc}"
         self.fire("model_error")  # after a cancel an ignore row: the cancel came first and wins (D2)
 
+    def crashed(self, exc: Exception, where: str) -> None:
+        """An exception escaped this request's own step (`where`: its sampler on bad logits, its
+        tokenizer, its content policy or grammar): the request ends FAILED with model_error and an
+        error naming the cause; the driver goes on with the others (§4.10, DECISIONS D20). After a
+        cancel the cancel wins (D2)."""
+        self.kernel_failed(ModelError(f"{where} raised {type(exc).__name__}: {exc}"))
+
     def select(self, token: int | None = None) -> bool:
         """Choose y_t and run every check of §4.3 on it; True when y_t must be decoded next.
 
@@ -410,11 +426,17 @@ class RequestRun:
         """
         guard = self.guard
         if guard is not None:  # only tokens that keep the output valid UTF-8 (D16)
-            remaining = min(self.request.max_output_tokens - len(self.tokens), self.model.context_limit
-                            - self.cache.length) - 1
+            # Greedy with a stop: a stop may yet cut before an unfinished character, so only tokens
+            # that fail at once are refused and a greedy success is unchanged (D22).
+            remaining = Utf8Guard.UNBOUNDED if self.sampler.greedy and (
+                self.request.stop or self.token_stopper is not None) else min(
+                self.request.max_output_tokens - len(self.tokens), self.model.context_limit - self.cache.length) - 1
             logits = guard.restrict(self.logits, self.detok.held, remaining)
             if token is None or logits[token] == float("-inf"):
                 token = self.sampler.choose(logits)
+        elif self._undecodable is not None:  # a vocabulary padded past the tokenizer's (D20)
+            if token is None or self._undecodable[token]:
+                token = self.sampler.choose(self.logits.masked_fill(self._undecodable, float("-inf")))
         elif token is None:
             token = self.sampler.choose(self.logits)
         tokens = self.tokens
@@ -479,7 +501,8 @@ class RequestRun:
             cut = marks[-n - 1] if len(marks) > n else 0  # where the stop ids' bytes begin
             if hit is None or hit.start > cut:  # the token-id stop cuts first: it wins
                 self._unsent = b""
-                return (unsent + self.stopper.held)[: cut - sent], token_hit
+                kept = unsent + self.stopper.held
+                return kept[: _char_start(kept, cut - sent)], token_hit
         if hit is not None:  # a string stop: everything before it is final
             self._unsent = b""
             return unsent, hit
@@ -489,7 +512,7 @@ class RequestRun:
             return unsent, None
         marks = self._byte_marks
         cap = marks[-k - 1] if len(marks) > k else 0  # the held tokens' bytes begin here
-        n = max(0, cap - sent)
+        n = _char_start(unsent, max(0, cap - sent))
         self._unsent = unsent[n:]
         return unsent[:n], None
 
@@ -595,18 +618,29 @@ class RequestRun:
         if self._byte_marks:
             self._byte_marks[-1] = self._detok_total
         unsent, self._unsent = self._unsent, b""  # already through the stop matcher: final now
-        if not self._send(unsent):
+        if not self._drained(unsent):
             return
         safe, hit = self.stopper.push(tail) if tail else (b"", None)
-        if not self._send(safe):
+        if not self._drained(safe):
             return
         if hit is not None:
             self._record_hit(hit)
             self.fire("stop_hit")
             self.stopper.discard_from_first_match()
-        elif not self._send(self.stopper.flush()):
+        elif not self._drained(self.stopper.flush()):
             return
         self.fire("complete")
+
+    def _drained(self, data: bytes) -> bool:
+        """Send a drained chunk; the content policy judges it first, as every chunk (D11, D23): a
+        refused chunk is not sent, nor anything after it, and the request ends content_interrupted.
+        False when the drain ends here."""
+        policy = self.request.content_policy
+        if data and policy is not None and policy(bytes(self.output), data):
+            self.fire("content_interrupt")
+            self.fire("complete")
+            return False
+        return self._send(data)
 
     def _freer(self, kind: str) -> Callable[[], None] | None:
         if kind != "kv_cache":
@@ -779,6 +813,51 @@ _ENDINGS: dict[str, Callable[[RequestRun], None]] = {
     "CANCEL_REQUESTED": RequestRun._cancel_at_safe_point,
     "DRAINING": RequestRun._drain,
 }
+
+
+def _char_start(data: bytes, n: int) -> int:
+    """The largest i <= n where data[:i] ends between two UTF-8 characters: a stop-id cut (or the
+    bytes a partial stop-id match withholds) never splits a character; the character whose bytes
+    the stop ids complete goes with them (DECISIONS D24)."""
+    while 0 < n < len(data) and 0x80 <= data[n] < 0xC0:
+        n -= 1
+    return n
+
+
+# (id(tokenizer), vocab_size, device) -> (a weak reference to the tokenizer, its mask)
+_UNDECODABLE: dict[tuple[int, int, str], tuple[Any, torch.Tensor | None]] = {}
+
+
+def undecodable_mask(tokenizer: Any, vocab_size: int, device: Any = "cpu") -> torch.Tensor | None:
+    """The model ids below `vocab_size` that `tokenizer` refuses to decode (a model vocabulary
+    padded past the tokenizer's, common in checkpoints; ids missing from a byte table), as a
+    [vocab_size] bool mask on `device`, or None when every id decodes (§4.5, DECISIONS D20).
+    Built once per tokenizer, O(vocabulary) dictionary lookups."""
+    key = (id(tokenizer), vocab_size, str(device))
+    kept = _UNDECODABLE.get(key)
+    if kept is not None and kept[0]() is tokenizer:
+        return kept[1]
+    limit = min(getattr(tokenizer, "vocab_size", vocab_size), vocab_size)
+    bad = list(range(limit, vocab_size))
+    plan = tokenizer.plan() if callable(getattr(tokenizer, "plan", None)) else None
+    if plan is not None:
+        known = plan.rest.keys() | plan.skipped
+        for tid in range(limit):
+            if tid not in known:
+                try:
+                    tokenizer.decode_bytes([tid])
+                except TokenizerError:
+                    bad.append(tid)
+    mask = None
+    if bad:
+        mask = torch.zeros(vocab_size, dtype=torch.bool)
+        mask[bad] = True
+        mask = mask.to(device)
+    try:
+        _UNDECODABLE[key] = (weakref.ref(tokenizer, lambda _ref, key=key: _UNDECODABLE.pop(key, None)), mask)
+    except TypeError:  # a tokenizer that takes no weak reference: computed again next time
+        pass
+    return mask
 
 
 def run_kernel(run: RequestRun, fn: Callable[[], Any], begin: Callable[[], None], pool: Any) -> Any:

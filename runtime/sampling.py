@@ -125,6 +125,8 @@ class Sampler:
             raise SamplingError("logits contain NaN")
         if self.params.greedy:
             return int(torch.argmax(logits))  # first maximum: lowest id on ties
+        if not bool(torch.isfinite(logits.max())):  # +inf (or all -inf): no distribution to draw from (D20)
+            raise SamplingError(f"logits have no finite maximum ({float(logits.max())}): nothing to sample from")
         ids, probs = self.allowed(logits)
         u = torch.rand((), generator=self._gen, device=self.device, dtype=torch.float64)
         self.draws += 1

@@ -31,6 +31,7 @@ import collections
 import contextlib
 import hmac
 import json
+import logging
 import re
 import time
 from collections.abc import AsyncIterator, Callable
@@ -44,7 +45,8 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .engine import DuplicateRequest, Engine, EngineStopped, QueueFull, UnknownRequest
+from .engine import DuplicateRequest, Engine, EngineFailed, EngineStopped, QueueFull, UnknownRequest
+from .errors import RequestError
 from .openai_schema import (
     ApiError,
     ParsedRequest,
@@ -132,14 +134,18 @@ class _Renderer:
 def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "pause",
                max_buffer_events: int = 256, manage_engine: bool = True, api_key: str | None = None,
                allowed_origins: frozenset[str] = frozenset(), max_body_bytes: int = MAX_BODY_BYTES,
-               body_timeout_s: float = 30.0, on_disconnect: str = "continue", utf8_guard: str = "sampled") -> Starlette:
+               body_timeout_s: float = 30.0, on_disconnect: str = "continue", utf8_guard: str = "sampled",
+               watchdog_s: float | None = 60.0) -> Starlette:
     """The ASGI app. With `manage_engine` the app starts the engine thread at startup and stops it
     (every live request cancelled) at shutdown. `api_key`, `allowed_origins`, `max_body_bytes`: see
     the module docstring. `body_timeout_s`: a body not fully received by then is a 408.
     `on_disconnect` ("continue", DECISIONS D5's default, or "cancel"): what a streaming request's
     disconnect does, and a non-streamed one's whose client chose its X-Request-Id; any other
     non-streamed request whose client leaves is cancelled (nobody can ever read its answer). `utf8_guard`: which requests that
-    do not say get the UTF-8 guard, a key of UTF8_GUARD_DEFAULTS (DECISIONS D16)."""
+    do not say get the UTF-8 guard, a key of UTF8_GUARD_DEFAULTS (DECISIONS D16). `watchdog_s`: /health
+    answers 503 "stalled" while one engine step has run longer (None: never; DECISIONS D21)."""
+    if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
+        raise ValueError("api_key must be None (no authentication) or a non-empty string")
     if on_disconnect not in ("continue", "cancel"):
         raise ValueError(f"on_disconnect must be 'continue' or 'cancel', got {on_disconnect!r}")
     if utf8_guard not in UTF8_GUARD_DEFAULTS:
@@ -165,8 +171,9 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
     def guard(request: HttpRequest) -> None:
         """Auth, then origin and content type: a refusal names what is wrong (_Refused)."""
         if api_key is not None and request.url.path not in _OPEN_PATHS:
-            given = request.headers.get("authorization", "")
-            if not (given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), api_key.encode())):
+            scheme, _, given = request.headers.get("authorization", "").partition(" ")
+            # The scheme is case-insensitive (RFC 9110 §11.1); the key is compared in constant time.
+            if not (scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), api_key.encode())):
                 raise _Refused(ApiError(401, "a valid API key is required: Authorization: Bearer KEY",
                                         code="invalid_api_key", type="authentication_error"),
                                {"WWW-Authenticate": "Bearer"})
@@ -197,7 +204,10 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
             return JSONResponse(ApiError(429, str(exc), code="queue_full", type="rate_limit_error").body(),
                                 status_code=429, headers={"Retry-After": str(RETRY_AFTER_S)})
         except EngineStopped as exc:
-            return _error(ApiError(503, str(exc), code="shutting_down", type="server_error"))
+            code = "engine_failed" if isinstance(exc, EngineFailed) else "shutting_down"
+            return _error(ApiError(503, str(exc), code=code, type="server_error"))
+        except RequestError as exc:  # a prompt id the tokenizer cannot decode, say (D20)
+            return _error(ApiError(400, str(exc), param=exc.field, code="invalid_value"))
         except DuplicateRequest as exc:
             return _error(ApiError(409, str(exc), param="X-Request-Id", code="request_id_in_use"))
         rid = parsed.request.request_id
@@ -267,7 +277,12 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
     async def health(request: HttpRequest) -> Response:
         if engine.failure is not None:
             return JSONResponse({"status": "failed", "error": repr(engine.failure)}, status_code=503)
-        return JSONResponse({"status": "ok", "model": name})
+        running = engine.step_running_s
+        if watchdog_s is not None and running > watchdog_s:  # a step that does not return (D21)
+            return JSONResponse({"status": "stalled", "step_running_s": round(running, 3),
+                                 "error": f"the engine's step has run for {running:.1f} s (bound {watchdog_s:g} s)"},
+                                status_code=503)
+        return JSONResponse({"status": "ok", "model": name, "step_running_s": round(running, 3)})
 
     async def openapi_json(request: HttpRequest) -> Response:
         return JSONResponse(schema)
@@ -428,10 +443,18 @@ def reference_server(config: Any, engine: Engine, shutdown_timeout_s: float) -> 
     """The uvicorn Server of `decodespec serve` (`.run()` until SIGINT/SIGTERM), whose shutdown
     stays within `shutdown_timeout_s` (D5): new connections are refused at once; live requests get
     half the bound to finish; the rest are cancelled, so every open stream still receives its
-    terminal event before its connection closes; past the bound uvicorn closes what is left."""
+    terminal event before its connection closes; past the bound uvicorn closes what is left. An
+    engine that fails (D21) shuts the server down the same way (the CLI then exits 1)."""
     import uvicorn
 
     class ReferenceServer(uvicorn.Server):
+        async def on_tick(self, counter: int) -> bool:
+            if engine.failure is not None and not self.should_exit:  # the engine cannot go on (D21)
+                logging.getLogger("decodespec.server").critical(
+                    "the engine failed (%s); the server shuts down", engine.failure)
+                self.should_exit = True
+            return await super().on_tick(counter)
+
         async def shutdown(self, sockets: list | None = None) -> None:
             for server in self.servers:
                 server.close()
@@ -459,6 +482,7 @@ def prometheus_text(engine: Engine) -> str:
         "cache_bytes_in_use": (s.cache_bytes_in_use, "KV cache bytes held on the device"),
         "swapped_bytes": (s.swapped_bytes, "KV cache bytes swapped out to host memory"),
         "live_requests": (s.live_requests, "requests not yet in a terminal state"),
+        "engine_step_seconds": (round(s.step_running_s, 3), "how long the engine step now running has run (watchdog)"),
     }
     lines = []
     for key, (value, help_text) in gauges.items():

@@ -10,13 +10,18 @@ invalid. Its state is the UTF-8 automaton below, run over the detokenizer's held
 - A token is allowed when its bytes keep the held bytes a valid UTF-8 *prefix* and, from the
   state they reach, a complete character is still reachable within the tokens the budget leaves
   (`max_output_tokens` and the context limit): the budget can never end inside a character.
-- EOS is allowed only with nothing held (its drain would meet an unfinished character).
+- EOS, and every id of a token finish check, is allowed only with nothing held (the run would end
+  inside a character).
+- A greedy request with a stop passes `remaining` UNBOUNDED: a stop may still cut before an
+  unfinished character (the character is then past the end), so only tokens that fail at once are
+  refused; a budget that does end inside the character drops it (DECISIONS D22).
 - Special tokens the detokenizer deletes are neutral (they leave the state as it is).
 - Where no token is allowed (a vocabulary that cannot finish the character in time) the logits
   are left as they are and §4.5's strictness decides.
 
 For greedy decoding the guard changes nothing in a run that would have succeeded: the argmax,
-when allowed, stays the argmax. Sampling draws from the distribution conditioned on validity.
+when allowed, stays the argmax, and it is refused only where the run would fail without the guard.
+Sampling draws from the distribution conditioned on validity.
 """
 
 from __future__ import annotations
@@ -76,6 +81,7 @@ class Utf8Guard:
     """The per-tokenizer tables of the guard, built once per decode plan (O(vocabulary))."""
 
     __slots__ = ("_blocked",)
+    UNBOUNDED = 1 << 30  # `remaining` that never binds: only tokens that fail at once are refused (D22)
 
     def __init__(self, plan: DecodePlan, vocab_size: int, eos_ids: frozenset[int]) -> None:
         n = len(STATES)
@@ -117,16 +123,18 @@ class Utf8Guard:
         return logits.masked_fill(blocked, float("-inf"))
 
 
-# id(plan) -> (a weak reference to the plan, its guard); plans are unhashable (they hold dicts).
-_GUARDS: dict[int, tuple[weakref.ref, int, frozenset[int], Utf8Guard]] = {}
+# (id(plan), vocab size, end ids) -> (a weak reference to the plan, its guard); plans are
+# unhashable (they hold dicts). Requests with other end ids (a token check's) get their own guard.
+_GUARDS: dict[tuple[int, int, frozenset[int]], tuple[weakref.ref, Utf8Guard]] = {}
 
 
 def guard_for(plan: DecodePlan, vocab_size: int, eos_ids: frozenset[int]) -> Utf8Guard:
-    """The guard of a decode plan, built on first use and dropped with the plan."""
-    key = id(plan)
+    """The guard of a decode plan, built on first use and dropped with the plan. `eos_ids`: every
+    id that ends the output without bytes (EOS, a token check's ids), allowed only with nothing held."""
+    key = (id(plan), vocab_size, eos_ids)
     entry = _GUARDS.get(key)
-    if entry is None or entry[0]() is not plan or entry[1:3] != (vocab_size, eos_ids):
+    if entry is None or entry[0]() is not plan:
         guard = Utf8Guard(plan, vocab_size, eos_ids)
-        _GUARDS[key] = (weakref.ref(plan, lambda _ref, key=key: _GUARDS.pop(key, None)), vocab_size, eos_ids, guard)
+        _GUARDS[key] = (weakref.ref(plan, lambda _ref, key=key: _GUARDS.pop(key, None)), guard)
         return guard
-    return entry[3]
+    return entry[1]

@@ -252,10 +252,12 @@ def test_model_only_entries_are_the_cancels_no_driver_observes(pathset):
     (issue 16: the reference's matcher sees every byte at once), the scheduler's preemptions
     (issue 16: the Engine preempts by its own schedule; the multi-request checker covers them), and
     two ignores the model offers wherever they can arrive though the reference never sends them (a
-    racing second release, a connection failing while a cancel is pending);
+    racing second release, a connection failing while a cancel is pending), and a request's own code
+    raising on its flushed tail (issue 23: no fault plan names it; tests/test_engine.py drives it);
     nothing about content policy, replay or a parked producer (both drivers realise those)."""
     assert set(md.UNREALIZABLE) == {"repeated_cancel", "cancel_observed_without_kernel", "stop_in_drained_tail",
-                                    "scheduler_preempts", "racing_release", "transport_while_cancel_pending"}
+                                    "scheduler_preempts", "racing_release", "transport_while_cancel_pending",
+                                    "raises_on_the_flush"}
     assert {t[1] for t in md.MODEL_ONLY if t[0] == "ignore"} == {"lifecycle", "resources"}
     assert {t[3] for t in md.MODEL_ONLY if t[0] == "ignore"} == {"cancel", "transport_error", "release"}
     assert not any("replay" in str(t) or "content" in str(t) or "parked" in str(t) for t in pathset.unreached
