@@ -78,7 +78,7 @@ from .events import EventKind
 from .faults import FaultPlan
 from .request import Request
 from .runner import RequestRun
-from ..machine import compiled
+from ..machine import IllegalTransition, compiled
 from ..machine.actions import Executor, fire_with_effects
 from ..spec import FinishReason, load_spec
 from .sampling import SamplingError, greedy_rows
@@ -440,7 +440,12 @@ class Engine:
             self._end_all(f"the engine failed: {type(exc).__name__}: {exc}")
 
     def _crashed(self, e: _Entry, exc: Exception, where: str) -> None:
-        """One request's own step raised: that request alone fails (D20); the caller settles it."""
+        """One request's own step raised: that request alone fails (D20); the caller settles it.
+
+        A table's refusal (IllegalTransition) is no request's fault but the runtime's own protocol
+        error: it goes on up, where the engine ends every request (D21) or the library caller sees it."""
+        if isinstance(exc, IllegalTransition):
+            raise exc
         _LOG.warning("request %s: %s raised %s: %s; it ends FAILED", e.run.request.request_id, where,
                      type(exc).__name__, exc)
         e.run.crashed(exc, where)
