@@ -77,7 +77,8 @@ def report_name(engine: str) -> str:
 @click.option("--name", default=None, help="Engine name shown in reports (default: derived from --engine).")
 @click.option("--checkpoint", "checkpoints", type=click.Path(exists=True, file_okay=False, path_type=Path), multiple=True,
               help="openai: the forced checkpoint folder the server serves (`decodespec checkpoints build`), so its "
-                   "script cases run over HTTP. With --launch: checkpoint folders, or a folder of them.")
+                   "script cases run over HTTP; module:factory: passed to the factory as checkpoint=. "
+                   "With --launch: checkpoint folders, or a folder of them.")
 @click.option("--launch", default=None, metavar="CMD",
               help="Start a server per checkpoint with CMD ({model}, {gguf}, {name}, {port} filled in), run its "
                    "cases, stop it by PID; one report for all (see scripts/peers/).")

@@ -1,13 +1,15 @@
 """pytest plugin: every conformance case as a test item (issue 7 item 3).
 
-    pytest -p decodespec --decodespec-engine=reference --decodespec-only -n 2
+    pytest -p decodespec --decodespec-engine=reference -n 2
 
 The plugin is registered as the `decodespec` pytest11 entry point, so it loads with the package
 (`-p decodespec` only loads it early; `-p no:decodespec` turns it off). It does nothing unless
 `--decodespec-engine` is given.
 
 Options: `--decodespec-engine` (as `decodespec conform --engine`), `--decodespec-model`,
-`--decodespec-select PREFIX` (repeatable), `--decodespec-only` (drop the project's other tests),
+`--decodespec-select PREFIX` (repeatable), `--decodespec-with-tests` (also collect the project's
+own tests: by default, with an engine given, only the conformance items are collected, so an
+engine's repository can run the plugin from its root without importing its test suite),
 `--decodespec-checkpoint DIR` (openai: the forced checkpoint served), `--decodespec-strict`.
 A SKIP verdict becomes a pytest skip with its reason; FAIL and ERROR fail the item with the first
 violated invariant and the reproducer, except a SHOULD failure, which is an xfail unless strict:
@@ -38,7 +40,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--decodespec-checkpoint", default=None,
                     help="openai engines: the forced checkpoint folder the server serves (its script cases run)")
     group.addoption("--decodespec-select", action="append", default=[], help="case id prefix (repeatable)")
-    group.addoption("--decodespec-only", action="store_true", help="run only the conformance cases")
+    group.addoption("--decodespec-with-tests", action="store_true",
+                    help="with --decodespec-engine, also collect the project's own tests (default: the cases only)")
     group.addoption("--decodespec-strict", action="store_true",
                     help="SHOULD failures fail their items too (by default they are xfail, as the CLI reports them)")
 
@@ -91,13 +94,17 @@ class CaseItem(pytest.Item):
         return self.case.path or "", 0, f"conformance {self.case.id}"
 
 
+def pytest_ignore_collect(collection_path: Any, config: pytest.Config) -> bool | None:
+    """With an engine and without --decodespec-with-tests, no test file is collected (or imported)."""
+    if config.getoption("--decodespec-engine") and not config.getoption("--decodespec-with-tests"):
+        return collection_path.is_file()
+    return None
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     engine = config.getoption("--decodespec-engine")
     if not engine:
         return
-    if config.getoption("--decodespec-only"):
-        config.hook.pytest_deselected(items=list(items))
-        items.clear()
     model = config.getoption("--decodespec-model")
     checkpoint = config.getoption("--decodespec-checkpoint")
     try:  # a misspelt or unreachable engine is one usage error, not one failure per case

@@ -167,15 +167,17 @@ def test_reports_lead_with_failures_grouped_by_section(monkeypatch, tmp_path):
 
 
 def test_a_pass_that_could_not_check_everything_is_marked_partial(tmp_path):
-    """DecodeStream reports no finish reason: its passes say so instead of looking complete."""
+    """DecodeStream reports no finish reason and applies no limit (the adapter feeds max_tokens ids):
+    its passes say so instead of looking complete."""
     pytest.importorskip("tokenizers")
     from decodespec.properties import fixtures
 
     tok = fixtures.byte_level_bpe(tmp_path / "tok")
     results = run_cases(adapter_for(f"decode-stream:{tok}"), load_cases(["finish/length/002"]))
     assert results[0].verdict is Verdict.PASS and "finish_reason" in results[0].not_checked
+    assert any(n.startswith("the length limit") for n in results[0].not_checked)
     write_reports(results, "ds", tmp_path / "rep")
-    assert "partial: not checked finish_reason" in (tmp_path / "rep" / "report.md").read_text()
+    assert "partial: not checked the length limit" in (tmp_path / "rep" / "report.md").read_text()
     assert json.loads((tmp_path / "rep" / "report.json").read_text())["summary"]["partial"] == 1
 
 
@@ -251,7 +253,7 @@ def test_pytest_plugin_exits_as_the_cli_does(tmp_path):
     conftest.write_text(  # the planted one-token stop matcher, for the whole (separate) pytest process
         "from decodespec.runtime import runner\nimport test_conformance as t\nrunner.StopMatcher = t.OneTokenStopMatcher\n")
     base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
-            "--decodespec-engine=reference", "--decodespec-only", str(tmp_path)]
+            "--decodespec-engine=reference", str(tmp_path)]
     env = {**__import__("os").environ, "PYTHONPATH": str(REPO / "tests")}
     should = subprocess.run([*base, "--decodespec-select=stop/overlap/001"], capture_output=True, text=True, env=env)
     assert should.returncode == 0 and "1 xfailed" in should.stdout, should.stdout[-800:]
@@ -259,7 +261,7 @@ def test_pytest_plugin_exits_as_the_cli_does(tmp_path):
                             text=True, env=env)
     assert strict.returncode == 1, strict.stdout[-800:]
     bogus = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
-                            "--decodespec-engine=bogus", "--decodespec-only", str(tmp_path)],
+                            "--decodespec-engine=bogus", str(tmp_path)],
                            capture_output=True, text=True, env=env)
     assert bogus.returncode == 4 and "unknown engine 'bogus'" in bogus.stderr + bogus.stdout
     assert len((bogus.stdout + bogus.stderr).splitlines()) < 20
@@ -304,7 +306,7 @@ def test_save_case_turns_a_trace_into_a_replayable_case(tmp_path):
 def test_cases_shard_across_xdist_workers():
     """Issue 7 item 3: the pytest plugin makes each case an item, and pytest-xdist runs them on 2 workers."""
     cmd = [sys.executable, "-m", "pytest", "-p", "decodespec", "-n", "2",
-           "--decodespec-engine=reference", "--decodespec-only", "--decodespec-select=stop/",
+           "--decodespec-engine=reference", "--decodespec-select=stop/",
            "--decodespec-select=finish/", "-v", "properties/cases"]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]

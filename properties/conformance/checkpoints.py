@@ -195,6 +195,25 @@ class Checkpoint:
         return _tokenizer(self.folder)
 
 
+def load_set(folder: str | Path) -> dict[str, Checkpoint]:
+    """case id -> its Checkpoint, for one checkpoint folder or a folder of them (a built set)."""
+    root = Path(folder)
+    found = [root] if (root / MANIFEST).is_file() else sorted(p.parent for p in root.glob(f"*/{MANIFEST}"))
+    if not found:
+        raise CaseError(f"{root} holds no forced checkpoint ({MANIFEST}); build them with `decodespec checkpoints build`")
+    out: dict[str, Checkpoint] = {}
+    for f in found:
+        ck = Checkpoint.load(f)
+        out.update({cid: ck for cid in ck.programs if cid != RECIPE})
+    return out
+
+
+def is_forced(folder: str | Path) -> bool:
+    """Whether `folder` is a forced checkpoint or a folder of them."""
+    root = Path(folder)
+    return root.is_dir() and ((root / MANIFEST).is_file() or any(root.glob(f"*/{MANIFEST}")))
+
+
 def digest(folder: str | Path) -> str:
     """A checkpoint's content hash: sha256 over its files (names and bytes, sorted; logs left out),
     so a reproducer names exactly the weights and tokenizer a verdict was given on."""

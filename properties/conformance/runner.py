@@ -172,7 +172,11 @@ def _judge_here(case: Case, outcome: Outcome, caps: frozenset[str]) -> tuple[lis
             skipped.append("error")
         else:
             ran = True
-            if not (outcome.error or "").startswith(exp.error):
+            if outcome.error is None and exp.error.startswith("decoding_error"):
+                if not any(f.family != WIRE for f in fails):  # the bytes were right: the bad tail went unsaid
+                    fails.append(finding("tail_dropped", f"the run ended without the {exp.error!r} the reference "
+                                                         "raises: the bytes no continuation completes were dropped"))
+            elif not (outcome.error or "").startswith(exp.error):
                 fails.append(finding("wrong_error", f"expected an error starting {exp.error!r}, got {outcome.error!r}"))
     elif outcome.error and exp.state in (None, "FINISHED") and (ref is None or ref.reason is not None):
         ran = True  # an error where the case expects none is never a pass

@@ -1,12 +1,19 @@
-"""`hf`: transformers `generate` on a local checkpoint, with `stop_strings` and a streamer (§4.3-§4.6).
+"""`hf`: transformers `generate` with `stop_strings` and a streamer (§4.3-§4.6).
 
-A LogitsProcessor forces the case's script (every other logit -inf), `stop_strings` carries the
-case's stop strings, `max_new_tokens` its limit, and a `TextIteratorStreamer` gives the deltas.
-The output is what `generate` returns, decoded as transformers decodes it (special tokens skipped);
-the events are derived from the streamer: response.start, one response.delta per non-empty chunk,
-response.completed. transformers reports no finish reason and no usage, so those are not checked.
-The expected output is the reference loop's on this checkpoint's tokenizer (`reference_expect`),
-so a checkpoint whose tokenizer differs from the case's fixture is judged on its own ids.
+Two ways to run it:
+
+- On forced checkpoints (`hf:DIR`, DIR a checkpoint or a folder of them, `decodespec checkpoints
+  build`): greedy `generate` on the real weights follows each case's compiled script by itself,
+  so every case compiled into a checkpoint runs, judged as the HTTP engines are
+  (judgement.judge_observed) against the reference on the checkpoint's tokenizer. What transformers
+  shows: the returned ids (their count and text) and the streamer's chunks; it reports no finish
+  reason, so that is not checked.
+- On any other checkpoint whose tokenizer is a fixture kind: a LogitsProcessor forces the case's
+  script (every other logit -inf), the output is what `generate` returns (special tokens skipped)
+  and the streamer gives the deltas; judged against the reference's answer for the same ids.
+
+Nothing the case is judged on is made up by the adapter: no terminal event is added, and the
+length is `max_new_tokens`, applied by transformers.
 """
 
 from __future__ import annotations
@@ -15,55 +22,69 @@ import threading
 from pathlib import Path
 from typing import Any
 
-
-from ....runtime.events import Event, EventKind
 from ....runtime.tokenizers import HFTokenizer
 from ..cases import Case
-from .base import Outcome, case_prompt, case_script, reference_expect, tokenizer_kind, unsupported_on
+from .base import Outcome, case_prompt, case_script, missing_capabilities, reference_expect, tokenizer_kind, unsupported_on
 
 CAPABILITIES = frozenset({"forced_script", "fixture_tokenizer", "stop_strings", "eos", "length_limit", "stream", "errors"})
+# On forced checkpoints the inline byte tables are compiled into a tokenizer.json too.
+FORCED_CAPABILITIES = CAPABILITIES | {"byte_table", "stop_token_ids"}
 
 
 class HFAdapter:
-    """transformers generate over the checkpoint at `path` (its tokenizer must be a fixture kind)."""
-
-    capabilities = CAPABILITIES
+    """transformers generate over the checkpoint(s) at `path` (see the module docstring)."""
 
     def __init__(self, path: str | Path) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from ..checkpoints import is_forced, load_set
 
         self.path = Path(path)
-        self.tokenizer = HFTokenizer(self.path)
-        self.kind = tokenizer_kind(self.tokenizer.path)
-        self.hf_tokenizer = AutoTokenizer.from_pretrained(self.path)
-        self.model = AutoModelForCausalLM.from_pretrained(self.path).eval()
+        if not self.path.is_dir():
+            raise OSError(f"{self.path} is not a folder")
+        self.forced = load_set(self.path) if is_forced(self.path) else None
+        self.capabilities = FORCED_CAPABILITIES if self.forced is not None else CAPABILITIES
+        self._models: dict[Path, Any] = {}
+        if self.forced is None:
+            self.tokenizer = HFTokenizer(self.path)
+            self.kind = tokenizer_kind(self.tokenizer.path)
         self.name = f"hf-generate[{self.path.name}]"
-        self._lock = threading.Lock()  # one generate at a time on the shared model
+        self._lock = threading.Lock()  # one generate at a time on a shared model
 
     def unsupported(self, case: Case) -> str | None:
-        return unsupported_on(self, case, self.kind)
+        if self.forced is None:
+            return unsupported_on(self, case, self.kind)
+        if case.id not in self.forced:
+            return f"not compiled into the forced checkpoints under {self.path}"
+        return missing_capabilities(self, case)
 
-    def run(self, case: Case) -> Outcome:
+    def _model(self, folder: Path) -> tuple[Any, Any]:
+        if folder not in self._models:
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            self._models[folder] = (AutoTokenizer.from_pretrained(folder),
+                                    AutoModelForCausalLM.from_pretrained(folder).eval())
+        return self._models[folder]
+
+    def _generate(self, folder: Path, prompt: list[int], case: Case, processors: list[Any]) -> tuple[Any, list[bytes]]:
+        """(new ids or the exception generate raised, the streamer's chunks)."""
         import torch
         from transformers import LogitsProcessorList, TextIteratorStreamer
 
-        tok = self.tokenizer
-        prompt = case_prompt(case, tok)
-        script = case_script(case, tok)
-        eos = self.model.generation_config.eos_token_id
-        streamer = TextIteratorStreamer(self.hf_tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=60)
+        hf_tok, model = self._model(folder)
+        eos = model.generation_config.eos_token_id
+        streamer = TextIteratorStreamer(hf_tok, skip_prompt=True, skip_special_tokens=True, timeout=60)
         kwargs: dict[str, Any] = dict(
             input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=case.max_tokens, do_sample=False, streamer=streamer,
-            logits_processor=LogitsProcessorList([_Force(script, len(prompt), eos)]), pad_token_id=eos,
-        )
+            max_new_tokens=case.max_tokens, do_sample=False, streamer=streamer, pad_token_id=eos,
+            logits_processor=LogitsProcessorList(processors))
         if case.inputs.get("stop"):
-            kwargs.update(stop_strings=list(case.inputs["stop"]), tokenizer=self.hf_tokenizer)
+            kwargs.update(stop_strings=list(case.inputs["stop"]), tokenizer=hf_tok)
+        if case.inputs.get("stop_token_ids"):
+            kwargs["eos_token_id"] = [eos, *(s[0] for s in case.inputs["stop_token_ids"] if len(s) == 1)]
         box: dict[str, Any] = {}
 
         def work() -> None:
             try:
-                box["out"] = self.model.generate(**kwargs)
+                box["out"] = model.generate(**kwargs)
             except Exception as exc:  # surfaces as the Outcome's error
                 box["error"] = exc
                 streamer.end()
@@ -71,16 +92,45 @@ class HFAdapter:
         with self._lock:
             thread = threading.Thread(target=work, name=f"hf-generate-{case.id}")
             thread.start()
-            chunks = [c.encode("utf-8") for c in streamer if c]
+            chunks = [c.encode("utf-8") for c in streamer]
             thread.join()
+        if chunks and not chunks[-1]:
+            chunks.pop()  # the streamer's end signal (its final flush, empty): not a delta
         if "error" in box:
-            return Outcome(error=f"{type(box['error']).__name__}: {box['error']}", chunks=tuple(chunks),
-                           expect=reference_expect(case, tok, prompt, script))
-        new = box["out"][0, len(prompt):].tolist()
-        output = self.hf_tokenizer.decode(new, skip_special_tokens=True).encode("utf-8")
-        return Outcome(output=output, chunks=tuple(chunks), events=_stream_events(case.id, chunks),
-                       expect=reference_expect(case, tok, prompt, script),
-                       notes=(f"generated ids {new}",))
+            return box["error"], chunks
+        return box["out"][0, len(prompt):].tolist(), chunks
+
+    def run(self, case: Case) -> Outcome:
+        if self.forced is not None:
+            return self._run_forced(case)
+        tok = self.tokenizer
+        prompt = case_prompt(case, tok)
+        script = case_script(case, tok)
+        _, model = self._model(self.path)
+        new, chunks = self._generate(self.path, prompt, case, [_Force(script, len(prompt), model.generation_config.eos_token_id)])
+        expect = reference_expect(case, tok, prompt, script)
+        if isinstance(new, Exception):
+            return Outcome(error=f"{type(new).__name__}: {new}", chunks=tuple(chunks), expect=expect)
+        output = self._model(self.path)[0].decode(new, skip_special_tokens=True).encode("utf-8")
+        return Outcome(output=output, chunks=tuple(chunks), expect=expect, notes=(f"generated ids {new}",))
+
+    def _run_forced(self, case: Case) -> Outcome:
+        from ..judgement import Observed, expected_for, judge_observed
+
+        ck = self.forced[case.id]
+        prog = ck.programs[case.id]
+        new, chunks = self._generate(ck.folder, list(prog.prompt), case, [])
+        exp = expected_for(case, ck)
+        if isinstance(new, Exception):
+            obs = Observed(error=f"{type(new).__name__}: {new}", chunks=tuple(chunks), reason_shown=False)
+        else:
+            text = self._model(ck.folder)[0].decode(new, skip_special_tokens=True).encode("utf-8")
+            obs = Observed(text=text, completion_tokens=len(new), chunks=tuple(chunks), reason_shown=False)
+        findings, not_checked = judge_observed(exp, obs)
+        return Outcome(output=obs.text, chunks=obs.chunks, error=obs.error, findings=tuple(findings),
+                       not_checked=tuple(not_checked), judged=True, reference=exp.to_json(),
+                       notes=(f"checkpoint {ck.group}; generated ids {new if not isinstance(new, Exception) else '-'}; "
+                              f"script ids {list(prog.script)}",))
 
 
 class _Force:
@@ -95,10 +145,3 @@ class _Force:
         out = scores.new_full(scores.shape, float("-inf"))
         out[:, forced] = 0.0
         return out
-
-
-def _stream_events(rid: str, chunks: list[bytes]) -> tuple[Event, ...]:
-    kinds = [(EventKind.RESPONSE_START, {})]
-    kinds += [(EventKind.RESPONSE_DELTA, {"seq": i, "bytes": c}) for i, c in enumerate(chunks)]
-    kinds.append((EventKind.RESPONSE_COMPLETED, {"seq": len(chunks)}))
-    return tuple(Event(k, rid, i, 0.0, d) for i, (k, d) in enumerate(kinds))

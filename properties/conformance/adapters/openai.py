@@ -607,12 +607,13 @@ def disconnect(a: OpenAIAdapter, case: Case) -> Outcome:
         delta = {r: now[1].get(r, 0) - before[1].get(r, 0) for r in set(now[1]) | set(before[1])}
         if not before[1]:
             missed.append("abort (no finished-by-reason counter)")
-        elif delta.get("abort", 0) < 1:
-            ran = {r: d for r, d in delta.items() if d}
-            f.append(finding("not_aborted", f"the dropped stream was not counted as aborted: finished-request counters "
-                                            f"moved by {ran} (the request ran to its end instead of stopping)"))
-        else:
+        elif delta.get("abort", 0) >= 1:
             notes.append(f"counted as aborted (finished-request counters moved by {delta})")
+        else:
+            # Other cases may run beside this one, and the recipe program is short enough to finish before
+            # the server sees the disconnect: no abort counted is not proof that the request ran on.
+            missed.append(f"abort (none counted; the {len(a.checkpoint.programs[RECIPE].script) if a.checkpoint else '?'}"
+                          "-token recipe program can finish before the disconnect is seen: a long script is needed)")
     return _outcome(None, None, f, tuple(notes), tuple(missed))
 
 
