@@ -71,7 +71,10 @@ def token_checks() -> tuple[str, ...]:
 
 
 def _finish_tokens(value: Any) -> tuple[tuple[str, frozenset[int]], ...]:
-    """{event: token ids}: selecting one of the ids fires the event (a token finish check, D4)."""
+    """{event: token ids}: selecting one of the ids fires the event (a token finish check, D4).
+    Its own result (pairs of event and ids) converts to itself, so attrs.evolve keeps it."""
+    if isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 for p in value):
+        value = {event: sorted(ids) for event, ids in value}
     if not isinstance(value, Mapping):
         raise RequestError("finish_tokens", f"must map a finish event to token ids, got {type(value).__name__}")
     declared = token_checks()
@@ -90,7 +93,10 @@ def _finish_tokens(value: Any) -> tuple[tuple[str, frozenset[int]], ...]:
 
 
 def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
-    """{token id: bias}: added to that token's logit before every choice (§4.3 choose, D32)."""
+    """{token id: bias}: added to that token's logit before every choice (§4.3 choose, D32).
+    Its own result (sorted pairs) converts to itself."""
+    if isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 for p in value):
+        value = dict(value)
     if not isinstance(value, Mapping):
         raise RequestError("logit_bias", f"must map token ids to numbers, got {type(value).__name__}")
     out = []

@@ -190,8 +190,9 @@ def _finish_checks(entries: list, events: tuple, decisions: dict, guards: dict, 
     """The ordered finish checks: each names a declared event, once, that some row fires with a
     finish reason (what the check decides is that reason). `unless` lists declared guards, on a
     check whose token is not text only (eos or a token check: a guarded token becomes text; a
-    condition such as a stop hit has already cut the output); every guard is some check's."""
-    out, seen, used = [], set(), set()
+    condition such as a stop hit has already cut the output). A guard no check names is allowed,
+    as an action no row names is: a table edit may take a guard off a check."""
+    out, seen = [], set()
     reasons = {d.event for d in decisions.values() if d.kind is DecisionKind.ROW and d.reason}
     for i, entry in enumerate(entries, start=1):
         where = f"{_FINISH} {i}"
@@ -221,12 +222,8 @@ def _finish_checks(entries: list, events: tuple, decisions: dict, guards: dict, 
                                                   f"token check); '{event}' is a condition"))
         else:
             seen.add(event)
-            used.update(unless)
             out.append(FinishCheck(event, entry["anchor"], entry.get("note", ""), entry.get("tokens", False),
                                    tuple(unless)))
-    for name in guards:
-        if name not in used:
-            problems.add(SpecError(source, f"{_GUARDS}.{name}", "no finish check names this guard"))
     return tuple(out)
 
 
