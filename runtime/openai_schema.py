@@ -224,6 +224,7 @@ STRICT_FIELDS = {
                      "top_logprobs"}),
 }
 FIELDS = {False: {**COMPLETION_FIELDS, **EXTENSIONS}, True: {**CHAT_FIELDS, **EXTENSIONS}}
+_ALL_FIELDS = {**FIELDS[False], **FIELDS[True]}
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -418,14 +419,16 @@ def request_options(body: Mapping[str, Any], vocab_size: int) -> dict[str, Any]:
     (properties/conformance/adapters/base.py). Types and the vocabulary are checked here, ranges
     by Request (RequestError names the field)."""
     out: dict[str, Any] = {}
-    for name, field in _OPTIONS.items():
-        value = _get(body, name, _OPTION_TYPES[field], default=None)
-        if value is None:
-            continue
-        if field in out and out[field] != value:
-            other = next(k for k, f in _OPTIONS.items() if f == field and k != name and k in body)
-            raise _bad(name, f"contradicts {other} ({json.dumps(body[other])}), another engine's name of the same field")
-        out[field] = float(value) if _OPTION_TYPES[field] is float else value
+    for field in dict.fromkeys(_OPTIONS.values()):
+        kind = _OPTION_TYPES[field]
+        given = [(k, v) for k, f in _OPTIONS.items() if f == field and (v := _get(body, k, kind, default=None)) is not None]
+        asked = [(k, v) for k, v in given if not _neutral(_ALL_FIELDS[k], v)]  # a router sends the other name's neutral
+        if len({v for _, v in asked}) > 1:
+            (a, va), (b, vb) = asked[:2]
+            raise _bad(b, f"{json.dumps(vb)} contradicts {a} ({json.dumps(va)}), another engine's name of the same field")
+        if given:
+            value = (asked or given)[0][1]
+            out[field] = float(value) if kind is float else value
     top_k = _get(body, "top_k", int, default=None)
     if top_k is not None and top_k not in (-1, 0):
         if top_k < 1:

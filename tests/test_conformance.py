@@ -123,7 +123,8 @@ def test_reports_are_well_formed(reference_results, tmp_path):
     assert suite.tag == "testsuite" and len(suite.findall("testcase")) == len(reference_results)
     assert int(suite.get("skipped")) == sum(r.verdict is Verdict.SKIP for r in reference_results)
     md = (tmp_path / "report.md").read_text()
-    assert md.splitlines()[2].startswith("**reference: 50/50 pass (100%); 0 fail")
+    n = sum(r.verdict is Verdict.PASS for r in reference_results)  # every case it runs, the request-field ones too
+    assert md.splitlines()[2].startswith(f"**reference: {n}/{n} pass (100%); 0 fail") and n >= 60
     assert all(f"`{r.case.id}`" in md for r in reference_results)
     assert "<details><summary>Not applicable to this engine (14)</summary>" in md
     assert "<table>" in (tmp_path / "report.html").read_text()
