@@ -337,7 +337,7 @@ def parse_completion(raw: bytes, *, chat: bool, model_name: str, context_limit: 
     if len(prompt_ids) + 1 > context_limit:
         raise _bad(prompt_param, f"the prompt has {len(prompt_ids)} tokens; with one output token it does not fit "
                    f"the context length {context_limit}", "context_length_exceeded")
-    max_param = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
+    max_param = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _get(body, max_param, int, default=16)
     if max_tokens < 1 or max_tokens > context_limit:
         raise _bad(max_param, f"must be between 1 and the context length {context_limit}, got {max_tokens}")
