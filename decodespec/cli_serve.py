@@ -46,6 +46,9 @@ import click
 @click.option("--batch-invariant", is_flag=True, default=False,
               help="Run every kernel call on one sequence: tokens then never depend on batching or "
                    "preemption, in any dtype (slower; see runtime/engine.py on exactness).")
+@click.option("--strict", is_flag=True, default=False,
+              help="Accept only the request fields of before issue 28 (n = 1; no penalties, logit_bias, echo, "
+                   "best_of nor engine extensions): any other field is an unknown-field 400 (DECISIONS D30).")
 @click.option("--retain", "retain_s", type=click.FloatRange(min=0), default=60.0, show_default=True,
               help="Seconds a finished request stays available for replay (Last-Event-ID).")
 @click.option("--retain-count", "max_retained", type=click.IntRange(min=1), default=1024, show_default=True,
@@ -54,9 +57,11 @@ import click
               help="/health answers 503 'stalled' while one engine step has run longer than this (DECISIONS D21).")
 def serve(host, port, model_path, device, policy, max_batch, max_queue, cache_budget_tokens, preemption,
           detach_timeout_s, stall_timeout_s, shutdown_timeout_s, on_disconnect, body_timeout_s, header_timeout_s, api_key,
-          allowed_origins, max_body_bytes, log_level, utf8_guard, batch_invariant, retain_s, max_retained,
+          allowed_origins, max_body_bytes, log_level, utf8_guard, batch_invariant, strict, retain_s, max_retained,
           watchdog_s) -> None:
     """Serve /v1/completions and /v1/chat/completions (SSE with replayable ids) until interrupted."""
+    import logging
+
     from decodespec.runtime.engine import Engine
     from decodespec.runtime.server import create_app, reference_server, uvicorn_config
 
@@ -71,7 +76,9 @@ def serve(host, port, model_path, device, policy, max_batch, max_queue, cache_bu
                     retain_s=retain_s, max_retained=max_retained, batch_invariant=batch_invariant)
     app = create_app(engine, policy=policy, api_key=api_key, allowed_origins=frozenset(allowed_origins),
                      max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s, on_disconnect=on_disconnect,
-                     utf8_guard=utf8_guard, watchdog_s=watchdog_s)
+                     utf8_guard=utf8_guard, watchdog_s=watchdog_s, strict=strict)
+    logging.basicConfig(format="%(levelname)s:     %(name)s: %(message)s")  # the server's own lines (fields not acted on)
+    logging.getLogger("decodespec").setLevel(log_level.upper())
     click.echo(f"decodespec serve: model {engine.model_name!r} on http://{host}:{port}/v1 (policy {policy})", err=True)
     config = uvicorn_config(app, host=host, port=port, log_level=log_level, access_log=log_level in ("debug", "info"),
                             header_timeout_s=header_timeout_s)

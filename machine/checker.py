@@ -30,8 +30,8 @@ import attrs
 from ..spec import DecisionKind, Table
 from ..spec.invariants import load_invariants
 from .checker_model import (
-    F_LC, F_PC, F_REASON, FAULTS, PC_NAMES, POOL_WITNESSES, REASONS, WITNESS_NEEDS, WITNESSES, Model, ModelConfig,
-    config_offers,
+    F_LC, F_PC, F_REASON, FAULTS, FINISH_GUARDS, PC_NAMES, POOL_WITNESSES, REASONS, WITNESS_NEEDS, WITNESSES, Model,
+    ModelConfig, config_offers,
 )
 
 _MASK = (1 << 21) - 1
@@ -187,12 +187,12 @@ MAX_REQUESTS = 3
 
 def default_config(requests: int) -> ModelConfig:
     """The bounds `check` uses: for one request every local behaviour (2 tokens, both policies,
-    every byte outcome); for several, what they share (the batch's places under preemption,
+    every byte outcome, requests with a finish guard's field set); for several, what they share (the batch's places under preemption,
     cancel, deadline and errors) with 1 token, the pause policy and plain text (a request's byte
     outcomes do not touch another's; the one-request run explores them); for three, also no
     reader disconnects (the reader is each request's own)."""
     if requests == 1:
-        return ModelConfig()
+        return ModelConfig(guards=tuple(FINISH_GUARDS))
     faults = tuple(f for f in FAULTS if requests < 3 or f != "disconnect")
     return ModelConfig(max_output_tokens=1, policies=("pause",), byte_choices=False, faults=faults)
 

@@ -54,15 +54,16 @@ PARKED_CANCEL = "loop: cancel observed at a check point while the producer is pa
 # Fields of a request tuple.
 (F_PC, F_LC, F_ST, F_TH, F_SB, F_KV, F_BS, F_RNG, F_SM, F_DT, F_SEL, F_DEC, F_SEQ, F_REASON,
  F_CANCEL, F_DEADLINE, F_KERNEL, F_POLICY, F_BUF, F_CONN, F_RET, F_EOS, F_TERMS, F_FREED,
- F_LOST, F_SQ, F_PRE) = range(27)
-N_FIELDS = 27
+ F_LOST, F_SQ, F_PRE, F_GUARD) = range(28)
+N_FIELDS = 28
 RES_FIELD = dict(zip(RESOURCE_KINDS, (F_TH, F_SB, F_KV, F_BS, F_RNG)))
 FIELD_OF = {"lifecycle": F_LC, "stream": F_ST, "stop_matcher": F_SM, "detokenizer": F_DT, "sequence": F_SQ}
 # F_CANCEL: 0 none, 1 requested, 2 observed, 3 repeated; F_DEADLINE: 0, 1 passed, 2 observed;
 # F_KERNEL: 0 none, 1 prefill, 2 decode; F_CONN: 0 connected, 1 disconnected, 2 reconnected;
 # F_FREED: one bit per resource kind whose free callback ran; F_LOST: 1 once output bytes that
 # were neither sent nor discarded by a row went nowhere (the tables lost them); F_SQ: where the
-# Engine holds the sequence (spec/sequence.toml); F_PRE: how often the scheduler preempted it.
+# Engine holds the sequence (spec/sequence.toml); F_PRE: how often the scheduler preempted it;
+# F_GUARD: which request field of a finish guard the request sets (0: none, i: ModelConfig.guards[i-1]).
 
 # What the stop matcher makes of a push's bytes, and whether safe bytes remain (all of them, or
 # only plain text when ModelConfig.byte_choices is off).
@@ -79,6 +80,15 @@ _CHECK_LABELS = {"stop_hit": "loop: stop hit: finish reason stop_sequence, tails
 # reads are not a fault: a paused producer needs them to go on.)
 FAULTS = ("cancel", "deadline", "model_error", "transport_error", "disconnect")
 
+# The model's one implementation of each guard of the lifecycle table's [finish_guards] (D31):
+# does the guard hold for the t-th token of a request whose guard field is `field` (F_GUARD's name)?
+# A min_tokens request asks for MIN_TOKENS tokens, so its first token cannot end it by EOS.
+MIN_TOKENS = 1
+FINISH_GUARDS = {
+    "ignore_eos": lambda field, t: field == "ignore_eos",
+    "min_tokens": lambda field, t: field == "min_tokens" and t <= MIN_TOKENS,
+}
+
 
 @attrs.frozen
 class ModelConfig:
@@ -91,6 +101,8 @@ class ModelConfig:
     preemptions: int = 1  # how often the scheduler may preempt one request (§4.8 swap/recompute)
     byte_choices: bool = True  # every detokenizer/stop-matcher outcome of a token, else plain text
     faults: tuple[str, ...] = FAULTS  # the environment's injections (see FAULTS)
+    # requests that set a finish guard's field (FINISH_GUARDS), beside the plain ones (first policy only)
+    guards: tuple[str, ...] = ()
 
     def __attrs_post_init__(self) -> None:
         if not 1 <= self.max_output_tokens <= 8:
@@ -105,6 +117,9 @@ class ModelConfig:
         unknown = sorted(set(self.faults) - set(FAULTS))
         if unknown:
             raise ValueError(f"unknown fault(s) {unknown}; known: {', '.join(FAULTS)}")
+        unknown = sorted(set(self.guards) - set(FINISH_GUARDS))
+        if unknown:
+            raise ValueError(f"unknown guard(s) {unknown}; known: {', '.join(FINISH_GUARDS)}")
 
 
 class Machine:
@@ -444,6 +459,13 @@ class Model:
         # The lifecycle table's finish checks, in its order (D4): the loop below runs this list.
         self.finish_order = tuple(c.event for c in self.life.table.finish_checks)
         self.token_checks = tuple(c.event for c in self.life.table.finish_checks if c.tokens)
+        # The guards the table gives each check (D31), each run through FINISH_GUARDS, checked both ways.
+        declared = self.life.table.finish_guards
+        unknown, unused = [g for g in declared if g not in FINISH_GUARDS], [g for g in FINISH_GUARDS if g not in declared]
+        if unknown or unused:
+            raise ValueError(f"lifecycle finish guards and the checker model's FINISH_GUARDS differ: declared without an "
+                             f"implementation {unknown}, implemented but not declared {unused}")
+        self.unless = {c.event: c.unless for c in self.life.table.finish_checks}
 
     def initial(self) -> list[tuple[int, ...]]:
         """One initial request per backpressure policy."""
@@ -457,10 +479,23 @@ class Model:
         base[F_DT] = self.detok.i(self.detok.table.initial)
         base[F_SQ] = self.seq.i(self.seq.table.initial)
         out = []
-        for p in range(len(self._policy_names)):
+        for p in range(len(self._policy_names)):  # plain requests first (machine/paths.py starts there)
             base[F_POLICY] = p
             out.append(tuple(base))
+        base[F_POLICY] = 0  # a guard changes what a token ends, not how the stream holds it: one policy
+        for g in range(1, len(self.config.guards) + 1):
+            base[F_GUARD] = g
+            out.append(tuple(base))
         return out
+
+    def guard_field(self, c: tuple[int, ...]) -> str | None:
+        """The guard field the request sets (F_GUARD), if any."""
+        return self.config.guards[c[F_GUARD] - 1] if c[F_GUARD] else None
+
+    def guarded(self, check: str, c: tuple[int, ...], t: int) -> bool:
+        """Does a guard the table lists for `check` turn it off for the t-th token (D31)?"""
+        field = self.guard_field(c)
+        return field is not None and any(FINISH_GUARDS[g](field, t) for g in self.unless.get(check, ()))
 
     def done(self, comp: tuple[int, ...]) -> bool:
         return comp[F_PC] == P_DONE
@@ -621,12 +656,23 @@ class Model:
         and the stop matcher; then the table's finish checks (§4.3, §4.5, §4.6, D4): the content
         policy, where it wins, refuses the chunk before it is sent (D11)."""
         limit = c[F_SEL] + 1 >= self.config.max_output_tokens
-        for event in self._winners({"eos": True, "length": limit}, self._free(False)):
-            s = self._new(c, out, "loop: select EOS" if event == "eos" else f"loop: select EOS, {event} checked first", Tag("select", token="eos", event=event))
-            s.f[F_SEL] += 1
-            s.after_lifecycle(s.lc("select"), default=P_TOP)
-            s.f[F_EOS] = 1
-            s.after_lifecycle(s.lc(event), default=P_DRAIN)
+        if self.guarded("eos", c, c[F_SEL] + 1):
+            # A guard turns the EOS check off: EOS is a skipped special token (no bytes; kept as
+            # text without skip_special_tokens, which the plain tokens below stand for), decoded
+            # like any other, and the other checks decide (D31).
+            detok = "hold" if self.detok.states[c[F_DT]] == "PENDING" else "emit"
+            s = self._push(c, out, f"loop: select EOS, its check turned off by {self.guard_field(c)}: a token with "
+                                   "no bytes", Tag("select", token="guarded_eos"), detok, None, P_CHECKS)
+            if s is not None:
+                s.f[F_EOS] = 2  # an EOS was selected and goes on as a token (F_EOS 1: one that ended the run)
+                s.out(False, P_CHECKS)
+        else:
+            for event in self._winners({"eos": True, "length": limit}, self._free(False)):
+                s = self._new(c, out, "loop: select EOS" if event == "eos" else f"loop: select EOS, {event} checked first", Tag("select", token="eos", event=event))
+                s.f[F_SEL] += 1
+                s.after_lifecycle(s.lc("select"), default=P_TOP)
+                s.f[F_EOS] = 1
+                s.after_lifecycle(s.lc(event), default=P_DRAIN)
         for check in self.token_checks:  # a token that fires a token check is not text either (D4)
             for event in self._winners({check: True, "length": limit}, self._free(False), frozenset({"eos"})):
                 s = self._new(c, out, f"loop: select a {check} token" + ("" if event == check else f", {event} checked first"), Tag("select", token=check, event=event))
@@ -836,6 +882,7 @@ class Model:
             "sequence": self.seq.states[c[F_SQ]], "preempted": c[F_PRE],
             "freed": [kind for kind, field in RES_FIELD.items() if c[F_FREED] >> (field - F_TH) & 1],
             "lost_bytes": bool(c[F_LOST]),
+            "guard": self.guard_field(c),
         }
 
     def state_violations(self, c: tuple[int, ...]) -> list[tuple[str, str, tuple[str, str, str] | None]]:
@@ -876,8 +923,11 @@ class Model:
             bad.append(("cancelled_only_if_requested", f"{life} without a cancel request", None))
         if c[F_DEADLINE] == 2 and reason == FinishReason.CANCELLED:
             bad.append(("deadline_not_cancelled", "deadline observed, reason cancelled", None))
-        if reason == FinishReason.EOS and not c[F_EOS]:
+        if reason == FinishReason.EOS and c[F_EOS] != 1:
             bad.append(("transport_not_eos", "reason eos without an EOS token", None))
+        field = self.guard_field(c)
+        if reason == FinishReason.EOS and life_end and (field == "ignore_eos" or field == "min_tokens" and c[F_SEL] <= MIN_TOKENS):
+            bad.append(("eos_guards_respected", f"a request with {field} ended with eos on token {c[F_SEL]}", None))
         if life_end and reason not in self.reasons_of_state.get(life, ()):
             bad.append(("finish_reason_matches_state", f"{life} with reason {reason}", None))
         limit = self.config.max_output_tokens
@@ -962,7 +1012,12 @@ WITNESSES = {
     "reconnect_then_finish": ("§4.7", None, lambda m, a, b: _ends(m, b, "FINISHED") and b[F_CONN] == 2),
     "cancel_during_prefill_discarded": ("§4.9", ("lifecycle", "CANCEL_REQUESTED", "prefill_done"), _always),
     "cancel_during_decode_discarded": ("§4.11", ("lifecycle", "CANCEL_REQUESTED", "decode_done"), _always),
-    "eos_on_first_token": ("§4.12", ("lifecycle", "DECODING", "eos"), lambda m, a, b: b[F_SEL] == 1),
+    "eos_on_first_token": ("§4.12", ("lifecycle", "DECODING", "eos"), lambda m, a, b: b[F_SEL] == 1 and not b[F_GUARD]),
+    # D31: an EOS whose check a guard turns off is decoded, and the request ends another way
+    "guarded_eos_then_length": (
+        "§4.3", ("lifecycle", "DECODING", "length"), lambda m, a, b: m.guard_field(b) == "min_tokens" and b[F_EOS] == 2),
+    "ignored_eos_decoded": (
+        "§4.6", ("lifecycle", "DECODING", "decode_done"), lambda m, a, b: m.guard_field(b) == "ignore_eos" and b[F_EOS] == 2),
     "admission_refused": ("§4.1", ("lifecycle", "CREATED", "reject"), _always),
     # D11: the policy sees the chunk before the send and before the length check
     "content_interrupt_on_last_allowed_token": (
@@ -1000,12 +1055,14 @@ WITNESS_NEEDS: dict[str, tuple[str, ...]] = {
     "preempted_then_resumed": ("preemption",),
     "parked_then_preempted": ("preemption", "pause", "two_tokens"),
     "cancelled_while_swapped": ("preemption", "cancel"),
+    "guarded_eos_then_length": ("min_tokens", "two_tokens"),
+    "ignored_eos_decoded": ("ignore_eos", "two_tokens"),
 }
 
 
 def config_offers(config: ModelConfig) -> frozenset[str]:
     """The WITNESS_NEEDS conditions `config` meets."""
-    return frozenset({*config.faults, *config.policies} | {
+    return frozenset({*config.faults, *config.policies, *config.guards} | {
         name for name, on in (("bytes", config.byte_choices), ("finish_conditions", config.finish_conditions),
                               ("two_tokens", config.max_output_tokens >= 2), ("preemption", config.preemptions >= 1))
         if on})

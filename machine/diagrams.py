@@ -5,7 +5,9 @@ legible at a page's width; terminal states are drawn double (§4.1: terminal sta
 and irreversible), the initial state has an arrow from a start point. Every row is an edge
 labelled ``event / action(reason)  §anchor`` (the finish reason a lifecycle row fixes, §4.10);
 rows between the same pair of states share one edge with one line per row. Ignores change
-nothing: each state's ignored events are one dashed grey self-loop (and its tooltip).
+nothing: each state's ignored events are one dashed grey self-loop (and its tooltip). A table
+with finish checks (the lifecycle) lists them, in order and with their guards (D4, D31), in a
+note beside the state whose rows they fire.
 Rejections are not drawn at all.
 
 A ``highlight`` path of (state, event) pairs (a trace, a counterexample) is drawn on top in red:
@@ -29,6 +31,7 @@ from ..spec import MACHINES, Decision, DecisionKind, Table, load_spec
 FORMATS = ("dot", "svg", "mmd")
 _FONT = "Helvetica"
 _START = "__start__"
+_CHECKS = "__finish_checks__"
 _RED = "#c0392b"
 _GREY = "#8a8a8a"
 
@@ -113,6 +116,11 @@ def to_dot(table: Table, *, highlight: Sequence[tuple[str, str]] | None = None,
         if hot:
             attrs.update(color=_RED, penwidth="2")
         g.edge(src, dst, **attrs)
+    checks_at = _checks_state(table)
+    if checks_at in shown and view in (None, table.terminal[0]):  # the finish checks once, beside their state
+        g.node(_CHECKS, label=_html_lines([(False, t) for t in _check_lines(table)]), shape="note",
+               color=_GREY, fontcolor="#444444", fontsize="11")
+        g.edge(checks_at, _CHECKS, style="dotted", color=_GREY, arrowhead="none")
     for s in shown if view in (None, table.terminal[0]) else ():  # ignores once: with the main view
         ignored = _ignored(table, s)
         if ignored:
@@ -127,6 +135,24 @@ def to_dot(table: Table, *, highlight: Sequence[tuple[str, str]] | None = None,
             g.node(stop, label=f"{n}. {event}\\nrejected", shape="octagon", color=_RED, fontcolor=_RED)
             g.edge(state, stop, color=_RED, style="dotted")
     return g.source
+
+
+def _checks_state(table: Table) -> str | None:
+    """The state whose rows the finish checks fire (each check's event fixes a reason there)."""
+    events = [c.event for c in table.finish_checks]
+    for s in table.states:
+        if events and all((d := table.decision(s, e)).kind is DecisionKind.ROW and d.reason for e in events):
+            return s
+    return None
+
+
+def _check_lines(table: Table) -> list[str]:
+    """The table's finish checks in order, each with its guards (D4, D31)."""
+    lines = ["finish checks, in order: the first that holds fires"]
+    for i, c in enumerate(table.finish_checks, start=1):
+        guard = f"  unless {', '.join(c.unless)}" if c.unless else ""
+        lines.append(f"{i}. {c.event}{' (token)' if c.tokens else ''}{guard}  {c.anchor}")
+    return lines
 
 
 def _html_lines(lines: list[tuple[bool, str]]) -> str:
@@ -154,6 +180,9 @@ def to_mermaid(table: Table) -> str:
         ignored = _ignored(table, s)
         if ignored:
             lines.append(f"    note right of {ident[s]}: ignores {', '.join(ignored)}")
+    checks_at = _checks_state(table)
+    if checks_at is not None:
+        lines.append(f"    note left of {ident[checks_at]}: {'<br/>'.join(_check_lines(table))}")
     return "\n".join(lines) + "\n"
 
 

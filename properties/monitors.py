@@ -70,6 +70,21 @@ class RequestTrace:
     def output(self) -> bytes:
         return b"".join(bytes(e.data.get("bytes", b"")) for e in self.deltas)
 
+    @property
+    def echo(self) -> int:
+        """How many of the output's first bytes are the echoed prompt (D33)."""
+        return int(self.created.get("echo_bytes") or 0)
+
+    @property
+    def completion(self) -> bytes:
+        """The output after the echoed prompt: what the tokens made."""
+        return self.output[self.echo:]
+
+    def eos_guarded(self, step: int) -> bool:
+        """Does a guard of D31 turn the EOS check off for the step-th token (ignore_eos, or
+        step <= min_tokens)? Read from the request, independently of the tables."""
+        return bool(self.created.get("ignore_eos")) or step <= int(self.created.get("min_tokens") or 0)
+
     def of(self, *kinds: str) -> Iterator[Event]:
         return (e for e in self.events if e.kind in kinds)
 
@@ -397,13 +412,24 @@ def _model_released_before_terminal(rt: RequestTrace):
 
 @monitor("stop_bytes_never_emitted")
 def _stop_bytes_never_emitted(rt: RequestTrace):
+    """No stop string in the output after the echoed prompt; with include_stop_str_in_output (D33)
+    the winning stop ends the output and appears nowhere before its end."""
     stops = [s.encode("utf-8") for s in rt.created.get("stop", ()) if s]
-    out = b""
+    kept = b""
+    hit = next(rt.of(K.STOP_HIT), None)
+    if rt.created.get("include_stop_str_in_output") and hit is not None and hit.data.get("kind") != "token_ids":
+        kept = str(hit.data.get("stop", "")).encode("utf-8")
+    limit = len(rt.completion) - len(kept) if kept and rt.completion.endswith(kept) else None
+    out, skip = b"", rt.echo
     for e in rt.deltas:
+        data = bytes(e.data.get("bytes", b""))
+        cut = min(skip, len(data))
+        skip -= cut
         start = len(out)
-        out += bytes(e.data.get("bytes", b""))
+        out += data[cut:]
         for s in stops:
-            if out.find(s, max(0, start - len(s) + 1)) >= 0:
+            i = out.find(s, max(0, start - len(s) + 1))
+            if i >= 0 and (limit is None or i < limit):
                 yield e.index, f"stop string {s!r} reached the client"
                 return
 
@@ -473,7 +499,8 @@ def _eos_not_emitted(rt: RequestTrace):
     eos = None
     eos_id = rt.created.get("eos_id")  # a runtime that forgets to flag EOS is still caught (§4.12 row 1)
     for e in rt.events:
-        is_eos = e.kind == K.TOKEN_SELECTED and (e.data.get("eos") or (eos_id is not None and e.data.get("token") == eos_id))
+        is_eos = e.kind == K.TOKEN_SELECTED and (e.data.get("eos") or (
+            eos_id is not None and e.data.get("token") == eos_id and not rt.eos_guarded(e.data.get("step", 0))))
         if is_eos and eos is None:
             eos = e
         elif eos is None:
@@ -484,6 +511,16 @@ def _eos_not_emitted(rt: RequestTrace):
             yield e.index, f"{e.kind} for the EOS token (step {eos.data.get('step')})"
         elif e.kind == K.RESPONSE_DELTA and not _left_decoding(rt, eos.index, e.index):
             yield e.index, "a delta sent for the EOS token itself (before the EOS transition)"
+
+
+@monitor("eos_guards_respected")
+def _eos_guards_respected(rt: RequestTrace):
+    if rt.reason != FinishReason.EOS or not rt.selected:
+        return
+    step = rt.selected[-1].data.get("step", len(rt.selected))
+    if rt.eos_guarded(step):
+        why = "ignore_eos" if rt.created.get("ignore_eos") else f"min_tokens {rt.created.get('min_tokens')}"
+        yield rt.terminal.index, f"the request ended with eos on token {step} despite {why}"
 
 
 def _left_decoding(rt: RequestTrace, start: int, end: int) -> bool:
@@ -656,7 +693,7 @@ def _usage_consistent(rt: RequestTrace):
     if not u:
         yield rt.terminal.index, "terminal event without usage"
         return
-    out_bytes = len(rt.output)
+    out_bytes = len(rt.completion)  # the echoed prompt is no token's (D33)
     counts = {
         "selected_tokens": len(rt.selected),
         "completion_tokens": len(rt.selected),
@@ -701,7 +738,8 @@ def _detok_concat_equals_batch(rt: RequestTrace):
     tok = rt.tokenizer
     prompt = list(rt.created.get("prompt_ids", ()))
     # DECISIONS D12: the output is decode(prompt + output) minus decode(prompt), as bytes.
-    whole, head = _decode(tok, prompt + ids), _decode(tok, prompt)
+    skip = rt.created.get("skip_special_tokens", True)
+    whole, head = _decode(tok, prompt + ids, skip), _decode(tok, prompt, skip)
     if not whole.startswith(head):
         yield rt.terminal.index, f"decode(prompt) {head[-20:]!r} is not a prefix of decode(prompt + output)"
         return
@@ -710,9 +748,12 @@ def _detok_concat_equals_batch(rt: RequestTrace):
     if dropped is not None:  # a guarded run dropped its unfinished last character (D16)
         full = full[: len(full) - dropped.data["bytes"]]
     if hit is not None and hit.data.get("kind") != "token_ids":
-        full = _cut_at_stop(full, [s.encode("utf-8") for s in rt.created.get("stop", ()) if s])
+        full = _cut_at_stop(full, [s.encode("utf-8") for s in rt.created.get("stop", ()) if s],
+                            keep=bool(rt.created.get("include_stop_str_in_output")))
     elif hit is not None:  # a stop-id cut keeps no unfinished character (D24)
         full = _whole_chars(full)
+    if rt.echo:  # the output begins with the prompt's own bytes (D33)
+        full = head + full
     out = rt.output
     exact = rt.terminal.kind == K.RESPONSE_COMPLETED and rt.reason != FinishReason.CONTENT_INTERRUPTED
     if (out != full) if exact else not full.startswith(out):
@@ -720,12 +761,14 @@ def _detok_concat_equals_batch(rt: RequestTrace):
         yield rt.terminal.index, f"streamed {out[:60]!r}... must {relation} the batch decode {full[:60]!r}..."
 
 
-def _decode(tok: Any, ids: list[int]) -> bytes:
-    return tok.decode_bytes(ids) if hasattr(tok, "decode_bytes") else tok.decode(ids).encode("utf-8")
+def _decode(tok: Any, ids: list[int], skip_special: bool = True) -> bytes:
+    if hasattr(tok, "decode_bytes"):
+        return tok.decode_bytes(ids, skip_special=skip_special)
+    return tok.decode(ids, skip_special=skip_special).encode("utf-8")
 
 
-def _cut_at_stop(data: bytes, stops: list[bytes]) -> bytes:
-    """Cut before the winning match: earliest end, then longest (DECISIONS D3)."""
+def _cut_at_stop(data: bytes, stops: list[bytes], keep: bool = False) -> bytes:
+    """Cut before the winning match (after it with `keep`, D33): earliest end, then longest (D3)."""
     best = None
     for s in stops:
         i = data.find(s)
@@ -733,4 +776,7 @@ def _cut_at_stop(data: bytes, stops: list[bytes]) -> bytes:
             key = (i + len(s), -len(s))
             if best is None or key < best[0]:
                 best = (key, i)
-    return data if best is None else data[: best[1]]
+    if best is None:
+        return data
+    (end, _), start = best
+    return data[: end if keep else start]

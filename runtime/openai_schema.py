@@ -9,8 +9,17 @@ field (`param`). Limits chosen here, documented in the OpenAPI document too:
   plus one output token must fit the context (§4.3 context_limit).
 - `stop_token_ids` (vLLM's extension): up to MAX_STOP_TOKEN_IDS ids in the vocabulary, each a
   one-token stop sequence; as with every stop, its bytes are never sent.
-- `n` must be 1; `logprobs`/`top_logprobs` are accepted and answered with `logprobs: null` (the
-  reference engine does not report log-probabilities); `user` is ignored; any other field -> 400.
+- Every field of OpenAI's completions and chat completions requests is in FIELDS (DECISIONS D30):
+  implemented, accepted only at its neutral values (any other value is a 400 `unsupported_value`
+  naming the field and the value), informational (no effect on a completion: `user`, ...), or
+  not reported (`logprobs`/`top_logprobs`: answered with `logprobs: null`, named in the answer's
+  X-Decodespec-Ignored header). The engine extensions of EXTENSIONS (vLLM's and SGLang's names:
+  top_k, min_p, min_tokens, ignore_eos, repetition_penalty, ...) are accepted the same way. Any
+  other field is a 400 `unknown_field`; `strict` (`decodespec serve --strict`) accepts only the
+  fields of STRICT_FIELDS, with n = 1, as before issue 28.
+- `n` choices (and `best_of` candidates, the best n by the sum of their log-probabilities, not
+  streamed) are separate requests of the engine, each with its own lifecycle, stream and finish
+  reason (D34); the seed of choice i is seed + i.
 - chat messages are rendered with the checkpoint's own `chat_template` (tokenizer_config.json,
   Jinja in a sandbox) when it has one, else with CHAT_TEMPLATE (the embedded model is not a chat
   model: that template only makes the request well-defined).
@@ -48,7 +57,9 @@ UTF8_GUARD_DEFAULTS: Mapping[str, Callable[[float], bool]] = {
     "never": lambda temperature: False,
 }
 CHAT_TEMPLATE = "<|{role}|>\n{content}\n"  # each message; then "<|assistant|>\n" opens the reply
-CHAT_ROLES = ("system", "user", "assistant")
+CHAT_ROLES = ("system", "developer", "user", "assistant")
+# Message fields a client may send at their neutral value (OpenAI's assistant message shape).
+_MESSAGE_NEUTRAL = {"tool_calls": ((), []), "function_call": ((),), "refusal": ((),), "audio": ((),)}
 
 # Request fields named in errors by their OpenAI name.
 _PARAM = {"max_output_tokens": "max_tokens"}
@@ -101,17 +112,149 @@ def _surrogate_path(value: Any, path: str) -> str | None:
 
 @attrs.frozen
 class ParsedRequest:
-    """What a completion call asked for, validated."""
+    """What a completion call asked for, validated. `n` choices of `best_of` candidates (D34);
+    `index` is the choice one reconnect renders; `ignored` the fields accepted and not acted on
+    (the X-Decodespec-Ignored header)."""
 
     request: Request
     chat: bool
     stream: bool
     include_usage: bool
+    n: int = 1
+    best_of: int = 1
+    index: int = 0
+    ignored: tuple[str, ...] = ()
+
+    def choice(self, i: int) -> Request:
+        """Choice (or candidate) i of an n > 1 request: its own id and, with a seed, seed + i (D34)."""
+        req = self.request
+        return attrs.evolve(req, request_id=f"{req.request_id}.{i}", seed=None if req.seed is None else req.seed + i,
+                            score=self.best_of > self.n)
 
 
-_COMMON = frozenset({"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop",
-                     "stop_token_ids", "seed", "logprobs", "user", "utf8_guard"})
-_FIELDS = {False: _COMMON | {"prompt"}, True: _COMMON | {"messages", "max_completion_tokens", "top_logprobs"}}
+MAX_N = 16  # choices (n) or candidates (best_of) of one request
+
+# The fields of OpenAI's requests and the engine extensions, and what this server does with each (D30).
+IMPLEMENTED, NEUTRAL, INFORMATIONAL, NOT_REPORTED = "implemented", "neutral", "informational", "not reported"
+
+
+@attrs.frozen
+class Field:
+    """One request field. `neutral`: the values that ask for nothing (null always does); a NEUTRAL
+    field takes only those, a NOT_REPORTED one is named in X-Decodespec-Ignored for any other."""
+
+    name: str
+    status: str
+    neutral: tuple[Any, ...] = ()
+    note: str = ""
+    origin: str = "OpenAI"
+
+
+def _fields(*specs: tuple) -> dict[str, Field]:
+    return {name: Field(name, *rest) for name, *rest in specs}
+
+
+_BOTH = (
+    ("model", IMPLEMENTED), ("max_tokens", IMPLEMENTED), ("temperature", IMPLEMENTED), ("top_p", IMPLEMENTED),
+    ("n", IMPLEMENTED, (1,), "each choice its own request (D34)"), ("stream", IMPLEMENTED),
+    ("stream_options", IMPLEMENTED), ("stop", IMPLEMENTED), ("seed", IMPLEMENTED, (), "choice i uses seed + i"),
+    ("presence_penalty", IMPLEMENTED, (0, 0.0)), ("frequency_penalty", IMPLEMENTED, (0, 0.0)),
+    ("logit_bias", IMPLEMENTED, ({},), "token id (a string) -> bias in [-100, 100], added to its logit"),
+    ("user", INFORMATIONAL),
+)
+COMPLETION_FIELDS = _fields(
+    *_BOTH, ("prompt", IMPLEMENTED),
+    ("best_of", IMPLEMENTED, (1,), "the n best of best_of candidates by log-probability; not streamed (D34)"),
+    ("echo", IMPLEMENTED, (False,), "the prompt's bytes first, by the detokenizer's rules (D33)"),
+    ("logprobs", NOT_REPORTED, (0,), "answered with logprobs: null"),
+    ("suffix", NEUTRAL, ("",), "insertion is not supported"),
+)
+CHAT_FIELDS = _fields(
+    *_BOTH, ("messages", IMPLEMENTED), ("max_completion_tokens", IMPLEMENTED),
+    ("logprobs", NOT_REPORTED, (False,), "answered with logprobs: null"),
+    ("top_logprobs", NOT_REPORTED, (0,), "answered with logprobs: null"),
+    ("audio", NEUTRAL, (), "audio output is not supported"),
+    ("modalities", NEUTRAL, (["text"],), "only text"),
+    ("tools", NEUTRAL, ([],), "tool calling is not supported"),
+    ("tool_choice", NEUTRAL, ("none", "auto"), "without tools, auto is none"),
+    ("parallel_tool_calls", NEUTRAL, (True, False), "without tools either value asks for nothing"),
+    ("functions", NEUTRAL, ([],), "deprecated function calling is not supported"),
+    ("function_call", NEUTRAL, ("none", "auto"), "without functions, auto is none"),
+    ("response_format", NEUTRAL, ({"type": "text"},), "JSON modes are not supported"),
+    ("prediction", NEUTRAL, (), "predicted outputs are not supported"),
+    ("reasoning_effort", NEUTRAL, ("none",), "the model does not reason"),
+    ("verbosity", NEUTRAL, ("medium",), "the model has one verbosity"),
+    ("web_search_options", NEUTRAL, (), "web search is not supported"),
+    ("store", NEUTRAL, (False,), "completions are not stored"),
+    ("service_tier", NEUTRAL, ("auto", "default"), "one tier"),
+    ("metadata", INFORMATIONAL, (), "kept nowhere (store is false)"),
+    ("prompt_cache_key", INFORMATIONAL), ("prompt_cache_retention", INFORMATIONAL), ("safety_identifier", INFORMATIONAL),
+)
+# Engine extensions clients and routers send (vLLM, SGLang, llama.cpp names), on both endpoints.
+EXTENSIONS = _fields(
+    ("top_k", IMPLEMENTED, (-1, 0), "-1 or 0: no top-k (vLLM, llama.cpp)", "vLLM, SGLang, llama.cpp"),
+    ("min_p", IMPLEMENTED, (0, 0.0), "", "vLLM, SGLang, llama.cpp"),
+    ("repetition_penalty", IMPLEMENTED, (1, 1.0), "", "vLLM, SGLang"),
+    ("min_tokens", IMPLEMENTED, (0,), "a finish-check guard (D31)", "vLLM"),
+    ("min_new_tokens", IMPLEMENTED, (0,), "SGLang's name of min_tokens", "SGLang"),
+    ("ignore_eos", IMPLEMENTED, (False,), "a finish-check guard (D31)", "vLLM, SGLang, llama.cpp"),
+    ("skip_special_tokens", IMPLEMENTED, (True,), "", "vLLM, SGLang"),
+    ("include_stop_str_in_output", IMPLEMENTED, (False,), "stop strings only (D33)", "vLLM"),
+    ("no_stop_trim", IMPLEMENTED, (False,), "SGLang's name of include_stop_str_in_output", "SGLang"),
+    ("stop_token_ids", IMPLEMENTED, ([],), "", "vLLM, SGLang"),
+    ("utf8_guard", IMPLEMENTED, (), "DECISIONS D16", "decodespec"),
+    ("spaces_between_special_tokens", NEUTRAL, (True,), "special tokens are skipped or kept as bytes", "vLLM, SGLang"),
+    ("return_hidden_states", NEUTRAL, (False,), "", "SGLang"),
+    ("use_beam_search", NEUTRAL, (False,), "", "vLLM"),
+    ("length_penalty", NEUTRAL, (1, 1.0), "beam search only", "vLLM"),
+    ("prompt_logprobs", NEUTRAL, (0,), "", "vLLM"),
+    ("truncate_prompt_tokens", NEUTRAL, (), "a prompt that does not fit is refused (D9)", "vLLM"),
+    ("typical_p", NEUTRAL, (1, 1.0), "", "llama.cpp"),
+    ("continue_final_message", NEUTRAL, (False,), "the reply is a new assistant message", "vLLM"),
+    ("include_reasoning", NEUTRAL, (True, False), "the model does not reason", "SGLang"),
+    ("separate_reasoning", NEUTRAL, (True, False), "the model does not reason", "SGLang"),
+    ("stream_reasoning", NEUTRAL, (True, False), "the model does not reason", "SGLang"),
+)
+# The fields accepted before issue 28, all that `strict` accepts (n = 1 only).
+STRICT_FIELDS = {
+    False: frozenset({"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop",
+                      "stop_token_ids", "seed", "logprobs", "user", "utf8_guard", "prompt"}),
+    True: frozenset({"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop",
+                     "stop_token_ids", "seed", "logprobs", "user", "utf8_guard", "messages", "max_completion_tokens",
+                     "top_logprobs"}),
+}
+FIELDS = {False: {**COMPLETION_FIELDS, **EXTENSIONS}, True: {**CHAT_FIELDS, **EXTENSIONS}}
+_ALL_FIELDS = {**FIELDS[False], **FIELDS[True]}
+
+
+def _same(a: Any, b: Any) -> bool:
+    """JSON equality that keeps true apart from 1 and 1 apart from 1.0 only where JSON does."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return a == b
+
+
+def _neutral(field: Field, value: Any) -> bool:
+    return value is None or any(_same(value, n) for n in field.neutral)
+
+
+def _check_fields(body: Mapping[str, Any], chat: bool, strict: bool) -> tuple[str, ...]:
+    """Refuse an unknown field, or a NEUTRAL one at another value (D30); the NOT_REPORTED fields
+    the body sets."""
+    known = FIELDS[chat]
+    allowed = STRICT_FIELDS[chat] if strict else known
+    for name in sorted(body):
+        if name not in allowed:
+            why = ("unknown field (this server is strict)" if strict else
+                   f"unknown field: not a field of OpenAI's {'chat completions' if chat else 'completions'} request "
+                   "nor an extension this server documents (/openapi.json lists them)")
+            raise _bad(name, why, "unknown_field")
+        field, value = known[name], body[name]
+        if field.status == NEUTRAL and not _neutral(field, value):
+            only = " or ".join(json.dumps(n) for n in field.neutral) or "null"
+            raise _bad(name, f"{json.dumps(value)[:MAX_ECHO]} is not supported by this server ({field.note}); it "
+                             f"accepts only {only}", "unsupported_value")
+    return tuple(n for n in sorted(body) if known[n].status == NOT_REPORTED and not _neutral(known[n], body[n]))
 
 
 ChatTemplate = Callable[[list[dict[str, str]]], str]
@@ -147,11 +290,12 @@ def compile_chat_template(source: str | None) -> ChatTemplate:
 def parse_completion(raw: bytes, *, chat: bool, model_name: str, context_limit: int, vocab_size: int,
                      tokenizer: Any, policy: str = "pause", max_buffer_events: int = 256,
                      chat_template: ChatTemplate = default_chat_template, utf8_guard: str = "sampled",
-                     request_id: str | None = None) -> ParsedRequest:
+                     request_id: str | None = None, strict: bool = False) -> ParsedRequest:
     """Validate a /v1/completions (chat False) or /v1/chat/completions body into a Request.
 
     `utf8_guard` is the server's default for a body without the field (UTF8_GUARD_DEFAULTS, D16);
-    `request_id` the client's own id (the X-Request-Id header), checked against CLIENT_ID."""
+    `request_id` the client's own id (the X-Request-Id header), checked against CLIENT_ID;
+    `strict` accepts only STRICT_FIELDS (D30)."""
     if request_id is not None and not CLIENT_ID.fullmatch(request_id):
         raise _bad("X-Request-Id", f"must be 16 to 128 characters from A-Z a-z 0-9 . _ : - (an id the client "
                                    f"made unguessable), got {_short(request_id)!r}", "invalid_request_id")
@@ -172,9 +316,7 @@ def parse_completion(raw: bytes, *, chat: bool, model_name: str, context_limit: 
         raise _bad(None, f"the body must be a JSON object, got {type(body).__name__}", "invalid_json")
     if (where := _surrogate_path(body, "")) is not None:
         raise _bad(where, "holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text", "invalid_text")
-    unknown = sorted(set(body) - _FIELDS[chat])
-    if unknown:
-        raise _bad(unknown[0], "unknown field (this server is strict)", "unknown_field")
+    ignored = _check_fields(body, chat, strict)
     model = _get(body, "model", str, required=True)
     if model != model_name:
         raise ApiError(404, f"model: the model {_short(model)!r} does not exist; this server serves {model_name!r}",
@@ -195,21 +337,34 @@ def parse_completion(raw: bytes, *, chat: bool, model_name: str, context_limit: 
     if len(prompt_ids) + 1 > context_limit:
         raise _bad(prompt_param, f"the prompt has {len(prompt_ids)} tokens; with one output token it does not fit "
                    f"the context length {context_limit}", "context_length_exceeded")
-    max_param = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
+    max_param = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _get(body, max_param, int, default=16)
     if max_tokens < 1 or max_tokens > context_limit:
         raise _bad(max_param, f"must be between 1 and the context length {context_limit}, got {max_tokens}")
-    if _get(body, "n", int, default=1) != 1:
-        raise _bad("n", "only n = 1 is supported")
+    n = _get(body, "n", int, default=1)
+    if strict and n != 1:
+        raise _bad("n", "only n = 1 is supported (this server is strict)")
+    if not 1 <= n <= MAX_N:
+        raise _bad("n", f"must be between 1 and {MAX_N}, got {n}")
+    best_of = _get(body, "best_of", int, default=n)
+    if not n <= best_of <= MAX_N:
+        raise _bad("best_of", f"must be between n ({n}) and {MAX_N}, got {best_of}")
     stream = _get(body, "stream", bool, default=False)
+    if stream and best_of > n:
+        raise _bad("best_of", f"{best_of} candidates for {n} choice(s) cannot be streamed: the best are known only "
+                              "at the end (send best_of = n, or stream: false)")
     options = _get(body, "stream_options", dict, default=None)
     include_usage = False
     if options is not None:
         if not stream:
             raise _bad("stream_options", "is only allowed with stream: true")
-        extra = sorted(set(options) - {"include_usage"})
+        extra = sorted(set(options) - _STREAM_OPTIONS)
         if extra:
             raise _bad(f"stream_options.{extra[0]}", "unknown field", "unknown_field")
+        for key in _STREAM_OPTIONS - {"include_usage"}:
+            if _get(options, key, bool, default=False, name=f"stream_options.{key}"):
+                raise _bad(f"stream_options.{key}", "true is not supported by this server; it accepts only false",
+                           "unsupported_value")
         include_usage = _get(options, "include_usage", bool, default=False, name="stream_options.include_usage")
     temperature = _get(body, "temperature", float, default=1.0)
     if not 0 <= temperature <= 2:
@@ -227,7 +382,9 @@ def parse_completion(raw: bytes, *, chat: bool, model_name: str, context_limit: 
         lp = _get(body, "logprobs", int, default=None)
         if lp is not None and not 0 <= lp <= 5:
             raise _bad("logprobs", f"must be between 0 and 5, got {lp}")
-    _get(body, "user", str, default=None)
+    for key in ("user", "prompt_cache_key", "prompt_cache_retention", "safety_identifier"):
+        _get(body, key, str, default=None)
+    _get(body, "metadata", dict, default=None)
     guard = _get(body, "utf8_guard", bool, default=None)
     try:
         request = Request(
@@ -236,10 +393,67 @@ def parse_completion(raw: bytes, *, chat: bool, model_name: str, context_limit: 
             temperature=float(temperature), top_p=top_p, seed=seed, policy=policy,
             max_buffer_events=max_buffer_events, request_id=request_id,
             utf8_guard=UTF8_GUARD_DEFAULTS[utf8_guard](temperature) if guard is None else guard,
+            **request_options(body, vocab_size),
         )
     except RequestError as exc:
         raise _bad(_PARAM.get(exc.field, exc.field), str(exc).split(": ", 1)[-1]) from None
-    return ParsedRequest(request=request, chat=chat, stream=stream, include_usage=include_usage)
+    return ParsedRequest(request=request, chat=chat, stream=stream, include_usage=include_usage, n=n,
+                         best_of=best_of, ignored=ignored)
+
+
+_STREAM_OPTIONS = frozenset({"include_usage", "include_obfuscation", "continuous_usage_stats"})
+# OpenAI or extension name -> the Request field (two extensions are other engines' names of one).
+_OPTIONS = {"presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+            "repetition_penalty": "repetition_penalty", "min_p": "min_p", "min_tokens": "min_tokens",
+            "min_new_tokens": "min_tokens", "ignore_eos": "ignore_eos", "skip_special_tokens": "skip_special_tokens",
+            "include_stop_str_in_output": "include_stop_str_in_output",
+            "no_stop_trim": "include_stop_str_in_output", "echo": "echo"}
+_OPTION_TYPES = {"presence_penalty": float, "frequency_penalty": float, "repetition_penalty": float, "min_p": float,
+                 "min_tokens": int, "ignore_eos": bool, "skip_special_tokens": bool,
+                 "include_stop_str_in_output": bool, "echo": bool}
+
+
+def request_options(body: Mapping[str, Any], vocab_size: int) -> dict[str, Any]:
+    """The Request keywords of a body's shaping, guard and output fields (D31-D33), by their OpenAI
+    or extension names: one mapping for the server and for the conformance reference
+    (properties/conformance/adapters/base.py). Types and the vocabulary are checked here, ranges
+    by Request (RequestError names the field)."""
+    out: dict[str, Any] = {}
+    for field in dict.fromkeys(_OPTIONS.values()):
+        kind = _OPTION_TYPES[field]
+        given = [(k, v) for k, f in _OPTIONS.items() if f == field and (v := _get(body, k, kind, default=None)) is not None]
+        asked = [(k, v) for k, v in given if not _neutral(_ALL_FIELDS[k], v)]  # a router sends the other name's neutral
+        if len({v for _, v in asked}) > 1:
+            (a, va), (b, vb) = asked[:2]
+            raise _bad(b, f"{json.dumps(vb)} contradicts {a} ({json.dumps(va)}), another engine's name of the same field")
+        if given:
+            value = (asked or given)[0][1]
+            out[field] = float(value) if kind is float else value
+    top_k = _get(body, "top_k", int, default=None)
+    if top_k is not None and top_k not in (-1, 0):
+        if top_k < 1:
+            raise _bad("top_k", f"must be a positive int, or -1 or 0 for none, got {top_k}")
+        out["top_k"] = top_k
+    bias = _get(body, "logit_bias", dict, default=None)
+    if bias:
+        out["logit_bias"] = {_bias_id(k, vocab_size): _bias_value(k, v) for k, v in bias.items()}
+    return out
+
+
+def _bias_id(key: str, vocab_size: int) -> int:
+    """A logit_bias key: a token id written as a JSON object key (a string of digits)."""
+    if not key.isdigit() or not key.isascii():
+        raise _bad(f"logit_bias.{key}", "a key must be a token id (digits)")
+    tid = int(key)
+    if tid >= vocab_size:
+        raise _bad(f"logit_bias.{key}", f"token id {tid} is outside the vocabulary (0..{vocab_size - 1})")
+    return tid
+
+
+def _bias_value(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+        raise _bad(f"logit_bias.{key}", f"must be a number in [-100, 100], got {json.dumps(value)[:40]}")
+    return float(value)
 
 
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", dict: "an object",
@@ -287,16 +501,38 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
     for i, m in enumerate(msgs):
         if not isinstance(m, dict):
             raise _bad(f"messages[{i}]", "must be an object", "invalid_type")
-        extra = sorted(set(m) - {"role", "content", "name"})
+        extra = sorted(set(m) - {"role", "content", "name"} - set(_MESSAGE_NEUTRAL))
         if extra:
             raise _bad(f"messages[{i}].{extra[0]}", "unknown field", "unknown_field")
+        for key, (_, *empty) in _MESSAGE_NEUTRAL.items():
+            if m.get(key) is not None and not any(_same(m[key], e) for e in empty):
+                raise _bad(f"messages[{i}].{key}", f"{json.dumps(m[key])[:MAX_ECHO]} is not supported by this server "
+                                                   "(no tool calls, refusals or audio in messages)", "unsupported_value")
         role = _get(m, "role", str, required=True, name=f"messages[{i}].role")
         if role not in CHAT_ROLES:
             raise _bad(f"messages[{i}].role", f"must be one of {', '.join(CHAT_ROLES)}, got {role!r}")
-        content = _get(m, "content", str, required=True, name=f"messages[{i}].content")
+        content = _content(m.get("content"), f"messages[{i}].content")
         _get(m, "name", str, name=f"messages[{i}].name")
         parts.append({"role": role, "content": content})
     return parts
+
+
+def _content(value: Any, where: str) -> str:
+    """A message's content: a string, or a list of text parts ({"type": "text", "text": ...}) joined."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        raise _bad(where, "is required", "missing_field")
+    if not isinstance(value, list):
+        raise _bad(where, "must be a string or a list of text parts", "invalid_type")
+    texts = []
+    for j, part in enumerate(value):
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise _bad(f"{where}[{j}]", f"a {json.dumps(kind)[:40]} part is not supported by this server; it takes only "
+                                        '{"type": "text", "text": ...} parts', "unsupported_value")
+        texts.append(part["text"])
+    return "".join(texts)
 
 
 def _stop_token_ids(body: Mapping[str, Any], vocab_size: int) -> tuple[tuple[int, ...], ...]:
@@ -345,18 +581,28 @@ def openai_usage(usage: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def choices_usage(usages: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """The usage of n choices (D34): the prompt once, every choice's (or candidate's) completion
+    tokens, and each choice's §4.10 detail."""
+    total = sum(u["completion_tokens"] for u in usages)
+    return {"prompt_tokens": usages[0]["prompt_tokens"], "completion_tokens": total,
+            "total_tokens": usages[0]["prompt_tokens"] + total, "decodespec": {"choices": [dict(u) for u in usages]}}
+
+
 def chunk(parsed: ParsedRequest, cid: str, created: int, model: str, *, text: str | None = None,
           role: bool = False, finish: tuple[str, dict] | None = None, usage: dict | None = None) -> dict[str, Any]:
-    """One SSE `data:` object: a text delta, the opening role (chat), the finish, or usage only."""
+    """One SSE `data:` object of choice `parsed.index`: a text delta, the opening role (chat), the
+    finish, or usage only."""
+    i = parsed.index
     if usage is not None:
         choices: list[dict[str, Any]] = []
     elif parsed.chat:
         delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
         if text is not None:
             delta["content"] = text
-        choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]
+        choices = [{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}]
     else:
-        choices = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": None}]
+        choices = [{"index": i, "text": text or "", "logprobs": None, "finish_reason": None}]
     if finish is not None:
         choices[0]["finish_reason"], choices[0]["decodespec"] = finish
     out = {"id": cid, "object": "chat.completion.chunk" if parsed.chat else "text_completion", "created": created,
@@ -366,17 +612,20 @@ def chunk(parsed: ParsedRequest, cid: str, created: int, model: str, *, text: st
     return out
 
 
-def completion_body(parsed: ParsedRequest, cid: str, created: int, model: str, text: str,
-                    finish: tuple[str, dict], usage: dict) -> dict[str, Any]:
-    """The non-stream answer (usage always included)."""
+def choice_body(parsed: ParsedRequest, index: int, text: str, finish: tuple[str, dict]) -> dict[str, Any]:
+    """One choice of a non-stream answer."""
     reason, detail = finish
     if parsed.chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                  "finish_reason": reason, "decodespec": detail}
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason, "decodespec": detail}
+        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                "finish_reason": reason, "decodespec": detail}
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": reason, "decodespec": detail}
+
+
+def completion_body(parsed: ParsedRequest, cid: str, created: int, model: str, text: str,
+                    finish: tuple[str, dict], usage: dict, *, more: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+    """The non-stream answer (usage always included); `more`: the choice_body of choices 1..n-1."""
     return {"id": cid, "object": "chat.completion" if parsed.chat else "text_completion", "created": created,
-            "model": model, "choices": [choice], "usage": usage}
+            "model": model, "choices": [choice_body(parsed, parsed.index, text, finish), *more], "usage": usage}
 
 
 # A failure's error kind (the prefix of its `error`, D12) -> (HTTP status, code, type, what to do).
@@ -413,7 +662,7 @@ _SAMPLING = {
     "max_tokens": {"type": ["integer", "null"], "minimum": 1},
     "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
     "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
-    "n": {"type": ["integer", "null"], "enum": [1, None]},
+    "n": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_N},
     "stream": {"type": ["boolean", "null"]},
     "stream_options": {"type": ["object", "null"], "additionalProperties": False,
                        "properties": {"include_usage": {"type": "boolean"}}},
@@ -435,8 +684,10 @@ _CHAT_REQ = {"type": "object", "additionalProperties": False, "required": ["mode
     **_SAMPLING,
     "messages": {"type": "array", "minItems": 1, "items": {
         "type": "object", "additionalProperties": False, "required": ["role", "content"],
-        "properties": {"role": {"type": "string", "enum": list(CHAT_ROLES)}, "content": {"type": "string"},
-                       "name": {"type": "string"}}}},
+        "properties": {"role": {"type": "string", "enum": list(CHAT_ROLES)},
+                       "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {
+                           "type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]},
+                       "name": {"type": "string"}, **{k: {"type": "null"} for k in _MESSAGE_NEUTRAL}}}},
     "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1},
     "logprobs": {"type": ["boolean", "null"]},
     "top_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20},
@@ -447,6 +698,20 @@ _ERRORS = {str(s): {"description": d, "content": {"application/json": {"schema":
                         (422, "the output is not valid UTF-8 (code output_not_utf8; D12, D16)"),
                         (500, "the request failed (model_error, transport_error)"), (503, "shutting down"))}
 _SSE = {"text/event-stream": {"schema": {"type": "string"}}}
+
+
+def _catalogued(schema: dict[str, Any], chat: bool) -> dict[str, Any]:
+    """A request schema with every field of FIELDS[chat] (D30): the hand-written ones keep their
+    schema; each says what the server does with it (and, for a neutral one, the values it takes)."""
+    props = dict(schema["properties"])
+    for name, f in FIELDS[chat].items():
+        what = f"{f.status} ({f.origin})" + (f": {f.note}" if f.note else "")
+        entry = dict(props.get(name, {}))
+        if f.status == NEUTRAL:
+            entry["enum"] = [None, *f.neutral]
+        entry["description"] = (entry["description"] + "; " if "description" in entry else "") + what
+        props[name] = entry
+    return {**schema, "properties": props}
 
 
 def _post(summary: str, schema: dict) -> dict[str, Any]:
@@ -470,8 +735,9 @@ def openapi(model_name: str) -> dict[str, Any]:
                  "description": f"OpenAI-compatible completions from {model_name!r} with the semantics of "
                                 "chapter 4 (§4.7 ordered SSE stream, §4.9 cancel, §4.10 finish reasons)."},
         "paths": {
-            "/v1/completions": _post("Text completion (§4.3)", _COMPLETION_REQ),
-            "/v1/chat/completions": _post("Chat completion (messages rendered with a plain template)", _CHAT_REQ),
+            "/v1/completions": _post("Text completion (§4.3)", _catalogued(_COMPLETION_REQ, False)),
+            "/v1/chat/completions": _post("Chat completion (messages rendered with a plain template)",
+                                          _catalogued(_CHAT_REQ, True)),
             "/v1/requests/{request_id}/events": {"get": {
                 "summary": "Replay a retained request's stream after Last-Event-ID, then follow it (§4.7 rule 4)",
                 "parameters": rid + [{"name": "Last-Event-ID", "in": "header", "required": False,

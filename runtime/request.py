@@ -71,7 +71,10 @@ def token_checks() -> tuple[str, ...]:
 
 
 def _finish_tokens(value: Any) -> tuple[tuple[str, frozenset[int]], ...]:
-    """{event: token ids}: selecting one of the ids fires the event (a token finish check, D4)."""
+    """{event: token ids}: selecting one of the ids fires the event (a token finish check, D4).
+    Its own result (pairs of event and ids) converts to itself, so attrs.evolve keeps it."""
+    if isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 for p in value):
+        value = {event: sorted(ids) for event, ids in value}
     if not isinstance(value, Mapping):
         raise RequestError("finish_tokens", f"must map a finish event to token ids, got {type(value).__name__}")
     declared = token_checks()
@@ -87,6 +90,33 @@ def _finish_tokens(value: Any) -> tuple[tuple[str, frozenset[int]], ...]:
                 raise RequestError("finish_tokens", f"{event!r} holds {x!r}, not a non-negative int")
         out.append((event, frozenset(ids)))
     return tuple(out)
+
+
+def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """{token id: bias}: added to that token's logit before every choice (§4.3 choose, D32).
+    Its own result (sorted pairs) converts to itself."""
+    if isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 for p in value):
+        value = dict(value)
+    if not isinstance(value, Mapping):
+        raise RequestError("logit_bias", f"must map token ids to numbers, got {type(value).__name__}")
+    out = []
+    for tid, bias in value.items():
+        if isinstance(tid, bool) or not isinstance(tid, int) or tid < 0:
+            raise RequestError("logit_bias", f"key {tid!r} is not a token id (a non-negative int)")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+            raise RequestError("logit_bias", f"token {tid}: the bias must be a number in [-100, 100], got {bias!r}")
+        out.append((tid, float(bias)))
+    return tuple(sorted(out))
+
+
+def _number(field: str, v: Any, lo: float, hi: float, *, low_open: bool = False) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (lo < v if low_open else lo <= v) or not v <= hi:
+        raise RequestError(field, f"must be a number in {'(' if low_open else '['}{lo:g}, {hi:g}], got {v!r}")
+
+
+def _flag(field: str, v: Any) -> None:
+    if not isinstance(v, bool):
+        raise RequestError(field, f"must be true or false, got {v!r}")
 
 
 def _positive_int(field: str, v: Any, *, allow_none: bool = False) -> None:
@@ -114,12 +144,27 @@ def _check(inst: Request, attribute: attrs.Attribute, value: Any) -> None:
     elif name == "deadline_s":
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
             raise RequestError(name, f"must be a number of seconds >= 0, got {value!r}")
-    elif name == "utf8_guard":
-        if not isinstance(value, bool):
-            raise RequestError(name, f"must be true or false, got {value!r}")
+    elif name in _FLAGS:
+        _flag(name, value)
+    elif name in ("presence_penalty", "frequency_penalty"):
+        _number(name, value, -2, 2)
+    elif name == "repetition_penalty":
+        _number(name, value, 0, 10, low_open=True)
+    elif name == "min_p":
+        if value is not None:
+            _number(name, value, 0, 1)
+    elif name == "min_tokens":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise RequestError(name, f"must be an int >= 0, got {value!r}")
+        if isinstance(inst.max_output_tokens, int) and value > inst.max_output_tokens:
+            raise RequestError(name, f"must not exceed max_output_tokens ({inst.max_output_tokens}), got {value}")
     elif name == "policy":
         if value not in ("pause", "buffer", "fail"):
             raise RequestError(name, f"must be one of pause, buffer, fail; got {value!r}")
+
+
+_FLAGS = frozenset({"utf8_guard", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "echo",
+                    "score"})
 
 
 @attrs.frozen(kw_only=True, init=False)
@@ -147,6 +192,23 @@ class Request:
     # Token ids that fire a token finish check of the lifecycle table ({"tool_call": [id, ...]}):
     # such a token is not text, like EOS (D4).
     finish_tokens: tuple[tuple[str, frozenset[int]], ...] = attrs.field(factory=dict, converter=_finish_tokens)
+    # How the logits are shaped before each choice (runtime/sampling.py, DECISIONS D32).
+    min_p: float | None = attrs.field(default=None, validator=_check)
+    presence_penalty: float = attrs.field(default=0.0, validator=_check)
+    frequency_penalty: float = attrs.field(default=0.0, validator=_check)
+    repetition_penalty: float = attrs.field(default=1.0, validator=_check)
+    logit_bias: tuple[tuple[int, float], ...] = attrs.field(factory=dict, converter=_logit_bias)
+    # The guards of the lifecycle table's finish checks (spec/lifecycle.toml [finish_guards], D31):
+    # the first min_tokens tokens, and with ignore_eos every token, cannot end the run by EOS.
+    min_tokens: int = attrs.field(default=0, validator=_check)
+    ignore_eos: bool = attrs.field(default=False, validator=_check)
+    # What the output holds (D33): a stop string's own bytes at its end; special tokens' bytes;
+    # the prompt's bytes in front (echo), through the detokenizer's rules.
+    include_stop_str_in_output: bool = attrs.field(default=False, validator=_check)
+    skip_special_tokens: bool = attrs.field(default=True, validator=_check)
+    echo: bool = attrs.field(default=False, validator=_check)
+    # Keep the sum of the chosen tokens' log-probabilities (best_of ranks choices by it, D34).
+    score: bool = attrs.field(default=False, validator=_check)
 
     def __init__(self, prompt: str | Sequence[int], **kw: Any) -> None:  # positional prompt, rest keywords
         self.__attrs_init__(prompt=prompt, **kw)

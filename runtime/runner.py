@@ -32,7 +32,7 @@ from .ledger import ResourceLedger
 from .request import Request
 from .result import Result, Usage
 from .sampling import Sampler, SamplingParams
-from .stop import StopMatcher, TokenStopMatcher
+from .stop import StopKind, StopMatcher, TokenStopMatcher
 from .stream import OVERFLOW_ERROR, BackpressurePolicy, OrderedStream, StreamOverflow
 from .tokenizers import TokenizerError
 from .utf8_guard import Utf8Guard, guard_for
@@ -50,11 +50,47 @@ FINISH_CHECKS: dict[str, tuple[str, str | None]] = {
     "stop_hit": ("hit is not None", "stops"),
     "length": ("t >= run.request.max_output_tokens", None),
     "context_full": ("run.cache.length + 1 >= run.model.context_limit", None),
-    # the text the decoder consumed: sent, sent now, withheld by the stop-id and stop matchers (D14, D23)
-    "grammar_done": ("run.request.grammar.complete((run.output + safe + run._unsent + run.stopper.held)"
-                     ".decode('utf-8', 'replace'))", "grammar"),
+    # the text the decoder consumed: sent, sent now, withheld by the stop-id and stop matchers (D14,
+    # D23), the echoed prompt left out (D33)
+    "grammar_done": ("run.request.grammar.complete((run.output[run.echo_len:] + safe + run._unsent + "
+                     "run.stopper.held).decode('utf-8', 'replace'))", "grammar"),
 }
 FEATURES = ("policy", "stops", "grammar")
+# The one implementation of each guard of the table's [finish_guards] (D31): a condition over
+# (run, token, t) under which a check that lists it in `unless` does not hold, and the feature
+# without which it never holds. `finish_guard` runs them for the not-text tokens (EOS, a token
+# check's ids) before they would end the run: a guarded token is a token like any other.
+FINISH_GUARDS: dict[str, tuple[str, str]] = {
+    "ignore_eos": ("run.request.ignore_eos", "ignore_eos"),
+    "min_tokens": ("t <= run.request.min_tokens", "min_tokens"),
+}
+GUARD_FEATURES = tuple(feature for _, feature in FINISH_GUARDS.values())
+
+
+def finish_guard(checks: Sequence[Any], guards: Any, features: frozenset[str] = frozenset(GUARD_FEATURES)
+                 ) -> Callable[..., bool] | None:
+    """`guarded(run, token, t)`: does a guard of the not-text check `token` fires turn that check
+    off? Generated from the table's checks and [finish_guards] (`guards`) with the guards whose
+    feature the request lacks left out; None when no guard can hold. Its source is its docstring."""
+    unknown = [g for g in guards if g not in FINISH_GUARDS]
+    unused = [g for g in FINISH_GUARDS if g not in guards]
+    if unknown or unused:
+        raise RuntimeError(f"lifecycle finish guards and runtime/runner.FINISH_GUARDS differ: declared without an "
+                           f"implementation {unknown}, implemented but not declared {unused}")
+    body = ""
+    for c in checks:
+        held = [FINISH_GUARDS[g][0] for g in c.unless if FINISH_GUARDS[g][1] in features]
+        if held:
+            ids = "run.eos_ids" if c.event == "eos" else f"run.finish_ids[{c.event!r}]"
+            body += f"    if token in {ids}:\n        return bool({' or '.join(held)})\n"
+    if not body:
+        return None
+    source = f"def guarded(run, token, t):\n{body}    return False\n"
+    namespace: dict[str, Any] = {}
+    exec(compile(source, f"<{_LIFECYCLE.source} finish_guards>", "exec"), namespace)
+    guarded = namespace["guarded"]
+    guarded.__doc__ = source
+    return guarded
 
 
 def finish_checker(checks: Sequence[Any], features: frozenset[str] = frozenset(FEATURES)) -> Callable[..., str | None]:
@@ -84,8 +120,19 @@ def _token_check(event: str) -> tuple[str, str]:
     return f"token in run.finish_ids[{event!r}]", f"tokens:{event}"
 
 
-# One checker per set of request features, built from the table's list on first use.
+# One checker (and guard) per set of request features, built from the table's list on first use.
 _WINNERS: dict[frozenset[str], Callable[..., str | None]] = {}
+_GUARDS: dict[frozenset[str], Callable[..., bool] | None] = {}
+
+
+def _guard_for(request: Request) -> Callable[..., bool] | None:
+    features = frozenset(f for f, present in zip(GUARD_FEATURES, (request.ignore_eos, request.min_tokens > 0))
+                         if present)
+    if not features:
+        return None
+    if features not in _GUARDS:
+        _GUARDS[features] = finish_guard(_LIFECYCLE.finish_checks, _LIFECYCLE.finish_guards, features)
+    return _GUARDS[features]
 
 
 def _winner_for(request: Request) -> Callable[..., str | None]:
@@ -141,8 +188,8 @@ class RequestRun:
     # Slots: the per-token path reads a dozen of these per token, right after a model step has
     # pushed them out of the CPU caches; a slot is one fixed offset, a dict entry a probe (issue 8).
     __slots__ = (
-        "cache", "clock", "deadline_at", "decoded", "detok", "eos_id", "eos_ids", "error", "faults", "finish_ids",
-        "guard", "ledger",
+        "cache", "clock", "deadline_at", "decoded", "detok", "echo_len", "eos_id", "eos_ids", "error", "faults",
+        "finish_ids", "guard", "ledger", "_echo", "_guarded", "_stop_kept",
         "life", "logits", "model", "output", "prompt_ids", "reason", "request", "sampler",
         "stop_hit", "stopper", "stream", "token_stopper", "tokenizer", "tokens", "trace",
         "_byte_marks", "_cancel_claimed", "_cancel_fired", "_cancel_lock", "_cancel_requested",
@@ -191,10 +238,17 @@ class RequestRun:
         # Every id that ends the output (a checkpoint may list several, as Llama 3's does, §4.6).
         self.eos_ids: frozenset[int] = getattr(tokenizer, "eos_ids", None) or frozenset(
             () if self.eos_id is None else (self.eos_id,))
-        self.detok = IncrementalDetokenizer(tokenizer, prompt_ids=self.prompt_ids)
+        self.detok = IncrementalDetokenizer(tokenizer, prompt_ids=self.prompt_ids,
+                                            skip_special=request.skip_special_tokens)
+        # echo: the prompt's bytes, by the batch decode's rules (D12), are the output's first delta;
+        # a prompt that ends inside a character is completed by the output's first bytes (D33).
+        self._echo = (tokenizer.decode_bytes(self.prompt_ids, skip_special=request.skip_special_tokens)
+                      if request.echo else None)
+        self.echo_len = len(self._echo) if self._echo else 0
+        self._stop_kept = request.include_stop_str_in_output  # a stop string's own bytes end the output
         self.guard: Utf8Guard | None = None
         if request.utf8_guard:
-            plan = tokenizer.plan()
+            plan = tokenizer.plan(skip_special=request.skip_special_tokens)
             if plan is None:
                 raise RequestError("utf8_guard", "needs a tokenizer whose decoder has a per-token byte table "
                                                  f"({type(tokenizer).__name__}'s has none)")
@@ -208,16 +262,23 @@ class RequestRun:
         # guard already refuses them.
         self._undecodable = None if self.guard is not None else undecodable_mask(
             tokenizer, model.vocab_size, getattr(model, "device", "cpu"))
+        self.tokens: list[int] = []
         self.sampler = Sampler(
             SamplingParams(
-                temperature=request.temperature, top_k=request.top_k, top_p=request.top_p, seed=request.seed
+                temperature=request.temperature, top_k=request.top_k, top_p=request.top_p, seed=request.seed,
+                min_p=request.min_p, presence_penalty=request.presence_penalty,
+                frequency_penalty=request.frequency_penalty, repetition_penalty=request.repetition_penalty,
+                logit_bias=request.logit_bias, min_tokens=request.min_tokens, score=request.score,
+                # the stop tokens min_tokens holds back (D31): EOS and every one-id stop sequence
+                min_tokens_ids=tuple(sorted({*self.eos_ids, *(s[0] for s in request.stop_token_ids if len(s) == 1)}
+                                            & set(range(model.vocab_size)))),
             ),
             model.vocab_size,
             getattr(model, "device", "cpu"),
+            history=self.tokens, prompt=self.prompt_ids,
         )
         self.cache: Any = None
         self.logits: torch.Tensor | None = None
-        self.tokens: list[int] = []
         self.decoded = 0
         self.output = bytearray()
         self._byte_marks: list[int] = []  # output bytes through each token, held ones included (usage D7)
@@ -252,6 +313,7 @@ class RequestRun:
         self._may_overflow = self.stream.policy is not _PAUSE  # pause waits instead (§4.8)
         self._plain_send = self._plain()
         self._winner = _winner_for(request)
+        self._guarded = _guard_for(request)
         self.finish_ids = dict(request.finish_tokens)  # event -> the ids of its token finish check
         self._not_text = frozenset().union(*self.finish_ids.values())  # like EOS, never detokenized
         self.trace.emit(
@@ -274,6 +336,11 @@ class RequestRun:
             max_events=request.max_buffer_events,
             max_bytes=request.max_buffer_bytes,
             finish_tokens={event: sorted(ids) for event, ids in request.finish_tokens},
+            min_tokens=request.min_tokens,
+            ignore_eos=request.ignore_eos,
+            include_stop_str_in_output=request.include_stop_str_in_output,
+            skip_special_tokens=request.skip_special_tokens,
+            echo_bytes=self.echo_len,
         )
         self.ledger.acquire("trace_handle")
         self.ledger.acquire("stream_buffer")
@@ -405,6 +472,9 @@ class RequestRun:
         self.logits = logits
         self.trace.emit(EventKind.PREFILL_COMPLETED, step=0, cache_len=cache.length)
         self.fire("prefill_done")  # after a cancel, the ignore row's discard_result drops it (§4.9)
+        if self._echo is not None and self.decoding:  # once: a recomputed prefill does not echo again
+            echo, self._echo = self._echo, None
+            self._send(echo)
 
     def kernel_failed(self, exc: BaseException) -> None:
         """A prefill or decode kernel raised: FAILED with model_error (or ignored after a cancel)."""
@@ -445,11 +515,16 @@ class RequestRun:
         if self.life.state not in _SELECT_QUIET:
             self.fire("select")
         eos = token in self.eos_ids
+        special = eos or token in self._not_text
+        checked = token
+        if special and self._guarded is not None and self._guarded(self, token, t):
+            eos = special = False  # a guard turns its check off: a token like any other (D31)
+            checked = None
         trace = self.trace
         trace.put((_TOKEN_SELECTED, trace.clock(), t, token, eos))
         safe, hit = b"", None
         marks = self._byte_marks  # output bytes up to each token's own, held ones included (D7)
-        if eos or token in self._not_text:  # EOS and a token check's ids are not text: no bytes (D4)
+        if special:  # EOS and a token check's ids are not text: no bytes (D4)
             marks.append(marks[-1] if marks else 0)
         else:
             try:
@@ -471,7 +546,9 @@ class RequestRun:
                     self._held_since = None
             if self.token_stopper is not None:
                 safe, hit = self._token_stop(token, safe, hit)
-        event = self._winner(self, eos, safe, hit, t, token)  # the table's finish checks, in its order (D4)
+            if hit is not None and self._stop_kept and hit.kind is StopKind.STRING:
+                safe += hit.stop.encode("utf-8")  # include_stop_str_in_output: the match ends the output (D33)
+        event = self._winner(self, eos, safe, hit, t, checked)  # the table's finish checks, in its order (D4)
         if safe and event != _CONTENT_INTERRUPT:  # a refused chunk is never sent (D11)
             if self._plain_send:  # nothing to check: straight to the stream
                 try:
@@ -495,7 +572,7 @@ class RequestRun:
         the earlier cut wins, a string match on a tie."""
         token_hit = self.token_stopper.push(token)
         unsent = self._unsent + safe if self._unsent else safe
-        sent = len(self.output)
+        sent = len(self.output) - self.echo_len
         if token_hit is not None:
             marks, n = self._byte_marks, len(token_hit.stop)
             cut = marks[-n - 1] if len(marks) > n else 0  # where the stop ids' bytes begin
@@ -621,6 +698,8 @@ class RequestRun:
         if not self._drained(unsent):
             return
         safe, hit = self.stopper.push(tail) if tail else (b"", None)
+        if hit is not None and self._stop_kept:
+            safe += hit.stop.encode("utf-8")
         if not self._drained(safe):
             return
         if hit is not None:
@@ -655,8 +734,9 @@ class RequestRun:
     # ---- results -----------------------------------------------------------------------------
 
     def usage(self) -> Usage:
-        """DECISIONS D7: a token is returned when one of its bytes reached the client."""
-        returned = len(self.output)
+        """DECISIONS D7: a token is returned when one of its bytes reached the client (the echoed
+        prompt is no token's: D33)."""
+        returned = len(self.output) - self.echo_len
         start, count = 0, 0
         for end in self._byte_marks:
             if end > start and start < returned:

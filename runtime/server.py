@@ -37,6 +37,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import attrs
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -50,6 +51,8 @@ from .errors import RequestError
 from .openai_schema import (
     ApiError,
     ParsedRequest,
+    choice_body,
+    choices_usage,
     chunk,
     completion_body,
     finish_fields,
@@ -70,6 +73,8 @@ RETRY_AFTER_S = 1  # what a 429 (queue full) tells the client to wait
 # Content types a browser may send cross-origin without a preflight (CORS "simple" requests).
 _BROWSER_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
 _OPEN_PATHS = frozenset({"/health"})
+_LOG = logging.getLogger("decodespec.serve")
+IGNORED_HEADER = "X-Decodespec-Ignored"  # the fields accepted and not acted on (D30)
 
 
 class _Refused(Exception):
@@ -98,7 +103,7 @@ def _error(exc: ApiError, request_id: str | None = None) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
-def _sse(data: Any, *, seq: int | None = None, event: str | None = None) -> bytes:
+def _sse(data: Any, *, seq: int | str | None = None, event: str | None = None) -> bytes:
     head = (f"id: {seq}\n" if seq is not None else "") + (f"event: {event}\n" if event else "")
     body = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
     return f"{head}data: {body}\n\n".encode()
@@ -107,10 +112,17 @@ def _sse(data: Any, *, seq: int | None = None, event: str | None = None) -> byte
 class _Renderer:
     """Turns one request's stream events into SSE frames (one renderer per HTTP response)."""
 
-    def __init__(self, run: RequestRun, parsed: ParsedRequest | None, model: str, created: int) -> None:
+    def __init__(self, run: RequestRun, parsed: ParsedRequest | None, model: str, created: int, *,
+                 cid: str | None = None, choice: bool = False) -> None:
+        """`choice`: one choice of an n > 1 stream (D34): its frames carry `id: <index>.<seq>`, and
+        the usage and [DONE] come once, after every choice has ended (_follow_choices)."""
         self.run, self.parsed, self.model, self.created = run, parsed, model, created
-        self.cid = f"cmpl-{run.request.request_id}"
+        self.cid = cid or f"cmpl-{run.request.request_id}"
+        self.choice = choice
         self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def _id(self, seq: int | None) -> int | str | None:
+        return f"{self.parsed.index}.{seq}" if self.choice and seq is not None else seq
 
     def frames(self, ev: StreamEvent) -> list[bytes]:
         p = self.parsed
@@ -118,24 +130,26 @@ class _Renderer:
             return [_sse(chunk(p, self.cid, self.created, self.model, role=True, text=None if p.chat else ""))]
         if ev.kind is StreamEventKind.DELTA:
             text = self._utf8.decode(ev.data)
-            return [_sse(chunk(p, self.cid, self.created, self.model, text=text), seq=ev.seq)]
+            return [_sse(chunk(p, self.cid, self.created, self.model, text=text), seq=self._id(ev.seq))]
         if ev.kind is StreamEventKind.COMPLETED:
             out = [_sse(chunk(p, self.cid, self.created, self.model, text=self._utf8.decode(b"", final=True) or None,
-                              finish=finish_fields(ev.finish_reason, self.run.result().stop)), seq=ev.seq)]
+                              finish=finish_fields(ev.finish_reason, self.run.result().stop)), seq=self._id(ev.seq))]
+            if self.choice:
+                return out
             if p.include_usage:
                 out.append(_sse(chunk(p, self.cid, self.created, self.model, usage=openai_usage(ev.usage))))
             return out + [_sse("[DONE]")]
         err = terminal_error(ev.finish_reason, ev.error, self.run.request.request_id).body()
         err["error"]["decodespec"] = {"finish_reason": ev.finish_reason.value, "error": ev.error,
-                                      "usage": ev.usage}
-        return [_sse(err, seq=ev.seq, event="error")]
+                                      "usage": ev.usage, "index": p.index}
+        return [_sse(err, seq=self._id(ev.seq), event="error")]
 
 
 def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "pause",
                max_buffer_events: int = 256, manage_engine: bool = True, api_key: str | None = None,
                allowed_origins: frozenset[str] = frozenset(), max_body_bytes: int = MAX_BODY_BYTES,
                body_timeout_s: float = 30.0, on_disconnect: str = "continue", utf8_guard: str = "sampled",
-               watchdog_s: float | None = 60.0) -> Starlette:
+               watchdog_s: float | None = 60.0, strict: bool = False) -> Starlette:
     """The ASGI app. With `manage_engine` the app starts the engine thread at startup and stops it
     (every live request cancelled) at shutdown. `api_key`, `allowed_origins`, `max_body_bytes`: see
     the module docstring. `body_timeout_s`: a body not fully received by then is a 408.
@@ -143,7 +157,8 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
     disconnect does, and a non-streamed one's whose client chose its X-Request-Id; any other
     non-streamed request whose client leaves is cancelled (nobody can ever read its answer). `utf8_guard`: which requests that
     do not say get the UTF-8 guard, a key of UTF8_GUARD_DEFAULTS (DECISIONS D16). `watchdog_s`: /health
-    answers 503 "stalled" while one engine step has run longer (None: never; DECISIONS D21)."""
+    answers 503 "stalled" while one engine step has run longer (None: never; DECISIONS D21). `strict`:
+    only the request fields accepted before issue 28 (openai_schema.STRICT_FIELDS, D30)."""
     if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
         raise ValueError("api_key must be None (no authentication) or a non-empty string")
     if on_disconnect not in ("continue", "cancel"):
@@ -155,12 +170,13 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
     schema = openapi(name)
     chat_template = compile_chat_template(getattr(engine.tokenizer, "chat_template", None))
     views: collections.OrderedDict[str, ParsedRequest] = collections.OrderedDict()  # reconnect shape
+    groups: collections.OrderedDict[str, list[str]] = collections.OrderedDict()  # n > 1: the choices' ids (D34)
 
     def parse(raw: bytes, chat: bool, request_id: str | None) -> ParsedRequest:
         return parse_completion(raw, chat=chat, model_name=name, context_limit=engine.context_limit,
                                 vocab_size=vocab_size, tokenizer=engine.tokenizer, policy=policy,
                                 max_buffer_events=max_buffer_events, chat_template=chat_template,
-                                utf8_guard=utf8_guard, request_id=request_id)
+                                utf8_guard=utf8_guard, request_id=request_id, strict=strict)
 
     def recorded(run: RequestRun) -> None:
         """A streaming client left: recorded (D5), and the request runs on."""
@@ -198,6 +214,11 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
             parsed = await run_in_threadpool(parse, raw, chat, request.headers.get("x-request-id"))
         except ApiError as exc:
             return _error(exc)
+        if parsed.ignored:
+            _LOG.info("request %s: %s accepted and not acted on (%s)", parsed.request.request_id,
+                      ", ".join(parsed.ignored), IGNORED_HEADER)
+        if parsed.best_of > 1:
+            return await choices(request, parsed)
         try:
             run = engine.submit(parsed.request)
         except QueueFull as exc:
@@ -211,11 +232,9 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
         except DuplicateRequest as exc:
             return _error(ApiError(409, str(exc), param="X-Request-Id", code="request_id_in_use"))
         rid = parsed.request.request_id
-        views[rid] = parsed
-        while len(views) > engine.max_retained + engine.max_queue + engine.max_batch:
-            views.popitem(last=False)
+        retain(rid, parsed)
         renderer = _Renderer(run, parsed, name, int(time.time()))
-        headers = {"X-Request-Id": rid}
+        headers = {"X-Request-Id": rid, **_ignored(parsed)}
         if parsed.stream:
             return StreamingResponse(_follow(run, renderer, run.stream.reader(), on_gone=gone), media_type="text/event-stream",
                                      headers=headers | _SSE_HEADERS)
@@ -237,8 +256,66 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
                                finish_fields(last.finish_reason, run.result().stop), openai_usage(last.usage))
         return JSONResponse(body, headers=headers)
 
+    def retain(rid: str, parsed: ParsedRequest) -> None:
+        views[rid] = parsed
+        while len(views) > engine.max_retained + engine.max_queue + engine.max_batch:
+            views.popitem(last=False)
+
+    async def choices(request: HttpRequest, parsed: ParsedRequest) -> Response:
+        """n choices, or the best n of best_of candidates (D34): one engine request each, with its
+        own lifecycle, stream and finish reason; the answer is complete when every one has ended."""
+        rid = parsed.request.request_id
+        runs: list[RequestRun] = []
+        try:
+            for i in range(parsed.best_of):
+                runs.append(engine.submit(parsed.choice(i)))
+        except (QueueFull, EngineStopped, DuplicateRequest) as exc:
+            for run in runs:
+                with contextlib.suppress(UnknownRequest):
+                    engine.cancel(run.request.request_id, source="refused")
+            if isinstance(exc, QueueFull):
+                return JSONResponse(ApiError(429, str(exc), code="queue_full", type="rate_limit_error").body(),
+                                    status_code=429, headers={"Retry-After": str(RETRY_AFTER_S)})
+            if isinstance(exc, EngineStopped):
+                return _error(ApiError(503, str(exc), code="shutting_down", type="server_error"))
+            return _error(ApiError(409, str(exc), param="X-Request-Id", code="request_id_in_use"))
+        groups[rid] = [run.request.request_id for run in runs]
+        while len(groups) > engine.max_retained + engine.max_queue + engine.max_batch:
+            groups.popitem(last=False)
+        shapes = [attrs.evolve(parsed, index=i) for i in range(len(runs))]
+        for run, shape in zip(runs, shapes):
+            retain(run.request.request_id, shape)
+        created, cid = int(time.time()), f"cmpl-{rid}"
+        headers = {"X-Request-Id": rid, **_ignored(parsed)}
+        if parsed.stream:
+            renderers = [_Renderer(run, shape, name, created, cid=cid, choice=True) for run, shape in zip(runs, shapes)]
+            return StreamingResponse(_follow_choices(runs, renderers, parsed, on_gone=gone),
+                                     media_type="text/event-stream", headers=headers | _SSE_HEADERS)
+        named = "x-request-id" in request.headers
+        watches = [asyncio.ensure_future(_watch_disconnect(request, run, gone if named else _cancelled(engine)))
+                   for run in runs]
+        try:
+            answers = await asyncio.gather(*(_collect(run) for run in runs))
+        finally:
+            for w in watches:
+                w.cancel()
+        for run, (_, last) in zip(runs, answers):
+            if last is None or last.kind is not StreamEventKind.COMPLETED:
+                return _error(terminal_error(last.finish_reason, last.error, run.request.request_id), rid)
+        order = sorted(range(len(runs)), key=lambda i: -runs[i].sampler.logprob_sum)[: parsed.n] \
+            if parsed.best_of > parsed.n else list(range(parsed.n))
+        done = [(answers[i][0].decode("utf-8", "replace"), finish_fields(answers[i][1].finish_reason,
+                                                                         runs[i].result().stop)) for i in order]
+        usage = choices_usage([last.usage for _, last in answers])
+        more = tuple(choice_body(parsed, k, text, finish) for k, (text, finish) in enumerate(done) if k)
+        return JSONResponse(completion_body(parsed, cid, created, name, *done[0], usage, more=more), headers=headers)
+
     async def events(request: HttpRequest) -> Response:
         rid = request.path_params["request_id"]
+        if rid in groups:
+            return _error(ApiError(409, f"request {rid} has {len(groups[rid])} choices, each its own stream: resume "
+                                        f"one at /v1/requests/{rid}.<index>/events", param="request_id",
+                                   code="request_has_choices"))
         try:
             run = engine.get(rid)
         except UnknownRequest as exc:
@@ -261,6 +338,10 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
 
     async def cancel(request: HttpRequest) -> Response:
         rid = request.path_params["request_id"]
+        if rid in groups:  # every choice of an n > 1 request (D34)
+            accepted = [engine.cancel(c) for c in groups[rid]]
+            states = [engine.get(c).state for c in groups[rid]]
+            return JSONResponse({"id": rid, "cancelled": any(accepted), "state": states})
         try:
             accepted = engine.cancel(rid)
             run = engine.get(rid)
@@ -317,6 +398,61 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
     app.state.engine = engine
     return app
+
+
+def _ignored(parsed: ParsedRequest) -> dict[str, str]:
+    """The X-Decodespec-Ignored header: the request's fields accepted and not acted on (D30)."""
+    return {IGNORED_HEADER: ", ".join(parsed.ignored)} if parsed.ignored else {}
+
+
+async def _collect(run: RequestRun) -> tuple[bytes, StreamEvent | None]:
+    """A choice's whole answer: its bytes and its terminal event."""
+    text, last = bytearray(), None
+    async for ev in run.stream.reader():
+        if ev.kind is StreamEventKind.DELTA:
+            text += ev.data
+        last = ev
+    return bytes(text), last
+
+
+async def _follow_choices(runs: list[RequestRun], renderers: list[_Renderer], parsed: ParsedRequest, *,
+                          on_gone: Callable[[RequestRun], None]) -> AsyncIterator[bytes]:
+    """The SSE frames of n choices as they come (D34): each choice's frames in its own order, with
+    its own finish chunk or error event; once all have ended, the usage (include_usage) and [DONE]
+    when every choice completed. A client that leaves early leaves every choice (on_gone)."""
+    queue: asyncio.Queue[tuple[int, list[bytes] | None]] = asyncio.Queue()
+    readers = [run.stream.reader() for run in runs]
+    ends: dict[int, StreamEvent] = {}
+
+    async def pump(i: int) -> None:
+        while (ev := await readers[i].aget()) is not None:
+            await queue.put((i, renderers[i].frames(ev)))
+            if ev.terminal:
+                ends[i] = ev
+                break
+        await queue.put((i, None))
+
+    tasks = [asyncio.ensure_future(pump(i)) for i in range(len(runs))]
+    open_ = len(runs)
+    try:
+        while open_:
+            i, frames = await queue.get()
+            if frames is None:
+                open_ -= 1
+                continue
+            for frame in frames:
+                yield frame
+        if len(ends) == len(runs) and all(e.kind is StreamEventKind.COMPLETED for e in ends.values()):
+            if parsed.include_usage:
+                usage = choices_usage([ends[i].usage for i in range(len(runs))])
+                yield _sse(chunk(parsed, renderers[0].cid, renderers[0].created, renderers[0].model, usage=usage))
+            yield _sse("[DONE]")
+    finally:
+        for t in tasks:
+            t.cancel()
+        for run, reader in zip(runs, readers):
+            if not run.stream.closed and reader.primary:
+                on_gone(run)
 
 
 def _guarded(handler, guard):

@@ -13,7 +13,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from .tables import Decision, Effect, FinishCheck, Table
+from .tables import Decision, Effect, FinishCheck, FinishGuard, Table
 from .vocabulary import SPEC_DIR, DecisionKind, FinishReason
 
 
@@ -21,6 +21,7 @@ MACHINES = ("lifecycle", "stop_matcher", "detokenizer", "stream", "resources", "
 _HEADER = ("name", "anchor", "spec_version", "initial", "terminal", "states", "events")
 _SECTIONS = {"row": DecisionKind.ROW, "ignore": DecisionKind.IGNORE, "reject": DecisionKind.REJECT}
 _FINISH = "finish_check"  # the ordered finish checks (lifecycle; DECISIONS D4)
+_GUARDS = "finish_guards"  # what may turn a finish check off (lifecycle; DECISIONS D31)
 _EFFECTS, _ACTIONS = "effects", "actions"  # what each action does (machine/actions.py)
 _PHASES = ("before", "with", "after")
 _REASONS = frozenset(r.value for r in FinishReason)
@@ -141,11 +142,12 @@ def build_table(data: dict[str, Any], source: str) -> Table:
     problems.raise_any()
 
     _check_graph(data["initial"], states, terminal, decisions, source, problems)
-    checks = _finish_checks(data.get(_FINISH, []), events, decisions, source, problems)
+    guards = _finish_guards(data.get(_GUARDS, {}), source, problems)
+    checks = _finish_checks(data.get(_FINISH, []), events, decisions, guards, source, problems)
     effects, actions = _actions(data, decisions, source, problems)
     problems.raise_any()
     params = {k: v for k, v in data.items()
-              if k not in _HEADER and k not in _SECTIONS and k not in (_FINISH, _EFFECTS, _ACTIONS)}
+              if k not in _HEADER and k not in _SECTIONS and k not in (_FINISH, _GUARDS, _EFFECTS, _ACTIONS)}
     return Table(
         name=data["name"],
         anchor=data["anchor"],
@@ -158,20 +160,45 @@ def build_table(data: dict[str, Any], source: str) -> Table:
         params=params,
         source=source,
         finish_checks=checks,
+        finish_guards=guards,
         effects=effects,
         actions=actions,
     )
 
 
-def _finish_checks(entries: list, events: tuple, decisions: dict, source: str, problems: _Problems) -> tuple:
+def _finish_guards(raw: Any, source: str, problems: _Problems) -> dict[str, FinishGuard]:
+    """[finish_guards]: each guard a table { anchor, note }."""
+    if not isinstance(raw, dict):
+        problems.add(SpecError(source, _GUARDS, "[finish_guards] is a table of guards"))
+        return {}
+    out = {}
+    for name, g in raw.items():
+        where = f"{_GUARDS}.{name}"
+        if not isinstance(g, dict):
+            problems.add(SpecError(source, where, "a guard is a table: { anchor, note }"))
+        elif extra := sorted(set(g) - {"anchor", "note"}):
+            problems.add(SpecError(source, where, f"unknown key '{extra[0]}'"))
+        elif "anchor" not in g:
+            problems.add(SpecError(source, where, "missing 'anchor'"))
+        else:
+            out[name] = FinishGuard(name, g["anchor"], g.get("note", ""))
+    return out
+
+
+def _finish_checks(entries: list, events: tuple, decisions: dict, guards: dict, source: str,
+                   problems: _Problems) -> tuple:
     """The ordered finish checks: each names a declared event, once, that some row fires with a
-    finish reason (what the check decides is that reason)."""
+    finish reason (what the check decides is that reason). `unless` lists declared guards, on a
+    check whose token is not text only (eos or a token check: a guarded token becomes text; a
+    condition such as a stop hit has already cut the output). A guard no check names is allowed,
+    as an action no row names is: a table edit may take a guard off a check."""
     out, seen = [], set()
     reasons = {d.event for d in decisions.values() if d.kind is DecisionKind.ROW and d.reason}
     for i, entry in enumerate(entries, start=1):
         where = f"{_FINISH} {i}"
         event = entry.get("event")
-        extra = sorted(set(entry) - {"event", "anchor", "note", "tokens"})
+        unless = entry.get("unless", [])
+        extra = sorted(set(entry) - {"event", "anchor", "note", "tokens", "unless"})
         if extra:
             problems.add(SpecError(source, where, f"unknown key '{extra[0]}'"))
         elif event not in events:
@@ -184,9 +211,19 @@ def _finish_checks(entries: list, events: tuple, decisions: dict, source: str, p
             problems.add(SpecError(source, where, "missing 'anchor'"))
         elif not isinstance(entry.get("tokens", False), bool):
             problems.add(SpecError(source, where, f"'tokens' must be true or false, got {entry['tokens']!r}"))
+        elif not isinstance(unless, list) or not all(isinstance(g, str) for g in unless):
+            problems.add(SpecError(source, where, "'unless' is a list of guard names"))
+        elif undeclared := [g for g in unless if g not in guards]:
+            problems.add(SpecError(source, where, f"'unless' names '{undeclared[0]}', which [finish_guards] does not declare"))
+        elif (dup := _first_duplicate(tuple(unless))) is not None:
+            problems.add(SpecError(source, where, f"guard '{dup}' is listed twice"))
+        elif unless and not (event == "eos" or entry.get("tokens", False)):
+            problems.add(SpecError(source, where, f"'unless' guards only a check whose token is not text (eos or a "
+                                                  f"token check); '{event}' is a condition"))
         else:
             seen.add(event)
-            out.append(FinishCheck(event, entry["anchor"], entry.get("note", ""), entry.get("tokens", False)))
+            out.append(FinishCheck(event, entry["anchor"], entry.get("note", ""), entry.get("tokens", False),
+                                   tuple(unless)))
     return tuple(out)
 
 

@@ -46,6 +46,20 @@ class FinishCheck:
     # (Request.finish_tokens), a token that is not text (like EOS, never detokenized). Any other
     # check is a condition implemented once in runtime/runner.FINISH_CHECKS.
     tokens: bool = False
+    # The guards (the table's [finish_guards]) that turn this check off while one holds; only a
+    # check whose token is not text (eos, a token check) may have them (DECISIONS D31).
+    unless: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class FinishGuard:
+    """A request condition under which the finish checks that name it do not hold (§4.3; the
+    table's [finish_guards], DECISIONS D31): the token is then a token like any other. Each
+    guard is implemented once in the runtime and once in the checker model."""
+
+    name: str
+    anchor: str
+    note: str = ""
 
 
 @attrs.frozen
@@ -78,6 +92,7 @@ class Table:
     params: Mapping[str, Any] = attrs.field(factory=dict, repr=False)
     source: str = ""
     finish_checks: tuple[FinishCheck, ...] = ()
+    finish_guards: Mapping[str, FinishGuard] = attrs.field(factory=dict, repr=False)
     effects: Mapping[str, Effect] = attrs.field(factory=dict, repr=False)
     actions: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict, repr=False)  # action -> effects
     State: type[enum.Enum] = attrs.field(init=False, repr=False, eq=False)

@@ -123,9 +123,9 @@ def test_reports_are_well_formed(reference_results, tmp_path):
     assert suite.tag == "testsuite" and len(suite.findall("testcase")) == len(reference_results)
     assert int(suite.get("skipped")) == sum(r.verdict is Verdict.SKIP for r in reference_results)
     md = (tmp_path / "report.md").read_text()
-    ran = sum(r.verdict is Verdict.PASS for r in reference_results)
+    ran = sum(r.verdict is Verdict.PASS for r in reference_results)  # the request-field cases too
     skipped = sum(r.verdict is Verdict.SKIP for r in reference_results)
-    assert md.splitlines()[2].startswith(f"**reference: {ran}/{ran} pass (100%); 0 fail")
+    assert md.splitlines()[2].startswith(f"**reference: {ran}/{ran} pass (100%); 0 fail") and ran >= 60
     assert all(f"`{r.case.id}`" in md for r in reference_results)
     assert f"<details><summary>Not applicable to this engine ({skipped})</summary>" in md
     assert "<table>" in (tmp_path / "report.html").read_text()

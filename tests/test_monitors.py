@@ -200,6 +200,8 @@ BROKEN = {
     "stop_reason_requires_hit": lambda: edit(drop(stop_run(), "stop.hit"), "request.created", stop=[]),
     "eos_not_emitted": lambda: insert_before(eos_run(), "lifecycle.transition",
                                              ("response.delta", {"seq": 1, "bytes": b"</s>"}), event="eos"),
+    # D31: the EOS on token 2 ends the run although min_tokens 2 turns that check off
+    "eos_guards_respected": lambda: edit(eos_run(), "request.created", min_tokens=2),
     "selected_minus_decoded_0_or_1": lambda: drop(drop(length_run(), "decode.started"), "decode.completed"),
     "decode_after_selected": lambda: insert_before(length_run(), "token.selected", ("decode.started", {"step": 2}), 1),
     "steps_consecutive": lambda: edit(length_run(), "token.selected", 1, step=3),

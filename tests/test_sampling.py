@@ -193,3 +193,87 @@ def test_greedy_rows_leave_a_batch_of_the_wrong_shape_to_choose() -> None:
     assert greedy_rows(torch.zeros(V), samplers) == [None, None]
     other = [Sampler(SamplingParams(), V), Sampler(SamplingParams(), V + 1)]
     assert greedy_rows(torch.zeros(2, V), other) == [0, None]  # only that row is left to choose()
+
+
+# ---- the request's shaping of the logits (issue 28; DECISIONS D32) ---------------------------------
+
+
+def _shaped_oracle(logits, history, prompt, *, bias=(), rep=1.0, freq=0.0, pres=0.0):
+    """Plain Python: bias added; a logit of a token seen (prompt or output) divided by rep when
+    positive, multiplied when not; minus freq per occurrence in the output and pres once present."""
+    z = [float(x) for x in logits]
+    for t, b in bias:
+        z[t] += b
+    seen = set(prompt) | set(history)
+    for t in range(len(z)):
+        if t in seen and rep != 1:
+            z[t] = z[t] / rep if z[t] > 0 else z[t] * rep
+        n = history.count(t)
+        z[t] -= freq * n + (pres if n else 0.0)
+    return z
+
+
+@given(seed=st.integers(0, 10_000), rep=st.floats(0.5, 2.0), freq=st.floats(-2, 2), pres=st.floats(-2, 2),
+       history=st.lists(st.integers(0, V - 1), max_size=8), prompt=st.lists(st.integers(0, V - 1), max_size=4),
+       bias=st.dictionaries(st.integers(0, V - 1), st.floats(-100, 100), max_size=3))
+@settings(max_examples=60, deadline=None)
+def test_shaping_follows_the_openai_and_vllm_definitions(seed, rep, freq, pres, history, prompt, bias):
+    """D32: logit bias, repetition penalty (prompt and output), frequency and presence penalties
+    (output only), in that order, against an independent oracle."""
+    logits = _logits(seed)
+    params = SamplingParams(repetition_penalty=rep, frequency_penalty=freq, presence_penalty=pres,
+                            logit_bias=tuple(sorted(bias.items())))
+    got = Sampler(params, V, history=history, prompt=prompt).shape(logits).tolist()
+    want = _shaped_oracle(logits.double().tolist(), history, prompt, bias=tuple(bias.items()), rep=rep, freq=freq,
+                          pres=pres)
+    assert got == pytest.approx(want, abs=1e-9)
+
+
+def test_a_logit_bias_changes_the_greedy_choice_and_the_batch_argmax_stays_out_of_it() -> None:
+    logits = torch.zeros(V)
+    logits[3] = 2.0
+    biased = Sampler(SamplingParams(logit_bias=((7, 5.0),)), V)
+    assert biased.choose(logits) == 7 and not biased.greedy
+    plain = Sampler(SamplingParams(), V)
+    assert greedy_rows(torch.stack([logits, logits]), [plain, biased]) == [3, None]
+    assert choose_batch(torch.stack([logits, logits]), [plain, biased]) == [3, 7]
+
+
+def test_min_tokens_masks_its_ids_until_the_count_unless_nothing_would_be_left() -> None:
+    history: list[int] = []
+    s = Sampler(SamplingParams(min_tokens=2, min_tokens_ids=(5,)), V, history=history)
+    logits = torch.zeros(V)
+    logits[5], logits[2] = 9.0, 1.0
+    assert s.choose(logits) == 2
+    history += [2, 2]
+    assert s.choose(logits) == 5  # two chosen: EOS may come
+    only = torch.full((V,), float("-inf"))
+    only[5] = 0.0
+    assert Sampler(SamplingParams(min_tokens=2, min_tokens_ids=(5,)), V).choose(only) == 5
+
+
+def test_min_p_keeps_the_tokens_within_its_share_of_the_top_probability() -> None:
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.12, 0.08] + [1e-6] * (V - 4)))
+    ids, probs = Sampler(SamplingParams(temperature=1.0, min_p=0.2), V).allowed(logits)
+    assert sorted(ids.tolist()) == [0, 1, 2]  # 0.08 < 0.2 * 0.5
+    assert float(probs.sum()) == pytest.approx(1.0)
+
+
+def test_a_scored_sampler_sums_the_log_probabilities_of_its_choices() -> None:
+    """D34 (best_of): the sum of log softmax(shaped logits) at each chosen token."""
+    s = Sampler(SamplingParams(temperature=1.0, seed=3, score=True), V)
+    total = 0.0
+    for i in range(5):
+        lg = _logits(i)
+        tok = s.choose(lg)
+        total += float(torch.log_softmax(lg.double(), -1)[tok])
+    assert s.logprob_sum == pytest.approx(total) and not s.greedy
+
+
+def test_bad_shaping_parameters_are_refused_by_name() -> None:
+    with pytest.raises(SamplingError, match="repetition_penalty must be > 0"):
+        SamplingParams(repetition_penalty=0)
+    with pytest.raises(SamplingError, match="min_p must be None or in \\[0, 1\\]"):
+        SamplingParams(min_p=2)
+    with pytest.raises(SamplingError, match="outside the vocabulary"):
+        Sampler(SamplingParams(logit_bias=((V, 1.0),)), V)

@@ -3,7 +3,7 @@ each of which the one-request checker must refuse (`decodespec check` exits 1), 
 counterexample where the bug is a reachable violation. Kinds: a changed reason, a changed target,
 an ignore made a reject and a reject made an ignore, a row given another action, an action given
 other effects (the model runs a row's action through machine/actions.py, as the runtime does), a
-new row the model never offers."""
+new row the model never offers, a finish-check guard taken off (D31)."""
 
 from __future__ import annotations
 
@@ -111,6 +111,11 @@ SEEDED = {
         '[[row]]\nstate = "RESIDENT"\nevent = "admit"\ntarget = "RESIDENT"\naction = "prefill"\nanchor = "§4.4"\n\n'
         '[[reject]]\nstate = "RESIDENT"\nevents = ["resume"]'), ("release_exactly_once", 6)),
     "new row: an event the model never offers": (*_new_row(), "unexplored"),
+    # D31: a guard taken off the eos check (the loader accepts a guard no check names)
+    "guard: the eos check loses min_tokens": (*_edit(
+        "lifecycle", 'unless = ["ignore_eos", "min_tokens"]', 'unless = ["ignore_eos"]'), ("eos_guards_respected", 8)),
+    "guard: the eos check loses ignore_eos": (*_edit(
+        "lifecycle", 'unless = ["ignore_eos", "min_tokens"]', 'unless = ["min_tokens"]'), ("eos_guards_respected", 8)),
 }
 
 

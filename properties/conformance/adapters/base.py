@@ -16,8 +16,10 @@ from typing import Any, Protocol
 
 import attrs
 
+from ....runtime.models import FORCED_LOGIT, ScriptedModel
 from ....runtime.tokenizers import ByteTableTokenizer, HFTokenizer
 from .. import cases as _cases
+from ..forced import LOGIT
 from ..cases import Case, CaseError
 
 FIXTURE_DIR = Path(tempfile.gettempdir()) / "decodespec-conformance-fixtures"
@@ -88,14 +90,26 @@ CAPABILITY_TEXT = {
     "context_limit": "a context limit",
     "trace": "an internal event trace (selection, decode, resources)",
 }
+REQUEST = "request."  # a case's `inputs.request` field F needs the capability "request.F"
+
+
+def request_needs(case: Case) -> frozenset[str]:
+    """The capabilities the case's `inputs.request` fields (OpenAI names, issue 28) need."""
+    return frozenset(REQUEST + name for name in case.inputs.get("request", {}))
 
 
 def missing_capabilities(adapter: Adapter, case: Case) -> str | None:
     """The default `unsupported`: the case's requirements the adapter lacks, in words."""
-    missing = sorted(case.requires - adapter.capabilities)
+    missing = sorted((case.requires | request_needs(case)) - adapter.capabilities)
     if not missing:
         return None
-    return f"{adapter.name} cannot run {'; '.join(CAPABILITY_TEXT.get(m, m) for m in missing)}"
+    return f"{adapter.name} cannot run {'; '.join(_capability_text(m) for m in missing)}"
+
+
+def _capability_text(name: str) -> str:
+    if name.startswith(REQUEST):
+        return f"the request field {name[len(REQUEST):]}"
+    return CAPABILITY_TEXT.get(name, name)
 
 
 def unsupported_on(adapter: Adapter, case: Case, kind: str | None) -> str | None:
@@ -204,20 +218,45 @@ def case_script(case: Case, tok: Any) -> list[int]:
 
 def reference_on(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[int]) -> Any:
     """The reference loop's Result for `case` over `tok`, forcing `script` after `prompt` (§4.3),
-    with the case's stops, limits, context limit and faults."""
+    with the case's stops, limits, context limit and faults, and its `inputs.request` fields
+    (OpenAI names -> values, issue 28) mapped as `decodespec serve` maps them
+    (openai_schema.request_options); `n` and `best_of` are judged per choice: every choice of a
+    greedy case is this one run (DECISIONS D34). With request fields the scripted token leads by the
+    forced checkpoint's logit (forced.LOGIT), so a logit_bias or a penalty acts on both alike."""
+    from ....runtime.errors import RequestError
     from ....runtime.faults import Fault, FaultPlan
     from ....runtime.loop import generate
-    from ....runtime.models import ScriptedModel
+    from ....runtime.openai_schema import FIELDS, ApiError, request_options
     from ....runtime.request import Request
 
     inp = case.inputs
-    model = ScriptedModel(list(script), vocab_size=max(tok.vocab_size, max(script) + 1),
-                          context_limit=int(inp.get("context_limit", 4096)))
-    request = Request(list(prompt), stop=tuple(inp.get("stop", ())),
-                      stop_token_ids=tuple(tuple(s) for s in inp.get("stop_token_ids", ())),
-                      max_output_tokens=case.max_tokens, request_id=case.id)
+    fields = inp.get("request", {})
+    vocab = max(tok.vocab_size, max(script) + 1)
+    unknown = sorted(set(fields) - set(FIELDS[False]))
+    if unknown:
+        raise CaseError(f"{case.id}: inputs.request.{unknown[0]} is not a completions field decodespec serve knows")
+    try:
+        options = request_options(fields, vocab)
+    except ApiError as exc:
+        raise CaseError(f"{case.id}: inputs.request: {exc.message}") from None
+    kind = _CheckpointLogits if fields else ScriptedModel
+    model = kind(list(script), vocab_size=vocab, context_limit=int(inp.get("context_limit", 4096)))
+    try:
+        request = Request(list(prompt), stop=tuple(inp.get("stop", ())),
+                          stop_token_ids=tuple(tuple(s) for s in inp.get("stop_token_ids", ())),
+                          max_output_tokens=case.max_tokens, request_id=case.id, **options)
+    except RequestError as exc:
+        raise CaseError(f"{case.id}: inputs.request: {exc}") from None
     faults = FaultPlan([Fault(**f) for f in inp.get("faults", ())])
     return generate(request, model=model, tokenizer=tok, faults=faults)
+
+
+class _CheckpointLogits(ScriptedModel):
+    """ScriptedModel with the forced checkpoint's margin: the scripted token's logit is
+    forced.LOGIT, every other 0 (properties/conformance/forced.py)."""
+
+    def _logits(self, caches: Any) -> Any:
+        return super()._logits(caches) * (LOGIT / FORCED_LOGIT)
 
 
 def reference_expect(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[int]) -> _cases.Expect:

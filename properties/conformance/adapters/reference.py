@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from ..cases import Case
-from .base import Outcome, case_prompt, case_script, case_tokenizer, missing_capabilities, reference_on
+from ....runtime.openai_schema import FIELDS
+from .base import REQUEST, Outcome, case_prompt, case_script, case_tokenizer, missing_capabilities, reference_on
 
 CAPABILITIES = frozenset({
     "forced_script", "byte_table", "fixture_tokenizer", "stop_strings", "stop_token_ids", "faults",
     "eos", "length_limit", "context_limit", "trace", "stream", "finish_reason", "state", "usage", "errors",
-})
+}) | {REQUEST + name for name in FIELDS[False]}  # every completions field decodespec serve knows (issue 28)
 
 
 class ReferenceAdapter:
