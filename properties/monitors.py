@@ -466,7 +466,7 @@ def _stop_prefix_held(rt: RequestTrace):
             sent += bytes(e.data.get("bytes", b""))
             if _left_decoding(rt, 0, e.index):
                 return  # the flush at the end: nothing follows, every held byte goes out
-            for j in range(len(sent)):
+            for j in range(len(sent) - rt.echo):  # the echoed prompt is no stop's (D3: output only)
                 tail = seen[j:]
                 if any(len(tail) < len(s) and s.startswith(tail) for s in stops):
                     yield e.index, f"sent byte {j} onward ({tail!r}) can still begin a stop"
@@ -479,7 +479,8 @@ def _stop_earliest_wins(rt: RequestTrace):
     if hit is None:
         return
     won = str(hit.data.get("stop", "")).encode("utf-8")
-    text = rt.output + won  # the output ends where the winning match starts (D3)
+    # the output ends where the winning match starts (D3), or with it when it is kept (D33)
+    text = rt.completion if rt.created.get("include_stop_str_in_output") else rt.completion + won
     for s in (s.encode("utf-8") for s in rt.created.get("stop", ()) if s):
         at = text.find(s)
         if at >= 0 and (at + len(s) < len(text) or at + len(s) == len(text) and len(s) > len(won)):
@@ -679,7 +680,8 @@ def _finish_reason_precedence(rt: RequestTrace):
         return
     last = rt.selected[-1]
     eos_id = rt.created.get("eos_id")
-    if last.data.get("eos") or (eos_id is not None and last.data.get("token") == eos_id):
+    is_eos = last.data.get("eos") or (eos_id is not None and last.data.get("token") == eos_id)
+    if is_eos and not rt.eos_guarded(last.data.get("step", 0)):
         yield rt.terminal.index, f"the last selected token is EOS, but the reason is {rt.reason} (D4: EOS first)"
     elif rt.reason == FinishReason.MAX_OUTPUT_TOKENS and any(rt.of(K.STOP_HIT)):
         yield rt.terminal.index, "a stop was hit, but the reason is max_output_tokens (D4: stop before length)"
