@@ -180,6 +180,10 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
                 raise _Refused(ApiError(401, "a valid API key is required: Authorization: Bearer KEY",
                                         code="invalid_api_key", type="authentication_error"),
                                {"WWW-Authenticate": "Bearer"})
+        if "content-length" in request.headers and "transfer-encoding" in request.headers:
+            # RFC 9112 §6.1: a message with both may be an attempt at request smuggling; refused and closed.
+            raise _Refused(ApiError(400, "a request may not carry both Content-Length and Transfer-Encoding",
+                                    code="invalid_framing"), {"Connection": "close"})
         origin = request.headers.get("origin")
         if origin is not None and origin not in allowed_origins:
             raise _Refused(ApiError(403, f"Origin {origin[:80]!r} is not allowed (this server serves no browser "
@@ -397,7 +401,8 @@ HEADER_TIMEOUT_S = 10.0  # a connection must complete each request's headers thi
 def _timed_protocol(header_timeout_s: float) -> type:
     """uvicorn's h11 protocol with a header read timeout: a connection that has not completed a
     request's headers `header_timeout_s` after it opened (or after its last response) is answered
-    408 and closed. uvicorn bounds only idle keep-alive, and any byte resets that bound."""
+    408 and closed. uvicorn bounds only idle keep-alive, and any byte resets that bound. A response
+    sent before the request's body arrived closes the connection."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -438,6 +443,10 @@ def _timed_protocol(header_timeout_s: float) -> type:
                 self._disarm()
 
         def on_response_complete(self) -> None:
+            if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+                # Answered before the body arrived (a 401, 408, 413, 415): its rest would be read
+                # as the next request, so the connection closes (RFC 9112 §9.6).
+                self.transport.close()
             super().on_response_complete()
             if not self.transport.is_closing():
                 self._arm()
@@ -451,8 +460,22 @@ def uvicorn_config(app: Starlette, *, host: str = "127.0.0.1", port: int = 0, lo
     its header read timeout; the body's own timeout is the app's (`body_timeout_s`)."""
     import uvicorn
 
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, _NoQuery) for f in access.filters):
+        access.addFilter(_NoQuery())
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, http=_timed_protocol(header_timeout_s),
                           **kw)
+
+
+class _NoQuery(logging.Filter):
+    """The access log shows a request's path, never its query string: a client may put a key there
+    (refused, but it must not reach a log line)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) > 2 and isinstance(args[2], str) and "?" in args[2]:
+            record.args = (*args[:2], args[2].split("?", 1)[0] + "?...", *args[3:])
+        return True
 
 
 def reference_server(config: Any, engine: Engine, shutdown_timeout_s: float) -> Any:
