@@ -359,12 +359,18 @@ def _delta_nonempty(rt: RequestTrace):
 
 @monitor("stream_bounded")
 def _stream_bounded(rt: RequestTrace):
-    """Occupancy fields, when the runtime logs them, stay within the caps of request.created."""
-    caps = {"unread_events": rt.created.get("max_events"), "unread_bytes": rt.created.get("max_bytes")}
+    """Occupancy fields, when the runtime logs them, stay within the caps of request.created that
+    the stream's policy applies (D6): `pause` both (one delta larger than max_bytes may wait alone),
+    `buffer` the bytes, `fail` the events (a trace that names no policy: both)."""
+    policy = _value(rt.created.get("policy"))
+    caps = {"unread_events": rt.created.get("max_events") if policy != "buffer" else None,
+            "unread_bytes": rt.created.get("max_bytes") if policy != "fail" else None}
     for e in rt.deltas:
         for field, cap in caps.items():
-            if cap is not None and e.data.get(field, 0) > cap:
-                yield e.index, f"{field}={e.data[field]} exceeds the cap {cap}"
+            value = e.data.get(field, 0)
+            lone = field == "unread_bytes" and policy == "pause" and e.data.get("unread_events") == 1
+            if cap is not None and value > cap and not lone:
+                yield e.index, f"{field}={value} exceeds the cap {cap} of the {policy or 'unnamed'} policy"
     for e in rt.terminals:
         if _OVERFLOW_MARK in str(e.data.get("error", "")) and _value(e.data.get("finish_reason")) != FinishReason.TRANSPORT_ERROR:
             yield e.index, f"buffer overflow reported as {e.data.get('finish_reason')}, not transport_error"

@@ -330,3 +330,21 @@ def test_reader_delivery_monitor_names_each_kind_of_wrong_delivery(change, says)
     found = [str(v) for v in check_trace(build(change(readers_run())), tokenizer=TOK)
              if v.invariant == "reader_delivery_complete"]
     assert found and says in found[0], found
+
+
+@pytest.mark.parametrize(("policy", "events", "nbytes", "flagged"), [
+    ("buffer", 9, 3, False),  # buffer bounds bytes only: many small unread deltas are fine (D6)
+    ("buffer", 1, 99, True),
+    ("fail", 1, 99, False),  # fail bounds events only
+    ("fail", 9, 3, True),
+    ("pause", 9, 3, True),  # pause bounds both
+    ("pause", 2, 99, True),
+    ("pause", 1, 99, False),  # a lone delta larger than max_bytes waits alone
+])
+def test_stream_bounded_applies_the_caps_of_the_policy(policy, events, nbytes, flagged):
+    """D6 per policy (issue 23): main applied max_events to buffer runs and flagged correct ones."""
+    rows = edit(edit(length_run(), "request.created", policy=policy, max_events=4, max_bytes=10),
+                "response.delta", unread_events=events, unread_bytes=nbytes)
+    found = [v for v in check_trace(build(rows), tokenizer=TOK) if v.invariant == "stream_bounded"]
+    assert bool(found) is flagged, found
+
