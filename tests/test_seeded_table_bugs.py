@@ -44,7 +44,10 @@ SEEDED = {
         'state = "DECODING"\nevent = "deadline"\ntarget = "DRAINING"\naction = "fix_reason"\nreason = "cancelled"'),
         ("cancelled_only_if_requested", 10)),
     "reason: a content interruption reports eos": (*_edit(
-        "lifecycle", 'reason = "content_interrupted"', 'reason = "eos"'), ("transport_not_eos", 8)),
+        "lifecycle", 'state = "DECODING"\nevent = "content_interrupt"\ntarget = "DRAINING"\naction = "fix_reason"\n'
+                     'reason = "content_interrupted"',
+        'state = "DECODING"\nevent = "content_interrupt"\ntarget = "DRAINING"\naction = "fix_reason"\nreason = "eos"'),
+        ("transport_not_eos", 8)),
     "target: a cancel while decoding skips the safe point": (*_edit(
         "lifecycle", 'state = "DECODING"\nevent = "cancel"\ntarget = "CANCEL_REQUESTED"',
         'state = "DECODING"\nevent = "cancel"\ntarget = "DRAINING"'), ("refinement", 10)),
