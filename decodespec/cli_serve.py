@@ -53,12 +53,14 @@ import click
               help="Seconds a finished request stays available for replay (Last-Event-ID).")
 @click.option("--retain-count", "max_retained", type=click.IntRange(min=1), default=1024, show_default=True,
               help="Finished requests kept for replay at most; past it the oldest is dropped before --retain.")
+@click.option("--max-readers", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Open readers one request may have (its stream and each /events resume); 429 past it (D5).")
 @click.option("--watchdog", "watchdog_s", type=click.FloatRange(min=0), default=60.0, show_default=True,
               help="/health answers 503 'stalled' while one engine step has run longer than this (DECISIONS D21).")
 def serve(host, port, model_path, device, policy, max_batch, max_queue, cache_budget_tokens, preemption,
           detach_timeout_s, stall_timeout_s, shutdown_timeout_s, on_disconnect, body_timeout_s, header_timeout_s, api_key,
           allowed_origins, max_body_bytes, log_level, utf8_guard, batch_invariant, strict, retain_s, max_retained,
-          watchdog_s) -> None:
+          max_readers, watchdog_s) -> None:
     """Serve /v1/completions and /v1/chat/completions (SSE with replayable ids) until interrupted."""
     import logging
 
@@ -76,7 +78,7 @@ def serve(host, port, model_path, device, policy, max_batch, max_queue, cache_bu
                     retain_s=retain_s, max_retained=max_retained, batch_invariant=batch_invariant)
     app = create_app(engine, policy=policy, api_key=api_key, allowed_origins=frozenset(allowed_origins),
                      max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s, on_disconnect=on_disconnect,
-                     utf8_guard=utf8_guard, watchdog_s=watchdog_s, strict=strict)
+                     utf8_guard=utf8_guard, watchdog_s=watchdog_s, strict=strict, max_readers=max_readers)
     logging.basicConfig(format="%(levelname)s:     %(name)s: %(message)s")  # the server's own lines (fields not acted on)
     logging.getLogger("decodespec").setLevel(log_level.upper())
     click.echo(f"decodespec serve: model {engine.model_name!r} on http://{host}:{port}/v1 (policy {policy})", err=True)

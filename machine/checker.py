@@ -197,6 +197,17 @@ def default_config(requests: int) -> ModelConfig:
     return ModelConfig(max_output_tokens=1, policies=("pause",), byte_choices=False, faults=faults)
 
 
+def parked_config(requests: int) -> ModelConfig:
+    """Bounds under which several requests reach parked sequences (§4.8), the main cross-request
+    hazard of slow readers: two tokens each (a reader behind after the first delta parks the
+    second select), the pause policy, plain text, no finish-condition choices, and as faults the
+    reader's own (a disconnect) and a cancel for two requests, none for three (whose product with
+    a cancel is some 3 million states). `default_config` keeps one token, so it never parks."""
+    faults = ("cancel", "disconnect") if requests < 3 else ()
+    return ModelConfig(max_output_tokens=2, policies=("pause",), byte_choices=False, finish_conditions=False,
+                       faults=faults)
+
+
 def check(
     requests: int = 1,
     max_depth: int | None = None,

@@ -301,45 +301,68 @@ def _seq_contiguous(rt: RequestTrace):
 
 @monitor("reader_delivery_complete")
 def _reader_delivery_complete(rt: RequestTrace):
-    """Per reader (stream.reader_opened / stream.delivered): the events after its start point,
-    each once, in order, with no gap; the terminal event at most once and nothing after it. A
-    resume after seq a starts at a + 1, or with the terminal again when a is at or past the end."""
+    """Per reader (stream.reader_opened, then stream.delivered entries, each a run of events handed
+    out: `first`, `seq` (the last; None is response.start) and `count`): the events from its start
+    point (`first` at opening; a first reader's is response.start), each once, in order, with no gap;
+    the terminal event at most once and last; nothing after it or after the reader closed. In a
+    finished trace every reader got the terminal or closed: a delivery that just stops is broken."""
     logged = {e.data.get("seq") for e in rt.deltas} | {t.data.get("seq") for t in rt.terminals}
     end = rt.terminal.data.get("seq") if rt.terminal is not None else None
-    opened = {e.data["reader"]: e.data for e in rt.of(K.READER_OPENED)}
-    last: dict[int, int] = {}
-    ended: set[int] = set()
+    opened = {e.data["reader"]: e for e in rt.of(K.READER_OPENED)}
+    last: dict[int, int | None] = {}
+    done: dict[int, str] = {}
     for e in rt.of(K.DELIVERED):
         r, seq = e.data["reader"], e.data["seq"]
-        how = opened.get(r)
-        if how is None:
+        first, count = e.data.get("first", seq), e.data.get("count", 1)
+        opening = opened.get(r)
+        if opening is None:
             yield e.index, f"reader {r} was handed seq={seq} but never opened"
             continue
-        if r in ended:
-            yield e.index, f"reader {r} was handed seq={seq} after its terminal event"
+        if r in done:
+            yield e.index, f"reader {r} was handed seq={seq} after its {done[r]}"
             continue
-        if seq is None:  # response.start: only as a reader's first event
-            if r in last:
-                yield e.index, f"reader {r} was handed response.start after seq={last[r]}"
+        if e.data.get("closed"):
+            done[r] = "close"
+        if count == 0:
             continue
-        if seq not in logged:
-            yield e.index, f"reader {r} was handed seq={seq}, which the stream never logged"
+        how = opening.data
         if r in last:
-            expected = last[r] + 1
+            due = 0 if last[r] is None else last[r] + 1
+        elif "first" in how:
+            due = how["first"]
+            if not how["resume"] and r == min(opened) and due is not None:
+                yield e.index, f"reader {r}, the first, started at seq={due}: response.start and seq=0 were due"
         elif how["resume"]:
-            expected = 0 if how["after"] is None else how["after"] + 1
-            if end is not None and expected > end:
-                expected = end  # a resume past the end: the terminal event again
+            due = 0 if how["after"] is None else how["after"] + 1
+            if end is not None and due > end:
+                due = end  # a resume past the end: the terminal event again
         else:
-            expected = seq  # a first reader starts where the stream's unread events start
-        if seq != expected:
-            kind = "a duplicate" if r in last and seq <= last[r] else "a gap"
-            yield e.index, f"reader {r} was handed seq={seq} where seq={expected} was due ({kind})"
+            due = first  # a trace that does not say where the reader started
+        if first != due:
+            kind = "a gap" if _pos(first) > _pos(due) else "a duplicate"
+            yield e.index, f"reader {r} was handed seq={first} where seq={due} was due ({kind})"
+        span = _pos(seq) - _pos(first) + 1
+        if count != span:
+            kind = "a gap" if count < span else "a duplicate"
+            yield e.index, f"reader {r} was handed {count} events for seq={first}..{seq} ({kind})"
+        for x in (first, seq):
+            if x is not None and x not in logged:
+                yield e.index, f"reader {r} was handed seq={x}, which the stream never logged"
         last[r] = seq
         if e.data["terminal"]:
-            ended.add(r)
+            done[r] = "terminal event"
             if seq != end:
                 yield e.index, f"reader {r} was handed a terminal with seq={seq}; the stream's terminal is seq={end}"
+    if rt.complete and rt.terminal is not None:
+        for r, opening in opened.items():
+            if r not in done:
+                got = f"seq={last[r]}" if r in last else "nothing"
+                yield opening.index, f"reader {r} neither got the terminal event nor closed (it stopped after {got})"
+
+
+def _pos(seq: int | None) -> int:
+    """A delivery position: response.start (None) comes before seq 0."""
+    return -1 if seq is None else seq
 
 
 @monitor("delta_nonempty")
@@ -351,12 +374,18 @@ def _delta_nonempty(rt: RequestTrace):
 
 @monitor("stream_bounded")
 def _stream_bounded(rt: RequestTrace):
-    """Occupancy fields, when the runtime logs them, stay within the caps of request.created."""
-    caps = {"unread_events": rt.created.get("max_events"), "unread_bytes": rt.created.get("max_bytes")}
+    """Occupancy fields, when the runtime logs them, stay within the caps of request.created that
+    the stream's policy applies (D6): `pause` both (one delta larger than max_bytes may wait alone),
+    `buffer` the bytes, `fail` the events (a trace that names no policy: both)."""
+    policy = _value(rt.created.get("policy"))
+    caps = {"unread_events": rt.created.get("max_events") if policy != "buffer" else None,
+            "unread_bytes": rt.created.get("max_bytes") if policy != "fail" else None}
     for e in rt.deltas:
         for field, cap in caps.items():
-            if cap is not None and e.data.get(field, 0) > cap:
-                yield e.index, f"{field}={e.data[field]} exceeds the cap {cap}"
+            value = e.data.get(field, 0)
+            lone = field == "unread_bytes" and policy == "pause" and e.data.get("unread_events") == 1
+            if cap is not None and value > cap and not lone:
+                yield e.index, f"{field}={value} exceeds the cap {cap} of the {policy or 'unnamed'} policy"
     for e in rt.terminals:
         if _OVERFLOW_MARK in str(e.data.get("error", "")) and _value(e.data.get("finish_reason")) != FinishReason.TRANSPORT_ERROR:
             yield e.index, f"buffer overflow reported as {e.data.get('finish_reason')}, not transport_error"

@@ -45,10 +45,11 @@ retried alone, so only the sequence(s) whose kernel fails end FAILED with model_
 go on undisturbed. A sequence whose cache was already written by the failed batch call fails too
 (its K/V cannot be trusted twice).
 
-Faults (§4.10, DECISIONS D20, D21): an exception raised by one request's own step (its sampler on
-bad logits, its tokenizer, its content policy or grammar, its drain) ends that request FAILED with
-model_error and an error naming the cause; the others go on. An exception in the Engine's own
-bookkeeping ends the engine: every live request gets its terminal event at once (model_error, or
+Faults (§4.10, DECISIONS D20, D21): an exception raised by one request's own step (`select`: its
+sampler on bad logits, its tokenizer, its content policy or grammar; its drain) ends that request
+FAILED with model_error and an error naming the cause; the others go on (a model call's failure is
+narrowed as above). An exception anywhere else (the Engine's own bookkeeping, a table refusing a
+move) ends the engine: every live request gets its terminal event at once (model_error, or
 cancelled for one still queued), `failure` says why, `submit` refuses with EngineFailed and the
 cause is logged. `step_running_s` is the watchdog's gauge: how long the step now running has run
 (a decode call that never returns shows here).
@@ -458,13 +459,9 @@ class Engine:
             queued = list(self._queue)
         moved = False
         for e in queued:
-            try:
-                if e.run.check_point():
-                    continue
-            except Exception as exc:
-                self._crashed(e, exc, "its safe point")
-            self._settle(e)
-            moved = True
+            if not e.run.check_point():
+                self._settle(e)
+                moved = True
         for e in list(self._swapped):
             if e.run.decoding:
                 if e.run.check_point():
@@ -539,10 +536,7 @@ class Engine:
             if isinstance(out, Exception):
                 run.kernel_failed(ModelError(f"{type(out).__name__}: {out}"))
             else:
-                try:
-                    run.end_prefill(*out)
-                except Exception as exc:
-                    self._crashed(e, exc, "its prefill's end")
+                run.end_prefill(*out)
             if run.state != "DECODING":
                 self._settle(e)
 
@@ -575,25 +569,21 @@ class Engine:
         for e in list(self._resident):
             run = e.run
             decoding = run.decoding
-            try:
-                if decoding and run.check_point():
-                    if not run.stream.would_wait(e.headroom):  # the common case (_blocked): to select
-                        if e.seq.state is _PARKED:
-                            self._move(e, "unpark")
-                        ready.append(e)
-                        continue
-                elif decoding:
-                    moved = True
-                if self._blocked(e):
-                    moved = self._parked(e, now) or moved
-                elif run.decoding:
+            if decoding and run.check_point():
+                if not run.stream.would_wait(e.headroom):  # the common case (_blocked): to select
                     if e.seq.state is _PARKED:
                         self._move(e, "unpark")
                     ready.append(e)
-                moved = self._settle(e) or moved
-            except Exception as exc:
-                self._crashed(e, exc, "its safe point")
-                moved = self._settle(e) or True
+                    continue
+            elif decoding:
+                moved = True
+            if self._blocked(e):
+                moved = self._parked(e, now) or moved
+            elif run.decoding:
+                if e.seq.state is _PARKED:
+                    self._move(e, "unpark")
+                ready.append(e)
+            moved = self._settle(e) or moved
         ready = self._fit_budget(ready)
         active: list[_Entry] = []
         for e in ready:
@@ -700,10 +690,7 @@ class Engine:
             if isinstance(row, Exception):
                 run.kernel_failed(row if isinstance(row, ModelError) else ModelError(f"{type(row).__name__}: {row}"))
             else:
-                try:
-                    run.end_decode(row)
-                except Exception as exc:
-                    self._crashed(e, exc, "its decode's end")
+                run.end_decode(row)
                 decoded += 1
                 if pick is not None:
                     e.chosen, e.chosen_from = pick, row

@@ -149,7 +149,7 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
                max_buffer_events: int = 256, manage_engine: bool = True, api_key: str | None = None,
                allowed_origins: frozenset[str] = frozenset(), max_body_bytes: int = MAX_BODY_BYTES,
                body_timeout_s: float = 30.0, on_disconnect: str = "continue", utf8_guard: str = "sampled",
-               watchdog_s: float | None = 60.0, strict: bool = False) -> Starlette:
+               watchdog_s: float | None = 60.0, strict: bool = False, max_readers: int = 8) -> Starlette:
     """The ASGI app. With `manage_engine` the app starts the engine thread at startup and stops it
     (every live request cancelled) at shutdown. `api_key`, `allowed_origins`, `max_body_bytes`: see
     the module docstring. `body_timeout_s`: a body not fully received by then is a 408.
@@ -158,9 +158,12 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
     non-streamed request whose client leaves is cancelled (nobody can ever read its answer). `utf8_guard`: which requests that
     do not say get the UTF-8 guard, a key of UTF8_GUARD_DEFAULTS (DECISIONS D16). `watchdog_s`: /health
     answers 503 "stalled" while one engine step has run longer (None: never; DECISIONS D21). `strict`:
-    only the request fields accepted before issue 28 (openai_schema.STRICT_FIELDS, D30)."""
+    only the request fields accepted before issue 28 (openai_schema.STRICT_FIELDS, D30). `max_readers`:
+    open readers one request may have (the first stream and each /events resume; 429 past it, D5)."""
     if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
         raise ValueError("api_key must be None (no authentication) or a non-empty string")
+    if isinstance(max_readers, bool) or not isinstance(max_readers, int) or max_readers < 1:
+        raise ValueError(f"max_readers must be an int >= 1, got {max_readers!r}")
     if on_disconnect not in ("continue", "cancel"):
         raise ValueError(f"on_disconnect must be 'continue' or 'cancel', got {on_disconnect!r}")
     if utf8_guard not in UTF8_GUARD_DEFAULTS:
@@ -193,6 +196,10 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
                 raise _Refused(ApiError(401, "a valid API key is required: Authorization: Bearer KEY",
                                         code="invalid_api_key", type="authentication_error"),
                                {"WWW-Authenticate": "Bearer"})
+        if "content-length" in request.headers and "transfer-encoding" in request.headers:
+            # RFC 9112 §6.1: a message with both may be an attempt at request smuggling; refused and closed.
+            raise _Refused(ApiError(400, "a request may not carry both Content-Length and Transfer-Encoding",
+                                    code="invalid_framing"), {"Connection": "close"})
         origin = request.headers.get("origin")
         if origin is not None and origin not in allowed_origins:
             raise _Refused(ApiError(403, f"Origin {origin[:80]!r} is not allowed (this server serves no browser "
@@ -236,20 +243,22 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
         renderer = _Renderer(run, parsed, name, int(time.time()))
         headers = {"X-Request-Id": rid, **_ignored(parsed)}
         if parsed.stream:
-            return StreamingResponse(_follow(run, renderer, run.stream.reader(), on_gone=gone), media_type="text/event-stream",
-                                     headers=headers | _SSE_HEADERS)
+            return StreamingResponse(_follow(run, renderer, run.stream.reader, on_gone=gone),
+                                     media_type="text/event-stream", headers=headers | _SSE_HEADERS)
         text, last = bytearray(), None
         # A client that named its id can come back for the answer (/events): its disconnect follows
         # on_disconnect like a stream's. Nobody else can ever read this answer: it is cancelled.
         named = "x-request-id" in request.headers
         watch = asyncio.ensure_future(_watch_disconnect(request, run, gone if named else _cancelled(engine)))
+        reader = run.stream.reader()
         try:
-            async for ev in run.stream.reader():
+            async for ev in reader:
                 if ev.kind is StreamEventKind.DELTA:
                     text += ev.data
                 last = ev
         finally:
             watch.cancel()
+            reader.close()
         if last is None or last.kind is not StreamEventKind.COMPLETED:
             return _error(terminal_error(last.finish_reason, last.error, rid), rid)
         body = completion_body(parsed, renderer.cid, renderer.created, name, text.decode("utf-8", "replace"),
@@ -327,13 +336,22 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
                 return _error(ApiError(400, f"Last-Event-ID must be a seq (digits only), got {last[:40]!r}",
                                        param="Last-Event-ID", code="invalid_value"))
             after = int(last)
+        if run.stream.open_readers >= max_readers:
+            return JSONResponse(ApiError(429, f"request {rid} already has {max_readers} readers (the most one request "
+                                              "may have); close one first", code="too_many_readers",
+                                         type="rate_limit_error").body(),
+                                status_code=429, headers={"Retry-After": str(RETRY_AFTER_S)})
         parsed = views.get(rid) or ParsedRequest(request=run.request, chat=False, stream=True, include_usage=True)
-        run.stream.reconnect()
-        # This connection reads through its own cursor and becomes the one backpressure follows; a
-        # connection still open keeps its own view to the end (DECISIONS D5).
-        reader = run.stream.reader(after, resume=True)
+
+        def resume() -> StreamReader:
+            # Made once the body is sent (a HEAD never makes one): this connection reads through
+            # its own cursor and becomes the one backpressure follows; a connection still open
+            # keeps its own view to the end and gets the role back when this one leaves (D5).
+            run.stream.reconnect()
+            return run.stream.reader(after, resume=True)
+
         renderer = _Renderer(run, parsed, name, int(time.time()))
-        return StreamingResponse(_follow(run, renderer, reader, skip_start=after is not None, on_gone=gone),
+        return StreamingResponse(_follow(run, renderer, resume, skip_start=after is not None, on_gone=gone),
                                  media_type="text/event-stream", headers={"X-Request-Id": rid} | _SSE_HEADERS)
 
     async def cancel(request: HttpRequest) -> Response:
@@ -473,11 +491,13 @@ async def _http_error(request: HttpRequest, exc: Exception) -> Response:
                            code="not_found" if status == 404 else "invalid_request"))
 
 
-async def _follow(run: RequestRun, renderer: _Renderer, reader: StreamReader, *, skip_start: bool = False,
-                  on_gone: Callable[[RequestRun], None]) -> AsyncIterator[bytes]:
-    """SSE frames of every event `reader` gets, up to the terminal one (`skip_start`: the client
-    already has the start frame). Leaving early (the client went away) while this reader is the
-    primary one calls `on_gone` (a disconnect, D5)."""
+async def _follow(run: RequestRun, renderer: _Renderer, open_reader: Callable[[], StreamReader], *,
+                  skip_start: bool = False, on_gone: Callable[[RequestRun], None]) -> AsyncIterator[bytes]:
+    """SSE frames of every event the reader `open_reader()` makes gets, up to the terminal one
+    (`skip_start`: the client already has the start frame). The reader closes when the response
+    ends; leaving early while it holds the primary role and no other reader is left to take it
+    calls `on_gone` (the client is gone: a disconnect, D5)."""
+    reader = open_reader()
     ended = False
     try:
         while not ended and (ev := await reader.aget()) is not None:
@@ -487,7 +507,7 @@ async def _follow(run: RequestRun, renderer: _Renderer, reader: StreamReader, *,
             for frame in renderer.frames(ev):
                 yield frame
     finally:
-        if not ended and reader.primary:
+        if reader.close() and not ended:
             on_gone(run)
 
 
@@ -517,7 +537,8 @@ HEADER_TIMEOUT_S = 10.0  # a connection must complete each request's headers thi
 def _timed_protocol(header_timeout_s: float) -> type:
     """uvicorn's h11 protocol with a header read timeout: a connection that has not completed a
     request's headers `header_timeout_s` after it opened (or after its last response) is answered
-    408 and closed. uvicorn bounds only idle keep-alive, and any byte resets that bound."""
+    408 and closed. uvicorn bounds only idle keep-alive, and any byte resets that bound. A response
+    sent before the request's body arrived closes the connection."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -558,6 +579,10 @@ def _timed_protocol(header_timeout_s: float) -> type:
                 self._disarm()
 
         def on_response_complete(self) -> None:
+            if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+                # Answered before the body arrived (a 401, 408, 413, 415): its rest would be read
+                # as the next request, so the connection closes (RFC 9112 §9.6).
+                self.transport.close()
             super().on_response_complete()
             if not self.transport.is_closing():
                 self._arm()
@@ -571,8 +596,22 @@ def uvicorn_config(app: Starlette, *, host: str = "127.0.0.1", port: int = 0, lo
     its header read timeout; the body's own timeout is the app's (`body_timeout_s`)."""
     import uvicorn
 
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, _NoQuery) for f in access.filters):
+        access.addFilter(_NoQuery())
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, http=_timed_protocol(header_timeout_s),
                           **kw)
+
+
+class _NoQuery(logging.Filter):
+    """The access log shows a request's path, never its query string: a client may put a key there
+    (refused, but it must not reach a log line)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) > 2 and isinstance(args[2], str) and "?" in args[2]:
+            record.args = (*args[:2], args[2].split("?", 1)[0] + "?...", *args[3:])
+        return True
 
 
 def reference_server(config: Any, engine: Engine, shutdown_timeout_s: float) -> Any:

@@ -133,7 +133,7 @@ class OrderedStream:
     __slots__ = (
         "max_bytes", "max_events", "pause_timeout_s", "paused_s", "policy", "request_id",
         "_async_waiters", "_cond", "_connected", "_cursor", "_inline_max", "_lock", "_log", "_next_seq",
-        "_pending", "_primary", "_readers", "_sleepers", "_st", "_trace", "_unread_bytes", "_unread_events",
+        "_open", "_pending", "_primary", "_readers", "_sleepers", "_st", "_trace", "_unread_bytes", "_unread_events",
         "_usage_provider",
     )
 
@@ -170,6 +170,7 @@ class OrderedStream:
         self._cursor = 0  # index in _log of the (primary) reader's next unread event
         self._primary: StreamReader | None = None  # the reader whose reads backpressure counts
         self._readers = 0  # readers made so far (each one's number)
+        self._open: list[StreamReader] = []  # readers not closed, oldest first (the primary role's heirs)
         self._unread_events = 0  # unread deltas (the terminal has its own slot)
         self._unread_bytes = 0
         self._pending = 0  # size of the delta a paused producer is waiting to send
@@ -354,7 +355,9 @@ class OrderedStream:
         last seq the client has, None for all) it starts after that seq, the events up to now count
         as read (the `replay` row: a paused producer may resume), and a reader that was primary
         keeps its own view but no longer holds the producer back. Resuming a finished stream at or
-        past its end still yields the terminal event, so the client always sees how it ended."""
+        past its end still yields the terminal event, so the client always sees how it ended. A
+        reader that leaves calls `close()`: the primary role goes back to the newest reader still
+        open (DECISIONS D5)."""
         if after_seq is not None and (isinstance(after_seq, bool) or not isinstance(after_seq, int)):
             raise TypeError(f"after_seq must be an int or None, got {type(after_seq).__name__}")
         with self._cond:
@@ -368,7 +371,25 @@ class OrderedStream:
                     start = len(self._log) - 1  # the terminal event again: the client sees the end
                 r = StreamReader(self, start, number, after_seq, resume)
             self._primary = r
+            self._open.append(r)
             return r
+
+    @property
+    def open_readers(self) -> int:
+        """Readers made and not yet closed (the server caps them per request)."""
+        return len(self._open)
+
+    def _leave(self, r: StreamReader) -> bool:
+        """A reader closed (lock held): when it was the primary one, the newest reader still open
+        takes the role (its reads count from the producer's cursor on). True when it was the
+        primary one and no reader is left: the client is gone (a disconnect, D5)."""
+        if r not in self._open:
+            return False
+        self._open.remove(r)
+        if r is not self._primary:
+            return False
+        self._primary = self._open[-1] if self._open else None
+        return self._primary is None
 
     def _resume(self, after_seq: int | None) -> int:
         """The `replay` row (lock held): everything logged counts as read, a paused producer may
@@ -617,12 +638,15 @@ class StreamReader:
     traced stream, records `stream.reader_opened` and one `stream.delivered` per event handed out:
     the per-reader delivery trace the §4.7 monitor `reader_delivery_complete` checks."""
 
-    __slots__ = ("stream", "index", "number")
+    __slots__ = ("stream", "index", "number", "_run")
 
     def __init__(self, stream: OrderedStream, index: int, number: int, after_seq: int | None, resume: bool) -> None:
         self.stream, self.index, self.number = stream, index, number
+        self._run: list[Any] | None = None  # [first seq, last seq, count] handed out since the last record
         if stream._trace is not None:
-            stream._trace.emit(EventKind.READER_OPENED, reader=number, after=after_seq, resume=resume)
+            log = stream._log
+            first = stream._seq_of(log[index]) if index < len(log) else stream._next_seq
+            stream._trace.emit(EventKind.READER_OPENED, reader=number, after=after_seq, resume=resume, first=first)
 
     @property
     def primary(self) -> bool:
@@ -633,9 +657,38 @@ class StreamReader:
         ev = st._take_for(self)
         if ev is not None:
             if st._trace is not None:
-                st._trace.emit(EventKind.DELIVERED, reader=self.number, seq=ev.seq, terminal=ev.terminal)
+                run = self._run
+                if run is None:
+                    self._run = [ev.seq, ev.seq, 1]
+                else:
+                    run[1] = ev.seq
+                    run[2] += 1
+            if ev.terminal:  # done: it leaves the readers that may hold the primary role
+                if st._trace is not None:
+                    self._record(terminal=True)
+                st._leave(self)
             return ev, False
         return None, st._st.terminal and self.index >= len(st._log)
+
+    def _record(self, *, terminal: bool = False, closed: bool = False) -> None:
+        """One stream.delivered entry for the events handed out since the last one (first, last,
+        count): a reader's deliveries cost one trace entry, not one per event (D5)."""
+        run, self._run = self._run, None
+        if run is not None or closed:
+            first, last, count = run or (None, None, 0)
+            self.stream._trace.emit(EventKind.DELIVERED, reader=self.number, first=first, seq=last, count=count,
+                                    terminal=terminal, closed=closed)
+
+    def close(self) -> bool:
+        """This reader leaves (its connection closed). True when it held the primary role and no
+        reader is left to take it: the client is gone (D5). Closing twice changes nothing."""
+        st = self.stream
+        with st._cond:
+            if self not in st._open:
+                return False
+            if st._trace is not None:
+                self._record(closed=True)
+            return st._leave(self)
 
     async def aget(self) -> StreamEvent | None:
         """The next event for this reader (None once it has had the terminal one); never blocks the loop."""

@@ -13,7 +13,7 @@ import attrs
 import pytest
 
 from decodespec.machine import compile_table
-from decodespec.machine.checker import check
+from decodespec.machine.checker import check, parked_config
 from decodespec.machine.checker_model import POOL_WITNESSES, WITNESSES, ModelConfig
 from decodespec.properties.invariants import load_invariants
 from decodespec.spec import Decision, DecisionKind, load_spec, load_text
@@ -101,6 +101,22 @@ def test_three_requests_share_two_places_through_preemption_cancel_and_errors():
                     "sequence.toml")
     broken = check(requests=3, slots=2, config=config, tables={"sequence": bad})
     assert [v.name for v in broken.violations][:1] == ["release_exactly_once"]
+
+
+def test_several_requests_reach_parked_sequences():
+    """Issue 23 (§4.8): under `parked_config` two requests on one place and three on two reach
+    every parked move of the sequence table (park, unpark, a parked one preempted), with a slow
+    reader's pause and resume as witnesses and no violation; the default configurations (one token)
+    never park."""
+    two = check(requests=2, config=parked_config(2))
+    assert two.violations == () and two.exhaustive and two.missing_witnesses == ()
+    assert two.rows_never_fired["sequence"] == ()
+    assert {"parked_then_preempted", "slow_reader_pauses_and_resumes", "cancelled_while_swapped"} <= set(two.witnesses)
+    three = check(requests=3, slots=2, config=parked_config(3))
+    assert three.violations == () and three.exhaustive
+    parked = {("RESIDENT", "park"), ("PARKED", "unpark"), ("PARKED", "preempt")}
+    assert not parked & set(three.rows_never_fired["sequence"])
+    assert parked <= set(check(requests=2).rows_never_fired["sequence"])
 
 
 def test_bad_fault_and_preemption_bounds_are_refused():

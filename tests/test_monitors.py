@@ -110,19 +110,25 @@ def eos_run():
     ] + tail(seq=1, reason="eos", usage=usage)
 
 
+def got(reader, first, last, count, terminal=False, closed=False):
+    """One stream.delivered entry: `count` events handed to `reader`, seq `first`..`last` (D5)."""
+    return ("stream.delivered", {"reader": reader, "first": first, "seq": last, "count": count, "terminal": terminal,
+                                 "closed": closed})
+
+
+def opened(reader, first, after=None, resume=False):
+    return ("stream.reader_opened", {"reader": reader, "after": after, "resume": resume, "first": first})
+
+
 def readers_run():
     """length_run read over HTTP: the live reader, then a resume after seq 0 while it is still open
-    (D5: each has its own cursor; both get the rest and the terminal)."""
-    def got(reader, seq, terminal=False):
-        return ("stream.delivered", {"reader": reader, "seq": seq, "terminal": terminal})
-
+    (D5: each has its own cursor; both get the rest and the terminal), a resume past the end (the
+    terminal again) and one that leaves after one event (closed)."""
     return length_run() + [
-        ("stream.reader_opened", {"reader": 0, "after": None, "resume": False}),
-        got(0, None), got(0, 0), got(0, 1), got(0, 2, True),
-        ("stream.reader_opened", {"reader": 1, "after": 0, "resume": True}),
-        got(1, 1), got(1, 2, True),
-        ("stream.reader_opened", {"reader": 2, "after": 9, "resume": True}),  # past the end: the terminal again
-        got(2, 2, True),
+        opened(0, None), got(0, None, 2, 4, True),
+        opened(1, 1, after=0, resume=True), got(1, 1, 2, 2, True),
+        opened(2, 2, after=9, resume=True), got(2, 2, 2, 1, True),  # past the end: the terminal again
+        opened(3, 1, after=0, resume=True), got(3, 1, 1, 1, closed=True),
     ]
 
 
@@ -181,7 +187,7 @@ BROKEN = {
     "terminal_with_transition": lambda: insert_before(length_run(), "response.completed", ("decode.started", {"step": 9})),
     "seq_strictly_increasing": lambda: edit(length_run(), "response.delta", 1, seq=0),
     "seq_contiguous": lambda: edit(edit(length_run(), "response.delta", 1, seq=2), "response.completed", seq=3),
-    "reader_delivery_complete": lambda: drop(readers_run(), "stream.delivered", reader=1, seq=1),
+    "reader_delivery_complete": lambda: edit(readers_run(), "stream.delivered", count=1, match={"reader": 1}),
     "delta_nonempty": lambda: insert_before(length_run(), "decode.started", ("response.delta", {"seq": 1, "bytes": b""})),
     "stream_bounded": lambda: edit(edit(length_run(), "request.created", max_events=1), "response.delta", unread_events=2),
     "release_exactly_once": lambda: insert_before(length_run(), "lifecycle.transition",
@@ -298,15 +304,55 @@ def test_check_trace_refuses_non_events():
         check_trace([("response.start", {})])
 
 
+def _swap_delivered(reader, *entries):
+    """readers_run with `reader`'s delivered entries replaced by `entries`."""
+    def change(rows):
+        i = where(rows, "stream.delivered", reader=reader)
+        rows = [r for r in rows if not (r[0] == "stream.delivered" and r[1]["reader"] == reader)]
+        return rows[:i] + list(entries) + rows[i:]
+    return change
+
+
+# Every way one reader's delivery can be wrong (issue 23), written by hand.
 @pytest.mark.parametrize(("change", "says"), [
-    (lambda rows: drop(rows, "stream.delivered", reader=1, seq=1), "a gap"),
-    (lambda rows: insert_before(rows, "stream.reader_opened", ("stream.delivered", {"reader": 0, "seq": 1,
-                                                                                   "terminal": False}), 1), "after its terminal"),
-    (lambda rows: edit(rows, "stream.delivered", reader=0, seq=1, match={"reader": 0, "seq": 2}), "a duplicate"),
-    (lambda rows: edit(rows, "stream.delivered", terminal=True, match={"reader": 1, "seq": 1}), "terminal with seq=1"),
+    (_swap_delivered(1, got(1, 2, 2, 1, True)), "seq=2 where seq=1 was due (a gap)"),  # skips seq 1
+    (_swap_delivered(1, got(1, 1, 2, 1, True)), "1 events for seq=1..2 (a gap)"),  # loses one inside
+    (_swap_delivered(1, got(1, 0, 2, 3, True)), "seq=0 where seq=1 was due (a duplicate)"),  # replays seq 0
+    (_swap_delivered(1, got(1, 1, 2, 3, True)), "(a duplicate)"),  # one event twice inside the run
+    (_swap_delivered(1, got(1, 1, 1, 1), got(1, 1, 2, 2, True)), "(a duplicate)"),  # a run repeats the last
+    (_swap_delivered(0, got(0, 0, 2, 3, True)), "seq=0 where seq=None was due (a gap)"),  # misses response.start
+    (lambda rows: edit(edit(rows, "stream.reader_opened", first=0, match={"reader": 0}), "stream.delivered",
+                       first=0, count=3, match={"reader": 0}), "the first, started at seq=0"),  # nor seq 0 (claimed)
+    (_swap_delivered(0, got(0, None, 2, 4, True), got(0, 3, 3, 1)), "after its terminal event"),
+    (_swap_delivered(3, got(3, 1, 1, 1, closed=True), got(3, 2, 2, 1, True)), "after its close"),
+    (_swap_delivered(1, got(1, 1, 1, 1, True)), "terminal with seq=1"),
+    (_swap_delivered(1, got(1, 1, 5, 5, True)), "seq=5, which the stream never logged"),
+    (lambda rows: rows + [got(7, 0, 0, 1)], "never opened"),
+    (_swap_delivered(1, got(1, 1, 1, 1)), "reader 1 neither got the terminal event nor closed"),  # just stops
+    (lambda rows: rows + [opened(4, 1, after=0, resume=True)], "reader 4 neither got"),  # opened, never fed
 ])
 def test_reader_delivery_monitor_names_each_kind_of_wrong_delivery(change, says):
-    """§4.7 per reader: gaps, duplicates, events after the terminal, a wrong terminal."""
+    """§4.7 per reader (issue 23): a skipped or lost event, a duplicate, a live reader that misses
+    response.start or seq 0, anything after the terminal or after the reader left, a wrong terminal, an
+    event never logged, a reader never opened, a delivery that stops without terminal or close."""
     found = [str(v) for v in check_trace(build(change(readers_run())), tokenizer=TOK)
              if v.invariant == "reader_delivery_complete"]
     assert found and says in found[0], found
+
+
+@pytest.mark.parametrize(("policy", "events", "nbytes", "flagged"), [
+    ("buffer", 9, 3, False),  # buffer bounds bytes only: many small unread deltas are fine (D6)
+    ("buffer", 1, 99, True),
+    ("fail", 1, 99, False),  # fail bounds events only
+    ("fail", 9, 3, True),
+    ("pause", 9, 3, True),  # pause bounds both
+    ("pause", 2, 99, True),
+    ("pause", 1, 99, False),  # a lone delta larger than max_bytes waits alone
+])
+def test_stream_bounded_applies_the_caps_of_the_policy(policy, events, nbytes, flagged):
+    """D6 per policy (issue 23): main applied max_events to buffer runs and flagged correct ones."""
+    rows = edit(edit(length_run(), "request.created", policy=policy, max_events=4, max_bytes=10),
+                "response.delta", unread_events=events, unread_bytes=nbytes)
+    found = [v for v in check_trace(build(rows), tokenizer=TOK) if v.invariant == "stream_bounded"]
+    assert bool(found) is flagged, found
+
