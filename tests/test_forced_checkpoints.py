@@ -30,33 +30,39 @@ def _greedy(config, state, prompt, n):
     return out[0, len(prompt):].tolist()
 
 
+ANCHOR = 45
+
+
 def test_forced_weights_follow_scripts_where_tokens_recur_with_other_successors():
     """§4.3: greedy follows each script exactly, then EOS, although 5 is followed by 5, 6 and 7 in turn,
-    a marker alone is a prompt, and the 56-step script shares its tokens with the others."""
+    marker and anchor alone are a prompt, and the 56-step script shares its tokens with the others."""
     eos = 9
-    progs = [Program("a", 40, [40, 1], [5, 5, 6, 5, 7]), Program("b", 41, [41, 5], [7, 5, eos]),
-             Program("c", 42, [42], [*range(10, 40), *range(10, 36)])]
-    config, state = forced_llama(progs, 50, eos)
-    assert check_margins(state, progs, eos) > 5  # logit gap of the float64 forward, at every step
+    progs = [Program("a", 40, [40, ANCHOR, 1], [5, 5, 6, 5, 7]), Program("b", 41, [41, ANCHOR, 5], [7, 5, eos]),
+             Program("c", 42, [42, ANCHOR], [*range(10, 40), *range(10, 36)])]
+    config, state = forced_llama(progs, 50, eos, ANCHOR)
+    margins = check_margins(state, config, progs, eos)  # every step, with each dtype's rounding
+    assert set(margins) == {"float32", "bfloat16", "float16"} and all(m.logit > 5 for m in margins.values())
     for p in progs:
         assert _greedy(config, state, p.prompt, len(p.script) + 1) == [*p.script, eos]
 
 
 def test_a_prompt_of_no_program_chooses_eos():
     """Positions no program votes at fall to EOS: an unknown prompt ends at once, not on noise."""
-    config, state = forced_llama([Program("a", 40, [40, 1], [5, 6])], 50, 9)
+    config, state = forced_llama([Program("a", 40, [40, ANCHOR, 1], [5, 6])], 50, 9, ANCHOR)
     assert _greedy(config, state, [1, 2, 3], 2) == [9, 9]
 
 
 @pytest.mark.parametrize("programs, message", [
-    ([Program("a", 40, [1, 40], [5])], "must start with its marker"),
-    ([Program("a", 40, [40], [41]), Program("b", 41, [41], [5])], "only at position 0"),
-    ([Program("a", 40, [40], [99])], "outside the vocabulary"),
-    ([Program("a", 40, [40], [5]), Program("b", 40, [40], [6])], "also a's"),
+    ([Program("a", 40, [1, 40, ANCHOR], [5])], "must start with its marker"),
+    ([Program("a", 40, [40, 1], [5])], "then the anchor"),
+    ([Program("a", 40, [40, ANCHOR], [41]), Program("b", 41, [41, ANCHOR], [5])], "stand inside its prompt"),
+    ([Program("a", 40, [40, ANCHOR], [99])], "outside the vocabulary"),
+    ([Program("a", 40, [40, ANCHOR], [5]), Program("b", 40, [40, ANCHOR], [6])], "also a's"),
+    ([Program("a", 40, [40, ANCHOR], [5] * 511)], "exceed the context of 512"),
 ])
 def test_programs_that_cannot_share_a_checkpoint_are_refused_by_name(programs, message):
     with pytest.raises(ProgramError, match=message):
-        forced_llama(programs, 50, 9)
+        forced_llama(programs, 50, 9, ANCHOR)
 
 
 def test_compiled_byte_table_keeps_every_id_and_its_bytes(tmp_path):
