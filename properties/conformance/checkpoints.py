@@ -299,7 +299,7 @@ class ProofError(AssertionError):
     """transformers did not follow a program of a forced checkpoint."""
 
 
-def greedy(model: Any, prompts: Sequence[Sequence[int]], n: int, pad_id: int, **kw: Any) -> list[list[int]]:
+def generate_batch(model: Any, prompts: Sequence[Sequence[int]], n: int, pad_id: int, **kw: Any) -> list[list[int]]:
     """transformers `generate` on every prompt at once (left-padded, masked), greedy unless `kw` says
     otherwise, for n new tokens each (no EOS stops it); the new ids of each."""
     import torch
@@ -337,7 +337,7 @@ def prove(ckpt: Checkpoint, dtypes: Sequence[str] = DTYPES) -> str:
     n = max(len(want) for _, _, want in runs)
     for dtype in dtypes:
         model = AutoModelForCausalLM.from_pretrained(ckpt.folder, dtype=getattr(torch, dtype)).eval()
-        got = greedy(model, [prompt for _, prompt, _ in runs], n, ckpt.eos_id)
+        got = generate_batch(model, [prompt for _, prompt, _ in runs], n, ckpt.eos_id)
         for (name, _, want), ids in zip(runs, got):
             if ids[:len(want)] != want:
                 at = next(i for i, (a, b) in enumerate(zip(ids, want)) if a != b)

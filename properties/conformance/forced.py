@@ -35,8 +35,11 @@ comes close to itself, and every vote is one ramp against a fixed bias:
   minus a penalty unless its program runs, scaled so that it is +GATE at t and at most -GATE
   elsewhere; `up` reads the bias and the down projection writes VOTE on the vote dim of the token
   the script wants. Nothing is a difference of saturated activations.
-- **lm_head.** Token t reads its vote dim; EOS also reads the bias, so where nothing votes (past a
-  script's end, an unknown prompt) EOS wins by EOS_LOGIT.
+- **lm_head.** Token t reads its vote dim (LOGIT where it fires); EOS also reads the bias, so where
+  nothing votes (past a script's end, an unknown prompt) EOS wins by EOS_LOGIT, and every other
+  token's vote dim negatively, so where one votes EOS sits below the unvoted tokens' 0. The runner-up
+  of a scripted token is thus at 0 and no logit is negative enough to gain from a repetition
+  penalty (which divides positive logits and multiplies negative ones).
 - **The prefix probe.** A separate marker whose prompt is itself alone: its PROBE_MAX heads each ask
   whether an ordinary token stands exactly D places before the query (D = 1..PROBE_MAX, a RoPE peak
   at distance D against the marker's own score), so the probe's first output token `echo[p]` tells
@@ -87,6 +90,7 @@ GATE = 16.0  # a deciding neuron's gate at its position (+) and everywhere else 
 VOTE = 20.0  # what a firing neuron writes on its vote dim
 LOGIT = 30.0  # the voted token's logit
 EOS_LOGIT = 25.0  # EOS's logit where nothing votes
+EOS_AGAINST = 10.0  # how far a vote for another token pushes EOS below 0 (so the runner-up scores 0)
 RMS_EPS = 1e-6
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -373,6 +377,7 @@ def forced_llama(programs: Sequence[Program], vocab_size: int, eos_id: int, anch
     rho3 = math.sqrt(1.0 / H + RMS_EPS)
     for t in range(vocab_size):
         head[t, lay.vote(t)] = LOGIT / math.sqrt(H)  # a firing vote dominates the final norm: h ~ sqrt(H)
+        head[eos_id, lay.vote(t)] = -EOS_AGAINST / math.sqrt(H) if t != eos_id else LOGIT / math.sqrt(H)
     head[eos_id, 0] = EOS_LOGIT * rho3
     ones = np.ones(H)
     state = {
