@@ -86,12 +86,98 @@ def forced(tmp_path_factory):
     return {c.group: c for c in built}
 
 
-def test_every_checkpoint_is_proved_by_transformers_generate(forced):
-    """No engine is judged on an unproved checkpoint: every program (recipe included) is followed exactly."""
+def test_every_checkpoint_is_proved_by_transformers_generate_in_every_dtype(forced):
+    """No engine is judged on an unproved checkpoint: every program (recipe included) and the prefix
+    probe are followed exactly in float32, bfloat16 and float16, as engines serve them (issue 22 item 2)."""
     assert set(forced) == {TABLE_GROUP, "byte_level_bpe", "sentencepiece_byte_fallback", "wordpiece"}
     for ck in forced.values():
         assert RECIPE in ck.programs
-        assert "followed exactly" in prove(ck)
+        account = prove(ck)
+        assert "followed exactly" in account and "in float32, bfloat16, float16" in account
+        assert set(ck.margins) == {"float32", "bfloat16", "float16"}
+        assert all(m["logit"] > 20 and m["gate"] > 0.5 for m in ck.margins.values()), ck.margins
+
+
+def test_a_checkpoint_one_dtype_cannot_carry_is_refused_in_that_dtype(forced, tmp_path):
+    """Issue 22 item 2: a weight past float16's range (65504) in a head that matters nowhere else makes
+    float16's forward NaN; the margin check and the proof refuse it naming float16, and only it."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from decodespec.properties.conformance.checkpoints import Checkpoint, ProofError
+
+    ck = forced["wordpiece"]
+    folder = tmp_path / "overflow"
+    shutil.copytree(ck.folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    state = load_file(folder / "model.safetensors")
+    q = state["model.layers.0.self_attn.q_proj.weight"]
+    spare = config["num_attention_heads"] - 1  # heads are padded to a multiple of 8: this one reads nothing
+    assert not q[spare * 64:].any()
+    q[spare * 64, 0] = 1e5
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+    numpy_state = {k: v.numpy() for k, v in state.items()}
+    programs = list(ck.programs.values())
+    assert set(check_margins(numpy_state, config, programs, ck.eos_id, dtypes=("float32", "bfloat16"))) == {
+        "float32", "bfloat16"}
+    with pytest.raises(ProgramError, match="^float16: "):
+        check_margins(numpy_state, config, programs, ck.eos_id)
+    bad = Checkpoint.load(folder)
+    assert "followed exactly" in prove(bad, ("float32", "bfloat16"))
+    with pytest.raises(ProofError, match="in float16: "):
+        prove(bad)
+
+
+def test_the_rounding_check_computes_what_transformers_computes_in_each_dtype(forced):
+    """check_margins' forward pass applies each dtype's rounding where transformers' eager path does: its
+    logits agree with transformers' to float32's precision, and within a fraction of a logit in half."""
+    import json
+
+    from safetensors.numpy import load_file
+    from transformers import AutoModelForCausalLM
+
+    from decodespec.properties.conformance.forced import forward
+
+    ck = forced[TABLE_GROUP]
+    state = load_file(ck.folder / "model.safetensors")
+    config = json.loads((ck.folder / "config.json").read_text())
+    prog = ck.programs[RECIPE]
+    ids = [*prog.prompt, *prog.script]
+    for dtype, close in (("float32", 1e-3), ("bfloat16", 0.5), ("float16", 0.1)):
+        model = AutoModelForCausalLM.from_pretrained(ck.folder, dtype=getattr(torch, dtype), attn_implementation="eager")
+        with torch.no_grad():
+            theirs = model(torch.tensor([ids])).logits[0].float().numpy()
+        ours, _ = forward(state, config, ids, dtype)
+        assert abs(ours - theirs).max() < close, dtype
+
+
+@pytest.mark.slow
+def test_a_script_as_long_as_the_context_is_followed_at_every_position_in_every_dtype():
+    """Issue 22 item 1: 509 scripted tokens (every position up to the 512-token context, tokens recurring
+    with every kind of successor) are followed by transformers generate in float32, bfloat16 and
+    float16, with sdpa and eager attention: no position code runs out of precision."""
+    import random
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from decodespec.properties.conformance.forced import CONTEXT, DTYPES
+
+    rng = random.Random(0)
+    vocab, eos = 300, 0
+    script = [rng.randrange(1, 200) for _ in range(CONTEXT - 3)]
+    prog = Program("long", vocab - 3, [vocab - 3, ANCHOR + 200], script)
+    config, state = forced_llama([prog], vocab, eos, ANCHOR + 200)
+    for attn in ("sdpa", "eager"):
+        model = LlamaForCausalLM(LlamaConfig(**config, attn_implementation=attn)).eval()
+        model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+        for dtype in DTYPES:
+            with torch.no_grad():
+                out = model.to(getattr(torch, dtype)).generate(
+                    torch.tensor([list(prog.prompt)]), max_new_tokens=len(script) + 1, do_sample=False,
+                    eos_token_id=None, pad_token_id=eos)
+            assert out[0, len(prog.prompt):].tolist() == [*script, eos], (attn, dtype)
 
 
 def test_at_least_forty_cases_run_over_http_and_the_rest_say_why(forced):

@@ -437,13 +437,20 @@ def forward(state: dict[str, np.ndarray], config: dict[str, Any], ids: Sequence[
 
 def rounded(state: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarray]:
     """The weights as an engine holds them in `dtype` (float64 arrays of the rounded values)."""
-    return {k: ROUNDING[dtype](v.astype(np.float64)) for k, v in state.items()}
+    with np.errstate(over="ignore"):  # a weight past the dtype's range becomes inf, as it does in the engine
+        return {k: ROUNDING[dtype](v.astype(np.float64)) for k, v in state.items()}
 
 
 def forward_many(w: dict[str, np.ndarray], config: dict[str, Any], seqs: Sequence[Sequence[int]],
                  dtype: str) -> list[tuple[np.ndarray, np.ndarray]]:
     """`forward` of several sequences on weights already `rounded`: the per-token steps run on all
     their tokens at once, attention on each sequence alone."""
+    with np.errstate(over="ignore", invalid="ignore"):  # a dtype's overflow shows as inf / NaN in the result
+        return _forward_many(w, config, seqs, dtype)
+
+
+def _forward_many(w: dict[str, np.ndarray], config: dict[str, Any], seqs: Sequence[Sequence[int]],
+                  dtype: str) -> list[tuple[np.ndarray, np.ndarray]]:
     r = ROUNDING[dtype]
     n_heads, d = config["num_attention_heads"], config["head_dim"]
     eps = config["rms_norm_eps"]
@@ -527,8 +534,9 @@ def check_margins(state: dict[str, np.ndarray], config: dict[str, Any], programs
                 row = logits[len(prompt) - 1 + i]
                 gap = float(row[target] - np.delete(row, target).max())
                 if not gap > 0:
-                    raise ProgramError(f"{dtype}: program {name}: at output step {i + 1} greedy picks "
-                                       f"{int(np.nanargmax(row))}, not {target} (gap {gap:.3g})")
+                    what = ("the logits are NaN (a value left the dtype's range)" if np.isnan(row).any() else
+                            f"greedy picks {int(row.argmax())}, not {target} (gap {gap:.3g})")
+                    raise ProgramError(f"{dtype}: program {name}: at output step {i + 1} {what}")
                 top = np.sort(gates[len(prompt) - 1 + i, used])[::-1]
                 fires = target != eos_id or top[0] > 0  # a scripted EOS is voted for like any token
                 g = min(top[0], -top[1]) / GATE if fires else -top[0] / GATE
