@@ -22,7 +22,8 @@ def checkpoints() -> None:
               show_default=True, help="Folder to write one checkpoint per tokenizer group into.")
 @click.option("--select", "select", multiple=True, help="Only cases whose id starts with this prefix (repeatable).")
 @click.option("--prove/--no-prove", default=True, show_default=True,
-              help="Run transformers generate on every program and refuse a checkpoint that deviates.")
+              help="Run transformers generate on every program in float32, bfloat16 and float16 and refuse a "
+                   "checkpoint that deviates in any.")
 def build(out_dir: Path, select: tuple[str, ...], prove: bool) -> None:
     """Build the checkpoints of every script case that can run over HTTP."""
     from .properties.conformance import checkpoints as ck
@@ -34,7 +35,8 @@ def build(out_dir: Path, select: tuple[str, ...], prove: bool) -> None:
     except CaseError as exc:
         raise click.ClickException(str(exc)) from None
     for c in built:
-        line = f"{c.folder}: {len(c.programs) - 1} case(s) + the recipe program"
+        margins = ", ".join(f"{d} {m['logit']:.1f} (gate {m['gate']:.2f})" for d, m in c.margins.items())
+        line = f"{c.folder}: {len(c.programs) - 1} case(s) + the recipe program; logit margins {margins}"
         if prove:
             try:
                 line += f"; proved: {ck.prove(c)}"
@@ -57,6 +59,7 @@ def list_(folder: Path) -> None:
         raise click.ClickException(f"no forced checkpoint ({MANIFEST}) under {folder}")
     for sub in found:
         c = Checkpoint.load(sub)
-        click.echo(f"{sub} ({c.group}, eos {c.eos_id})")
+        click.echo(f"{sub} ({c.group}, eos {c.eos_id}, anchor {c.anchor}; prefix probe: prompt {list(c.probe.prompt)} "
+                   f"-> echo {list(c.probe.echo)})")
         for cid, p in c.programs.items():
             click.echo(f"  {cid}: prompt {list(p.prompt)} -> script {list(p.script)}")
