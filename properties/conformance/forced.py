@@ -21,16 +21,18 @@ comes close to itself, and every vote is one ramp against a fixed bias:
   reads their identity. Attention outputs are written small (SCALE) so that they hardly move the
   RMS norms.
 - **Feature heads: where the marker is.** In each, ordinary tokens score SUPPRESS below the marker
-  and the anchor (through a RoPE pair that barely turns), so only those two count. The anchor scores
+  and the anchor (through the RoPE pair that does not turn), so only those two count. The anchor scores
   0; the marker scores AMPLITUDE * cos(m * theta + phase), m being the query's distance from the
   marker, through one RoPE pair. The head returns sigmoid(score) - 1/2: a feature in (-0.4, 0.4)
-  that depends on m alone, whatever stands before the marker. Eight pairs (frequencies 1 down to
-  0.0055 rad per token) at two phases give 16 features.
+  that depends on m alone, whatever stands before the marker. Seven pairs (turning 2^0 down to 2^-8
+  rad per token, powers of two so that every angle is exact in any dtype) at two phases give 14
+  features.
 - **Program heads.** The marker scores PROGRAM_SCORE over everything else, so the head copies which
   program runs (a one-hot over the programs), exactly, at every position.
-- **MLP: one ramp per scripted position.** The 16 features trace a closed-ish curve in m on which
-  every point is an extreme point (each pair's curve is convex), so for each scripted position t a
-  hyperplane (the curve's outward normals at t) separates t from every other m in 1..REACH. The
+- **MLP: one ramp per scripted position.** The 14 features trace a curve in m on which every point
+  is an extreme point (each pair's curve is convex), so for each scripted position t a hyperplane
+  (the pairs' outward normals at t, weighted by PAIR_WEIGHTS) separates t from every other m in
+  1..REACH. The
   neuron's gate is that linear form minus a fixed threshold halfway to the nearest other position,
   minus a penalty unless its program runs, scaled so that it is +GATE at t and at most -GATE
   elsewhere; `up` reads the bias and the down projection writes VOTE on the vote dim of the token
@@ -50,7 +52,7 @@ comes close to itself, and every vote is one ramp against a fixed bias:
 Limits. Relative positions 1..REACH (1024) are told apart, so a program's prompt plus script must
 fit CONTEXT (512); the vocabulary needs one hidden dim per token (the model grows with it); one
 checkpoint holds any number of programs (64 per program head). The prefix probe tells 0..7 tokens
-exactly. Weights and activations stay far inside float16's range (|x| < 1e4).
+exactly. Weights and activations stay far inside float16's range (|x| < 1e3).
 
 Margins are computed, not hoped for: `check_margins` runs the forward pass in float64 with each
 dtype's rounding applied to weights, every activation and the KV cache (`forward`), for every
@@ -81,7 +83,7 @@ AMPLITUDE = 2.0  # the marker's score swing in a feature head (sigmoid(+-2) = 0.
 SUPPRESS = 30.0  # how far below the marker and anchor an ordinary token scores in a feature head
 PROGRAM_SCORE = 25.0  # the marker's score in a program head, over 0 for every other token
 PROBE_MAX = 8  # the probe tells prefixes of 0..PROBE_MAX-1 tokens, and "PROBE_MAX or more"
-PROBE_PAIRS = (0, 1, 2, 3)  # their sum peaks at the asked distance and is >= 9 lower one place nearer
+PROBE_PAIRS = (0, 1, 2, 3)  # their sum peaks at the asked distance, >= 14.9 lower 1..7 places nearer
 PROBE_PEAK = 24.0  # each probe pair's score amplitude
 PROGRAMS_PER_HEAD = HEAD_DIM
 KAPPA = 1.0  # a special token's own dim, beside the bias
@@ -138,7 +140,7 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def features(m: np.ndarray) -> np.ndarray:
-    """The feature heads' exact outputs (before SCALE) at distances m from the marker: [len(m), 16]."""
+    """The feature heads' exact outputs (before SCALE) at distances m from the marker: [len(m), 14]."""
     ang = np.outer(m, theta()[list(FEATURE_PAIRS)])
     out = np.empty((len(m), 2 * len(FEATURE_PAIRS)))
     out[:, 0::2] = _sigmoid(AMPLITUDE * np.cos(ang)) - 0.5
@@ -148,7 +150,7 @@ def features(m: np.ndarray) -> np.ndarray:
 
 @functools.cache
 def detector() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For every target t in 0..CONTEXT-1: the normal N[t] (16 coefficients), the threshold b[t]
+    """For every target t in 0..CONTEXT-1: the normal N[t] (one coefficient per feature), the threshold b[t]
     halfway between N[t].f(t) and the largest N[t].f(m) over m != t in 1..REACH, and that gap[t]."""
     t = np.arange(CONTEXT)
     ang = np.outer(t, theta()[list(FEATURE_PAIRS)])
@@ -298,7 +300,7 @@ def forced_llama(programs: Sequence[Program], vocab_size: int, eos_id: int, anch
         return head * HEAD_DIM + dim
 
     def constant(head: int, key_reader: np.ndarray, value: float) -> None:
-        """In `head`, the tokens key_reader picks score `value` (times cos(m theta) of the quiet pair, >= 0.95)."""
+        """In `head`, the tokens key_reader picks score `value`, whatever the distance (the quiet pair does not turn)."""
         s = math.sqrt(abs(value) * math.sqrt(HEAD_DIM))  # q . k / sqrt(HEAD_DIM) = value
         q[row(head, QUIET_PAIR)] = s * one
         k[row(head, QUIET_PAIR)] = math.copysign(s, value) * key_reader
@@ -354,10 +356,10 @@ def forced_llama(programs: Sequence[Program], vocab_size: int, eos_id: int, anch
             neurons.append((alpha, p.script[step]))
     if probe is not None:
         tok = lay.special(len(specials) - 1)  # the probe marker's own dim: 1 where it is the current token
-        for p, echo in enumerate(probe.echo):
+        for shift, echo in enumerate(probe.echo):
             # bit(d) holds +1/2 when no token stands d places back, -1/2 when one does: p tokens are there
-            # when bit(p) is -1/2 (p >= 1) and bit(p + 1) is +1/2 (p < PROBE_MAX).
-            conds = ([(lay.bit(p), -1.0)] if p >= 1 else []) + ([(lay.bit(p + 1), 1.0)] if p < PROBE_MAX else [])
+            # when bit(p) is -1/2 (p >= 1) and bit(p + 1) is +1/2 (p < PROBE_MAX), p being `shift`.
+            conds = ([(lay.bit(shift), -1.0)] if shift >= 1 else []) + ([(lay.bit(shift + 1), 1.0)] if shift < PROBE_MAX else [])
             lam = 2 * GATE  # each met condition gives +1/2, an unmet one -1/2: +1/2 at p, <= -1/2 elsewhere
             alpha = {d: lam * s / SCALE for d, s in conds}
             alpha[tok] = lam * (len(conds) + 1) / KAPPA
