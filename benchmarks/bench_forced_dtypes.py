@@ -51,7 +51,8 @@ def measure(ck: Checkpoint, dtype: str, attn: str) -> list[dict]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(ck.folder, dtype=getattr(torch, dtype), attn_implementation=attn).eval()
+    model = AutoModelForCausalLM.from_pretrained(ck.folder, dtype=getattr(torch, dtype), attn_implementation=attn)
+    model.eval()
     runs = proof_runs(ck)
     width = max(len(p) for _, p, _ in runs)
     ids = torch.tensor([[ck.eos_id] * (width - len(p)) + p for _, p, _ in runs])

@@ -149,7 +149,8 @@ def test_the_rounding_check_computes_what_transformers_computes_in_each_dtype(fo
     prog = ck.programs[RECIPE]
     ids = [*prog.prompt, *prog.script]
     for dtype, close in (("float32", 1e-3), ("bfloat16", 0.5), ("float16", 0.1)):
-        model = AutoModelForCausalLM.from_pretrained(ck.folder, dtype=getattr(torch, dtype), attn_implementation="eager")
+        model = AutoModelForCausalLM.from_pretrained(ck.folder, dtype=getattr(torch, dtype),
+                                                     attn_implementation="eager")
         with torch.no_grad():
             theirs = model(torch.tensor([ids])).logits[0].float().numpy()
         ours, _ = forward(state, config, ids, dtype)

@@ -167,7 +167,8 @@ def test_a_penalty_past_the_margin_leaves_the_script_where_a_token_recurs(ck, mo
 
     recipe = ck.programs[RECIPE]
     penalty = LogitsProcessorList([_Penalties(40.0, 0.0, len(recipe.prompt))])
-    [got] = generate_batch(models["float32"], [recipe.prompt], len(recipe.script) + 1, ck.eos_id, logits_processor=penalty)
+    [got] = generate_batch(models["float32"], [recipe.prompt], len(recipe.script) + 1, ck.eos_id,
+                           logits_processor=penalty)
     again = next(i for i, t in enumerate(recipe.script) if t in recipe.script[:i])
     dev = deviation(recipe, ck.tokenizer, ck.eos_id, Returned(token_ids=got))
     assert dev is not None and dev.position == again + 1, dev

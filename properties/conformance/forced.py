@@ -132,7 +132,8 @@ class Probe:
 
 def theta() -> np.ndarray:
     """Each RoPE pair's turn per position, as engines compute it (float32 inverse frequencies)."""
-    return (1.0 / (np.float32(ROPE_THETA) ** (np.arange(0, HEAD_DIM, 2, dtype=np.float32) / HEAD_DIM))).astype(np.float64)
+    exponents = np.arange(0, HEAD_DIM, 2, dtype=np.float32) / HEAD_DIM
+    return (1.0 / np.float32(ROPE_THETA) ** exponents).astype(np.float64)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -300,7 +301,7 @@ def forced_llama(programs: Sequence[Program], vocab_size: int, eos_id: int, anch
         return head * HEAD_DIM + dim
 
     def constant(head: int, key_reader: np.ndarray, value: float) -> None:
-        """In `head`, the tokens key_reader picks score `value`, whatever the distance (the quiet pair does not turn)."""
+        """In `head`, the tokens key_reader picks score `value` at any distance (the quiet pair does not turn)."""
         s = math.sqrt(abs(value) * math.sqrt(HEAD_DIM))  # q . k / sqrt(HEAD_DIM) = value
         q[row(head, QUIET_PAIR)] = s * one
         k[row(head, QUIET_PAIR)] = math.copysign(s, value) * key_reader
@@ -359,7 +360,8 @@ def forced_llama(programs: Sequence[Program], vocab_size: int, eos_id: int, anch
         for shift, echo in enumerate(probe.echo):
             # bit(d) holds +1/2 when no token stands d places back, -1/2 when one does: p tokens are there
             # when bit(p) is -1/2 (p >= 1) and bit(p + 1) is +1/2 (p < PROBE_MAX), p being `shift`.
-            conds = ([(lay.bit(shift), -1.0)] if shift >= 1 else []) + ([(lay.bit(shift + 1), 1.0)] if shift < PROBE_MAX else [])
+            conds = [(lay.bit(shift), -1.0)] if shift >= 1 else []
+            conds += [(lay.bit(shift + 1), 1.0)] if shift < PROBE_MAX else []
             lam = 2 * GATE  # each met condition gives +1/2, an unmet one -1/2: +1/2 at p, <= -1/2 elsewhere
             alpha = {d: lam * s / SCALE for d, s in conds}
             alpha[tok] = lam * (len(conds) + 1) / KAPPA

@@ -44,9 +44,9 @@ _NO_CHARACTER = "\ufffd"  # bytes a detokenizer could not show: no evidence of t
 class Returned:
     """What an engine returned for one request, as far as it revealed it (None: not shown)."""
 
-    token_ids: tuple[int, ...] | None = attrs.field(default=None, converter=lambda v: None if v is None else tuple(v))
+    token_ids: tuple[int, ...] | None = attrs.field(default=None, converter=attrs.converters.optional(tuple))
     # Per-token pieces from logprobs: bytes where the server gives them, else each token's string.
-    tokens: tuple[bytes | str, ...] | None = attrs.field(default=None, converter=lambda v: None if v is None else tuple(v))
+    tokens: tuple[bytes | str, ...] | None = attrs.field(default=None, converter=attrs.converters.optional(tuple))
     text: str | None = None
 
     @property
@@ -152,4 +152,5 @@ def detect_prefix(probe: Probe, tokenizer: HFTokenizer, returned: Returned) -> P
                                    "or does not decode greedily")
     if first == PROBE_MAX:
         return Prefix(PROBE_MAX, True, f"the engine put {PROBE_MAX} or more tokens before the prompt")
-    return Prefix(first, False, f"the engine put {first} token(s) before the prompt (the prefix probe answered {shown})")
+    return Prefix(first, False, f"the engine put {first} token(s) before the prompt (the prefix probe answered "
+                                f"{shown})")
