@@ -54,14 +54,17 @@ def bench_checkpoint(folder: Path) -> Checkpoint:
 
 def _installed(engine: str) -> bool:
     install = ENGINES[engine]["install"]
-    probe = {"vllm": ".cache/peers/vllm/venv/bin/python", "llama-server": ".cache/peers/llama.cpp/build/bin/llama-server",
-             "llama-cpp-python": ".cache/peers/llama.cpp/venv/bin/python"}.get(engine)
+    vllm, server = ".cache/peers/vllm/venv/bin/python", ".cache/peers/llama.cpp/build/bin/llama-server"
+    probe = {"vllm": vllm, "vllm-fp16": vllm, "vllm-bf16": vllm, "llama-server": server, "llama-server-f16": server,
+             "llama-server-bf16": server, "llama-cpp-python": ".cache/peers/llama.cpp/venv/bin/python"}.get(engine)
     return not install or probe is None or (ROOT / probe).exists()
 
 
-def _gguf(ck: Checkpoint) -> None:
-    if not (ck.folder / "model.gguf").is_file():
-        subprocess.run(["scripts/peers/llama_cpp.sh", "convert", str(ck.folder), str(ck.folder / "model.gguf")],
+def _gguf(ck: Checkpoint, outtype: str) -> None:
+    """llama.cpp's conversion of `ck` to `outtype`, named as scripts/peers/conform.sh names it."""
+    out = ck.folder / ("model.gguf" if outtype == "f32" else f"model-{outtype}.gguf")
+    if not out.is_file():
+        subprocess.run(["scripts/peers/llama_cpp.sh", "convert", str(ck.folder), str(out), outtype],
                        cwd=ROOT, check=True, capture_output=True)
 
 
@@ -109,7 +112,7 @@ def run(rounds: int = 2, engines: str = "decodespec-serve,vllm,llama-server",
             out["engines"][engine] = {"missing": f"not installed: run {ENGINES[engine]['install']}"}
             continue
         if ENGINES[engine]["gguf"]:
-            _gguf(ck)
+            _gguf(ck, ENGINES[engine]["gguf"])
         t0 = time.perf_counter()
         log = ROOT / ".cache/peers/logs/bench" / f"{engine}.log"
         with launched(ENGINES[engine]["launch"], ck, log) as url:

@@ -24,7 +24,8 @@ def checkpoints() -> None:
 @click.option("--group", "groups", multiple=True,
               help="Only this checkpoint group (byte_table, byte_level_bpe, ...): what a reproducer rebuilds.")
 @click.option("--prove/--no-prove", default=True, show_default=True,
-              help="Run transformers generate on every program and refuse a checkpoint that deviates.")
+              help="Run transformers generate on every program in float32, bfloat16 and float16 and refuse a "
+                   "checkpoint that deviates in any.")
 def build(out_dir: Path, select: tuple[str, ...], groups: tuple[str, ...], prove: bool) -> None:
     """Build the checkpoints of every script case that can run over HTTP."""
     from .properties.conformance import checkpoints as ck
@@ -42,7 +43,9 @@ def build(out_dir: Path, select: tuple[str, ...], groups: tuple[str, ...], prove
     except CaseError as exc:
         raise click.ClickException(str(exc)) from None
     for c in built:
-        line = f"{c.folder}: {len(c.programs) - 1} case(s) + the recipe program; sha256 {ck.digest(c.folder)}"
+        margins = ", ".join(f"{d} {m['logit']:.1f} (gate {m['gate']:.2f})" for d, m in c.margins.items())
+        line = (f"{c.folder}: {len(c.programs) - 1} case(s) + the recipe program; sha256 {ck.digest(c.folder)}; "
+                f"logit margins {margins}")
         if prove:
             try:
                 line += f"; proved: {ck.prove(c)}"
@@ -65,7 +68,8 @@ def list_(folder: Path) -> None:
         raise click.ClickException(f"no forced checkpoint ({MANIFEST}) under {folder}")
     for sub in found:
         c = Checkpoint.load(sub)
-        click.echo(f"{sub} ({c.group}, eos {c.eos_id})")
+        click.echo(f"{sub} ({c.group}, eos {c.eos_id}, anchor {c.anchor}; prefix probe: prompt {list(c.probe.prompt)} "
+                   f"-> echo {list(c.probe.echo)})")
         for cid, p in c.programs.items():
             click.echo(f"  {cid}: prompt {list(p.prompt)} -> script {list(p.script)}")
 

@@ -30,33 +30,39 @@ def _greedy(config, state, prompt, n):
     return out[0, len(prompt):].tolist()
 
 
+ANCHOR = 45
+
+
 def test_forced_weights_follow_scripts_where_tokens_recur_with_other_successors():
     """§4.3: greedy follows each script exactly, then EOS, although 5 is followed by 5, 6 and 7 in turn,
-    a marker alone is a prompt, and the 56-step script shares its tokens with the others."""
+    marker and anchor alone are a prompt, and the 56-step script shares its tokens with the others."""
     eos = 9
-    progs = [Program("a", 40, [40, 1], [5, 5, 6, 5, 7]), Program("b", 41, [41, 5], [7, 5, eos]),
-             Program("c", 42, [42], [*range(10, 40), *range(10, 36)])]
-    config, state = forced_llama(progs, 50, eos)
-    assert check_margins(state, progs, eos) > 5  # logit gap of the float64 forward, at every step
+    progs = [Program("a", 40, [40, ANCHOR, 1], [5, 5, 6, 5, 7]), Program("b", 41, [41, ANCHOR, 5], [7, 5, eos]),
+             Program("c", 42, [42, ANCHOR], [*range(10, 40), *range(10, 36)])]
+    config, state = forced_llama(progs, 50, eos, ANCHOR)
+    margins = check_margins(state, config, progs, eos)  # every step, with each dtype's rounding
+    assert set(margins) == {"float32", "bfloat16", "float16"} and all(m.logit > 5 for m in margins.values())
     for p in progs:
         assert _greedy(config, state, p.prompt, len(p.script) + 1) == [*p.script, eos]
 
 
 def test_a_prompt_of_no_program_chooses_eos():
     """Positions no program votes at fall to EOS: an unknown prompt ends at once, not on noise."""
-    config, state = forced_llama([Program("a", 40, [40, 1], [5, 6])], 50, 9)
+    config, state = forced_llama([Program("a", 40, [40, ANCHOR, 1], [5, 6])], 50, 9, ANCHOR)
     assert _greedy(config, state, [1, 2, 3], 2) == [9, 9]
 
 
 @pytest.mark.parametrize("programs, message", [
-    ([Program("a", 40, [1, 40], [5])], "must start with its marker"),
-    ([Program("a", 40, [40], [41]), Program("b", 41, [41], [5])], "only at position 0"),
-    ([Program("a", 40, [40], [99])], "outside the vocabulary"),
-    ([Program("a", 40, [40], [5]), Program("b", 40, [40], [6])], "also a's"),
+    ([Program("a", 40, [1, 40, ANCHOR], [5])], "must start with its marker"),
+    ([Program("a", 40, [40, 1], [5])], "then the anchor"),
+    ([Program("a", 40, [40, ANCHOR], [41]), Program("b", 41, [41, ANCHOR], [5])], "stand inside its prompt"),
+    ([Program("a", 40, [40, ANCHOR], [99])], "outside the vocabulary"),
+    ([Program("a", 40, [40, ANCHOR], [5]), Program("b", 40, [40, ANCHOR], [6])], "also a's"),
+    ([Program("a", 40, [40, ANCHOR], [5] * 511)], "exceed the context of 512"),
 ])
 def test_programs_that_cannot_share_a_checkpoint_are_refused_by_name(programs, message):
     with pytest.raises(ProgramError, match=message):
-        forced_llama(programs, 50, 9)
+        forced_llama(programs, 50, 9, ANCHOR)
 
 
 def test_compiled_byte_table_keeps_every_id_and_its_bytes(tmp_path):
@@ -80,62 +86,100 @@ def forced(tmp_path_factory):
     return {c.group: c for c in built}
 
 
-def test_every_checkpoint_is_proved_by_transformers_generate(forced):
-    """No engine is judged on an unproved checkpoint: every program (recipe included) is followed exactly."""
+def test_every_checkpoint_is_proved_by_transformers_generate_and_checked_in_every_dtype(forced):
+    """No engine is judged on an unproved checkpoint: every program (recipe included) and the prefix
+    probe are followed exactly by transformers; every checkpoint's margins were checked with each
+    dtype's rounding when it was built, and one is proved in float32, bfloat16 and float16 as engines
+    serve them (issue 22 item 2; `decodespec checkpoints build` proves all in all three)."""
     assert set(forced) == {TABLE_GROUP, "byte_level_bpe", "sentencepiece_byte_fallback", "wordpiece"}
     for ck in forced.values():
         assert RECIPE in ck.programs
-        assert "followed exactly" in prove(ck)
+        assert "followed exactly" in prove(ck, ("float32",))
+        assert set(ck.margins) == {"float32", "bfloat16", "float16"}
+        assert all(m["logit"] > 20 and m["gate"] > 0.5 for m in ck.margins.values()), ck.margins
+    account = prove(forced[TABLE_GROUP])
+    assert "followed exactly" in account and "in float32, bfloat16, float16" in account
 
 
-def test_at_least_forty_cases_run_over_http_and_the_rest_say_why(forced):
-    """Issue 13: >= 40 cases observable over HTTP; each remaining white-box case names its reason."""
-    cases = load_cases()
-    compiled = {cid for ck in forced.values() for cid in ck.programs} - {RECIPE}
-    blackbox = [c for c in cases if c.kind.value == "blackbox"]
-    assert len(compiled) + len(blackbox) >= 40
-    for c in cases:
-        if c.kind.value == "script" and c.id not in compiled:
-            assert http_blocker(c), c.id
+def test_a_checkpoint_one_dtype_cannot_carry_is_refused_in_that_dtype(forced, tmp_path):
+    """Issue 22 item 2: a weight past float16's range (65504) in a head that matters nowhere else makes
+    float16's forward NaN; the margin check and the proof refuse it naming float16, and only it."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from decodespec.properties.conformance.checkpoints import Checkpoint, ProofError
+
+    ck = forced["wordpiece"]
+    folder = tmp_path / "overflow"
+    shutil.copytree(ck.folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    state = load_file(folder / "model.safetensors")
+    q = state["model.layers.0.self_attn.q_proj.weight"]
+    spare = config["num_attention_heads"] - 1  # heads are padded to a multiple of 8: this one reads nothing
+    assert not q[spare * 64:].any()
+    q[spare * 64, 0] = 1e5
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+    numpy_state = {k: v.numpy() for k, v in state.items()}
+    programs = list(ck.programs.values())
+    assert set(check_margins(numpy_state, config, programs, ck.eos_id, dtypes=("float32", "bfloat16"))) == {
+        "float32", "bfloat16"}
+    with pytest.raises(ProgramError, match="^float16: "):
+        check_margins(numpy_state, config, programs, ck.eos_id)
+    bad = Checkpoint.load(folder)
+    assert "followed exactly" in prove(bad, ("float32", "bfloat16"))
+    with pytest.raises(ProofError, match="in float16: "):
+        prove(bad)
 
 
-def test_reference_on_the_compiled_tokenizer_agrees_with_the_case_files(forced):
-    """Expectations over HTTP come from the reference on the checkpoint's tokenizer: on every compiled
-    case they equal what the case file states for its own tokenizer (output, reason, state)."""
-    from decodespec.properties.conformance.adapters.reference import ReferenceAdapter
+def test_the_rounding_check_computes_what_transformers_computes_in_each_dtype(forced):
+    """check_margins' forward pass applies each dtype's rounding where transformers' eager path does: its
+    logits agree with transformers' to float32's precision, and within a fraction of a logit in half."""
+    import json
 
-    ref = ReferenceAdapter()
-    for ck in forced.values():
-        for case in load_cases():
-            if case.id not in ck.programs:
-                continue
-            res = reference_result(case, ck)
-            own = ref.run(case)
-            assert (res.output, res.finish_reason, res.state.name) == (
-                own.output, own.finish_reason, own.state), case.id
+    from safetensors.numpy import load_file
+    from transformers import AutoModelForCausalLM
 
+    from decodespec.properties.conformance.forced import forward
 
-@pytest.mark.parametrize("shape, text, want", [
-    ({"tokens": ["Once", " upon"], "token_logprobs": [-0.1, -0.2]}, "Once upon", ["Once", " upon"]),
-    ({"content": [{"token": "a", "bytes": [97], "logprob": 0}, {"token": "\\xe4", "bytes": [228, 184]},
-                  {"token": "\\xad", "bytes": [173]}]}, "a中", ["a", "", "中"]),
-    ({"content": [{"token": "Hi", "logprob": 0}]}, "Hi", ["Hi"]),
-    (None, "x", None),
-    ({"tokens": ["x"]}, "not the text", None),
-])
-def test_logprobs_are_read_in_every_common_server_shape(shape, text, want):
-    """vLLM/llama-cpp-python's legacy object, llama-server's content list with bytes, chat's, null."""
-    assert logprob_tokens(shape, text) == want
+    ck = forced[TABLE_GROUP]
+    state = load_file(ck.folder / "model.safetensors")
+    config = json.loads((ck.folder / "config.json").read_text())
+    prog = ck.programs[RECIPE]
+    ids = [*prog.prompt, *prog.script]
+    for dtype, close in (("float32", 1e-3), ("bfloat16", 0.5), ("float16", 0.1)):
+        model = AutoModelForCausalLM.from_pretrained(ck.folder, dtype=getattr(torch, dtype),
+                                                     attn_implementation="eager")
+        with torch.no_grad():
+            theirs = model(torch.tensor([ids])).logits[0].float().numpy()
+        ours, _ = forward(state, config, ids, dtype)
+        assert abs(ours - theirs).max() < close, dtype
 
 
-def test_an_unreachable_server_is_an_error_never_a_failure(forced):
-    """Transport errors are retried a bounded number of times and reported as ERROR with the cause."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nothing listens here once the socket closes
-    adapter = OpenAIAdapter(f"http://127.0.0.1:{port}", checkpoint=forced[TABLE_GROUP], retries=1, timeout=2)
-    [res] = run_cases(adapter, load_cases(["stop/cross-token/001"]))
-    assert res.verdict is Verdict.ERROR and "ConnectError" in res.reason
+def test_a_script_as_long_as_the_context_is_followed_at_every_position_in_every_dtype():
+    """Issue 22 item 1: 509 scripted tokens (every position up to the 512-token context, tokens recurring
+    with every kind of successor): transformers' greedy choice at every position is the script's next
+    token in float32, bfloat16 and float16, with sdpa and with the eager path that rounds every score
+    (one pass over the whole sequence: what greedy decoding computes while it is on script)."""
+    import random
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from decodespec.properties.conformance.forced import CONTEXT, DTYPES
+
+    rng = random.Random(0)
+    vocab, eos = 300, 0
+    script = [rng.randrange(1, 200) for _ in range(CONTEXT - 3)]
+    prog = Program("long", vocab - 3, [vocab - 3, ANCHOR + 200], script)
+    config, state = forced_llama([prog], vocab, eos, ANCHOR + 200)
+    for attn in ("sdpa", "eager"):
+        model = LlamaForCausalLM(LlamaConfig(**config, attn_implementation=attn)).eval()
+        model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+        for dtype in DTYPES:
+            with torch.no_grad():
+                logits = model.to(getattr(torch, dtype))(torch.tensor([[*prog.prompt, *script]])).logits[0]
+            assert logits[len(prog.prompt) - 1:].argmax(-1).tolist() == [*script, eos], (attn, dtype)
 
 
 # ---- over HTTP: decodespec serve on the forced checkpoints ----------------------------------------

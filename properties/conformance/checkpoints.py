@@ -3,15 +3,20 @@
 Cases are grouped by tokenizer: inline byte tables that agree on every shared id merge into one
 byte-level BPE tokenizer whose ids are the tables' own ids (so a case's script ids are the
 checkpoint's), and each fixture tokenizer (properties/fixtures.py) is used as it is. Every case
-of a group gets a marker (an added special token) that opens its prompt; `forced.forced_llama`
-then sets a one-layer Llama's weights so that greedy decoding from `[marker] + prompt` yields the
-case's script. A group folder holds a plain transformers checkpoint (config.json,
-model.safetensors, generation_config.json, tokenizer.json, tokenizer_config.json) and
-`decodespec-checkpoint.json`, the manifest: for each case id, its marker, prompt ids and script
-ids. The manifest is the mapping from case to request; engines never see the case files.
+of a group gets a marker (an added special token) that opens its prompt, followed by the group's
+anchor token; `forced.forced_llama` then sets a one-layer Llama's weights so that greedy decoding
+from `[marker, anchor] + prompt` yields the case's script, in float32, bfloat16 and float16, and
+whatever an engine puts in front of the prompt. Every checkpoint also carries the prefix probe
+(forced.Probe): its marker alone as a prompt answers one digit, the number of tokens the engine put
+in front (script_check.detect_prefix reads it). A group folder holds a plain transformers
+checkpoint (config.json, model.safetensors, generation_config.json, tokenizer.json,
+tokenizer_config.json) and `decodespec-checkpoint.json`, the manifest: for each case id, its
+marker, prompt ids and script ids; the anchor, the probe, and the margins measured per dtype. The
+manifest is the mapping from case to request; engines never see the case files.
 
-`prove(folder)` runs transformers `generate` greedily on every program of a checkpoint and
-raises unless each yields its script exactly: no engine is judged on an unproved checkpoint.
+`prove(folder)` runs transformers `generate` greedily on every program of a checkpoint, and on the
+probe, in each dtype, and raises unless each yields its script exactly: no engine is judged on an
+unproved checkpoint.
 
 Expected results over HTTP come from the reference loop (`generate()` with `ScriptedModel`) on
 the checkpoint's own tokenizer and the case's script, never from a fixture's text, so a correct
@@ -34,15 +39,19 @@ from ...runtime.result import Result
 from ...runtime.tokenizers import BYTE_LEVEL, HFTokenizer
 from .adapters.base import case_prompt, case_script, fixture_tokenizer, reference_on, table_tokenizer
 from .cases import Case, CaseError, CaseKind
-from .forced import CONTEXT, Program, check_margins, forced_llama
+from .forced import CONTEXT, DTYPES, PROBE_MAX, Probe, Program, check_margins, forced_llama
 
 MANIFEST = "decodespec-checkpoint.json"
 # The recipe program: varied free text (multi-byte characters included) that the black-box recipes
 # cut their probes from, then EOS, so they need no natural-language model.
 RECIPE = "recipe"
 RECIPE_TEXT = "Once upon a time, a café in 東京 served tea; the end."
-FORMAT = "decodespec-forced/1"
+FORMAT = "decodespec-forced/2"
 TABLE_GROUP = "byte_table"
+ANCHOR = "<|decodespec-anchor|>"
+PROBE = "<|decodespec-probe|>"
+# The probe's answers, in order: the first of these characters that the tokenizer spells with one token.
+ECHO_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 _CHAR_OF_BYTE = {b: c for c, b in BYTE_LEVEL.items()}
 
 # Why a script case cannot run against a black box, by the input that needs the engine's inside.
@@ -167,6 +176,19 @@ def _marker(i: int) -> str:
     return f"<|decodespec-case-{i}|>"
 
 
+def echo_tokens(tok: HFTokenizer, eos_id: int) -> list[int]:
+    """PROBE_MAX + 1 ids that each spell one character of ECHO_ALPHABET alone, in that order."""
+    out = []
+    for ch in ECHO_ALPHABET:
+        ids = tok.encode(ch)
+        if len(ids) == 1 and ids[0] not in tok.special_ids and ids[0] != eos_id and tok.decode(ids) == ch:
+            out.append(ids[0])
+        if len(out) == PROBE_MAX + 1:
+            return out
+    raise CaseError(f"{tok.path}: only {len(out)} characters of {ECHO_ALPHABET!r} are single tokens; the prefix "
+                    f"probe needs {PROBE_MAX + 1}")
+
+
 # ---- building and proving -------------------------------------------------------------------------
 
 
@@ -178,6 +200,9 @@ class Checkpoint:
     group: str
     eos_id: int
     programs: Mapping[str, Program]
+    anchor: int
+    probe: Probe
+    margins: Mapping[str, Mapping[str, Any]]  # dtype -> the Margin's fields, as check_margins measured them
 
     @classmethod
     def load(cls, folder: str | Path) -> Checkpoint:
@@ -188,9 +213,11 @@ class Checkpoint:
                             "(build one with `decodespec checkpoints build`)")
         data = json.loads(path.read_text(encoding="utf-8"))
         if data.get("format") != FORMAT:
-            raise CaseError(f"{path}: format {data.get('format')!r}, expected {FORMAT!r}")
+            raise CaseError(f"{path}: format {data.get('format')!r}, expected {FORMAT!r} (rebuild it with "
+                            "`decodespec checkpoints build`)")
         programs = {cid: Program(cid, p["marker"], p["prompt"], p["script"]) for cid, p in data["cases"].items()}
-        return cls(folder, data["group"], data["eos_id"], programs)
+        probe = Probe(data["probe"]["marker"], data["probe"]["echo"])
+        return cls(folder, data["group"], data["eos_id"], programs, data["anchor"], probe, data["margins"])
 
     @property
     def tokenizer(self) -> HFTokenizer:
@@ -247,7 +274,7 @@ def build_group(group: str, cases: Sequence[Case], folder: Path) -> Checkpoint:
     cases = sorted(cases, key=lambda c: c.id)
     markers = [_marker(i) for i in range(len(cases))]
     recipe_marker = _marker(len(cases))
-    tok, eos_text = _group_tokenizer(group, cases, [*markers, recipe_marker])
+    tok, eos_text = _group_tokenizer(group, cases, [*markers, recipe_marker, ANCHOR, PROBE])
     tmp = folder.with_name(folder.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -262,21 +289,26 @@ def build_group(group: str, cases: Sequence[Case], folder: Path) -> Checkpoint:
     }, indent=2) + "\n")
     hf = HFTokenizer(tmp)
     rt = Tokenizer.from_file(str(tmp / "tokenizer.json"))
+    anchor = rt.token_to_id(ANCHOR)
     programs = []
     for case, marker in zip(cases, markers):
         mid = rt.token_to_id(marker)
-        programs.append(Program(case.id, mid, [mid, *case_prompt(case, hf)], case_script(case, hf)))
+        programs.append(Program(case.id, mid, [mid, anchor, *case_prompt(case, hf)], case_script(case, hf)))
     mid = rt.token_to_id(recipe_marker)
-    programs.append(Program(RECIPE, mid, [mid], [*hf.encode(RECIPE_TEXT), eos_id]))
-    config, state = forced_llama(programs, rt.get_vocab_size(with_added_tokens=True), eos_id)
-    margin = check_margins(state, programs, eos_id)
+    programs.append(Program(RECIPE, mid, [mid, anchor], [*hf.encode(RECIPE_TEXT), eos_id]))
+    probe = Probe(rt.token_to_id(PROBE), echo_tokens(hf, eos_id))
+    config, state = forced_llama(programs, rt.get_vocab_size(with_added_tokens=True), eos_id, anchor, probe)
+    margins = check_margins(state, config, programs, eos_id, probe)
     save_file({k: torch.from_numpy(v) for k, v in state.items()}, str(tmp / "model.safetensors"),
               metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (tmp / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": eos_id, "do_sample": False}, indent=2) + "\n")
     manifest = {
-        "format": FORMAT, "group": group, "eos_id": eos_id, "margin": round(margin, 3),
+        "format": FORMAT, "group": group, "eos_id": eos_id, "anchor": anchor,
+        "probe": {"marker": probe.marker, "echo": list(probe.echo)},
+        "margins": {d: {"logit": round(m.logit, 3), "gate": round(m.gate, 3), "steps": m.steps, "where": m.where}
+                    for d, m in margins.items()},
         "cases": {p.name: {"marker": p.marker, "prompt": list(p.prompt), "script": list(p.script)} for p in programs},
     }
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
@@ -300,26 +332,50 @@ class ProofError(AssertionError):
     """transformers did not follow a program of a forced checkpoint."""
 
 
-def prove(ckpt: Checkpoint) -> str:
-    """Greedy transformers `generate` on every program must give its script, then EOS.
+def generate_batch(model: Any, prompts: Sequence[Sequence[int]], n: int, pad_id: int, **kw: Any) -> list[list[int]]:
+    """transformers `generate` on every prompt at once (left-padded, masked), greedy unless `kw` says
+    otherwise, for n new tokens each (no EOS stops it); the new ids of each."""
+    import torch
 
-    Returns a one-line account (programs, tokens, transformers version); raises ProofError naming
-    the first program that deviates.
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    kw.setdefault("do_sample", False)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=n, eos_token_id=None, pad_token_id=pad_id, **kw)
+    return out[:, width:].tolist()
+
+
+def proof_runs(ckpt: Checkpoint) -> list[tuple[str, list[int], list[int]]]:
+    """(name, prompt, ids greedy must produce) for every program and for the probe, bare and behind a BOS."""
+    runs = [(p.name, list(p.prompt), [*p.script, ckpt.eos_id]) for p in ckpt.programs.values()]
+    for shift in (0, 1):
+        runs.append((f"probe behind {shift}", [ckpt.eos_id] * shift + list(ckpt.probe.prompt),
+                     [ckpt.probe.echo[shift], ckpt.eos_id]))
+    return runs
+
+
+def prove(ckpt: Checkpoint, dtypes: Sequence[str] = DTYPES) -> str:
+    """Greedy transformers `generate` in each dtype on every program must give its script, then EOS,
+    and the probe its echo of the prefix (none, a BOS).
+
+    Returns a one-line account (programs, tokens, dtypes, transformers version); raises ProofError
+    naming the dtype and the first program that deviates, and where.
     """
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(ckpt.folder, dtype=torch.float32).eval()
-    tokens = 0
-    for p in ckpt.programs.values():
-        want = [*p.script, ckpt.eos_id]
-        with torch.no_grad():
-            out = model.generate(torch.tensor([list(p.prompt)]), attention_mask=torch.ones(1, len(p.prompt), dtype=torch.long),
-                                 max_new_tokens=len(want), do_sample=False, eos_token_id=None, pad_token_id=ckpt.eos_id)
-        got = out[0, len(p.prompt):].tolist()
-        if got != want:
-            raise ProofError(f"{ckpt.folder.name}: {p.name} generated {got}, expected {want}")
-        tokens += len(want)
-    return (f"{ckpt.group}: {len(ckpt.programs)} programs, {tokens} tokens followed exactly by transformers "
-            f"{transformers.__version__} generate (greedy, float32)")
+    runs = proof_runs(ckpt)
+    n = max(len(want) for _, _, want in runs)
+    for dtype in dtypes:
+        model = AutoModelForCausalLM.from_pretrained(ckpt.folder, dtype=getattr(torch, dtype)).eval()
+        got = generate_batch(model, [prompt for _, prompt, _ in runs], n, ckpt.eos_id)
+        for (name, _, want), ids in zip(runs, got):
+            if ids[:len(want)] != want:
+                at = next(i for i, (a, b) in enumerate(zip(ids, want)) if a != b)
+                raise ProofError(f"{ckpt.folder.name} in {dtype}: {name} generated {ids[:len(want)]}, expected {want} "
+                                 f"(first difference at output token {at + 1})")
+    tokens = sum(len(want) for _, _, want in runs)
+    return (f"{ckpt.group}: {len(ckpt.programs)} programs and the prefix probe, {tokens} tokens followed exactly by "
+            f"transformers {transformers.__version__} generate (greedy) in {', '.join(dtypes)}")

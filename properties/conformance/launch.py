@@ -75,12 +75,12 @@ def launched(command: str, ckpt: Checkpoint, log: Path, *, timeout_s: float = 60
 
 def _refusal(folders: Sequence[Path], group: str) -> str:
     """Why a checkpoint was left out, when the engine's converter refused it (scripts/peers/conform.sh
-    keeps the converter's log as <group>/convert.log beside the served checkpoints)."""
+    keeps the converter's log as <group>/convert-<type>.log beside the served checkpoints; a group
+    that was served is not asked)."""
     for root in {f.parent for f in folders}:
-        log = root / group / "convert.log"
-        if log.is_file() and not (root / group / "model.gguf").is_file():
+        for log in sorted((root / group).glob("convert*.log")):
             lines = [ln for ln in _tail(log, 4000).splitlines() if ln.strip()]
-            cause = next((ln for ln in reversed(lines) if "rror" in ln), lines[-1] if lines else "")
+            cause = next((ln for ln in reversed(lines) if "rror" in ln or "refuse" in ln), lines[-1] if lines else "")
             return f": the engine's converter refused it ({cause.strip()[:300]}; {log})"
     return ""
 

@@ -7,7 +7,7 @@
 # status is printed, then ignored.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-ENGINE=${1:?usage: $0 ENGINE [conform args...] (engines: decodespec-serve vllm llama-server llama-cpp-python transformers-serve)}
+ENGINE=${1:?usage: $0 ENGINE [conform args...] (engines: see scripts/peers/engines.py)}
 shift
 [ -x .venv/bin/decodespec ] || make setup >/dev/null
 PY=.venv/bin/python
@@ -20,20 +20,23 @@ install=$(field install)
 [ -z "$install" ] || bash -c "$install"
 
 folders=()
-if [ -n "$(field gguf)" ]; then
+outtype=$(field gguf)
+if [ -n "$outtype" ]; then
+  gguf=model.gguf
+  [ "$outtype" = f32 ] || gguf=model-$outtype.gguf
   exec 9>.cache/peers/checkpoints.lock
   flock 9  # one converter at a time per set (see checkpoints.sh)
-  for d in "$CKPTS"/*/; do  # llama.cpp's own converter, once per checkpoint
+  for d in "$CKPTS"/*/; do  # llama.cpp's own converter, once per checkpoint and type
     d=${d%/}
-    if [ ! -f "$d/model.gguf" ]; then
-      if scripts/peers/llama_cpp.sh convert "$d" "$d/model.gguf.partial" >"$d/convert.log" 2>&1; then
-        mv "$d/model.gguf.partial" "$d/model.gguf"
+    if [ ! -f "$d/$gguf" ]; then
+      if scripts/peers/llama_cpp.sh convert "$d" "$d/$gguf.partial" "$outtype" >"$d/convert-$outtype.log" 2>&1; then
+        mv "$d/$gguf.partial" "$d/$gguf"
       else
-        echo "llama.cpp's converter refused $d (see $d/convert.log); its cases are not run" >&2
-        rm -f "$d/model.gguf.partial"
+        echo "llama.cpp's converter refused $d (see $d/convert-$outtype.log); its cases are not run" >&2
+        rm -f "$d/$gguf.partial"
       fi
     fi
-    [ -f "$d/model.gguf" ] && folders+=(--checkpoint "$d")
+    [ -f "$d/$gguf" ] && folders+=(--checkpoint "$d")
   done
   exec 9>&-
 else

@@ -4,8 +4,11 @@
 
 `launch` is a `decodespec conform --launch` command: {model} is a checkpoint folder, {gguf} its
 model.gguf (llama.cpp's converter wrote it), {port} a free port on 127.0.0.1. `install` runs before
-(idempotent, cached under .cache/peers/). `without` lists request fields the engine does not offer.
-`model` is the model name requests carry, when /v1/models does not list the served one first.
+(idempotent, cached under .cache/peers/). `gguf` is the converter's --outtype (f32 writes model.gguf,
+f16 / bf16 write model-f16.gguf / model-bf16.gguf) or empty. `without` lists request fields the
+engine does not offer. `model` is the model name requests carry, when /v1/models does not list the
+served one first. The -fp16 / -bf16 entries serve the same checkpoints in half precision (issue 22
+item 6): their verdicts must equal the float32 ones.
 """
 
 from __future__ import annotations
@@ -17,9 +20,17 @@ ENGINES: dict[str, dict[str, str]] = {
                          "launch": ".venv/bin/decodespec serve --port {port} --model {model}"},
     "vllm": {"install": "scripts/peers/vllm.sh install", "gguf": "", "without": "", "model": "",
              "launch": "scripts/peers/vllm.sh serve {model} {port}"},
-    "llama-server": {"install": "scripts/peers/llama_cpp.sh install", "gguf": "yes", "without": "stop_token_ids",
+    "vllm-fp16": {"install": "scripts/peers/vllm.sh install", "gguf": "", "without": "", "model": "",
+                  "launch": "scripts/peers/vllm.sh serve {model} {port} --dtype float16"},
+    "vllm-bf16": {"install": "scripts/peers/vllm.sh install", "gguf": "", "without": "", "model": "",
+                  "launch": "scripts/peers/vllm.sh serve {model} {port} --dtype bfloat16"},
+    "llama-server": {"install": "scripts/peers/llama_cpp.sh install", "gguf": "f32", "without": "stop_token_ids",
                      "model": "", "launch": "scripts/peers/llama_cpp.sh serve {gguf} {port}"},
-    "llama-cpp-python": {"install": "scripts/peers/llama_cpp.sh install", "gguf": "yes", "without": "stop_token_ids",
+    "llama-server-f16": {"install": "scripts/peers/llama_cpp.sh install", "gguf": "f16", "without": "stop_token_ids",
+                         "model": "", "launch": "scripts/peers/llama_cpp.sh serve {model}/model-f16.gguf {port}"},
+    "llama-server-bf16": {"install": "scripts/peers/llama_cpp.sh install", "gguf": "bf16", "without": "stop_token_ids",
+                          "model": "", "launch": "scripts/peers/llama_cpp.sh serve {model}/model-bf16.gguf {port}"},
+    "llama-cpp-python": {"install": "scripts/peers/llama_cpp.sh install", "gguf": "f32", "without": "stop_token_ids",
                          "model": "", "launch": "scripts/peers/llama_cpp.sh serve-python {gguf} {port}"},
     "transformers-serve": {"install": ".venv/bin/pip install -q -e .[peers]", "gguf": "", "without": "stop_token_ids",
                            "model": "{model}",

@@ -4,7 +4,9 @@
 #   scripts/peers/llama_cpp.sh install                  build llama-server + shared libllama/libggml,
 #                                                       venv with the HF->GGUF converter and
 #                                                       llama-cpp-python[server] (reusing those libs)
-#   scripts/peers/llama_cpp.sh convert HF_DIR OUT_GGUF  vendored convert_hf_to_gguf.py, --outtype f32
+#   scripts/peers/llama_cpp.sh convert HF_DIR OUT_GGUF [OUTTYPE]
+#                                                       vendored convert_hf_to_gguf.py, --outtype OUTTYPE
+#                                                       (f32 by default; f16, bf16 for half precision)
 #   scripts/peers/llama_cpp.sh serve GGUF PORT          exec llama-server on 127.0.0.1:PORT
 #   scripts/peers/llama_cpp.sh serve-python GGUF PORT   exec llama-cpp-python's server on 127.0.0.1:PORT
 # Everything lives under .cache/peers/llama.cpp/ (sdist, build/, venv/); `install` is idempotent.
@@ -116,11 +118,11 @@ need_install() {
 }
 
 cmd_convert() {
-  [ $# -eq 2 ] || { echo "usage: $0 convert HF_DIR OUT_GGUF" >&2; exit 2; }
+  [ $# -eq 2 ] || [ $# -eq 3 ] || { echo "usage: $0 convert HF_DIR OUT_GGUF [f32|f16|bf16]" >&2; exit 2; }
   need_install
   mkdir -p "$(dirname "$2")"
   HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 LLAMA_CPP_CONVERTER_DIR=$LLAMA \
-    "$PY" "$ROOT/scripts/peers/convert_gguf.py" "$1" --outfile "$2" --outtype f32
+    "$PY" "$ROOT/scripts/peers/convert_gguf.py" "$1" --outfile "$2" --outtype "${3:-f32}"
 }
 
 alias_of() { local b; b=$(basename "$1"); echo "${b%.*}"; }
@@ -149,5 +151,5 @@ case "${1:-}" in
   serve) shift; cmd_serve "$@" ;;
   serve-python) shift; cmd_serve_python "$@" ;;
   _step) shift; "step_$1" ;;   # debugging: run one install step
-  *) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -6,14 +6,15 @@
 #   hf-generate         transformers generate on the tiny local Llama (scripts/peers/build_tiny_llama.py)
 #   decode-stream-*     tokenizers' DecodeStream on the three fixture tokenizers
 #   the HTTP engines    scripts/peers/conform.sh ENGINE, each on the forced checkpoints: decodespec-serve,
-#                       vllm, llama-server, llama-cpp-python, transformers-serve (PEERS="..." picks some)
+#                       vllm (float32, -fp16, -bf16), llama-server (f32, -f16, -bf16 GGUF), llama-cpp-python,
+#                       transformers-serve (PEERS="..." picks some)
 # A peer's failures are findings, not errors of this script: conform's exit status is ignored here.
 set -u
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 PEERS_DIR=.cache/peers
 CONFORM="$PY -m decodespec conform"
-HTTP_PEERS=${PEERS:-"decodespec-serve vllm llama-server llama-cpp-python transformers-serve"}
+HTTP_PEERS=${PEERS:-"decodespec-serve vllm vllm-fp16 vllm-bf16 llama-server llama-server-f16 llama-server-bf16 llama-cpp-python transformers-serve"}
 
 [ -f "$PEERS_DIR/tiny-llama/model.safetensors" ] || $PY scripts/peers/build_tiny_llama.py --out "$PEERS_DIR/tiny-llama"
 $PY -c "from decodespec.properties import fixtures as f; [b('$PEERS_DIR/tokenizers') for b in f.BUILDERS.values()]"

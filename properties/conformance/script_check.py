@@ -1,0 +1,156 @@
+"""Did the engine follow the forced script, and what did it put in front of the prompt? (issue 22; §4.3)
+
+A forced checkpoint (forced.py) makes greedy decoding produce a case's script; an engine that
+decodes otherwise (half precision it cannot carry, a sampling default the request did not
+override, a prompt it shifted or wrapped) produces other tokens, and judging the case on them
+would blame the engine's stop, stream or usage handling for what is a different run. So each
+answer is first compared with the script, with the best evidence the engine gives:
+
+- token ids: each returned id against the script's;
+- logprob tokens: each token's bytes (llama-server's `bytes`) against the script token's; given as
+  strings only, the text they spell, as below;
+- the text alone: against the script's text, ignoring whitespace and up to the first U+FFFD in
+  either (a detokenizer may legitimately differ there, and the detokenizer cases judge that), so a
+  token replaced by one that spells other characters is seen, and one that differs only in spaces
+  or in bytes that are no character is not.
+
+`deviation(...)` returns None when the answer is the script's (up to where the case ends the
+output: a stop, a limit), else a `Deviation` naming the first output token that differs, what the
+engine chose there and the sentence a report shows as the run's ERROR, never as the case's FAIL.
+
+`detect_prefix(...)` reads the prefix probe's answer (forced.Probe: its marker alone as the prompt,
+max_tokens 1, greedy): the first output token is `echo[p]` when the engine put p tokens in front
+of the marker (a BOS, a chat template's opening), so one request tells the shift even from a
+server that reports no `usage.prompt_tokens`. The programs themselves are read relative to their
+marker, so such a prefix does not move them; a template that also adds tokens after the prompt
+makes the probe answer no echo token, which `detect_prefix` reports as unknown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from ...runtime.tokenizers import HFTokenizer
+from .forced import PROBE_MAX, Probe, Program
+
+WHY = "precision, a sampling default, or a prompt shift"
+_IGNORED = frozenset(" \t\n\r\f\v")
+_NO_CHARACTER = "\ufffd"  # bytes a detokenizer could not show: no evidence of the tokens past it
+
+
+@attrs.frozen
+class Returned:
+    """What an engine returned for one request, as far as it revealed it (None: not shown)."""
+
+    token_ids: tuple[int, ...] | None = attrs.field(default=None, converter=attrs.converters.optional(tuple))
+    # Per-token pieces from logprobs: bytes where the server gives them, else each token's string.
+    tokens: tuple[bytes | str, ...] | None = attrs.field(default=None, converter=attrs.converters.optional(tuple))
+    text: str | None = None
+
+    @property
+    def evidence(self) -> str:
+        return "token ids" if self.token_ids is not None else "logprob tokens" if self.tokens is not None else "text"
+
+
+@attrs.frozen
+class Deviation:
+    """Where an engine left its script: output token `position` (1-based) was `chose`, not `wanted`."""
+
+    position: int
+    chose: str
+    wanted: str
+    evidence: str  # what showed it: token ids, logprob tokens, or text
+
+    @property
+    def message(self) -> str:
+        return (f"the engine did not follow the forced script at token {self.position}: {WHY} (it chose {self.chose} "
+                f"where the script has {self.wanted}; seen in its {self.evidence})")
+
+
+def _show(tok: HFTokenizer, tid: int) -> str:
+    return f"id {tid} {tok.token_bytes(tid)!r}"
+
+
+def deviation(program: Program, tokenizer: HFTokenizer, eos_id: int, returned: Returned,
+              end: int | None = None) -> Deviation | None:
+    """None when `returned` follows `program`'s script (then EOS) over its first `end` output tokens
+    (the case's end: the reference's selected tokens; None: the whole script and its EOS), else the
+    first Deviation, judged on the best evidence `returned` holds (see module)."""
+    want = [*program.script, eos_id]
+    want = want[:len(want) if end is None else end]
+    if returned.token_ids is not None:
+        for i, (got, w) in enumerate(zip(returned.token_ids, want)):
+            if got != w:
+                return Deviation(i + 1, _show(tokenizer, got) if 0 <= got < tokenizer.vocab_size else f"id {got}",
+                                 _show(tokenizer, w), returned.evidence)
+        return None
+    if returned.tokens is not None and all(isinstance(p, bytes) for p in returned.tokens):
+        return _by_pieces(tokenizer, want, returned.tokens, returned.evidence)
+    if returned.tokens is not None:  # strings: a split character may sit in either token, so compare the text
+        text = "".join(p.decode("utf-8", "replace") if isinstance(p, bytes) else p for p in returned.tokens)
+        return _by_text(tokenizer, want, text, returned.evidence)
+    if returned.text is not None:
+        return _by_text(tokenizer, want, returned.text, returned.evidence)
+    raise ValueError("the engine's answer carries neither token ids, logprob tokens nor text: nothing to compare")
+
+
+def _by_pieces(tok: HFTokenizer, want: Sequence[int], pieces: Sequence[bytes], evidence: str) -> Deviation | None:
+    for i, (piece, w) in enumerate(zip(pieces, want)):
+        if piece != tok.token_bytes(w) and not (w in tok.special_ids and piece == b""):
+            return Deviation(i + 1, repr(piece), _show(tok, w), evidence)
+    return None
+
+
+def _by_text(tok: HFTokenizer, want: Sequence[int], text: str, evidence: str) -> Deviation | None:
+    text = text.split(_NO_CHARACTER)[0]
+    kept = [j for j, c in enumerate(text) if c not in _IGNORED]  # where each compared character stands
+    got = [text[j] for j in kept]
+    seen: list[str] = []
+    for i, w in enumerate(want):
+        spelled = tok.decode(want[: i + 1]).split(_NO_CHARACTER)
+        seen += [c for c in spelled[0] if c not in _IGNORED][len(seen):]
+        if len(spelled) > 1:
+            return None  # the script's own text has no character here: nothing further to compare
+        upto = min(len(seen), len(got))
+        if got[:upto] != seen[:upto]:
+            at = kept[next(j for j in range(upto) if got[j] != seen[j])]
+            return Deviation(i + 1, repr(text[at:at + 12]), _show(tok, w), f"{evidence}, whitespace aside")
+        if len(got) <= len(seen):
+            return None  # the engine's text ends here: a prefix of the script's
+    return None
+
+
+@attrs.frozen
+class Prefix:
+    """What the prefix probe says stood before the prompt: `tokens` of them (None: unknown); with
+    `at_least`, PROBE_MAX or more."""
+
+    tokens: int | None
+    at_least: bool
+    note: str
+
+
+def detect_prefix(probe: Probe, tokenizer: HFTokenizer, returned: Returned) -> Prefix:
+    """How many tokens the engine put in front of the probe's prompt, read from its first output
+    token (id, logprob bytes or string, or the text's first character)."""
+    texts = [tokenizer.decode([t]).strip() for t in probe.echo]
+    if returned.token_ids:
+        first = next((p for p, t in enumerate(probe.echo) if t == returned.token_ids[0]), None)
+        shown = _show(tokenizer, returned.token_ids[0]) if 0 <= returned.token_ids[0] < tokenizer.vocab_size else ""
+    else:
+        if returned.tokens:
+            piece = returned.tokens[0]
+            text, shown = (piece.decode("utf-8", "replace") if isinstance(piece, bytes) else piece).strip(), repr(piece)
+        else:
+            text, shown = (returned.text or "").lstrip()[:1], repr(returned.text)
+        first = texts.index(text) if text in texts else None
+    if first is None:
+        return Prefix(None, False, f"the prefix probe answered {shown or 'nothing'}, none of its echo tokens "
+                                   f"{texts}: the engine changed the prompt beyond a prefix (a template after it?) "
+                                   "or does not decode greedily")
+    if first == PROBE_MAX:
+        return Prefix(PROBE_MAX, True, f"the engine put {PROBE_MAX} or more tokens before the prompt")
+    return Prefix(first, False, f"the engine put {first} token(s) before the prompt (the prefix probe answered "
+                                f"{shown})")
