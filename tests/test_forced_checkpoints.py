@@ -10,7 +10,7 @@ import pytest
 from decodespec.properties.conformance import Verdict, load_cases, run_cases
 from decodespec.properties.conformance.adapters.openai import OpenAIAdapter, logprob_tokens
 from decodespec.properties.conformance.checkpoints import (
-    RECIPE, TABLE_GROUP, build_checkpoints, byte_table_tokenizer, http_blocker, merged_table, prove,
+    RECIPE, TABLE_GROUP, Checkpoint, build_checkpoints, byte_table_tokenizer, http_blocker, merged_table, prove,
     reference_result,
 )
 from decodespec.properties.conformance.forced import Program, ProgramError, check_margins, forced_llama
@@ -109,7 +109,7 @@ def test_a_checkpoint_one_dtype_cannot_carry_is_refused_in_that_dtype(forced, tm
 
     from safetensors.torch import load_file, save_file
 
-    from decodespec.properties.conformance.checkpoints import Checkpoint, ProofError
+    from decodespec.properties.conformance.checkpoints import ProofError
 
     ck = forced["wordpiece"]
     folder = tmp_path / "overflow"
@@ -259,3 +259,33 @@ def test_a_run_that_observed_nothing_is_never_a_pass():
     res = judge(case, Outcome(expect=Expect(output=b"A", finish_reason="stop"), output=b"", chunks=()), "mute",
                 frozenset())
     assert res.verdict is Verdict.FAIL
+
+
+@pytest.mark.slow
+def test_an_engine_that_leaves_the_script_is_an_error_naming_the_position_not_a_fail(forced, serve, app_server,
+                                                                                      tmp_path):
+    """D27 (§4.3): with the lm_head row of token 104 ('F') pushed far down, the served model picks
+    another token where a script has F; the case is an ERROR that names the position, never a FAIL
+    of the case, and the unchanged checkpoint passes the same case."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from decodespec.runtime.engine import Engine
+    from decodespec.runtime.hfmodel import HFModel
+    from decodespec.runtime.server import create_app
+    from decodespec.runtime.tokenizers import HFTokenizer
+
+    bent = tmp_path / "bent"
+    shutil.copytree(forced[TABLE_GROUP].folder, bent)
+    weights = load_file(bent / "model.safetensors")
+    weights["lm_head.weight"][104] = -50.0  # one weight row changed: F never wins
+    save_file(weights, bent / "model.safetensors")
+    [case] = load_cases(["finish/length/004"])  # script E, F, EOS with max_tokens 2
+    url = app_server(create_app(Engine(HFModel(bent), HFTokenizer(bent))))
+    [res] = run_cases(OpenAIAdapter(url, checkpoint=Checkpoint.load(bent), sweep=False), [case])
+    assert res.verdict is Verdict.ERROR and not res.failures, (res.verdict, res.failures)
+    assert "did not follow the forced script at token 2" in res.reason, res.reason
+    assert res.observed["exchanges"]  # the answer that showed it is kept
+    [ok] = run_cases(OpenAIAdapter(serve(TABLE_GROUP), checkpoint=forced[TABLE_GROUP], sweep=False), [case])
+    assert ok.verdict is Verdict.PASS, ok.failures

@@ -60,7 +60,6 @@ HTTP_BLOCKERS = {
               "transport); an HTTP server offers no such hook",
     "context_limit": "it needs a context limit of a few tokens, below the server's fixed context length",
     # issue 28: until http_script forwards a case's inputs.request into the body
-    "request": "it sets request fields (inputs.request) that the HTTP script does not send yet",
 }
 # Invariants a black box can show broken: through its text, its SSE deltas, finish_reason and usage.
 HTTP_OBSERVABLE = frozenset({

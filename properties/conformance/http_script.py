@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from .adapters.base import Finding, Outcome, reference_on
-from .cases import STREAM_KINDS, Case
+from .cases import STREAM_KINDS, Case, CaseError
 from .judgement import Observed, expected_of, judge_observed
-from .symptoms import WIRE, Expected
+from .script_check import Returned, deviation
+from .symptoms import WIRE, Expected, compare_count, finding, merge
 from .wire import Streamed, error_body_findings, wire_findings
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ PATH = "/v1/completions"
 def request_body(a: OpenAIAdapter, case: Case, **over: Any) -> dict[str, Any]:
     prog = a.checkpoint.programs[case.id]
     body: dict[str, Any] = {"model": a.model, "prompt": a.prompt_for(list(prog.prompt)), "max_tokens": case.max_tokens,
-                            "temperature": 0}
+                            "temperature": 0, "logprobs": 1}
     if case.inputs.get("stop"):
         body["stop"] = list(case.inputs["stop"])
     if case.inputs.get("stop_token_ids"):
@@ -63,15 +64,18 @@ def not_observable(case: Case) -> list[str]:
     return out
 
 
-def observe(status: int, data: Any, raw: str, st: Streamed) -> Observed:
-    """An HTTP exchange (the non-streamed answer and the stream) as an Observed."""
-    choice = (data.get("choices") or [{}])[0] if isinstance(data, dict) else {}
+def observe(status: int, data: Any, raw: str, st: Streamed, index: int = 0, n: int = 1) -> Observed:
+    """An HTTP exchange (the non-streamed answer and the stream) as an Observed, for choice `index`
+    of `n` (with n > 1 the token count is the choices' total and is judged apart)."""
+    choices = (data.get("choices") or []) if isinstance(data, dict) else []
+    choice = next((c for c in choices if c.get("index", 0) == index), {}) if isinstance(choices, list) else {}
+    st = st.choice(index) if n > 1 else st
     usage = data.get("usage") if isinstance(data, dict) else None
     ok = status == 200 and isinstance(choice.get("text"), str)
-    n = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    count = usage.get("completion_tokens") if isinstance(usage, dict) else None
     return Observed(
         text=choice["text"].encode() if ok else None, finish_reason=choice.get("finish_reason") if ok else None,
-        completion_tokens=n if isinstance(n, int) and status == 200 else None,
+        completion_tokens=count if isinstance(count, int) and status == 200 and n == 1 else None,
         chunks=tuple(t.encode() for t in st.texts) if st.status == 200 else None,
         stream_finish_reasons=tuple(st.finish_reasons) if st.status == 200 else None,
         content_after_finish=tuple(t.encode() for t in st.content_after_finish),
@@ -81,10 +85,28 @@ def observe(status: int, data: Any, raw: str, st: Streamed) -> Observed:
 
 
 def judge_exchange(case: Case, exp: Expected, status: int, data: Any, raw: str, st: Streamed) -> tuple[list[Finding], list[str]]:
-    """Findings (semantics, then wire) and what was not checked, for one case's two answers."""
-    obs = observe(status, data, raw, st)
-    found, not_checked = judge_observed(exp, obs)
-    return found + wire_findings(st) + error_body_findings(status, raw), not_checked + not_observable(case)
+    """Findings (semantics, then wire) and what was not checked, for one case's two answers.
+
+    With n > 1 (D34) each choice is judged on its own against the reference (greedy choices of one
+    prompt are equal), and the token count is the choices' total."""
+    n = int(case.inputs.get("request", {}).get("n", 1))
+    if n == 1:
+        found, not_checked = judge_observed(exp, observe(status, data, raw, st))
+    else:
+        found, not_checked = [], []
+        for i in range(n):
+            f, missed = judge_observed(exp, observe(status, data, raw, st, i, n))
+            found += [attrs.evolve(x, message=f"choice {i}: {x.message}") for x in f]
+            not_checked += [m for m in missed if m not in not_checked and not m.startswith("usage")]
+        usage = data.get("usage") if isinstance(data, dict) else None
+        total = usage.get("completion_tokens") if isinstance(usage, dict) and status == 200 else None
+        if total is None:
+            not_checked.append("usage.completion_tokens (not reported)")
+        elif total % n:
+            found.append(finding("usage_mismatch", f"usage.completion_tokens is {total} for {n} equal choices"))
+        else:
+            found += [attrs.evolve(x, message=f"per choice: {x.message}") for x in compare_count(exp, total // n)]
+    return merge(found) + wire_findings(st) + error_body_findings(status, raw), not_checked + not_observable(case)
 
 
 def sweep(a: OpenAIAdapter, case: Case) -> list[Finding]:
@@ -98,7 +120,11 @@ def sweep(a: OpenAIAdapter, case: Case) -> list[Finding]:
         if k == case.max_tokens:
             continue
         at = attrs.evolve(case, inputs={**case.inputs, "max_tokens": k})
-        exp = expected_of(at, tok, prog.prompt, prog.script, reference_on(at, tok, prog.prompt, prog.script))
+        try:
+            exp = expected_of(at, tok, prog.prompt, prog.script, reference_on(at, tok, prog.prompt, prog.script))
+        except CaseError:
+            continue  # the request is not valid at this limit (min_tokens above it): nothing to compare
+
         body = request_body(a, case, max_tokens=k)
         log: list[dict[str, Any]] = []
         status, data, raw = a.post(PATH, {**body, "stream": False}, log)
@@ -123,11 +149,15 @@ def run_script(a: OpenAIAdapter, case: Case) -> Outcome:
     usage = data.get("usage") if isinstance(data, dict) else None
     sent = usage.get("prompt_tokens") if isinstance(usage, dict) else None
     as_text = isinstance(body["prompt"], str)
-    if sent is not None and sent != len(prog.prompt) or as_text and sent is None and status == 200:
+    prefix = a.prefix()  # D26: what the engine puts before the prompt, from the probe (None: unknown)
+    shifted = len(prog.prompt) + (prefix.tokens or 0)
+    if prefix.tokens is None and (sent is None or sent != len(prog.prompt)) or sent is not None and sent != shifted:
         why = (f"the server made {sent} prompt tokens of the {len(prog.prompt)} ids" if sent is not None else
-               "the server reports no usage, so the re-tokenized text prompt cannot be checked")
-        return Outcome(skip=f"{why} ({'sent as text: ' + repr(body['prompt']) if as_text else 'sent as ids'}); "
-                            "the forced checkpoint steers only the exact prompt")
+               "the server reports no usage")
+        return Outcome(skip=f"{why} ({'sent as text: ' + repr(body['prompt']) if as_text else 'sent as ids'}), and "
+                            f"{prefix.note}: the forced checkpoint steers only a prompt it can place")
+    if status == 200 and isinstance(data, dict) and (gone := left_script(a, case, data, exp)):
+        return Outcome(abort=gone, reference=exp.to_json())
     findings, not_checked = judge_exchange(case, exp, status, data, raw, st)
     if a.sweep:
         findings += sweep(a, case)
@@ -136,5 +166,36 @@ def run_script(a: OpenAIAdapter, case: Case) -> Outcome:
         output=obs.text, finish_reason=obs.finish_reason, chunks=obs.chunks, findings=tuple(findings),
         not_checked=tuple(not_checked), judged=True, reference=exp.to_json(),
         notes=(f"checkpoint {a.checkpoint.group}; prompt ids {list(prog.prompt)}; script ids {list(prog.script)}",
-               *([a.prompt_note] if a.prompt_note else [])),
+               *([a.prompt_note] if a.prompt_note else []), prefix.note),
     )
+
+
+def returned(choice: dict[str, Any]) -> Returned:
+    """What one answer's choice reveals of its tokens: logprob pieces (bytes where given), and its text."""
+    lp = choice.get("logprobs")
+    pieces: list[bytes | str] | None = None
+    if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+        items = lp["content"]
+        pieces = [bytes(c["bytes"]) if isinstance(c, dict) and isinstance(c.get("bytes"), list) else
+                  (c.get("token", "") if isinstance(c, dict) else "") for c in items]
+    elif isinstance(lp, dict) and isinstance(lp.get("tokens"), list):
+        pieces = [t for t in lp["tokens"] if isinstance(t, str)]
+    text = choice.get("text") if isinstance(choice.get("text"), str) else None
+    return Returned(tokens=pieces or None, text=text)
+
+
+def left_script(a: OpenAIAdapter, case: Case, data: dict[str, Any], exp: Expected) -> str | None:
+    """D27: where the engine left its forced script before the case's end (then nothing of the case
+    can be judged: an ERROR naming the position, never a FAIL), else None."""
+    req = case.inputs.get("request", {})
+    if req.get("echo") or req.get("skip_special_tokens") is False:
+        return None  # the text is no longer the decode of the tokens alone: the case judges it
+    prog = a.checkpoint.programs[case.id]
+    # the path the reference takes: the script, or where the request's own fields lead (logit_bias,
+    # min_tokens, ignore_eos), up to the case's end
+    path = attrs.evolve(prog, script=tuple(a.reference(case).tokens))
+    for choice in data.get("choices") or []:
+        d = deviation(path, a.checkpoint.tokenizer, a.checkpoint.eos_id, returned(choice), end=exp.selected)
+        if d is not None:
+            return d.message
+    return None

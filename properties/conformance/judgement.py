@@ -69,7 +69,9 @@ def expected_of(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[in
         selected=res.usage.selected_tokens, max_tokens=case.max_tokens, script_text=script_text, stops=stops,
         stop=res.stop.encode() if isinstance(res.stop, str) and res.stop.encode() in stops else None,
         eos_at=eos_at, eos_text=tok.token_bytes(script[eos_at - 1]) if eos_at else b"", error=res.error,
-        deltas=deltas, state=res.state.name, released=tuple(released))
+        deltas=deltas, state=res.state.name, released=tuple(released),
+        kept=bool(getattr(res, "stop", None)) and bool(case.inputs.get("request", {}).get("include_stop_str_in_output")),
+        echo_len=len(head) if case.inputs.get("request", {}).get("echo") else 0)
 
 
 def expected_for(case: Case, checkpoint: Any) -> Expected:

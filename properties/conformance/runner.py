@@ -249,6 +249,10 @@ def run_case(adapter: Adapter, case: Case) -> CaseResult:
         return CaseResult(case, adapter.name, Verdict.ERROR, reason=tb, seconds=time.perf_counter() - t0)
     if outcome.skip:
         return CaseResult(case, adapter.name, Verdict.SKIP, reason=outcome.skip, seconds=time.perf_counter() - t0)
+    if outcome.abort:  # never a FAIL of the case: nothing of it could be judged (D27)
+        return CaseResult(case, adapter.name, Verdict.ERROR, reason=outcome.abort, seconds=time.perf_counter() - t0,
+                          observed={"exchanges": list(outcome.exchanges), "server": outcome.server,
+                                    "reference": dict(outcome.reference) if outcome.reference else None})
     res = judge(case, outcome, adapter.name, adapter.capabilities)
     return attrs.evolve(res, seconds=time.perf_counter() - t0)
 

@@ -143,6 +143,8 @@ class Expected:
     error: str | None = None
     deltas: tuple[bytes, ...] = ()  # the reference's own delta split
     released: tuple[int, ...] = ()  # bytes the reference had sent after each selected text token
+    kept: bool = False  # the winning stop is part of the output (include_stop_str_in_output, D33)
+    echo_len: int = 0  # the output opens with this many bytes of the echoed prompt (D33)
     state: str = "FINISHED"
 
     def to_json(self) -> dict[str, Any]:
@@ -151,7 +153,8 @@ class Expected:
                 "selected_tokens": self.selected, "max_tokens": self.max_tokens, "script_text": b(self.script_text),
                 "stops": [b(s) for s in self.stops], "stop": None if self.stop is None else b(self.stop),
                 "eos_at": self.eos_at, "eos_text": b(self.eos_text), "error": self.error,
-                "deltas": [b(d) for d in self.deltas], "released": list(self.released)}
+                "deltas": [b(d) for d in self.deltas], "released": list(self.released), "kept": self.kept,
+                "echo_len": self.echo_len}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Expected:
@@ -163,7 +166,7 @@ class Expected:
                    stops=tuple(b(s) for s in d["stops"]), stop=None if d["stop"] is None else b(d["stop"]),
                    eos_at=d["eos_at"], eos_text=b(d["eos_text"]), error=d["error"],
                    deltas=tuple(b(x) for x in d["deltas"]), state=d.get("state", "FINISHED"),
-                   released=tuple(d.get("released", ())))
+                   released=tuple(d.get("released", ())), kept=bool(d.get("kept")), echo_len=int(d.get("echo_len", 0)))
 
 
 _FFFD = "\ufffd".encode()
@@ -173,8 +176,17 @@ def _show(b: bytes) -> str:
     return repr(b.decode("utf-8", "backslashreplace"))
 
 
-def _first_stop(stops: Sequence[bytes], text: bytes) -> tuple[bytes, int] | None:
-    hits = [(text.find(s), s) for s in stops if s and s in text]
+def _first_stop(exp: Expected, text: bytes) -> tuple[bytes, int] | None:
+    """The first configured stop in the output part of `text` (past the echoed prompt), leaving out
+    the winning stop where the request keeps it (D33)."""
+    kept_at = len(exp.output) - len(exp.stop) if exp.kept and exp.stop else -1
+    hits = []
+    for s in exp.stops:
+        at = text.find(s, exp.echo_len) if s else -1
+        if at == kept_at and s == exp.stop:
+            at = text.find(s, at + 1)
+        if at >= 0:
+            hits.append((at, s))
     return (min(hits)[1], min(hits)[0]) if hits else None
 
 
@@ -186,7 +198,7 @@ def compare_text(exp: Expected, got: bytes, where: str) -> list[Finding]:
     if got == want:
         return []
     out: list[Finding] = []
-    if hit := _first_stop(exp.stops, got):
+    if hit := _first_stop(exp, got):
         s, at = hit
         out.append(finding("stop_sent", f"the {where} contains the stop {_show(s)} at byte {at}: {_show(got)}"))
     if got.startswith(want):
@@ -213,7 +225,7 @@ def _ran_on(exp: Expected, got: bytes, where: str, *, stop_seen: bool) -> list[F
                 return [finding("wrong_stop", f"the {where} is cut where {_show(s)} starts (byte {len(got)}), but "
                                               f"{_show(exp.stop)} wins under D3 (it ends at byte {len(want) + len(exp.stop)}, "
                                               f"first or as early and longer): {_show(got)}, expected {_show(want)}")]
-        end = len(want) + len(exp.stop)
+        end = len(want) + (0 if exp.kept else len(exp.stop))
         if len(got) > end or not stop_seen:
             return [finding("text_after_stop", f"the {where} goes on {len(got) - end} byte(s) past the end of the "
                                                f"stop {_show(exp.stop)} (byte {end}): {_show(got)}")]

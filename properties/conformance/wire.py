@@ -97,6 +97,12 @@ class Streamed:
     def text(self) -> str:
         return "".join(self.deltas)
 
+    def choice(self, index: int) -> Streamed:
+        """The stream of choice `index` alone (n > 1 interleaves the choices' chunks)."""
+        chunks = [{**c, "choices": [x for x in c.get("choices") or [] if x.get("index", 0) == index]}
+                  for c in self.chunks]
+        return attrs.evolve(self, chunks=[c for c in chunks if c["choices"] or c.get("usage")])
+
     @property
     def usage(self) -> dict[str, Any] | None:
         found = [c["usage"] for c in self.chunks if isinstance(c.get("usage"), dict)]

@@ -54,6 +54,7 @@ class Outcome:
     findings: tuple[Finding, ...] = ()
     notes: tuple[str, ...] = ()
     skip: str | None = None  # the adapter found at run time that it cannot run the case
+    abort: str | None = None  # the run could not be judged (the engine left its forced script, D27): ERROR
     # What this run must meet, when the adapter compiled the case for its engine (over HTTP: the
     # reference loop's answer on the engine's checkpoint, in the wire's vocabulary); else the case's.
     expect: _cases.Expect | None = None

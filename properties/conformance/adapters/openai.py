@@ -93,6 +93,7 @@ class OpenAIAdapter:
         self.launch = launch  # the command that started the server, for reproducers
         self.sweep = sweep  # script cases also run at every max_tokens of their script (http_script.sweep)
         self._about: dict[str, Any] | None = None
+        self._prefix: Any = None  # script_check.Prefix, once probed
 
     def unsupported(self, case: Case) -> str | None:
         if case.kind is CaseKind.BLACKBOX:
@@ -200,6 +201,22 @@ class OpenAIAdapter:
                 else:
                     self._id_prompts = True  # neither works: send ids and let the answer show why
         return ids if self._id_prompts else self.checkpoint.tokenizer.decode(ids, skip_special=False)
+
+    def prefix(self) -> Any:
+        """What this server puts before a prompt (script_check.Prefix, D26), probed once on the
+        checkpoint's prefix probe: greedy, one token, its answer read from logprobs or text."""
+        if self._prefix is None:
+            from ..http_script import returned
+            from ..script_check import Returned, detect_prefix
+
+            ck = self.checkpoint
+            body = {"model": self.model, "prompt": self.prompt_for(list(ck.probe.prompt)), "max_tokens": 1,
+                    "temperature": 0, "logprobs": 1}
+            status, data, raw = self.post("/v1/completions", body, log=[])
+            choice = (data.get("choices") or [{}])[0] if status == 200 and isinstance(data, dict) else {}
+            got = returned(choice) if choice else Returned(text="")
+            self._prefix = detect_prefix(ck.probe, ck.tokenizer, got)
+        return self._prefix
 
     def program_prompt(self) -> list[int] | None:
         """The recipe program's prompt ids on a forced checkpoint (its script is varied text)."""
