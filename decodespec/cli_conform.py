@@ -1,7 +1,7 @@
 """`decodespec conform`: run the conformance cases against an engine and write its reports (issue 7).
 
     decodespec conform --engine reference
-    decodespec conform --engine hf:.cache/peers/tiny-llama --report reports/hf-generate
+    decodespec conform --engine hf:.cache/peers/checkpoints --report reports/hf-generate
     decodespec conform --engine openai:http://127.0.0.1:8000 --model tiny --select http/
     decodespec conform --engine reference --dry-run --select stop/
 
@@ -57,7 +57,7 @@ class Ticker:
 
 
 def report_name(engine: str) -> str:
-    """A folder name for an engine spec: 'reference', 'hf-tiny-llama', 'openai-127.0.0.1-8000'."""
+    """A folder name for an engine spec: 'reference', 'hf-checkpoints', 'openai-127.0.0.1-8000'."""
     kind, _, arg = engine.partition(":")
     tail = Path(arg.rstrip("/")).name if kind in ("hf", "decode-stream") else re.sub(r"^https?://", "", arg)
     return re.sub(r"[^A-Za-z0-9.]+", "-", f"{kind}-{tail}" if tail else kind).strip("-")

@@ -3,8 +3,8 @@
 # then reports/matrix.{md,html} across them (issue 13 item 5). Nothing is downloaded but PyPI
 # packages; every model and tokenizer is made here.
 #   reference           this project's generate() in process
-#   hf-generate         transformers generate on the tiny local Llama (scripts/peers/build_tiny_llama.py)
-#   decode-stream-*     tokenizers' DecodeStream on the three fixture tokenizers
+#   hf-generate         transformers generate (greedy, stop_strings, a streamer) on the forced checkpoints
+#   decode-stream       tokenizers' DecodeStream on the forced checkpoints' tokenizers (byte tables included)
 #   the HTTP engines    scripts/peers/conform.sh ENGINE, each on the forced checkpoints: decodespec-serve,
 #                       vllm (float32, -fp16, -bf16), llama-server (f32, -f16, -bf16 GGUF), llama-cpp-python,
 #                       transformers-serve (PEERS="..." picks some)
@@ -12,19 +12,15 @@
 set -u
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
-PEERS_DIR=.cache/peers
 CONFORM="$PY -m decodespec conform"
 HTTP_PEERS=${PEERS:-"decodespec-serve vllm vllm-fp16 vllm-bf16 llama-server llama-server-f16 llama-server-bf16 llama-cpp-python transformers-serve"}
 
-[ -f "$PEERS_DIR/tiny-llama/model.safetensors" ] || $PY scripts/peers/build_tiny_llama.py --out "$PEERS_DIR/tiny-llama"
-$PY -c "from decodespec.properties import fixtures as f; [b('$PEERS_DIR/tokenizers') for b in f.BUILDERS.values()]"
+CKPTS=$(scripts/peers/checkpoints.sh)
 
 $CONFORM --engine reference --name reference --report reports/reference || true
-$CONFORM --engine "hf:$PEERS_DIR/tiny-llama" --name hf-generate --report reports/hf-generate || true
-for kind in byte_level_bpe sentencepiece_byte_fallback wordpiece; do
-  $CONFORM --engine "decode-stream:$PEERS_DIR/tokenizers/$kind/tokenizer.json" --name "decode-stream-$kind" \
-    --select detok/ --select stop/ --select finish/ --select stream/ --report "reports/decode-stream-$kind" || true
-done
+$CONFORM --engine "hf:$CKPTS" --name hf-generate --report reports/hf-generate || true
+$CONFORM --engine "decode-stream:$CKPTS" --name decode-stream --select detok/ --select stop/ --select finish/ \
+  --select stream/ --report reports/decode-stream || true
 for engine in $HTTP_PEERS; do
   scripts/peers/conform.sh "$engine" -j "${JOBS:-4}" || echo "$engine: could not be run (see above)" >&2
 done

