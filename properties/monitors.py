@@ -485,7 +485,7 @@ def _forbidden_after(rt: RequestTrace, is_mark, what: str, kinds: tuple[str, ...
 @monitor("stop_prefix_held")
 def _stop_prefix_held(rt: RequestTrace):
     stops = [s.encode("utf-8") for s in rt.created.get("stop", ()) if len(s.encode("utf-8")) > 1]
-    if not stops:
+    if not stops or rt.created.get("include_stop_str_in_output"):  # a kept stop is output either way (D33)
         return
     seen = sent = b""
     for e in rt.events:

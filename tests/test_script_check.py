@@ -122,6 +122,21 @@ def test_an_answer_the_case_cut_short_or_that_shows_unprintable_bytes_follows_th
         deviation(recipe, tok, ck.eos_id, Returned())
 
 
+def test_logprob_bytes_moved_to_the_token_that_completes_a_character_follow_the_script(ck):
+    """llama-server gives a split character's bytes with the token that completes it (its logprob
+    `bytes`): the pieces are compared as one byte stream, so that is no deviation, while a wrong byte
+    is named at the script token that holds it (§4.5)."""
+    prog = ck.programs["detok/utf8-split/001"]
+    tok = ck.tokenizer
+    pieces = [tok.token_bytes(t) for t in prog.script]
+    split = next(i for i, p in enumerate(pieces) if p and p[0] >= 0xC0 and i + 1 < len(pieces))
+    moved = [*pieces[:split], b"", pieces[split] + pieces[split + 1], *pieces[split + 2:]]
+    assert deviation(prog, tok, ck.eos_id, Returned(tokens=moved), end=len(prog.script)) is None
+    wrong = [*pieces[:split], b"\xff", *pieces[split + 1:]]
+    d = deviation(prog, tok, ck.eos_id, Returned(tokens=wrong), end=len(prog.script))
+    assert d is not None and d.position == split + 1 and d.chose == repr(b"\xff")
+
+
 class _Penalties:
     """OpenAI's presence and frequency penalties on the output tokens (transformers has neither)."""
 

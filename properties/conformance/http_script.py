@@ -34,7 +34,7 @@ PATH = "/v1/completions"
 def request_body(a: OpenAIAdapter, case: Case, **over: Any) -> dict[str, Any]:
     prog = a.checkpoint.programs[case.id]
     body: dict[str, Any] = {"model": a.model, "prompt": a.prompt_for(list(prog.prompt)), "max_tokens": case.max_tokens,
-                            "temperature": 0, "logprobs": 1}
+                            "temperature": 0}
     if case.inputs.get("stop"):
         body["stop"] = list(case.inputs["stop"])
     if case.inputs.get("stop_token_ids"):
@@ -142,9 +142,12 @@ def run_script(a: OpenAIAdapter, case: Case) -> Outcome:
     prog = a.checkpoint.programs[case.id]
     exp = expected(a, case)
     body = request_body(a, case)
-    status, data, raw = a.post(PATH, {**body, "stream": False})
+    # logprobs on the non-streamed answer only: they show its tokens (D27) and leave the stream as clients see it
+    status, data, raw = a.post(PATH, {**body, "stream": False, "logprobs": 1})
     if status == 400 and "stop_token_ids" in body and "stop_token_ids" in raw:
         return Outcome(skip=f"the server refuses the stop_token_ids field: {raw[:200]!r}")
+    if 400 <= status < 500 and case.inputs.get("request"):  # issue 28: n/a where the engine offers no such field
+        return Outcome(skip=f"the server refuses the request field(s) {sorted(case.inputs['request'])}: {raw[:240]!r}")
     st = a.stream_body(PATH, {**body, "stream": True})
     usage = data.get("usage") if isinstance(data, dict) else None
     sent = usage.get("prompt_tokens") if isinstance(usage, dict) else None
@@ -191,11 +194,13 @@ def left_script(a: OpenAIAdapter, case: Case, data: dict[str, Any], exp: Expecte
     if req.get("echo") or req.get("skip_special_tokens") is False:
         return None  # the text is no longer the decode of the tokens alone: the case judges it
     prog = a.checkpoint.programs[case.id]
-    # the path the reference takes: the script, or where the request's own fields lead (logit_bias,
-    # min_tokens, ignore_eos), up to the case's end
-    path = attrs.evolve(prog, script=tuple(a.reference(case).tokens))
+    # Judged up to where the reference itself leaves the script (a logit_bias, min_tokens or ignore_eos
+    # the case sets): past it, following the field is the case's own question.
+    script = [*prog.script, a.checkpoint.eos_id]
+    ref = a.reference(case).tokens
+    same = next((i for i, (x, y) in enumerate(zip(ref, script)) if x != y), min(len(ref), len(script)))
     for choice in data.get("choices") or []:
-        d = deviation(path, a.checkpoint.tokenizer, a.checkpoint.eos_id, returned(choice), end=exp.selected)
+        d = deviation(prog, a.checkpoint.tokenizer, a.checkpoint.eos_id, returned(choice), end=min(exp.selected, same))
         if d is not None:
             return d.message
     return None

@@ -70,7 +70,7 @@ def expected_of(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[in
         stop=res.stop.encode() if isinstance(res.stop, str) and res.stop.encode() in stops else None,
         eos_at=eos_at, eos_text=tok.token_bytes(script[eos_at - 1]) if eos_at else b"", error=res.error,
         deltas=deltas, state=res.state.name, released=tuple(released),
-        kept=bool(getattr(res, "stop", None)) and bool(case.inputs.get("request", {}).get("include_stop_str_in_output")),
+        kept=bool(res.stop) and any(case.inputs.get("request", {}).get(k) for k in ("include_stop_str_in_output", "no_stop_trim")),
         echo_len=len(head) if case.inputs.get("request", {}).get("echo") else 0)
 
 

@@ -28,6 +28,8 @@ makes the probe answer no echo token, which `detect_prefix` reports as unknown.
 
 from __future__ import annotations
 
+import itertools
+
 from collections.abc import Sequence
 
 import attrs
@@ -97,10 +99,24 @@ def deviation(program: Program, tokenizer: HFTokenizer, eos_id: int, returned: R
 
 
 def _by_pieces(tok: HFTokenizer, want: Sequence[int], pieces: Sequence[bytes], evidence: str) -> Deviation | None:
-    for i, (piece, w) in enumerate(zip(pieces, want)):
-        if piece != tok.token_bytes(w) and not (w in tok.special_ids and piece == b""):
-            return Deviation(i + 1, repr(piece), _show(tok, w), evidence)
-    return None
+    """The pieces' bytes against the script's, as one stream: servers move the bytes of a split
+    character to the token that completes it (llama-server), so only where the streams first differ
+    tells; it is named at the script token that holds that byte."""
+    got = b"".join(pieces)
+    spans: list[tuple[int, int]] = []  # (script token index, its first byte) in the script's stream
+    at = 0
+    for i, w in enumerate(want):
+        spans.append((i, at))
+        at += 0 if w in tok.special_ids else len(tok.token_bytes(w))
+    stream = b"".join(b"" if w in tok.special_ids else tok.token_bytes(w) for w in want)
+    n = min(len(got), len(stream))
+    cut = next((k for k in range(n) if got[k] != stream[k]), None)
+    if cut is None:
+        return None  # one is a prefix of the other: the answer ended, or ran on past the case's end
+    i = max(j for j, start in spans if start <= cut)
+    ends = list(itertools.accumulate(len(p) for p in pieces))
+    chose = pieces[next(j for j, end in enumerate(ends) if end > cut)]  # the piece that holds the first wrong byte
+    return Deviation(i + 1, repr(chose), _show(tok, want[i]), evidence)
 
 
 def _by_text(tok: HFTokenizer, want: Sequence[int], text: str, evidence: str) -> Deviation | None:

@@ -45,6 +45,7 @@ fi
 extra=()
 for w in $(field without); do extra+=(--without "$w"); done
 [ -z "$(field model)" ] || extra+=(--model "$(field model)")
+extra+=(-j "$(field jobs)")
 
 t0=$SECONDS
 rc=0

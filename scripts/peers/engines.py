@@ -16,24 +16,24 @@ from __future__ import annotations
 import sys
 
 ENGINES: dict[str, dict[str, str]] = {
-    "decodespec-serve": {"install": "", "gguf": "", "without": "", "model": "",
+    "decodespec-serve": {"install": "", "gguf": "", "without": "", "model": "", "jobs": "4",
                          "launch": ".venv/bin/decodespec serve --port {port} --model {model}"},
-    "vllm": {"install": "scripts/peers/vllm.sh install", "gguf": "", "without": "", "model": "",
+    "vllm": {"install": "scripts/peers/vllm.sh install", "gguf": "", "without": "", "model": "", "jobs": "4",
              "launch": "scripts/peers/vllm.sh serve {model} {port}"},
-    "vllm-fp16": {"install": "scripts/peers/vllm.sh install", "gguf": "", "without": "", "model": "",
+    "vllm-fp16": {"install": "scripts/peers/vllm.sh install", "gguf": "", "without": "", "model": "", "jobs": "4",
                   "launch": "scripts/peers/vllm.sh serve {model} {port} --dtype float16"},
-    "vllm-bf16": {"install": "scripts/peers/vllm.sh install", "gguf": "", "without": "", "model": "",
+    "vllm-bf16": {"install": "scripts/peers/vllm.sh install", "gguf": "", "without": "", "model": "", "jobs": "4",
                   "launch": "scripts/peers/vllm.sh serve {model} {port} --dtype bfloat16"},
     "llama-server": {"install": "scripts/peers/llama_cpp.sh install", "gguf": "f32", "without": "stop_token_ids",
-                     "model": "", "launch": "scripts/peers/llama_cpp.sh serve {gguf} {port}"},
+                     "model": "", "jobs": "4", "launch": "scripts/peers/llama_cpp.sh serve {gguf} {port}"},
     "llama-server-f16": {"install": "scripts/peers/llama_cpp.sh install", "gguf": "f16", "without": "stop_token_ids",
-                         "model": "", "launch": "scripts/peers/llama_cpp.sh serve {model}/model-f16.gguf {port}"},
+                         "model": "", "jobs": "4", "launch": "scripts/peers/llama_cpp.sh serve {model}/model-f16.gguf {port}"},
     "llama-server-bf16": {"install": "scripts/peers/llama_cpp.sh install", "gguf": "bf16", "without": "stop_token_ids",
-                          "model": "", "launch": "scripts/peers/llama_cpp.sh serve {model}/model-bf16.gguf {port}"},
+                          "model": "", "jobs": "4", "launch": "scripts/peers/llama_cpp.sh serve {model}/model-bf16.gguf {port}"},
     "llama-cpp-python": {"install": "scripts/peers/llama_cpp.sh install", "gguf": "f32", "without": "stop_token_ids",
-                         "model": "", "launch": "scripts/peers/llama_cpp.sh serve-python {gguf} {port}"},
+                         "model": "", "jobs": "1", "launch": "scripts/peers/llama_cpp.sh serve-python {gguf} {port}"},
     "transformers-serve": {"install": ".venv/bin/pip install -q -e .[peers]", "gguf": "", "without": "stop_token_ids",
-                           "model": "{model}",
+                           "model": "{model}", "jobs": "4",
                            "launch": "HF_HUB_OFFLINE=1 .venv/bin/transformers serve --host 127.0.0.1 --port {port}"},
 }
 

@@ -22,6 +22,6 @@ $CONFORM --engine "hf:$CKPTS" --name hf-generate --report reports/hf-generate ||
 $CONFORM --engine "decode-stream:$CKPTS" --name decode-stream --select detok/ --select stop/ --select finish/ \
   --select stream/ --report reports/decode-stream || true
 for engine in $HTTP_PEERS; do
-  scripts/peers/conform.sh "$engine" -j "${JOBS:-4}" || echo "$engine: could not be run (see above)" >&2
+  scripts/peers/conform.sh "$engine" || echo "$engine: could not be run (see above)" >&2
 done
 $PY -m decodespec.properties.conformance.matrix reports
