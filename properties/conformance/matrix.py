@@ -18,8 +18,8 @@ from typing import Any
 
 from .reports import section_key
 
-MATRIX_ORDER = ("reference", "decodespec-serve", "vllm", "llama-server", "llama-cpp-python", "transformers-serve",
-                "hf-generate")
+MATRIX_ORDER = ("reference", "decodespec-serve", "vllm", "vllm-fp16", "vllm-bf16", "llama-server", "llama-server-f16",
+                "llama-server-bf16", "llama-cpp-python", "transformers-serve", "hf-generate", "decode-stream")
 _CELL = {"PASS": "#cfc", "FAIL": "#f99", "ERROR": "#f66", "SKIP": "#eee"}
 
 
