@@ -109,3 +109,14 @@ def test_a_result_with_nothing_observed_passes_nothing():
 
     res = judge(CASES["detok/utf8-split/001"], Outcome(), "empty", frozenset())
     assert res.verdict is Verdict.SKIP and "showed none" in res.reason
+
+
+def test_an_eos_that_a_guard_turns_off_is_named_when_it_ends_the_run():
+    """§4.3, D31: with ignore_eos the script's EOS is a token like any other; an engine that stops
+    there breaks eos_guards_respected, whatever reason it reports."""
+    _, exp = _expected("finish/ignore-eos/001")
+    assert exp.guard_passed
+    stopped = Observed(text=exp.output[:1], finish_reason="stop", completion_tokens=exp.eos_at,
+                       chunks=(exp.output[:1],), stream_finish_reasons=("stop",))
+    found, _ = judge_observed(exp, stopped)
+    assert found and found[0].invariant == "eos_guards_respected", [(f.invariant, f.message) for f in found]

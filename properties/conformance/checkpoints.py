@@ -66,6 +66,7 @@ HTTP_OBSERVABLE = frozenset({
     "stop_bytes_never_emitted", "nothing_after_stop_hit", "stop_reason_requires_hit", "eos_not_emitted",
     "finish_reason_matches_state", "length_respected", "usage_consistent", "detok_concat_equals_batch",
     "delta_nonempty", "single_terminal_event", "no_delta_after_terminal", "terminal_after_all_deltas",
+    "eos_guards_respected",  # a guarded EOS (min_tokens, ignore_eos) shows as text that goes on
 })
 
 

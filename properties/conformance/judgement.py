@@ -103,8 +103,15 @@ def judge_observed(exp: Expected, obs: Observed, *, delta_split: bool = True) ->
     # the reason it gave, not the detokenizer: its text is the decode of what it selected.
     early = (not failing and n is not None and n < exp.selected and obs.text is not None
              and obs.text != exp.output and exp.output.startswith(obs.text))
+    told: list[Finding] = []
     if early and obs.error is None and obs.reason_shown:
-        f += compare_reason(exp, obs.finish_reason, "non-streamed answer", count=n)
+        told = compare_reason(exp, obs.finish_reason, "non-streamed answer", count=n)
+        if not told and obs.finish_reason == exp.wire_reason == "stop" and exp.guard_passed:
+            told = [finding("guard_ignored", f"the non-streamed answer ends after {n} token(s) with 'stop': the "
+                                             f"script's EOS (token {exp.eos_at}) ended it, which min_tokens or "
+                                             f"ignore_eos turns off; the reference ends at token {exp.selected}")]
+        f += told
+    early = early and bool(told)  # an early end the reason does not explain: the bytes say what went wrong
     for where, got in (("non-streamed text", obs.text), ("stream", streamed)):
         if got is None:
             not_checked.append(f"{where} (not shown)")

@@ -49,6 +49,7 @@ SYMPTOMS: Mapping[str, tuple[str, str, str]] = {
     "tail_dropped": ("detok_concat_equals_batch", SEMANTICS, "incomplete tail dropped silently"),
     "stream_vs_batch": ("detok_concat_equals_batch", SEMANTICS, "stream differs from non-stream"),
     "precedence": ("finish_reason_precedence", SEMANTICS, "'length' where D4 says 'stop'"),
+    "guard_ignored": ("eos_guards_respected", SEMANTICS, "EOS ended a run min_tokens/ignore_eos guards"),
     "stop_without_hit": ("stop_reason_requires_hit", SEMANTICS, "'stop' without a stop or EOS"),
     "count_low": ("usage_consistent", SEMANTICS, "token count too low"),
     "usage_missing": ("usage_consistent", SEMANTICS, "no token counts"),
@@ -146,6 +147,11 @@ class Expected:
     kept: bool = False  # the winning stop is part of the output (include_stop_str_in_output, D33)
     echo_len: int = 0  # the output opens with this many bytes of the echoed prompt (D33)
     state: str = "FINISHED"
+
+    @property
+    def guard_passed(self) -> bool:
+        """The reference went on past an EOS of the script (a min_tokens or ignore_eos guard, D31)."""
+        return self.eos_at is not None and self.eos_at <= self.selected and self.reason != "eos"
 
     def to_json(self) -> dict[str, Any]:
         b = bytes_json
@@ -277,6 +283,11 @@ def compare_reason(exp: Expected, got: str | None, where: str, *, count: int | N
         return []
     if got is None:
         return [finding("no_reason", f"the {where} carries no finish_reason (the reference: {want!r}, {exp.reason})")]
+    if got == "stop" and exp.guard_passed and (count is None or count < exp.selected):
+        return [finding("guard_ignored", f"the {where} reports 'stop' after {count if count is not None else 'fewer'} "
+                                         f"token(s): the script's EOS (token {exp.eos_at}) ended it, which the "
+                                         f"request's min_tokens or ignore_eos turns off; the reference goes on to "
+                                         f"token {exp.selected} ({exp.reason})")]
     if got == "length" and want == "stop":
         if exp.selected == exp.max_tokens:
             return [finding("precedence", f"the {where} reports 'length'; the {exp.reason} completes on token "
