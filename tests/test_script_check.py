@@ -137,6 +137,16 @@ def test_logprob_bytes_moved_to_the_token_that_completes_a_character_follow_the_
     assert d is not None and d.position == split + 1 and d.chose == repr(b"\xff")
 
 
+def test_a_special_tokens_own_text_in_logprob_tokens_is_no_deviation(ck):
+    """vLLM lists a selected EOS in its logprob tokens as "</s>" (ignore_eos runs go on past it):
+    that is the token, not text the answer shows, so the script is followed."""
+    prog = ck.programs["finish/ignore-eos/001"]
+    tok = ck.tokenizer
+    pieces = [tok.decode([t], skip_special=False) for t in prog.script]
+    assert any(t in tok.special_ids for t in prog.script)
+    assert deviation(prog, tok, ck.eos_id, Returned(tokens=pieces), end=len(prog.script)) is None
+
+
 class _Penalties:
     """OpenAI's presence and frequency penalties on the output tokens (transformers has neither)."""
 

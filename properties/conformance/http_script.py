@@ -199,6 +199,8 @@ def left_script(a: OpenAIAdapter, case: Case, data: dict[str, Any], exp: Expecte
     script = [*prog.script, a.checkpoint.eos_id]
     ref = a.reference(case).tokens
     same = next((i for i, (x, y) in enumerate(zip(ref, script)) if x != y), min(len(ref), len(script)))
+    if exp.guard_passed:  # engines differ in how a guarded EOS is passed over (banned, or selected): D31's question
+        same = min(same, exp.eos_at - 1)
     for choice in data.get("choices") or []:
         d = deviation(prog, a.checkpoint.tokenizer, a.checkpoint.eos_id, returned(choice), end=min(exp.selected, same))
         if d is not None:

@@ -91,7 +91,10 @@ def deviation(program: Program, tokenizer: HFTokenizer, eos_id: int, returned: R
     if returned.tokens is not None and all(isinstance(p, bytes) for p in returned.tokens):
         return _by_pieces(tokenizer, want, returned.tokens, returned.evidence)
     if returned.tokens is not None:  # strings: a split character may sit in either token, so compare the text
-        text = "".join(p.decode("utf-8", "replace") if isinstance(p, bytes) else p for p in returned.tokens)
+        # a special token's own text (vLLM lists an EOS as "</s>") is not text the answer shows
+        special = {tokenizer.decode([i], skip_special=False) for i in tokenizer.special_ids}
+        text = "".join(p.decode("utf-8", "replace") if isinstance(p, bytes) else p for p in returned.tokens
+                       if p not in special)
         return _by_text(tokenizer, want, text, returned.evidence)
     if returned.text is not None:
         return _by_text(tokenizer, want, returned.text, returned.evidence)
@@ -102,6 +105,8 @@ def _by_pieces(tok: HFTokenizer, want: Sequence[int], pieces: Sequence[bytes], e
     """The pieces' bytes against the script's, as one stream: servers move the bytes of a split
     character to the token that completes it (llama-server), so only where the streams first differ
     tells; it is named at the script token that holds that byte."""
+    special = {tok.decode([i], skip_special=False).encode() for i in tok.special_ids}
+    pieces = [p for p in pieces if p not in special]  # a special token's own text is not text shown
     got = b"".join(pieces)
     spans: list[tuple[int, int]] = []  # (script token index, its first byte) in the script's stream
     at = 0
