@@ -82,6 +82,9 @@ def report_name(engine: str) -> str:
 @click.option("--launch", default=None, metavar="CMD",
               help="Start a server per checkpoint with CMD ({model}, {gguf}, {name}, {port} filled in), run its "
                    "cases, stop it by PID; one report for all (see scripts/peers/).")
+@click.option("--launch-context", "launch_context", default=None, metavar="CMD",
+              help="With --launch: the command that starts the server with a context length of {context} tokens "
+                   "(the other fields as --launch), for the cases with a context limit (§4.3, D10).")
 @click.option("--launch-timeout", type=click.FloatRange(min=1), default=600, show_default=True,
               help="Seconds a launched server may take to answer /v1/models.")
 @click.option("--without", "without", multiple=True, type=click.Choice(["stop_token_ids"]),
@@ -89,7 +92,8 @@ def report_name(engine: str) -> str:
 @click.option("-j", "--jobs", default=1, show_default=True, type=click.IntRange(1, 64), help="Cases run at once (threads).")
 def conform(engine: str, model: str | None, select: tuple[str, ...], list_only: bool, dry_run: bool,
             expect_file: Path | None, strict: bool, report_dir: Path | None, name: str | None,
-            checkpoints: tuple[Path, ...], launch: str | None, launch_timeout: float, without: tuple[str, ...],
+            checkpoints: tuple[Path, ...], launch: str | None, launch_context: str | None, launch_timeout: float,
+            without: tuple[str, ...],
             jobs: int) -> None:
     """Run the conformance cases (§4.3-§4.10) against ENGINE and report per case."""
     from .properties.conformance import CaseError, EngineSpecError, adapter_for, load_cases, run_cases
@@ -116,12 +120,14 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], list_only: 
         except CaseError as exc:
             raise click.BadParameter(f"{expect_file}: {exc}", param_hint="--expect") from None
     policy = (known, strict)
+    if launch_context is not None and launch is None:
+        raise click.BadParameter("--launch-context goes with --launch", param_hint="--launch-context")
     if launch is not None:
         if engine is not None:
             raise click.BadParameter("give either --engine or --launch", param_hint="--launch")
         folders = _checkpoint_folders(checkpoints)
-        return _conform_launched(cases, folders, launch, launch_timeout, frozenset(without), jobs, model,
-                                 name or "launched", report_dir, policy, dry_run, console, t0)
+        return _conform_launched(cases, folders, launch, launch_context, launch_timeout, frozenset(without), jobs,
+                                 model, name or "launched", report_dir, policy, dry_run, console, t0)
     if engine is None:
         raise click.UsageError("--engine is required (or --launch CMD with --checkpoint)")
     if len(checkpoints) > 1:
@@ -166,8 +172,8 @@ def _checkpoint_folders(given: tuple[Path, ...]) -> list[Path]:
     return out
 
 
-def _conform_launched(cases, folders, launch, timeout_s, without, jobs, model, label, report_dir, policy,
-                      dry_run, console, t0) -> None:
+def _conform_launched(cases, folders, launch, launch_context, timeout_s, without, jobs, model, label, report_dir,
+                      policy, dry_run, console, t0) -> None:
     from .properties.conformance.checkpoints import Checkpoint
     from .properties.conformance.launch import run_launched
 
@@ -178,7 +184,7 @@ def _conform_launched(cases, folders, launch, timeout_s, without, jobs, model, l
         return
     log_dir = Path(".cache/peers/logs") / label
     results = run_launched(cases, folders, launch, log_dir=log_dir, without=without, jobs=jobs, model=model,
-                           timeout_s=timeout_s, on_result=Ticker(len(cases), label))
+                           timeout_s=timeout_s, on_result=Ticker(len(cases), label), context_command=launch_context)
     _finish(results, label, report_dir, policy, console, t0)
 
 

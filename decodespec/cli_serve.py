@@ -46,6 +46,9 @@ import click
 @click.option("--batch-invariant", is_flag=True, default=False,
               help="Run every kernel call on one sequence: tokens then never depend on batching or "
                    "preemption, in any dtype (slower; see runtime/engine.py on exactness).")
+@click.option("--context-limit", "context_limit", type=click.IntRange(min=2), default=None,
+              help="Serve with a context of this many positions, below the checkpoint's own (§4.3, D10: a run "
+                   "ends with context_limit when no position is left for the next token).")
 @click.option("--strict", is_flag=True, default=False,
               help="Accept only the request fields of before issue 28 (n = 1; no penalties, logit_bias, echo, "
                    "best_of nor engine extensions): any other field is an unknown-field 400 (DECISIONS D30).")
@@ -59,8 +62,8 @@ import click
               help="/health answers 503 'stalled' while one engine step has run longer than this (DECISIONS D21).")
 def serve(host, port, model_path, device, policy, max_batch, max_queue, cache_budget_tokens, preemption,
           detach_timeout_s, stall_timeout_s, shutdown_timeout_s, on_disconnect, body_timeout_s, header_timeout_s, api_key,
-          allowed_origins, max_body_bytes, log_level, utf8_guard, batch_invariant, strict, retain_s, max_retained,
-          max_readers, watchdog_s) -> None:
+          allowed_origins, max_body_bytes, log_level, utf8_guard, batch_invariant, context_limit, strict, retain_s,
+          max_retained, max_readers, watchdog_s) -> None:
     """Serve /v1/completions and /v1/chat/completions (SSE with replayable ids) until interrupted."""
     import logging
 
@@ -73,6 +76,11 @@ def serve(host, port, model_path, device, policy, max_batch, max_queue, cache_bu
         raise click.UsageError("--api-key (or DECODESPEC_API_KEY) is empty: give a key, or unset it to serve "
                                "without authentication")
     model, tok = load_model_and_tokenizer(model_path, device)
+    if context_limit is not None:
+        if context_limit > model.context_limit:
+            raise click.BadParameter(f"{context_limit} exceeds the model's own context of {model.context_limit}",
+                                     param_hint="--context-limit")
+        model.context_limit = context_limit
     engine = Engine(model, tok, max_batch=max_batch, max_queue=max_queue, cache_budget_tokens=cache_budget_tokens,
                     preemption=preemption, detach_timeout_s=detach_timeout_s, stall_timeout_s=stall_timeout_s,
                     retain_s=retain_s, max_retained=max_retained, batch_invariant=batch_invariant)

@@ -193,13 +193,17 @@ def serve(forced, app_server):
     from decodespec.runtime.server import create_app
     from decodespec.runtime.tokenizers import HFTokenizer
 
-    urls: dict[str, str] = {}
+    urls: dict[tuple[str, int | None], str] = {}
 
-    def start(group: str) -> str:
-        if group not in urls:
+    def start(group: str, context: int | None = None) -> str:
+        """The server of `group`, with a context of `context` positions when given (serve --context-limit)."""
+        if (group, context) not in urls:
             ck = forced[group]
-            urls[group] = app_server(create_app(Engine(HFModel(ck.folder), HFTokenizer(ck.folder))))
-        return urls[group]
+            model = HFModel(ck.folder)
+            if context is not None:
+                model.context_limit = context
+            urls[group, context] = app_server(create_app(Engine(model, HFTokenizer(ck.folder))))
+        return urls[group, context]
 
     return start
 
@@ -208,11 +212,15 @@ def serve(forced, app_server):
 @pytest.mark.parametrize("group", [TABLE_GROUP, "byte_level_bpe", "sentencepiece_byte_fallback", "wordpiece"])
 def test_decodespec_serve_passes_every_case_compiled_into_a_checkpoint(forced, serve, group):
     """The reference server, black box, on a forced checkpoint: every compiled case runs and passes
-    (non-streamed and streamed agree, no stop byte, no EOS bytes, decoding errors as errors)."""
+    (non-streamed and streamed agree, no stop byte, no EOS bytes, decoding errors as errors), a case
+    with a context limit on a server started with that context."""
     ck = forced[group]
-    adapter = OpenAIAdapter(serve(group), checkpoint=ck)
     cases = [c for c in load_cases() if c.id in ck.programs]
-    results = run_cases(adapter, cases)
+    results = run_cases(OpenAIAdapter(serve(group), checkpoint=ck), [c for c in cases if "context_limit" not in c.inputs])
+    for c in (c for c in cases if "context_limit" in c.inputs):  # §4.3, D10: on a server of that context
+        n = int(c.inputs["context_limit"])
+        results += run_cases(OpenAIAdapter(serve(group, n), checkpoint=ck, context=n), [c])
+    cases = [r.case for r in results]
     assert [r.verdict for r in results] == [Verdict.PASS] * len(cases), [
         (r.case.id, r.verdict.value, r.reason, [f.message for f in r.failures]) for r in results if r.verdict is not Verdict.PASS]
     assert all(r.observed["exchanges"] for r in results)  # every run keeps the requests it sent
@@ -289,3 +297,23 @@ def test_an_engine_that_leaves_the_script_is_an_error_naming_the_position_not_a_
     assert res.observed["exchanges"]  # the answer that showed it is kept
     [ok] = run_cases(OpenAIAdapter(serve(TABLE_GROUP), checkpoint=forced[TABLE_GROUP], sweep=False), [case])
     assert ok.verdict is Verdict.PASS, ok.failures
+
+
+@pytest.mark.slow
+def test_a_context_limit_case_runs_on_a_server_started_with_that_context(forced, tmp_path):
+    """§4.3 (D10), issue 21 item 8: `decodespec conform --launch ... --launch-context ...` starts a
+    second server with the case's context length for the context-limit case, which then runs (and
+    passes on decodespec serve) instead of being n/a; without the context command it is n/a, saying why."""
+    import sys
+
+    from decodespec.properties.conformance.launch import run_launched
+
+    cases = load_cases(["finish/context-limit/001", "finish/length/001"])
+    serve_cmd = f"{sys.executable} -m decodespec serve --port {{port}} --model {{model}}"
+    results = {r.case.id: r for r in run_launched(cases, [forced[TABLE_GROUP].folder], serve_cmd, log_dir=tmp_path,
+                                                   context_command=serve_cmd + " --context-limit {context}")}
+    assert [r.verdict for r in results.values()] == [Verdict.PASS, Verdict.PASS], {
+        k: (r.verdict, r.reason, r.failures) for k, r in results.items()}
+    assert "--context-limit 4" in results["finish/context-limit/001"].observed["server"]["launch"]
+    [alone] = run_launched(cases[:1], [forced[TABLE_GROUP].folder], serve_cmd, log_dir=tmp_path)
+    assert alone.verdict is Verdict.SKIP and "context length of 4" in alone.reason

@@ -58,7 +58,6 @@ _CHAR_OF_BYTE = {b: c for c, b in BYTE_LEVEL.items()}
 HTTP_BLOCKERS = {
     "faults": "it injects a fault inside the engine at a given step (cancel, deadline, model error, "
               "transport); an HTTP server offers no such hook",
-    "context_limit": "it needs a context limit of a few tokens, below the server's fixed context length",
     # issue 28: until http_script forwards a case's inputs.request into the body
 }
 # Invariants a black box can show broken: through its text, its SSE deltas, finish_reason and usage.

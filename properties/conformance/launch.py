@@ -87,25 +87,37 @@ def _refusal(folders: Sequence[Path], group: str) -> str:
 
 def run_launched(cases: Sequence[Case], folders: Sequence[Path], command: str, *, log_dir: Path,
                  without: frozenset[str] = frozenset(), jobs: int = 1, model: str | None = None,
-                 timeout_s: float = 600.0, on_result: Callable[[CaseResult], None] | None = None) -> list[CaseResult]:
-    """Every case, run on the server of the checkpoint it was compiled into (see module)."""
+                 timeout_s: float = 600.0, on_result: Callable[[CaseResult], None] | None = None,
+                 context_command: str | None = None) -> list[CaseResult]:
+    """Every case, run on the server of the checkpoint it was compiled into (see module). A case
+    with a context limit runs on a server of its own, started with `context_command` ({context}
+    filled in as well); without one it is n/a with the reason."""
     ckpts = [Checkpoint.load(f) for f in folders]
     done: dict[str, CaseResult] = {}
     for i, ck in enumerate(ckpts):
         mine = [c for c in cases if c.id in ck.programs or (i == 0 and c.kind is CaseKind.BLACKBOX)]
-        if not mine:
-            continue
-        try:
-            with launched(command, ck, log_dir / f"{ck.group}.log", timeout_s=timeout_s) as url:
-                name = model.format(model=ck.folder, name=ck.group) if model else None
-                adapter = OpenAIAdapter(url, model=name, checkpoint=ck, without=without, launch=command)
-                for r in run_cases(adapter, mine, jobs=jobs, on_result=on_result):
-                    done[r.case.id] = r
-        except RuntimeError as exc:
-            for c in mine:
-                done[c.id] = r = CaseResult(c, f"launch[{ck.group}]", Verdict.ERROR, reason=str(exc))
-                if on_result is not None:
-                    on_result(r)
+        runs: list[tuple[str, int | None, list[Case]]] = [(command, None, [c for c in mine if "context_limit" not in c.inputs])]
+        limits = sorted({int(c.inputs["context_limit"]) for c in mine if "context_limit" in c.inputs})
+        if context_command:
+            runs += [(context_command.replace("{context}", str(n)), n,
+                      [c for c in mine if c.inputs.get("context_limit") == n]) for n in limits]
+        else:
+            runs[0][2].extend(c for c in mine if "context_limit" in c.inputs)  # the adapter says why not
+        for cmd, context, todo in runs:
+            if not todo:
+                continue
+            log = log_dir / f"{ck.group}{'' if context is None else f'-context-{context}'}.log"
+            try:
+                with launched(cmd, ck, log, timeout_s=timeout_s) as url:
+                    name = model.format(model=ck.folder, name=ck.group) if model else None
+                    adapter = OpenAIAdapter(url, model=name, checkpoint=ck, without=without, launch=cmd, context=context)
+                    for r in run_cases(adapter, todo, jobs=jobs, on_result=on_result):
+                        done[r.case.id] = r
+            except RuntimeError as exc:
+                for c in todo:
+                    done[c.id] = r = CaseResult(c, f"launch[{ck.group}]", Verdict.ERROR, reason=str(exc))
+                    if on_result is not None:
+                        on_result(r)
     # Cases no checkpoint holds: the first adapter's reason (fault injection, internal events, ...).
     for c in cases:
         if c.id not in done:

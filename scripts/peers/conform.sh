@@ -46,6 +46,7 @@ extra=()
 for w in $(field without); do extra+=(--without "$w"); done
 [ -z "$(field model)" ] || extra+=(--model "$(field model)")
 extra+=(-j "$(field jobs)")
+[ -z "$(field context)" ] || extra+=(--launch-context "$(field context)")
 
 t0=$SECONDS
 rc=0

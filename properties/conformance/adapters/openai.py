@@ -75,7 +75,7 @@ class OpenAIAdapter:
 
     def __init__(self, url: str, *, model: str | None = None, checkpoint: Checkpoint | None = None,
                  without: frozenset[str] = frozenset(), timeout: float = 60.0, retries: int = 2,
-                 launch: str | None = None, sweep: bool = True) -> None:
+                 launch: str | None = None, sweep: bool = True, context: int | None = None) -> None:
         self.url = url.rstrip("/")
         self.name = f"openai[{self.url}]"
         self._model = model
@@ -92,6 +92,7 @@ class OpenAIAdapter:
         self.prompt_note = ""
         self.launch = launch  # the command that started the server, for reproducers
         self.sweep = sweep  # script cases also run at every max_tokens of their script (http_script.sweep)
+        self.context = context  # the context length the server was started with, when set on purpose
         self._about: dict[str, Any] | None = None
         self._prefix: Any = None  # script_check.Prefix, once probed
 
@@ -107,6 +108,9 @@ class OpenAIAdapter:
             return f"compiled into the {group_of(case)} checkpoint; this server serves {self.checkpoint.group}"
         if case.inputs.get("stop_token_ids") and "stop_token_ids" in self.without:
             return f"{self.name} offers no stop_token_ids request field"
+        if "context_limit" in case.inputs and self.context != int(case.inputs["context_limit"]):
+            return (f"it needs the server started with a context length of {case.inputs['context_limit']} "
+                    "(decodespec conform --launch-context CMD; the engine's `context` in scripts/peers/engines.py)")
         return None
 
     def precheck(self) -> None:
