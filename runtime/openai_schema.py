@@ -5,8 +5,9 @@ Bad input never becomes a request (DECISIONS D9): `parse_completion` raises `Api
 field (`param`). Limits chosen here, documented in the OpenAPI document too:
 - `stop`: a string or a list of 1..MAX_STOP_STRINGS non-empty strings of at most MAX_STOP_CHARS
   characters (OpenAI's own limit is 4 strings); `null` means none.
-- `max_tokens` (chat also `max_completion_tokens`): an int in [1, context length]; and the prompt
-  plus one output token must fit the context (§4.3 context_limit).
+- `max_tokens` (chat also `max_completion_tokens`): an int in [1, MAX_OUTPUT_TOKENS]; the prompt plus one output token
+  must fit the context, and a budget past what is left of it ends the run with context_limit
+  (§4.3, D10) instead of being refused.
 - `stop_token_ids` (vLLM's extension): up to MAX_STOP_TOKEN_IDS ids in the vocabulary, each a
   one-token stop sequence; as with every stop, its bytes are never sent.
 - Every field of OpenAI's completions and chat completions requests is in FIELDS (DECISIONS D30):
@@ -46,6 +47,7 @@ from .errors import RequestError
 from .request import Request
 
 MAX_STOP_STRINGS = 4
+MAX_OUTPUT_TOKENS = 1 << 20  # a budget, not a promise: the context limit ends a run first (D10)
 MAX_STOP_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
 # A client's own request id (X-Request-Id): long enough to be unguessable if the client makes it so.
@@ -339,8 +341,8 @@ def parse_completion(raw: bytes, *, chat: bool, model_name: str, context_limit: 
                    f"the context length {context_limit}", "context_length_exceeded")
     max_param = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _get(body, max_param, int, default=16)
-    if max_tokens < 1 or max_tokens > context_limit:
-        raise _bad(max_param, f"must be between 1 and the context length {context_limit}, got {max_tokens}")
+    if not 1 <= max_tokens <= MAX_OUTPUT_TOKENS:
+        raise _bad(max_param, f"must be between 1 and {MAX_OUTPUT_TOKENS} (D18: 0 selects nothing), got {max_tokens}")
     n = _get(body, "n", int, default=1)
     if strict and n != 1:
         raise _bad("n", "only n = 1 is supported (this server is strict)")

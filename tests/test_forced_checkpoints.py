@@ -11,7 +11,7 @@ from decodespec.properties.conformance import Verdict, load_cases, run_cases
 from decodespec.properties.conformance.adapters.openai import OpenAIAdapter, logprob_tokens
 from decodespec.properties.conformance.checkpoints import (
     RECIPE, TABLE_GROUP, Checkpoint, build_checkpoints, byte_table_tokenizer, http_blocker, merged_table, prove,
-    reference_result,
+    reference_result, served_context,
 )
 from decodespec.properties.conformance.forced import Program, ProgramError, check_margins, forced_llama
 from decodespec.properties.conformance.runner import judge
@@ -218,7 +218,7 @@ def test_decodespec_serve_passes_every_case_compiled_into_a_checkpoint(forced, s
     cases = [c for c in load_cases() if c.id in ck.programs]
     results = run_cases(OpenAIAdapter(serve(group), checkpoint=ck), [c for c in cases if "context_limit" not in c.inputs])
     for c in (c for c in cases if "context_limit" in c.inputs):  # §4.3, D10: on a server of that context
-        n = int(c.inputs["context_limit"])
+        n = served_context(c, ck)
         results += run_cases(OpenAIAdapter(serve(group, n), checkpoint=ck, context=n), [c])
     cases = [r.case for r in results]
     assert [r.verdict for r in results] == [Verdict.PASS] * len(cases), [
@@ -314,6 +314,8 @@ def test_a_context_limit_case_runs_on_a_server_started_with_that_context(forced,
                                                    context_command=serve_cmd + " --context-limit {context}")}
     assert [r.verdict for r in results.values()] == [Verdict.PASS, Verdict.PASS], {
         k: (r.verdict, r.reason, r.failures) for k, r in results.items()}
-    assert "--context-limit 4" in results["finish/context-limit/001"].observed["server"]["launch"]
+    n = served_context(cases[0], forced[TABLE_GROUP])
+    assert n > 4 and f"--context-limit {n}" in results["finish/context-limit/001"].observed["server"]["launch"]
+    assert results["finish/context-limit/001"].observed["reference"]["finish_reason"] == "context_limit"
     [alone] = run_launched(cases[:1], [forced[TABLE_GROUP].folder], serve_cmd, log_dir=tmp_path)
-    assert alone.verdict is Verdict.SKIP and "context length of 4" in alone.reason
+    assert alone.verdict is Verdict.SKIP and f"context length of {n}" in alone.reason

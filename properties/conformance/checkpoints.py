@@ -258,10 +258,26 @@ def _tokenizer(folder: Path) -> HFTokenizer:
     return HFTokenizer(folder)
 
 
+def served_context(case: Case, ckpt: Checkpoint) -> int | None:
+    """The context length a server needs for `case`'s context limit on this checkpoint: the case's own,
+    widened by the tokens the program puts before the case's prompt (marker, anchor), so the case
+    keeps its meaning (the same output tokens before the limit); None for a case without one."""
+    if "context_limit" not in case.inputs:
+        return None
+    prog = ckpt.programs[case.id]
+    return int(case.inputs["context_limit"]) + len(prog.prompt) - len(case_prompt(case, ckpt.tokenizer))
+
+
+def on_checkpoint(case: Case, ckpt: Checkpoint) -> Case:
+    """`case` as the checkpoint runs it: its context limit widened as `served_context` says."""
+    n = served_context(case, ckpt)
+    return case if n is None else attrs.evolve(case, inputs={**case.inputs, "context_limit": n})
+
+
 def reference_result(case: Case, ckpt: Checkpoint) -> Result:
     """The reference loop on the checkpoint's tokenizer, forcing the case's compiled script."""
     prog = ckpt.programs[case.id]
-    return reference_on(case, ckpt.tokenizer, prog.prompt, prog.script)
+    return reference_on(on_checkpoint(case, ckpt), ckpt.tokenizer, prog.prompt, prog.script)
 
 
 def build_group(group: str, cases: Sequence[Case], folder: Path) -> Checkpoint:

@@ -20,6 +20,7 @@ import attrs
 
 from .adapters.base import Finding, Outcome, reference_on
 from .cases import STREAM_KINDS, Case, CaseError
+from .checkpoints import on_checkpoint
 from .judgement import Observed, expected_of, judge_observed
 from .script_check import Returned, deviation
 from .symptoms import WIRE, Expected, compare_count, finding, merge
@@ -47,7 +48,8 @@ def request_body(a: OpenAIAdapter, case: Case, **over: Any) -> dict[str, Any]:
 def expected(a: OpenAIAdapter, case: Case) -> Expected:
     """The reference's answer to `case` on the served checkpoint."""
     prog = a.checkpoint.programs[case.id]
-    return expected_of(case, a.checkpoint.tokenizer, prog.prompt, prog.script, a.reference(case))
+    return expected_of(on_checkpoint(case, a.checkpoint), a.checkpoint.tokenizer, prog.prompt, prog.script,
+                       a.reference(case))
 
 
 def not_observable(case: Case) -> list[str]:
@@ -119,7 +121,8 @@ def sweep(a: OpenAIAdapter, case: Case) -> list[Finding]:
     for k in range(1, len(prog.script) + 1):
         if k == case.max_tokens:
             continue
-        at = attrs.evolve(case, inputs={**case.inputs, "max_tokens": k})
+        at = attrs.evolve(on_checkpoint(case, a.checkpoint), inputs={**on_checkpoint(case, a.checkpoint).inputs,
+                                                                     "max_tokens": k})
         try:
             exp = expected_of(at, tok, prog.prompt, prog.script, reference_on(at, tok, prog.prompt, prog.script))
         except CaseError:

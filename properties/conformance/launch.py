@@ -24,7 +24,7 @@ import httpx
 
 from .adapters.openai import OpenAIAdapter
 from .cases import Case, CaseKind
-from .checkpoints import Checkpoint, group_of, http_blocker
+from .checkpoints import Checkpoint, group_of, http_blocker, served_context
 from .runner import CaseResult, Verdict, run_cases
 
 
@@ -97,10 +97,10 @@ def run_launched(cases: Sequence[Case], folders: Sequence[Path], command: str, *
     for i, ck in enumerate(ckpts):
         mine = [c for c in cases if c.id in ck.programs or (i == 0 and c.kind is CaseKind.BLACKBOX)]
         runs: list[tuple[str, int | None, list[Case]]] = [(command, None, [c for c in mine if "context_limit" not in c.inputs])]
-        limits = sorted({int(c.inputs["context_limit"]) for c in mine if "context_limit" in c.inputs})
+        limits = sorted({n for c in mine if (n := served_context(c, ck)) is not None})
         if context_command:
             runs += [(context_command.replace("{context}", str(n)), n,
-                      [c for c in mine if c.inputs.get("context_limit") == n]) for n in limits]
+                      [c for c in mine if served_context(c, ck) == n]) for n in limits]
         else:
             runs[0][2].extend(c for c in mine if "context_limit" in c.inputs)  # the adapter says why not
         for cmd, context, todo in runs:

@@ -27,7 +27,7 @@ import attrs
 import httpx
 
 from ..cases import Case, CaseKind
-from ..checkpoints import RECIPE, Checkpoint, digest, group_of, http_blocker, reference_result
+from ..checkpoints import RECIPE, Checkpoint, digest, group_of, http_blocker, reference_result, served_context
 from ..http_script import run_script
 from ..symptoms import Expected, compare_reason, compare_stream, compare_text, finding, merge
 from ..wire import Streamed, feed, trim_middle, wire_findings
@@ -108,9 +108,10 @@ class OpenAIAdapter:
             return f"compiled into the {group_of(case)} checkpoint; this server serves {self.checkpoint.group}"
         if case.inputs.get("stop_token_ids") and "stop_token_ids" in self.without:
             return f"{self.name} offers no stop_token_ids request field"
-        if "context_limit" in case.inputs and self.context != int(case.inputs["context_limit"]):
-            return (f"it needs the server started with a context length of {case.inputs['context_limit']} "
-                    "(decodespec conform --launch-context CMD; the engine's `context` in scripts/peers/engines.py)")
+        if (need := served_context(case, self.checkpoint)) is not None and self.context != need:
+            return (f"it needs the server started with a context length of {need} (the case's "
+                    f"{case.inputs['context_limit']} and the program's marker and anchor; decodespec conform "
+                    "--launch-context CMD, the engine's `context` in scripts/peers/engines.py)")
         return None
 
     def precheck(self) -> None:
