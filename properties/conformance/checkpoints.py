@@ -269,9 +269,13 @@ def served_context(case: Case, ckpt: Checkpoint) -> int | None:
 
 
 def on_checkpoint(case: Case, ckpt: Checkpoint) -> Case:
-    """`case` as the checkpoint runs it: its context limit widened as `served_context` says."""
+    """`case` as the checkpoint runs it: its context limit widened as `served_context` says, and its
+    max_tokens kept within that context (servers refuse a budget larger than the whole context,
+    vLLM among them; the limit still ends the run first, so the answer is the same)."""
     n = served_context(case, ckpt)
-    return case if n is None else attrs.evolve(case, inputs={**case.inputs, "context_limit": n})
+    if n is None:
+        return case
+    return attrs.evolve(case, inputs={**case.inputs, "context_limit": n, "max_tokens": min(case.max_tokens, n)})
 
 
 def reference_result(case: Case, ckpt: Checkpoint) -> Result:

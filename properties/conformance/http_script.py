@@ -34,8 +34,8 @@ PATH = "/v1/completions"
 
 def request_body(a: OpenAIAdapter, case: Case, **over: Any) -> dict[str, Any]:
     prog = a.checkpoint.programs[case.id]
-    body: dict[str, Any] = {"model": a.model, "prompt": a.prompt_for(list(prog.prompt)), "max_tokens": case.max_tokens,
-                            "temperature": 0}
+    body: dict[str, Any] = {"model": a.model, "prompt": a.prompt_for(list(prog.prompt)),
+                            "max_tokens": on_checkpoint(case, a.checkpoint).max_tokens, "temperature": 0}
     if case.inputs.get("stop"):
         body["stop"] = list(case.inputs["stop"])
     if case.inputs.get("stop_token_ids"):
@@ -118,11 +118,11 @@ def sweep(a: OpenAIAdapter, case: Case) -> list[Finding]:
     prog = a.checkpoint.programs[case.id]
     tok = a.checkpoint.tokenizer
     out: list[Finding] = []
+    served = on_checkpoint(case, a.checkpoint)
     for k in range(1, len(prog.script) + 1):
-        if k == case.max_tokens:
+        if k == served.max_tokens:
             continue
-        at = attrs.evolve(on_checkpoint(case, a.checkpoint), inputs={**on_checkpoint(case, a.checkpoint).inputs,
-                                                                     "max_tokens": k})
+        at = attrs.evolve(served, inputs={**served.inputs, "max_tokens": k})
         try:
             exp = expected_of(at, tok, prog.prompt, prog.script, reference_on(at, tok, prog.prompt, prog.script))
         except CaseError:

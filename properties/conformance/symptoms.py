@@ -40,6 +40,7 @@ SYMPTOMS: Mapping[str, tuple[str, str, str]] = {
     "token_after_stop": ("nothing_after_stop_hit", SEMANTICS, "token selected after the stop"),
     "past_limit": ("length_respected", SEMANTICS, "token past max_tokens"),
     "early_length": ("length_respected", SEMANTICS, "'length' before max_tokens"),
+    "past_context": ("refinement", SEMANTICS, "tokens past the context limit"),
     "after_eos": ("eos_not_emitted", SEMANTICS, "token after EOS"),
     "eos_sent": ("eos_not_emitted", SEMANTICS, "EOS text sent"),
     "bytes_lost": ("detok_concat_equals_batch", SEMANTICS, "bytes never sent"),
@@ -241,8 +242,10 @@ def _ran_on(exp: Expected, got: bytes, where: str, *, stop_seen: bool) -> list[F
     if exp.reason == "eos" and exp.eos_text and extra.startswith(exp.eos_text):
         return [finding("eos_sent", f"the {where} carries the EOS token's text {_show(exp.eos_text)}: {_show(got)}")]
     if exp.script_text.startswith(got):
-        kind = {"max_output_tokens": "past_limit", "eos": "after_eos"}.get(exp.reason or "", "bytes_added")
+        kind = {"max_output_tokens": "past_limit", "eos": "after_eos", "context_limit": "past_context"}.get(
+            exp.reason or "", "bytes_added")
         what = {"past_limit": f"past max_tokens = {exp.max_tokens}", "after_eos": "after the EOS",
+                "past_context": "past the context limit (D10: no position left for the next token)",
                 "bytes_added": f"after the end ({exp.reason})"}[kind]
         return [finding(kind, f"the {where} has {len(extra)} byte(s) of script text {what}: {_show(extra)} "
                               f"after {_show(want)}")]
@@ -297,6 +300,9 @@ def compare_reason(exp: Expected, got: str | None, where: str, *, count: int | N
         return [finding("early_length", f"the {where} reports 'length' after {count} token(s) with max_tokens "
                                         f"{exp.max_tokens}; the reference ends with {exp.reason} on token {exp.selected}")]
     if got == "stop" and want == "length":
+        if exp.reason == "context_limit":
+            return [finding("past_context", f"the {where} reports 'stop': the run went on past the context limit "
+                                            f"(token {exp.selected}, D10) to an end of its own")]
         if exp.eos_at == exp.max_tokens + 1:
             return [finding("past_limit", f"the {where} reports 'stop' at max_tokens = {exp.max_tokens}: the script's "
                                           f"EOS is token {exp.eos_at}, so it was selected past the limit")]
@@ -325,10 +331,10 @@ def compare_count(exp: Expected, got: int | None) -> list[Finding]:
         return []
     if got < min(ok):
         return [finding("count_low", f"usage.completion_tokens is {got}; the reference selects {n} ({exp.reason})")]
-    kind = {"stop_sequence": "token_after_stop", "eos": "after_eos", "max_output_tokens": "past_limit"}.get(
-        exp.reason or "", "token_after_stop")
+    kind = {"stop_sequence": "token_after_stop", "eos": "after_eos", "max_output_tokens": "past_limit",
+            "context_limit": "past_context"}.get(exp.reason or "", "token_after_stop")
     what = {"token_after_stop": "after the token that completes the stop", "after_eos": "after the EOS",
-            "past_limit": "past max_tokens"}[kind]
+            "past_limit": "past max_tokens", "past_context": "past the context limit"}[kind]
     return [finding(kind, f"usage.completion_tokens is {got}: {got - n} token(s) selected {what} "
                           f"({exp.reason} at token {n})")]
 
