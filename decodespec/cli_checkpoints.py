@@ -61,9 +61,9 @@ def build(out_dir: Path, select: tuple[str, ...], groups: tuple[str, ...], prove
 @click.argument("folder", type=click.Path(exists=True, file_okay=False, path_type=Path))
 def list_(folder: Path) -> None:
     """Show the case -> prompt ids -> script ids mapping of each checkpoint under FOLDER."""
-    from .properties.conformance.checkpoints import MANIFEST, Checkpoint
+    from .properties.conformance.checkpoints import MANIFEST, Checkpoint, checkpoint_folders
 
-    found = sorted(p.parent for p in folder.glob(f"*/{MANIFEST}")) or ([folder] if (folder / MANIFEST).is_file() else [])
+    found = checkpoint_folders(folder)
     if not found:
         raise click.ClickException(f"no forced checkpoint ({MANIFEST}) under {folder}")
     for sub in found:

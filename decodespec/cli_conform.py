@@ -159,13 +159,13 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], list_only: 
 
 def _checkpoint_folders(given: tuple[Path, ...]) -> list[Path]:
     """Checkpoint folders from --checkpoint values: each a checkpoint, or a folder of them."""
-    from .properties.conformance.checkpoints import MANIFEST
+    from .properties.conformance.checkpoints import MANIFEST, checkpoint_folders
 
     if not given:
         raise click.UsageError("--launch needs --checkpoint (build them with `decodespec checkpoints build`)")
     out: list[Path] = []
     for g in given:
-        found = [g] if (g / MANIFEST).is_file() else sorted(p.parent for p in g.glob(f"*/{MANIFEST}"))
+        found = checkpoint_folders(g)
         if not found:
             raise click.BadParameter(f"{g} holds no forced checkpoint ({MANIFEST})", param_hint="--checkpoint")
         out += found

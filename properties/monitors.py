@@ -487,6 +487,7 @@ def _stop_prefix_held(rt: RequestTrace):
     stops = [s.encode("utf-8") for s in rt.created.get("stop", ()) if len(s.encode("utf-8")) > 1]
     if not stops or rt.created.get("include_stop_str_in_output"):  # a kept stop is output either way (D33)
         return
+    longest = max(len(s) for s in stops)
     seen = sent = b""
     for e in rt.events:
         if e.kind == K.TOKEN_SELECTED and not e.data.get("eos"):
@@ -495,7 +496,9 @@ def _stop_prefix_held(rt: RequestTrace):
             sent += bytes(e.data.get("bytes", b""))
             if _left_decoding(rt, 0, e.index):
                 return  # the flush at the end: nothing follows, every held byte goes out
-            for j in range(len(sent) - rt.echo):  # the echoed prompt is no stop's (D3: output only)
+            # a tail shorter than the longest stop can be a proper prefix of one; the echoed prompt is
+            # no stop's (D3: output only)
+            for j in range(max(0, len(seen) - longest + 1), len(sent) - rt.echo):
                 tail = seen[j:]
                 if any(len(tail) < len(s) and s.startswith(tail) for s in stops):
                     yield e.index, f"sent byte {j} onward ({tail!r}) can still begin a stop"

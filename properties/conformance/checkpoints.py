@@ -223,12 +223,17 @@ class Checkpoint:
         return _tokenizer(self.folder)
 
 
+def checkpoint_folders(folder: str | Path) -> list[Path]:
+    """The forced checkpoints at `folder`: itself when it is one, else the ones one level down."""
+    root = Path(folder)
+    return [root] if (root / MANIFEST).is_file() else sorted(p.parent for p in root.glob(f"*/{MANIFEST}"))
+
+
 def load_set(folder: str | Path) -> dict[str, Checkpoint]:
     """case id -> its Checkpoint, for one checkpoint folder or a folder of them (a built set)."""
-    root = Path(folder)
-    found = [root] if (root / MANIFEST).is_file() else sorted(p.parent for p in root.glob(f"*/{MANIFEST}"))
+    found = checkpoint_folders(folder)
     if not found:
-        raise CaseError(f"{root} holds no forced checkpoint ({MANIFEST}); build them with `decodespec checkpoints build`")
+        raise CaseError(f"{folder} holds no forced checkpoint ({MANIFEST}); build them with `decodespec checkpoints build`")
     out: dict[str, Checkpoint] = {}
     for f in found:
         ck = Checkpoint.load(f)
@@ -238,8 +243,7 @@ def load_set(folder: str | Path) -> dict[str, Checkpoint]:
 
 def is_forced(folder: str | Path) -> bool:
     """Whether `folder` is a forced checkpoint or a folder of them."""
-    root = Path(folder)
-    return root.is_dir() and ((root / MANIFEST).is_file() or any(root.glob(f"*/{MANIFEST}")))
+    return Path(folder).is_dir() and bool(checkpoint_folders(folder))
 
 
 def digest(folder: str | Path) -> str:

@@ -53,7 +53,6 @@ def expected_of(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[in
     script_text = full[len(head):] if full.startswith(head) else tok.decode_bytes(body)
     finished = res.state.name == "FINISHED"
     stops = tuple(s.encode() for s in case.inputs.get("stop", ()))
-    deltas = tuple(bytes(e.data.get("bytes", b"")) for e in res.events if e.kind == "response.delta")
     released: list[int] = []  # after each selected text token (EOS is not text), the bytes sent so far
     sent = 0
     for e in res.events:
@@ -69,7 +68,7 @@ def expected_of(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[in
         selected=res.usage.selected_tokens, max_tokens=case.max_tokens, script_text=script_text, stops=stops,
         stop=res.stop.encode() if isinstance(res.stop, str) and res.stop.encode() in stops else None,
         eos_at=eos_at, eos_text=tok.token_bytes(script[eos_at - 1]) if eos_at else b"", error=res.error,
-        deltas=deltas, state=res.state.name, released=tuple(released),
+        state=res.state.name, released=tuple(released),
         kept=bool(res.stop) and any(case.inputs.get("request", {}).get(k) for k in ("include_stop_str_in_output", "no_stop_trim")),
         echo_len=len(head) if case.inputs.get("request", {}).get("echo") else 0)
 

@@ -285,7 +285,7 @@ def to_markdown(results: Sequence[CaseResult], engine: str) -> str:
             if "replay" in rep:
                 lines += ["", "Replay by hand:", "", "```sh", rep["replay"].rstrip(), "```"]
             lines += ["", "<details><summary>reproducer</summary>", "", "```json",
-                      json.dumps(reproducer(r), ensure_ascii=False, indent=1), "```", "", "</details>", ""]
+                      json.dumps(rep, ensure_ascii=False, indent=1), "```", "", "</details>", ""]
     lines += [f"## Passed ({len(passed)})", "", "| § | case | grade | invariant | note |", "|---|---|---|---|---|"]
     for anchor, rs in by_section(passed):
         lines += [f"| {anchor} | `{r.case.id}` | {r.case.grade.value} | {r.case.invariant} | {_md_cell(_pass_note(r))} |"
@@ -349,6 +349,7 @@ def to_html(results: Sequence[CaseResult], engine: str, *, diagrams_dir: Path | 
             inv = r.first_invariant or r.case.invariant
             diagram = (f" · diagram <a href='#diagram-{e(r.case.diagram)}'>{e(r.case.diagram)}</a>"
                        if r.case.diagram in embedded else "")
+            rep = reproducer(r)
             findings = "".join(f"<li><b>{e(f.invariant)}</b> ({e(short(f))}{', wire' if f.family == WIRE else ''}): "
                                f"{e(f.message)}</li>" for f in r.failures) or \
                 f"<li>error: {e(r.reason)}</li>"
@@ -357,9 +358,9 @@ def to_html(results: Sequence[CaseResult], engine: str, *, diagrams_dir: Path | 
                 f"({r.case.grade.value}), {e(inv)}{': ' + e(short(r.lead)) if r.lead else ''}{diagram}</h4>"
                 f"<blockquote>{e(statement(inv)) or '(adapter error)'}</blockquote><p>{e(r.case.description)}</p>"
                 f"<ul>{findings}</ul>"
-                + (f"<p>Replay by hand:</p><pre>{e(reproducer(r)['replay'])}</pre>" if 'replay' in reproducer(r) else "")
+                + (f"<p>Replay by hand:</p><pre>{e(rep['replay'])}</pre>" if "replay" in rep else "")
                 + "<details><summary>reproducer</summary>"
-                f"<pre>{e(json.dumps(reproducer(r), ensure_ascii=False, indent=1))}</pre></details></div>")
+                f"<pre>{e(json.dumps(rep, ensure_ascii=False, indent=1))}</pre></details></div>")
     rows = "".join(
         f"<tr class='{'partial' if partial(r) else 'PASS'}'><td>{e(a)}</td><td>{e(r.case.id)}</td>"
         f"<td>{r.case.grade.value}</td><td title='{e(statement(r.case.invariant))}'>{e(r.case.invariant)}</td>"

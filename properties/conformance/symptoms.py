@@ -27,7 +27,7 @@ from typing import Any
 import attrs
 
 from .adapters.base import Finding
-from .cases import bytes_json, as_bytes
+from .cases import bytes_json
 
 SEMANTICS, WIRE = "semantics", "wire"
 
@@ -143,7 +143,6 @@ class Expected:
     eos_at: int | None = None
     eos_text: bytes = b""
     error: str | None = None
-    deltas: tuple[bytes, ...] = ()  # the reference's own delta split
     released: tuple[int, ...] = ()  # bytes the reference had sent after each selected text token
     kept: bool = False  # the winning stop is part of the output (include_stop_str_in_output, D33)
     echo_len: int = 0  # the output opens with this many bytes of the echoed prompt (D33)
@@ -160,20 +159,9 @@ class Expected:
                 "selected_tokens": self.selected, "max_tokens": self.max_tokens, "script_text": b(self.script_text),
                 "stops": [b(s) for s in self.stops], "stop": None if self.stop is None else b(self.stop),
                 "eos_at": self.eos_at, "eos_text": b(self.eos_text), "error": self.error,
-                "deltas": [b(d) for d in self.deltas], "released": list(self.released), "kept": self.kept,
+                "released": list(self.released), "kept": self.kept,
                 "echo_len": self.echo_len}
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Expected:
-        def b(v: Any) -> bytes:
-            return as_bytes(v, "reference")
-
-        return cls(output=b(d["output"]), reason=d["finish_reason"], wire_reason=d["wire_finish_reason"],
-                   selected=int(d["selected_tokens"]), max_tokens=int(d["max_tokens"]), script_text=b(d["script_text"]),
-                   stops=tuple(b(s) for s in d["stops"]), stop=None if d["stop"] is None else b(d["stop"]),
-                   eos_at=d["eos_at"], eos_text=b(d["eos_text"]), error=d["error"],
-                   deltas=tuple(b(x) for x in d["deltas"]), state=d.get("state", "FINISHED"),
-                   released=tuple(d.get("released", ())), kept=bool(d.get("kept")), echo_len=int(d.get("echo_len", 0)))
 
 
 _FFFD = "\ufffd".encode()

@@ -47,7 +47,6 @@ class Streamed:
     done: bool = False
     data_after_done: int = 0
     malformed: list[str] = attrs.field(factory=list)
-    retries: int = 0  # connections the client had to open again before an answer came
 
     # ---- chapter 4's view of the chunks ---------------------------------------------------------
 

@@ -87,8 +87,6 @@ class OpenAIAdapter:
         self._chat_ok: str | None = None  # "" once the chat endpoint is known to keep the prompt as sent
         self._id_prompts: bool | None = None  # whether the server takes token-id prompts (probed once)
         self._case = threading.local()  # the exchanges of the case this thread runs (for its reproducer)
-        self._lock = threading.Lock()
-        self.dropped: list[str] = []  # every connection that failed and was retried, in order
         self.prompt_note = ""
         self.launch = launch  # the command that started the server, for reproducers
         self.sweep = sweep  # script cases also run at every max_tokens of their script (http_script.sweep)
@@ -163,7 +161,7 @@ class OpenAIAdapter:
 
     def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
         """One request, sent again (at most `retries` times) when the connection fails. A retry is
-        never silent: each one is counted in `dropped` (and, for the case running, in its log)."""
+        never silent: each one goes into the running case's log, where it becomes a finding."""
         last: Exception | None = None
         for attempt in range(self.retries + 1):
             try:
@@ -181,8 +179,6 @@ class OpenAIAdapter:
             log.extend(entries)
 
     def _dropped(self, what: str) -> None:
-        with self._lock:
-            self.dropped.append(what)
         log = getattr(self._case, "log", None)
         if log is not None:
             log.append({"connection_failed": what})
@@ -317,12 +313,11 @@ class OpenAIAdapter:
                 self._dropped(f"POST {path} (stream): {type(exc).__name__}: {exc}")
                 if out.chunks or attempt == self.retries:
                     raise ServerError(f"POST {path} (stream): {type(exc).__name__}: {exc}") from None
-                out, raw = Streamed(retries=attempt + 1), []
+                out, raw = Streamed(), []
                 time.sleep(0.2 * (attempt + 1))
         log = log if log is not None else getattr(self._case, "log", None)
         if log is not None:
-            log.append({"request": {"path": path, "body": body}, "status": out.status, "sse": trim_middle("\n".join(raw)),
-                        **({"retries": out.retries} if out.retries else {})})
+            log.append({"request": {"path": path, "body": body}, "status": out.status, "sse": trim_middle("\n".join(raw))})
         return out
 
     def run(self, case: Case) -> Outcome:
