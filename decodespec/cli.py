@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from . import __version__
+from .checkout import default_diagrams_dir
 from .spec import MACHINES, DecisionKind, SpecError, Table, load_file, load_spec
 
 
@@ -84,15 +85,6 @@ def diagrams(out: Path | None, formats: tuple[str, ...]) -> None:
         raise click.ClickException(str(exc)) from exc
     for path in written:
         click.echo(str(path))
-
-
-def default_diagrams_dir(start: Path | None = None) -> Path:
-    """diagrams/ at the root of the decodespec checkout containing `start` (cwd), else ./diagrams."""
-    here = (start or Path.cwd()).resolve()
-    for folder in (here, *here.parents):
-        if (folder / "pyproject.toml").is_file() and (folder / "spec" / "lifecycle.toml").is_file():
-            return folder / "diagrams"
-    return here / "diagrams"
 
 
 def to_markdown(table: Table) -> str:

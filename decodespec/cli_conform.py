@@ -24,7 +24,7 @@ import click
 from rich.console import Console
 from rich.table import Table as RichTable
 
-from .cli import default_diagrams_dir
+from .checkout import default_diagrams_dir
 
 _STYLE = {"PASS": "green", "FAIL": "red", "ERROR": "bold red", "SKIP": "dim"}
 _MARK = {"PASS": ".", "FAIL": "F", "ERROR": "E", "SKIP": "s"}

@@ -51,19 +51,48 @@ class _Stepper(Protocol):
     def fire(self, event: str) -> Any: ...
 
 
-def fire_with_effects(stepper: _Stepper, plans: Mapping[tuple[str, str], Plan], event: str, *args: Any) -> Plan:
-    """Fire `event` on `stepper` and run its row's effects by phase, each as `fn(*args)`; returns
-    the plan. A refused event raises the table's IllegalTransition and runs nothing."""
-    plan = plans.get((stepper.state._value_, event))
+def run_phases(
+    plan: Plan | None,
+    args: tuple,
+    change: Callable[..., Any],
+    change_args: tuple = (),
+    *,
+    refused: Callable[[], Any],
+    entry: Callable[[Any], None] | None = None,
+    error: Callable[[Callable[..., Any], KeyError], Exception] | None = None,
+) -> Any:
+    """The one phase loop of every executor: for the plan of the (state, event) being fired, run
+    the `before` effects, the state change `change(*change_args)`, the `with` effects, the hook
+    `entry(what change returned)` (the runtime's trace entry, §4.12), the `after` effects; each
+    effect as `fn(*args)`. Returns what `change` returned. Hooks: `refused()` answers a pair the
+    table refuses (plan None: raise the table's IllegalTransition, or record a refinement
+    violation), and runs nothing else; `error(fn, exc)` turns an effect's KeyError (an input this
+    call does not carry) into the error to raise, naming the effect."""
     if plan is None:
-        stepper.fire(event)  # raises
-    for fn in plan.before:
-        fn(*args)
-    stepper.fire(event)
-    for fn in plan.with_:
-        fn(*args)
-    for fn in plan.after:
-        fn(*args)
+        return refused()
+    try:
+        for fn in plan.before:  # what must happen before the state changes (release_model, §4.3)
+            fn(*args)
+        out = change(*change_args)
+        for fn in plan.with_:
+            fn(*args)
+        if entry is not None:
+            entry(out)
+        for fn in plan.after:
+            fn(*args)
+    except KeyError as exc:
+        if error is None:
+            raise
+        raise error(fn, exc) from None
+    return out
+
+
+def fire_with_effects(stepper: _Stepper, plans: Mapping[tuple[str, str], Plan], event: str, *args: Any) -> Plan:
+    """Fire `event` on `stepper` and run its row's effects by phase (`run_phases`), each as
+    `fn(*args)`; returns the plan. A refused event raises the table's IllegalTransition and runs
+    nothing."""
+    plan = plans.get((stepper.state._value_, event))
+    run_phases(plan, args, stepper.fire, (event,), refused=lambda: stepper.fire(event))
     return plan
 
 
@@ -106,13 +135,18 @@ class Executor:
             raise ActionError(f"{self.who}: implements {extra}, which {table.source} does not declare")
 
     def plans(self, table: Table) -> dict[tuple[str, str], Plan]:
-        """Per allowed (state, event): the plan its row or ignore runs (verified first)."""
+        """Per allowed (state, event): the plan its row or ignore runs (verified first); a row
+        naming an action the table does not declare is refused by name (a Table built past the
+        loader, which refuses it too, could otherwise run nothing for it)."""
         self.verify(table)
         out: dict[tuple[str, str], Plan] = {}
         for key, d in table.decisions.items():
             if d.kind is DecisionKind.REJECT:
                 continue
-            effects = table.actions.get(d.action, ()) if d.action else ()
+            if d.action and d.action not in table.actions:
+                raise ActionError(f"{self.who}: ({d.state}, {d.event}) of {table.source} names action "
+                                  f"'{d.action}', which its [actions] does not declare")
+            effects = table.actions[d.action] if d.action else ()
             phases: Mapping[str, list] = {p: [] for p in PHASES}
             for name in effects:
                 fn = self.impl[name]

@@ -33,7 +33,8 @@ import attrs
 
 from ..spec import DecisionKind, FinishReason, Table, load_spec
 from ..spec.derived import final_reasons, model_resources, stream_end_of, terminal_stream_event
-from .actions import Executor
+from ..spec.vocabulary import STEP_NEEDS
+from .actions import Executor, run_phases
 
 MACHINES = ("lifecycle", "stream", "resources", "stop_matcher", "detokenizer", "sequence")
 RESOURCE_KINDS = ("trace_handle", "stream_buffer", "kv_cache", "batch_slot", "rng_state")
@@ -42,10 +43,10 @@ REASONS = (None, *FinishReason)  # index 0: no reason fixed yet
 
 # Program counter: where in generate() (§4.3) the request is.
 (P_NEW, P_CREATED, P_QUEUED, P_PREFILL, P_TOP, P_CHECKS, P_DECODE, P_SEND, P_SAFE, P_DRAIN,
- P_DRAIN_HIT, P_FLUSH, P_DRAIN_END, P_CLOSE, P_DONE) = range(15)
+ P_DRAIN_HIT, P_FLUSH, P_DRAIN_END, P_CLOSE, P_DONE, P_INTERRUPT) = range(16)
 PC_NAMES = ("new", "created", "queued", "prefill_in_flight", "top_of_step", "finish_checks",
             "decode_in_flight", "sending", "safe_point", "draining_finish", "draining_stop_hit",
-            "draining_flush", "draining_end", "closing", "done")
+            "draining_flush", "draining_end", "closing", "done", "interrupt_after_emit")
 
 # A pause-policy producer whose reader is behind waits for it at the top of a step (the Engine
 # parks it there, runtime/engine.py); a cancel requested meanwhile is observed at this check point.
@@ -204,23 +205,24 @@ class Step:
         s = self.f[field]
         name = machine if machine != "resources" else f"resources[{RESOURCE_KINDS[field - F_TH]}]"
         entry = mach.step[s].get(event)
-        if entry is None:
-            self.fired.append((name, mach.states[s], event))
-            self.bad.append(("refinement", f"{name}: the loop fires '{event}' in {mach.states[s]} and the table refuses it", None))
-            self.dead = True
-            return None
+        if entry is None:  # the refinement record: the one phase loop's `refused` hook
+            return run_phases(None, (), int, refused=lambda: self._refused(name, mach.states[s], event))
         target, is_row, reason, plan = entry
         if mach.terminal[s] and target != s:
             self.bad.append(("terminal_irreversible", f"{name} left terminal state {mach.states[s]} on '{event}'", None))
-        for fn in plan.before:  # what must happen before the state changes (release_model, §4.3)
-            fn(self, field, target, reason)
-        self.fired.append((name, mach.states[s], event))
+        return run_phases(plan, (self, field, target, reason), self._enter, (name, mach.states[s], event, field, target),
+                          refused=int)
+
+    def _enter(self, name: str, state: str, event: str, field: int, target: int) -> int:
+        """The state change of a fired step: recorded as fired, the machine's field set."""
+        self.fired.append((name, state, event))
         self.f[field] = target
-        for fn in plan.with_:
-            fn(self, field, target, reason)
-        for fn in plan.after:
-            fn(self, field, target, reason)
         return target
+
+    def _refused(self, name: str, state: str, event: str) -> None:
+        self.fired.append((name, state, event))
+        self.bad.append(("refinement", f"{name}: the loop fires '{event}' in {state} and the table refuses it", None))
+        self.dead = True
 
     # ---- helpers the loop steps share -----------------------------------------------------
 
@@ -230,13 +232,27 @@ class Step:
         if event == "select":
             self._select_checks()
         self.overflow = overflow
+        before = self.f[F_LC]
         target = self.fire("lifecycle", event)
-        return None if target is None else self.m.life.states[target]
+        if target is None:
+            return None
+        life = self.m.life
+        if life.terminal[target] and not life.terminal[before]:
+            if life.states[before] == "CANCEL_REQUESTED" and life.states[target] != "CANCELLED":
+                self.bad.append(("observed_cancel_ends_cancelled", f"a cancel was observed, then '{event}' ends "
+                                 f"{life.states[target]}", None))
+            if event == "transport_error" and REASONS[self.f[F_REASON]] != FinishReason.TRANSPORT_ERROR:
+                self.bad.append(("transport_failure_reported_as_such", f"a transport error ends {life.states[target]} "
+                                 f"with reason {REASONS[self.f[F_REASON]]}", None))
+        return life.states[target]
 
     def _select_checks(self) -> None:
         f = self.f
-        if self.m.life.states[f[F_LC]] == "CANCEL_REQUESTED":
+        life = self.m.life.states[f[F_LC]]
+        if life == "CANCEL_REQUESTED":
             self.bad.append(("no_select_after_cancel_observed", "a token is selected after the cancel was observed", None))
+        elif life == "DRAINING":
+            self.bad.append(("no_select_while_draining", "a token is selected in DRAINING", None))
         if REASONS[f[F_REASON]] == FinishReason.STOP_SEQUENCE or self.m.stop.states[f[F_SM]] in ("HIT", "DISCARDED"):
             self.bad.append(("nothing_after_stop_hit", "a token is selected after the stop hit", None))
 
@@ -387,7 +403,8 @@ def _release_held(s: Step, field: int, target: int, reason: int) -> None:
 
 STOP.abstracts("hold_suffix", "the model keeps no bytes: HOLDING says a suffix is held")
 STOP.abstracts("cut_at_match", "the model keeps no bytes: HIT says the match is held back")
-STOP.abstracts("drop_held", "dropping is sending nothing: the model sends only what a row releases")
+STOP.abstracts("drop_held", "dropping is sending nothing: DISCARDED says the held bytes are gone, and the model "
+              "sends only what a row releases")
 
 
 @DETOK.effect("pass_complete")
@@ -414,14 +431,15 @@ def _give_place(s: Step, field: int, target: int, reason: int) -> None:
 
 SEQUENCE.abstracts("snapshot_cache", "the model keeps no cache contents: that a resumed sequence decodes "
                    "the same tokens is an Engine test (tests/test_engine.py, swap and recompute)")
-SEQUENCE.abstracts("restore_cache", "the model keeps no cache contents (see snapshot_cache)")
+SEQUENCE.abstracts("restore_cache", "the model keeps no cache contents: RESIDENT is the fact, and that the restored "
+                   "cache decodes the same tokens is an Engine test (tests/test_engine.py)")
 SEQUENCE.abstracts("hold_reader", "PARKED is the fact: the loop selects nothing from it")
 SEQUENCE.abstracts("release_reader", "RESIDENT is the fact: the loop selects again")
 SEQUENCE.abstracts("forget", "DONE is the fact: the request has nothing left to run")
 
 
 DETOK.abstracts("hold_partial", "the model keeps no bytes: PENDING says a partial character is held")
-DETOK.abstracts("drop_pending", "dropping is passing nothing on")
+DETOK.abstracts("drop_pending", "dropping is passing nothing on: DISCARDED says the pending bytes are gone")
 
 
 class Model:
@@ -466,6 +484,14 @@ class Model:
             raise ValueError(f"lifecycle finish guards and the checker model's FINISH_GUARDS differ: declared without an "
                              f"implementation {unknown}, implemented but not declared {unused}")
         self.unless = {c.event: c.unless for c in self.life.table.finish_checks}
+        # The order of the loop's step (the table's [[step]], D53): which observation comes first at
+        # a check point, and whether a token's bytes are emitted before the finish checks judge them.
+        order = tuple(p.phase for p in self.life.table.step)
+        if sorted(order) != sorted(STEP_NEEDS):
+            raise ValueError(f"{self.life.table.source}: [[step]] lists {list(order)}; the checker model runs "
+                             f"every phase of {list(STEP_NEEDS)} once")
+        self.observe_order = tuple(p for p in order if p in _OBSERVERS)
+        self.emit_first = order.index("emit") < order.index("finish_checks")
 
     def initial(self) -> list[tuple[int, ...]]:
         """One initial request per backpressure policy."""
@@ -578,6 +604,9 @@ class Model:
                 s = self._new(c, out, "environment: the request's own code raises on the flushed bytes",
                               Tag("drain_raises", fault=True))
                 s.lc("model_error")
+        elif pc == P_INTERRUPT:
+            self._interrupted(self._new(c, out, "loop: the content policy refuses the chunk already emitted",
+                                        Tag("check", event="content_interrupt", interrupt=True, fault=True)))
         elif pc == P_DRAIN_END:
             s = self._new(c, out, "loop: model resources released, FINISHED with the terminal event", Tag("complete"))
             s.lc("complete")
@@ -589,22 +618,33 @@ class Model:
             s.f[F_PC] = P_DONE
 
     def _check_point(self, c, out, pc) -> None:
-        """check_cancel_or_deadline (QUEUED) and the top of a decode step (§4.3, §4.9)."""
-        if c[F_CANCEL] == 1:
-            parked = pc == P_TOP and self.seq.states[c[F_SQ]] == "PARKED"
-            s = self._new(c, out, PARKED_CANCEL if parked else "loop: cancel observed at a check point", Tag("observe", what="cancel", parked=parked, fault=True))
-            s.f[F_CANCEL] = 2
-            s.after_lifecycle(s.lc("cancel"), default=P_SAFE)
-        elif c[F_DEADLINE] == 1:
-            s = self._new(c, out, "loop: deadline observed at a check point", Tag("observe", what="deadline", fault=True))
-            s.f[F_DEADLINE] = 2
-            s.after_lifecycle(s.lc("deadline"), default=P_DRAIN)
-        elif pc == P_QUEUED:
+        """check_cancel_or_deadline (QUEUED) and the top of a decode step (§4.3, §4.9): the observe
+        phases in the table's [[step]] order; the first with something to observe is the step."""
+        if any(_OBSERVERS[phase](self, c, out, pc) for phase in self.observe_order):
+            return
+        if pc == P_QUEUED:
             s = self._new(c, out, "loop: scheduled: prefill starts (slot, cache, RNG acquired)", Tag("schedule"))
             s.fire("sequence", "admit")
             s.after_lifecycle(s.lc("schedule"), default=P_PREFILL)
         else:
             self._schedule(c, out)
+
+    def _observe_cancel(self, c, out, pc) -> bool:
+        if c[F_CANCEL] != 1:
+            return False
+        parked = pc == P_TOP and self.seq.states[c[F_SQ]] == "PARKED"
+        s = self._new(c, out, PARKED_CANCEL if parked else "loop: cancel observed at a check point", Tag("observe", what="cancel", parked=parked, fault=True))
+        s.f[F_CANCEL] = 2
+        s.after_lifecycle(s.lc("cancel"), default=P_SAFE)
+        return True
+
+    def _observe_deadline(self, c, out, pc) -> bool:
+        if c[F_DEADLINE] != 1:
+            return False
+        s = self._new(c, out, "loop: deadline observed at a check point", Tag("observe", what="deadline", fault=True))
+        s.f[F_DEADLINE] = 2
+        s.after_lifecycle(s.lc("deadline"), default=P_DRAIN)
+        return True
 
     def _schedule(self, c, out) -> None:
         """Between two steps the Engine decides where the sequence is (§4.4, §4.8): a resident one
@@ -716,6 +756,18 @@ class Model:
                        Tag("select", token="push", stop=stop, safe=nonempty, interrupt=True, fault=True), "emit", stop)
         if s is None:
             return
+        if self.emit_first:
+            # A [[step]] that emits before the finish checks (D53): the chunk goes out, then the
+            # policy refuses it (P_INTERRUPT).
+            if nonempty and s.passed and s.released:
+                s.bad.append(("refused_chunk_never_sent", "the chunk the content policy refuses is sent before "
+                              "the finish checks judge it", None))
+            s.out(nonempty, P_INTERRUPT)
+            return
+        self._interrupted(s)
+
+    def _interrupted(self, s: Step) -> None:
+        """content_interrupt fires: pending bytes (and a matched stop) are discarded, FINISHED follows."""
         s.after_lifecycle(s.lc("content_interrupt"), default=P_DRAIN_END)
         if not self.detok.terminal[s.f[F_DT]]:
             s.fire("detokenizer", "discard")
@@ -953,6 +1005,9 @@ class Model:
         if life == "CANCEL_REQUESTED" and "select" in self.life.step[c[F_LC]]:
             bad.append(("no_select_after_cancel_observed", "the lifecycle table accepts 'select' in CANCEL_REQUESTED",
                         ("lifecycle", life, "select")))
+        if life == "DRAINING" and "select" in self.life.step[c[F_LC]]:
+            bad.append(("no_select_while_draining", "the lifecycle table accepts 'select' in DRAINING",
+                        ("lifecycle", life, "select")))
         return bad
 
     def witnesses(self, pre: tuple[int, ...], post: tuple[int, ...], fired: list[tuple[str, str, str]]) -> list[str]:
@@ -963,6 +1018,10 @@ class Model:
             name for name, (_, trigger, pred) in WITNESSES.items()
             if (trigger in fs if trigger else moved) and pred(self, pre, post)
         ]
+
+
+# The model's one implementation of each observe phase of the [[step]] (D53).
+_OBSERVERS = {"observe_cancel": Model._observe_cancel, "observe_deadline": Model._observe_deadline}
 
 
 def _places(seq: Machine) -> tuple[bool, ...]:

@@ -1,8 +1,9 @@
 """The registry of trace monitors: exactly one per invariant of spec/invariants.toml.
 
 Each invariant of scope "trace" or "both" has one monitor, registered with `@monitor(name)`;
-`registry_mismatch()` names what is on one side only (tests/test_invariants_registry.py fails on
-any). The invariants themselves are spec data (decodespec.spec.invariants).
+properties.monitors holds them and its `registry_mismatch()` names what is on one side only
+(tests/test_invariants_registry.py fails on any). The invariants themselves are spec data
+(decodespec.spec.invariants). This module imports no monitor: the registry is one-way.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from ..spec.invariants import INVARIANTS_FILE, Invariant, InvariantSpecError, Sc
 
 __all__ = [
     "INVARIANTS_FILE", "Invariant", "InvariantSpecError", "MonitorFn", "Scope", "load_invariants",
-    "monitor", "monitors", "registry_mismatch",
+    "monitor", "registered",
 ]
 
 # A monitor yields (event index or None for end of trace, message) per violation.
@@ -34,15 +35,7 @@ def monitor(name: str) -> Callable[[MonitorFn], MonitorFn]:
     return register
 
 
-def monitors() -> dict[str, MonitorFn]:
-    """The registered monitors by invariant name (importing properties.monitors fills it)."""
-    from . import monitors as _loaded  # noqa: F401  (registration happens at import)
-
+def registered() -> dict[str, MonitorFn]:
+    """The monitors registered so far by invariant name (properties.monitors registers them all
+    when imported; its `monitors()` is the full registry)."""
     return dict(_MONITORS)
-
-
-def registry_mismatch() -> tuple[list[str], list[str]]:
-    """(trace invariants without a monitor, monitors without a trace invariant in the TOML)."""
-    declared = {n for n, inv in load_invariants().items() if inv.on_traces}
-    registered = set(monitors())
-    return sorted(declared - registered), sorted(registered - declared)

@@ -18,7 +18,7 @@ from ..machine import IllegalTransition, compiled
 from ..runtime.events import TERMINAL_KINDS, Event, EventKind
 from ..spec import FinishReason, load_spec
 from ..spec.derived import final_reasons, model_resources, stream_end_of
-from .invariants import load_invariants, monitor, monitors
+from .invariants import MonitorFn, load_invariants, monitor, registered
 
 K = EventKind
 _LIFECYCLE_TERMINAL = frozenset(load_spec("lifecycle").terminal)
@@ -659,6 +659,35 @@ def _cancelled_only_if_requested(rt: RequestTrace):
         yield e.index, f"{e.kind} {e.data.get('to') or 'cancelled'} without a cancel.requested"
 
 
+@monitor("observed_cancel_ends_cancelled")
+def _observed_cancel_ends_cancelled(rt: RequestTrace):
+    observed = None
+    for e in rt.of(K.LIFECYCLE):
+        if e.data.get("to") == "CANCEL_REQUESTED":
+            observed = observed or e
+        elif observed is not None and e.data.get("to") in _LIFECYCLE_TERMINAL and e.data.get("to") != "CANCELLED":
+            yield e.index, (f"the cancel observed at event {observed.index} did not take effect: "
+                            f"'{e.data.get('event')}' ends {e.data.get('to')}")
+
+
+@monitor("no_select_while_draining")
+def _no_select_while_draining(rt: RequestTrace):
+    draining = None
+    for e in rt.events:
+        if e.kind == K.LIFECYCLE and e.data.get("to") == "DRAINING":
+            draining = draining or e
+        elif draining is not None and e.kind == K.TOKEN_SELECTED:
+            yield e.index, f"token {e.data.get('step')} selected after DRAINING was entered at event {draining.index}"
+
+
+@monitor("transport_failure_reported_as_such")
+def _transport_failure_reported_as_such(rt: RequestTrace):
+    for e in rt.of(K.LIFECYCLE):
+        if (e.data.get("event") == "transport_error" and e.data.get("to") in _LIFECYCLE_TERMINAL
+                and _value(e.data.get("reason")) != FinishReason.TRANSPORT_ERROR):
+            yield e.index, f"a transport error ends {e.data.get('to')} with reason {e.data.get('reason')}"
+
+
 @monitor("deadline_not_cancelled")
 def _deadline_not_cancelled(rt: RequestTrace):
     deadline = None
@@ -814,3 +843,15 @@ def _cut_at_stop(data: bytes, stops: list[bytes], keep: bool = False) -> bytes:
         return data
     (end, _), start = best
     return data[: end if keep else start]
+
+
+def monitors() -> dict[str, MonitorFn]:
+    """Every registered monitor by invariant name (this module registers them at import)."""
+    return registered()
+
+
+def registry_mismatch() -> tuple[list[str], list[str]]:
+    """(trace invariants without a monitor, monitors without a trace invariant in the TOML)."""
+    declared = {n for n, inv in load_invariants().items() if inv.on_traces}
+    registered_names = set(monitors())
+    return sorted(declared - registered_names), sorted(registered_names - declared)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..machine import compiled
-from ..machine.actions import ActionError, Executor, Plan
+from ..machine.actions import ActionError, Executor, Plan, run_phases
 from ..spec import FinishReason, load_spec
 from ..spec.derived import model_resources, stream_resources, terminal_stream_event
 from .detokenizer import DecodingError, IncrementalDetokenizer
@@ -367,35 +367,32 @@ class RequestRun:
         return self.life.state is _DECODING
 
     def fire(self, event: str, **data: Any) -> str | None:
-        """Fire a lifecycle event and run its row's action: the `before` effects, the change, the
-        `with` effects, the trace entry (§4.12), the `after` effects. A row that ends the request
-        runs in one critical section (transition_and_emit_terminal, §4.3)."""
+        """Fire a lifecycle event and run its row's action through the one phase loop
+        (machine.actions.run_phases): the `before` effects, the change, the `with` effects, the
+        trace entry (§4.12), the `after` effects. A row that ends the request runs in one critical
+        section (transition_and_emit_terminal, §4.3)."""
         key = (self.life.state._value_, event)
         plan = _PLANS.get(key)
-        if plan is None:
-            self.life.fire(event)  # raises the table's IllegalTransition; nothing changed
-        if plan.before or plan.after:
+        if plan is not None and (plan.before or plan.after):
             with self._lock:
                 return self._run(plan, key, data)
         return self._run(plan, key, data)
 
-    def _run(self, plan: Plan, key: tuple[str, str], data: dict) -> str | None:
+    def _run(self, plan: Plan | None, key: tuple[str, str], data: dict) -> str | None:
         reason = _REASONS.get(key)
-        for fn in plan.before:
-            fn(self, key, reason)
-        action, after = self.life.fire(key[1])
-        for fn in plan.with_:
-            fn(self, key, reason)
-        if after._value_ != key[0] or reason is not None:  # a self-loop that fixes a reason shows too
-            self.trace.emit(
-                EventKind.LIFECYCLE, **{"from": key[0]}, to=after._value_, event=key[1],
-                action=action, reason=reason.value if reason else None, **data,
-            )
-        elif key in _IGNORED:
-            self.trace.emit(EventKind.LIFECYCLE_IGNORED, state=key[0], event=key[1], action=action)
-        for fn in plan.after:
-            fn(self, key, reason)
-        return action
+
+        def entry(fired: tuple[str | None, Any]) -> None:
+            action, after = fired
+            if after._value_ != key[0] or reason is not None:  # a self-loop that fixes a reason shows too
+                self.trace.emit(
+                    EventKind.LIFECYCLE, **{"from": key[0]}, to=after._value_, event=key[1],
+                    action=action, reason=reason.value if reason else None, **data,
+                )
+            elif key in _IGNORED:
+                self.trace.emit(EventKind.LIFECYCLE_IGNORED, state=key[0], event=key[1], action=action)
+
+        fire = self.life.fire  # a refused pair raises the table's IllegalTransition; nothing changed
+        return run_phases(plan, (self, key, reason), fire, (key[1],), refused=lambda: fire(key[1]), entry=entry)[0]
 
     # ---- requests from other threads ------------------------------------------------------
 
@@ -426,17 +423,6 @@ class RequestRun:
             self.fire("reject")
             return False
         self.fire("enqueue")
-        return True
-
-    def check_point(self) -> bool:
-        """check_cancel_or_deadline (§4.3): True when the request may go on selecting."""
-        if self._cancel_requested:
-            self._observe_cancel()
-            return False
-        if self._deadline_forced or (self.deadline_at is not None and self.clock() >= self.deadline_at):
-            self.trace.emit(EventKind.DEADLINE_EXCEEDED)
-            self.fire("deadline")
-            return False
         return True
 
     def _observe_cancel(self) -> None:
@@ -487,83 +473,6 @@ class RequestRun:
         error naming the cause; the driver goes on with the others (§4.10, DECISIONS D20). After a
         cancel the cancel wins (D2)."""
         self.kernel_failed(ModelError(f"{where} raised {type(exc).__name__}: {exc}"))
-
-    def select(self, token: int | None = None) -> bool:
-        """Choose y_t and run every check of §4.3 on it; True when y_t must be decoded next.
-
-        `token`: y_t already chosen from this run's logits by the caller (the Engine's one argmax
-        over a greedy batch); None chooses it here with the run's own sampler.
-        """
-        guard = self.guard
-        if guard is not None:  # only tokens that keep the output valid UTF-8 (D16)
-            # Greedy with a stop: a stop may yet cut before an unfinished character, so only tokens
-            # that fail at once are refused and a greedy success is unchanged (D22).
-            remaining = Utf8Guard.UNBOUNDED if self.sampler.greedy and (
-                self.request.stop or self.token_stopper is not None) else min(
-                self.request.max_output_tokens - len(self.tokens), self.model.context_limit - self.cache.length) - 1
-            logits = guard.restrict(self.logits, self.detok.held, remaining)
-            if token is None or logits[token] == float("-inf"):
-                token = self.sampler.choose(logits)
-        elif self._undecodable is not None:  # a vocabulary padded past the tokenizer's (D20)
-            if token is None or self._undecodable[token]:
-                token = self.sampler.choose(self.logits.masked_fill(self._undecodable, float("-inf")))
-        elif token is None:
-            token = self.sampler.choose(self.logits)
-        tokens = self.tokens
-        tokens.append(token)
-        t = len(tokens)
-        if self.life.state not in _SELECT_QUIET:
-            self.fire("select")
-        eos = token in self.eos_ids
-        special = eos or token in self._not_text
-        checked = token
-        if special and self._guarded is not None and self._guarded(self, token, t):
-            eos = special = False  # a guard turns its check off: a token like any other (D31)
-            checked = None
-        trace = self.trace
-        trace.put((_TOKEN_SELECTED, trace.clock(), t, token, eos))
-        safe, hit = b"", None
-        marks = self._byte_marks  # output bytes up to each token's own, held ones included (D7)
-        if special:  # EOS and a token check's ids are not text: no bytes (D4)
-            marks.append(marks[-1] if marks else 0)
-        else:
-            try:
-                new = self._detok_push(token)
-            except DecodingError as exc:
-                self.error = f"decoding_error: {exc}"
-                marks.append(marks[-1] if marks else 0)
-                self.fire("decode_error")
-                return False
-            total = self._detok_total = self._detok_total + len(new)
-            marks.append(total + self.detok.held_bytes)  # a split character counts for each of its tokens
-            if new:  # detokenizer bytes -> stop matcher (§4.3)
-                safe, hit = self._stop_push(new)
-                if self.stopper.held:  # the clock is read only when holding starts or ends
-                    if self._held_since is None:
-                        self._held_since = self.clock()
-                elif self._held_since is not None:
-                    self._t["stop_buffer"] += self.clock() - self._held_since
-                    self._held_since = None
-            if self.token_stopper is not None:
-                safe, hit = self._token_stop(token, safe, hit)
-            if hit is not None and self._stop_kept and hit.kind is StopKind.STRING:
-                safe += hit.stop.encode("utf-8")  # include_stop_str_in_output: the match ends the output (D33)
-        event = self._winner(self, eos, safe, hit, t, checked)  # the table's finish checks, in its order (D4)
-        if safe and event != _CONTENT_INTERRUPT:  # a refused chunk is never sent (D11)
-            if self._plain_send:  # nothing to check: straight to the stream
-                try:
-                    self._put_delta(safe)
-                except StreamOverflow as exc:  # a paused send waited past its timeout (D5)
-                    return self._send_failed(exc.seq, str(exc))
-                self.output += safe
-            elif not self._send(safe):
-                return False
-        if hit is not None and event != _CONTENT_INTERRUPT:  # the output ends at the match, whichever
-            self._record_hit(hit)  # check fixes the reason; after an interruption nothing is kept
-        if event is None:
-            return True
-        self.fire(event)
-        return False
 
     def _token_stop(self, token: int, safe: bytes, hit: Any) -> tuple[bytes, Any]:
         """Merge the token-id stops into the string matcher's verdict (§4.6, D3). The string
@@ -832,6 +741,155 @@ _FAULTS: dict[FaultAction, Callable[[RequestRun, int], None]] = {
     FaultAction.TRANSPORT_ERROR: lambda run, step: None,  # checked before the send itself (_send)
     FaultAction.DISCONNECT: lambda run, step: run.disconnect(),
 }
+
+
+# ---- the step of §4.3, generated from the lifecycle table's [[step]] (DECISIONS D53) ----------
+# The code of each phase, over the locals the phases share (token, t, eos, special, checked, new,
+# safe, hit, event): `check_point` runs the two observe phases in the table's order, `select` the
+# others. Each is one function generated from the list, with the phases inline, so the per-token
+# cost is that of hand-written code (issue 8); its source is its docstring.
+STEP_CODE: dict[str, str] = {
+    "observe_cancel": """
+if self._cancel_requested:
+    self._observe_cancel()
+    return False
+""",
+    "observe_deadline": """
+if self._deadline_forced or (self.deadline_at is not None and self.clock() >= self.deadline_at):
+    self.trace.emit(EventKind.DEADLINE_EXCEEDED)
+    self.fire("deadline")
+    return False
+""",
+    # y_t: only tokens that keep the output valid UTF-8 (D16; greedy with a stop refuses only the
+    # tokens that fail at once, D22); never an id the tokenizer cannot decode (D20). `token` given:
+    # chosen by the caller from this run's logits (the Engine's one argmax over a greedy batch).
+    "choose": """
+guard = self.guard
+if guard is not None:
+    remaining = Utf8Guard.UNBOUNDED if self.sampler.greedy and (
+        self.request.stop or self.token_stopper is not None) else min(
+        self.request.max_output_tokens - len(self.tokens), self.model.context_limit - self.cache.length) - 1
+    logits = guard.restrict(self.logits, self.detok.held, remaining)
+    if token is None or logits[token] == float("-inf"):
+        token = self.sampler.choose(logits)
+elif self._undecodable is not None:
+    if token is None or self._undecodable[token]:
+        token = self.sampler.choose(self.logits.masked_fill(self._undecodable, float("-inf")))
+elif token is None:
+    token = self.sampler.choose(self.logits)
+""",
+    # a guard that turns the check of a not-text token off makes it a token like any other (D31)
+    "consume": """
+tokens = self.tokens
+tokens.append(token)
+t = len(tokens)
+if self.life.state not in _SELECT_QUIET:
+    self.fire("select")
+eos = token in self.eos_ids
+special = eos or token in self._not_text
+checked = token
+if special and self._guarded is not None and self._guarded(self, token, t):
+    eos = special = False
+    checked = None
+trace = self.trace
+trace.put((_TOKEN_SELECTED, trace.clock(), t, token, eos))
+""",
+    # EOS and a token check's ids are not text: no bytes (D4); usage counts a token's bytes, held
+    # ones included, and a split character for each of its tokens (D7)
+    "push_bytes": """
+marks = self._byte_marks
+if special:
+    marks.append(marks[-1] if marks else 0)
+else:
+    try:
+        new = self._detok_push(token)
+    except DecodingError as exc:
+        self.error = f"decoding_error: {exc}"
+        marks.append(marks[-1] if marks else 0)
+        self.fire("decode_error")
+        return False
+    total = self._detok_total = self._detok_total + len(new)
+    marks.append(total + self.detok.held_bytes)
+""",
+    # the clock is read only when holding starts or ends; include_stop_str_in_output: the match
+    # ends the output (D33)
+    "stop": """
+if not special:
+    if new:
+        safe, hit = self._stop_push(new)
+        if self.stopper.held:
+            if self._held_since is None:
+                self._held_since = self.clock()
+        elif self._held_since is not None:
+            self._t["stop_buffer"] += self.clock() - self._held_since
+            self._held_since = None
+    if self.token_stopper is not None:
+        safe, hit = self._token_stop(token, safe, hit)
+    if hit is not None and self._stop_kept and hit.kind is StopKind.STRING:
+        safe += hit.stop.encode("utf-8")
+""",
+    "finish_checks": """
+event = self._winner(self, eos, safe, hit, t, checked)
+""",
+    # a chunk the content policy refused is never sent (D11); nothing to check: straight to the stream
+    "emit": """
+if safe and event != _CONTENT_INTERRUPT:
+    if self._plain_send:
+        try:
+            self._put_delta(safe)
+        except StreamOverflow as exc:
+            return self._send_failed(exc.seq, str(exc))
+        self.output += safe
+    elif not self._send(safe):
+        return False
+""",
+    # the output ends at a match whichever check fixes the reason; after an interruption nothing is kept
+    "decode": """
+if hit is not None and event != _CONTENT_INTERRUPT:
+    self._record_hit(hit)
+if event is None:
+    return True
+self.fire(event)
+return False
+""",
+}
+_OBSERVE = ("observe_cancel", "observe_deadline")
+
+
+def step_functions(step: Sequence[Any]) -> tuple[Callable[..., bool], Callable[..., bool]]:
+    """(check_point, select) generated from a lifecycle table's [[step]] (its StepPhase list):
+    `check_point(run)` is check_cancel_or_deadline (§4.3), True when the run may go on selecting;
+    `select(run, token=None)` chooses y_t and runs every other phase on it, True when y_t must be
+    decoded next. Each phase's code is STEP_CODE's, checked both ways against the list."""
+    order = [p.phase for p in step]
+    if sorted(order) != sorted(STEP_CODE):
+        raise RuntimeError(f"lifecycle [[step]] and runtime/runner.STEP_CODE differ: listed {order}, "
+                           f"implemented {list(STEP_CODE)}")
+
+    def build(name: str, signature: str, phases: list[str], head: str, tail: str) -> Callable[..., bool]:
+        body = head + "".join(STEP_CODE[p] for p in phases) + tail
+        source = f"def {name}({signature}):\n" + "".join(f"    {line}\n" if line else "\n"
+                                                         for line in body.strip("\n").split("\n"))
+        namespace: dict[str, Any] = {}
+        exec(compile(source, f"<{_LIFECYCLE.source} step>", "exec"), globals(), namespace)
+        fn = namespace[name]
+        fn.__doc__ = source
+        return fn
+
+    check_point = build("check_point", "self", [p for p in order if p in _OBSERVE], "", "return True")
+    select = build("select", "self, token=None", [p for p in order if p not in _OBSERVE],
+                   'new, safe, hit, event = b"", b"", None, None\n', "")
+    return check_point, select
+
+
+def _install_step() -> None:
+    """RequestRun's check_point and select: the shipped (or DECODESPEC_SPEC_DIR's) table's step."""
+    if not _LIFECYCLE.step:
+        raise RuntimeError(f"{_LIFECYCLE.source}: declares no [[step]]; the runtime runs the loop's step from it")
+    RequestRun.check_point, RequestRun.select = step_functions(_LIFECYCLE.step)
+
+
+_install_step()
 
 
 # ---- the runtime's implementation of every lifecycle effect (machine/actions.py) -------------

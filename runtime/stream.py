@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 
 from ..machine import compiled
-from ..machine.actions import ActionError, Executor
+from ..machine.actions import ActionError, Executor, run_phases
 from ..spec import FinishReason, load_spec
 from .events import EventKind, Trace
 
@@ -476,16 +476,18 @@ class OrderedStream:
 
     def _move(self, event: str, **ctx: Any) -> Any:
         """Fire `event` and run its row's effects (the STREAM executor below) with `ctx`, the call's
-        data; returns what an effect left in ctx["seq"]. A refused event changes nothing. Lock held."""
+        data, through the one phase loop (machine.actions.run_phases); returns what an effect left
+        in ctx["seq"]. A refused event changes nothing. Lock held."""
         key = (self._st.state._value_, event)
-        plan = _PLANS.get(key)
-        if plan is None:
-            self._st.fire(event)  # raises the table's IllegalTransition
-        for fn in plan.before:
-            _run(fn, self, ctx, key)
-        self._st.fire(event)
-        for fn in plan.with_ + plan.after:
-            _run(fn, self, ctx, key)
+        fire = self._st.fire  # a refused pair raises the table's IllegalTransition
+
+        def missing(fn: Callable[..., Any], exc: KeyError) -> ActionError:
+            """An effect needs what this call does not carry (an edited table gave the row another action)."""
+            name = next(n for n, f in STREAM.impl.items() if f is fn)
+            return ActionError(f"stream row ({key[0]}, {key[1]}): effect {name} needs {exc.args[0]!r}, "
+                               "which this call does not carry")
+
+        run_phases(_PLANS.get(key), (self, ctx), fire, (event,), refused=lambda: fire(event), error=missing)
         return ctx.get("seq")
 
     def _queue(self, data: bytes) -> int:
@@ -723,17 +725,6 @@ class Deduper:
     def accept_event(self, event: StreamEvent) -> bool:
         """`accept` keyed by the event's own request_id and seq."""
         return self.accept(event.request_id, event.seq)
-
-
-def _run(fn: Callable[[OrderedStream, dict], None], st: OrderedStream, ctx: dict, key: tuple[str, str]) -> None:
-    """Run one effect; one that needs what this call does not carry (an edited table giving a row
-    another action) is an ActionError naming the row, not a KeyError from inside the stream."""
-    try:
-        fn(st, ctx)
-    except KeyError as exc:
-        name = next(n for n, f in STREAM.impl.items() if f is fn)
-        raise ActionError(f"stream row ({key[0]}, {key[1]}): effect {name} needs {exc.args[0]!r}, "
-                          "which this call does not carry") from None
 
 
 # ---- the runtime's implementation of every stream effect (machine/actions.py) ----------------

@@ -13,8 +13,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from .tables import Decision, Effect, FinishCheck, FinishGuard, Table
-from .vocabulary import SPEC_DIR, DecisionKind, FinishReason
+from .tables import Decision, Effect, FinishCheck, FinishGuard, StepPhase, Table
+from .vocabulary import SPEC_DIR, STEP_NEEDS, DecisionKind, FinishReason
 
 
 MACHINES = ("lifecycle", "stop_matcher", "detokenizer", "stream", "resources", "sequence")
@@ -22,6 +22,7 @@ _HEADER = ("name", "anchor", "spec_version", "initial", "terminal", "states", "e
 _SECTIONS = {"row": DecisionKind.ROW, "ignore": DecisionKind.IGNORE, "reject": DecisionKind.REJECT}
 _FINISH = "finish_check"  # the ordered finish checks (lifecycle; DECISIONS D4)
 _GUARDS = "finish_guards"  # what may turn a finish check off (lifecycle; DECISIONS D31)
+_STEP = "step"  # the order of the phases of the §4.3 loop's step (lifecycle; DECISIONS D53)
 _EFFECTS, _ACTIONS = "effects", "actions"  # what each action does (machine/actions.py)
 _PHASES = ("before", "with", "after")
 _REASONS = frozenset(r.value for r in FinishReason)
@@ -145,9 +146,10 @@ def build_table(data: dict[str, Any], source: str) -> Table:
     guards = _finish_guards(data.get(_GUARDS, {}), source, problems)
     checks = _finish_checks(data.get(_FINISH, []), events, decisions, guards, source, problems)
     effects, actions = _actions(data, decisions, source, problems)
+    step = _step(data.get(_STEP, []), source, problems)
     problems.raise_any()
     params = {k: v for k, v in data.items()
-              if k not in _HEADER and k not in _SECTIONS and k not in (_FINISH, _GUARDS, _EFFECTS, _ACTIONS)}
+              if k not in _HEADER and k not in _SECTIONS and k not in (_FINISH, _GUARDS, _EFFECTS, _ACTIONS, _STEP)}
     return Table(
         name=data["name"],
         anchor=data["anchor"],
@@ -161,9 +163,41 @@ def build_table(data: dict[str, Any], source: str) -> Table:
         source=source,
         finish_checks=checks,
         finish_guards=guards,
+        step=step,
         effects=effects,
         actions=actions,
     )
+
+
+def _step(entries: Any, source: str, problems: _Problems) -> tuple[StepPhase, ...]:
+    """[[step]]: every phase of the loop's step (vocabulary.STEP_NEEDS) once, each with an anchor,
+    each after the phases it reads. A table without [[step]] has no loop (every table but the
+    lifecycle's)."""
+    if not entries:
+        return ()
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        problems.add(SpecError(source, _STEP, "[[step]] is a list of tables { phase, anchor, note }"))
+        return ()
+    out: list[StepPhase] = []
+    for i, entry in enumerate(entries, start=1):
+        where, phase = f"{_STEP} {i}", entry.get("phase")
+        before = {p.phase for p in out}
+        if extra := sorted(set(entry) - {"phase", "anchor", "note"}):
+            problems.add(SpecError(source, where, f"unknown key '{extra[0]}'"))
+        elif phase not in STEP_NEEDS:
+            problems.add(SpecError(source, where, f"unknown phase {phase!r}; the phases: {', '.join(STEP_NEEDS)}"))
+        elif phase in before:
+            problems.add(SpecError(source, where, f"phase '{phase}' is listed twice"))
+        elif "anchor" not in entry:
+            problems.add(SpecError(source, where, "missing 'anchor'"))
+        elif late := [p for p in STEP_NEEDS[phase] if p not in before]:
+            problems.add(SpecError(source, where, f"phase '{phase}' reads what '{late[0]}' does: it must come after it"))
+        else:
+            out.append(StepPhase(phase, entry["anchor"], entry.get("note", "")))
+    missing = [p for p in STEP_NEEDS if p not in {x.phase for x in out}]
+    if missing and len(out) == len(entries):
+        problems.add(SpecError(source, _STEP, f"phase(s) {missing} missing: the step runs every phase once"))
+    return tuple(out)
 
 
 def _finish_guards(raw: Any, source: str, problems: _Problems) -> dict[str, FinishGuard]:

@@ -52,6 +52,16 @@ class FinishCheck:
 
 
 @attrs.frozen
+class StepPhase:
+    """One phase of the §4.3 loop's step (a lifecycle table's [[step]], in its order): the runtime
+    (runner.STEP_CODE) and the checker model (checker_model.Model) each run the phases in it."""
+
+    phase: str
+    anchor: str
+    note: str = ""
+
+
+@attrs.frozen
 class FinishGuard:
     """A request condition under which the finish checks that name it do not hold (§4.3; the
     table's [finish_guards], DECISIONS D31): the token is then a token like any other. Each
@@ -93,6 +103,7 @@ class Table:
     source: str = ""
     finish_checks: tuple[FinishCheck, ...] = ()
     finish_guards: Mapping[str, FinishGuard] = attrs.field(factory=dict, repr=False)
+    step: tuple[StepPhase, ...] = ()  # the order of the loop's step (lifecycle; empty elsewhere)
     effects: Mapping[str, Effect] = attrs.field(factory=dict, repr=False)
     actions: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict, repr=False)  # action -> effects
     State: type[enum.Enum] = attrs.field(init=False, repr=False, eq=False)

@@ -40,3 +40,20 @@ class DecisionKind(enum.StrEnum):
     ROW = "row"
     IGNORE = "ignore"
     REJECT = "reject"
+
+
+# The phases of one step of the §4.3 loop (a lifecycle table's [[step]] orders them) and, per
+# phase, the phases whose result it reads and which must therefore come before it: the order the
+# table may choose is any one that keeps these (which of a pending cancel and a passed deadline is
+# observed first; whether the finish checks judge a token's safe bytes before they are emitted).
+STEP_NEEDS: Mapping[str, tuple[str, ...]] = {
+    "observe_cancel": (),
+    "observe_deadline": (),
+    "choose": ("observe_cancel", "observe_deadline"),
+    "consume": ("choose",),
+    "push_bytes": ("consume",),
+    "stop": ("push_bytes",),
+    "finish_checks": ("stop",),
+    "emit": ("stop",),
+    "decode": ("finish_checks", "emit"),
+}

@@ -5,6 +5,9 @@ so an edited action changes what the runtime does (§4.3, §4.10)."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from _spec_kit import probe, spec_copy
 
@@ -13,7 +16,10 @@ from decodespec.machine.actions import ActionError, Executor
 from decodespec.properties import check_trace
 from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, engine, generate, ledger, runner, stop, stream
 from decodespec.spec import MACHINES, load_spec, load_text
+from decodespec.spec.invariants import load_invariants
 from decodespec.spec.loader import SPEC_DIR
+
+REPO = Path(__file__).resolve().parent.parent
 
 EXECUTORS = {
     "checker model": checker_model.EXECUTORS,
@@ -43,10 +49,21 @@ def test_each_executor_implements_exactly_the_effects_of_its_table(who, name):
 
 
 def test_the_model_says_why_it_abstracts_an_effect():
-    """An effect the model does not represent is registered with its reason, never silently."""
+    """An effect the model does not represent is registered with what stands for it, and that holds:
+    a state of its table that every row with the effect enters (PAUSED for `pause`), an invariant of
+    spec/invariants.toml, or a test file of this checkout (issue 27 item 5)."""
+    invariants = load_invariants()
     for executor in checker_model.EXECUTORS.values():
-        for name, fn in executor.impl.items():
-            assert fn is not None or len(executor.why[name]) > 20, (executor.table, name)
+        table = load_spec(executor.table)
+        assert set(executor.why) == {name for name, fn in executor.impl.items() if fn is None}
+        for name, why in executor.why.items():
+            words = set(re.findall(r"[\w/.]+", why))
+            states, named = words & set(table.states), words & set(invariants)
+            tests = {w for w in words if w.startswith("tests/") and (REPO / w).is_file()}
+            assert states or named or tests, f"{executor.table}.{name}: the reason names nothing that stands for it: {why!r}"
+            entered = {d.target for d in table.decisions.values() if d.action and name in table.actions[d.action]}
+            for state in states:
+                assert entered == {state}, f"{executor.table}.{name}: said to be {state}, its rows enter {sorted(entered)}"
 
 
 def test_an_executor_missing_an_effect_or_implementing_an_extra_one_is_refused():
@@ -73,6 +90,20 @@ def test_a_table_without_actions_is_refused_by_name():
     with pytest.raises(ActionError) as info:
         executor.plans(bare)
     assert str(info.value) == "bare.toml: declares no [actions]; the runtime runs a row's effects"
+
+
+def test_a_row_naming_an_undeclared_action_is_refused_by_name():
+    """Issue 27 item 5: the loader refuses such a row; a Table built past it (attrs.evolve) is
+    refused by the executor too, naming the row and the action, instead of running nothing."""
+    import attrs
+
+    table = load_spec("resources")
+    key = ("HELD", "release")
+    decisions = {**table.decisions, key: attrs.evolve(table.decisions[key], action="shred")}
+    with pytest.raises(ActionError) as info:
+        ledger.RESOURCES.plans(attrs.evolve(table, decisions=decisions))
+    assert str(info.value) == ("the runtime (ledger.ResourceLedger): (HELD, release) of spec/resources.toml names "
+                               "action 'shred', which its [actions] does not declare")
 
 
 def test_a_changed_action_changes_what_the_runtime_does(tmp_path):

@@ -8,7 +8,8 @@ import sys
 from click.testing import CliRunner
 
 from decodespec import __version__
-from decodespec.cli import default_diagrams_dir, main
+from decodespec.checkout import default_diagrams_dir
+from decodespec.cli import main
 from decodespec.spec import MACHINES, DecisionKind, load_spec
 
 BROKEN = 'name = "x"\nanchor = "§4.1"\nspec_version = 1\nterminal = ["Z"]\nstates = ["Z"]\nevents = []\n'

@@ -7,9 +7,8 @@ import re
 
 import pytest
 
-from decodespec.properties.invariants import (
-    InvariantSpecError, Scope, load_invariants, monitor, monitors, registry_mismatch,
-)
+from decodespec.properties.invariants import InvariantSpecError, Scope, load_invariants, monitor
+from decodespec.properties.monitors import monitors, registry_mismatch
 
 SECTION = re.compile(r"^§4\.(?:[1-9]|1[0-2])$")
 

@@ -3,11 +3,14 @@ each of which the one-request checker must refuse (`decodespec check` exits 1), 
 counterexample where the bug is a reachable violation. Kinds: a changed reason, a changed target,
 an ignore made a reject and a reject made an ignore, a row given another action, an action given
 other effects (the model runs a row's action through machine/actions.py, as the runtime does), a
-new row the model never offers, a finish-check guard taken off (D31)."""
+new row the model never offers, a finish-check guard taken off (D31), the loop's step reordered
+(D53), and edits the invariants of issue 27 item 4 refuse (an observed cancel that ends FAILED, a
+failed send reported as a model error, a selection while draining)."""
 
 from __future__ import annotations
 
 import pytest
+from _step_kit import move_phase
 
 from decodespec.machine.checker import check
 from decodespec.spec.loader import SPEC_DIR, load_text
@@ -19,6 +22,11 @@ def _edit(name: str, old: str, new: str) -> tuple[str, str]:
     text = (SPEC_DIR / f"{name}.toml").read_text(encoding="utf-8")
     assert text.count(old) == 1, f"{name}.toml: the seeded edit's anchor text is not unique: {old!r}"
     return name, text.replace(old, new)
+
+
+def _step_edit(phase: str, before: str) -> tuple[str, str]:
+    """The lifecycle table with its [[step]] reordered (D53): `phase` moved before `before`."""
+    return "lifecycle", move_phase((SPEC_DIR / "lifecycle.toml").read_text(encoding="utf-8"), phase, before)
 
 
 def _new_row() -> tuple[str, str]:
@@ -110,6 +118,24 @@ SEEDED = {
         "sequence", '[[reject]]\nstate = "RESIDENT"\nevents = ["admit", "resume"]',
         '[[row]]\nstate = "RESIDENT"\nevent = "admit"\ntarget = "RESIDENT"\naction = "prefill"\nanchor = "§4.4"\n\n'
         '[[reject]]\nstate = "RESIDENT"\nevents = ["resume"]'), ("release_exactly_once", 6)),
+    # Issue 27 item 4: invariants the reference text implies and the spec lacked before.
+    "ignore -> row: a model error after an observed cancel fails the request": (*_edit(
+        "lifecycle", '[[ignore]]\nstate = "CANCEL_REQUESTED"\nevents = ["model_error", "transport_error"]',
+        '[[row]]\nstate = "CANCEL_REQUESTED"\nevent = "model_error"\ntarget = "FAILED"\naction = "fail"\n'
+        'reason = "model_error"\nanchor = "§4.9"\n\n[[ignore]]\nstate = "CANCEL_REQUESTED"\nevents = ["transport_error"]'),
+        ("observed_cancel_ends_cancelled", 8)),
+    "reason: a failed send while decoding reports model_error": (*_edit(
+        "lifecycle", 'state = "DECODING"\nevent = "transport_error"\ntarget = "FAILED"\naction = "fail"\n'
+                     'reason = "transport_error"',
+        'state = "DECODING"\nevent = "transport_error"\ntarget = "FAILED"\naction = "fail"\nreason = "model_error"'),
+        ("transport_failure_reported_as_such", 10)),
+    "reject -> ignore: a selection while draining": (*_edit(
+        "lifecycle", '[[reject]]\nstate = "DRAINING"\nevents = ["enqueue", "reject", "schedule", "prefill_done", "select", ',
+        '[[ignore]]\nstate = "DRAINING"\nevents = ["select"]\n\n'
+        '[[reject]]\nstate = "DRAINING"\nevents = ["enqueue", "reject", "schedule", "prefill_done", '),
+        ("no_select_while_draining", 6)),
+    # Issue 27 item 3: the order of the loop's step is table data too.
+    "step: the emit before the finish checks": (*_step_edit("emit", "finish_checks"), ("refused_chunk_never_sent", 10)),
     "new row: an event the model never offers": (*_new_row(), "unexplored"),
     # D31: a guard taken off the eos check (the loader accepts a guard no check names)
     "guard: the eos check loses min_tokens": (*_edit(

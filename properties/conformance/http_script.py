@@ -14,25 +14,45 @@ completion_tokens counts the EOS that ended the run) are accepted both ways.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 
 from .adapters.base import Finding, Outcome, reference_on
 from .cases import STREAM_KINDS, Case, CaseError
-from .checkpoints import on_checkpoint
+from .checkpoints import Checkpoint, on_checkpoint
 from .judgement import Observed, expected_of, judge_observed
 from .script_check import Returned, deviation
 from .symptoms import WIRE, Expected, compare_count, finding, merge
 from .wire import Streamed, error_body_findings, wire_findings
 
-if TYPE_CHECKING:
-    from .adapters.openai import OpenAIAdapter
+
+
+class ScriptServer(Protocol):
+    """What a script case needs of its adapter (adapters/openai.OpenAIAdapter is one; this module
+    does not import it, so the adapter may import this one)."""
+
+    checkpoint: Checkpoint
+    model: str
+    sweep: bool
+    prompt_note: str
+
+    def post(self, path: str, body: dict[str, Any], log: list[dict[str, Any]] | None = None) -> tuple[int, Any, str]: ...
+
+    def stream_body(self, path: str, body: dict[str, Any], *, log: list[dict[str, Any]] | None = None) -> Streamed: ...
+
+    def reference(self, case: Case) -> Any: ...
+
+    def prefix(self) -> Any: ...
+
+    def prompt_for(self, ids: list[int]) -> list[int] | str: ...
+
+    def log_exchanges(self, entries: list[dict[str, Any]]) -> None: ...
 
 PATH = "/v1/completions"
 
 
-def request_body(a: OpenAIAdapter, case: Case, **over: Any) -> dict[str, Any]:
+def request_body(a: ScriptServer, case: Case, **over: Any) -> dict[str, Any]:
     prog = a.checkpoint.programs[case.id]
     body: dict[str, Any] = {"model": a.model, "prompt": a.prompt_for(list(prog.prompt)),
                             "max_tokens": on_checkpoint(case, a.checkpoint).max_tokens, "temperature": 0}
@@ -45,7 +65,7 @@ def request_body(a: OpenAIAdapter, case: Case, **over: Any) -> dict[str, Any]:
     return body
 
 
-def expected(a: OpenAIAdapter, case: Case) -> Expected:
+def expected(a: ScriptServer, case: Case) -> Expected:
     """The reference's answer to `case` on the served checkpoint."""
     prog = a.checkpoint.programs[case.id]
     return expected_of(on_checkpoint(case, a.checkpoint), a.checkpoint.tokenizer, prog.prompt, prog.script,
@@ -111,7 +131,7 @@ def judge_exchange(case: Case, exp: Expected, status: int, data: Any, raw: str, 
     return merge(found) + wire_findings(st) + error_body_findings(status, raw), not_checked + not_observable(case)
 
 
-def sweep(a: OpenAIAdapter, case: Case) -> list[Finding]:
+def sweep(a: ScriptServer, case: Case) -> list[Finding]:
     """§4.3: the case again with max_tokens at every token of its script (a tail bug can show only
     when the limit lands on one particular token). Each limit is judged against the reference at
     that limit; its chapter-4 findings say the limit, and its exchanges are kept only when it fails."""
@@ -140,7 +160,7 @@ def sweep(a: OpenAIAdapter, case: Case) -> list[Finding]:
     return out
 
 
-def run_script(a: OpenAIAdapter, case: Case) -> Outcome:
+def run_script(a: ScriptServer, case: Case) -> Outcome:
     """Send the case both ways and judge the answers against the reference (see module)."""
     prog = a.checkpoint.programs[case.id]
     exp = expected(a, case)
@@ -190,7 +210,7 @@ def returned(choice: dict[str, Any]) -> Returned:
     return Returned(tokens=pieces or None, text=text)
 
 
-def left_script(a: OpenAIAdapter, case: Case, data: dict[str, Any], exp: Expected) -> str | None:
+def left_script(a: ScriptServer, case: Case, data: dict[str, Any], exp: Expected) -> str | None:
     """D27: where the engine left its forced script before the case's end (then nothing of the case
     can be judged: an ERROR naming the position, never a FAIL), else None."""
     req = case.inputs.get("request", {})
