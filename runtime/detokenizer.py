@@ -30,7 +30,11 @@ treats it as invalid at `finish()`.
 
 Control state lives in `compiled("detokenizer")` (spec/detokenizer.toml): every push fires
 `emit`, `hold` or `invalid`; finish fires `finish` or `finish_invalid`; discard fires `discard`.
-A push after the detokenizer closed is an IllegalTransition and changes nothing.
+Each fire runs its row's action as effects (`DETOK` below: pass_complete, hold_partial, raise_error,
+pass_tail, drop_pending; machine/actions.py), so a changed action changes the bytes a push returns,
+as it changes what the checker model explores; the fast path is armed only where the table's
+`emit` is a self-loop that only passes bytes on (`_FAST`). A push after the detokenizer closed is an
+IllegalTransition and changes nothing.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ import functools
 from collections.abc import Sequence
 
 from ..machine import compiled
+from ..machine.actions import Executor, run_phases
+from ..spec import load_spec
 from .tokenizers import TokenIdError, Tokenizer, check_token_id, check_tokenizer, is_utf8
 
 __all__ = ["DecodingError", "IncrementalDetokenizer"]
@@ -50,7 +56,6 @@ _INCOMPLETE = "unexpected end of data"  # CPython's reason for a valid but unfin
 _utf8_prefix = codecs.utf_8_decode
 _NOTHING: dict[int, bytes] = {}  # the fast table while the fast path is off; never written
 _WINDOW_PREFIX = 5  # prompt tokens kept as context by the window fallback
-_EMIT_LOOPS = compiled("detokenizer").self_loops("emit", "emit_bytes")
 
 
 class DecodingError(ValueError):
@@ -162,27 +167,34 @@ class IncrementalDetokenizer:
         try:  # the complete characters: an unfinished one at the end is held, never an error
             done = _utf8_prefix(data, "strict", False)[1]
         except UnicodeDecodeError as e:
-            raise self._invalid(data, e.start, e.end, e.reason) from None
+            return self._invalid(data, e.start, e.end, e.reason)
+        self._cur = self._rest
         if done < len(data):
             bad = _unfinished(data[done:])
-            if bad is None:
-                return self._hold(data, done)
-            raise self._invalid(data, done + bad[0], done + bad[1], bad[2])
-        self._fire("emit")  # raises IllegalTransition (nothing changed) once closed
-        self._cur = self._rest
-        if pend:
-            self._pending = b""
-            self.held_bytes = 0
-            if self._hidden:
-                data, self._hidden = data[self._hidden :], 0
+            if bad is None:  # `data[done:]` is an unfinished character
+                return self._move("hold", {"data": data, "cut": done})
+            return self._invalid(data, done + bad[0], done + bad[1], bad[2])
+        return self._move("emit", {"data": data, "cut": done})
+
+    def _move(self, event: str, ctx: dict) -> bytes:
+        """Fire `event` and run its row's effects (the DETOK executor below) on `ctx`: `data`, the
+        bytes at hand, complete up to `cut` (a push), or the tail (finish); `why`, what is wrong
+        with invalid bytes. Returns the bytes the effects passed on; raises the DecodingError an
+        effect made; a refused event (after the end) raises IllegalTransition and changes nothing."""
+        fire = self._fire
+        run_phases(_PLANS.get((self._ctl.state._value_, event)), (self, ctx), fire, (event,), refused=lambda: fire(event))
         self._sync()
-        return data
+        error = ctx.get("error")
+        if error is not None:
+            raise error from None
+        return ctx.get("out", b"")
 
     def _sync(self) -> None:
-        """Arm the fast path of `push` exactly where it is exact: state EMPTY (whose `emit` is a
-        quiet self-loop of the table), nothing pending, past the first-token and strip rules."""
+        """Arm the fast path of `push` exactly where it is exact: a state whose `emit` row is a
+        self-loop that only passes the bytes on (`_FAST`, derived from the table), nothing pending,
+        past the first-token and strip rules."""
         steady = (
-            self._ctl.state in _EMIT_LOOPS and not self._pending and not self._strip_left
+            self._ctl.state in _FAST and not self._pending and not self._strip_left
             and self._cur is self._rest and self._whole is not None
         )
         self._fast = self._whole if steady else _NOTHING
@@ -195,48 +207,27 @@ class IncrementalDetokenizer:
             if chunk is None:
                 if tid not in self._skipped:
                     raise TokenIdError(f"token id {tid} has no entry in the tokenizer's decode table")
-                self._fire("hold" if len(self._pending) > self._hidden else "emit")
-                return None  # deleted; it does not count as the first token either
+                # deleted, and it does not count as the first token either: what is held stays held
+                self._move("hold" if len(self._pending) > self._hidden else "emit", {"data": self._pending, "cut": 0})
+                return None
         if self._strip_left:
             if self._ctl.terminal:
                 self._fire("emit")  # raises: closed, nothing changed
             chunk = self._strip(chunk)
         return chunk
 
-    def _close(self, event: str) -> None:
-        """Fire an event that ends the output (or fails it): nothing is pending after it."""
-        self._fire(event)
-        self._pending, self._hidden, self.held_bytes = b"", 0, 0
-        self._sync()
-
-    def _invalid(self, data: bytes, start: int, end: int, reason: str) -> DecodingError:
-        """Bytes no later token can repair: fire `invalid` and return the error to raise."""
-        self._close("invalid")
-        return DecodingError(
+    def _invalid(self, data: bytes, start: int, end: int, reason: str) -> bytes:
+        """Bytes no later token can repair: fire `invalid` (its row raises DecodingError, D12)."""
+        return self._move("invalid", {"data": data, "why": (
             f"invalid UTF-8 in the output: {data[start:end].hex(' ')} at offset {start} of {data!r} ({reason}); "
-            "no later token can repair it (§4.5, DECISIONS D12)",
-            data=data,
-        )
-
-    def _hold(self, data: bytes, cut: int) -> bytes:
-        """`data[cut:]` is an unfinished character: hold it, emit what precedes it."""
-        hidden = self._hidden
-        self._fire("hold")
-        self._cur = self._rest
-        self._pending = data[cut:]
-        if cut:
-            self._hidden = 0
-        self.held_bytes = len(self._pending) - self._hidden
-        self._sync()
-        return data[hidden:cut] if cut else b""
+            "no later token can repair it (§4.5, DECISIONS D12)")})
 
     def _window_push(self, token_id: int) -> bytes:
         tid = check_token_id(token_id, self._tok.vocab_size)
         if self._ctl.terminal:
             self._fire("emit")  # raises: closed, nothing changed
-        out, held = self._window.push(tid)
-        self._fire("hold" if held else "emit")
-        return out
+        out, held = self._window.push(tid)  # the window holds tokens, not bytes: nothing pending here
+        return self._move("hold" if held else "emit", {"data": out, "cut": len(out)})
 
     # -- the end of the output -----------------------------------------------------------------
 
@@ -247,26 +238,19 @@ class IncrementalDetokenizer:
                 self._fire("finish")  # raises: closed
             tail, bad = self._window.finish()
             if bad:
-                self._fire("finish_invalid")
-                raise DecodingError(f"the output ends with invalid text {tail!r} (§4.3, DECISIONS D12)")
-            self._fire("finish")
-            return tail
+                return self._move("finish_invalid", {"data": tail, "why": (
+                    f"the output ends with invalid text {tail!r} (§4.3, DECISIONS D12)")})
+            return self._move("finish", {"data": tail})
         tail = self._pending[self._hidden :]
         if tail:
-            self._close("finish_invalid")
-            raise DecodingError(
+            return self._move("finish_invalid", {"data": tail, "why": (
                 f"the output ends inside a UTF-8 character: {tail.hex(' ')} can never be completed "
-                "(§4.3, DECISIONS D12)",
-                data=tail,
-            )
-        self._close("finish")
-        return b""
+                "(§4.3, DECISIONS D12)")})
+        return self._move("finish", {"data": tail})
 
     def discard_pending_after_stop(self) -> None:
         """Drop the held tail: after a stop hit it lies past the stop point (§4.3, §4.6)."""
-        self._close("discard")
-        if self._window is not None:
-            self._window.clear()
+        self._move("discard", {})
 
     @property
     def pending(self) -> bytes:
@@ -289,6 +273,57 @@ class IncrementalDetokenizer:
 
     def __repr__(self) -> str:
         return f"<IncrementalDetokenizer {self._ctl.state.value} pending={self.pending!r}>"
+
+
+# ---- the runtime's implementation of every detokenizer effect (machine/actions.py) -----------
+# Each runs as (detokenizer, ctx); `_move` runs them by phase, as the checker model runs its own.
+DETOK = Executor("detokenizer", "the runtime (detokenizer.IncrementalDetokenizer)")
+
+
+@DETOK.effect("pass_complete")
+def _pass_complete(d: IncrementalDetokenizer, ctx: dict) -> None:
+    """The complete characters `data[:cut]` go on (the prompt's own bytes left out); once any did,
+    nothing is held (what is unfinished is kept only by hold_partial)."""
+    data, cut = ctx["data"], ctx["cut"]
+    ctx["out"] = data[d._hidden : cut]
+    if cut:
+        d._pending, d._hidden, d.held_bytes = b"", 0, 0
+
+
+@DETOK.effect("hold_partial")
+def _hold_partial(d: IncrementalDetokenizer, ctx: dict) -> None:
+    """The unfinished character `data[cut:]` is held for the next token."""
+    d._pending = ctx["data"][ctx["cut"] :]
+    d.held_bytes = len(d._pending) - d._hidden
+
+
+@DETOK.effect("raise_error")
+def _raise_error(d: IncrementalDetokenizer, ctx: dict) -> None:
+    """The bytes can never become text: the push (or finish) raises DecodingError (D12)."""
+    d._pending, d._hidden, d.held_bytes = b"", 0, 0
+    ctx["error"] = DecodingError(ctx["why"], data=ctx["data"])
+
+
+@DETOK.effect("pass_tail")
+def _pass_tail(d: IncrementalDetokenizer, ctx: dict) -> None:
+    """finish(): the held bytes go on, final."""
+    ctx["out"] = ctx["data"]
+    d._pending, d._hidden, d.held_bytes = b"", 0, 0
+
+
+@DETOK.effect("drop_pending")
+def _drop_pending(d: IncrementalDetokenizer, ctx: dict) -> None:
+    """The held bytes lie past the end of the output: thrown away (the window's held tokens too)."""
+    d._pending, d._hidden, d.held_bytes = b"", 0, 0
+    if d._window is not None:
+        d._window.clear()
+
+
+_PLANS = DETOK.plans(load_spec("detokenizer"))
+# Where `emit` is a self-loop that only passes the bytes on, a whole token in it is final as it is:
+# the fast path of `push` (derived from the table, so another action there goes through `_move`).
+_FAST = frozenset(compiled("detokenizer").State[s] for (s, e), plan in _PLANS.items()
+                  if e == "emit" and plan.effects == ("pass_complete",) and load_spec("detokenizer").decision(s, e).target == s)
 
 
 class _Window:

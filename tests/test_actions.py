@@ -14,7 +14,9 @@ from _spec_kit import probe, spec_copy
 from decodespec.machine import checker_model
 from decodespec.machine.actions import ActionError, Executor
 from decodespec.properties import check_trace
-from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, engine, generate, ledger, runner, stop, stream
+from decodespec.runtime import (
+    ByteTableTokenizer, Request, ScriptedModel, detokenizer, engine, generate, ledger, runner, stop, stream,
+)
 from decodespec.spec import MACHINES, load_spec, load_text
 from decodespec.spec.invariants import load_invariants
 from decodespec.spec.loader import SPEC_DIR
@@ -24,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 EXECUTORS = {
     "checker model": checker_model.EXECUTORS,
     "runtime": {"lifecycle": runner.LIFECYCLE, "resources": ledger.RESOURCES, "sequence": engine.SEQUENCE,
-                "stream": stream.STREAM, "stop_matcher": stop.STOP},
+                "stream": stream.STREAM, "stop_matcher": stop.STOP, "detokenizer": detokenizer.DETOK},
 }
 
 
@@ -188,3 +190,32 @@ def test_a_changed_stop_matcher_action_changes_what_the_matcher_returns(tmp_path
     """
     assert probe(copy, source)[0] == "(b'x', None) b''"
     assert probe(SPEC_DIR, source)[0] == "(b'x', None) b'A'"
+
+
+def test_a_changed_detokenizer_action_changes_what_the_runtime_returns(tmp_path):
+    """Issue 27 item 1 (§4.5): with the `hold` rows given `emit_bytes` (no hold_partial) in a copy
+    of spec/, the first byte of a character split across two tokens is not held: the next push
+    sees a lone continuation byte, which no later token can repair, and raises (D12), so generate()
+    FAILS where the shipped table holds the byte and returns the character whole."""
+    old = 'event = "hold"\ntarget = "PENDING"\naction = "emit_complete_hold_rest"'
+    assert (SPEC_DIR / "detokenizer.toml").read_text(encoding="utf-8").count(old) == 2
+    copy = spec_copy(tmp_path, {"detokenizer.toml": lambda t: t.replace(old, old.replace("emit_complete_hold_rest",
+                                                                                          "emit_bytes"))})
+    script = """
+        from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, generate
+        from decodespec.runtime.detokenizer import IncrementalDetokenizer
+        tok = ByteTableTokenizer({1: b"x", 2: b"\\xc3", 3: b"\\xa9y", 5: b""}, eos_id=5)
+        d, out = IncrementalDetokenizer(tok), []
+        try:
+            for t in (1, 2, 3):
+                out.append(d.push(t))
+        except Exception as exc:
+            out.append(type(exc).__name__)
+        print(out, d.state.value)
+        r = generate(Request([1], max_output_tokens=3), model=ScriptedModel([1, 2, 3], vocab_size=6), tokenizer=tok)
+        print(r.state.value, r.output, r.error)
+    """
+    assert probe(SPEC_DIR, script)[:2] == ["[b'x', b'', b'\\xc3\\xa9y'] EMPTY", "FINISHED b'x\\xc3\\xa9y' None"]
+    edited = probe(copy, script)
+    assert edited[0] == "[b'x', b'', 'DecodingError'] FAILED", edited
+    assert edited[1].startswith("FAILED b'x' decoding_error: invalid UTF-8 in the output: a9"), edited
