@@ -57,7 +57,7 @@ def run_phases(
     change: Callable[..., Any],
     change_args: tuple = (),
     *,
-    refused: Callable[[], Any],
+    refused: Callable[[], Any] | None = None,
     entry: Callable[[Any], None] | None = None,
     error: Callable[[Callable[..., Any], KeyError], Exception] | None = None,
 ) -> Any:
@@ -65,11 +65,12 @@ def run_phases(
     the `before` effects, the state change `change(*change_args)`, the `with` effects, the hook
     `entry(what change returned)` (the runtime's trace entry, §4.12), the `after` effects; each
     effect as `fn(*args)`. Returns what `change` returned. Hooks: `refused()` answers a pair the
-    table refuses (plan None: raise the table's IllegalTransition, or record a refinement
-    violation), and runs nothing else; `error(fn, exc)` turns an effect's KeyError (an input this
-    call does not carry) into the error to raise, naming the effect."""
+    table refuses (plan None) and runs nothing else: the checker model records a refinement
+    violation; without it `change` answers (a compiled stepper's fire raises the table's
+    IllegalTransition, changing nothing). `error(fn, exc)` turns an effect's KeyError (an input
+    this call does not carry) into the error to raise, naming the effect."""
     if plan is None:
-        return refused()
+        return change(*change_args) if refused is None else refused()
     try:
         for fn in plan.before:  # what must happen before the state changes (release_model, §4.3)
             fn(*args)
@@ -92,7 +93,7 @@ def fire_with_effects(stepper: _Stepper, plans: Mapping[tuple[str, str], Plan], 
     `fn(*args)`; returns the plan. A refused event raises the table's IllegalTransition and runs
     nothing."""
     plan = plans.get((stepper.state._value_, event))
-    run_phases(plan, args, stepper.fire, (event,), refused=lambda: stepper.fire(event))
+    run_phases(plan, args, stepper.fire, (event,))
     return plan
 
 

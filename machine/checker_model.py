@@ -210,8 +210,7 @@ class Step:
         target, is_row, reason, plan = entry
         if mach.terminal[s] and target != s:
             self.bad.append(("terminal_irreversible", f"{name} left terminal state {mach.states[s]} on '{event}'", None))
-        return run_phases(plan, (self, field, target, reason), self._enter, (name, mach.states[s], event, field, target),
-                          refused=int)
+        return run_phases(plan, (self, field, target, reason), self._enter, (name, mach.states[s], event, field, target))
 
     def _enter(self, name: str, state: str, event: str, field: int, target: int) -> int:
         """The state change of a fired step: recorded as fired, the machine's field set."""

@@ -181,8 +181,7 @@ class IncrementalDetokenizer:
         bytes at hand, complete up to `cut` (a push), or the tail (finish); `why`, what is wrong
         with invalid bytes. Returns the bytes the effects passed on; raises the DecodingError an
         effect made; a refused event (after the end) raises IllegalTransition and changes nothing."""
-        fire = self._fire
-        run_phases(_PLANS.get((self._ctl.state._value_, event)), (self, ctx), fire, (event,), refused=lambda: fire(event))
+        run_phases(_PLANS.get((self._ctl.state._value_, event)), (self, ctx), self._fire, (event,))
         self._sync()
         error = ctx.get("error")
         if error is not None:

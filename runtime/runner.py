@@ -391,8 +391,8 @@ class RequestRun:
             elif key in _IGNORED:
                 self.trace.emit(EventKind.LIFECYCLE_IGNORED, state=key[0], event=key[1], action=action)
 
-        fire = self.life.fire  # a refused pair raises the table's IllegalTransition; nothing changed
-        return run_phases(plan, (self, key, reason), fire, (key[1],), refused=lambda: fire(key[1]), entry=entry)[0]
+        # a refused pair: the fire raises the table's IllegalTransition; nothing changed
+        return run_phases(plan, (self, key, reason), self.life.fire, (key[1],), entry=entry)[0]
 
     # ---- requests from other threads ------------------------------------------------------
 

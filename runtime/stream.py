@@ -479,7 +479,6 @@ class OrderedStream:
         data, through the one phase loop (machine.actions.run_phases); returns what an effect left
         in ctx["seq"]. A refused event changes nothing. Lock held."""
         key = (self._st.state._value_, event)
-        fire = self._st.fire  # a refused pair raises the table's IllegalTransition
 
         def missing(fn: Callable[..., Any], exc: KeyError) -> ActionError:
             """An effect needs what this call does not carry (an edited table gave the row another action)."""
@@ -487,7 +486,8 @@ class OrderedStream:
             return ActionError(f"stream row ({key[0]}, {key[1]}): effect {name} needs {exc.args[0]!r}, "
                                "which this call does not carry")
 
-        run_phases(_PLANS.get(key), (self, ctx), fire, (event,), refused=lambda: fire(event), error=missing)
+        # a refused pair: the fire raises the table's IllegalTransition
+        run_phases(_PLANS.get(key), (self, ctx), self._st.fire, (event,), error=missing)
         return ctx.get("seq")
 
     def _queue(self, data: bytes) -> int:

@@ -216,6 +216,13 @@ BROKEN = {
     "no_kernel_in_flight_at_cancelled": lambda: drop(cancel_run(), "decode.completed", 1),
     "cancel_observed_after_requested": lambda: drop(cancel_run(), "cancel.requested"),
     "cancelled_only_if_requested": lambda: drop(cancel_run(), "cancel.requested"),
+    # issue 27 item 4: the observed cancel ends FAILED; a token after DRAINING; a failed send as a model error
+    "observed_cancel_ends_cancelled": lambda: edit(cancel_run(), "lifecycle.transition", match={"event": "safe_point"},
+                                                   to="FAILED", event="model_error", reason="model_error"),
+    "no_select_while_draining": lambda: insert_before(length_run(), "resource.released",
+                                                      ("token.selected", {"step": 3, "token": 103, "eos": False})),
+    "transport_failure_reported_as_such": lambda: edit(length_run(), "lifecycle.transition", match={"event": "length"},
+                                                       to="FAILED", event="transport_error", reason="model_error"),
     "deadline_not_cancelled": lambda: insert_before(cancel_run(), "cancel.observed", ("deadline.exceeded", {})),
     "transport_not_eos": lambda: insert_before(
         edit(edit(length_run(), "lifecycle.transition", match={"event": "length"}, event="eos", reason="eos"),
