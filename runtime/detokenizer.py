@@ -169,12 +169,38 @@ class IncrementalDetokenizer:
         except UnicodeDecodeError as e:
             return self._invalid(data, e.start, e.end, e.reason)
         self._cur = self._rest
+        state = self._ctl.state
         if done < len(data):
             bad = _unfinished(data[done:])
             if bad is None:  # `data[done:]` is an unfinished character
+                if state in _HOLD_PLAIN:  # the row's effects, without the phase loop (issue 8)
+                    self._fire("hold")
+                    out = self._complete(data, done)
+                    self._keep(data, done)
+                    self._sync()
+                    return out
                 return self._move("hold", {"data": data, "cut": done})
             return self._invalid(data, done + bad[0], done + bad[1], bad[2])
+        if state in _EMIT_PLAIN:
+            self._fire("emit")
+            out = self._complete(data, done)
+            self._sync()
+            return out
         return self._move("emit", {"data": data, "cut": done})
+
+    def _complete(self, data: bytes, cut: int) -> bytes:
+        """pass_complete: the complete characters `data[:cut]` go on (the prompt's own bytes left
+        out); once any did, nothing is held (what is unfinished is kept only by hold_partial)."""
+        if cut:
+            out = data[self._hidden : cut]
+            self._pending, self._hidden, self.held_bytes = b"", 0, 0
+            return out
+        return b""
+
+    def _keep(self, data: bytes, cut: int) -> None:
+        """hold_partial: the unfinished character `data[cut:]` is held for the next token."""
+        self._pending = data[cut:]
+        self.held_bytes = len(self._pending) - self._hidden
 
     def _move(self, event: str, ctx: dict) -> bytes:
         """Fire `event` and run its row's effects (the DETOK executor below) on `ctx`: `data`, the
@@ -281,19 +307,12 @@ DETOK = Executor("detokenizer", "the runtime (detokenizer.IncrementalDetokenizer
 
 @DETOK.effect("pass_complete")
 def _pass_complete(d: IncrementalDetokenizer, ctx: dict) -> None:
-    """The complete characters `data[:cut]` go on (the prompt's own bytes left out); once any did,
-    nothing is held (what is unfinished is kept only by hold_partial)."""
-    data, cut = ctx["data"], ctx["cut"]
-    ctx["out"] = data[d._hidden : cut]
-    if cut:
-        d._pending, d._hidden, d.held_bytes = b"", 0, 0
+    ctx["out"] = d._complete(ctx["data"], ctx["cut"])
 
 
 @DETOK.effect("hold_partial")
 def _hold_partial(d: IncrementalDetokenizer, ctx: dict) -> None:
-    """The unfinished character `data[cut:]` is held for the next token."""
-    d._pending = ctx["data"][ctx["cut"] :]
-    d.held_bytes = len(d._pending) - d._hidden
+    d._keep(ctx["data"], ctx["cut"])
 
 
 @DETOK.effect("raise_error")
@@ -323,6 +342,12 @@ _PLANS = DETOK.plans(load_spec("detokenizer"))
 # the fast path of `push` (derived from the table, so another action there goes through `_move`).
 _FAST = frozenset(compiled("detokenizer").State[s] for (s, e), plan in _PLANS.items()
                   if e == "emit" and plan.effects == ("pass_complete",) and load_spec("detokenizer").decision(s, e).target == s)
+# Where a push's row runs exactly these effects, push runs them itself, without the phase loop's
+# ctx (the per-token cost of a split character, issue 8); any other action goes through `_move`.
+_EMIT_PLAIN = frozenset(compiled("detokenizer").State[s] for (s, e), plan in _PLANS.items()
+                        if e == "emit" and plan.effects == ("pass_complete",))
+_HOLD_PLAIN = frozenset(compiled("detokenizer").State[s] for (s, e), plan in _PLANS.items()
+                        if e == "hold" and plan.effects == ("pass_complete", "hold_partial"))
 
 
 class _Window:
