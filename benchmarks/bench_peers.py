@@ -112,7 +112,10 @@ def measure(url: str, model: str, prompt: list[int], c: int, n: int) -> dict[str
 
 
 def run(rounds: int = 2, engines: str = "decodespec-serve,vllm,llama-server",
-        concurrency: tuple[int, ...] = CONCURRENCY, baseline: Path | None = None) -> dict[str, Any]:
+        concurrency: tuple[int, ...] = CONCURRENCY, baseline: Path | None = None,
+        partial: Path | None = None) -> dict[str, Any]:
+    """The figures of every engine; with `partial`, written there after each engine as well (a run
+    stopped half-way keeps what it measured)."""
     names = [e.strip() for e in engines.split(",") if e.strip()]
     if unknown := [e for e in names if e not in ENGINES]:
         raise SystemExit(f"unknown engine(s) {unknown}; known: {', '.join(ENGINES)}")
@@ -149,6 +152,8 @@ def run(rounds: int = 2, engines: str = "decodespec-serve,vllm,llama-server",
                 fig[f"c{c}"] = {**best, "tokens_per_s": round(best["tokens_per_s"], 1),
                                 "all": [round(r["tokens_per_s"], 1) for r in runs]}
         out["engines"][engine] = fig
+        if partial is not None:
+            partial.write_text(json.dumps(out, indent=1) + "\n")
     base = out["engines"].get("decodespec-serve", {})
     for engine, fig in out["engines"].items():
         for c in concurrency:
@@ -185,10 +190,11 @@ if __name__ == "__main__":
     ap.add_argument("--baseline", type=Path, default=None, help="another checkout whose decodespec serve runs too")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
-    result = run(args.rounds, args.engines, baseline=args.baseline)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    result = run(args.rounds, args.engines, baseline=args.baseline, partial=args.out.with_suffix(".partial.json"))
     result["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                       text=True).stdout.strip()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
+    args.out.with_suffix(".partial.json").unlink(missing_ok=True)
     print(json.dumps(result, indent=1))
     print(table(result))
