@@ -13,13 +13,20 @@ default (machine/checker.default_config):
   resume, cancel, deadline, errors; ~10M states, issue 16's bound: under 120 s) and two requests
   with every byte outcome (~5M states).
 
-Run: .venv/bin/python benchmarks/bench_checker.py [--rounds N] [--large]
+With `--baseline CHECKOUT` every configuration also runs on that checkout's checker (its own
+.venv, in a subprocess), round by round in turn with this one, and the ratio of the states/s is
+printed: the code before a change, side by side in one session (issue 26 item 5).
+
+Run: .venv/bin/python benchmarks/bench_checker.py [--rounds N] [--large] [--baseline CHECKOUT]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
+from pathlib import Path
 
 import attrs
 
@@ -35,20 +42,51 @@ LARGE = {
 }
 
 
-def measure(requests: int, slots: int, config, rounds: int) -> dict:
-    runs = [check(requests=requests, slots=slots, config=config) for _ in range(rounds)]
+# Run in the baseline checkout's interpreter: one check, its figures as JSON.
+_BASELINE_RUN = """
+import json, sys, attrs
+from decodespec.machine.checker import check, default_config
+req, slots, cfg = json.loads(sys.argv[1])
+r = check(requests=req, slots=slots, config=attrs.evolve(default_config(req), **cfg))
+print(json.dumps({"states": r.states, "transitions": r.transitions, "seconds": r.seconds}))
+"""
+
+
+def _baseline(checkout: Path, requests: int, slots: int, config) -> dict:
+    """One check by the checker of another checkout (its .venv), with the same bounds."""
+    changed = {k: v for k, v in attrs.asdict(config, recurse=False).items()
+               if v != getattr(default_config(requests), k)}
+    done = subprocess.run([str(checkout / ".venv/bin/python"), "-c", _BASELINE_RUN,
+                           json.dumps([requests, slots, changed])], cwd=checkout, check=True,
+                          capture_output=True, text=True)
+    return json.loads(done.stdout)
+
+
+def measure(requests: int, slots: int, config, rounds: int, baseline: Path | None = None) -> dict:
+    runs, base = [], []
+    for _ in range(rounds):  # in turn, so a change of load falls on both alike
+        runs.append(check(requests=requests, slots=slots, config=config))
+        if baseline is not None:
+            base.append(_baseline(baseline, requests, slots, config))
     r = runs[0]
     assert r.violations == () and r.missing_witnesses == (), "the shipped tables must pass"
     seconds = statistics.median(x.seconds for x in runs)
-    return {"states": r.states, "transitions": r.transitions, "depth": r.max_depth,
-            "seconds": seconds, "states_per_s": r.states / seconds}
+    out = {"states": r.states, "transitions": r.transitions, "depth": r.max_depth,
+           "seconds": seconds, "states_per_s": r.states / seconds}
+    if base:
+        assert {(b["states"], b["transitions"]) for b in base} == {(r.states, r.transitions)}, \
+            "the baseline explored another state space"
+        b_seconds = statistics.median(b["seconds"] for b in base)
+        out |= {"baseline_seconds": b_seconds, "baseline_states_per_s": r.states / b_seconds,
+                "ours_over_baseline": b_seconds / seconds}
+    return out
 
 
-def run(rounds: int = 3, large: bool = False) -> dict:
-    """{configuration: {states, transitions, depth, seconds (median), states_per_s}}."""
-    out = {name: measure(req, slots, cfg, rounds) for name, (req, slots, cfg) in CONFIGS.items()}
+def run(rounds: int = 3, large: bool = False, baseline: Path | None = None) -> dict:
+    """{configuration: {states, transitions, depth, seconds (median), states_per_s[, baseline_*]}}."""
+    out = {name: measure(req, slots, cfg, rounds, baseline) for name, (req, slots, cfg) in CONFIGS.items()}
     if large:
-        out.update({name: measure(req, slots, cfg, 1) for name, (req, slots, cfg) in LARGE.items()})
+        out.update({name: measure(req, slots, cfg, 1, baseline) for name, (req, slots, cfg) in LARGE.items()})
     return out
 
 
@@ -56,11 +94,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--large", action="store_true", help="also three requests on two places, and two with every byte outcome")
+    ap.add_argument("--baseline", type=Path, default=None, help="another checkout whose checker runs side by side")
     args = ap.parse_args()
-    print(f"{'configuration':48} {'states':>11} {'transitions':>12} {'depth':>5} {'s (median)':>10} {'states/s':>10}")
-    for name, r in run(args.rounds, args.large).items():
+    base = " baseline s  baseline st/s  ours/baseline" if args.baseline else ""
+    print(f"{'configuration':48} {'states':>11} {'transitions':>12} {'depth':>5} {'s (median)':>10} {'states/s':>10}{base}")
+    for name, r in run(args.rounds, args.large, args.baseline).items():
+        tail = (f" {r['baseline_seconds']:>10.2f} {r['baseline_states_per_s']:>14,.0f} {r['ours_over_baseline']:>13.2f}x"
+                if args.baseline else "")
         print(f"{name:48} {r['states']:>11,} {r['transitions']:>12,} {r['depth']:>5} {r['seconds']:>10.2f} "
-              f"{r['states_per_s']:>10,.0f}")
+              f"{r['states_per_s']:>10,.0f}{tail}")
 
 
 if __name__ == "__main__":

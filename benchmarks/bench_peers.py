@@ -9,8 +9,13 @@ At each concurrency c, c client threads send non-streamed greedy requests of max
 is shared: read the ratios, not the absolute rates, and compare runs made the same day.
 
     .venv/bin/python benchmarks/bench_peers.py [--engines decodespec-serve,vllm,llama-server] [--rounds 2]
+        [--baseline CHECKOUT] [--out benchmarks/results/serve_vs_peers.json]
 
-An engine that is not installed (scripts/peers/<engine>.sh install) is reported as missing.
+`--baseline` also measures the `decodespec serve` of another checkout (its own .venv), in the same
+run, as `decodespec-serve@baseline` (the code before a change, side by side). The figures are
+written to `--out` with `serve_over_<peer>_c<c>`: decodespec serve's tokens/s over the peer's
+(issue 26 item 3), and printed as a Markdown table. An engine that is not installed
+(scripts/peers/<engine>.sh install) is reported as missing.
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ from engines import ENGINES  # noqa: E402
 
 TOKENS = 128
 CONCURRENCY = (1, 16, 64)
+BASELINE = "decodespec-serve@baseline"
+SERVE_THREADS = 1
+RESULTS = ROOT / "benchmarks" / "results" / "serve_vs_peers.json"
 QUICK = {"rounds": 1, "engines": "decodespec-serve", "concurrency": (1, 4)}
 TEXT = ("the quick brown fox jumps over the lazy dog " * 4)[:TOKENS]
 
@@ -80,7 +88,12 @@ def measure(url: str, model: str, prompt: list[int], c: int, n: int) -> dict[str
                     if todo[0] == 0:
                         return
                     todo[0] -= 1
-                r = client.post("/v1/completions", json=body)
+                try:
+                    r = client.post("/v1/completions", json=body)
+                except httpx.HTTPError as exc:  # counted as a wrong answer, never a thread's traceback
+                    with lock:
+                        wrong.append(f"{type(exc).__name__}: {exc}")
+                    continue
                 data = r.json() if r.status_code == 200 else {}
                 text = (data.get("choices") or [{}])[0].get("text")
                 with lock:
@@ -95,29 +108,43 @@ def measure(url: str, model: str, prompt: list[int], c: int, n: int) -> dict[str
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    return {"tokens_per_s": tokens[0] / wall, "requests": n, "wall_s": round(wall, 2), "wrong": wrong[:3]}
+    return {"tokens_per_s": tokens[0] / wall, "requests": n, "wall_s": round(wall, 2), "wrong": len(wrong), "wrong_first": wrong[:3]}
 
 
 def run(rounds: int = 2, engines: str = "decodespec-serve,vllm,llama-server",
-        concurrency: tuple[int, ...] = CONCURRENCY) -> dict[str, Any]:
+        concurrency: tuple[int, ...] = CONCURRENCY, baseline: Path | None = None,
+        partial: Path | None = None) -> dict[str, Any]:
+    """The figures of every engine; with `partial`, written there after each engine as well (a run
+    stopped half-way keeps what it measured)."""
     names = [e.strip() for e in engines.split(",") if e.strip()]
     if unknown := [e for e in names if e not in ENGINES]:
         raise SystemExit(f"unknown engine(s) {unknown}; known: {', '.join(ENGINES)}")
+    # decodespec serve's model gets one torch thread: the HTTP loop and the engine thread need the
+    # other core of this 2-core machine (more threads spin against them; llama-server runs 2, vLLM its own)
+    engines_ = {**ENGINES, "decodespec-serve": {**ENGINES["decodespec-serve"],
+                                                "launch": f"OMP_NUM_THREADS={SERVE_THREADS} " + ENGINES["decodespec-serve"]["launch"]}}
+    if baseline is not None:
+        serve = baseline.resolve() / ".venv/bin/decodespec"
+        if not serve.is_file():
+            raise SystemExit(f"--baseline {baseline}: no {serve} (run `make setup` there)")
+        engines_[BASELINE] = {**ENGINES["decodespec-serve"],
+                              "launch": f"OMP_NUM_THREADS={SERVE_THREADS} {serve} serve --port {{port}} --model {{model}}"}
+        names.insert(names.index("decodespec-serve") + 1 if "decodespec-serve" in names else 0, BASELINE)
     folder = Path(tempfile.mkdtemp(prefix="decodespec-bench-peers-")) / "bench"
     ck = bench_checkpoint(folder)
     prompt = list(ck.programs["bench/long/001"].prompt)
-    out: dict[str, Any] = {"tokens": TOKENS, "checkpoint": str(folder), "engines": {}}
+    out: dict[str, Any] = {"tokens": TOKENS, "checkpoint": str(folder), "serve_threads": SERVE_THREADS, "engines": {}}
     for engine in names:
-        if not _installed(engine):
+        if engine != BASELINE and not _installed(engine):
             out["engines"][engine] = {"missing": f"not installed: run {ENGINES[engine]['install']}"}
             continue
-        if ENGINES[engine]["gguf"]:
-            _gguf(ck, ENGINES[engine]["gguf"])
+        if engines_[engine]["gguf"]:
+            _gguf(ck, engines_[engine]["gguf"])
         t0 = time.perf_counter()
         log = ROOT / ".cache/peers/logs/bench" / f"{engine}.log"
-        with launched(ENGINES[engine]["launch"], ck, log) as url:
+        with launched(engines_[engine]["launch"], ck, log) as url:
             fig: dict[str, Any] = {"startup_s": round(time.perf_counter() - t0, 1)}
-            model = ENGINES[engine]["model"].format(model=ck.folder) or httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+            model = engines_[engine]["model"].format(model=ck.folder) or httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
             measure(url, model, prompt, 1, 1)  # warm-up
             for c in concurrency:
                 runs = [measure(url, model, prompt, c, max(4, 2 * c)) for _ in range(rounds)]
@@ -125,18 +152,49 @@ def run(rounds: int = 2, engines: str = "decodespec-serve,vllm,llama-server",
                 fig[f"c{c}"] = {**best, "tokens_per_s": round(best["tokens_per_s"], 1),
                                 "all": [round(r["tokens_per_s"], 1) for r in runs]}
         out["engines"][engine] = fig
+        if partial is not None:
+            partial.write_text(json.dumps(out, indent=1) + "\n")
     base = out["engines"].get("decodespec-serve", {})
     for engine, fig in out["engines"].items():
         for c in concurrency:
             key = f"c{c}"
             if key in fig and key in base:
                 fig[key]["vs_decodespec_serve"] = round(fig[key]["tokens_per_s"] / base[key]["tokens_per_s"], 2)
+                if engine != "decodespec-serve":
+                    peer = engine.replace("-", "_").replace("@", "_")
+                    out[f"serve_over_{peer}_{key}"] = round(base[key]["tokens_per_s"] / fig[key]["tokens_per_s"], 2)
     return out
+
+
+def table(out: dict[str, Any]) -> str:
+    """The figures as Markdown: tokens/s per engine and concurrency, decodespec serve's ratio over each."""
+    figs = {e: f for e, f in out["engines"].items() if "missing" not in f}
+    cs = sorted({int(k[1:]) for f in figs.values() for k in f if k[:1] == "c" and k[1:].isdigit()})
+    lines = ["| clients | " + " | ".join(figs) + " |", "|---|" + "---|" * len(figs)]
+    for c in cs:
+        cells = []
+        for e, f in figs.items():
+            v = f.get(f"c{c}", {})
+            ratio = v.get("vs_decodespec_serve")
+            cells.append(f"{v.get('tokens_per_s', '-')}" + ("" if e == "decodespec-serve" or ratio is None
+                                                            else f" (serve {1 / ratio:.2f}x)"))
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    starts = ", ".join(f"{e} {f['startup_s']} s" for e, f in figs.items())
+    return "\n".join(lines) + f"\n\nStart-up: {starts}."
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engines", default="decodespec-serve,vllm,llama-server")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--baseline", type=Path, default=None, help="another checkout whose decodespec serve runs too")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
-    print(json.dumps(run(args.rounds, args.engines), indent=1))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    result = run(args.rounds, args.engines, baseline=args.baseline, partial=args.out.with_suffix(".partial.json"))
+    result["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                      text=True).stdout.strip()
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    args.out.with_suffix(".partial.json").unlink(missing_ok=True)
+    print(json.dumps(result, indent=1))
+    print(table(result))

@@ -14,6 +14,9 @@ import click
 @click.option("--policy", type=click.Choice(["pause", "buffer", "fail"]), default="pause", show_default=True,
               help="Backpressure policy of every stream (§4.8, DECISIONS D6).")
 @click.option("--max-batch", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="torch threads for the model's kernels (default: torch's own; on a CPU shared with the HTTP "
+                   "loop and other processes, fewer threads than cores avoid spinning against them).")
 @click.option("--max-queue", type=click.IntRange(min=1), default=1024, show_default=True)
 @click.option("--cache-budget-tokens", type=click.IntRange(min=1), default=None,
               help="KV cache tokens on the device before preemption (§4.8); default unbounded.")
@@ -60,7 +63,7 @@ import click
               help="Open readers one request may have (its stream and each /events resume); 429 past it (D5).")
 @click.option("--watchdog", "watchdog_s", type=click.FloatRange(min=0), default=60.0, show_default=True,
               help="/health answers 503 'stalled' while one engine step has run longer than this (DECISIONS D21).")
-def serve(host, port, model_path, device, policy, max_batch, max_queue, cache_budget_tokens, preemption,
+def serve(host, port, model_path, device, policy, max_batch, threads, max_queue, cache_budget_tokens, preemption,
           detach_timeout_s, stall_timeout_s, shutdown_timeout_s, on_disconnect, body_timeout_s, header_timeout_s, api_key,
           allowed_origins, max_body_bytes, log_level, utf8_guard, batch_invariant, context_limit, strict, retain_s,
           max_retained, max_readers, watchdog_s) -> None:
@@ -75,6 +78,10 @@ def serve(host, port, model_path, device, policy, max_batch, max_queue, cache_bu
     if api_key is not None and not api_key.strip():  # an empty key must not turn auth off silently
         raise click.UsageError("--api-key (or DECODESPEC_API_KEY) is empty: give a key, or unset it to serve "
                                "without authentication")
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
     model, tok = load_model_and_tokenizer(model_path, device)
     if context_limit is not None:
         if context_limit > model.context_limit:

@@ -11,7 +11,10 @@ order, so symmetric states are stored once.
 
 Speed: a request is interned once as a small int; its successors, state checks, edge checks and
 witnesses are computed once per distinct request and reused in every product state holding it; a
-product state is one int (pool and the sorted request ids). Checked, in every state: the "state"
+product state is one int (pool and the sorted request ids), and the search expands a whole BFS
+level at once over numpy arrays (every request's moves as flat arrays, a level's successors
+deduplicated by sorting and looked up in the sorted array of states seen), so the product costs
+a few array operations a level instead of Python bytecode a transition. Checked, in every state: the "state"
 and "both" invariants of spec/invariants.toml; that every run can reach its end (a non-terminal
 state with no successor is a deadlock, one from which no end is reachable a livelock); and every
 sometimes-property has a witness. Each finding comes with the SHORTEST path (BFS parent pointers)
@@ -22,10 +25,11 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
+import numpy as np
 
 from ..spec import DecisionKind, Table
 from ..spec.invariants import load_invariants
@@ -34,7 +38,7 @@ from .checker_model import (
     ModelConfig, config_offers,
 )
 
-_MASK = (1 << 21) - 1
+_MASK = (1 << 21) - 1  # request ids stay under 2M
 _LIVENESS = "every_run_terminates"
 
 
@@ -182,6 +186,76 @@ class _Local:
         return out
 
 
+class _Moves:
+    """Every request tuple's moves as flat arrays: those of request c are off[c] .. off[c] +
+    n_both[c] when a place is free, else the first n_free[c] (the ones that take no place)."""
+
+    def __init__(self, loc: _Local, hold: list[int]) -> None:
+        nx, dp, check, off, n_free, n_both = [], [], [], [], [], []
+        for c, succ in enumerate(loc.succ):
+            free, slot = [], []
+            for _, y, d, need, _ in succ or ():
+                if y != c or d:  # a step that changes nothing is no edge (see _prepass)
+                    (slot if need else free).append((y, d, d + hold[y] - hold[c]))
+            off.append(len(nx))
+            for y, d, dh in free + slot:
+                nx.append(y)
+                dp.append(d)
+                # a state whose places do not add up is first reached by a move that changes the
+                # sum (free + held), so only those, and moves into a flagged request, are checked
+                check.append(bool(loc.bad[y]) or dh != 0)
+            n_free.append(len(free))
+            n_both.append(len(free) + len(slot))
+        self.nx, self.dp = np.array(nx, dtype=np.int64), np.array(dp, dtype=np.int64)
+        self.check = np.array(check, dtype=bool)
+        self.off = np.array(off, dtype=np.int64)
+        self.n_free, self.n_both = np.array(n_free, dtype=np.int64), np.array(n_both, dtype=np.int64)
+
+    def expand(self, frontier: np.ndarray, pool: np.ndarray, cols: np.ndarray, base: int) -> tuple[np.ndarray, ...]:
+        """Every move of every frontier state: (next states, their sources, which must be checked,
+        moves per frontier state). `cols` holds each state's ascending request ids, [N, F]; a request
+        id held twice moves once (the two are the same request by symmetry)."""
+        n_req, size = cols.shape
+        per_state = np.zeros(size, dtype=np.int64)
+        nxt, src, check = [], [], []
+        for k in range(n_req):
+            at = np.flatnonzero(cols[k] != cols[k - 1]) if k else np.arange(size)
+            xs = cols[k, at]
+            counts = np.where(pool[at] > 0, self.n_both[xs], self.n_free[xs])
+            per_state[at] += counts
+            fi = np.repeat(at, counts)  # the frontier state of each move
+            mi = np.repeat(self.off[xs] - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
+            ids = np.sort(np.vstack([np.delete(cols, k, axis=0)[:, fi], self.nx[mi][None]]), axis=0)
+            key = pool[fi] + self.dp[mi]
+            for row in ids:
+                key = key * base + row
+            nxt.append(key)
+            src.append(frontier[fi])
+            check.append(self.check[mi])
+        return np.concatenate(nxt), np.concatenate(src), np.concatenate(check), per_state
+
+
+def _first_holding(cols: np.ndarray, pooled: np.ndarray, n: int) -> np.ndarray:
+    """[2, n]: the first frontier index of a state holding request x (row 0), and of one holding it
+    with a free place (row 1); the frontier's size where there is none."""
+    size = cols.shape[1]
+    first = np.full((2, n), size, dtype=np.int64)
+    for row, keep in enumerate((np.ones(size, dtype=bool), pooled)):
+        where = np.flatnonzero(keep)
+        for col in cols[:, where]:
+            xs, i = np.unique(col, return_index=True)
+            first[row, xs] = np.minimum(first[row, xs], where[i])
+    return first
+
+
+def _member(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """Which of `values` lie in the sorted array `sorted_set`."""
+    if not len(sorted_set):
+        return np.zeros(len(values), dtype=bool)
+    i = np.minimum(np.searchsorted(sorted_set, values), len(sorted_set) - 1)
+    return sorted_set[i] == values
+
+
 MAX_REQUESTS = 3
 
 
@@ -234,8 +308,10 @@ def check(
 
 
 class _Search:
-    """One BFS. A product state is an int: the free places, then the N request ids in ascending
-    order, 21 bits each (pool << 21N | id_0 << 21(N-1) | ... | id_N-1)."""
+    """One BFS, a level at a time over numpy arrays. A product state is an int: the free places,
+    then the N request ids in ascending order, in base n (n distinct request tuples):
+    pool·n^N + id_0·n^(N-1) + ... + id_N-1. Each level's states are kept sorted with their BFS
+    parents, so a state's depth is its level and its shortest path is the chain of parents."""
 
     def __init__(self, model: Model, requests: int, slots: int, max_depth: int | None, progress) -> None:
         self.model, self.requests, self.slots = model, requests, slots
@@ -245,122 +321,103 @@ class _Search:
         self.invariants = load_invariants()
         self.found: dict[str, tuple[int, int, str, tuple | None]] = {}  # name -> (state, label or -1, msg, guard)
         self.witness_at: dict[str, tuple[int, int]] = {}  # name -> (state, label or -1)
-        self._shift = 21 * requests
         self._fired: set[tuple[str, str, str]] | None = None
+        self._base = self._span = 1
+        self._levels: list[tuple[np.ndarray, np.ndarray]] = []  # (sorted states, their parents) per depth
 
-    def _pack(self, pool: int, ids: list[int]) -> int:
+    def _pack(self, pool: int, ids: Iterable[int]) -> int:
         out = pool
         for c in sorted(ids):
-            out = (out << 21) | c
+            out = out * self._base + c
         return out
+
+    def _pool(self, s: int) -> int:
+        return s // self._span
 
     def run(self) -> CheckReport:
         t0 = time.perf_counter()
-        loc, model, n_req, shift = self.local, self.model, self.requests, self._shift
+        loc, model, n_req = self.local, self.model, self.requests
         inits = [loc.intern(c) for c in model.initial()]
         acyclic = self._prepass(inits)
-        n = len(loc.comps)
+        n = self._base = len(loc.comps)
+        self._span = n ** n_req
+        if (self.slots + 1) * self._span >= 1 << 63:
+            raise RuntimeError(f"model too large for the state encoding ({n} distinct requests, {n_req} of them)")
         comps = loc.comps
         hold = self._hold = [int(model.holds_slot(c)) for c in comps]
-        done = [model.done(c) for c in comps]
+        done = np.array([model.done(c) for c in comps], dtype=bool)
         self._waits = [model.waits_for_slot(c) for c in comps]
         self._used = [model.used_slot(c) for c in comps]
-        flagged = [bool(b) for b in loc.bad]
-        free: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]  # (next id, pool delta, change of free + held)
-        slot: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]  # steps that take a place
-        witness_edges: list[list] = [[] for _ in range(n)]
+        moves = _Moves(loc, hold)
+        flagged = np.array([bool(b) for b in loc.bad], dtype=bool)
+        waits, used = np.array(self._waits, dtype=bool), np.array(self._used, dtype=bool)
+        witness_edges: dict[int, list] = {}
         for c in range(n):
-            for lab, nx, dp, need, wit in loc.succ[c]:
-                if nx != c or dp:  # a step that changes nothing is no edge (see _prepass)
-                    (slot if need else free)[c].append((nx, dp, dp + hold[nx] - hold[c]))
+            for lab, _, _, need, wit in loc.succ[c]:
                 if wit:
-                    witness_edges[c].append((lab, need, wit))
-        both = [free[c] + slot[c] for c in range(n)]
-        ebad: list[list | None] = [None] * n
-        for c, ks in loc.edge_bad_of.items():
-            ebad[c] = [loc.edge_bad[k] for k in ks]
-        expanded = bytearray(n)
+                    witness_edges.setdefault(c, []).append((lab, need, wit))
+        ebad = {c: [loc.edge_bad[k] for k in ks] for c, ks in loc.edge_bad_of.items()}
+        expanded = np.zeros(n, dtype=bool)
 
-        combos = sorted({tuple(sorted(x)) for x in itertools.product(inits, repeat=n_req)})
-        frontier = sorted({self._pack(self.slots, list(x)) for x in combos})
-        seen: dict[int, int] = dict.fromkeys(frontier, -1)
-        for s in frontier:
+        frontier = np.array(sorted({self._pack(self.slots, x) for x in itertools.product(inits, repeat=n_req)}),
+                            dtype=np.int64)
+        self._levels = [(frontier, np.full(len(frontier), -1, dtype=np.int64))]
+        seen = frontier
+        for s in frontier.tolist():
             self._check_state(s)
-        pred: dict[int, list[int]] | None = None if acyclic else {}
+        edges: list[tuple[np.ndarray, np.ndarray]] | None = None if acyclic else []
         found, wit_found = self.found, self.witness_at
         missing = set(self._expected_witnesses()) - set(POOL_WITNESSES)
         pool_missing = [w for w in self._expected_witnesses() if w in POOL_WITNESSES]
-        shifts = [21 * (n_req - 1 - k) for k in range(n_req)]
         transitions = depth = 0
         truncated = False
-        while frontier:
+        while len(frontier):
             if self.max_depth is not None and depth >= self.max_depth:
                 truncated = True
                 break
-            nxt: list[int] = []
-            for s in frontier:
-                pool = s >> shift
-                ids = [(s >> 21) & _MASK, s & _MASK] if n_req == 2 else [(s >> sh) & _MASK for sh in shifts]
-                en = 0
-                prev = -1
-                for k, x in enumerate(ids):
-                    if x == prev:
-                        continue
-                    prev = x
-                    expanded[x] = 1
-                    moves = both[x] if pool else free[x]
-                    en += len(moves)
-                    # the others' ids stay sorted; the mover's new id sorts in among them (unrolled
-                    # for up to MAX_REQUESTS = 3: this is the search's innermost loop)
-                    if n_req == 2:
-                        y = ids[1 - k]
-                    elif n_req == 3:
-                        y, z = ids[:k] + ids[k + 1:]
-                    for nx, dp, dh in moves:  # dh: what the move changes in the place accounting
-                        np = pool + dp
-                        if n_req == 2:
-                            ns = (np << 42) | ((nx << 21) | y if nx <= y else (y << 21) | nx)
-                        elif n_req == 1:
-                            ns = (np << 21) | nx
-                        elif nx <= y:
-                            ns = (np << 63) | (nx << 42) | (y << 21) | z
-                        elif nx <= z:
-                            ns = (np << 63) | (y << 42) | (nx << 21) | z
-                        else:
-                            ns = (np << 63) | (y << 42) | (z << 21) | nx
-                        if ns not in seen:
-                            seen[ns] = s
-                            nxt.append(ns)
-                            # a state whose places do not add up is first reached by a move that
-                            # changes the sum (free + held), so only those are checked for it
-                            if flagged[nx] or dh or pool_missing:
-                                self._check_state(ns)
-                                pool_missing = [w for w in pool_missing if w not in wit_found]
-                        if pred is not None:
-                            pred.setdefault(ns, []).append(s)
-                    if ebad[x]:
-                        for _, lab, need, name, msg in ebad[x]:
-                            if name not in found and (pool or not need):
-                                found[name] = (s, lab, msg, None)
-                    if missing:
-                        for lab, need, wit in witness_edges[x]:
-                            if pool or not need:
-                                for w in wit:
-                                    if w not in wit_found:
-                                        wit_found[w] = (s, lab)
-                                        missing.discard(w)
-                transitions += en
-                if not en and not all(done[c] for c in ids) and _LIVENESS not in found:
-                    pcs = ", ".join(PC_NAMES[comps[c][F_PC]] for c in ids)
-                    found[_LIVENESS] = (s, -1, f"deadlock: no successor (loop at {pcs})", None)
-            frontier = nxt
+            pool = frontier // self._span
+            cols = np.stack([(frontier // n ** (n_req - 1 - k)) % n for k in range(n_req)])  # [N, F], ascending
+            expanded[cols] = True
+            nxt, src, check, en = moves.expand(frontier, pool, cols, n)
+            transitions += int(en.sum())
+            stuck = (en == 0) & ~done[cols].all(axis=0)
+            if stuck.any() and _LIVENESS not in found:
+                s = int(frontier[stuck.argmax()])
+                pcs = ", ".join(PC_NAMES[comps[c][F_PC]] for c in self._comps(s))
+                found[_LIVENESS] = (s, -1, f"deadlock: no successor (loop at {pcs})", None)
+            if ebad or missing:
+                first = _first_holding(cols, pool > 0, n)
+                for x, bad in ebad.items():
+                    for _, lab, need, name, msg in bad:
+                        at = first[int(need), x]
+                        if name not in found and at < len(frontier):
+                            found[name] = (int(frontier[at]), lab, msg, None)
+                for x in [x for x in witness_edges if first[0, x] < len(frontier)] if missing else ():
+                    for lab, need, wit in witness_edges[x]:
+                        at = first[int(need), x]
+                        for w in wit:
+                            if w not in wit_found and at < len(frontier):
+                                wit_found[w] = (int(frontier[at]), lab)
+                                missing.discard(w)
+            if edges is not None:
+                edges.append((src, nxt))
+            new, first_at = np.unique(nxt, return_index=True)
+            fresh = ~_member(new, seen)
+            new, parents = new[fresh], src[first_at[fresh]]
+            for s in new[np.isin(new, nxt[check])].tolist():
+                self._check_state(s)  # a flagged request, or a move that changes free + held (see below)
+            if pool_missing and len(new):
+                self._pool_witnesses(new, waits, used)
+                pool_missing = [w for w in pool_missing if w not in wit_found]
+            seen = np.insert(seen, np.searchsorted(seen, new), new)
+            self._levels.append((new, parents))
+            frontier = new
             depth += 1
             if self.progress is not None:
                 self.progress(len(seen), depth)
-        if pred is not None and not truncated:
-            self._liveness(seen, pred, done)
+        if edges is not None and not truncated:
+            self._liveness(seen, edges, done)
         seconds = time.perf_counter() - t0
-        self._seen = seen
         return CheckReport(
             requests=self.requests, config=model.config, states=len(seen), transitions=transitions,
             max_depth=depth - 1 if not truncated else depth, seconds=seconds, exhaustive=not truncated,
@@ -373,15 +430,24 @@ class _Search:
             slots=self.slots,
         )
 
+    def _pool_witnesses(self, new: np.ndarray, waits: np.ndarray, used: np.ndarray) -> None:
+        """The first new state where a request waits for a place none is free, and the first where
+        every request has used one (as _check_state finds them, for a whole level at once)."""
+        cols = np.stack([(new // self._base ** (self.requests - 1 - k)) % self._base for k in range(self.requests)])
+        for name, hit in (("request_waits_for_slot", (new // self._span == 0) & waits[cols].any(axis=0)),
+                          ("slot_reused_after_release", used[cols].all(axis=0))):
+            if name not in self.witness_at and hit.any():
+                self.witness_at[name] = (int(new[hit.argmax()]), -1)
+
     def _prepass(self, inits: list[int]) -> bool:
         """Expand every request tuple reachable alone (slots ignored); True if that graph has no cycle.
 
         Without a cycle in the one-request graph the product has none either (every product step
         advances one request), so liveness reduces to: no reachable non-final state without a
-        successor. With a cycle, the search keeps predecessor lists and checks that an end is
-        reachable from every state. A step that changes nothing (an ignore row offered where it
-        can occur, e.g. a release of a released resource) is no edge: it is checked and counted
-        as fired, and it neither moves the search nor keeps a state from being a deadlock.
+        successor. With a cycle, the search keeps every edge and checks that an end is reachable
+        from every state. A step that changes nothing (an ignore row offered where it can occur,
+        e.g. a release of a released resource) is no edge: it is checked and counted as fired, and
+        it neither moves the search nor keeps a state from being a deadlock.
         """
         loc = self.local
         todo, seen = list(inits), set(inits)
@@ -409,11 +475,15 @@ class _Search:
         return ordered == len(loc.comps)
 
     def _comps(self, s: int) -> tuple[int, ...]:
-        return tuple((s >> (21 * (self.requests - 1 - k))) & _MASK for k in range(self.requests))
+        n, out = self._base, []
+        for _ in range(self.requests):
+            s, c = divmod(s, n)
+            out.append(c)
+        return tuple(reversed(out))
 
     def _check_state(self, s: int) -> None:
         loc = self.local
-        pool = s >> self._shift
+        pool = self._pool(s)
         comps = self._comps(s)
         for c in comps:
             for name, msg, extra in loc.bad[c]:
@@ -428,27 +498,33 @@ class _Search:
             if all(self._used[c] for c in comps):
                 self.witness_at.setdefault("slot_reused_after_release", (s, -1))
 
-    def _liveness(self, seen: dict[int, int], pred: dict[int, list[int]], done: list[bool]) -> None:
+    def _liveness(self, seen: np.ndarray, edges: list[tuple[np.ndarray, np.ndarray]], done: np.ndarray) -> None:
         """With cycles: every state must reach a state where all requests are done (no livelock)."""
-        ok = {s for s in seen if all(done[c] for c in self._comps(s))}
-        todo = list(ok)
-        while todo:
-            for p in pred.get(todo.pop(), ()):
-                if p not in ok:
-                    ok.add(p)
-                    todo.append(p)
-        stuck = [s for s in seen if s not in ok]
-        if stuck:
-            s = min(stuck, key=self._depth)
+        src = np.searchsorted(seen, np.concatenate([e[0] for e in edges]))
+        dst = np.searchsorted(seen, np.concatenate([e[1] for e in edges]))
+        n = self._base
+        cols = np.stack([(seen // n ** (self.requests - 1 - k)) % n for k in range(self.requests)])
+        ok = done[cols].all(axis=0)
+        while True:  # backwards from the ends, one edge at a time
+            grow = src[ok[dst] & ~ok[src]]
+            if not len(grow):
+                break
+            ok[grow] = True
+        if not ok.all():
+            s = min(seen[~ok].tolist(), key=self._depth)
             pcs = ", ".join(PC_NAMES[self.local.comps[c][F_PC]] for c in self._comps(s))
             self.found.setdefault(_LIVENESS, (s, -1, f"livelock: no way to an end (loop at {pcs})", None))
 
+    def _parent(self, s: int) -> tuple[int, int]:
+        """(depth, BFS parent or -1) of a reached state."""
+        for depth, (states, parents) in enumerate(self._levels):
+            i = int(np.searchsorted(states, s))
+            if i < len(states) and states[i] == s:
+                return depth, int(parents[i])
+        raise KeyError(f"state {s} was not reached")
+
     def _depth(self, s: int) -> int:
-        d = 0
-        while self._seen[s] >= 0:
-            s = self._seen[s]
-            d += 1
-        return d
+        return self._parent(s)[0]
 
     def _witness_anchor(self, name: str) -> str:
         return WITNESSES[name][0] if name in WITNESSES else POOL_WITNESSES[name]
@@ -464,8 +540,8 @@ class _Search:
     def _counterexample(self, name: str, state: int, edge: int, msg: str, extra: tuple | None = None) -> Counterexample:
         """The BFS parent chain to `state`, then the local step `edge` (if >= 0) and a guard step."""
         chain = [state]
-        while self._seen[chain[-1]] >= 0:
-            chain.append(self._seen[chain[-1]])
+        while (parent := self._parent(chain[-1])[1]) >= 0:
+            chain.append(parent)
         chain.reverse()
         loc = self.local
         ids = list(self._comps(chain[0]))
@@ -506,16 +582,15 @@ class _Search:
 
     def _edge(self, ids: list[int], prev: int, cur: int) -> tuple[int, int, int]:
         """Which request moved from `prev` to `cur`, by which local step, to which request id."""
-        pool = prev >> self._shift
-        target = sorted(self._comps(cur))
+        pool, target = self._pool(prev), sorted(self._comps(cur))
         for who, x in enumerate(ids):
             rest = ids[:who] + ids[who + 1:]
             for lab, nx, dp, need, _ in self.local.succ[x]:
-                if (pool or not need) and pool + dp == cur >> self._shift and sorted(rest + [nx]) == target:
+                if (pool or not need) and pool + dp == self._pool(cur) and sorted(rest + [nx]) == target:
                     return lab, who, nx
         raise AssertionError("no step links two states of a BFS chain")
 
-    def _reasons_never_reached(self, expanded: bytearray) -> tuple[str, ...]:
+    def _reasons_never_reached(self, expanded: np.ndarray) -> tuple[str, ...]:
         """The finish reasons the lifecycle table's rows fix that no explored request ended with."""
         life = self.model.life
         declared = {d.reason for d in life.table.decisions.values() if d.kind is DecisionKind.ROW and d.reason}
@@ -528,7 +603,7 @@ class _Search:
                         reached.add(REASONS[c[F_REASON]].value)
         return tuple(sorted(declared - reached))
 
-    def _never_fired(self, expanded: bytearray, kind: DecisionKind) -> dict[str, tuple[tuple[str, str], ...]]:
+    def _never_fired(self, expanded: np.ndarray, kind: DecisionKind) -> dict[str, tuple[tuple[str, str], ...]]:
         """Per machine, the decisions of `kind` (rows, ignores) no explored step fired (requests
         expanded in the product only)."""
         if self._fired is None:

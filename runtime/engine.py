@@ -34,7 +34,8 @@ run's tokens equal generate()'s (one sequence per kernel call) is a property of 
 batching changes which kernel computes a row, and with bf16 weights the rounding then differs (on
 the embedded model in bf16, 1 of 24 greedy outputs changed with batch composition); recompute
 re-prefills the outputs in one call, which rounds differently from the token-by-token decodes it
-replaces. In fp32 on CPU the tests find no difference, but no kernel promises it. With
+replaces. In fp32 on CPU the tests find no difference (TinyLM, and transformers checkpoints, whose
+HFModel batches the same way: one padded call a step, D50), but no kernel promises it. With
 `batch_invariant=True` every prefill and decode runs one sequence at a time and recompute replays
 the decodes token by token, so every run's tokens equal generate()'s bit for bit, in every dtype,
 with swap or recompute, at the cost of batching's throughput (the batch-invariant-kernel remedy of

@@ -1,66 +1,53 @@
 """HFModel: any local transformers causal-LM checkpoint behind the `Model` protocol (§4.4).
 
-Each sequence owns an `HFCache` wrapping its own transformers `DynamicCache`. Batched decode
-over sequences of different lengths runs one forward per sequence (a loop over the batch):
-it is the reference path for foreign checkpoints, not a fast one; TinyLM is the batched model.
-Nothing is downloaded (`local_files_only=True`).
+Each sequence owns a `KVCache` (runtime/kvcache.py, the cache TinyLM uses), so snapshot, restore
+and free are the same code for both models and swap restores the bits. One kernel call per step
+for the whole batch (DECISIONS D50):
+
+- `prefill_batch` runs the prompts as one right-padded batch with no attention mask: causal
+  attention keeps every real position from seeing the padding after it, and each row's logits are
+  read at its own last prompt position;
+- `decode_one` gathers the caches of different lengths into one right-padded batch cache (a
+  transformers `DynamicCache`), writes each token at its own position (position_ids = its cache's
+  length) and masks every padded slot; each row's new K/V is copied back to its own cache.
+
+A batch of one is the plain call (no padding, no mask), which is what `generate()` and the
+Engine's `batch_invariant` mode use, so those stay bit for bit what they are alone. Rows of a
+padded batch are computed by a kernel of another shape and may round differently (the Engine's
+docstring says what holds). Nothing is downloaded (`local_files_only=True`).
 """
 
 from __future__ import annotations
 
-import copy
 import inspect
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
-from .kvcache import CacheError, check_active_batch
-
-
-@attrs.define(eq=False, slots=True)
-class HFCache:
-    """One sequence's transformers past_key_values plus its logical length (§4.2, §4.4)."""
-
-    past: Any = attrs.field(repr=False)
-    length: int
-    numel_per_token: int
-    itemsize: int
-    prompt_length: int = 0
-    freed: bool = False
-
-    def numel(self) -> int:
-        return self.length * self.numel_per_token
-
-    def nbytes(self) -> int:
-        return self.numel() * self.itemsize
-
-    def snapshot(self) -> HFCache:
-        """A deep copy of the cache (on the model's device) to restore from later."""
-        if self.freed:
-            raise CacheError("HF cache used after free()")
-        return copy.deepcopy(self)
-
-    def restore(self, snap: HFCache) -> None:
-        self.past = copy.deepcopy(snap.past)
-        self.length, self.prompt_length, self.freed = snap.length, snap.prompt_length, False
-
-    def free(self) -> None:
-        self.past, self.length, self.freed = None, 0, True
+from .kvcache import CacheError, KVCache, PrefillOne, check_active_batch
 
 
-class HFModel:
+def _layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(keys, values) of each layer, [B, H_kv, S, d_h], of a transformers cache (4.x: two lists)."""
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return list(zip(cache.key_cache, cache.value_cache))
+
+
+class HFModel(PrefillOne):
     """A local transformers causal LM (AutoModelForCausalLM) behind the Model protocol."""
 
     def __init__(self, path: str | Path, device: str | torch.device = "cpu") -> None:
         folder = Path(path)
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"no transformers checkpoint at {folder}: config.json is missing")
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, DynamicCache
 
         self.model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).to(device).eval()
+        self._new_cache = DynamicCache
         cfg = self.model.config
         self.name = folder.name
         self.vocab_size: int = cfg.vocab_size
@@ -68,50 +55,85 @@ class HFModel:
         eos = getattr(cfg, "eos_token_id", None)
         self.eos_token_id: int | None = eos[0] if isinstance(eos, list) else eos
         n_heads = cfg.num_attention_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
-        n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
-        self._per_token = 2 * cfg.num_hidden_layers * n_kv * head_dim
-        self._itemsize = self.model.dtype.itemsize
+        self._shape = (cfg.num_hidden_layers, getattr(cfg, "num_key_value_heads", None) or n_heads,
+                       getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads)
         # transformers 5.x renames `past_key_values` to `cache` (argument and output field)
         params = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._keep_arg = next((a for a in ("logits_to_keep", "num_logits_to_keep") if a in params), None)
 
     @property
     def device(self) -> torch.device:
         return self.model.device
 
-    def _ids(self, ids: Sequence[int], what: str) -> torch.Tensor:
-        if len(ids) == 0:
-            raise ValueError(f"{what} must hold at least one token id")
-        t = torch.as_tensor(list(ids), dtype=torch.long)
-        if t.min() < 0 or t.max() >= self.vocab_size:
-            raise ValueError(f"{what}: token ids must lie in [0, {self.vocab_size})")
-        return t.to(self.device)[None]
+    def _ids(self, rows: Sequence[Sequence[int]], what: str) -> torch.Tensor:
+        """Right-padded [B, T] ids (pad 0); every row non-empty and inside the vocabulary."""
+        tensors = []
+        for i, ids in enumerate(rows):
+            if len(ids) == 0:
+                raise ValueError(f"{what} {i} must hold at least one token id")
+            t = torch.as_tensor(list(ids), dtype=torch.long)
+            if t.min() < 0 or t.max() >= self.vocab_size:
+                raise ValueError(f"{what} {i}: token ids must lie in [0, {self.vocab_size})")
+            tensors.append(t)
+        return pad_sequence(tensors, batch_first=True).to(self.device)
 
-    def prefill(self, prompt_ids: Sequence[int]) -> tuple[torch.Tensor, HFCache]:
-        if len(prompt_ids) > self.context_limit:
-            raise CacheError(f"{len(prompt_ids)} prompt tokens exceed the context limit {self.context_limit}")
+    def _cache(self) -> KVCache:
+        layers, kv_heads, head_dim = self._shape
+        return KVCache(n_layers=layers, n_kv_heads=kv_heads, head_dim=head_dim, max_length=self.context_limit,
+                       device=self.device, dtype=self.model.dtype)
+
+    def _forward(self, ids: torch.Tensor, past: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One model call; logits and the K/V of the T positions it processed, [B, T, L, H_kv, d_h]."""
         with torch.inference_mode():
-            out = self.model(input_ids=self._ids(prompt_ids, "prompt"), use_cache=True)
-        m = len(prompt_ids)
-        cache = HFCache(out[self._cache_arg], m, self._per_token, self._itemsize, prompt_length=m)
-        return out.logits[0, -1].float(), cache
+            out = self.model(input_ids=ids, use_cache=True, **{self._cache_arg: past}, **kw)
+        t, layers = ids.shape[1], _layers(out[self._cache_arg])
+        k = torch.stack([keys[:, :, -t:] for keys, _ in layers], dim=1)  # [B, L, H, T, d]
+        v = torch.stack([values[:, :, -t:] for _, values in layers], dim=1)
+        return out.logits, k.permute(0, 3, 1, 2, 4), v.permute(0, 3, 1, 2, 4)
 
-    def prefill_batch(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[HFCache]]:
+    def prefill_batch(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[KVCache]]:
+        """All prompts in one right-padded call: logits [B, V] at each prompt's last position (§4.2)."""
         if not prompts:
             raise ValueError("prefill_batch needs at least one prompt")
-        pairs = [self.prefill(p) for p in prompts]
-        return torch.stack([p[0] for p in pairs]), [p[1] for p in pairs]
+        for p in prompts:
+            if len(p) > self.context_limit:
+                raise CacheError(f"{len(p)} prompt tokens exceed the context limit {self.context_limit}")
+        ids = self._ids(prompts, "prompt")
+        last = torch.as_tensor([len(p) - 1 for p in prompts], device=self.device)
+        keep = torch.unique(last)  # the logits of the last positions only (a real vocabulary is large)
+        kw = {self._keep_arg: keep} if self._keep_arg else {}
+        logits, k, v = self._forward(ids, None, **kw)
+        if self._keep_arg:
+            last = torch.searchsorted(keep, last)
+        rows = logits[torch.arange(len(prompts), device=self.device), last].float()
+        caches = []
+        for b, p in enumerate(prompts):
+            cache = self._cache()
+            cache.append(k[b, : len(p)], v[b, : len(p)])
+            cache.prompt_length = len(p)
+            caches.append(cache)
+        return rows, caches
 
-    def decode_one(self, caches: Sequence[HFCache], tokens: Sequence[int]) -> torch.Tensor:
-        """One token per sequence at position cache.length; loops over the batch."""
+    def decode_one(self, caches: Sequence[KVCache], tokens: Sequence[int]) -> torch.Tensor:
+        """One token per sequence at position cache.length, one call for the batch (§4.4)."""
         check_active_batch(caches, tokens, self.context_limit)
-        rows = []
-        with torch.inference_mode():
-            for c, tok in zip(caches, tokens):
-                pos = torch.tensor([[c.length]], device=self.device)
-                out = self.model(input_ids=self._ids([tok], "token"), position_ids=pos, use_cache=True,
-                                 **{self._cache_arg: c.past})
-                c.past, c.length = out[self._cache_arg], c.length + 1
-                rows.append(out.logits[0, -1].float())
-        return torch.stack(rows)
+        ids = self._ids([[t] for t in tokens], "token")
+        pairs = [c.keys_values() for c in caches]
+        lens = torch.as_tensor([c.length for c in caches], device=self.device)
+        past_k = pad_sequence([p[0] for p in pairs], batch_first=True)  # [B, Tm, L, H, d], zeros past each length
+        past_v = pad_sequence([p[1] for p in pairs], batch_first=True)
+        past = self._new_cache()
+        for layer in range(past_k.shape[2]):
+            past.update(past_k[:, :, layer].transpose(1, 2).contiguous(),
+                        past_v[:, :, layer].transpose(1, 2).contiguous(), layer)
+        kw: dict[str, Any] = {"position_ids": lens[:, None]}
+        if len(caches) > 1:  # a batch of one has no padding: the plain call, as generate() makes it
+            t_max = past_k.shape[1]
+            mask = torch.arange(t_max + 1, device=self.device)[None] < lens[:, None]
+            mask[:, t_max] = True  # the new token sees itself
+            kw["attention_mask"] = mask.long()
+        logits, k, v = self._forward(ids, past, **kw)
+        for b, c in enumerate(caches):
+            c.append(k[b], v[b])
+        return logits[:, -1].float()

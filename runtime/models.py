@@ -14,12 +14,12 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from .hfmodel import HFCache, HFModel
+from .hfmodel import HFModel
 from .kvcache import CacheError, CacheSnapshot, KVCache, PrefillOne, SequenceCache, check_active_batch
 from .tinylm import TinyLM, TinyLMConfig
 
 __all__ = [
-    "CacheError", "CacheSnapshot", "HFCache", "HFModel", "KVCache", "Model", "ScriptExhausted",
+    "CacheError", "CacheSnapshot", "HFModel", "KVCache", "Model", "ScriptExhausted",
     "ScriptedModel", "SequenceCache", "TinyLM", "TinyLMConfig",
 ]
 

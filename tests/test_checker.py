@@ -330,10 +330,12 @@ def test_ctrl_c_says_how_far_the_search_got_and_claims_nothing():
     import sys
     import time
 
-    proc = subprocess.Popen([sys.executable, "-m", "decodespec", "check", "--requests", "2", "--max-tokens", "3"],
+    # three requests on two places: ~10M states, long enough that the search is still going when the
+    # signal comes (after the imports, which take seconds on a loaded machine)
+    proc = subprocess.Popen([sys.executable, "-m", "decodespec", "check", "--requests", "3", "--slots", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    time.sleep(4)
+    time.sleep(20)
     proc.send_signal(signal.SIGINT)
     out = proc.communicate(timeout=60)[0]
     assert proc.returncode == 130, out[-500:]

@@ -298,15 +298,68 @@ def test_hf_model_greedy_equals_transformers_generate(hf_folder) -> None:
     assert cache.numel_per_token == 2 * 2 * 2 * 8
 
 
-def test_hf_model_batch_of_different_lengths_equals_alone(hf_folder) -> None:
-    """§4.4 on HFModel: rows of different lengths (looped internally) match solo decoding."""
+def _forward_calls(model: HFModel) -> list[int]:
+    """Counts the transformers model's forward calls (one entry a call)."""
+    calls: list[int] = []
+    model.model.register_forward_pre_hook(lambda *_: calls.append(1))
+    return calls
+
+
+def test_hf_model_batch_of_different_lengths_is_one_call_and_equals_alone(hf_folder) -> None:
+    """§4.4 on HFModel (D50): prompts of different lengths prefill in one call, and a batch of
+    caches of different lengths decodes in one call; every row and every cache match the sequence
+    decoded alone (fp32), for several steps, so the padded slots are never read."""
     model = HFModel(hf_folder[0])
-    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10]]
-    _, caches = model.prefill_batch(prompts)
-    solo = [model.prefill(p)[1] for p in prompts]
-    batched = model.decode_one(caches, [11, 12])
-    for b, cache in enumerate(solo):
-        assert torch.allclose(batched[b], model.decode_one([cache], [[11, 12][b]])[0], atol=1e-5)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11]]
+    solo = [model.prefill(p) for p in prompts]
+    calls = _forward_calls(model)
+    logits, caches = model.prefill_batch(prompts)
+    assert len(calls) == 1
+    assert torch.allclose(logits, torch.stack([s[0] for s in solo]), atol=1e-5)
+    for step in range(4):
+        tokens = [12 + step + b for b in range(len(prompts))]
+        before = len(calls)
+        batched = model.decode_one(caches, tokens)
+        assert len(calls) == before + 1
+        for b, (_, cache) in enumerate(solo):
+            assert torch.allclose(batched[b], model.decode_one([cache], [tokens[b]])[0], atol=1e-5)
+    for (_, alone), cache in zip(solo, caches):
+        assert cache.length == alone.length and cache.prompt_length == alone.prompt_length
+        assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(cache.keys_values(), alone.keys_values()))
+
+
+def _hf_requests(n: int) -> list:
+    from decodespec.runtime import Request
+
+    return [Request(list(range(1 + i % 4, 4 + i)), max_output_tokens=10, request_id=f"h{i}") for i in range(n)]
+
+
+@pytest.mark.parametrize("preemption", [None, "swap", "recompute"])
+def test_hf_engine_batch_invariant_equals_generate_bit_for_bit(hf_folder, preemption) -> None:
+    """§4.4, §4.8 (D50): with batch_invariant the Engine makes HFModel's one-sequence calls only,
+    so batching, swap and recompute change no token of generate()'s; the default mode batches
+    (fewer forward calls than decoded tokens) and, in fp32 on this model, keeps the tokens too."""
+    from decodespec.properties import check_trace
+    from decodespec.runtime import ByteTableTokenizer, Engine, generate
+
+    model = HFModel(hf_folder[0])
+    tok = ByteTableTokenizer({i: bytes([33 + i]) for i in range(64)})
+    reqs = _hf_requests(8)
+    ref = {r.request_id: generate(r, model=model, tokenizer=tok).tokens for r in reqs}
+    budget = {} if preemption is None else {"cache_budget_tokens": 40, "preemption": preemption}
+    calls = _forward_calls(model)
+    for invariant in (True, False):
+        calls.clear()
+        eng = Engine(model, tok, max_batch=4, batch_invariant=invariant, **budget)
+        runs = [eng.submit(r) for r in reqs]
+        eng.run_until_idle()
+        assert {r.request.request_id: r.result().tokens for r in runs} == ref
+        decoded = eng.stats().decode_tokens_total
+        assert (len(calls) >= decoded) if invariant else (len(calls) < decoded / 2)
+        if preemption is not None:
+            assert eng.stats().preemptions_total > 0
+        for run in runs:
+            assert check_trace(run.trace.events, tokenizer=tok) == []
 
 
 def test_hf_model_missing_folder_is_a_clear_error(tmp_path) -> None:
