@@ -217,6 +217,7 @@ EXTENSIONS = _fields(
     ("truncate_prompt_tokens", NEUTRAL, (), "a prompt that does not fit is refused (D9)", "vLLM"),
     ("typical_p", NEUTRAL, (1, 1.0), "", "llama.cpp"),
     ("continue_final_message", NEUTRAL, (False,), "the reply is a new assistant message", "vLLM"),
+    ("chat_template_kwargs", IMPLEMENTED, ({},), "passed to the chat template (chat only)", "vLLM, SGLang"),
     ("include_reasoning", NEUTRAL, (True, False), "the model does not reason", "SGLang"),
     ("separate_reasoning", NEUTRAL, (True, False), "the model does not reason", "SGLang"),
     ("stream_reasoning", NEUTRAL, (True, False), "the model does not reason", "SGLang"),
@@ -265,16 +266,18 @@ def _check_fields(body: Mapping[str, Any], chat: bool, strict: bool,
     return tuple(n for n in sorted(body) if known[n].status == NOT_REPORTED and not _neutral(known[n], body[n]))
 
 
-ChatTemplate = Callable[[list[dict[str, str]]], str]
+ChatTemplate = Callable[[list[dict[str, str]], Mapping[str, Any]], str]
 
 
-def default_chat_template(messages: list[dict[str, str]]) -> str:
+def default_chat_template(messages: list[dict[str, str]], kwargs: Mapping[str, Any] = {}) -> str:  # noqa: B006
     return "".join(CHAT_TEMPLATE.format(role=m["role"], content=m["content"]) for m in messages) + "<|assistant|>\n"
 
 
-def compile_chat_template(source: str | None) -> ChatTemplate:
-    """A checkpoint's Jinja chat template as a renderer (sandboxed; add_generation_prompt set), or
-    the default one when there is none. A template that does not compile is refused here, at start."""
+def compile_chat_template(source: str | None, tokens: Mapping[str, str] = {}) -> ChatTemplate:  # noqa: B006
+    """A checkpoint's Jinja chat template as a renderer (sandboxed; add_generation_prompt set, its
+    special tokens `tokens` (bos_token, eos_token) and the request's chat_template_kwargs given as
+    transformers' apply_chat_template gives them), or the default one when there is none. A
+    template that does not compile is refused here, at start."""
     if not source:
         return default_chat_template
     from jinja2 import TemplateError
@@ -285,9 +288,9 @@ def compile_chat_template(source: str | None) -> ChatTemplate:
     except TemplateError as exc:
         raise ValueError(f"the checkpoint's chat_template does not compile: {exc}") from None
 
-    def render(messages: list[dict[str, str]]) -> str:
+    def render(messages: list[dict[str, str]], kwargs: Mapping[str, Any] = {}) -> str:  # noqa: B006
         try:
-            return template.render(messages=messages, add_generation_prompt=True)
+            return template.render(**{**tokens, **kwargs, "messages": messages, "add_generation_prompt": True})
         except TemplateError as exc:
             raise ApiError(400, f"messages: the model's chat template refused them: {exc}", param="messages",
                            code="chat_template_error") from None
@@ -337,7 +340,8 @@ def parse_completion(raw: bytes, *, chat: bool, model_name: str, context_limit: 
     if model != model_name:
         raise ApiError(404, f"model: the model {_short(model)!r} does not exist; this server serves {model_name!r}",
                        param="model", code="model_not_found")
-    prompt, prompt_param = (chat_template(_messages(body)), "messages") if chat else (_prompt(body), "prompt")
+    kwargs = _get(body, "chat_template_kwargs", dict, default=None) or {} if chat else {}
+    prompt, prompt_param = (chat_template(_messages(body), kwargs), "messages") if chat else (_prompt(body), "prompt")
     if isinstance(prompt, str):
         try:
             prompt_ids = tokenizer.encode(prompt)

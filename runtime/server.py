@@ -212,7 +212,8 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
     name = model_name or engine.model_name
     vocab_size = engine.model.vocab_size
     schema = openapi(name)
-    chat_template = compile_chat_template(getattr(engine.tokenizer, "chat_template", None))
+    chat_template = compile_chat_template(getattr(engine.tokenizer, "chat_template", None),
+                                          getattr(engine.tokenizer, "template_tokens", {}))
     tool_close = tool_close_token(engine.tokenizer, vocab_size) if tool_parser else None
     views: collections.OrderedDict[str, ParsedRequest] = collections.OrderedDict()  # reconnect shape
     groups: collections.OrderedDict[str, list[str]] = collections.OrderedDict()  # n > 1: the choices' ids (D34)
