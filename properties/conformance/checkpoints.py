@@ -395,10 +395,9 @@ def templated(folder: Path, message: str, marker: int) -> dict[str, Any]:
 
 def build_checkpoints(cases: Iterable[Case], out: str | Path, *, chat: bool = True) -> list[Checkpoint]:
     """One checkpoint per tokenizer group of the HTTP-runnable script cases and, with `chat`, of
-    their chat variants (one per template: with_chat), under `out/<group>`; without `chat` the chat
-    cases are left out."""
+    their chat variants (one per template: with_chat), under `out/<group>`."""
     groups: dict[str, list[Case]] = {}
-    for case in (with_chat(cases) if chat else [c for c in cases if chat_of(c) is None]):
+    for case in (with_chat(cases) if chat else cases):
         if http_blocker(case) is None:
             groups.setdefault(group_of(case), []).append(case)
     if not groups:
