@@ -78,10 +78,15 @@ def template_of(case: Case) -> str:
 
 def chat_variants(cases: Iterable[Case], runnable: Any) -> list[Case]:
     """`chat/<id>` (ChatML) of every case `runnable(case)` accepts that is not a chat case already,
-    and `chat-bos/<id>` of the byte-table ones (their tokenizer holds every byte)."""
+    and `chat-bos/<id>` of the byte-table ones (their tokenizer holds every byte). Cases that ask
+    for what a chat request has not (`echo`) or judge several choices (`n`) stay completions cases."""
+    from ...runtime.openai_schema import FIELDS
+
     out = []
     for case in cases:
-        if chat_of(case) is not None or not runnable(case):
+        fields = case.inputs.get("request", {})
+        if chat_of(case) is not None or not runnable(case) or set(fields) - set(FIELDS[True]) \
+                or fields.get("n", 1) != 1:
             continue
         for template, prefix in (("chatml", "chat"), ("bos", "chat-bos")):
             if template == "bos" and case.fixture:
@@ -298,8 +303,10 @@ def run_chat(a: OpenAIAdapter, case: Case) -> Outcome:
     if chat_of(case).get("sweep"):
         findings += sweep_chat(a, case, info)
     return Outcome(output=(whole.content.encode() if whole else None), finish_reason=whole.finish_reason if whole else None,
-                   findings=tuple(merge(findings) + wire_findings(st, include_usage=True)), judged=True,
-                   reference=exp.to_json(), not_checked=("the internal trace (a black box shows none)",),
+                   findings=tuple(merge(findings) + wire_findings(st, include_usage=exp.finish_reason is not None)),
+                   judged=True, reference=exp.to_json(),
+                   not_checked=() if whole is None or whole.completion_tokens is not None else
+                   ("usage.completion_tokens (not reported)",),
                    notes=(f"checkpoint {a.checkpoint.group}; chat template {template_of(case)}; prompt "
                           f"{info['prompt_tokens']} tokens, program ids {list(prog.prompt)}; script ids {list(prog.script)}",))
 
