@@ -1,10 +1,19 @@
-"""Send chosen chat requests to a running server and print the raw exchange (body and SSE lines)."""
-import json, sys, httpx
+"""Send chosen chat requests to a running server on a chat checkpoint and print the raw exchange
+(the non-streamed message, or each SSE delta with its finish_reason): how the failures of
+reports/vllm-chat/confirmed.md were confirmed by hand (issue 25).
+
+    .venv/bin/python scripts/peers/chat_by_hand.py URL CHECKPOINT_FOLDER
+"""
+import json
+import sys
+
+import httpx
+
+from decodespec.properties.conformance.chat import TOOLS
+
 url, folder = sys.argv[1], sys.argv[2]
 man = json.load(open(f"{folder}/decodespec-checkpoint.json"))
 model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
 def ask(cid, stream, **kw):
     msg = man["chat"][cid]["message"]
     body = {"model": model, "messages": [{"role": "user", "content": msg}], "temperature": 0, **kw}
