@@ -132,6 +132,18 @@ class Splitter:
         return self.state == "ENDED_CALLS"
 
 
+def tool_close_token(tokenizer: Any, vocab_size: int) -> int | None:
+    """The id whose bytes are `</tool_call>` (the lifecycle's tool_call token, D47), or None."""
+    want = CALL[1].encode()
+    for i in range(vocab_size):
+        try:
+            if tokenizer.token_bytes(i) == want:
+                return i
+        except Exception:  # an id the tokenizer cannot spell (a padded vocabulary) is no tag
+            continue
+    return None
+
+
 def wire_finish(reason: str, splitter: Splitter | None) -> str:
     """The chat finish_reason: "tool_calls" when the answer holds complete calls and the model ended
     it (its wire reason is stop or tool_calls); a budget that ran out stays "length" (D47). A

@@ -195,6 +195,7 @@ CHAT_FIELDS = _fields(
     ("service_tier", NEUTRAL, ("auto", "default"), "one tier"),
     ("metadata", INFORMATIONAL, (), "kept nowhere (store is false)"),
     ("prompt_cache_key", INFORMATIONAL), ("prompt_cache_retention", INFORMATIONAL), ("safety_identifier", INFORMATIONAL),
+    ("chat_template_kwargs", IMPLEMENTED, ({},), "passed to the chat template, as transformers passes them", "vLLM, SGLang"),
 )
 # Engine extensions clients and routers send (vLLM, SGLang, llama.cpp names), on both endpoints.
 EXTENSIONS = _fields(
@@ -217,7 +218,6 @@ EXTENSIONS = _fields(
     ("truncate_prompt_tokens", NEUTRAL, (), "a prompt that does not fit is refused (D9)", "vLLM"),
     ("typical_p", NEUTRAL, (1, 1.0), "", "llama.cpp"),
     ("continue_final_message", NEUTRAL, (False,), "the reply is a new assistant message", "vLLM"),
-    ("chat_template_kwargs", IMPLEMENTED, ({},), "passed to the chat template (chat only)", "vLLM, SGLang"),
     ("include_reasoning", NEUTRAL, (True, False), "the model does not reason", "SGLang"),
     ("separate_reasoning", NEUTRAL, (True, False), "the model does not reason", "SGLang"),
     ("stream_reasoning", NEUTRAL, (True, False), "the model does not reason", "SGLang"),
@@ -340,7 +340,7 @@ def parse_completion(raw: bytes, *, chat: bool, model_name: str, context_limit: 
     if model != model_name:
         raise ApiError(404, f"model: the model {_short(model)!r} does not exist; this server serves {model_name!r}",
                        param="model", code="model_not_found")
-    kwargs = _get(body, "chat_template_kwargs", dict, default=None) or {} if chat else {}
+    kwargs = (_get(body, "chat_template_kwargs", dict, default=None) or {}) if chat else {}
     prompt, prompt_param = (chat_template(_messages(body), kwargs), "messages") if chat else (_prompt(body), "prompt")
     if isinstance(prompt, str):
         try:

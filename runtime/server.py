@@ -47,7 +47,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from ..spec import FinishReason
-from .channels import CALL, Splitter, merged, wire_finish
+from .channels import Splitter, merged, tool_close_token, wire_finish
 from .engine import DuplicateRequest, Engine, EngineFailed, EngineStopped, QueueFull, UnknownRequest
 from .errors import RequestError
 from .openai_schema import (
@@ -118,18 +118,6 @@ def splitter_for(parsed: ParsedRequest | None) -> Splitter | None:
     if parsed is None or not parsed.chat or not (parsed.reasoning or parsed.tools):
         return None
     return Splitter(reasoning=parsed.reasoning, tools=parsed.tools)
-
-
-def tool_close_token(tokenizer: Any, vocab_size: int) -> int | None:
-    """The id whose bytes are `</tool_call>` (the lifecycle's tool_call token, D47), or None."""
-    want = CALL[1].encode()
-    for i in range(vocab_size):
-        try:
-            if tokenizer.token_bytes(i) == want:
-                return i
-        except Exception:  # an id the tokenizer cannot spell (a padded vocabulary) is no tag
-            continue
-    return None
 
 
 class _Renderer:

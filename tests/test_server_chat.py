@@ -76,3 +76,13 @@ def test_without_the_parsers_every_tag_is_content_and_tools_are_refused(app_serv
     refused = httpx.post(url + "/v1/chat/completions", json={"model": "scripted", "messages": [{"role": "user", "content": "x"}],
                                                              "tools": TOOLS})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools"
+
+
+def test_chat_template_kwargs_reach_the_checkpoints_template():
+    """D48: the request's chat_template_kwargs are passed to the template, as transformers passes them."""
+    from decodespec.runtime.openai_schema import compile_chat_template
+
+    render = compile_chat_template("{{ bos_token }}{% if enable_thinking is false %}no{% endif %}{{ messages[0]['content'] }}",
+                                   {"bos_token": "<s>"})
+    assert render([{"role": "user", "content": "x"}], {"enable_thinking": False}) == "<s>nox"
+    assert render([{"role": "user", "content": "x"}]) == "<s>x"

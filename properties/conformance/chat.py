@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ...runtime.channels import CALL, THINK, Splitter, merged, wire_finish
+from ...runtime.channels import CALL, THINK, Splitter, merged, tool_close_token, wire_finish
 from ...runtime.openai_schema import OPENAI_FINISH
 from .adapters.base import Finding, Outcome, reference_on
 from .cases import Case
@@ -96,19 +96,6 @@ def chat_variants(cases: Iterable[Case], runnable: Any) -> list[Case]:
     return out
 
 
-def tool_close_id(tok: Any) -> int | None:
-    """The id whose bytes are `</tool_call>` (the lifecycle's tool_call token, D47), or None."""
-    want = CALL[1].encode()
-    return next((i for i in range(tok.vocab_size) if _spells(tok, i) == want), None)
-
-
-def _spells(tok: Any, i: int) -> bytes | None:
-    try:
-        return tok.token_bytes(i)
-    except Exception:  # an id the tokenizer cannot spell is no tag
-        return None
-
-
 @attrs.frozen
 class ChatExpected:
     """The reference's chat answer: each channel's text, the calls (name, arguments as JSON), the
@@ -132,7 +119,7 @@ def expected_chat(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[
     """The reference on (tok, prompt, script), its deltas split as decodespec serve splits them."""
     chat = chat_of(case) or {}
     tools = bool(chat.get("tools"))
-    close = tool_close_id(tok) if tools else None
+    close = tool_close_token(tok, tok.vocab_size) if tools else None
     at = case if max_tokens is None else attrs.evolve(case, inputs={**case.inputs, "max_tokens": max_tokens})
     res = reference_on(at, tok, prompt, script, finish_tokens={"tool_call": [close]} if close is not None else None)
     split = Splitter(reasoning=bool(chat.get("reasoning")), tools=tools)
