@@ -107,3 +107,18 @@ def test_a_seeded_edit_of_the_table_is_caught_by_the_checker(old, new, invariant
     report = check_channels(_edit(old, new))
     assert invariant in [v.name for v in report.violations], [(v.name, v.message) for v in report.violations]
     assert len(report.violations[0].steps) <= 6
+
+
+def test_decodespec_check_checks_the_split_and_refuses_a_seeded_table(tmp_path):
+    """`decodespec check --table channels.toml` (a researcher's edit) runs the channel checker after
+    the loop's model: the edit that keeps reasoning text in the content fails the run, named."""
+    from click.testing import CliRunner
+
+    from decodespec.cli import main
+
+    text = (SPEC_DIR / "channels.toml").read_text(encoding="utf-8")
+    old = 'event = "text"\ntarget = "REASONING"\naction = "reasoning"'
+    path = tmp_path / "channels.toml"
+    path.write_text(text.replace(old, 'event = "text"\ntarget = "REASONING"\naction = "content"'), encoding="utf-8")
+    result = CliRunner().invoke(main, ["check", "--table", str(path), "--max-depth", "1"])
+    assert result.exit_code == 1 and "reasoning_is_bracketed" in result.output, result.output
