@@ -21,6 +21,7 @@ from rich.table import Table as RichTable
 
 from .machine.checker import MAX_REQUESTS, CheckReport, Counterexample, default_config
 from .machine.checker import check as model_check
+from .machine.checker_channels import ChannelsReport, check_channels
 from .spec import SpecError, load_file, load_spec
 
 
@@ -50,6 +51,7 @@ def check(requests, slots, max_depth, max_tokens, policies, table_files, as_json
         except SpecError as exc:
             raise click.BadParameter(str(exc), param_hint="--table") from None
         tables[t.name] = t
+    channels = tables.pop("channels", None)  # checked on its own (machine/checker_channels.py)
     config = None
     if max_tokens is not None or policies:
         config = attrs.evolve(default_config(requests), **({"max_output_tokens": max_tokens} if max_tokens else {}),
@@ -75,10 +77,12 @@ def check(requests, slots, max_depth, max_tokens, policies, table_files, as_json
         err.print(f"interrupted after {seen[0]:,} states (depth {seen[1]}): the search was not finished, "
                   "so nothing is proved and no violation is claimed")
         sys.exit(130)
+    split = check_channels(channels)
     if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
+        click.echo(json.dumps({**report.to_json(), "channels": _channels_json(split)}, indent=2, ensure_ascii=False))
     else:
         _summary(report, Console())
+        _channels_summary(split, Console())
     if draw_dir is not None:
         if witness is not None:
             if witness not in report.witnesses:
@@ -92,7 +96,7 @@ def check(requests, slots, max_depth, max_tokens, policies, table_files, as_json
             click.echo("no counterexample to draw (give --witness NAME to draw a witness)", err=True)
         for path in paths:
             click.echo(f"wrote {path}", err=True)
-    sys.exit(0 if report.ok else 1)
+    sys.exit(0 if report.ok and split.ok else 1)
 
 
 
@@ -113,6 +117,20 @@ def draw(cx: Counterexample, tables: dict, out_dir: str, *, mark_end: bool = Tru
             written += render(table, out_dir, highlight=path, numbers=cx.numbers(name), formats=("dot", "svg"),
                               violation=end if mark_end else None, stem=f"{'counterexample' if mark_end else 'witness'}_{cx.name}_{name}")
     return written
+
+
+def _channels_json(r: ChannelsReport) -> dict:
+    return {"sequences": r.sequences, "states": r.states, "violations": [v.to_json() for v in r.violations],
+            "rows_never_fired": [list(p) for p in r.rows_never_fired]}
+
+
+def _channels_summary(r: ChannelsReport, out: Console) -> None:
+    """The chat answer's split (spec/channels.toml), checked over every scanner sequence in bounds."""
+    verdict = "ok" if r.ok else f"{len(r.violations)} violation(s)"
+    out.print(f"channels: {r.sequences:,} answers, {r.states:,} states, {verdict}; rows never fired: "
+              + (", ".join(f"({s}, {e})" for s, e in r.rows_never_fired) or "none"))
+    for v in r.violations:
+        out.print(f"  {v.name} ({v.anchor}): {v.message}\n    " + " -> ".join(v.labels))
 
 
 def _summary(report: CheckReport, out: Console) -> None:

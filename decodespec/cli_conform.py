@@ -102,7 +102,10 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], list_only: 
 
     console = Console(width=120)
     t0 = time.monotonic()
-    cases = load_cases(select)
+    from .properties.conformance.checkpoints import with_chat
+
+    every = with_chat(load_cases()) if checkpoints else load_cases()  # chat variants run on forced checkpoints
+    cases = [c for c in every if not select or any(c.id.startswith(s) for s in select)]
     if not cases:
         raise click.ClickException(f"no case id starts with {' or '.join(select)}")
     if list_only:
@@ -116,7 +119,7 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], list_only: 
     known = frozenset()
     if expect_file is not None:
         try:
-            known = read_expectations(expect_file.read_text(encoding="utf-8"), known=(c.id for c in load_cases()))
+            known = read_expectations(expect_file.read_text(encoding="utf-8"), known=(c.id for c in every))
         except CaseError as exc:
             raise click.BadParameter(f"{expect_file}: {exc}", param_hint="--expect") from None
     policy = (known, strict)

@@ -63,10 +63,14 @@ import click
               help="Open readers one request may have (its stream and each /events resume); 429 past it (D5).")
 @click.option("--watchdog", "watchdog_s", type=click.FloatRange(min=0), default=60.0, show_default=True,
               help="/health answers 503 'stalled' while one engine step has run longer than this (DECISIONS D21).")
+@click.option("--reasoning-parser", type=click.Choice(["none", "think"]), default="none", show_default=True,
+              help="think: chat answers split <think>...</think> into reasoning_content (DECISIONS D45).")
+@click.option("--tool-call-parser", type=click.Choice(["none", "hermes"]), default="none", show_default=True,
+              help="hermes: chat requests with tools get <tool_call>{json}</tool_call> as tool_calls (D47).")
 def serve(host, port, model_path, device, policy, max_batch, threads, max_queue, cache_budget_tokens, preemption,
           detach_timeout_s, stall_timeout_s, shutdown_timeout_s, on_disconnect, body_timeout_s, header_timeout_s, api_key,
           allowed_origins, max_body_bytes, log_level, utf8_guard, batch_invariant, context_limit, strict, retain_s,
-          max_retained, max_readers, watchdog_s) -> None:
+          max_retained, max_readers, watchdog_s, reasoning_parser, tool_call_parser) -> None:
     """Serve /v1/completions and /v1/chat/completions (SSE with replayable ids) until interrupted."""
     import logging
 
@@ -93,7 +97,8 @@ def serve(host, port, model_path, device, policy, max_batch, threads, max_queue,
                     retain_s=retain_s, max_retained=max_retained, batch_invariant=batch_invariant)
     app = create_app(engine, policy=policy, api_key=api_key, allowed_origins=frozenset(allowed_origins),
                      max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s, on_disconnect=on_disconnect,
-                     utf8_guard=utf8_guard, watchdog_s=watchdog_s, strict=strict, max_readers=max_readers)
+                     utf8_guard=utf8_guard, watchdog_s=watchdog_s, strict=strict, max_readers=max_readers,
+                     reasoning_parser=reasoning_parser == "think", tool_parser=tool_call_parser == "hermes")
     logging.basicConfig(format="%(levelname)s:     %(name)s: %(message)s")  # the server's own lines (fields not acted on)
     logging.getLogger("decodespec").setLevel(log_level.upper())
     click.echo(f"decodespec serve: model {engine.model_name!r} on http://{host}:{port}/v1 (policy {policy})", err=True)

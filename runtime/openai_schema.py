@@ -126,6 +126,10 @@ class ParsedRequest:
     best_of: int = 1
     index: int = 0
     ignored: tuple[str, ...] = ()
+    # The chat answer's split (spec/channels.toml, D45-D47): think tags (the server's reasoning
+    # parser) and call tags (its tool parser, when the request has tools).
+    reasoning: bool = False
+    tools: bool = False
 
     def choice(self, i: int) -> Request:
         """Choice (or candidate) i of an n > 1 request: its own id and, with a seed, seed + i (D34)."""
@@ -191,6 +195,7 @@ CHAT_FIELDS = _fields(
     ("service_tier", NEUTRAL, ("auto", "default"), "one tier"),
     ("metadata", INFORMATIONAL, (), "kept nowhere (store is false)"),
     ("prompt_cache_key", INFORMATIONAL), ("prompt_cache_retention", INFORMATIONAL), ("safety_identifier", INFORMATIONAL),
+    ("chat_template_kwargs", IMPLEMENTED, ({},), "passed to the chat template, as transformers passes them", "vLLM, SGLang"),
 )
 # Engine extensions clients and routers send (vLLM, SGLang, llama.cpp names), on both endpoints.
 EXTENSIONS = _fields(
@@ -240,9 +245,11 @@ def _neutral(field: Field, value: Any) -> bool:
     return value is None or any(_same(value, n) for n in field.neutral)
 
 
-def _check_fields(body: Mapping[str, Any], chat: bool, strict: bool) -> tuple[str, ...]:
+def _check_fields(body: Mapping[str, Any], chat: bool, strict: bool,
+                  implemented: frozenset[str] = frozenset()) -> tuple[str, ...]:
     """Refuse an unknown field, or a NEUTRAL one at another value (D30); the NOT_REPORTED fields
-    the body sets."""
+    the body sets. `implemented`: NEUTRAL fields this server acts on (the tool fields with a tool
+    parser, D47)."""
     known = FIELDS[chat]
     allowed = STRICT_FIELDS[chat] if strict else known
     for name in sorted(body):
@@ -252,23 +259,25 @@ def _check_fields(body: Mapping[str, Any], chat: bool, strict: bool) -> tuple[st
                    "nor an extension this server documents (/openapi.json lists them)")
             raise _bad(name, why, "unknown_field")
         field, value = known[name], body[name]
-        if field.status == NEUTRAL and not _neutral(field, value):
+        if field.status == NEUTRAL and name not in implemented and not _neutral(field, value):
             only = " or ".join(json.dumps(n) for n in field.neutral) or "null"
             raise _bad(name, f"{json.dumps(value)[:MAX_ECHO]} is not supported by this server ({field.note}); it "
                              f"accepts only {only}", "unsupported_value")
     return tuple(n for n in sorted(body) if known[n].status == NOT_REPORTED and not _neutral(known[n], body[n]))
 
 
-ChatTemplate = Callable[[list[dict[str, str]]], str]
+ChatTemplate = Callable[[list[dict[str, str]], Mapping[str, Any]], str]
 
 
-def default_chat_template(messages: list[dict[str, str]]) -> str:
+def default_chat_template(messages: list[dict[str, str]], kwargs: Mapping[str, Any] = {}) -> str:  # noqa: B006
     return "".join(CHAT_TEMPLATE.format(role=m["role"], content=m["content"]) for m in messages) + "<|assistant|>\n"
 
 
-def compile_chat_template(source: str | None) -> ChatTemplate:
-    """A checkpoint's Jinja chat template as a renderer (sandboxed; add_generation_prompt set), or
-    the default one when there is none. A template that does not compile is refused here, at start."""
+def compile_chat_template(source: str | None, tokens: Mapping[str, str] = {}) -> ChatTemplate:  # noqa: B006
+    """A checkpoint's Jinja chat template as a renderer (sandboxed; add_generation_prompt set, its
+    special tokens `tokens` (bos_token, eos_token) and the request's chat_template_kwargs given as
+    transformers' apply_chat_template gives them), or the default one when there is none. A
+    template that does not compile is refused here, at start."""
     if not source:
         return default_chat_template
     from jinja2 import TemplateError
@@ -279,9 +288,9 @@ def compile_chat_template(source: str | None) -> ChatTemplate:
     except TemplateError as exc:
         raise ValueError(f"the checkpoint's chat_template does not compile: {exc}") from None
 
-    def render(messages: list[dict[str, str]]) -> str:
+    def render(messages: list[dict[str, str]], kwargs: Mapping[str, Any] = {}) -> str:  # noqa: B006
         try:
-            return template.render(messages=messages, add_generation_prompt=True)
+            return template.render(**{**tokens, **kwargs, "messages": messages, "add_generation_prompt": True})
         except TemplateError as exc:
             raise ApiError(400, f"messages: the model's chat template refused them: {exc}", param="messages",
                            code="chat_template_error") from None
@@ -292,8 +301,14 @@ def compile_chat_template(source: str | None) -> ChatTemplate:
 def parse_completion(raw: bytes, *, chat: bool, model_name: str, context_limit: int, vocab_size: int,
                      tokenizer: Any, policy: str = "pause", max_buffer_events: int = 256,
                      chat_template: ChatTemplate = default_chat_template, utf8_guard: str = "sampled",
-                     request_id: str | None = None, strict: bool = False) -> ParsedRequest:
+                     request_id: str | None = None, strict: bool = False, reasoning: bool = False,
+                     tool_parser: bool = False, tool_close_id: int | None = None) -> ParsedRequest:
     """Validate a /v1/completions (chat False) or /v1/chat/completions body into a Request.
+
+    `reasoning`: the server splits think tags into reasoning_content (D45); `tool_close_id`: the
+    `tool_parser`: the server parses Hermes tool calls of a chat request with tools (D47);
+    `tool_close_id`: its `</tool_call>` token, if the vocabulary has one, which then ends the turn
+    (the lifecycle's tool_call token check).
 
     `utf8_guard` is the server's default for a body without the field (UTF8_GUARD_DEFAULTS, D16);
     `request_id` the client's own id (the X-Request-Id header), checked against CLIENT_ID;
@@ -318,12 +333,15 @@ def parse_completion(raw: bytes, *, chat: bool, model_name: str, context_limit: 
         raise _bad(None, f"the body must be a JSON object, got {type(body).__name__}", "invalid_json")
     if (where := _surrogate_path(body, "")) is not None:
         raise _bad(where, "holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text", "invalid_text")
-    ignored = _check_fields(body, chat, strict)
+    tool_parser = chat and tool_parser
+    ignored = _check_fields(body, chat, strict, _TOOL_FIELDS if tool_parser else frozenset())
+    tools = tool_parser and _tools(body)
     model = _get(body, "model", str, required=True)
     if model != model_name:
         raise ApiError(404, f"model: the model {_short(model)!r} does not exist; this server serves {model_name!r}",
                        param="model", code="model_not_found")
-    prompt, prompt_param = (chat_template(_messages(body)), "messages") if chat else (_prompt(body), "prompt")
+    kwargs = (_get(body, "chat_template_kwargs", dict, default=None) or {}) if chat else {}
+    prompt, prompt_param = (chat_template(_messages(body), kwargs), "messages") if chat else (_prompt(body), "prompt")
     if isinstance(prompt, str):
         try:
             prompt_ids = tokenizer.encode(prompt)
@@ -395,12 +413,34 @@ def parse_completion(raw: bytes, *, chat: bool, model_name: str, context_limit: 
             temperature=float(temperature), top_p=top_p, seed=seed, policy=policy,
             max_buffer_events=max_buffer_events, request_id=request_id,
             utf8_guard=UTF8_GUARD_DEFAULTS[utf8_guard](temperature) if guard is None else guard,
+            finish_tokens={"tool_call": [tool_close_id]} if tools and tool_close_id is not None else {},
             **request_options(body, vocab_size),
         )
     except RequestError as exc:
         raise _bad(_PARAM.get(exc.field, exc.field), str(exc).split(": ", 1)[-1]) from None
     return ParsedRequest(request=request, chat=chat, stream=stream, include_usage=include_usage, n=n,
-                         best_of=best_of, ignored=ignored)
+                         best_of=best_of, ignored=ignored, reasoning=chat and reasoning, tools=bool(tools))
+
+
+_TOOL_FIELDS = frozenset({"tools", "tool_choice", "parallel_tool_calls"})
+
+
+def _tools(body: Mapping[str, Any]) -> bool:
+    """Whether a chat body with a tool parser asks for calls (D47): `tools` a list of functions, each
+    `{"type": "function", "function": {"name": ...}}`, and `tool_choice` auto (or none: no calls)."""
+    tools = _get(body, "tools", list, default=None) or []
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict) \
+                or not isinstance(fn.get("name"), str):
+            raise _bad(f"tools[{i}]", 'must be {"type": "function", "function": {"name": ..., "parameters": ...}}')
+    choice = body.get("tool_choice")
+    if choice not in (None, "auto", "none"):
+        raise _bad("tool_choice", f"{json.dumps(choice)[:MAX_ECHO]} is not supported by this server; it accepts "
+                                  '"auto" or "none" (the model decides; a forced call is not implemented)',
+                   "unsupported_value")
+    _get(body, "parallel_tool_calls", bool, default=None)
+    return bool(tools) and choice != "none"
 
 
 _STREAM_OPTIONS = frozenset({"include_usage", "include_obfuscation", "continuous_usage_stats"})
@@ -592,17 +632,19 @@ def choices_usage(usages: list[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def chunk(parsed: ParsedRequest, cid: str, created: int, model: str, *, text: str | None = None,
-          role: bool = False, finish: tuple[str, dict] | None = None, usage: dict | None = None) -> dict[str, Any]:
+          role: bool = False, finish: tuple[str, dict] | None = None, usage: dict | None = None,
+          delta: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One SSE `data:` object of choice `parsed.index`: a text delta, the opening role (chat), the
-    finish, or usage only."""
+    finish, or usage only; `delta`: a chat delta split into channels (channel_delta)."""
     i = parsed.index
     if usage is not None:
         choices: list[dict[str, Any]] = []
     elif parsed.chat:
-        delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+        shown: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
         if text is not None:
-            delta["content"] = text
-        choices = [{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}]
+            shown["content"] = text
+        shown.update(delta or {})
+        choices = [{"index": i, "delta": shown, "logprobs": None, "finish_reason": None}]
     else:
         choices = [{"index": i, "text": text or "", "logprobs": None, "finish_reason": None}]
     if finish is not None:
@@ -614,20 +656,48 @@ def chunk(parsed: ParsedRequest, cid: str, created: int, model: str, *, text: st
     return out
 
 
-def choice_body(parsed: ParsedRequest, index: int, text: str, finish: tuple[str, dict]) -> dict[str, Any]:
-    """One choice of a non-stream answer."""
+def channel_delta(split: Mapping[str, Any], call_id: Callable[[int], str]) -> dict[str, Any]:
+    """A stream delta of split parts (runtime/channels.merged) in OpenAI's shape: `reasoning_content`
+    and `content` where they have text, and each complete call whole in `tool_calls` (D47)."""
+    out: dict[str, Any] = {}
+    if split["reasoning"]:
+        out["reasoning_content"] = split["reasoning"]
+    if split["content"]:
+        out["content"] = split["content"]
+    if split["calls"]:
+        out["tool_calls"] = [{"index": c.index, **c.to_json(call_id(c.index))} for c in split["calls"]]
+    return out
+
+
+def chat_message(split: Mapping[str, Any], call_id: Callable[[int], str], *, reasoning: bool) -> dict[str, Any]:
+    """The non-stream assistant message of a split answer: content (null when the answer is calls
+    only), reasoning_content with a reasoning parser, tool_calls when it holds any (D45-D47)."""
+    msg: dict[str, Any] = {"role": "assistant",
+                           "content": split["content"] if split["content"] or not split["calls"] else None}
+    if reasoning:
+        msg["reasoning_content"] = split["reasoning"] or None
+    if split["calls"]:
+        msg["tool_calls"] = [c.to_json(call_id(c.index)) for c in split["calls"]]
+    return msg
+
+
+def choice_body(parsed: ParsedRequest, index: int, text: str, finish: tuple[str, dict],
+                message: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One choice of a non-stream answer (`message`: a chat answer's split message, chat_message)."""
     reason, detail = finish
     if parsed.chat:
-        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
+        return {"index": index, "message": message or {"role": "assistant", "content": text}, "logprobs": None,
                 "finish_reason": reason, "decodespec": detail}
     return {"index": index, "text": text, "logprobs": None, "finish_reason": reason, "decodespec": detail}
 
 
 def completion_body(parsed: ParsedRequest, cid: str, created: int, model: str, text: str,
-                    finish: tuple[str, dict], usage: dict, *, more: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+                    finish: tuple[str, dict], usage: dict, *, more: tuple[dict[str, Any], ...] = (),
+                    message: dict[str, Any] | None = None) -> dict[str, Any]:
     """The non-stream answer (usage always included); `more`: the choice_body of choices 1..n-1."""
     return {"id": cid, "object": "chat.completion" if parsed.chat else "text_completion", "created": created,
-            "model": model, "choices": [choice_body(parsed, parsed.index, text, finish), *more], "usage": usage}
+            "model": model, "choices": [choice_body(parsed, parsed.index, text, finish, message), *more],
+            "usage": usage}
 
 
 # A failure's error kind (the prefix of its `error`, D12) -> (HTTP status, code, type, what to do).

@@ -46,11 +46,15 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ..spec import FinishReason
+from .channels import Splitter, merged, tool_close_token, wire_finish
 from .engine import DuplicateRequest, Engine, EngineFailed, EngineStopped, QueueFull, UnknownRequest
 from .errors import RequestError
 from .openai_schema import (
     ApiError,
     ParsedRequest,
+    channel_delta,
+    chat_message,
     choice_body,
     choices_usage,
     chunk,
@@ -109,6 +113,13 @@ def _sse(data: Any, *, seq: int | str | None = None, event: str | None = None) -
     return f"{head}data: {body}\n\n".encode()
 
 
+def splitter_for(parsed: ParsedRequest | None) -> Splitter | None:
+    """The channel split of a chat answer whose server parses reasoning or tool calls (D45-D47)."""
+    if parsed is None or not parsed.chat or not (parsed.reasoning or parsed.tools):
+        return None
+    return Splitter(reasoning=parsed.reasoning, tools=parsed.tools)
+
+
 class _Renderer:
     """Turns one request's stream events into SSE frames (one renderer per HTTP response)."""
 
@@ -120,6 +131,10 @@ class _Renderer:
         self.cid = cid or f"cmpl-{run.request.request_id}"
         self.choice = choice
         self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        self.split = splitter_for(parsed)
+
+    def call_id(self, index: int) -> str:
+        return f"call_{self.run.request.request_id}_{index}"
 
     def _id(self, seq: int | None) -> int | str | None:
         return f"{self.parsed.index}.{seq}" if self.choice and seq is not None else seq
@@ -130,10 +145,21 @@ class _Renderer:
             return [_sse(chunk(p, self.cid, self.created, self.model, role=True, text=None if p.chat else ""))]
         if ev.kind is StreamEventKind.DELTA:
             text = self._utf8.decode(ev.data)
+            if self.split is not None:  # a chat answer in channels (D45-D47): a held tag prefix sends nothing yet
+                delta = channel_delta(merged(self.split.push(text)), self.call_id)
+                return [_sse(chunk(p, self.cid, self.created, self.model, delta=delta), seq=self._id(ev.seq))] \
+                    if delta else []
             return [_sse(chunk(p, self.cid, self.created, self.model, text=text), seq=self._id(ev.seq))]
         if ev.kind is StreamEventKind.COMPLETED:
-            out = [_sse(chunk(p, self.cid, self.created, self.model, text=self._utf8.decode(b"", final=True) or None,
-                              finish=finish_fields(ev.finish_reason, self.run.result().stop)), seq=self._id(ev.seq))]
+            tail = self._utf8.decode(b"", final=True)
+            reason, detail = finish_fields(ev.finish_reason, self.run.result().stop)
+            if self.split is not None:
+                parts = self.split.push(tail) + self.split.finish(ev.finish_reason is FinishReason.TOOL_CALLS)
+                last = chunk(p, self.cid, self.created, self.model, delta=channel_delta(merged(parts), self.call_id),
+                             finish=(wire_finish(reason, self.split), detail))
+            else:
+                last = chunk(p, self.cid, self.created, self.model, text=tail or None, finish=(reason, detail))
+            out = [_sse(last, seq=self._id(ev.seq))]
             if self.choice:
                 return out
             if p.include_usage:
@@ -149,7 +175,8 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
                max_buffer_events: int = 256, manage_engine: bool = True, api_key: str | None = None,
                allowed_origins: frozenset[str] = frozenset(), max_body_bytes: int = MAX_BODY_BYTES,
                body_timeout_s: float = 30.0, on_disconnect: str = "continue", utf8_guard: str = "sampled",
-               watchdog_s: float | None = 60.0, strict: bool = False, max_readers: int = 8) -> Starlette:
+               watchdog_s: float | None = 60.0, strict: bool = False, max_readers: int = 8,
+               reasoning_parser: bool = False, tool_parser: bool = False) -> Starlette:
     """The ASGI app. With `manage_engine` the app starts the engine thread at startup and stops it
     (every live request cancelled) at shutdown. `api_key`, `allowed_origins`, `max_body_bytes`: see
     the module docstring. `body_timeout_s`: a body not fully received by then is a 408.
@@ -159,7 +186,9 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
     do not say get the UTF-8 guard, a key of UTF8_GUARD_DEFAULTS (DECISIONS D16). `watchdog_s`: /health
     answers 503 "stalled" while one engine step has run longer (None: never; DECISIONS D21). `strict`:
     only the request fields accepted before issue 28 (openai_schema.STRICT_FIELDS, D30). `max_readers`:
-    open readers one request may have (the first stream and each /events resume; 429 past it, D5)."""
+    open readers one request may have (the first stream and each /events resume; 429 past it, D5).
+    `reasoning_parser`: chat answers split `<think>` sections into reasoning_content (D45);
+    `tool_parser`: chat requests with tools get Hermes `<tool_call>` calls as tool_calls (D47)."""
     if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
         raise ValueError("api_key must be None (no authentication) or a non-empty string")
     if isinstance(max_readers, bool) or not isinstance(max_readers, int) or max_readers < 1:
@@ -171,7 +200,9 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
     name = model_name or engine.model_name
     vocab_size = engine.model.vocab_size
     schema = openapi(name)
-    chat_template = compile_chat_template(getattr(engine.tokenizer, "chat_template", None))
+    chat_template = compile_chat_template(getattr(engine.tokenizer, "chat_template", None),
+                                          getattr(engine.tokenizer, "template_tokens", {}))
+    tool_close = tool_close_token(engine.tokenizer, vocab_size) if tool_parser else None
     views: collections.OrderedDict[str, ParsedRequest] = collections.OrderedDict()  # reconnect shape
     groups: collections.OrderedDict[str, list[str]] = collections.OrderedDict()  # n > 1: the choices' ids (D34)
 
@@ -179,7 +210,8 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
         return parse_completion(raw, chat=chat, model_name=name, context_limit=engine.context_limit,
                                 vocab_size=vocab_size, tokenizer=engine.tokenizer, policy=policy,
                                 max_buffer_events=max_buffer_events, chat_template=chat_template,
-                                utf8_guard=utf8_guard, request_id=request_id, strict=strict)
+                                utf8_guard=utf8_guard, request_id=request_id, strict=strict,
+                                reasoning=reasoning_parser, tool_parser=tool_parser, tool_close_id=tool_close)
 
     def recorded(run: RequestRun) -> None:
         """A streaming client left: recorded (D5), and the request runs on."""
@@ -261,8 +293,15 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
             reader.close()
         if last is None or last.kind is not StreamEventKind.COMPLETED:
             return _error(terminal_error(last.finish_reason, last.error, rid), rid)
-        body = completion_body(parsed, renderer.cid, renderer.created, name, text.decode("utf-8", "replace"),
-                               finish_fields(last.finish_reason, run.result().stop), openai_usage(last.usage))
+        answer = text.decode("utf-8", "replace")
+        reason, detail = finish_fields(last.finish_reason, run.result().stop)
+        message = None
+        if renderer.split is not None:  # the chat answer's channels (D45-D47)
+            parts = renderer.split.push(answer) + renderer.split.finish(last.finish_reason is FinishReason.TOOL_CALLS)
+            message = chat_message(merged(parts), renderer.call_id, reasoning=parsed.reasoning)
+            reason = wire_finish(reason, renderer.split)
+        body = completion_body(parsed, renderer.cid, renderer.created, name, answer, (reason, detail),
+                               openai_usage(last.usage), message=message)
         return JSONResponse(body, headers=headers)
 
     def retain(rid: str, parsed: ParsedRequest) -> None:

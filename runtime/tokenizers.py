@@ -377,8 +377,13 @@ class HFTokenizer:
         # generation_config.json / config.json lists (Llama 3 lists several; §4.6).
         self.eos_ids: frozenset[int] = frozenset(() if self.eos_id is None else (self.eos_id,)) | (
             frozenset() if eos_id is not None else self._listed_eos())
-        template = _read_json(p.parent / "tokenizer_config.json").get("chat_template")
+        config = _read_json(p.parent / "tokenizer_config.json")
+        template = config.get("chat_template")
         self.chat_template: str | None = template if isinstance(template, str) else None  # Jinja, for chat servers
+        # The special tokens a chat template names (bos_token, eos_token), as transformers passes them.
+        self.template_tokens: Mapping[str, str] = {
+            k: v["content"] if isinstance(v, dict) else v for k in ("bos_token", "eos_token")
+            if isinstance(v := config.get(k), str) or isinstance(v, dict) and isinstance(v.get("content"), str)}
         self._plans: dict[bool, DecodePlan | None] = {}
 
     def _find_eos(self, added: list[dict]) -> int | None:

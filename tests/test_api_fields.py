@@ -152,6 +152,10 @@ EFFECTS = {
     "no_stop_trim": (None, lambda s, r, base: text(r) == base[0]),
     "echo": ({"echo": True}, lambda s, r, base: text(r) == "Hello" + base),
     "n": ({"n": 2}, lambda s, r, base: [c["index"] for c in r.json()["choices"]] == [0, 1]),
+    # the default template reads no kwargs (the prompt is unchanged); a checkpoint's template does
+    # (tests/test_server_chat.py)
+    "chat_template_kwargs": ({"chat_template_kwargs": {"enable_thinking": False}},
+                             lambda s, r, base: text(r) == base and _run(s, r).request.prompt is not None),
     "best_of": ({"best_of": 3, "temperature": 1.0}, lambda s, r, base: len(r.json()["choices"]) == 1
                 and r.json()["usage"]["completion_tokens"] == 12),
 }

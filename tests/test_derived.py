@@ -22,7 +22,7 @@ def test_the_reasons_of_each_terminal_state_follow_from_the_rows():
     """§4.10: the reason of the last row that fixes one, on every path to the terminal."""
     assert final_reasons() == {
         "FINISHED": {R.EOS, R.STOP_SEQUENCE, R.GRAMMAR_COMPLETE, R.MAX_OUTPUT_TOKENS, R.CONTEXT_LIMIT,
-                     R.DEADLINE_EXCEEDED, R.CONTENT_INTERRUPTED},
+                     R.DEADLINE_EXCEEDED, R.CONTENT_INTERRUPTED, R.TOOL_CALLS},
         "CANCELLED": {R.CANCELLED},
         "FAILED": {R.MODEL_ERROR, R.TRANSPORT_ERROR, R.CONTEXT_LIMIT},
     }

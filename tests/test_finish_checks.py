@@ -38,7 +38,7 @@ def _lifecycle_with(edit):
 
 def test_every_listed_check_has_one_implementation_and_every_implementation_is_listed():
     """The registry is checked both ways (as invariants and monitors are)."""
-    listed = [c.event for c in load_spec("lifecycle").finish_checks]
+    listed = [c.event for c in load_spec("lifecycle").finish_checks if not c.tokens]  # token checks need no code
     assert sorted(listed) == sorted(FINISH_CHECKS)
     with pytest.raises(RuntimeError, match="implemented but not listed"):
         finish_checker(load_spec("lifecycle").finish_checks[:-1])
@@ -47,7 +47,7 @@ def test_every_listed_check_has_one_implementation_and_every_implementation_is_l
 def test_the_checker_is_generated_from_the_list_in_its_order():
     checks = load_spec("lifecycle").finish_checks
     src = finish_checker(checks).__doc__
-    positions = [src.index(f"return {c.event!r}") for c in checks]
+    positions = [src.index(f"return {c.event!r}") for c in checks if not c.tokens]  # a request names their tokens
     assert positions == sorted(positions)
     reordered = finish_checker(checks[::-1]).__doc__
     assert reordered.index("return 'grammar_done'") < reordered.index("return 'eos'")
@@ -192,30 +192,30 @@ def test_a_new_finish_reason_needs_spec_files_only(tmp_path):
     assert lines[:3] == ["budget_exhausted length 0", "True () 0", "True"], lines
 
 
-def _with_tool_call(text: str) -> str:
-    """lifecycle.toml with a `tool_call` event: a token finish check right after EOS, its row in
-    DECODING fixing the new reason `tool_calls`, refused everywhere else."""
-    events = '"model_error", "decode_error", "transport_error"]\n\n#'
+def _with_function_call(text: str) -> str:
+    """lifecycle.toml with a `function_call` event: a token finish check right after EOS, its row in
+    DECODING fixing the new reason `function_call`, refused everywhere else."""
+    events = '"transport_error", "tool_call"]\n\n#'
     assert text.count(events) == 1
-    text = text.replace(events, events.replace('"transport_error"]', '"transport_error", "tool_call"]'))
+    text = text.replace(events, events.replace('"tool_call"]', '"tool_call", "function_call"]'))
     eos = '[[finish_check]]\nevent = "content_interrupt"\n'
-    text = text.replace(eos, '[[finish_check]]\nevent = "tool_call"\ntokens = true\nanchor = "§4.3"\n\n' + eos, 1)
-    text += ('\n[[row]]\nstate = "DECODING"\nevent = "tool_call"\ntarget = "DRAINING"\naction = "fix_reason"\n'
-             'reason = "tool_calls"\nanchor = "§4.3"\n')
+    text = text.replace(eos, '[[finish_check]]\nevent = "function_call"\ntokens = true\nanchor = "§4.3"\n\n' + eos, 1)
+    text += ('\n[[row]]\nstate = "DECODING"\nevent = "function_call"\ntarget = "DRAINING"\naction = "fix_reason"\n'
+             'reason = "function_call"\nanchor = "§4.3"\n')
     for state in ("CREATED", "QUEUED", "PREFILLING", "DRAINING", "CANCEL_REQUESTED", "FINISHED", "CANCELLED", "FAILED"):
-        text += f'\n[[reject]]\nstate = "{state}"\nevents = ["tool_call"]\n'
+        text += f'\n[[reject]]\nstate = "{state}"\nevents = ["function_call"]\n'
     return text
 
 
 def test_a_new_event_and_reason_need_spec_files_only(tmp_path):
-    """Issue 16 item 4: a `tool_call` event (a token finish check) with the reason `tool_calls`
-    (OpenAI "tool_calls"), declared in a copy of spec/ only (lifecycle.toml and reasons.toml, no
-    code): the runtime ends on the request's tool-call token without sending it, the monitors accept
-    the trace, the server maps the reason, the checker explores the new row (check(1) ok), the
-    diagrams draw it, and the Engine ends the same way."""
+    """Issue 16 item 4: a `function_call` event (a token finish check) with the reason
+    `function_call` (OpenAI's older "function_call"), declared in a copy of spec/ only
+    (lifecycle.toml and reasons.toml, no code): the runtime ends on the request's token without
+    sending it, the monitors accept the trace, the server maps the reason, the checker explores the
+    new row (check(1) ok), the diagrams draw it, and the Engine ends the same way."""
     copy = spec_copy(tmp_path, {
-        "reasons.toml": lambda t: t + '\n[[reason]]\nname = "tool_calls"\nanchor = "§4.3"\nopenai = "tool_calls"\n',
-        "lifecycle.toml": _with_tool_call,
+        "reasons.toml": lambda t: t + '\n[[reason]]\nname = "function_call"\nanchor = "§4.3"\nopenai = "function_call"\n',
+        "lifecycle.toml": _with_function_call,
     })
     lines = probe(copy, f"""
         from decodespec.runtime import ByteTableTokenizer, Engine, Request, ScriptedModel, generate
@@ -225,7 +225,7 @@ def test_a_new_event_and_reason_need_spec_files_only(tmp_path):
         from decodespec.machine.diagrams import render
         from decodespec.spec import load_spec
         tok = ByteTableTokenizer({{1: b"x", 2: b"A", 5: b"", 7: b"<call>"}}, eos_id=5)
-        req = Request([1], max_output_tokens=4, finish_tokens={{"tool_call": [7]}})
+        req = Request([1], max_output_tokens=4, finish_tokens={{"function_call": [7]}})
         r = generate(req, model=ScriptedModel([2, 7, 2], vocab_size=8), tokenizer=tok)
         print(r.finish_reason.value, r.output, finish_fields(r.finish_reason, None)[0], len(check_trace(r.trace, tokenizer=tok)))
         engine = Engine(ScriptedModel([2, 7, 2], vocab_size=8), tok)
@@ -236,17 +236,27 @@ def test_a_new_event_and_reason_need_spec_files_only(tmp_path):
         report = check(1)
         print(report.ok, report.rows_never_fired["lifecycle"], report.reasons_never_reached, len(report.violations))
         paths = render(load_spec("lifecycle"), {str(tmp_path)!r}, formats=("dot",))
-        print(any("tool_call" in open(p).read() for p in paths))
+        print(any("function_call" in open(p).read() for p in paths))
     """)
-    assert lines[:4] == ["tool_calls b'A' tool_calls 0", "tool_calls b'A' 0", "True () () 0", "True"], lines
+    assert lines[:4] == ["function_call b'A' function_call 0", "function_call b'A' 0", "True () () 0", "True"], lines
+
+
+def test_the_shipped_tool_call_check_ends_the_turn_on_its_token():
+    """D47 (§4.3): the request's tool-call token (</tool_call>, named by the server when the request
+    has tools) ends the run with `tool_calls`; like EOS it is not text, and the trace is clean."""
+    tok = ByteTableTokenizer({1: b"x", 2: b"A", 5: b"", 7: b"</tool_call>"}, eos_id=5)
+    res = generate(Request([1], max_output_tokens=4, finish_tokens={"tool_call": [7]}),
+                   model=ScriptedModel([2, 7, 2], vocab_size=8), tokenizer=tok)
+    assert (res.finish_reason, res.output) == (FinishReason.TOOL_CALLS, b"A")
+    assert check_trace(res.trace, tokenizer=tok) == []
 
 
 def test_finish_tokens_must_name_a_token_check_of_the_table():
-    """The shipped tables declare no token check: a request naming one is refused, naming the field."""
+    """A request naming a token check the tables do not declare is refused, naming the field."""
     from decodespec.runtime.errors import RequestError
 
-    with pytest.raises(RequestError, match=r"finish_tokens.*'tool_call' is not a token finish check of "
-                                           r"spec/lifecycle.toml \(declared: none\)"):
-        Request([1], finish_tokens={"tool_call": [7]})
+    with pytest.raises(RequestError, match=r"finish_tokens.*'tool_use' is not a token finish check of "
+                                           r"spec/lifecycle.toml \(declared: tool_call\)"):
+        Request([1], finish_tokens={"tool_use": [7]})
     with pytest.raises(RequestError, match="finish_tokens"):
         Request([1], finish_tokens=[7])

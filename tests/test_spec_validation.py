@@ -52,7 +52,7 @@ note = "terminal states are irreversible"
 _ROW_GO = 'state = "A"\nevent = "go"\ntarget = "B"\n'
 _REASONS = (
     "['cancelled', 'content_interrupted', 'context_limit', 'deadline_exceeded', 'eos', "
-    "'grammar_complete', 'max_output_tokens', 'model_error', 'stop_sequence', 'transport_error']"
+    "'grammar_complete', 'max_output_tokens', 'model_error', 'stop_sequence', 'tool_calls', 'transport_error']"
 )
 
 
@@ -221,7 +221,7 @@ def test_unknown_machine_name_is_refused() -> None:
     with pytest.raises(SpecError) as info:
         load_spec("scheduler")
     assert str(info.value) == (
-        "scheduler: name: no such machine; known: lifecycle, stop_matcher, detokenizer, stream, resources, sequence"
+        "scheduler: name: no such machine; known: lifecycle, stop_matcher, detokenizer, stream, resources, sequence, channels"
     )
 
 

@@ -39,6 +39,7 @@ from ...runtime.result import Result
 from ...runtime.tokenizers import BYTE_LEVEL, HFTokenizer
 from .adapters.base import case_prompt, case_script, fixture_tokenizer, reference_on, table_tokenizer
 from .cases import Case, CaseError, CaseKind
+from .chat import TAGS, TEMPLATES, chat_of, chat_variants, template_of
 from .forced import CONTEXT, DTYPES, PROBE_MAX, Probe, Program, check_margins, forced_llama
 
 MANIFEST = "decodespec-checkpoint.json"
@@ -66,6 +67,8 @@ HTTP_OBSERVABLE = frozenset({
     "finish_reason_matches_state", "length_respected", "usage_consistent", "detok_concat_equals_batch",
     "delta_nonempty", "single_terminal_event", "no_delta_after_terminal", "terminal_after_all_deltas",
     "eos_guards_respected",  # a guarded EOS (min_tokens, ignore_eos) shows as text that goes on
+    # The chat answer's channels (machine/checker_channels.INVARIANTS): its content, reasoning and calls.
+    "pieces_once", "reasoning_is_bracketed", "think_tags_never_text", "calls_only_when_closed", "calls_end_as_calls",
 })
 
 
@@ -90,7 +93,15 @@ def http_blocker(case: Case) -> str | None:
 
 
 def group_of(case: Case) -> str:
-    return case.fixture or TABLE_GROUP
+    """The checkpoint a case compiles into: its tokenizer's, and for a chat case its template's."""
+    base = case.fixture or TABLE_GROUP
+    return f"{base}-{template_of(case)}" if chat_of(case) is not None else base
+
+
+def with_chat(cases: Iterable[Case]) -> list[Case]:
+    """The cases and the chat variant of every HTTP-runnable one (chat.chat_variants)."""
+    cases = list(cases)
+    return cases + chat_variants(cases, lambda c: http_blocker(c) is None)
 
 
 def merged_table(cases: Iterable[Case]) -> tuple[dict[int, bytes], int | None]:
@@ -153,7 +164,20 @@ def byte_table_tokenizer(table: Mapping[int, bytes], eos_id: int | None, markers
 
 
 def _group_tokenizer(group: str, cases: Sequence[Case], markers: Sequence[str]) -> tuple[Any, str]:
-    """The group's tokenizer with the markers added, and its EOS token's text."""
+    """The group's tokenizer with the markers added, and its EOS token's text; a chat group's also
+    has its template's special tokens, and the reasoning and tool-call tags as added tokens that are
+    text (as Qwen3's are), where the vocabulary has no token spelling them."""
+    from tokenizers import AddedToken
+
+    chat = chat_of(cases[0]) if cases else None
+    if chat is None:
+        return _base_tokenizer(group, cases, markers)
+    tok, eos_text = _base_tokenizer(group.rsplit("-", 1)[0], cases, [*TEMPLATES[template_of(cases[0])].special, *markers])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAGS if tok.token_to_id(t) is None])
+    return tok, eos_text
+
+
+def _base_tokenizer(group: str, cases: Sequence[Case], markers: Sequence[str]) -> tuple[Any, str]:
     from tokenizers import AddedToken, Tokenizer
 
     if group == TABLE_GROUP:
@@ -202,6 +226,7 @@ class Checkpoint:
     anchor: int
     probe: Probe
     margins: Mapping[str, Mapping[str, Any]]  # dtype -> the Margin's fields, as check_margins measured them
+    chat: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)  # chat case id -> message, ids, prompt_tokens
 
     @classmethod
     def load(cls, folder: str | Path) -> Checkpoint:
@@ -216,7 +241,8 @@ class Checkpoint:
                             "`decodespec checkpoints build`)")
         programs = {cid: Program(cid, p["marker"], p["prompt"], p["script"]) for cid, p in data["cases"].items()}
         probe = Probe(data["probe"]["marker"], data["probe"]["echo"])
-        return cls(folder, data["group"], data["eos_id"], programs, data["anchor"], probe, data["margins"])
+        return cls(folder, data["group"], data["eos_id"], programs, data["anchor"], probe, data["margins"],
+                   data.get("chat", {}))
 
     @property
     def tokenizer(self) -> HFTokenizer:
@@ -307,16 +333,20 @@ def build_group(group: str, cases: Sequence[Case], folder: Path) -> Checkpoint:
         "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos_text, "bos_token": None, "pad_token": eos_text,
         "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False,
         "model_max_length": CONTEXT,
-        # Chat endpoints render the first message verbatim (its content starts with the marker).
-        "chat_template": "{{ messages[0]['content'] }}",
+        **_chat_config(cases),
     }, indent=2) + "\n")
     hf = HFTokenizer(tmp)
     rt = Tokenizer.from_file(str(tmp / "tokenizer.json"))
     anchor = rt.token_to_id(ANCHOR)
     programs = []
+    chat: dict[str, dict[str, Any]] = {}
     for case, marker in zip(cases, markers):
         mid = rt.token_to_id(marker)
-        programs.append(Program(case.id, mid, [mid, anchor, *case_prompt(case, hf)], case_script(case, hf)))
+        prompt = [mid, anchor, *case_prompt(case, hf)]
+        if chat_of(case) is not None:  # the program's prompt is the template's, from the marker on
+            chat[case.id] = templated(tmp, marker + ANCHOR + hf.decode(prompt[2:]), mid)
+            prompt = chat[case.id]["ids"][chat[case.id]["ids"].index(mid):]
+        programs.append(Program(case.id, mid, prompt, case_script(case, hf)))
     mid = rt.token_to_id(recipe_marker)
     programs.append(Program(RECIPE, mid, [mid, anchor], [*hf.encode(RECIPE_TEXT), eos_id]))
     probe = Probe(rt.token_to_id(PROBE), echo_tokens(hf, eos_id))
@@ -333,6 +363,7 @@ def build_group(group: str, cases: Sequence[Case], folder: Path) -> Checkpoint:
         "margins": {d: {"logit": round(m.logit, 3), "gate": round(m.gate, 3), "steps": m.steps, "where": m.where}
                     for d, m in margins.items()},
         "cases": {p.name: {"marker": p.marker, "prompt": list(p.prompt), "script": list(p.script)} for p in programs},
+        "chat": chat,
     }
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     shutil.rmtree(folder, ignore_errors=True)
@@ -340,10 +371,33 @@ def build_group(group: str, cases: Sequence[Case], folder: Path) -> Checkpoint:
     return Checkpoint.load(folder)
 
 
-def build_checkpoints(cases: Iterable[Case], out: str | Path) -> list[Checkpoint]:
-    """One checkpoint per tokenizer group of the HTTP-runnable script cases, under `out/<group>`."""
+def _chat_config(cases: Sequence[Case]) -> dict[str, Any]:
+    """tokenizer_config.json's chat fields: a chat group's template (and its BOS); any other group's
+    chat endpoint renders the first message verbatim (its content starts with the marker)."""
+    if not cases or chat_of(cases[0]) is None:
+        return {"chat_template": "{{ messages[0]['content'] }}"}
+    t = TEMPLATES[template_of(cases[0])]
+    return {"chat_template": t.source, **({"bos_token": t.bos} if t.bos else {})}
+
+
+def templated(folder: Path, message: str, marker: int) -> dict[str, Any]:
+    """The ids transformers' `apply_chat_template` makes of one user message on the checkpoint's
+    own files (what vLLM renders, and what usage.prompt_tokens must count)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    out = tok.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True, tokenize=True)
+    ids = list(out["input_ids"] if not isinstance(out, list) else out)
+    if marker not in ids:
+        raise CaseError(f"{folder.name}: the chat template dropped the marker from {message!r}")
+    return {"message": message, "ids": ids, "prompt_tokens": len(ids)}
+
+
+def build_checkpoints(cases: Iterable[Case], out: str | Path, *, chat: bool = True) -> list[Checkpoint]:
+    """One checkpoint per tokenizer group of the HTTP-runnable script cases and, with `chat`, of
+    their chat variants (one per template: with_chat), under `out/<group>`."""
     groups: dict[str, list[Case]] = {}
-    for case in cases:
+    for case in (with_chat(cases) if chat else cases):
         if http_blocker(case) is None:
             groups.setdefault(group_of(case), []).append(case)
     if not groups:
@@ -370,8 +424,10 @@ def generate_batch(model: Any, prompts: Sequence[Sequence[int]], n: int, pad_id:
 
 
 def proof_runs(ckpt: Checkpoint) -> list[tuple[str, list[int], list[int]]]:
-    """(name, prompt, ids greedy must produce) for every program and for the probe, bare and behind a BOS."""
-    runs = [(p.name, list(p.prompt), [*p.script, ckpt.eos_id]) for p in ckpt.programs.values()]
+    """(name, prompt, ids greedy must produce) for every program (a chat one on its templated prompt)
+    and for the probe, bare and behind a BOS."""
+    runs = [(p.name, list(ckpt.chat[p.name]["ids"]) if p.name in ckpt.chat else list(p.prompt), [*p.script, ckpt.eos_id])
+            for p in ckpt.programs.values()]  # a chat program on its whole templated prompt
     for shift in (0, 1):
         runs.append((f"probe behind {shift}", [ckpt.eos_id] * shift + list(ckpt.probe.prompt),
                      [ckpt.probe.echo[shift], ckpt.eos_id]))

@@ -20,6 +20,7 @@ import attrs
 
 from .adapters.base import Finding, Outcome, reference_on
 from .cases import STREAM_KINDS, Case, CaseError
+from .chat import chat_of, run_chat
 from .checkpoints import Checkpoint, on_checkpoint
 from .judgement import Observed, expected_of, judge_observed
 from .script_check import Returned, deviation
@@ -161,7 +162,10 @@ def sweep(a: ScriptServer, case: Case) -> list[Finding]:
 
 
 def run_script(a: ScriptServer, case: Case) -> Outcome:
-    """Send the case both ways and judge the answers against the reference (see module)."""
+    """Send the case both ways and judge the answers against the reference (see module); a chat
+    case goes to /v1/chat/completions (chat.run_chat)."""
+    if chat_of(case) is not None:
+        return run_chat(a, case)
     prog = a.checkpoint.programs[case.id]
     exp = expected(a, case)
     body = request_body(a, case)

@@ -27,7 +27,7 @@ from ...spec.invariants import load_invariants
 from .adapters.base import Finding
 from .cases import Grade
 from .runner import CaseResult, Verdict
-from .symptoms import WIRE, WIRE_STATEMENTS, label
+from .symptoms import CHAT_STATEMENTS, WIRE, WIRE_STATEMENTS, label
 
 REPORT_FILES = ("report.json", "junit.xml", "report.md", "report.html")
 REPORT_VERSION = 3
@@ -41,13 +41,16 @@ def _statements() -> dict[str, str]:
 
 def statement(invariant: str | None) -> str:
     """What the invariant (spec/invariants.toml) or wire convention (symptoms.WIRE_STATEMENTS) says."""
-    return _statements().get(invariant or "", "") or WIRE_STATEMENTS.get(invariant or "", "")
+    key = invariant or ""
+    return _statements().get(key, "") or CHAT_STATEMENTS.get(key, "") or WIRE_STATEMENTS.get(key, "")
 
 
 def anchor_of(invariant: str) -> str:
     """The invariant's section (its wire convention says 'OpenAI API' instead)."""
     inv = load_invariants().get(invariant)
-    return inv.anchor if inv is not None else ("OpenAI API" if invariant in WIRE_STATEMENTS else "")
+    if inv is not None:
+        return inv.anchor
+    return "§4.7" if invariant in CHAT_STATEMENTS else "OpenAI API" if invariant in WIRE_STATEMENTS else ""
 
 
 def short(f: Finding) -> str:

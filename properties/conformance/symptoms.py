@@ -68,7 +68,14 @@ SYMPTOMS: Mapping[str, tuple[str, str, str]] = {
     "wrong_state": ("refinement", SEMANTICS, "other terminal state"),
     "wrong_error": ("refinement", SEMANTICS, "other error"),
     "usage_mismatch": ("usage_consistent", SEMANTICS, "usage count differs"),
-    "case_check": ("", SEMANTICS, "case check"),  # a recipe's own check: invariant given by the case
+    "case_check": ("", SEMANTICS, "case check"),
+    # The chat answer's channels (spec/channels.toml, machine/checker_channels.INVARIANTS; D45-D47).
+    "chat_content": ("pieces_once", SEMANTICS, "content differs"),
+    "chat_reasoning": ("reasoning_is_bracketed", SEMANTICS, "reasoning_content differs"),
+    "chat_tool_calls": ("calls_only_when_closed", SEMANTICS, "tool calls differ"),
+    "chat_half_call": ("calls_only_when_closed", SEMANTICS, "half a call reported"),
+    "chat_tag_leaked": ("think_tags_never_text", SEMANTICS, "a tag (or a piece of one) in a chunk"),
+    "chat_finish": ("calls_end_as_calls", SEMANTICS, "chat finish_reason differs"),  # a recipe's own check: invariant given by the case
     # OpenAI wire conventions (graded by the convention, not by chapter 4)
     "done_missing": ("openai_sse_done", WIRE, "no data: [DONE]"),
     "data_after_done": ("openai_sse_done", WIRE, "data after [DONE]"),
@@ -79,6 +86,15 @@ SYMPTOMS: Mapping[str, tuple[str, str, str]] = {
     "usage_chunk": ("openai_usage_chunk", WIRE, "include_usage gave no usage chunk"),
     "error_body": ("openai_error_body", WIRE, "error body not in the API's shape"),
     "connection_dropped": ("http_keep_alive", WIRE, "connection dropped"),
+}
+
+# Statements of the chat channels' invariants (machine/checker_channels.py, §4.7).
+CHAT_STATEMENTS: Mapping[str, str] = {
+    "pieces_once": "every piece of the output goes out once, as content, reasoning or inside a complete call",
+    "reasoning_is_bracketed": "reasoning_content is exactly the text between <think> and </think> (D45)",
+    "think_tags_never_text": "a tag that opens or closes a section is no channel's text, whole or in pieces",
+    "calls_only_when_closed": "a tool call is reported whole, only once its </tool_call> closed it (D47)",
+    "calls_end_as_calls": "finish_reason is tool_calls exactly when the model ended a turn holding complete calls",
 }
 
 # Statements of the wire conventions (the §4.x invariants' statements are in spec/invariants.toml).

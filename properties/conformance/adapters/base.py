@@ -217,13 +217,15 @@ def case_script(case: Case, tok: Any) -> list[int]:
     return resolve_ids(case.inputs["script"], tok, f"{case.id}: inputs.script")
 
 
-def reference_on(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[int]) -> Any:
+def reference_on(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[int], *,
+                 finish_tokens: Mapping[str, Sequence[int]] | None = None) -> Any:
     """The reference loop's Result for `case` over `tok`, forcing `script` after `prompt` (§4.3),
     with the case's stops, limits, context limit and faults, and its `inputs.request` fields
     (OpenAI names -> values, issue 28) mapped as `decodespec serve` maps them
     (openai_schema.request_options); `n` and `best_of` are judged per choice: every choice of a
     greedy case is this one run (DECISIONS D34). With request fields the scripted token leads by the
-    forced checkpoint's logit (forced.LOGIT), so a logit_bias or a penalty acts on both alike."""
+    forced checkpoint's logit (forced.LOGIT), so a logit_bias or a penalty acts on both alike.
+    `finish_tokens`: the token finish checks a server names (a chat request with tools: D47)."""
     from ....runtime.errors import RequestError
     from ....runtime.faults import Fault, FaultPlan
     from ....runtime.loop import generate
@@ -245,7 +247,8 @@ def reference_on(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[i
     try:
         request = Request(list(prompt), stop=tuple(inp.get("stop", ())),
                           stop_token_ids=tuple(tuple(s) for s in inp.get("stop_token_ids", ())),
-                          max_output_tokens=case.max_tokens, request_id=case.id, **options)
+                          max_output_tokens=case.max_tokens, request_id=case.id,
+                          finish_tokens=dict(finish_tokens or {}), **options)
     except RequestError as exc:
         raise CaseError(f"{case.id}: inputs.request: {exc}") from None
     faults = FaultPlan([Fault(**f) for f in inp.get("faults", ())])

@@ -1,0 +1,319 @@
+"""Script cases on /v1/chat/completions, judged with the same exactness as completions (issue 25).
+
+A chat case is a script case with `inputs.chat` (`{"template": "chatml" | "bos", "reasoning": bool,
+"tools": bool}`): the case files under properties/cases/chat/ (reasoning sections, tool calls), and
+every other HTTP-runnable script case as `chat/<id>` (ChatML) and, for the byte-table cases,
+`chat-bos/<id>` (a template with a BOS and a generation prompt), made by `chat_variants`. Its
+checkpoint carries the template in tokenizer_config.json; the message is the marker, the anchor and
+the prompt's text, and the program's prompt is what transformers `apply_chat_template` makes of it,
+from the marker on (the position counter does not care what stands before the marker, D26), so
+`usage.prompt_tokens` must be the whole templated count the manifest records.
+
+The expectation is the reference loop's answer on the same ids (D15), split by spec/channels.toml
+(runtime/channels.py, D45-D47) as `decodespec serve --reasoning-parser think --tool-call-parser
+hermes` splits it: content, reasoning_content, complete tool calls and the wire finish reason, in
+the non-streamed answer and as the concatenation of the stream's deltas, and no chunk may carry a
+tag (a tag split across chunks never leaks).
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from ...runtime.channels import CALL, THINK, Splitter, merged, tool_close_token, wire_finish
+from ...runtime.openai_schema import OPENAI_FINISH
+from .adapters.base import Finding, Outcome, reference_on
+from .cases import Case
+from .symptoms import finding, merge
+from .wire import Streamed, wire_findings
+
+if TYPE_CHECKING:
+    from .adapters.openai import OpenAIAdapter
+
+PATH = "/v1/chat/completions"
+TAGS = (*THINK, *CALL)
+
+
+@attrs.frozen
+class Template:
+    """A chat template and the special tokens it needs in the vocabulary (`bos`: its BOS token)."""
+
+    source: str
+    special: tuple[str, ...]
+    bos: str | None = None
+
+
+TEMPLATES: Mapping[str, Template] = {
+    "chatml": Template(
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+        ("<|im_start|>", "<|im_end|>")),
+    "bos": Template(
+        "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+        "{{ m['content'] }}<|eot_id|>{% endfor %}"
+        "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}",
+        ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"), "<|begin_of_text|>"),
+}
+# The tool the tool-call cases offer (any schema: the forced script decides the call).
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"city": {"type": "string"}}}}}]
+
+
+def chat_of(case: Case) -> Mapping[str, Any] | None:
+    """The case's chat settings, or None for a completions case."""
+    chat = case.inputs.get("chat")
+    return chat if isinstance(chat, Mapping) else None
+
+
+def template_of(case: Case) -> str:
+    chat = chat_of(case) or {}
+    return chat.get("template", "chatml")
+
+
+def chat_variants(cases: Iterable[Case], runnable: Any) -> list[Case]:
+    """`chat/<id>` (ChatML) of every case `runnable(case)` accepts that is not a chat case already,
+    and `chat-bos/<id>` of the byte-table ones (their tokenizer holds every byte). Cases that ask
+    for what a chat request has not (`echo`) or judge several choices (`n`) stay completions cases."""
+    from ...runtime.openai_schema import FIELDS
+
+    out = []
+    for case in cases:
+        fields = case.inputs.get("request", {})
+        if chat_of(case) is not None or not runnable(case) or set(fields) - set(FIELDS[True]) \
+                or fields.get("n", 1) != 1:
+            continue
+        for template, prefix in (("chatml", "chat"), ("bos", "chat-bos")):
+            if template == "bos" and case.fixture:
+                continue
+            out.append(attrs.evolve(case, id=f"{prefix}/{case.id}", inputs={**case.inputs, "chat": {"template": template}},
+                                    path=None))
+    return out
+
+
+@attrs.frozen
+class ChatExpected:
+    """The reference's chat answer: each channel's text, the calls (name, arguments as JSON), the
+    wire finish reason, and what the completions judgement needs (`res`)."""
+
+    content: str
+    reasoning: str
+    calls: tuple[tuple[str, Any], ...]
+    finish_reason: str | None
+    selected: int
+    by_tool_token: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"content": self.content, "reasoning_content": self.reasoning,
+                "tool_calls": [{"name": n, "arguments": a} for n, a in self.calls], "finish_reason": self.finish_reason,
+                "selected_tokens": self.selected}
+
+
+def expected_chat(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[int],
+                  max_tokens: int | None = None) -> ChatExpected:
+    """The reference on (tok, prompt, script), its deltas split as decodespec serve splits them."""
+    chat = chat_of(case) or {}
+    tools = bool(chat.get("tools"))
+    close = tool_close_token(tok, tok.vocab_size) if tools else None
+    at = case if max_tokens is None else attrs.evolve(case, inputs={**case.inputs, "max_tokens": max_tokens})
+    res = reference_on(at, tok, prompt, script, finish_tokens={"tool_call": [close]} if close is not None else None)
+    split = Splitter(reasoning=bool(chat.get("reasoning")), tools=tools)
+    utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+    parts = [p for e in res.events if e.kind == "response.delta" for p in split.push(utf8.decode(bytes(e.data["bytes"])))]
+    finished = res.state.name == "FINISHED"
+    by_token = finished and res.finish_reason.value == "tool_calls"
+    parts += split.push(utf8.decode(b"", final=True)) + split.finish(by_token)
+    got = merged(parts)
+    wire = wire_finish(OPENAI_FINISH[res.finish_reason], split) if finished else None
+    return ChatExpected(got["content"], got["reasoning"], tuple((c.name, json.loads(c.arguments)) for c in got["calls"]),
+                        wire, res.usage.selected_tokens, by_token)
+
+
+def request_body(a: OpenAIAdapter, case: Case, message: str, max_tokens: int) -> dict[str, Any]:
+    chat = chat_of(case) or {}
+    body: dict[str, Any] = {"model": a.model, "messages": [{"role": "user", "content": message}],
+                            "max_tokens": max_tokens, "temperature": 0}
+    if case.inputs.get("stop"):
+        body["stop"] = list(case.inputs["stop"])
+    if case.inputs.get("stop_token_ids"):
+        body["stop_token_ids"] = [s[0] for s in case.inputs["stop_token_ids"]]
+    if chat.get("tools"):
+        body["tools"] = TOOLS
+    if not chat.get("reasoning"):  # a server whose parser assumes the model thinks is told it does not
+        body["chat_template_kwargs"] = {"enable_thinking": False}
+    body.update(case.inputs.get("request", {}))
+    return body
+
+
+@attrs.frozen
+class ChatObserved:
+    """One chat answer's channels: None where the answer does not show them."""
+
+    content: str | None
+    reasoning: str | None
+    calls: tuple[tuple[str, Any], ...] | None
+    finish_reason: str | None
+    completion_tokens: int | None
+    prompt_tokens: int | None
+    leaks: tuple[tuple[str, str], ...] = ()  # (field, chunk text) of chunks holding a tag or a piece of one
+    half_calls: tuple[str, ...] = ()
+
+
+def _calls(raw: Any) -> tuple[tuple[str, Any], ...] | None:
+    out = []
+    for c in raw or []:
+        fn = (c or {}).get("function") or {}
+        try:
+            args = json.loads(fn.get("arguments") or "null")
+        except ValueError:
+            args = fn.get("arguments")  # not JSON: kept as the text, compared as such
+        out.append((fn.get("name"), args))
+    return tuple(out)
+
+
+def observe_message(status: int, data: Any) -> ChatObserved | None:
+    choice = ((data or {}).get("choices") or [{}])[0] if isinstance(data, dict) else {}
+    msg = choice.get("message") if isinstance(choice, dict) else None
+    if status != 200 or not isinstance(msg, dict):
+        return None
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    return ChatObserved(msg.get("content") or "", msg.get("reasoning_content") or msg.get("reasoning") or "",
+                        _calls(msg.get("tool_calls")), choice.get("finish_reason"), usage.get("completion_tokens"),
+                        usage.get("prompt_tokens"))
+
+
+def observe_stream(st: Streamed) -> ChatObserved | None:
+    """The stream's channels: each the concatenation of its deltas, tool-call argument fragments
+    joined per call index (OpenAI streams a call's arguments in pieces)."""
+    if st.status != 200:
+        return None
+    content, reasoning, leaks = [], [], []
+    calls: dict[int, list[Any]] = {}
+    reasons = []
+    for chunk in st.chunks:
+        for choice in chunk.get("choices") or []:
+            d = choice.get("delta") or {}
+            for field, into in (("content", content), ("reasoning_content", reasoning), ("reasoning", reasoning)):
+                text = d.get(field)
+                if isinstance(text, str) and text:
+                    into.append(text)
+                    if any(_has_fragment(text, t) for t in TAGS):
+                        leaks.append((field, text))
+            for t in d.get("tool_calls") or []:
+                slot = calls.setdefault(int(t.get("index", 0)), [None, ""])
+                fn = t.get("function") or {}
+                slot[0] = slot[0] or fn.get("name")
+                slot[1] += fn.get("arguments") or ""
+            if choice.get("finish_reason"):
+                reasons.append(choice["finish_reason"])
+    parsed, half = [], []
+    for i in sorted(calls):
+        name, args = calls[i]
+        try:
+            parsed.append((name, json.loads(args)))
+        except ValueError:
+            half.append(f"call {i} ({name}): arguments {args!r} are not whole JSON")
+            parsed.append((name, args))
+    usage = st.usage or {}
+    return ChatObserved("".join(content), "".join(reasoning), tuple(parsed), reasons[-1] if reasons else None,
+                        usage.get("completion_tokens"), usage.get("prompt_tokens"), tuple(leaks), tuple(half))
+
+
+def _has_fragment(text: str, tag: str) -> bool:
+    """Whether `text` holds `tag`, or begins or ends with a piece of it at least 3 characters long
+    (a tag split across chunks: `<th`, `ink>`)."""
+    if tag in text:
+        return True
+    return any(text.endswith(tag[:k]) or text.startswith(tag[-k:]) for k in range(3, len(tag)))
+
+
+def judge_chat(exp: ChatExpected, obs: ChatObserved | None, where: str) -> list[Finding]:
+    """Each channel, the calls and the finish reason of one answer against the reference."""
+    if obs is None:
+        return [finding("refused", f"the {where} was not a chat answer; the reference finishes ({exp.finish_reason})")] \
+            if exp.finish_reason else []
+    f = []
+    if obs.content != exp.content:
+        f.append(finding("chat_content", f"{where}: content {obs.content!r}, the reference's {exp.content!r}"))
+    if obs.reasoning != exp.reasoning:
+        f.append(finding("chat_reasoning", f"{where}: reasoning_content {obs.reasoning!r}, the reference's {exp.reasoning!r}"))
+    if obs.calls is not None and obs.calls != exp.calls:
+        f.append(finding("chat_tool_calls", f"{where}: tool_calls {list(obs.calls)}, the reference's {list(exp.calls)}"))
+    if obs.half_calls:
+        f.append(finding("chat_half_call", f"{where}: {'; '.join(obs.half_calls)}"))
+    # A chunk with tag text the reference's channel does not hold there (D45: a cut call is content, tags included).
+    leaked = [f"{field} chunk {text!r}" for field, text in obs.leaks
+              if text not in (exp.content if field == "content" else exp.reasoning)]
+    if leaked:
+        f.append(finding("chat_tag_leaked", f"{where}: {'; '.join(leaked[:4])}"))
+    if exp.finish_reason and obs.finish_reason != exp.finish_reason:
+        f.append(finding("chat_finish", f"{where}: finish_reason {obs.finish_reason!r}, the reference's "
+                                        f"{exp.finish_reason!r}"))
+    n = obs.completion_tokens
+    # D15: the EOS (or the tool-call token's following EOS) may be counted or not.
+    ok = {exp.selected, exp.selected - 1} if exp.finish_reason == "stop" else {exp.selected}
+    if exp.by_tool_token:
+        ok = {exp.selected, exp.selected + 1}  # an engine that runs on to the EOS after </tool_call>
+    if n is not None and exp.finish_reason and n not in ok:
+        f.append(finding("usage_mismatch", f"{where}: completion_tokens {n}, the reference selects {exp.selected}"))
+    return f
+
+
+def run_chat(a: OpenAIAdapter, case: Case) -> Outcome:
+    """Send a chat case both ways and judge each channel against the reference (see module)."""
+    prog = a.checkpoint.programs[case.id]
+    info = a.checkpoint.chat.get(case.id)
+    if info is None:
+        return Outcome(skip=f"the checkpoint {a.checkpoint.group} has no chat template for {case.id}")
+    tok = a.checkpoint.tokenizer
+    exp = expected_chat(case, tok, prog.prompt, prog.script)
+    body = request_body(a, case, info["message"], case.max_tokens)
+    status, data, raw = a.post(PATH, {**body, "stream": False})
+    if 400 <= status < 500 and (case.inputs.get("request") or chat_of(case).get("tools")):
+        return Outcome(skip=f"the server refuses the request's fields: {raw[:240]!r}")
+    st = a.stream_body(PATH, {**body, "stream": True, "stream_options": {"include_usage": True}})
+    whole, streamed = observe_message(status, data), observe_stream(st)
+    sent = whole.prompt_tokens if whole else None
+    if whole is not None and sent != info["prompt_tokens"]:
+        return Outcome(skip=f"the server made {sent} prompt tokens of the message; transformers' apply_chat_template "
+                            f"makes {info['prompt_tokens']}: the forced checkpoint steers only the prompt it was built for")
+    findings = judge_chat(exp, whole, "non-streamed answer") + judge_chat(exp, streamed, "stream")
+    if whole is not None and streamed is not None and (whole.content, whole.reasoning) != (streamed.content,
+                                                                                         streamed.reasoning):
+        findings.append(finding("stream_vs_batch", f"stream {streamed.content!r}/{streamed.reasoning!r} against "
+                                                   f"non-stream {whole.content!r}/{whole.reasoning!r}"))
+    if chat_of(case).get("sweep"):
+        findings += sweep_chat(a, case, info)
+    return Outcome(output=(whole.content.encode() if whole else None), finish_reason=whole.finish_reason if whole else None,
+                   findings=tuple(merge(findings) + wire_findings(st, include_usage=exp.finish_reason is not None)),
+                   judged=True, reference=exp.to_json(),
+                   not_checked=() if whole is None or whole.completion_tokens is not None else
+                   ("usage.completion_tokens (not reported)",),
+                   notes=(f"checkpoint {a.checkpoint.group}; chat template {template_of(case)}; prompt "
+                          f"{info['prompt_tokens']} tokens, program ids {list(prog.prompt)}; script ids {list(prog.script)}",))
+
+
+def sweep_chat(a: OpenAIAdapter, case: Case, info: Mapping[str, Any]) -> list[Finding]:
+    """§4.3: the case at every max_tokens up to its script's length (a limit inside the reasoning,
+    inside a tag, inside a call), each judged against the reference at that limit."""
+    prog = a.checkpoint.programs[case.id]
+    out: list[Finding] = []
+    for k in range(1, len(prog.script) + 1):
+        if k == case.max_tokens:
+            continue
+        exp = expected_chat(case, a.checkpoint.tokenizer, prog.prompt, prog.script, max_tokens=k)
+        body = request_body(a, case, info["message"], k)
+        log: list[dict[str, Any]] = []
+        status, data, raw = a.post(PATH, {**body, "stream": False}, log)
+        st = a.stream_body(PATH, {**body, "stream": True}, log=log)
+        found = judge_chat(exp, observe_message(status, data), f"at max_tokens={k}, non-streamed answer") + \
+            judge_chat(exp, observe_stream(st), f"at max_tokens={k}, stream")
+        if found:
+            a.log_exchanges(log)
+            out += found
+    return out

@@ -1,0 +1,48 @@
+"""Send chosen chat requests to a running server on a chat checkpoint and print the raw exchange
+(the non-streamed message, or each SSE delta with its finish_reason): how the failures of
+reports/vllm-chat/confirmed.md were confirmed by hand (issue 25).
+
+    .venv/bin/python scripts/peers/chat_by_hand.py URL CHECKPOINT_FOLDER
+"""
+import json
+import sys
+
+import httpx
+
+from decodespec.properties.conformance.chat import TOOLS
+
+url, folder = sys.argv[1], sys.argv[2]
+man = json.load(open(f"{folder}/decodespec-checkpoint.json"))
+model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
+def ask(cid, stream, **kw):
+    msg = man["chat"][cid]["message"]
+    body = {"model": model, "messages": [{"role": "user", "content": msg}], "temperature": 0, **kw}
+    if stream:
+        body["stream"] = True
+    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+    print(f"### {cid} {'stream' if stream else 'non-stream'} {json.dumps(kw)}")
+    print("request:", json.dumps(body, ensure_ascii=False))
+    if stream:
+        for line in r.text.splitlines():
+            if line.startswith("data:"):
+                try:
+                    d = json.loads(line[5:])
+                    ch = (d.get("choices") or [{}])[0]
+                    print("  data delta:", json.dumps(ch.get("delta"), ensure_ascii=False), "finish:", ch.get("finish_reason"), "usage:", d.get("usage"))
+                except ValueError:
+                    print("  ", line)
+    else:
+        d = r.json()
+        ch = d["choices"][0]
+        print("  message:", json.dumps(ch["message"], ensure_ascii=False), "finish:", ch["finish_reason"], "usage:", d["usage"])
+    print()
+off = {"chat_template_kwargs": {"enable_thinking": False}}
+ask("chat/reasoning/split-tags/001", False, max_tokens=8)
+ask("chat/reasoning/split-tags/001", True, max_tokens=8)
+ask("chat/reasoning/special-tags/001", True, max_tokens=6)
+ask("chat/tool-call/special-tags/001", False, max_tokens=3, tools=TOOLS, **off)
+ask("chat/tool-call/special-tags/001", True, max_tokens=2, tools=TOOLS, **off)
+ask("chat/tool-call/special-tags/001", False, max_tokens=4, tools=TOOLS, **off)
+ask("chat/tool-call/special-tags/001", True, max_tokens=4, tools=TOOLS, **off)
+ask("chat/tool-call/stop-inside-json/001", True, max_tokens=5, tools=TOOLS, stop=["Paris"], **off)
+ask("chat/finish/ignore-eos/001", False, max_tokens=4, ignore_eos=True, **off)

@@ -1,0 +1,101 @@
+"""Script cases on /v1/chat/completions (issue 25; §4.3-§4.7, DECISIONS D45-D47): chat checkpoints
+carry a chat template (ChatML; one with a BOS and a generation prompt), their programs are placed by
+transformers' apply_chat_template and proved with transformers generate on the templated prompt,
+and `decodespec serve` with its parsers passes every chat case, reasoning and tool calls included."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from decodespec.properties.conformance.adapters.openai import OpenAIAdapter
+from decodespec.properties.conformance.cases import load_cases
+from decodespec.properties.conformance.chat import TEMPLATES, expected_chat
+from decodespec.properties.conformance.checkpoints import build_group, group_of, http_blocker, prove, with_chat
+from decodespec.properties.conformance.runner import Verdict, run_cases
+from decodespec.properties.conformance.adapters.base import case_prompt, case_script, table_tokenizer
+
+# The chapter's cases CI runs on chat (every HTTP-runnable one runs in `decodespec conform` on the
+# built set): stops across tokens, split characters, invalid bytes, the limit inside a character, EOS.
+CHAPTER = ("stop/cross-token/001", "stop/multi-byte/001", "stop/overlap/001", "stop/last-token/001",
+           "detok/utf8-split/001", "detok/invalid/002", "finish/eos-hidden/001", "finish/length/001",
+           "usage/stop/001", "stop/hold-back/001")
+
+
+@pytest.fixture(scope="module")
+def chat_set(tmp_path_factory):
+    """The two byte-table chat checkpoints: ChatML (the chat case files and the chapter cases above)
+    and the BOS template (the chapter cases), each proved by transformers generate."""
+    cases = with_chat(load_cases(["chat/", *CHAPTER]))
+    picked = [c for c in cases if http_blocker(c) is None and (c.id.startswith(("chat/reasoning", "chat/tool-call"))
+                                                               or c.id.removeprefix("chat-bos/").removeprefix("chat/") in CHAPTER)
+              and c.id != c.id.removeprefix("chat")]
+    out = tmp_path_factory.mktemp("chat")
+    groups = {}
+    for c in picked:
+        groups.setdefault(group_of(c), []).append(c)
+    return {g: (build_group(g, cs, out / g), cs) for g, cs in sorted(groups.items())}
+
+
+def test_chat_programs_are_placed_by_the_template_and_proved_by_transformers(chat_set):
+    """Every chat program's prompt is apply_chat_template's from the marker on, behind the template's
+    opening (a BOS for the second), and transformers generate follows it on the whole templated prompt."""
+    assert set(chat_set) == {"byte_table-chatml", "byte_table-bos"}
+    for group, (ck, cases) in chat_set.items():
+        tok = ck.tokenizer
+        bos = TEMPLATES[group.rsplit("-", 1)[1]].bos
+        for c in cases:
+            info = ck.chat[c.id]
+            ids = info["ids"]
+            assert ids[-len(ck.programs[c.id].prompt):] == list(ck.programs[c.id].prompt)
+            assert len(ids) > len(ck.programs[c.id].prompt)  # the template's opening stands before the marker
+            assert (tok.id_to_token(ids[0]) == bos) if bos else tok.id_to_token(ids[0]) == "<|im_start|>"
+        assert "followed exactly" in prove(ck, ("float32",))
+
+
+def test_the_case_files_chat_expectations_are_the_references_split():
+    """D15 for chat: each chat case file's stated answer (content, reasoning, calls, finish) is the
+    reference's on the case's own tokenizer, split by spec/channels.toml."""
+    for case in load_cases(["chat/"]):
+        tok = table_tokenizer(case.tokenizer_spec)
+        exp = expected_chat(case, tok, case_prompt(case, tok), case_script(case, tok))
+        want = json.loads(case.path.read_text(encoding="utf-8"))["expect"]["chat"]
+        got = {"content": exp.content, "reasoning": exp.reasoning,
+               "tool_calls": [{"name": n, "arguments": a} for n, a in exp.calls], "finish_reason": exp.finish_reason}
+        assert got == want, case.id
+
+
+@pytest.fixture(scope="module")
+def served(chat_set, app_server):
+    from decodespec.runtime.engine import Engine
+    from decodespec.runtime.hfmodel import HFModel
+    from decodespec.runtime.server import create_app
+    from decodespec.runtime.tokenizers import HFTokenizer
+
+    def start(group: str, **parsers) -> str:
+        ck = chat_set[group][0]
+        return app_server(create_app(Engine(HFModel(ck.folder), HFTokenizer(ck.folder)), **parsers))
+
+    return start
+
+
+@pytest.mark.parametrize("group", ["byte_table-chatml", "byte_table-bos"])
+def test_decodespec_serve_passes_every_chat_case(chat_set, served, group):
+    """Content, reasoning_content and tool calls, streamed and not, every limit swept for the
+    reasoning and tool cases, usage.prompt_tokens as transformers counts the templated prompt."""
+    ck, cases = chat_set[group]
+    url = served(group, reasoning_parser=True, tool_parser=True)
+    results = run_cases(OpenAIAdapter(url, checkpoint=ck), cases)
+    assert [r.verdict for r in results] == [Verdict.PASS] * len(cases), [
+        (r.case.id, r.verdict.value, r.reason, [f.message for f in r.failures]) for r in results if r.verdict is not Verdict.PASS]
+
+
+def test_a_server_without_the_parsers_fails_the_reasoning_and_tool_cases(chat_set, served):
+    """The cases can fail: with every tag left in the content, reasoning and calls are missing."""
+    ck, cases = chat_set["byte_table-chatml"]
+    mine = [c for c in cases if c.id in ("chat/reasoning/special-tags/001", "chat/tool-call/text-before/001")]
+    results = {r.case.id: r for r in run_cases(OpenAIAdapter(served("byte_table-chatml"), checkpoint=ck, sweep=False), mine)}
+    assert results["chat/reasoning/special-tags/001"].first_invariant == "pieces_once"
+    assert {f.invariant for f in results["chat/reasoning/special-tags/001"].failures} >= {"reasoning_is_bracketed"}
+    assert results["chat/tool-call/text-before/001"].verdict is Verdict.SKIP  # tools refused: n/a, with the reason
