@@ -132,7 +132,8 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], list_only: 
         if engine is not None:
             raise click.BadParameter("give either --engine or --launch", param_hint="--launch")
         folders = _checkpoint_folders(checkpoints)
-        return _conform_launched(cases, folders, launch, (launch_context, launch_tight), launch_timeout, frozenset(without), jobs,
+        return _conform_launched(cases, folders, launch, (launch_context, launch_tight), launch_timeout,
+                                 frozenset(without), jobs,
                                  model, name or "launched", report_dir, policy, dry_run, console, t0)
     if engine is None:
         raise click.UsageError("--engine is required (or --launch CMD with --checkpoint)")

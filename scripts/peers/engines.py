@@ -12,7 +12,7 @@ item 6): their verdicts must equal the float32 ones. `context` starts the engine
 {context} tokens (`conform --launch-context`). `tight` (issue 24, `conform --launch-tight`) starts it
 with its concurrency limited to TIGHT_SLOTS sequences (the `slots` of the cases that ask for it) and a
 KV budget too small for that many long scripts (480 tokens each), so that the load must preempt:
-vLLM's KV blocks (`--num-gpu-blocks-override`, 16 tokens a block), decodespec's
+vLLM's KV blocks (`--num-gpu-blocks-override`, with `--block-size 32`: its CPU default is 128), decodespec's
 `--cache-budget-tokens`; llama.cpp has no preemption (a slot owns its share of `--ctx-size`), so its
 tight server only limits the slots and turns /metrics on; llama-cpp-python serves one request at a time.
 """
@@ -24,7 +24,9 @@ import sys
 TIGHT_SLOTS = 4
 # 1,024 tokens of KV for TIGHT_SLOTS sequences of up to 482: two long scripts fit, four do not.
 TIGHT_KV_TOKENS = 1024
-_VLLM_TIGHT = f"--max-num-seqs {TIGHT_SLOTS} --num-gpu-blocks-override {TIGHT_KV_TOKENS // 16}"
+_VLLM_TIGHT = f"--max-num-seqs {TIGHT_SLOTS} --block-size 32 --num-gpu-blocks-override {TIGHT_KV_TOKENS // 32}"
+# Behind a router each of the two workers has half: the pair has TIGHT_SLOTS places (one long script fits a worker's KV).
+_PAIR_TIGHT = f"--max-num-seqs {TIGHT_SLOTS // 2} --block-size 32 --num-gpu-blocks-override {TIGHT_KV_TOKENS // 64}"
 
 ENGINES: dict[str, dict[str, str]] = {
     "decodespec-serve": {
@@ -107,6 +109,27 @@ ENGINES: dict[str, dict[str, str]] = {
         "launch": "scripts/peers/llama_cpp.sh serve-python {gguf} {port}",
         "context": "SERVE_ARGS='--n_ctx {context}' scripts/peers/llama_cpp.sh serve-python {gguf} {port}",
         "tight": "scripts/peers/llama_cpp.sh serve-python {gguf} {port}",
+    },
+    # issue 24 item 7: two vLLM workers (float32) behind a router, started and stopped as one server
+    "vllm-router": {
+        "install": "scripts/peers/routers.sh install",
+        "gguf": "",
+        "without": "",
+        "model": "",
+        "jobs": "4",
+        "launch": "scripts/peers/routers.sh serve vllm-router {model} {port}",
+        "context": "scripts/peers/routers.sh serve vllm-router {model} {port} --max-model-len {context}",
+        "tight": f"scripts/peers/routers.sh serve vllm-router {{model}} {{port}} {_PAIR_TIGHT}",
+    },
+    "smg": {
+        "install": "scripts/peers/routers.sh install",
+        "gguf": "",
+        "without": "",
+        "model": "",
+        "jobs": "4",
+        "launch": "scripts/peers/routers.sh serve smg {model} {port}",
+        "context": "scripts/peers/routers.sh serve smg {model} {port} --max-model-len {context}",
+        "tight": f"scripts/peers/routers.sh serve smg {{model}} {{port}} {_PAIR_TIGHT}",
     },
     "transformers-serve": {
         "install": ".venv/bin/pip install -q -e .[peers]",

@@ -197,7 +197,8 @@ def running(sample: Mapping[str, float]) -> dict[str, float]:
 
 
 def preemptions(sample: Mapping[str, float] | None) -> dict[str, float]:
-    return {k: v for k, v in (sample or {}).items() if PREEMPTED.search(k)}
+    """The preemption counters (a histogram's buckets, count and sum left out)."""
+    return {k: v for k, v in (sample or {}).items() if PREEMPTED.search(k) and not k.endswith(("_bucket", "_count", "_sum"))}
 
 
 @attrs.define
@@ -209,6 +210,7 @@ class Gauges:
     peak: dict[str, float] = attrs.field(factory=dict)
     last: dict[str, float] = attrs.field(factory=dict)
     samples: int = 0
+    slots: bool = True  # the server answers /slots (asked until it does not)
 
     @contextmanager
     def sampling(self) -> Iterator[Gauges]:
@@ -230,8 +232,10 @@ class Gauges:
 
     def take(self, c: httpx.Client) -> dict[str, float]:
         now = running(read_metrics(c) or {})
-        if (busy := busy_slots(c)) is not None:
+        if self.slots and (busy := busy_slots(c)) is not None:
             now["/slots is_processing"] = float(busy)
+        else:
+            self.slots = False
         self.samples += 1
         self.last = now
         for k, v in now.items():

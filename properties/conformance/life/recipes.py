@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 # The model-checked properties (`decodespec check`, machine/checker.py: every interleaving of the
 # tables, with a scheduler that parks, preempts and resumes) each black-box recipe approximates.
 MODEL_CHECKED: Mapping[str, tuple[str, ...]] = {
-    "batch_exact": ("refinement", "seq_contiguous", "single_terminal_event"),  # §4.8, checked with 2-3 requests sharing places
+    # §4.8: checked with 2-3 requests sharing the batch's places
+    "batch_exact": ("refinement", "seq_contiguous", "single_terminal_event"),
     "terminal_under_load": ("single_terminal_event", "terminal_after_all_deltas", "no_delta_after_terminal"),  # §4.7
     "preemption": ("refinement", "seq_contiguous", "release_exactly_once"),  # §4.8: preempt and resume
     "disconnect_frees": ("no_leak", "release_exactly_once", "slot_reused_after_release"),  # §4.10 (witness)
@@ -199,8 +200,9 @@ def _load(a: OpenAIAdapter, case: Case, recipe: str, *, streamed: str,
     _sample(got, a)
     streams = sum(j.stream for j in jobs)
     notes = [f"{n} requests at once ({streams} streamed, {n - streams} not) over {len(programs)} programs "
-             f"({sum(j.name == LONG for j in jobs)} of them {long_tokens(a, case)} tokens of the long program); all answered in {wall:.1f} s; at most {overlap(got)} streams were sending deltas at one "
-             f"instant; {gauges.note()}",
+             f"({sum(j.name == LONG for j in jobs)} of them {long_tokens(a, case)} tokens of the long program); "
+             f"all answered in {wall:.1f} s; at most {overlap(got)} streams were sending deltas at one instant; "
+             f"{gauges.note()} (other cases may run beside this one)",
              f"{len(found)} finding(s) against the same requests alone" if found else
              "every answer equals the same request's answer alone"]
     if judge is not None and (out := judge(found, notes, before, after)) is not None:
@@ -334,7 +336,8 @@ def disconnect_frees(a: OpenAIAdapter, case: Case) -> Outcome:
     m, found = got
     if m["late"]:
         found.append(finding("slot_leaked", f"new stream(s) {m['late']} of {m['slots']} did not start within "
-                                            f"{m['bound_s']:g} s of the last disconnect: the abandoned places were not freed"))
+                                            f"{m['bound_s']:g} s of the last disconnect: the abandoned places were "
+                                            "not freed"))
     return _outcome(merge(found), [_abandon_note(m)], "disconnect_frees")
 
 
