@@ -25,8 +25,9 @@ TIGHT_SLOTS = 4
 # 1,024 tokens of KV for TIGHT_SLOTS sequences of up to 482: two long scripts fit, four do not.
 TIGHT_KV_TOKENS = 1024
 _VLLM_TIGHT = f"--max-num-seqs {TIGHT_SLOTS} --block-size 32 --num-gpu-blocks-override {TIGHT_KV_TOKENS // 32}"
-# Behind a router each of the two workers has half: the pair has TIGHT_SLOTS places (one long script fits a worker's KV).
-_PAIR_TIGHT = f"--max-num-seqs {TIGHT_SLOTS // 2} --block-size 32 --num-gpu-blocks-override {TIGHT_KV_TOKENS // 64}"
+# Behind a router each of the two workers has half: the pair has TIGHT_SLOTS places; a worker's KV holds one
+# long script (vLLM keeps one block back: 17 blocks serve its 512-token context, 16 do not).
+_PAIR_TIGHT = f"--max-num-seqs {TIGHT_SLOTS // 2} --block-size 32 --num-gpu-blocks-override {TIGHT_KV_TOKENS // 64 + 1}"
 
 ENGINES: dict[str, dict[str, str]] = {
     "decodespec-serve": {
