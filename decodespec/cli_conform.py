@@ -85,6 +85,10 @@ def report_name(engine: str) -> str:
 @click.option("--launch-context", "launch_context", default=None, metavar="CMD",
               help="With --launch: the command that starts the server with a context length of {context} tokens "
                    "(the other fields as --launch), for the cases with a context limit (§4.3, D10).")
+@click.option("--launch-tight", "launch_tight", default=None, metavar="CMD",
+              help="With --launch: the command that starts the server with its concurrency limited and a KV budget "
+                   "too small for the load (the other fields as --launch), for the cases that ask for it (§4.8-§4.10: "
+                   "preemption, a disconnect that frees its place).")
 @click.option("--launch-timeout", type=click.FloatRange(min=1), default=600, show_default=True,
               help="Seconds a launched server may take to answer /v1/models.")
 @click.option("--without", "without", multiple=True, type=click.Choice(["stop_token_ids"]),
@@ -92,7 +96,8 @@ def report_name(engine: str) -> str:
 @click.option("-j", "--jobs", default=1, show_default=True, type=click.IntRange(1, 64), help="Cases run at once (threads).")
 def conform(engine: str, model: str | None, select: tuple[str, ...], list_only: bool, dry_run: bool,
             expect_file: Path | None, strict: bool, report_dir: Path | None, name: str | None,
-            checkpoints: tuple[Path, ...], launch: str | None, launch_context: str | None, launch_timeout: float,
+            checkpoints: tuple[Path, ...], launch: str | None, launch_context: str | None, launch_tight: str | None,
+            launch_timeout: float,
             without: tuple[str, ...],
             jobs: int) -> None:
     """Run the conformance cases (§4.3-§4.10) against ENGINE and report per case."""
@@ -123,13 +128,15 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], list_only: 
         except CaseError as exc:
             raise click.BadParameter(f"{expect_file}: {exc}", param_hint="--expect") from None
     policy = (known, strict)
-    if launch_context is not None and launch is None:
-        raise click.BadParameter("--launch-context goes with --launch", param_hint="--launch-context")
+    for given, hint in ((launch_context, "--launch-context"), (launch_tight, "--launch-tight")):
+        if given is not None and launch is None:
+            raise click.BadParameter(f"{hint} goes with --launch", param_hint=hint)
     if launch is not None:
         if engine is not None:
             raise click.BadParameter("give either --engine or --launch", param_hint="--launch")
         folders = _checkpoint_folders(checkpoints)
-        return _conform_launched(cases, folders, launch, launch_context, launch_timeout, frozenset(without), jobs,
+        return _conform_launched(cases, folders, launch, (launch_context, launch_tight), launch_timeout,
+                                 frozenset(without), jobs,
                                  model, name or "launched", report_dir, policy, dry_run, console, t0)
     if engine is None:
         raise click.UsageError("--engine is required (or --launch CMD with --checkpoint)")
@@ -175,7 +182,7 @@ def _checkpoint_folders(given: tuple[Path, ...]) -> list[Path]:
     return out
 
 
-def _conform_launched(cases, folders, launch, launch_context, timeout_s, without, jobs, model, label, report_dir,
+def _conform_launched(cases, folders, launch, extra_launch, timeout_s, without, jobs, model, label, report_dir,
                       policy, dry_run, console, t0) -> None:
     from .properties.conformance.checkpoints import Checkpoint
     from .properties.conformance.launch import run_launched
@@ -187,7 +194,8 @@ def _conform_launched(cases, folders, launch, launch_context, timeout_s, without
         return
     log_dir = Path(".cache/peers/logs") / label
     results = run_launched(cases, folders, launch, log_dir=log_dir, without=without, jobs=jobs, model=model,
-                           timeout_s=timeout_s, on_result=Ticker(len(cases), label), context_command=launch_context)
+                           timeout_s=timeout_s, on_result=Ticker(len(cases), label), context_command=extra_launch[0],
+                           tight_command=extra_launch[1])
     _finish(results, label, report_dir, policy, console, t0)
 
 

@@ -47,6 +47,13 @@ MANIFEST = "decodespec-checkpoint.json"
 # cut their probes from, then EOS, so they need no natural-language model.
 RECIPE = "recipe"
 RECIPE_TEXT = "Once upon a time, a café in 東京 served tea; the end."
+# The long program (issue 24): a script of LONG_TOKENS plain ASCII tokens, then EOS, that the
+# request-life recipes (properties/conformance/life) stream, cut, resume and run side by side.
+LONG = "long"
+LONG_TOKENS = 480
+# Programs of a checkpoint that no case owns.
+OWNLESS = frozenset({RECIPE, LONG})
+SHORT_RUN = 128  # proof runs up to this many tokens share one batch; longer ones have their own
 FORMAT = "decodespec-forced/2"
 TABLE_GROUP = "byte_table"
 ANCHOR = "<|decodespec-anchor|>"
@@ -212,6 +219,16 @@ def echo_tokens(tok: HFTokenizer, eos_id: int) -> list[int]:
                     f"probe needs {PROBE_MAX + 1}")
 
 
+def long_script(tok: HFTokenizer) -> list[int]:
+    """LONG_TOKENS ids of numbered ASCII words (every tokenizer spells them, none ends a character
+    early), so a long stream's text says where it was cut."""
+    words = " ".join(f"w{i:03d}" for i in range(LONG_TOKENS))
+    ids = tok.encode(words)[:LONG_TOKENS]
+    if len(ids) < LONG_TOKENS:
+        raise CaseError(f"{tok.path}: the long program's text gives only {len(ids)} tokens")
+    return ids
+
+
 # ---- building and proving -------------------------------------------------------------------------
 
 
@@ -263,7 +280,7 @@ def load_set(folder: str | Path) -> dict[str, Checkpoint]:
     out: dict[str, Checkpoint] = {}
     for f in found:
         ck = Checkpoint.load(f)
-        out.update({cid: ck for cid in ck.programs if cid != RECIPE})
+        out.update({cid: ck for cid in ck.programs if cid not in OWNLESS})
     return out
 
 
@@ -322,8 +339,8 @@ def build_group(group: str, cases: Sequence[Case], folder: Path) -> Checkpoint:
 
     cases = sorted(cases, key=lambda c: c.id)
     markers = [_marker(i) for i in range(len(cases))]
-    recipe_marker = _marker(len(cases))
-    tok, eos_text = _group_tokenizer(group, cases, [*markers, recipe_marker, ANCHOR, PROBE])
+    recipe_marker, long_marker = _marker(len(cases)), _marker(len(cases) + 1)
+    tok, eos_text = _group_tokenizer(group, cases, [*markers, recipe_marker, long_marker, ANCHOR, PROBE])
     tmp = folder.with_name(folder.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -349,6 +366,8 @@ def build_group(group: str, cases: Sequence[Case], folder: Path) -> Checkpoint:
         programs.append(Program(case.id, mid, prompt, case_script(case, hf)))
     mid = rt.token_to_id(recipe_marker)
     programs.append(Program(RECIPE, mid, [mid, anchor], [*hf.encode(RECIPE_TEXT), eos_id]))
+    mid = rt.token_to_id(long_marker)
+    programs.append(Program(LONG, mid, [mid, anchor], [*long_script(hf), eos_id]))
     probe = Probe(rt.token_to_id(PROBE), echo_tokens(hf, eos_id))
     config, state = forced_llama(programs, rt.get_vocab_size(with_added_tokens=True), eos_id, anchor, probe)
     margins = check_margins(state, config, programs, eos_id, probe)
@@ -446,11 +465,14 @@ def prove(ckpt: Checkpoint, dtypes: Sequence[str] = DTYPES) -> str:
     from transformers import AutoModelForCausalLM
 
     runs = proof_runs(ckpt)
-    n = max(len(want) for _, _, want in runs)
+    # The long program generates alone: in one batch every run would be as long as it (on CPU in half
+    # precision, several times the cost of everything else).
+    batches = [b for b in ([r for r in runs if len(r[2]) <= SHORT_RUN], [r for r in runs if len(r[2]) > SHORT_RUN]) if b]
     for dtype in dtypes:
         model = AutoModelForCausalLM.from_pretrained(ckpt.folder, dtype=getattr(torch, dtype)).eval()
-        got = generate_batch(model, [prompt for _, prompt, _ in runs], n, ckpt.eos_id)
-        for (name, _, want), ids in zip(runs, got):
+        got = [ids for b in batches for ids in generate_batch(model, [prompt for _, prompt, _ in b],
+                                                               max(len(want) for _, _, want in b), ckpt.eos_id)]
+        for (name, _, want), ids in zip([r for b in batches for r in b], got):
             if ids[:len(want)] != want:
                 at = next(i for i, (a, b) in enumerate(zip(ids, want)) if a != b)
                 raise ProofError(f"{ckpt.folder.name} in {dtype}: {name} generated {ids[:len(want)]}, expected {want} "

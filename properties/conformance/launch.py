@@ -27,6 +27,8 @@ from .cases import Case, CaseKind
 from .checkpoints import Checkpoint, group_of, http_blocker, served_context
 from .runner import CaseResult, Verdict, run_cases
 
+TIGHT = -1  # the run of the tight server, among the runs by context length
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -88,14 +90,18 @@ def _refusal(folders: Sequence[Path], group: str) -> str:
 def run_launched(cases: Sequence[Case], folders: Sequence[Path], command: str, *, log_dir: Path,
                  without: frozenset[str] = frozenset(), jobs: int = 1, model: str | None = None,
                  timeout_s: float = 600.0, on_result: Callable[[CaseResult], None] | None = None,
-                 context_command: str | None = None) -> list[CaseResult]:
+                 context_command: str | None = None, tight_command: str | None = None) -> list[CaseResult]:
     """Every case, run on the server of the checkpoint it was compiled into (see module). A case
     with a context limit runs on a server of its own, started with `context_command` ({context}
-    filled in as well); without one it is n/a with the reason."""
+    filled in as well); a case that asks for the tight server (`"server": "tight"`: concurrency
+    limited, KV budget too small for the load; issue 24) runs, one at a time, on one started with
+    `tight_command`; without the command either is n/a with the reason."""
     ckpts = [Checkpoint.load(f) for f in folders]
     done: dict[str, CaseResult] = {}
     for i, ck in enumerate(ckpts):
         mine = [c for c in cases if c.id in ck.programs or (i == 0 and c.kind is CaseKind.BLACKBOX)]
+        tight = [c for c in mine if c.inputs.get("server") == "tight"]
+        mine = [c for c in mine if c not in tight]
         runs: list[tuple[str, int | None, list[Case]]] = [(command, None, [c for c in mine if "context_limit" not in c.inputs])]
         limits = sorted({n for c in mine if (n := served_context(c, ck)) is not None})
         if context_command:
@@ -103,15 +109,21 @@ def run_launched(cases: Sequence[Case], folders: Sequence[Path], command: str, *
                       [c for c in mine if served_context(c, ck) == n]) for n in limits]
         else:
             runs[0][2].extend(c for c in mine if "context_limit" in c.inputs)  # the adapter says why not
+        runs += [(tight_command, TIGHT, tight)] if tight_command else []
+        if not tight_command:
+            runs[0][2].extend(tight)  # the recipe says why not
         for cmd, context, todo in runs:
             if not todo:
                 continue
-            log = log_dir / f"{ck.group}{'' if context is None else f'-context-{context}'}.log"
+            suffix = "-tight" if context == TIGHT else "" if context is None else f"-context-{context}"
+            log = log_dir / f"{ck.group}{suffix}.log"
             try:
                 with launched(cmd, ck, log, timeout_s=timeout_s) as url:
                     name = model.format(model=ck.folder, name=ck.group) if model else None
-                    adapter = OpenAIAdapter(url, model=name, checkpoint=ck, without=without, launch=cmd, context=context)
-                    for r in run_cases(adapter, todo, jobs=jobs, on_result=on_result):
+                    adapter = OpenAIAdapter(url, model=name, checkpoint=ck, without=without, launch=cmd,
+                                            context=None if context == TIGHT else context, tight=context == TIGHT)
+                    # the tight server's cases time its places: one at a time
+                    for r in run_cases(adapter, todo, jobs=1 if context == TIGHT else jobs, on_result=on_result):
                         done[r.case.id] = r
             except RuntimeError as exc:
                 for c in todo:

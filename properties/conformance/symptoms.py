@@ -65,6 +65,13 @@ SYMPTOMS: Mapping[str, tuple[str, str, str]] = {
     "accepted_bad_input": ("refinement", SEMANTICS, "bad request accepted"),
     "unexpected_error": ("refinement", SEMANTICS, "error where the run finishes"),
     "gauge_stuck": ("no_leak", SEMANTICS, "running gauge stays up"),
+    # the request's life (issue 24): under load, after a disconnect, on a resume
+    "batch_mismatch": ("refinement", SEMANTICS, "answer differs under load"),
+    "slot_leaked": ("no_leak", SEMANTICS, "place not freed after a disconnect"),
+    "ran_on": ("no_select_after_cancel_observed", SEMANTICS, "decoding went on after the client left"),
+    "no_event_ids": ("reader_delivery_complete", SEMANTICS, "no SSE ids to resume from"),
+    "no_resume": ("reader_delivery_complete", SEMANTICS, "no resumption with Last-Event-ID"),
+    "resume_mismatch": ("reader_delivery_complete", SEMANTICS, "resumed stream loses or repeats events"),
     "wrong_state": ("refinement", SEMANTICS, "other terminal state"),
     "wrong_error": ("refinement", SEMANTICS, "other error"),
     "usage_mismatch": ("usage_consistent", SEMANTICS, "usage count differs"),

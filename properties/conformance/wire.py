@@ -160,6 +160,22 @@ def parse_sse(text: str, *, status: int = 200) -> Streamed:
     return out
 
 
+def terminal_findings(st: Streamed) -> list[Finding]:
+    """§4.7: exactly one terminal (a finish chunk, or an in-band error), and no text after it."""
+    if st.status != 200:
+        return []
+    out = []
+    ends = len(st.finish_reasons) + bool(st.error or st.error_events)
+    if ends != 1:
+        out.append(finding("two_terminals" if ends else "no_reason",
+                           f"{len(st.finish_reasons)} chunks carry a finish_reason ({st.finish_reasons})"
+                           + (f" and an error ({st.error or 'event: error'})" if st.error or st.error_events else "")
+                           + (" before [DONE]" if st.done else "")))
+    if st.content_after_finish:
+        out.append(finding("content_after_finish", f"content after the finish chunk: {st.content_after_finish}"))
+    return out
+
+
 def wire_findings(st: Streamed, *, include_usage: bool = False) -> list[Finding]:
     """The OpenAI stream conventions, each a "wire" finding (symptoms.WIRE_STATEMENTS)."""
     if st.status != 200:

@@ -47,6 +47,7 @@ for w in $(field without); do extra+=(--without "$w"); done
 [ -z "$(field model)" ] || extra+=(--model "$(field model)")
 extra+=(-j "$(field jobs)")
 [ -z "$(field context)" ] || extra+=(--launch-context "$(field context)")
+[ -z "$(field tight)" ] || extra+=(--launch-tight "$(field tight)")
 
 t0=$SECONDS
 rc=0

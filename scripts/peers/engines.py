@@ -8,12 +8,26 @@ model.gguf (llama.cpp's converter wrote it), {port} a free port on 127.0.0.1. `i
 f16 / bf16 write model-f16.gguf / model-bf16.gguf) or empty. `without` lists request fields the
 engine does not offer. `model` is the model name requests carry, when /v1/models does not list the
 served one first. The -fp16 / -bf16 entries serve the same checkpoints in half precision (issue 22
-item 6): their verdicts must equal the float32 ones.
+item 6): their verdicts must equal the float32 ones. `context` starts the engine with a context of
+{context} tokens (`conform --launch-context`). `tight` (issue 24, `conform --launch-tight`) starts it
+with its concurrency limited to TIGHT_SLOTS sequences (the `slots` of the cases that ask for it) and a
+KV budget too small for that many long scripts (480 tokens each), so that the load must preempt:
+vLLM's KV blocks (`--num-gpu-blocks-override`, with `--block-size 32`: its CPU default is 128), decodespec's
+`--cache-budget-tokens`; llama.cpp has no preemption (a slot owns its share of `--ctx-size`), so its
+tight server only limits the slots and turns /metrics on; llama-cpp-python serves one request at a time.
 """
 
 from __future__ import annotations
 
 import sys
+
+TIGHT_SLOTS = 4
+# 1,024 tokens of KV for TIGHT_SLOTS sequences of up to 482: two long scripts fit, four do not.
+TIGHT_KV_TOKENS = 1024
+_VLLM_TIGHT = f"--max-num-seqs {TIGHT_SLOTS} --block-size 32 --num-gpu-blocks-override {TIGHT_KV_TOKENS // 32}"
+# Behind a router each of the two workers has half: the pair has TIGHT_SLOTS places; a worker's KV holds one
+# long script (vLLM keeps one block back: 17 blocks serve its 512-token context, 16 do not).
+_PAIR_TIGHT = f"--max-num-seqs {TIGHT_SLOTS // 2} --block-size 32 --num-gpu-blocks-override {TIGHT_KV_TOKENS // 64 + 1}"
 
 ENGINES: dict[str, dict[str, str]] = {
     "decodespec-serve": {
@@ -24,6 +38,8 @@ ENGINES: dict[str, dict[str, str]] = {
         "jobs": "4",
         "launch": ".venv/bin/decodespec serve --port {port} --model {model}",
         "context": ".venv/bin/decodespec serve --port {port} --model {model} --context-limit {context}",
+        "tight": f".venv/bin/decodespec serve --port {{port}} --model {{model}} --max-batch {TIGHT_SLOTS} "
+                 f"--cache-budget-tokens {TIGHT_KV_TOKENS}",
     },
     "vllm": {
         "install": "scripts/peers/vllm.sh install",
@@ -33,6 +49,7 @@ ENGINES: dict[str, dict[str, str]] = {
         "jobs": "4",
         "launch": "scripts/peers/vllm.sh serve {model} {port}",
         "context": "scripts/peers/vllm.sh serve {model} {port} --max-model-len {context}",
+        "tight": f"scripts/peers/vllm.sh serve {{model}} {{port}} {_VLLM_TIGHT}",
     },
     "vllm-fp16": {
         "install": "scripts/peers/vllm.sh install",
@@ -42,6 +59,7 @@ ENGINES: dict[str, dict[str, str]] = {
         "jobs": "4",
         "launch": "scripts/peers/vllm.sh serve {model} {port} --dtype float16",
         "context": "scripts/peers/vllm.sh serve {model} {port} --dtype float16 --max-model-len {context}",
+        "tight": f"scripts/peers/vllm.sh serve {{model}} {{port}} --dtype float16 {_VLLM_TIGHT}",
     },
     "vllm-bf16": {
         "install": "scripts/peers/vllm.sh install",
@@ -51,6 +69,7 @@ ENGINES: dict[str, dict[str, str]] = {
         "jobs": "4",
         "launch": "scripts/peers/vllm.sh serve {model} {port} --dtype bfloat16",
         "context": "scripts/peers/vllm.sh serve {model} {port} --dtype bfloat16 --max-model-len {context}",
+        "tight": f"scripts/peers/vllm.sh serve {{model}} {{port}} --dtype bfloat16 {_VLLM_TIGHT}",
     },
     "llama-server": {
         "install": "scripts/peers/llama_cpp.sh install",
@@ -60,6 +79,7 @@ ENGINES: dict[str, dict[str, str]] = {
         "jobs": "4",
         "launch": "scripts/peers/llama_cpp.sh serve {gguf} {port}",
         "context": "SERVE_ARGS='--ctx-size {context} --parallel 1' scripts/peers/llama_cpp.sh serve {gguf} {port}",
+        "tight": f"SERVE_ARGS='--parallel {TIGHT_SLOTS} --ctx-size 2048 --metrics' scripts/peers/llama_cpp.sh serve {{gguf}} {{port}}",
     },
     "llama-server-f16": {
         "install": "scripts/peers/llama_cpp.sh install",
@@ -69,6 +89,7 @@ ENGINES: dict[str, dict[str, str]] = {
         "jobs": "4",
         "launch": "scripts/peers/llama_cpp.sh serve {model}/model-f16.gguf {port}",
         "context": "SERVE_ARGS='--ctx-size {context} --parallel 1' scripts/peers/llama_cpp.sh serve {model}/model-f16.gguf {port}",
+        "tight": f"SERVE_ARGS='--parallel {TIGHT_SLOTS} --ctx-size 2048 --metrics' scripts/peers/llama_cpp.sh serve {{model}}/model-f16.gguf {{port}}",
     },
     "llama-server-bf16": {
         "install": "scripts/peers/llama_cpp.sh install",
@@ -78,6 +99,7 @@ ENGINES: dict[str, dict[str, str]] = {
         "jobs": "4",
         "launch": "scripts/peers/llama_cpp.sh serve {model}/model-bf16.gguf {port}",
         "context": "SERVE_ARGS='--ctx-size {context} --parallel 1' scripts/peers/llama_cpp.sh serve {model}/model-bf16.gguf {port}",
+        "tight": f"SERVE_ARGS='--parallel {TIGHT_SLOTS} --ctx-size 2048 --metrics' scripts/peers/llama_cpp.sh serve {{model}}/model-bf16.gguf {{port}}",
     },
     "llama-cpp-python": {
         "install": "scripts/peers/llama_cpp.sh install",
@@ -87,6 +109,28 @@ ENGINES: dict[str, dict[str, str]] = {
         "jobs": "1",
         "launch": "scripts/peers/llama_cpp.sh serve-python {gguf} {port}",
         "context": "SERVE_ARGS='--n_ctx {context}' scripts/peers/llama_cpp.sh serve-python {gguf} {port}",
+        "tight": "scripts/peers/llama_cpp.sh serve-python {gguf} {port}",
+    },
+    # issue 24 item 7: two vLLM workers (float32) behind a router, started and stopped as one server
+    "vllm-router": {
+        "install": "scripts/peers/routers.sh install",
+        "gguf": "",
+        "without": "",
+        "model": "",
+        "jobs": "4",
+        "launch": "scripts/peers/routers.sh serve vllm-router {model} {port}",
+        "context": "scripts/peers/routers.sh serve vllm-router {model} {port} --max-model-len {context}",
+        "tight": f"scripts/peers/routers.sh serve vllm-router {{model}} {{port}} {_PAIR_TIGHT}",
+    },
+    "smg": {
+        "install": "scripts/peers/routers.sh install",
+        "gguf": "",
+        "without": "",
+        "model": "",
+        "jobs": "4",
+        "launch": "scripts/peers/routers.sh serve smg {model} {port}",
+        "context": "scripts/peers/routers.sh serve smg {model} {port} --max-model-len {context}",
+        "tight": f"scripts/peers/routers.sh serve smg {{model}} {{port}} {_PAIR_TIGHT}",
     },
     # The chat cases (issue 25: `--select chat`) with each engine's reasoning and tool-call parsers on.
     "decodespec-serve-chat": {
@@ -134,6 +178,7 @@ ENGINES: dict[str, dict[str, str]] = {
         "jobs": "4",
         "launch": "HF_HUB_OFFLINE=1 .venv/bin/transformers serve --host 127.0.0.1 --port {port}",
         "context": "",
+        "tight": "",
     },
 }
 

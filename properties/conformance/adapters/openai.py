@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -29,12 +28,11 @@ import httpx
 from ..cases import Case, CaseKind
 from ..checkpoints import RECIPE, Checkpoint, digest, group_of, http_blocker, reference_result, served_context
 from ..http_script import run_script
+from ..life import RECIPES as LIFE_RECIPES
 from ..symptoms import Expected, compare_reason, compare_stream, compare_text, finding, merge
-from ..wire import Streamed, feed, trim_middle, wire_findings
+from ..wire import Streamed, feed, terminal_findings, trim_middle, wire_findings
 from .base import Finding, Outcome, missing_capabilities
 
-_FINISHED = re.compile(r'^([A-Za-z_:][\w:]*request_success[\w:]*)\{[^}]*finished_reason="(\w+)"[^}]*\}\s+([0-9.eE+-]+)\s*$')
-_GAUGE = re.compile(r"^([A-Za-z_:][\w:]*(?:running|active|in_flight|inflight)[\w:]*)(\{[^}]*\})?\s+([0-9.eE+-]+)\s*$")
 
 
 @attrs.define
@@ -75,7 +73,8 @@ class OpenAIAdapter:
 
     def __init__(self, url: str, *, model: str | None = None, checkpoint: Checkpoint | None = None,
                  without: frozenset[str] = frozenset(), timeout: float = 60.0, retries: int = 2,
-                 launch: str | None = None, sweep: bool = True, context: int | None = None) -> None:
+                 launch: str | None = None, sweep: bool = True, context: int | None = None,
+                 tight: bool = False) -> None:
         self.url = url.rstrip("/")
         self.name = f"openai[{self.url}]"
         self._model = model
@@ -91,6 +90,7 @@ class OpenAIAdapter:
         self.launch = launch  # the command that started the server, for reproducers
         self.sweep = sweep  # script cases also run at every max_tokens of their script (http_script.sweep)
         self.context = context  # the context length the server was started with, when set on purpose
+        self.tight = tight  # started with its concurrency limited and a small KV budget (life/recipes.py)
         self._about: dict[str, Any] | None = None
         self._prefix: Any = None  # script_check.Prefix, once probed
 
@@ -441,12 +441,7 @@ def stream_agrees(a: OpenAIAdapter, case: Case) -> Outcome:
 def stream_framing(a: OpenAIAdapter, case: Case) -> Outcome:
     """§4.7: one finish chunk, nothing after it; the API's framing ([DONE], JSON lines) as wire findings."""
     st = a.stream(case)
-    f = []
-    if len(st.finish_reasons) != 1:
-        f.append(finding("two_terminals" if st.finish_reasons else "no_reason",
-                         f"{len(st.finish_reasons)} chunks carry a finish_reason: {st.finish_reasons}"))
-    if st.content_after_finish:
-        f.append(finding("content_after_finish", f"content after the finish chunk: {st.content_after_finish}"))
+    f = terminal_findings(st)
     if st.empty_deltas:
         f.append(finding("empty_delta", f"{st.empty_deltas} chunk(s) carry empty text and no finish_reason"))
     return _outcome(None, st, f + wire_findings(st))
@@ -580,60 +575,6 @@ def usage(a: OpenAIAdapter, case: Case) -> Outcome:
     return _outcome(ans, st, f + wire_findings(st, include_usage=True))
 
 
-def _metrics(a: OpenAIAdapter) -> tuple[dict[str, float], dict[str, float]] | None:
-    """(running/active gauges, finished-request counters by reason) from /metrics, or None."""
-    r = a._send("GET", "/metrics")
-    if r.status_code != 200:
-        return None
-    gauges, reasons = {}, {}
-    for line in r.text.splitlines():
-        if m := _GAUGE.match(line):
-            gauges[m.group(1) + (m.group(2) or "")] = float(m.group(3))
-        elif m := _FINISHED.match(line):
-            reasons[m.group(2)] = reasons.get(m.group(2), 0.0) + float(m.group(3))
-    return gauges, reasons
-
-
-def disconnect(a: OpenAIAdapter, case: Case) -> Outcome:
-    """§4.7 rule 5, §4.9: a dropped stream stops the request (an abort, not a run to its end), frees
-    its place, and leaves the server serving. Abort and freeing are read from /metrics where the
-    server counts finished requests by reason and gauges running ones; elsewhere they are not checked."""
-    before = _metrics(a)
-    st = a.stream(case, stop_after=2)
-    f = []
-    notes = [f"dropped after {len(st.deltas)} delta(s)"]
-    missed: list[str] = []
-    try:
-        after = a.complete(case, max_tokens=2)
-        if after.finish_reason is None and not after.text:
-            f.append(finding("case_check", "after the disconnect the server answered without text or finish_reason",
-                             invariant=case.invariant))
-    except (httpx.HTTPError, ServerError) as exc:
-        f.append(finding("case_check", f"after the disconnect the server no longer serves: {exc}", invariant=case.invariant))
-    if before is None or not (before[0] or before[1]):
-        missed.append("abort and freeing (no /metrics gauge or finished-by-reason counter)")
-    else:
-        deadline = time.monotonic() + 10
-        now = _metrics(a) or ({}, {})
-        while time.monotonic() < deadline and any(now[0].get(k, 0) > v for k, v in before[0].items()):
-            time.sleep(0.2)
-            now = _metrics(a) or ({}, {})
-        grown = {k: (before[0][k], now[0].get(k)) for k in before[0] if now[0].get(k, 0) > before[0][k]}
-        if grown:
-            f.append(finding("gauge_stuck", f"10 s after the disconnect these gauges stay above their level before: {grown}"))
-        delta = {r: now[1].get(r, 0) - before[1].get(r, 0) for r in set(now[1]) | set(before[1])}
-        if not before[1]:
-            missed.append("abort (no finished-by-reason counter)")
-        elif delta.get("abort", 0) >= 1:
-            notes.append(f"counted as aborted (finished-request counters moved by {delta})")
-        else:
-            # Other cases may run beside this one, and the recipe program is short enough to finish before
-            # the server sees the disconnect: no abort counted is not proof that the request ran on.
-            missed.append(f"abort (none counted; the {len(a.checkpoint.programs[RECIPE].script) if a.checkpoint else '?'}"
-                          "-token recipe program can finish before the disconnect is seen: a long script is needed)")
-    return _outcome(None, None, f, tuple(notes), tuple(missed))
-
-
 def bad_input(a: OpenAIAdapter, case: Case) -> Outcome:
     """§4.1 (CREATED -> reject): malformed requests get a 4xx, and the server keeps serving."""
     f = []
@@ -713,6 +654,7 @@ def keep_alive(a: OpenAIAdapter, case: Case) -> Outcome:
 
 RECIPES: dict[str, Callable[[OpenAIAdapter, Case], Outcome]] = {
     f.__name__: f for f in (stream_agrees, stream_framing, stop_cross_token, stop_multi_byte, stop_overlap,
-                            stop_last_token, max_tokens_exact, eos_last_token, usage, disconnect, bad_input,
+                            stop_last_token, max_tokens_exact, eos_last_token, usage, bad_input,
                             max_tokens_zero, keep_alive)
 }
+RECIPES.update(LIFE_RECIPES)  # issue 24: the request's life (concurrency, disconnect, resumption)

@@ -1,0 +1,425 @@
+"""The request-life recipes over HTTP, on a forced checkpoint (issue 24; §4.7-§4.10).
+
+Every recipe runs the checkpoint's own programs, so every answer is known: the script cases
+compiled into it (mixed lengths, stops, limits, split characters) and the long program (480 tokens,
+checkpoints.LONG). Answers under load are compared with the same request's answer alone, field by
+field (status, text, finish reasons, token count, [DONE]): under greedy decoding on a forced
+checkpoint nothing that runs beside a request may change it (§4.8: batching and preemption are not
+a new generation). A mismatch is a finding that keeps both exchanges.
+
+Recipes whose case says `"server": "tight"` run on a server started with its concurrency limited
+to `slots` sequences and a KV budget too small for the load (`decodespec conform --launch-tight`,
+the engine's `tight` command in scripts/peers/engines.py); elsewhere they are n/a, saying why.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from ..adapters.base import Finding, Outcome
+from ..cases import Case, CaseKind, load_cases
+from ..checkpoints import LONG, RECIPE
+from ..http_script import PATH, request_body
+from ..symptoms import finding, merge
+from ..wire import terminal_findings, wire_findings
+from .exchange import Exchange, Gauges, Job, burst, client, overlap, preemptions, read_metrics, running, send
+
+if TYPE_CHECKING:
+    from ..adapters.openai import OpenAIAdapter
+
+# The model-checked properties (`decodespec check`, machine/checker.py: every interleaving of the
+# tables, with a scheduler that parks, preempts and resumes) each black-box recipe approximates.
+MODEL_CHECKED: Mapping[str, tuple[str, ...]] = {
+    # §4.8: checked with 2-3 requests sharing the batch's places
+    "batch_exact": ("refinement", "seq_contiguous", "single_terminal_event"),
+    "terminal_under_load": ("single_terminal_event", "terminal_after_all_deltas", "no_delta_after_terminal"),  # §4.7
+    "preemption": ("refinement", "seq_contiguous", "release_exactly_once"),  # §4.8: preempt and resume
+    "disconnect_frees": ("no_leak", "release_exactly_once", "slot_reused_after_release"),  # §4.10 (witness)
+    "disconnect_abort": ("no_select_after_cancel_observed", "transport_not_eos", "cancel_during_decode_discarded"),  # §4.9
+    "resume": ("reader_delivery_complete", "seq_strictly_increasing", "reconnect_then_finish"),  # §4.7 rules 3-4
+}
+SHOWN = 4  # mismatching pairs whose exchanges a report keeps
+
+
+def _model_checked(recipe: str) -> str:
+    return (f"approximates the model-checked {', '.join(MODEL_CHECKED[recipe])} (`decodespec check`: every "
+            "interleaving of the tables; here one run, black box)")
+
+
+def _timeout(case: Case) -> float:
+    return float(case.inputs.get("timeout_s", 300))
+
+
+# ---- the programs, alone ---------------------------------------------------------------------------
+
+
+def long_tokens(a: OpenAIAdapter, case: Case) -> int:
+    """How many tokens a long request asks for: the case's `long_tokens` (ended by the limit, 'length'),
+    else the whole script with its EOS ('stop')."""
+    return int(case.inputs.get("long_tokens", len(a.checkpoint.programs[LONG].script)))
+
+
+def long_body(a: OpenAIAdapter, case: Case, **over: Any) -> dict[str, Any]:
+    prog = a.checkpoint.programs[LONG]
+    return {"model": a.model, "prompt": a.prompt_for(list(prog.prompt)), "max_tokens": long_tokens(a, case),
+            "temperature": 0, **over}
+
+
+def long_text(a: OpenAIAdapter, case: Case) -> str:
+    """The long program's text up to the case's limit (its EOS adds none)."""
+    script = a.checkpoint.programs[LONG].script
+    return a.checkpoint.tokenizer.decode([t for t in script[:long_tokens(a, case)] if t != a.checkpoint.eos_id])
+
+
+def mixed(a: OpenAIAdapter, case: Case) -> list[tuple[str, dict[str, Any]]]:
+    """(program, body) for the long program, then every script case this server runs on its
+    checkpoint (no request fields, no context limit: one server for all)."""
+    out = [(c.id, request_body(a, c)) for c in load_cases() if c.kind is CaseKind.SCRIPT
+           and c.id in a.checkpoint.programs and a.unsupported(c) is None and not c.inputs.get("request")
+           and "context_limit" not in c.inputs]
+    return [(LONG, long_body(a, case)), *out]
+
+
+def jobs_for(programs: Sequence[tuple[str, dict[str, Any]]], n: int, *, streamed: str) -> list[Job]:
+    """n jobs cycling through the programs; `streamed` "all", or "mixed" (each program both ways)."""
+    out = []
+    for i in range(n):
+        name, body = programs[i % len(programs)]
+        stream = streamed == "all" or (i % len(programs) + i // len(programs)) % 2 == 1
+        out.append(Job(name, PATH, {**body, "stream": stream}, stream))
+    return out
+
+
+def alone(a: OpenAIAdapter, jobs: Sequence[Job], timeout_s: float) -> dict[tuple[str, bool], Exchange]:
+    """Each distinct (program, streamed) of `jobs`, sent alone, one after another."""
+    out: dict[tuple[str, bool], Exchange] = {}
+    with client(a.url, 2, timeout_s) as c:
+        for job in jobs:
+            if (job.name, job.stream) not in out:
+                out[job.name, job.stream] = send(c, job)
+    return out
+
+
+def left_long(a: OpenAIAdapter, case: Case, solo: Mapping[tuple[str, bool], Exchange]) -> str | None:
+    """D27: the long program alone must give its script's text (else nothing here can be judged)."""
+    want = long_text(a, case)
+    for (name, stream), ex in solo.items():
+        if name != LONG:
+            continue
+        got = ex.answer[1] if not ex.failed else None
+        if got != want:
+            at = next((i for i, (x, y) in enumerate(zip(got or "", want)) if x != y), min(len(got or ""), len(want)))
+            return (f"the long program alone ({'streamed' if stream else 'not streamed'}) did not give its script's "
+                    f"text (first difference at character {at}: {(got or '')[at:at + 40]!r} for {want[at:at + 40]!r}; "
+                    f"status {ex.status}{', ' + ex.failed if ex.failed else ''}): precision, a sampling default, "
+                    "a prompt shift or a context the server cannot hold")
+    return None
+
+
+# ---- judging answers under load ------------------------------------------------------------------
+
+_FIELDS = {True: ("status", "text", "finish reasons", "error", "error events", "[DONE]"),
+           False: ("status", "text", "finish_reason", "completion_tokens")}
+
+
+def _diff(solo: Exchange, got: Exchange) -> str:
+    parts = []
+    for name, x, y in zip(_FIELDS[got.job.stream], solo.answer, got.answer):
+        if x != y:
+            if isinstance(x, str) and isinstance(y, str):
+                at = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+                parts.append(f"{name}: {len(y)} characters for {len(x)}, first difference at {at} "
+                             f"({y[at:at + 24]!r} for {x[at:at + 24]!r})")
+            else:
+                parts.append(f"{name}: {y!r} for {x!r}")
+    return "; ".join(parts)
+
+
+def against_alone(a: OpenAIAdapter, solo: Mapping[tuple[str, bool], Exchange], got: Sequence[Exchange],
+                  where: str) -> list[Finding]:
+    """Each answer under load against the same request alone; every stream's terminal (§4.7). The
+    exchanges of the first SHOWN differences are kept, alone and under load side by side."""
+    found: list[Finding] = []
+    shown = 0
+    for i, ex in enumerate(got):
+        ref = solo[ex.job.name, ex.job.stream]
+        how = f"{ex.job.name} ({'streamed' if ex.job.stream else 'not streamed'}, request {i + 1} of {len(got)} {where})"
+        if ex.failed:
+            found.append(finding("connection_dropped", f"{how}: {ex.failed}; not sent again"))
+        elif ref.failed or ex.answer == ref.answer:
+            pass
+        else:
+            found.append(finding("batch_mismatch", f"{how}: {_diff(ref, ex)}"))
+            if shown < SHOWN:
+                shown += 1
+                a.log_exchanges([{**ref.record(), "label": f"{ex.job.name} alone"}, {**ex.record(), "label": how}])
+        if ex.streamed is not None and ex.status == 200 and not ex.failed:
+            found += [finding(f.symptom, f"{how}: {f.message}") for f in terminal_findings(ex.streamed)]
+            found += [f for f in wire_findings(ex.streamed) if f.symptom == "done_missing"]
+    return merge(found)
+
+
+def _sample(got: Sequence[Exchange], a: OpenAIAdapter) -> None:
+    """Keep one streamed and one non-streamed exchange of a burst as the evidence of a pass."""
+    for stream in (True, False):
+        ex = next((x for x in got if x.job.stream is stream and not x.failed), None)
+        if ex is not None:
+            a.log_exchanges([{**ex.record(), "label": f"{ex.job.name} under load (sample)"}])
+
+
+def _outcome(found: list[Finding], notes: Sequence[str], recipe: str, not_checked: Sequence[str] = ()) -> Outcome:
+    return Outcome(findings=tuple(found), notes=(*notes, _model_checked(recipe)), not_checked=tuple(not_checked),
+                   judged=True)
+
+
+def _load(a: OpenAIAdapter, case: Case, recipe: str, *, streamed: str,
+          judge: Callable[[list[Finding], list[str], dict[str, float] | None, dict[str, float] | None], Outcome | None]
+          | None = None) -> Outcome:
+    """The shared flow: every job alone, then all at once while the gauges are sampled."""
+    n, timeout_s = int(case.inputs["in_flight"]), _timeout(case)
+    programs = mixed(a, case)
+    longs = int(case.inputs.get("long", 0))  # jobs that are the long program, before the mix
+    jobs = [*jobs_for(programs[:1], longs, streamed=streamed), *jobs_for(programs, n - longs, streamed=streamed)]
+    solo = alone(a, jobs, timeout_s)
+    if gone := left_long(a, case, solo):
+        return Outcome(abort=gone, exchanges=tuple(e.record() for e in solo.values() if e.job.name == LONG))
+    with client(a.url, 2, 10) as c:
+        before = read_metrics(c)
+    gauges = Gauges(a.url)
+    t0 = time.monotonic()
+    with gauges.sampling():
+        got = burst(a.url, jobs, timeout_s=timeout_s)
+    wall = time.monotonic() - t0
+    with client(a.url, 2, 10) as c:
+        after = read_metrics(c)
+    found = against_alone(a, solo, got, f"with {n} in flight")
+    _sample(got, a)
+    streams = sum(j.stream for j in jobs)
+    notes = [f"{n} requests at once ({streams} streamed, {n - streams} not) over {len(programs)} programs "
+             f"({sum(j.name == LONG for j in jobs)} of them {long_tokens(a, case)} tokens of the long program); "
+             f"all answered in {wall:.1f} s; at most {overlap(got)} streams were sending deltas at one instant; "
+             f"{gauges.note()} (other cases may run beside this one)",
+             f"{len(found)} finding(s) against the same requests alone" if found else
+             "every answer equals the same request's answer alone"]
+    if judge is not None and (out := judge(found, notes, before, after)) is not None:
+        return out
+    return _outcome(found, notes, recipe)
+
+
+# ---- the recipes ----------------------------------------------------------------------------------
+
+
+def batch_exact(a: OpenAIAdapter, case: Case) -> Outcome:
+    """§4.8: `in_flight` requests of mixed programs at once, streamed and not: each comes back exactly
+    as it does alone (tokens and text, finish reason, token count, one terminal, [DONE])."""
+    return _load(a, case, "batch_exact", streamed="mixed")
+
+
+def terminal_under_load(a: OpenAIAdapter, case: Case) -> Outcome:
+    """§4.7: `in_flight` streams at once: each ends with exactly one finish chunk, then [DONE]; a
+    stream cut by a newer request without a finish_reason breaks single_terminal_event."""
+    return _load(a, case, "terminal_under_load", streamed="all")
+
+
+def preemption(a: OpenAIAdapter, case: Case) -> Outcome:
+    """§4.8: on a server whose KV budget is too small for the load, every answer is still exact. The
+    engine's preemption counter (/metrics) must have moved, or the case proved nothing: n/a."""
+    if (why := _needs_tight(a, case)) is not None:
+        return Outcome(skip=why)
+
+    def judge(found: list[Finding], notes: list[str], before: dict[str, float] | None,
+              after: dict[str, float] | None) -> Outcome | None:
+        counted = {k: v - preemptions(before).get(k, 0.0) for k, v in preemptions(after).items()}
+        if not counted:
+            if found:
+                return _outcome(found, notes, "preemption", ("preemptions (the server counts none on /metrics)",))
+            return Outcome(skip="the server counts no preemptions on /metrics, so nothing shows that the load made it "
+                                f"preempt; {notes[0]}")
+        notes.append("preemptions counted: " + ", ".join(f"{k} +{v:g}" for k, v in sorted(counted.items())))
+        if not any(counted.values()) and not found:
+            return Outcome(skip=f"no preemption happened under this load ({notes[-1]}): the case proved nothing")
+        return None
+
+    return _load(a, case, "preemption", streamed="mixed", judge=judge)
+
+
+def _needs_tight(a: OpenAIAdapter, case: Case) -> str | None:
+    if case.inputs.get("server") == "tight" and not a.tight:
+        return ("it needs the server started with its concurrency limited and a KV budget too small for the load "
+                "(decodespec conform --launch-tight CMD, the engine's `tight` command in scripts/peers/engines.py)")
+    return None
+
+
+def _cancel_endpoint(c: Any, ex: Exchange) -> str:
+    """D5: where the server names the request (X-Request-Id) and has a cancel endpoint, the client that
+    leaves calls it; the answer says what happened."""
+    rid = ex.headers.get("x-request-id")
+    if not rid:
+        return "no X-Request-Id: disconnect only"
+    r = c.post(f"/v1/requests/{rid}/cancel")
+    return f"POST /v1/requests/{rid}/cancel answered {r.status_code}"
+
+
+def abandon(a: OpenAIAdapter, case: Case) -> tuple[dict[str, Any], list[Finding]] | Outcome:
+    """The disconnect flow (§4.9, §4.10), measured:
+
+    1. the long stream alone: how long its rest takes after its `cut_at`-th delta (`rest_s`; with
+       other streams beside it an engine is slower, so this is a lower bound);
+    2. `slots` long streams at once, each closed after `cut_at` deltas (and cancelled where the
+       server names the request and has a cancel endpoint, D5);
+    3. the running gauges, where offered, watched for a moment: back at their level before (`freed_s`)?
+    4. at once `slots` new streams: the recipe program, and one long stream (the bystander, which
+       must equal its answer alone): how long after the last disconnect the last of them sends its
+       first delta (`reuse_s`); a stream that has not started within `bound_s` is late.
+    """
+    if (why := _needs_tight(a, case)) is not None:
+        return Outcome(skip=why)
+    s, k, bound = int(case.inputs["slots"]), int(case.inputs["cut_at"]), float(case.inputs["bound_s"])
+    timeout_s = _timeout(case)
+    long_stream = Job(LONG, PATH, long_body(a, case, stream=True), True)
+    solo = alone(a, [long_stream], timeout_s)
+    if gone := left_long(a, case, solo):
+        return Outcome(abort=gone, exchanges=tuple(e.record() for e in solo.values()))
+    ref = solo[LONG, True]
+    n = long_tokens(a, case)
+    rest_s = (ref.done - ref.first) * (n - k) / max(n - 1, 1) if ref.first and ref.done else 0.0
+    with client(a.url, s + 4, timeout_s) as c:
+        before = running(read_metrics(c) or {})
+        cut = burst(a.url, [attrs.evolve(long_stream, cut_after=k) for _ in range(s)], timeout_s=timeout_s)
+        told = sorted({_cancel_endpoint(c, x) for x in cut if not x.failed})
+        t_gone = max((x.cut or x.done or x.sent) for x in cut)
+        freed_s = None
+        while before and time.monotonic() - t_gone < min(1.0, rest_s / 4):
+            if all(running(read_metrics(c) or {}).get(g, 0.0) <= v for g, v in before.items()):
+                freed_s = time.monotonic() - t_gone
+                break
+            time.sleep(0.05)
+    recipe = a.checkpoint.programs[RECIPE]
+    short = {"model": a.model, "prompt": a.prompt_for(list(recipe.prompt)), "max_tokens": len(recipe.script),
+             "temperature": 0, "stream": True}
+    fresh = burst(a.url, [long_stream, *(Job(RECIPE, PATH, short, True) for _ in range(s - 1))], timeout_s=bound)
+    late = [i + 1 for i, x in enumerate(fresh) if x.first is None or x.first - t_gone > bound]
+    starts = [x.first - t_gone for x in fresh if x.first is not None]
+    found = against_alone(a, solo, [x for x in fresh[:1] if x.first is not None], "beside the new streams")
+    found += [finding("connection_dropped", f"new stream {i + 1}: {x.failed}") for i, x in enumerate(fresh)
+              if x.failed and "Timeout" not in x.failed]
+    a.log_exchanges([{**cut[0].record(), "label": f"abandoned after {k} deltas"},
+                     {**fresh[-1].record(), "label": "a new stream after the disconnects"}])
+    m = {"slots": s, "cut_at": k, "bound_s": bound, "rest_s": rest_s, "freed_s": freed_s, "late": late,
+         "reuse_s": max(starts) if starts and not late else None, "gauges": sorted(before), "told": told,
+         "cuts": sorted({len(x.streamed.deltas) for x in cut if x.streamed is not None})}
+    return m, found
+
+
+def _abandon_note(m: Mapping[str, Any]) -> str:
+    reuse = f"{m['reuse_s']:.2f} s" if m["reuse_s"] is not None else f"not within {m['bound_s']:g} s"
+    freed = (f"; the running gauges ({', '.join(m['gauges'])}) were back to their level before {m['freed_s']:.2f} s "
+             "after it" if m["freed_s"] is not None else
+             f"; the running gauges ({', '.join(m['gauges'])}) had not fallen back within "
+             f"{min(1.0, m['rest_s'] / 4):.2f} s" if m["gauges"] else "; no running gauge to watch")
+    return (f"{m['slots']} long streams cut after {m['cuts']} deltas ({'; '.join(m['told'])}); the last of "
+            f"{m['slots']} new streams started {reuse} after the last disconnect; the abandoned streams' rest "
+            f"would have taken at least {m['rest_s']:.2f} s{freed}")
+
+
+def disconnect_frees(a: OpenAIAdapter, case: Case) -> Outcome:
+    """§4.10, §4.9: with the engine's concurrency limited to `slots`, `slots` streams abandoned at
+    token `cut_at` and then `slots` new requests: all of them start within `bound_s` (a leaked place
+    shows as queueing or a timeout), and a request in flight beside them is unaffected."""
+    got = abandon(a, case)
+    if isinstance(got, Outcome):
+        return got
+    m, found = got
+    if m["late"]:
+        found.append(finding("slot_leaked", f"new stream(s) {m['late']} of {m['slots']} did not start within "
+                                            f"{m['bound_s']:g} s of the last disconnect: the abandoned places were "
+                                            "not freed"))
+    return _outcome(merge(found), [_abandon_note(m)], "disconnect_frees")
+
+
+def disconnect_abort(a: OpenAIAdapter, case: Case) -> Outcome:
+    """§4.9: a stream abandoned at token `cut_at` stops being decoded (an abort, not a run to its end):
+    its place is taken again well before its rest would have run (`reuse_s` under half of `rest_s`),
+    and the running gauges, where offered, fall back. Between half and the whole rest it cannot tell."""
+    got = abandon(a, case)
+    if isinstance(got, Outcome):
+        return got
+    m, found = got
+    missed = []
+    if m["reuse_s"] is None or m["reuse_s"] >= 0.8 * m["rest_s"]:
+        found.append(finding("ran_on", f"the new streams waited until the abandoned ones could have run to their end "
+                                       f"({_abandon_note(m)}): the disconnect did not stop the work"))
+    elif m["reuse_s"] >= 0.5 * m["rest_s"]:
+        missed.append(f"whether the work stopped (the places came back after {m['reuse_s']:.2f} s, between half and "
+                      f"the whole of the {m['rest_s']:.2f} s the rest would take)")
+    if m["gauges"] and m["freed_s"] is None:
+        missed.append("the engine's gauges as evidence (they had not fallen back when the new streams were sent)")
+    return _outcome(merge(found), [_abandon_note(m)], "disconnect_abort", missed)
+
+
+def resume(a: OpenAIAdapter, case: Case) -> Outcome:
+    """§4.7 rules 3-4 (D5): every event of a stream carries an SSE id; a client cut after `cut_at`
+    deltas that reconnects with Last-Event-ID gets exactly the rest (no event twice, none lost), one
+    finish chunk and [DONE]; once the request has ended, the same resume replays the same rest."""
+    k, timeout_s = int(case.inputs["cut_at"]), _timeout(case)
+    want = long_text(a, case)
+    with client(a.url, 2, timeout_s) as c:
+        first = send(c, Job(LONG, PATH, long_body(a, case, stream=True), True, cut_after=k))
+        a.log_exchanges([{**first.record(), "label": f"cut after {k} deltas"}])
+        st = first.streamed
+        if first.failed or st is None or first.status != 200:
+            return Outcome(abort=f"the long stream did not open: status {first.status} {first.failed or ''}")
+        if not st.sse_ids:
+            return _outcome([finding("no_event_ids", f"the {len(st.chunks)} events before the cut carry no SSE id, "
+                                                     "so a client cannot say where to resume")], [], "resume")
+        rid = first.headers.get("x-request-id")
+        if not rid:
+            return _outcome([finding("no_resume", "the stream names no request to resume (no X-Request-Id header), "
+                                                  f"though its events carry SSE ids ({st.sse_ids[:3]}...)")], [], "resume")
+        found: list[Finding] = []
+        last = st.sse_ids[-1]
+        job = Job(LONG, f"/v1/requests/{rid}/events", {}, True, headers={"Last-Event-ID": last}, method="GET")
+        rests = []
+        for when in ("while it runs", "after it ended"):
+            if when == "after it ended":
+                _wait_done(c, rid)
+            ex = send(c, job)
+            a.log_exchanges([{**ex.record(), "label": f"resumed {when}, Last-Event-ID {last}"}])
+            rests.append(ex)
+            found += _resumed(ex, st, want, last, when)
+    notes = [f"cut after {len(st.deltas)} deltas at SSE id {last} (X-Request-Id {rid}); resumed with Last-Event-ID "
+             f"while it ran and after it ended: {[len(x.streamed.deltas) if x.streamed else 0 for x in rests]} deltas"]
+    return _outcome(merge(found), notes, "resume")
+
+
+def _wait_done(c: Any, rid: str) -> None:
+    """Read the request's stream from its start to its end (it is then finished, and retained)."""
+    send(c, Job(LONG, f"/v1/requests/{rid}/events", {}, True, method="GET"))
+
+
+def _resumed(ex: Exchange, before: Any, want: str, last: str, when: str) -> list[Finding]:
+    st = ex.streamed
+    if ex.failed or st is None or ex.status != 200:
+        return [finding("no_resume", f"resume {when} with Last-Event-ID {last} answered {ex.status} "
+                                     f"{ex.failed or (st.error if st else '')}")]
+    out = []
+    got = before.text + st.text
+    if got != want:
+        at = next((i for i, (x, y) in enumerate(zip(got, want)) if x != y), min(len(got), len(want)))
+        out.append(finding("resume_mismatch", f"resumed {when}: the text before the cut plus the resumed text is "
+                                              f"{len(got)} characters for {len(want)}, first difference at {at} "
+                                              f"({got[at:at + 24]!r} for {want[at:at + 24]!r})"))
+    ids = [int(i) for i in st.sse_ids if i.isdigit()]
+    if last.isdigit() and ids and min(ids) <= int(last):
+        out.append(finding("resume_mismatch", f"resumed {when}: SSE ids {ids[:5]} repeat events up to {last}"))
+    out += [finding(f.symptom, f"resumed {when}: {f.message}") for f in terminal_findings(st)]
+    return out + [f for f in wire_findings(st) if f.symptom == "done_missing"]
+
+
+RECIPES: Mapping[str, Callable[[OpenAIAdapter, Case], Outcome]] = {
+    f.__name__: f for f in (batch_exact, terminal_under_load, preemption, disconnect_frees, disconnect_abort, resume)
+}

@@ -1,0 +1,160 @@
+"""The request's life over HTTP, black box, against decodespec serve on a forced checkpoint (issue 24;
+§4.7-§4.10): many requests at once come back exactly as alone, every stream under load ends with
+one terminal, a KV budget too small for the load preempts without changing an answer, abandoned
+streams free their places, and a cut stream resumes from its Last-Event-ID. Counts are the cases'
+own, made small where they only scale the load (the peers run them whole)."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from decodespec.properties.conformance import load_cases
+from decodespec.properties.conformance.adapters.openai import OpenAIAdapter
+from decodespec.properties.conformance.checkpoints import LONG, LONG_TOKENS, TABLE_GROUP, build_group, group_of, http_blocker
+from decodespec.properties.conformance.life import MODEL_CHECKED, RECIPES
+from decodespec.properties.conformance.life.exchange import Exchange, Job
+from decodespec.properties.conformance.life.recipes import against_alone
+from decodespec.properties.conformance.runner import Verdict, run_case
+from decodespec.properties.conformance.wire import parse_sse, terminal_findings
+
+pytest.importorskip("transformers")
+LIFE = [c for c in load_cases(["http/"]) if c.recipe in RECIPES]
+SMALL = {"in_flight": 12, "long": 4, "timeout_s": 120}  # the load, scaled down for CI
+
+
+def small(case):
+    """The case with less load, and long requests of 120 tokens (160 where a disconnect is timed
+    against the rest of the run) instead of the long program's 480."""
+    over = {k: v for k, v in SMALL.items() if k in case.inputs}
+    return attrs.evolve(case, inputs={**case.inputs, **over, "long_tokens": 160 if "cut_at" in case.inputs else 120})
+
+
+@pytest.fixture(scope="module")
+def ck(tmp_path_factory):
+    cases = [c for c in load_cases() if group_of(c) == TABLE_GROUP and http_blocker(c) is None]
+    return build_group(TABLE_GROUP, cases, tmp_path_factory.mktemp("life") / TABLE_GROUP)
+
+
+def _engine(ck, **kw):
+    from decodespec.runtime.engine import Engine
+    from decodespec.runtime.hfmodel import HFModel
+    from decodespec.runtime.tokenizers import HFTokenizer
+
+    return Engine(HFModel(ck.folder), HFTokenizer(ck.folder), **kw)
+
+
+@pytest.fixture(scope="module")
+def servers(ck, app_server):
+    """decodespec serve plain, and tight as the peers start it (`--max-batch 4`), its KV budget scaled
+    to the shorter long requests (300 tokens: two of 122 fit, four do not)."""
+    from decodespec.runtime.server import create_app
+
+    return {"plain": app_server(create_app(_engine(ck))),
+            "tight": app_server(create_app(_engine(ck, max_batch=4, cache_budget_tokens=300)))}
+
+
+def adapter(ck, servers, case):
+    tight = case.inputs.get("server") == "tight"
+    return OpenAIAdapter(servers["tight" if tight else "plain"], checkpoint=ck, tight=tight)
+
+
+def test_the_checkpoint_carries_a_long_program_to_its_eos(ck):
+    """Item 1: a 480-token script (with its EOS) within the 512-token context, on every checkpoint."""
+    prog = ck.programs[LONG]
+    assert len(prog.script) == LONG_TOKENS + 1 and prog.script[-1] == ck.eos_id
+    assert len(prog.prompt) + len(prog.script) <= 512
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", LIFE, ids=lambda c: c.id)
+def test_the_reference_passes_every_request_life_case_over_http(ck, servers, case):
+    """Items 2-6 and 8: decodespec serve passes each case, resumption included (a MUST for the
+    reference: D5), and the preemption case saw the engine preempt (else it would be n/a)."""
+    res = run_case(adapter(ck, servers, case), small(case))
+    assert res.verdict is Verdict.PASS, (res.reason, res.failures, res.observed.get("notes"))
+    notes = " ".join(res.observed["notes"])
+    assert "approximates the model-checked" in notes
+    if case.recipe == "preemption":
+        assert "decodespec_preemptions_total +" in notes and "+0 " not in notes + " "
+    assert res.observed["exchanges"]
+
+
+def test_tight_cases_are_na_on_a_server_not_started_tight(ck, servers):
+    """Preemption and the freed places mean nothing on a server with room for everything: n/a, naming the flag."""
+    case = next(c for c in LIFE if c.recipe == "preemption")
+    res = run_case(OpenAIAdapter(servers["plain"], checkpoint=ck), small(case))
+    assert res.verdict is Verdict.SKIP and "--launch-tight" in res.reason
+
+
+def _ex(job, sse=None, data=None):
+    st = parse_sse(sse) if sse is not None else None
+    return Exchange(job, status=200, raw=sse or "", data=data, streamed=st)
+
+
+def test_an_answer_changed_by_its_neighbours_is_a_finding_that_keeps_both_exchanges(ck):
+    """§4.8: the answer under load differs from the same request alone: batch_mismatch, both kept."""
+    a = OpenAIAdapter("http://127.0.0.1:9", checkpoint=ck)
+    log: list = []
+    a._case.log = log
+    job = Job("stop/x/001", "/v1/completions", {"prompt": [1]}, False)
+    solo = _ex(job, data={"choices": [{"text": "ABCD", "finish_reason": "stop"}], "usage": {"completion_tokens": 2}})
+    busy = _ex(job, data={"choices": [{"text": "ABCE", "finish_reason": "stop"}], "usage": {"completion_tokens": 2}})
+    [f] = against_alone(a, {("stop/x/001", False): solo}, [busy], "with 2 in flight")
+    assert (f.symptom, f.invariant) == ("batch_mismatch", "refinement") and "first difference at 3" in f.message
+    assert [e["label"] for e in log] == ["stop/x/001 alone", f"stop/x/001 (not streamed, request 1 of 1 with 2 in flight)"]
+    assert against_alone(a, {("stop/x/001", False): solo}, [solo], "alone") == []
+
+
+def test_a_stream_cut_with_done_and_no_finish_reason_breaks_single_terminal_event():
+    """§4.7 (llama-cpp-python's interrupt_requests): text, then [DONE] without a finish chunk."""
+    cut = 'data: {"id":"c","choices":[{"index":0,"text":"w000","finish_reason":null}]}\n\ndata: [DONE]\n'
+    [f] = terminal_findings(parse_sse(cut))
+    assert (f.symptom, f.invariant) == ("no_reason", "single_terminal_event") and "before [DONE]" in f.message
+    whole = cut.replace('"finish_reason":null}]}\n\ndata: [DONE]', '"finish_reason":"stop"}]}\n\ndata: [DONE]')
+    assert terminal_findings(parse_sse(whole)) == []
+
+
+def _anonymous(app):
+    """The server with its X-Request-Id header taken off every answer: a client can then neither
+    cancel nor resume its stream (D5), so an abandoned one runs on and keeps its place."""
+
+    async def wrapped(scope, receive, send):
+        async def strip(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [(k, v) for k, v in message["headers"] if k.lower() != b"x-request-id"]}
+            await send(message)
+
+        await app(scope, receive, strip)
+
+    return wrapped
+
+
+@pytest.mark.slow
+def test_streams_that_run_on_after_their_client_left_are_found(ck, app_server):
+    """§4.9, §4.10: a server whose abandoned streams keep their places (here the reference with its
+    request ids hidden, so nobody cancels: a paused stream parks for --detach-timeout, 4 s) fails the
+    disconnect cases, and one that names no request to resume fails resumption."""
+    from decodespec.runtime.server import create_app
+
+    url = app_server(_anonymous(create_app(_engine(ck, max_batch=2, detach_timeout_s=4.0))))
+    a = OpenAIAdapter(url, checkpoint=ck, tight=True)
+    by = {c.recipe: c for c in LIFE}
+    short = {"slots": 2, "bound_s": 2, "long_tokens": 60}
+    frees = run_case(a, attrs.evolve(by["disconnect_frees"], inputs={**by["disconnect_frees"].inputs, **short}))
+    assert frees.verdict is Verdict.FAIL and frees.failures[0].symptom == "slot_leaked", frees.failures
+    abort = run_case(a, attrs.evolve(by["disconnect_abort"], inputs={**by["disconnect_abort"].inputs, **short}))
+    assert abort.verdict is Verdict.FAIL and "ran_on" in {f.symptom for f in abort.failures}
+    res = run_case(a, attrs.evolve(by["resume"], inputs={**by["resume"].inputs, "long_tokens": 60}))
+    assert res.verdict is Verdict.FAIL and res.failures[0].symptom == "no_resume"
+
+
+def test_each_black_box_recipe_cites_model_checked_properties_that_exist():
+    """Item 8: the properties cited beside each recipe are invariants of spec/invariants.toml or
+    witnesses of the model checker."""
+    from decodespec.machine.checker_model import POOL_WITNESSES, WITNESSES
+    from decodespec.spec.invariants import load_invariants
+
+    known = set(load_invariants()) | set(WITNESSES) | set(POOL_WITNESSES)
+    assert set(MODEL_CHECKED) == set(RECIPES)
+    assert {n for names in MODEL_CHECKED.values() for n in names} <= known
