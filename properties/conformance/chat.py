@@ -21,7 +21,7 @@ from __future__ import annotations
 import codecs
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
@@ -29,11 +29,9 @@ from ...runtime.channels import CALL, THINK, Splitter, merged, tool_close_token,
 from ...runtime.openai_schema import OPENAI_FINISH
 from .adapters.base import Finding, Outcome, reference_on
 from .cases import Case
+from .script_server import ScriptServer
 from .symptoms import finding, merge
 from .wire import Streamed, wire_findings
-
-if TYPE_CHECKING:
-    from .adapters.openai import OpenAIAdapter
 
 PATH = "/v1/chat/completions"
 TAGS = (*THINK, *CALL)
@@ -134,7 +132,7 @@ def expected_chat(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[
                         wire, res.usage.selected_tokens, by_token)
 
 
-def request_body(a: OpenAIAdapter, case: Case, message: str, max_tokens: int) -> dict[str, Any]:
+def request_body(a: ScriptServer, case: Case, message: str, max_tokens: int) -> dict[str, Any]:
     chat = chat_of(case) or {}
     body: dict[str, Any] = {"model": a.model, "messages": [{"role": "user", "content": message}],
                             "max_tokens": max_tokens, "temperature": 0}
@@ -264,7 +262,7 @@ def judge_chat(exp: ChatExpected, obs: ChatObserved | None, where: str) -> list[
     return f
 
 
-def run_chat(a: OpenAIAdapter, case: Case) -> Outcome:
+def run_chat(a: ScriptServer, case: Case) -> Outcome:
     """Send a chat case both ways and judge each channel against the reference (see module)."""
     prog = a.checkpoint.programs[case.id]
     info = a.checkpoint.chat.get(case.id)
@@ -298,7 +296,7 @@ def run_chat(a: OpenAIAdapter, case: Case) -> Outcome:
                           f"{info['prompt_tokens']} tokens, program ids {list(prog.prompt)}; script ids {list(prog.script)}",))
 
 
-def sweep_chat(a: OpenAIAdapter, case: Case, info: Mapping[str, Any]) -> list[Finding]:
+def sweep_chat(a: ScriptServer, case: Case, info: Mapping[str, Any]) -> list[Finding]:
     """§4.3: the case at every max_tokens up to its script's length (a limit inside the reasoning,
     inside a tag, inside a call), each judged against the reference at that limit."""
     prog = a.checkpoint.programs[case.id]

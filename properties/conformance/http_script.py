@@ -14,41 +14,21 @@ completion_tokens counts the EOS that ended the run) are accepted both ways.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 
 from .adapters.base import Finding, Outcome, reference_on
 from .cases import STREAM_KINDS, Case, CaseError
 from .chat import chat_of, run_chat
-from .checkpoints import Checkpoint, on_checkpoint
+from .checkpoints import on_checkpoint
 from .judgement import Observed, expected_of, judge_observed
 from .script_check import Returned, deviation
+from .script_server import ScriptServer
 from .symptoms import WIRE, Expected, compare_count, finding, merge
 from .wire import Streamed, error_body_findings, wire_findings
 
 
-
-class ScriptServer(Protocol):
-    """What a script case needs of its adapter (adapters/openai.OpenAIAdapter is one; this module
-    does not import it, so the adapter may import this one)."""
-
-    checkpoint: Checkpoint
-    model: str
-    sweep: bool
-    prompt_note: str
-
-    def post(self, path: str, body: dict[str, Any], log: list[dict[str, Any]] | None = None) -> tuple[int, Any, str]: ...
-
-    def stream_body(self, path: str, body: dict[str, Any], *, log: list[dict[str, Any]] | None = None) -> Streamed: ...
-
-    def reference(self, case: Case) -> Any: ...
-
-    def prefix(self) -> Any: ...
-
-    def prompt_for(self, ids: list[int]) -> list[int] | str: ...
-
-    def log_exchanges(self, entries: list[dict[str, Any]]) -> None: ...
 
 PATH = "/v1/completions"
 
