@@ -11,7 +11,8 @@ import pytest
 
 from decodespec.properties.conformance.adapters.openai import OpenAIAdapter
 from decodespec.properties.conformance.cases import load_cases
-from decodespec.properties.conformance.chat import TEMPLATES, expected_chat
+from decodespec.properties.conformance.chat import expected_chat
+from decodespec.properties.conformance.chat_cases import TEMPLATES
 from decodespec.properties.conformance.checkpoints import build_group, group_of, http_blocker, prove, with_chat
 from decodespec.properties.conformance.runner import Verdict, run_cases
 from decodespec.properties.conformance.adapters.base import case_prompt, case_script, table_tokenizer

@@ -39,7 +39,7 @@ from ...runtime.result import Result
 from ...runtime.tokenizers import BYTE_LEVEL, HFTokenizer
 from .adapters.base import case_prompt, case_script, fixture_tokenizer, reference_on, table_tokenizer
 from .cases import Case, CaseError, CaseKind
-from .chat import TAGS, TEMPLATES, chat_of, chat_variants, template_of
+from .chat_cases import TAGS, TEMPLATES, chat_of, chat_variants, template_of
 from .forced import CONTEXT, DTYPES, PROBE_MAX, Probe, Program, check_margins, forced_llama
 
 MANIFEST = "decodespec-checkpoint.json"
@@ -106,7 +106,7 @@ def group_of(case: Case) -> str:
 
 
 def with_chat(cases: Iterable[Case]) -> list[Case]:
-    """The cases and the chat variant of every HTTP-runnable one (chat.chat_variants)."""
+    """The cases and the chat variant of every HTTP-runnable one (chat_cases.chat_variants)."""
     cases = list(cases)
     return cases + chat_variants(cases, lambda c: http_blocker(c) is None)
 

@@ -20,7 +20,8 @@ import attrs
 
 from .adapters.base import Finding, Outcome, reference_on
 from .cases import STREAM_KINDS, Case, CaseError
-from .chat import chat_of, run_chat
+from .chat import run_chat
+from .chat_cases import chat_of
 from .checkpoints import on_checkpoint
 from .judgement import Observed, expected_of, judge_observed
 from .script_check import Returned, deviation

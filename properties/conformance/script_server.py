@@ -31,3 +31,14 @@ class ScriptServer(Protocol):
     def prompt_for(self, ids: list[int]) -> list[int] | str: ...
 
     def log_exchanges(self, entries: list[dict[str, Any]]) -> None: ...
+
+
+class LiveServer(ScriptServer, Protocol):
+    """The adapter's side of a request-life case (life/, issue 24): also its URL (requests go out
+    side by side on connections of their own), whether it was started tight (concurrency and KV
+    budget limited), and which cases it cannot run."""
+
+    url: str
+    tight: bool
+
+    def unsupported(self, case: Any) -> str | None: ...

@@ -9,7 +9,7 @@ import sys
 
 import httpx
 
-from decodespec.properties.conformance.chat import TOOLS
+from decodespec.properties.conformance.chat_cases import TOOLS
 
 url, folder = sys.argv[1], sys.argv[2]
 man = json.load(open(f"{folder}/decodespec-checkpoint.json"))

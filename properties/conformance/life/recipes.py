@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
@@ -24,12 +24,10 @@ from ..adapters.base import Finding, Outcome
 from ..cases import Case, CaseKind, load_cases
 from ..checkpoints import LONG, RECIPE
 from ..http_script import PATH, request_body
+from ..script_server import LiveServer
 from ..symptoms import finding, merge
 from ..wire import terminal_findings, wire_findings
 from .exchange import Exchange, Gauges, Job, burst, client, overlap, preemptions, read_metrics, running, send
-
-if TYPE_CHECKING:
-    from ..adapters.openai import OpenAIAdapter
 
 # The model-checked properties (`decodespec check`, machine/checker.py: every interleaving of the
 # tables, with a scheduler that parks, preempts and resumes) each black-box recipe approximates.
@@ -57,25 +55,25 @@ def _timeout(case: Case) -> float:
 # ---- the programs, alone ---------------------------------------------------------------------------
 
 
-def long_tokens(a: OpenAIAdapter, case: Case) -> int:
+def long_tokens(a: LiveServer, case: Case) -> int:
     """How many tokens a long request asks for: the case's `long_tokens` (ended by the limit, 'length'),
     else the whole script with its EOS ('stop')."""
     return int(case.inputs.get("long_tokens", len(a.checkpoint.programs[LONG].script)))
 
 
-def long_body(a: OpenAIAdapter, case: Case, **over: Any) -> dict[str, Any]:
+def long_body(a: LiveServer, case: Case, **over: Any) -> dict[str, Any]:
     prog = a.checkpoint.programs[LONG]
     return {"model": a.model, "prompt": a.prompt_for(list(prog.prompt)), "max_tokens": long_tokens(a, case),
             "temperature": 0, **over}
 
 
-def long_text(a: OpenAIAdapter, case: Case) -> str:
+def long_text(a: LiveServer, case: Case) -> str:
     """The long program's text up to the case's limit (its EOS adds none)."""
     script = a.checkpoint.programs[LONG].script
     return a.checkpoint.tokenizer.decode([t for t in script[:long_tokens(a, case)] if t != a.checkpoint.eos_id])
 
 
-def mixed(a: OpenAIAdapter, case: Case) -> list[tuple[str, dict[str, Any]]]:
+def mixed(a: LiveServer, case: Case) -> list[tuple[str, dict[str, Any]]]:
     """(program, body) for the long program, then every script case this server runs on its
     checkpoint (no request fields, no context limit: one server for all)."""
     out = [(c.id, request_body(a, c)) for c in load_cases() if c.kind is CaseKind.SCRIPT
@@ -94,7 +92,7 @@ def jobs_for(programs: Sequence[tuple[str, dict[str, Any]]], n: int, *, streamed
     return out
 
 
-def alone(a: OpenAIAdapter, jobs: Sequence[Job], timeout_s: float) -> dict[tuple[str, bool], Exchange]:
+def alone(a: LiveServer, jobs: Sequence[Job], timeout_s: float) -> dict[tuple[str, bool], Exchange]:
     """Each distinct (program, streamed) of `jobs`, sent alone, one after another."""
     out: dict[tuple[str, bool], Exchange] = {}
     with client(a.url, 2, timeout_s) as c:
@@ -104,7 +102,7 @@ def alone(a: OpenAIAdapter, jobs: Sequence[Job], timeout_s: float) -> dict[tuple
     return out
 
 
-def left_long(a: OpenAIAdapter, case: Case, solo: Mapping[tuple[str, bool], Exchange]) -> str | None:
+def left_long(a: LiveServer, case: Case, solo: Mapping[tuple[str, bool], Exchange]) -> str | None:
     """D27: the long program alone must give its script's text (else nothing here can be judged)."""
     want = long_text(a, case)
     for (name, stream), ex in solo.items():
@@ -139,7 +137,7 @@ def _diff(solo: Exchange, got: Exchange) -> str:
     return "; ".join(parts)
 
 
-def against_alone(a: OpenAIAdapter, solo: Mapping[tuple[str, bool], Exchange], got: Sequence[Exchange],
+def against_alone(a: LiveServer, solo: Mapping[tuple[str, bool], Exchange], got: Sequence[Exchange],
                   where: str) -> list[Finding]:
     """Each answer under load against the same request alone; every stream's terminal (§4.7). The
     exchanges of the first SHOWN differences are kept, alone and under load side by side."""
@@ -163,7 +161,7 @@ def against_alone(a: OpenAIAdapter, solo: Mapping[tuple[str, bool], Exchange], g
     return merge(found)
 
 
-def _sample(got: Sequence[Exchange], a: OpenAIAdapter) -> None:
+def _sample(got: Sequence[Exchange], a: LiveServer) -> None:
     """Keep one streamed and one non-streamed exchange of a burst as the evidence of a pass."""
     for stream in (True, False):
         ex = next((x for x in got if x.job.stream is stream and not x.failed), None)
@@ -176,7 +174,7 @@ def _outcome(found: list[Finding], notes: Sequence[str], recipe: str, not_checke
                    judged=True)
 
 
-def _load(a: OpenAIAdapter, case: Case, recipe: str, *, streamed: str,
+def _load(a: LiveServer, case: Case, recipe: str, *, streamed: str,
           judge: Callable[[list[Finding], list[str], dict[str, float] | None, dict[str, float] | None], Outcome | None]
           | None = None) -> Outcome:
     """The shared flow: every job alone, then all at once while the gauges are sampled."""
@@ -213,19 +211,19 @@ def _load(a: OpenAIAdapter, case: Case, recipe: str, *, streamed: str,
 # ---- the recipes ----------------------------------------------------------------------------------
 
 
-def batch_exact(a: OpenAIAdapter, case: Case) -> Outcome:
+def batch_exact(a: LiveServer, case: Case) -> Outcome:
     """§4.8: `in_flight` requests of mixed programs at once, streamed and not: each comes back exactly
     as it does alone (tokens and text, finish reason, token count, one terminal, [DONE])."""
     return _load(a, case, "batch_exact", streamed="mixed")
 
 
-def terminal_under_load(a: OpenAIAdapter, case: Case) -> Outcome:
+def terminal_under_load(a: LiveServer, case: Case) -> Outcome:
     """§4.7: `in_flight` streams at once: each ends with exactly one finish chunk, then [DONE]; a
     stream cut by a newer request without a finish_reason breaks single_terminal_event."""
     return _load(a, case, "terminal_under_load", streamed="all")
 
 
-def preemption(a: OpenAIAdapter, case: Case) -> Outcome:
+def preemption(a: LiveServer, case: Case) -> Outcome:
     """§4.8: on a server whose KV budget is too small for the load, every answer is still exact. The
     engine's preemption counter (/metrics) must have moved, or the case proved nothing: n/a."""
     if (why := _needs_tight(a, case)) is not None:
@@ -247,7 +245,7 @@ def preemption(a: OpenAIAdapter, case: Case) -> Outcome:
     return _load(a, case, "preemption", streamed="mixed", judge=judge)
 
 
-def _needs_tight(a: OpenAIAdapter, case: Case) -> str | None:
+def _needs_tight(a: LiveServer, case: Case) -> str | None:
     if case.inputs.get("server") == "tight" and not a.tight:
         return ("it needs the server started with its concurrency limited and a KV budget too small for the load "
                 "(decodespec conform --launch-tight CMD, the engine's `tight` command in scripts/peers/engines.py)")
@@ -264,7 +262,7 @@ def _cancel_endpoint(c: Any, ex: Exchange) -> str:
     return f"POST /v1/requests/{rid}/cancel answered {r.status_code}"
 
 
-def abandon(a: OpenAIAdapter, case: Case) -> tuple[dict[str, Any], list[Finding]] | Outcome:
+def abandon(a: LiveServer, case: Case) -> tuple[dict[str, Any], list[Finding]] | Outcome:
     """The disconnect flow (§4.9, §4.10), measured:
 
     1. the long stream alone: how long its rest takes after its `cut_at`-th delta (`rest_s`; with
@@ -326,7 +324,7 @@ def _abandon_note(m: Mapping[str, Any]) -> str:
             f"would have taken at least {m['rest_s']:.2f} s{freed}")
 
 
-def disconnect_frees(a: OpenAIAdapter, case: Case) -> Outcome:
+def disconnect_frees(a: LiveServer, case: Case) -> Outcome:
     """§4.10, §4.9: with the engine's concurrency limited to `slots`, `slots` streams abandoned at
     token `cut_at` and then `slots` new requests: all of them start within `bound_s` (a leaked place
     shows as queueing or a timeout), and a request in flight beside them is unaffected."""
@@ -341,7 +339,7 @@ def disconnect_frees(a: OpenAIAdapter, case: Case) -> Outcome:
     return _outcome(merge(found), [_abandon_note(m)], "disconnect_frees")
 
 
-def disconnect_abort(a: OpenAIAdapter, case: Case) -> Outcome:
+def disconnect_abort(a: LiveServer, case: Case) -> Outcome:
     """§4.9: a stream abandoned at token `cut_at` stops being decoded (an abort, not a run to its end):
     its place is taken again well before its rest would have run (`reuse_s` under half of `rest_s`),
     and the running gauges, where offered, fall back. Between half and the whole rest it cannot tell."""
@@ -361,7 +359,7 @@ def disconnect_abort(a: OpenAIAdapter, case: Case) -> Outcome:
     return _outcome(merge(found), [_abandon_note(m)], "disconnect_abort", missed)
 
 
-def resume(a: OpenAIAdapter, case: Case) -> Outcome:
+def resume(a: LiveServer, case: Case) -> Outcome:
     """§4.7 rules 3-4 (D5): every event of a stream carries an SSE id; a client cut after `cut_at`
     deltas that reconnects with Last-Event-ID gets exactly the rest (no event twice, none lost), one
     finish chunk and [DONE]; once the request has ended, the same resume replays the same rest."""
@@ -420,6 +418,6 @@ def _resumed(ex: Exchange, before: Any, want: str, last: str, when: str) -> list
     return out + [f for f in wire_findings(st) if f.symptom == "done_missing"]
 
 
-RECIPES: Mapping[str, Callable[[OpenAIAdapter, Case], Outcome]] = {
+RECIPES: Mapping[str, Callable[[LiveServer, Case], Outcome]] = {
     f.__name__: f for f in (batch_exact, terminal_under_load, preemption, disconnect_frees, disconnect_abort, resume)
 }
