@@ -26,7 +26,7 @@ import attrs
 import httpx
 
 from ..cases import Case, CaseKind
-from ..checkpoints import RECIPE, Checkpoint, digest, group_of, http_blocker, reference_result, served_context
+from ..checkpoints import LONG, RECIPE, Checkpoint, digest, group_of, http_blocker, reference_result, served_context
 from ..http_script import run_script
 from ..life import RECIPES as LIFE_RECIPES
 from ..symptoms import Expected, compare_reason, compare_stream, compare_text, finding, merge
@@ -96,6 +96,9 @@ class OpenAIAdapter:
 
     def unsupported(self, case: Case) -> str | None:
         if case.kind is CaseKind.BLACKBOX:
+            if case.recipe in LIFE_RECIPES and (self.checkpoint is None or LONG not in self.checkpoint.programs):
+                return ("a request-life case runs the programs of a forced checkpoint that holds the long "
+                        "program: serve one (`decodespec checkpoints build`) and pass it with --checkpoint DIR")
             return missing_capabilities(self, case)
         if blocker := http_blocker(case):
             return f"cannot run over HTTP: {blocker}"
