@@ -63,7 +63,7 @@ from ..runtime.events import TERMINAL_KINDS, Event, EventKind
 from ..runtime.faults import Fault, FaultPlan
 from ..runtime.loop import generate
 from ..runtime.models import ScriptedModel
-from ..runtime.request import Request
+from ..runtime.request import Request, token_checks
 from ..runtime.stop import StopMatcher, TokenStopMatcher
 from ..runtime.stream import StreamEventKind
 from ..runtime.tokenizers import ByteTableTokenizer
@@ -78,9 +78,13 @@ TABLE = {
     1: b"> ", EOS: b"</s>", 10: b"x", 11: b"Q", 12: b"Z", 13: b"QZ", 14: b"xQ", 15: b"xQZ",
     16: b"\xc3", 17: b"\xa9", 20: b"QZ", 21: b"w", 22: b"x", 23: b"xQ", 24: b"Q", 25: b"xQZ",
 }
+# One byteless id per token finish check of the table (D4, D47: e.g. tool_call), never text.
+TOKEN_CHECK_IDS = {check: 30 + i for i, check in enumerate(token_checks())}
+TABLE.update({tid: b"" for tid in TOKEN_CHECK_IDS.values()})
+_CHECK_OF_ID = {tid: check for check, tid in TOKEN_CHECK_IDS.items()}
 STOP = ("QZ",)
 STOP_IDS = ((20, 21), (22, 21), (23, 21), (24, 21), (25, 21))
-ALPHABET = (10, 11, 12, 13, 14, 15, 16, 17, 20, 22, 23, 24, 25, EOS)
+ALPHABET = (10, 11, 12, 13, 14, 15, 16, 17, 20, 22, 23, 24, 25, EOS, *TOKEN_CHECK_IDS.values())
 UNSELECTED = 10  # pads the script: ScriptedModel needs logits past the last selected token
 NO_LIMIT = 8  # max_output_tokens when the path never ends by length (the model selects <= 2)
 LARGE = 1 << 20
@@ -230,7 +234,7 @@ def derive_paths() -> PathSet:
 class Select:
     """What the lifecycle and the stream see of one selected token (None: not observed)."""
 
-    kind: str  # "eos", "invalid" or "push"
+    kind: str  # "eos", "invalid", "push" or a token finish check's event (TOKEN_CHECK_IDS)
     delta: bool | None = False
     hit: bool | None = False
 
@@ -254,8 +258,8 @@ def _simulate(tokens: Sequence[int], tok: ByteTableTokenizer) -> tuple[list[Sele
     out: list[Select] = []
     deltas: list[bytes] = []
     for t in tokens:
-        if t == EOS:
-            out.append(Select("eos"))
+        if t == EOS or t in _CHECK_OF_ID:
+            out.append(Select("eos" if t == EOS else _CHECK_OF_ID[t]))
             break
         try:
             new = detok.push(t)
@@ -345,8 +349,10 @@ def plan_of(path: ModelPath) -> Plan:
                 selects.append(Select("push", bool(tag.safe), tag.stop == "hit"))
                 if tag.interrupt:  # the policy sees every non-empty chunk (D11)
                     interrupt_at = sum(1 for s in selects if s.delta)
+            elif tag.token in TOKEN_CHECK_IDS:
+                selects.append(Select(tag.token))
             else:
-                raise ValueError(f"a derived run has no token for a {tag.token} token check (finish_tokens)")
+                raise ValueError(f"a derived run has no token for a {tag.token} select (TOKEN_CHECK_IDS)")
         elif kind == "drain":
             if tag.what == "nothing":
                 drain = Drain(False, False, False, None)
@@ -529,6 +535,7 @@ def concretize(path: ModelPath, tok: ByteTableTokenizer | None = None) -> Concre
     script, deltas = choose_tokens(plan, tok)
     request: dict[str, Any] = {
         "stop": list(STOP), "stop_token_ids": [list(s) for s in STOP_IDS],
+        "finish_tokens": {check: [tid] for check, tid in TOKEN_CHECK_IDS.items()},
         "max_output_tokens": plan.max_output_tokens, "policy": plan.policy,
         "max_buffer_events": 1 if plan.policy != "buffer" else LARGE,
         "max_buffer_bytes": _byte_cap(plan, deltas) if plan.policy == "buffer" else LARGE,

@@ -23,10 +23,11 @@ MACHINE_DIR = Path(__file__).resolve().parent.parent / "machine"
 
 
 def seeded(name, state, event, target=None, kind=DecisionKind.ROW, **fields):
-    """The shipped table `name` with one decision replaced (bypassing the loader's validation)."""
+    """The shipped table `name` with one decision replaced (bypassing the loader's validation); a
+    row runs no action unless it names one the table declares (Executor.plans refuses any other)."""
     table = load_spec(name)
     decisions = dict(table.decisions)
-    decisions[(state, event)] = Decision(kind, state, event, target or state, action=fields.get("action", "seeded"),
+    decisions[(state, event)] = Decision(kind, state, event, target or state, action=fields.get("action"),
                                          anchor="§4.1", reason=fields.get("reason"), where="seeded")
     return {name: attrs.evolve(table, decisions=decisions)}
 

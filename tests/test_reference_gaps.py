@@ -5,8 +5,6 @@ and the grammar sees the text the decoder consumed, withheld bytes included (§4
 
 from __future__ import annotations
 
-from _spec_kit import probe, spec_copy
-from test_finish_checks import _with_tool_call
 
 from decodespec.properties import check_trace
 from decodespec.runtime import ByteTableTokenizer, Engine, Request, ScriptedModel, generate
@@ -61,23 +59,15 @@ def test_the_guard_leaves_a_greedy_stop_run_unchanged():
     assert (guarded.finish_reason, guarded.output, guarded.tokens) == (plain.finish_reason, plain.output, plain.tokens)
 
 
-def test_the_guard_refuses_a_token_check_id_inside_a_character(tmp_path):
-    """D22: a token finish check's id (byteless, like EOS) selected while "é" is half decoded would
-    end the run inside it; the guard refuses it until the character is whole (main let it end the
-    run and dropped the lead byte)."""
-    copy = spec_copy(tmp_path, {
-        "reasons.toml": lambda t: t + '\n[[reason]]\nname = "tool_calls"\nanchor = "§4.3"\nopenai = "tool_calls"\n',
-        "lifecycle.toml": _with_tool_call,
-    })
-    lines = probe(copy, """
-        from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, generate
-        tok = ByteTableTokenizer({0: b"a", 1: b"\\xc3", 2: b"\\xa9", 3: b"", 7: b""}, eos_id=3)
-        req = Request([0], max_output_tokens=4, finish_tokens={"tool_call": [7]}, utf8_guard=True)
-        r = generate(req, model=ScriptedModel([1, 7, 2, 7], vocab_size=8), tokenizer=tok)
-        print(r.finish_reason.value, r.output, r.tokens)
-    """)
+def test_the_guard_refuses_a_token_check_id_inside_a_character():
+    """D22: a token finish check's id (byteless, like EOS; here the shipped tool-call check, D47)
+    selected while "é" is half decoded would end the run inside it; the guard refuses it until the
+    character is whole (main let it end the run and dropped the lead byte)."""
+    tok = ByteTableTokenizer({0: b"a", 1: b"\xc3", 2: b"\xa9", 3: b"", 7: b""}, eos_id=3)
+    req = Request([0], max_output_tokens=4, finish_tokens={"tool_call": [7]}, utf8_guard=True)
+    r = generate(req, model=ScriptedModel([1, 7, 2, 7], vocab_size=8), tokenizer=tok)
     # 7 refused while "é" is half done; 2 finishes it; 2 is then invalid and "a" (lowest id) stands in.
-    assert lines[0] == "tool_calls b'\\xc3\\xa9a' (1, 2, 0, 7)", lines
+    assert (r.finish_reason, r.output, r.tokens) == (FinishReason.TOOL_CALLS, b"\xc3\xa9a", (1, 2, 0, 7))
 
 
 def test_the_content_policy_judges_the_flushed_tail():

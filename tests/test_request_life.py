@@ -133,11 +133,13 @@ def _anonymous(app):
 @pytest.mark.slow
 def test_streams_that_run_on_after_their_client_left_are_found(ck, app_server):
     """§4.9, §4.10: a server whose abandoned streams keep their places (here the reference with its
-    request ids hidden, so nobody cancels: a paused stream parks for --detach-timeout, 4 s) fails the
-    disconnect cases, and one that names no request to resume fails resumption."""
+    request ids hidden, so nobody cancels: a stream pauses once 4 events wait unread and then parks
+    for --detach-timeout, 4 s) fails the disconnect cases, and one that names no request to resume
+    fails resumption. The small buffer makes the park certain: with the default 256 events a 60-token
+    stream could end on its own within the bound and free its place."""
     from decodespec.runtime.server import create_app
 
-    url = app_server(_anonymous(create_app(_engine(ck, max_batch=2, detach_timeout_s=4.0))))
+    url = app_server(_anonymous(create_app(_engine(ck, max_batch=2, detach_timeout_s=4.0), max_buffer_events=4)))
     a = OpenAIAdapter(url, checkpoint=ck, tight=True)
     by = {c.recipe: c for c in LIFE}
     short = {"slots": 2, "bound_s": 2, "long_tokens": 60}

@@ -30,13 +30,15 @@ def _step_edit(phase: str, before: str) -> tuple[str, str]:
 
 
 def _new_row() -> tuple[str, str]:
+    """A declared event ("handoff") with a DECODING row that nothing in the model ever fires."""
     text = (SPEC_DIR / "lifecycle.toml").read_text(encoding="utf-8")
-    declared = '"model_error", "decode_error", "transport_error"]\n\n#'
-    text = text.replace(declared, declared.replace('"transport_error"]', '"transport_error", "tool_call"]'), 1)
-    text += ('\n[[row]]\nstate = "DECODING"\nevent = "tool_call"\ntarget = "DRAINING"\naction = "fix_reason"\n'
+    declared = '"transport_error", "tool_call"]\n\n#'
+    assert text.count(declared) == 1, "lifecycle.toml: the events list's end moved"
+    text = text.replace(declared, declared.replace('"tool_call"]', '"tool_call", "handoff"]'), 1)
+    text += ('\n[[row]]\nstate = "DECODING"\nevent = "handoff"\ntarget = "DRAINING"\naction = "fix_reason"\n'
              'reason = "eos"\nanchor = "§4.3"\n')
     for state in ("CREATED", "QUEUED", "PREFILLING", "DRAINING", "CANCEL_REQUESTED", "FINISHED", "CANCELLED", "FAILED"):
-        text += f'\n[[reject]]\nstate = "{state}"\nevents = ["tool_call"]\n'
+        text += f'\n[[reject]]\nstate = "{state}"\nevents = ["handoff"]\n'
     return "lifecycle", text
 
 
@@ -152,7 +154,7 @@ def test_the_checker_catches_each_seeded_table_bug(name):
     report = check(1, tables={machine: table})
     assert not report.ok, f"{name}: passed the checker"
     if catcher == "unexplored":
-        assert report.unexplored and report.rows_never_fired["lifecycle"] == (("DECODING", "tool_call"),)
+        assert report.unexplored and report.rows_never_fired["lifecycle"] == (("DECODING", "handoff"),)
     elif isinstance(catcher, str):
         assert catcher.split(":", 1)[1] in report.missing_witnesses
     else:
