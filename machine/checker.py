@@ -349,7 +349,6 @@ class _Search:
         self._waits = [model.waits_for_slot(c) for c in comps]
         self._used = [model.used_slot(c) for c in comps]
         moves = _Moves(loc, hold)
-        flagged = np.array([bool(b) for b in loc.bad], dtype=bool)
         waits, used = np.array(self._waits, dtype=bool), np.array(self._used, dtype=bool)
         witness_edges: dict[int, list] = {}
         for c in range(n):

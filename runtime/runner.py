@@ -32,7 +32,7 @@ from .ledger import ResourceLedger
 from .request import Request
 from .result import Result, Usage
 from .sampling import Sampler, SamplingParams
-from .stop import StopKind, StopMatcher, TokenStopMatcher
+from .stop import StopKind, StopMatcher, TokenStopMatcher  # noqa: F401 (StopKind: used by the STEP_CODE phases)
 from .stream import OVERFLOW_ERROR, BackpressurePolicy, OrderedStream, StreamOverflow
 from .tokenizers import TokenizerError
 from .utf8_guard import Utf8Guard, guard_for

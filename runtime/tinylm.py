@@ -255,7 +255,6 @@ class TinyLM(PrefillOne, nn.Module):
         """
         check_active_batch(caches, tokens, self.context_limit)
         ids = self._check_ids(tokens, "tokens")
-        B = len(caches)
         with torch.inference_mode():
             lens = torch.as_tensor([c.length for c in caches], device=self.device)
             pairs = [c.keys_values() for c in caches]

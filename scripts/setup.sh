@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up for decodespec: a virtual environment with the CPU torch wheel, the project
 # (editable) with its test and server extras, and graphviz's `dot` for the diagrams.
-# Re-running is cheap: the install step is skipped while pyproject.toml is unchanged.
+# Re-running is cheap: the install step is skipped while pyproject.toml and setup.py are unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,7 +22,7 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
     "$VENV/bin/pip" install --quiet "${find_links[@]}" "torch==2.13.0"
 fi
 
-want="$(sha256sum pyproject.toml | cut -d' ' -f1) $(pwd)"
+want="$(cat pyproject.toml setup.py | sha256sum | cut -d" " -f1) $(pwd)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ] || ! "$VENV/bin/python" -c "import decodespec" >/dev/null 2>&1; then
     echo "setup: installing decodespec with extras test, serve"
     "$VENV/bin/pip" install --quiet -e ".[test,serve]"

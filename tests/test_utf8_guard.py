@@ -129,9 +129,9 @@ def test_engine_batches_respect_the_guard(embedded):
     """The Engine's batch argmax is re-chosen under the guard; sampled rows are masked too."""
     model, tok = embedded
     engine = Engine(model, tok, max_batch=4)
-    runs = [engine.submit(Request("Der Bär", max_output_tokens=24, temperature=t, seed=s, utf8_guard=True))
-            for s in range(12) for t in (0.0, 1.5)]
+    handles = [engine.submit(Request("Der Bär", max_output_tokens=24, temperature=t, seed=s, utf8_guard=True))
+               for s in range(12) for t in (0.0, 1.5)]
     engine.run_until_idle()
-    for r in (run.result() for run in runs):
+    for r in (h.result() for h in handles):
         assert r.state.value == "FINISHED", r.error
         assert check_trace(r.trace, tokenizer=tok) == []

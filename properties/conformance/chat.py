@@ -30,7 +30,7 @@ from ...runtime.openai_schema import OPENAI_FINISH
 from .adapters.base import Finding, Outcome, reference_on
 from .cases import Case
 from .chat_cases import TAGS, TOOLS, chat_of, template_of
-from .script_server import ScriptServer
+from .script_server import ScriptServer, case_fields, sweep_limits
 from .symptoms import finding, merge
 from .wire import Streamed, wire_findings
 
@@ -77,16 +77,11 @@ def request_body(a: ScriptServer, case: Case, message: str, max_tokens: int) -> 
     chat = chat_of(case) or {}
     body: dict[str, Any] = {"model": a.model, "messages": [{"role": "user", "content": message}],
                             "max_tokens": max_tokens, "temperature": 0}
-    if case.inputs.get("stop"):
-        body["stop"] = list(case.inputs["stop"])
-    if case.inputs.get("stop_token_ids"):
-        body["stop_token_ids"] = [s[0] for s in case.inputs["stop_token_ids"]]
     if chat.get("tools"):
         body["tools"] = TOOLS
     if not chat.get("reasoning"):  # a server whose parser assumes the model thinks is told it does not
         body["chat_template_kwargs"] = {"enable_thinking": False}
-    body.update(case.inputs.get("request", {}))
-    return body
+    return {**body, **case_fields(case)}
 
 
 @attrs.frozen
@@ -133,23 +128,20 @@ def observe_stream(st: Streamed) -> ChatObserved | None:
         return None
     content, reasoning, leaks = [], [], []
     calls: dict[int, list[Any]] = {}
-    reasons = []
-    for chunk in st.chunks:
-        for choice in chunk.get("choices") or []:
-            d = choice.get("delta") or {}
-            for field, into in (("content", content), ("reasoning_content", reasoning), ("reasoning", reasoning)):
-                text = d.get(field)
-                if isinstance(text, str) and text:
-                    into.append(text)
-                    if any(_has_fragment(text, t) for t in TAGS):
-                        leaks.append((field, text))
-            for t in d.get("tool_calls") or []:
-                slot = calls.setdefault(int(t.get("index", 0)), [None, ""])
-                fn = t.get("function") or {}
-                slot[0] = slot[0] or fn.get("name")
-                slot[1] += fn.get("arguments") or ""
-            if choice.get("finish_reason"):
-                reasons.append(choice["finish_reason"])
+    for choice in st.choices():
+        d = choice.get("delta") or {}
+        for field, into in (("content", content), ("reasoning_content", reasoning), ("reasoning", reasoning)):
+            text = d.get(field)
+            if isinstance(text, str) and text:
+                into.append(text)
+                if any(_has_fragment(text, t) for t in TAGS):
+                    leaks.append((field, text))
+        for t in d.get("tool_calls") or []:
+            slot = calls.setdefault(int(t.get("index", 0)), [None, ""])
+            fn = t.get("function") or {}
+            slot[0] = slot[0] or fn.get("name")
+            slot[1] += fn.get("arguments") or ""
+    reasons = st.finish_reasons
     parsed, half = [], []
     for i in sorted(calls):
         name, args = calls[i]
@@ -238,21 +230,16 @@ def run_chat(a: ScriptServer, case: Case) -> Outcome:
 
 
 def sweep_chat(a: ScriptServer, case: Case, info: Mapping[str, Any]) -> list[Finding]:
-    """§4.3: the case at every max_tokens up to its script's length (a limit inside the reasoning,
-    inside a tag, inside a call), each judged against the reference at that limit."""
+    """§4.3: the case at every other max_tokens (script_server.sweep_limits: a limit inside the
+    reasoning, inside a tag, inside a call), each judged against the reference at that limit."""
     prog = a.checkpoint.programs[case.id]
-    out: list[Finding] = []
-    for k in range(1, len(prog.script) + 1):
-        if k == case.max_tokens:
-            continue
-        exp = expected_chat(case, a.checkpoint.tokenizer, prog.prompt, prog.script, max_tokens=k)
-        body = request_body(a, case, info["message"], k)
-        log: list[dict[str, Any]] = []
-        status, data, raw = a.post(PATH, {**body, "stream": False}, log)
-        st = a.stream_body(PATH, {**body, "stream": True}, log=log)
-        found = judge_chat(exp, observe_message(status, data), f"at max_tokens={k}, non-streamed answer") + \
+
+    def at(k: int) -> tuple[ChatExpected, dict[str, Any]]:
+        return (expected_chat(case, a.checkpoint.tokenizer, prog.prompt, prog.script, max_tokens=k),
+                request_body(a, case, info["message"], k))
+
+    def judge(k: int, exp: ChatExpected, status: int, data: Any, raw: str, st: Streamed) -> list[Finding]:
+        return judge_chat(exp, observe_message(status, data), f"at max_tokens={k}, non-streamed answer") + \
             judge_chat(exp, observe_stream(st), f"at max_tokens={k}, stream")
-        if found:
-            a.log_exchanges(log)
-            out += found
-    return out
+
+    return sweep_limits(a, case, case.max_tokens, PATH, at, judge)

@@ -41,6 +41,7 @@ from .adapters.base import case_prompt, case_script, fixture_tokenizer, referenc
 from .cases import Case, CaseError, CaseKind
 from .chat_cases import TAGS, TEMPLATES, chat_of, chat_variants, template_of
 from .forced import CONTEXT, DTYPES, PROBE_MAX, Probe, Program, check_margins, forced_llama
+from .symptoms import first_difference
 
 MANIFEST = "decodespec-checkpoint.json"
 # The recipe program: varied free text (multi-byte characters included) that the black-box recipes
@@ -474,7 +475,7 @@ def prove(ckpt: Checkpoint, dtypes: Sequence[str] = DTYPES) -> str:
                                                                max(len(want) for _, _, want in b), ckpt.eos_id)]
         for (name, _, want), ids in zip([r for b in batches for r in b], got):
             if ids[:len(want)] != want:
-                at = next(i for i, (a, b) in enumerate(zip(ids, want)) if a != b)
+                at = first_difference(ids, want)
                 raise ProofError(f"{ckpt.folder.name} in {dtype}: {name} generated {ids[:len(want)]}, expected {want} "
                                  f"(first difference at output token {at + 1})")
     tokens = sum(len(want) for _, _, want in runs)

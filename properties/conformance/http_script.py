@@ -25,8 +25,8 @@ from .chat_cases import chat_of
 from .checkpoints import on_checkpoint
 from .judgement import Observed, expected_of, judge_observed
 from .script_check import Returned, deviation
-from .script_server import ScriptServer
-from .symptoms import WIRE, Expected, compare_count, finding, merge
+from .script_server import ScriptServer, case_fields, program_body, sweep_limits
+from .symptoms import WIRE, Expected, compare_count, finding, first_difference, merge
 from .wire import Streamed, error_body_findings, wire_findings
 
 
@@ -36,15 +36,7 @@ PATH = "/v1/completions"
 
 def request_body(a: ScriptServer, case: Case, **over: Any) -> dict[str, Any]:
     prog = a.checkpoint.programs[case.id]
-    body: dict[str, Any] = {"model": a.model, "prompt": a.prompt_for(list(prog.prompt)),
-                            "max_tokens": on_checkpoint(case, a.checkpoint).max_tokens, "temperature": 0}
-    if case.inputs.get("stop"):
-        body["stop"] = list(case.inputs["stop"])
-    if case.inputs.get("stop_token_ids"):
-        body["stop_token_ids"] = [s[0] for s in case.inputs["stop_token_ids"]]
-    body.update(case.inputs.get("request", {}))
-    body.update(over)
-    return body
+    return {**program_body(a, prog, on_checkpoint(case, a.checkpoint).max_tokens), **case_fields(case), **over}
 
 
 def expected(a: ScriptServer, case: Case) -> Expected:
@@ -114,32 +106,29 @@ def judge_exchange(case: Case, exp: Expected, status: int, data: Any, raw: str, 
 
 
 def sweep(a: ScriptServer, case: Case) -> list[Finding]:
-    """§4.3: the case again with max_tokens at every token of its script (a tail bug can show only
-    when the limit lands on one particular token). Each limit is judged against the reference at
-    that limit; its chapter-4 findings say the limit, and its exchanges are kept only when it fails."""
+    """§4.3: the case at every other max_tokens (script_server.sweep_limits), each limit judged
+    against the reference at that limit; its chapter-4 findings say the limit (wire ones are the
+    served limit's to report)."""
     prog = a.checkpoint.programs[case.id]
     tok = a.checkpoint.tokenizer
-    out: list[Finding] = []
     served = on_checkpoint(case, a.checkpoint)
-    for k in range(1, len(prog.script) + 1):
-        if k == served.max_tokens:
-            continue
-        at = attrs.evolve(served, inputs={**served.inputs, "max_tokens": k})
-        try:
-            exp = expected_of(at, tok, prog.prompt, prog.script, reference_on(at, tok, prog.prompt, prog.script))
-        except CaseError:
-            continue  # the request is not valid at this limit (min_tokens above it): nothing to compare
 
-        body = request_body(a, case, max_tokens=k)
-        log: list[dict[str, Any]] = []
-        status, data, raw = a.post(PATH, {**body, "stream": False}, log)
-        st = a.stream_body(PATH, {**body, "stream": True}, log=log)
-        found = [attrs.evolve(f, message=f"at max_tokens={k}: {f.message}")
-                 for f in judge_exchange(at, exp, status, data, raw, st)[0] if f.family != WIRE]
-        if found:
-            a.log_exchanges(log)
-            out += found
-    return out
+    def limited(k: int) -> Case:
+        return attrs.evolve(served, inputs={**served.inputs, "max_tokens": k})
+
+    def at(k: int) -> tuple[Expected, dict[str, Any]] | None:
+        try:
+            exp = expected_of(limited(k), tok, prog.prompt, prog.script,
+                              reference_on(limited(k), tok, prog.prompt, prog.script))
+        except CaseError:
+            return None  # the request is not valid at this limit (min_tokens above it): nothing to compare
+        return exp, request_body(a, case, max_tokens=k)
+
+    def judge(k: int, exp: Expected, status: int, data: Any, raw: str, st: Streamed) -> list[Finding]:
+        return [attrs.evolve(f, message=f"at max_tokens={k}: {f.message}")
+                for f in judge_exchange(limited(k), exp, status, data, raw, st)[0] if f.family != WIRE]
+
+    return sweep_limits(a, case, served.max_tokens, PATH, at, judge)
 
 
 def run_script(a: ScriptServer, case: Case) -> Outcome:
@@ -206,7 +195,7 @@ def left_script(a: ScriptServer, case: Case, data: dict[str, Any], exp: Expected
     # the case sets): past it, following the field is the case's own question.
     script = [*prog.script, a.checkpoint.eos_id]
     ref = a.reference(case).tokens
-    same = next((i for i, (x, y) in enumerate(zip(ref, script)) if x != y), min(len(ref), len(script)))
+    same = first_difference(ref, script)
     if exp.guard_passed:  # engines differ in how a guarded EOS is passed over (banned, or selected): D31's question
         same = min(same, exp.eos_at - 1)
     for choice in data.get("choices") or []:

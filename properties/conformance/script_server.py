@@ -6,9 +6,13 @@ no adapter, so the adapter may import them (no import circle, issue 27 item 5).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
+from .adapters.base import Finding
+from .cases import Case
 from .checkpoints import Checkpoint
+from .forced import Program
 from .wire import Streamed
 
 
@@ -42,3 +46,43 @@ class LiveServer(ScriptServer, Protocol):
     tight: bool
 
     def unsupported(self, case: Any) -> str | None: ...
+
+
+def program_body(a: ScriptServer, prog: Program, max_tokens: int, **over: Any) -> dict[str, Any]:
+    """A greedy /v1/completions body for a forced program: its prompt ids (marker first), the limit."""
+    return {"model": a.model, "prompt": a.prompt_for(list(prog.prompt)), "max_tokens": max_tokens,
+            "temperature": 0, **over}
+
+
+def case_fields(case: Case) -> dict[str, Any]:
+    """What a script case asks of any request, completions or chat: its `stop` strings, single-id
+    stop sequences as vLLM's `stop_token_ids`, and its `inputs.request` fields as they are."""
+    out: dict[str, Any] = {}
+    if case.inputs.get("stop"):
+        out["stop"] = list(case.inputs["stop"])
+    if case.inputs.get("stop_token_ids"):
+        out["stop_token_ids"] = [s[0] for s in case.inputs["stop_token_ids"]]
+    return {**out, **case.inputs.get("request", {})}
+
+
+def sweep_limits(a: ScriptServer, case: Case, served: int, path: str,
+                 at: Callable[[int], tuple[Any, dict[str, Any]] | None],
+                 judge: Callable[[int, Any, int, Any, str, Streamed], list[Finding]]) -> list[Finding]:
+    """§4.3: the case again at every max_tokens up to its script's length but the `served` one (a
+    tail bug can show only when the limit lands on one particular token). `at(k)` gives the
+    reference's answer and the body at limit k (None: no valid request there); the body is sent
+    both ways, `judge` returns the findings, and the exchanges are kept only for a limit that fails."""
+    out: list[Finding] = []
+    for k in range(1, len(a.checkpoint.programs[case.id].script) + 1):
+        got = None if k == served else at(k)
+        if got is None:
+            continue
+        exp, body = got
+        log: list[dict[str, Any]] = []
+        status, data, raw = a.post(path, {**body, "stream": False}, log)
+        st = a.stream_body(path, {**body, "stream": True}, log=log)
+        found = judge(k, exp, status, data, raw, st)
+        if found:
+            a.log_exchanges(log)
+            out += found
+    return out

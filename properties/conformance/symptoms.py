@@ -225,7 +225,7 @@ def compare_text(exp: Expected, got: bytes, where: str) -> list[Finding]:
         out.append(finding("bytes_lost", f"the {where} ends after {len(got)} of {len(want)} bytes: "
                                          f"{_show(want[len(got):])} was never sent (expected {_show(want)})"))
     elif not hit:
-        p = next(i for i, (x, y) in enumerate(zip(got, want)) if x != y)
+        p = first_difference(got, want)
         if got[p:].startswith(_FFFD):
             out.append(finding("bytes_replaced", f"the {where} has U+FFFD at byte {p} where the reference sends "
                                                  f"{_show(want[p:p + 4])}: {_show(got)} (expected {_show(want)})"))
@@ -278,9 +278,22 @@ def _compare_failing(exp: Expected, got: bytes, where: str) -> list[Finding]:
     if want.startswith(got):
         return [finding("bytes_lost", f"the {where} ends after {len(got)} bytes; before the decoding error the reference "
                                       f"sends {_show(want)}")]
-    p = next(i for i, (x, y) in enumerate(zip(got, want)) if x != y)
+    p = first_difference(got, want)
     return [finding("bytes_replaced", f"the {where} differs from byte {p}: {_show(got)}; before the decoding error "
                                       f"the reference sends {_show(want)}")]
+
+
+def first_difference(got: Sequence[Any], want: Sequence[Any]) -> int:
+    """The index of the first item where `got` and `want` differ (the shorter length when one is a
+    prefix of the other)."""
+    return next((i for i, (x, y) in enumerate(zip(got, want)) if x != y), min(len(got), len(want)))
+
+
+def text_difference(got: str, want: str, width: int = 24) -> str:
+    """How `got` differs from `want`, for a finding: the lengths, and both texts at the first difference."""
+    at = first_difference(got, want)
+    return (f"{len(got)} characters for {len(want)}, first difference at {at} "
+            f"({got[at:at + width]!r} for {want[at:at + width]!r})")
 
 
 def compare_stream(batch: bytes | None, streamed: bytes | None) -> list[Finding]:

@@ -15,7 +15,7 @@ convention and never as a §4.x MUST (§4.7's rule is one terminal event, which 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import attrs
@@ -50,22 +50,26 @@ class Streamed:
 
     # ---- chapter 4's view of the chunks ---------------------------------------------------------
 
+    def choices(self) -> Iterator[dict[str, Any]]:
+        """Every choice of every chunk, in the order they came."""
+        for chunk in self.chunks:
+            yield from chunk.get("choices") or []
+
     def _fold(self) -> tuple[list[str], list[str], list[str]]:
         """(texts sent before the first finish chunk, including empty ones; finish reasons; text after)."""
         texts: list[str] = []
         reasons: list[str] = []
         after: list[str] = []
-        for chunk in self.chunks:
-            for choice in chunk.get("choices") or []:
-                text = _choice_text(choice)
-                if choice.get("finish_reason"):
-                    if text and not reasons:
-                        texts.append(text)  # the finish chunk may carry the last delta
-                    elif text:
-                        after.append(text)
-                    reasons.append(choice["finish_reason"])
-                elif text is not None:
-                    (after if reasons else texts).append(text)
+        for choice in self.choices():
+            text = _choice_text(choice)
+            if choice.get("finish_reason"):
+                if text and not reasons:
+                    texts.append(text)  # the finish chunk may carry the last delta
+                elif text:
+                    after.append(text)
+                reasons.append(choice["finish_reason"])
+            elif text is not None:
+                (after if reasons else texts).append(text)
         return texts, reasons, after
 
     @property

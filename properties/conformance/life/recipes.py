@@ -24,8 +24,8 @@ from ..adapters.base import Finding, Outcome
 from ..cases import Case, CaseKind, load_cases
 from ..checkpoints import LONG, RECIPE
 from ..http_script import PATH, request_body
-from ..script_server import LiveServer
-from ..symptoms import finding, merge
+from ..script_server import LiveServer, program_body
+from ..symptoms import finding, merge, text_difference
 from ..wire import terminal_findings, wire_findings
 from .exchange import Exchange, Gauges, Job, burst, client, overlap, preemptions, read_metrics, running, send
 
@@ -62,9 +62,7 @@ def long_tokens(a: LiveServer, case: Case) -> int:
 
 
 def long_body(a: LiveServer, case: Case, **over: Any) -> dict[str, Any]:
-    prog = a.checkpoint.programs[LONG]
-    return {"model": a.model, "prompt": a.prompt_for(list(prog.prompt)), "max_tokens": long_tokens(a, case),
-            "temperature": 0, **over}
+    return program_body(a, a.checkpoint.programs[LONG], long_tokens(a, case), **over)
 
 
 def long_text(a: LiveServer, case: Case) -> str:
@@ -110,9 +108,8 @@ def left_long(a: LiveServer, case: Case, solo: Mapping[tuple[str, bool], Exchang
             continue
         got = ex.answer[1] if not ex.failed else None
         if got != want:
-            at = next((i for i, (x, y) in enumerate(zip(got or "", want)) if x != y), min(len(got or ""), len(want)))
             return (f"the long program alone ({'streamed' if stream else 'not streamed'}) did not give its script's "
-                    f"text (first difference at character {at}: {(got or '')[at:at + 40]!r} for {want[at:at + 40]!r}; "
+                    f"text ({text_difference(got or '', want, 40)}; "
                     f"status {ex.status}{', ' + ex.failed if ex.failed else ''}): precision, a sampling default, "
                     "a prompt shift or a context the server cannot hold")
     return None
@@ -129,9 +126,7 @@ def _diff(solo: Exchange, got: Exchange) -> str:
     for name, x, y in zip(_FIELDS[got.job.stream], solo.answer, got.answer):
         if x != y:
             if isinstance(x, str) and isinstance(y, str):
-                at = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
-                parts.append(f"{name}: {len(y)} characters for {len(x)}, first difference at {at} "
-                             f"({y[at:at + 24]!r} for {x[at:at + 24]!r})")
+                parts.append(f"{name}: {text_difference(y, x)}")
             else:
                 parts.append(f"{name}: {y!r} for {x!r}")
     return "; ".join(parts)
@@ -297,8 +292,7 @@ def abandon(a: LiveServer, case: Case) -> tuple[dict[str, Any], list[Finding]] |
                 break
             time.sleep(0.05)
     recipe = a.checkpoint.programs[RECIPE]
-    short = {"model": a.model, "prompt": a.prompt_for(list(recipe.prompt)), "max_tokens": len(recipe.script),
-             "temperature": 0, "stream": True}
+    short = program_body(a, recipe, len(recipe.script), stream=True)
     fresh = burst(a.url, [long_stream, *(Job(RECIPE, PATH, short, True) for _ in range(s - 1))], timeout_s=bound)
     late = [i + 1 for i, x in enumerate(fresh) if x.first is None or x.first - t_gone > bound]
     starts = [x.first - t_gone for x in fresh if x.first is not None]
@@ -407,10 +401,8 @@ def _resumed(ex: Exchange, before: Any, want: str, last: str, when: str) -> list
     out = []
     got = before.text + st.text
     if got != want:
-        at = next((i for i, (x, y) in enumerate(zip(got, want)) if x != y), min(len(got), len(want)))
         out.append(finding("resume_mismatch", f"resumed {when}: the text before the cut plus the resumed text is "
-                                              f"{len(got)} characters for {len(want)}, first difference at {at} "
-                                              f"({got[at:at + 24]!r} for {want[at:at + 24]!r})"))
+                                              f"{text_difference(got, want)}"))
     ids = [int(i) for i in st.sse_ids if i.isdigit()]
     if last.isdigit() and ids and min(ids) <= int(last):
         out.append(finding("resume_mismatch", f"resumed {when}: SSE ids {ids[:5]} repeat events up to {last}"))
