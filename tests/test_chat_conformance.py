@@ -36,7 +36,7 @@ def chat_set(tmp_path_factory):
     groups = {}
     for c in picked:
         groups.setdefault(group_of(c), []).append(c)
-    return {g: (build_group(g, cs, out / g), cs) for g, cs in sorted(groups.items())}
+    return {g: (build_group(g, cs, out / g, long=False), cs) for g, cs in sorted(groups.items())}
 
 
 def test_chat_programs_are_placed_by_the_template_and_proved_by_transformers(chat_set):

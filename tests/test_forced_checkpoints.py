@@ -3,15 +3,13 @@ script cases over HTTP against `decodespec serve` on them, with seeded bugs caug
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from decodespec.properties.conformance import Verdict, load_cases, run_cases
-from decodespec.properties.conformance.adapters.openai import OpenAIAdapter, logprob_tokens
+from decodespec.properties.conformance.adapters.openai import OpenAIAdapter
 from decodespec.properties.conformance.checkpoints import (
-    RECIPE, TABLE_GROUP, Checkpoint, build_checkpoints, byte_table_tokenizer, http_blocker, merged_table, prove,
-    reference_result, served_context,
+    RECIPE, TABLE_GROUP, Checkpoint, build_checkpoints, byte_table_tokenizer, merged_table, prove,
+    served_context,
 )
 from decodespec.properties.conformance.life import RECIPES as LIFE_RECIPES
 from decodespec.properties.conformance.forced import Program, ProgramError, check_margins, forced_llama
@@ -83,9 +81,9 @@ def test_compiled_byte_table_keeps_every_id_and_its_bytes(tmp_path):
 @pytest.fixture(scope="module")
 def forced(tmp_path_factory):
     """Every group's checkpoint, built once and proved with transformers generate (the chat groups:
-    tests/test_chat_conformance.py)."""
+    tests/test_chat_conformance.py; the long program: tests/test_request_life.py)."""
     plain = [c for c in load_cases() if not c.id.startswith("chat/")]
-    built = build_checkpoints(plain, tmp_path_factory.mktemp("forced"), chat=False)
+    built = build_checkpoints(plain, tmp_path_factory.mktemp("forced"), chat=False, long=False)
     return {c.group: c for c in built}
 
 

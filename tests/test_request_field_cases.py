@@ -68,7 +68,7 @@ def served(tmp_path_factory, app_server):
     from decodespec.runtime.server import create_app
 
     cases = [c for c in _field_cases() if "table" in c.tokenizer_spec]
-    ck = build_group(TABLE_GROUP, cases, tmp_path_factory.mktemp("forced") / TABLE_GROUP)
+    ck = build_group(TABLE_GROUP, cases, tmp_path_factory.mktemp("forced") / TABLE_GROUP, long=False)
     url = app_server(create_app(Engine(HFModel(ck.folder), HFTokenizer(ck.folder))))
     return ck, OpenAIAdapter(url, checkpoint=ck), cases
 

@@ -11,7 +11,9 @@ import pytest
 
 from decodespec.properties.conformance import load_cases
 from decodespec.properties.conformance.adapters.openai import OpenAIAdapter
-from decodespec.properties.conformance.checkpoints import LONG, LONG_TOKENS, TABLE_GROUP, build_group, group_of, http_blocker
+from decodespec.properties.conformance.checkpoints import (
+    LONG, LONG_TOKENS, TABLE_GROUP, build_group, generate_batch, group_of, http_blocker,
+)
 from decodespec.properties.conformance.life import MODEL_CHECKED, RECIPES
 from decodespec.properties.conformance.life.exchange import Exchange, Job
 from decodespec.properties.conformance.life.recipes import against_alone
@@ -60,10 +62,26 @@ def adapter(ck, servers, case):
 
 
 def test_the_checkpoint_carries_a_long_program_to_its_eos(ck):
-    """Item 1: a 480-token script (with its EOS) within the 512-token context, on every checkpoint."""
+    """Item 1: a 480-token script (with its EOS) within the 512-token context, which transformers
+    generate follows to its EOS (float32 here; `decodespec checkpoints build` proves it in every dtype)."""
+    from transformers import AutoModelForCausalLM
+
     prog = ck.programs[LONG]
     assert len(prog.script) == LONG_TOKENS + 1 and prog.script[-1] == ck.eos_id
     assert len(prog.prompt) + len(prog.script) <= 512
+    model = AutoModelForCausalLM.from_pretrained(ck.folder).eval()
+    [got] = generate_batch(model, [prog.prompt], len(prog.script), ck.eos_id)
+    assert got == list(prog.script)
+
+
+def test_a_checkpoint_built_without_the_long_program_makes_the_life_cases_na(tmp_path):
+    """A build for the script cases alone (build_group's `long`) leaves the long program out; a
+    request-life case on it is n/a and says what is missing, never a crash or a vacuous pass."""
+    cases = [c for c in load_cases() if group_of(c) == TABLE_GROUP and http_blocker(c) is None][:2]
+    bare = build_group(TABLE_GROUP, cases, tmp_path / TABLE_GROUP, long=False)
+    assert LONG not in bare.programs
+    why = OpenAIAdapter("http://127.0.0.1:9", checkpoint=bare, tight=True).unsupported(LIFE[0])
+    assert why is not None and "long" in why, why
 
 
 @pytest.mark.slow
@@ -102,7 +120,7 @@ def test_an_answer_changed_by_its_neighbours_is_a_finding_that_keeps_both_exchan
     busy = _ex(job, data={"choices": [{"text": "ABCE", "finish_reason": "stop"}], "usage": {"completion_tokens": 2}})
     [f] = against_alone(a, {("stop/x/001", False): solo}, [busy], "with 2 in flight")
     assert (f.symptom, f.invariant) == ("batch_mismatch", "refinement") and "first difference at 3" in f.message
-    assert [e["label"] for e in log] == ["stop/x/001 alone", f"stop/x/001 (not streamed, request 1 of 1 with 2 in flight)"]
+    assert [e["label"] for e in log] == ["stop/x/001 alone", "stop/x/001 (not streamed, request 1 of 1 with 2 in flight)"]
     assert against_alone(a, {("stop/x/001", False): solo}, [solo], "alone") == []
 
 

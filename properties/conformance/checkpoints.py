@@ -49,7 +49,10 @@ MANIFEST = "decodespec-checkpoint.json"
 RECIPE = "recipe"
 RECIPE_TEXT = "Once upon a time, a café in 東京 served tea; the end."
 # The long program (issue 24): a script of LONG_TOKENS plain ASCII tokens, then EOS, that the
-# request-life recipes (properties/conformance/life) stream, cut, resume and run side by side.
+# request-life recipes (properties/conformance/life) stream, cut, resume and run side by side. Its
+# tokens repeat hundreds of times, so unlike every other program it holds under no frequency
+# penalty; and its proof costs more than the rest together, so a build for the script cases alone
+# leaves it out (build_group's `long`): the request-life cases are then n/a, saying so.
 LONG = "long"
 LONG_TOKENS = 480
 # Programs of a checkpoint that no case owns.
@@ -332,8 +335,9 @@ def reference_result(case: Case, ckpt: Checkpoint) -> Result:
     return reference_on(on_checkpoint(case, ckpt), ckpt.tokenizer, prog.prompt, prog.script)
 
 
-def build_group(group: str, cases: Sequence[Case], folder: Path) -> Checkpoint:
-    """Write one group's checkpoint into `folder` (replaced if present) and return it."""
+def build_group(group: str, cases: Sequence[Case], folder: Path, *, long: bool = True) -> Checkpoint:
+    """Write one group's checkpoint into `folder` (replaced if present) and return it; with `long`
+    it carries the long program too (the request-life cases need it)."""
     import torch
     from safetensors.torch import save_file
     from tokenizers import Tokenizer
@@ -367,8 +371,9 @@ def build_group(group: str, cases: Sequence[Case], folder: Path) -> Checkpoint:
         programs.append(Program(case.id, mid, prompt, case_script(case, hf)))
     mid = rt.token_to_id(recipe_marker)
     programs.append(Program(RECIPE, mid, [mid, anchor], [*hf.encode(RECIPE_TEXT), eos_id]))
-    mid = rt.token_to_id(long_marker)
-    programs.append(Program(LONG, mid, [mid, anchor], [*long_script(hf), eos_id]))
+    if long:
+        mid = rt.token_to_id(long_marker)
+        programs.append(Program(LONG, mid, [mid, anchor], [*long_script(hf), eos_id]))
     probe = Probe(rt.token_to_id(PROBE), echo_tokens(hf, eos_id))
     config, state = forced_llama(programs, rt.get_vocab_size(with_added_tokens=True), eos_id, anchor, probe)
     margins = check_margins(state, config, programs, eos_id, probe)
@@ -413,16 +418,16 @@ def templated(folder: Path, message: str, marker: int) -> dict[str, Any]:
     return {"message": message, "ids": ids, "prompt_tokens": len(ids)}
 
 
-def build_checkpoints(cases: Iterable[Case], out: str | Path, *, chat: bool = True) -> list[Checkpoint]:
+def build_checkpoints(cases: Iterable[Case], out: str | Path, *, chat: bool = True, long: bool = True) -> list[Checkpoint]:
     """One checkpoint per tokenizer group of the HTTP-runnable script cases and, with `chat`, of
-    their chat variants (one per template: with_chat), under `out/<group>`."""
+    their chat variants (one per template: with_chat), under `out/<group>`; `long`: build_group's."""
     groups: dict[str, list[Case]] = {}
     for case in (with_chat(cases) if chat else cases):
         if http_blocker(case) is None:
             groups.setdefault(group_of(case), []).append(case)
     if not groups:
         raise CaseError("none of the selected cases can run over HTTP; nothing to build")
-    return [build_group(g, cs, Path(out) / g) for g, cs in sorted(groups.items())]
+    return [build_group(g, cs, Path(out) / g, long=long) for g, cs in sorted(groups.items())]
 
 
 class ProofError(AssertionError):
