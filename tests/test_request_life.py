@@ -178,3 +178,30 @@ def test_each_black_box_recipe_cites_model_checked_properties_that_exist():
     known = set(load_invariants()) | set(WITNESSES) | set(POOL_WITNESSES)
     assert set(MODEL_CHECKED) == set(RECIPES)
     assert {n for names in MODEL_CHECKED.values() for n in names} <= known
+
+
+def test_request_life_cases_run_one_at_a_time_after_the_others(ck, monkeypatch, tmp_path):
+    """A launched run (`conform --launch -j N`) sends the request-life cases one at a time, after the
+    script cases: a load case timed beside other cases measures them (issue 24: batch/exact/001 was
+    an ERROR under -j 4)."""
+    import contextlib
+
+    from decodespec.properties.conformance import launch
+
+    calls: list[tuple[list[str], int]] = []
+
+    def fake_run_cases(adapter, cases, *, jobs=1, on_result=None):
+        calls.append(([c.id for c in cases], jobs))
+        return [launch.CaseResult(c, "fake", Verdict.SKIP, reason="not run") for c in cases]
+
+    monkeypatch.setattr(launch, "launched", lambda *a, **k: contextlib.nullcontext("http://127.0.0.1:9"))
+    monkeypatch.setattr(launch, "run_cases", fake_run_cases)
+    script = [c for c in load_cases() if c.id in ck.programs][:3]
+    cases = [*LIFE, *script]
+    launch.run_launched(cases, [ck.folder], "serve {port}", log_dir=tmp_path, jobs=4, tight_command="tight {port}")
+    life = {c.id for c in LIFE}
+    assert [ids for ids, _ in calls if set(ids) & life and set(ids) - life] == []  # never mixed in one call
+    assert all(jobs == 1 for ids, jobs in calls if set(ids) & life)
+    order = [i for ids, _ in calls for i in ids]
+    assert max(order.index(c.id) for c in script) < min(order.index(i) for i in life if i in order)
+    assert life <= set(order) and any(jobs == 4 and ids for ids, jobs in calls)

@@ -25,6 +25,7 @@ import httpx
 from .adapters.openai import OpenAIAdapter
 from .cases import Case, CaseKind
 from .checkpoints import Checkpoint, group_of, http_blocker, served_context
+from .life import RECIPES as LIFE_RECIPES
 from .runner import CaseResult, Verdict, run_cases
 
 TIGHT = -1  # the run of the tight server, among the runs by context length
@@ -95,7 +96,9 @@ def run_launched(cases: Sequence[Case], folders: Sequence[Path], command: str, *
     with a context limit runs on a server of its own, started with `context_command` ({context}
     filled in as well); a case that asks for the tight server (`"server": "tight"`: concurrency
     limited, KV budget too small for the load; issue 24) runs, one at a time, on one started with
-    `tight_command`; without the command either is n/a with the reason."""
+    `tight_command`; without the command either is n/a with the reason. On every server the
+    request-life cases (life.RECIPES: they load it and time it) run one at a time after the others,
+    so no case runs beside them and none of them beside another."""
     ckpts = [Checkpoint.load(f) for f in folders]
     done: dict[str, CaseResult] = {}
     for i, ck in enumerate(ckpts):
@@ -122,8 +125,10 @@ def run_launched(cases: Sequence[Case], folders: Sequence[Path], command: str, *
                     name = model.format(model=ck.folder, name=ck.group) if model else None
                     adapter = OpenAIAdapter(url, model=name, checkpoint=ck, without=without, launch=cmd,
                                             context=None if context == TIGHT else context, tight=context == TIGHT)
-                    # the tight server's cases time its places: one at a time
-                    for r in run_cases(adapter, todo, jobs=1 if context == TIGHT else jobs, on_result=on_result):
+                    side = [c for c in todo if c.recipe not in LIFE_RECIPES and context != TIGHT]
+                    alone = [c for c in todo if c not in side]
+                    for r in [*run_cases(adapter, side, jobs=jobs, on_result=on_result),
+                              *run_cases(adapter, alone, jobs=1, on_result=on_result)]:
                         done[r.case.id] = r
             except RuntimeError as exc:
                 for c in todo:
