@@ -8,8 +8,12 @@ for the whole batch (DECISIONS D50):
   attention keeps every real position from seeing the padding after it, and each row's logits are
   read at its own last prompt position;
 - `decode_one` gathers the caches of different lengths into one right-padded batch cache (a
-  transformers `DynamicCache`), writes each token at its own position (position_ids = its cache's
-  length) and masks every padded slot; each row's new K/V is copied back to its own cache.
+  transformers `DynamicCache`, one copy of each cache), writes each token at its own position
+  (position_ids = its cache's length) and masks every padded slot; each row's new K/V is copied
+  back to its own cache. The batch cache stays resident: while the next step decodes the same
+  caches, none changed since (KVCache.writes), it is used again as the forward left it (the new
+  tokens appended after the padding, the mask grown by a column), so a step copies the batch once
+  (transformers' own append) instead of gathering it anew.
 
 A batch of one is the plain call (no padding, no mask), which is what `generate()` and the
 Engine's `batch_invariant` mode use, so those stay bit for bit what they are alone. Rows of a
@@ -24,10 +28,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from .kvcache import CacheError, KVCache, PrefillOne, check_active_batch
+
+
+@attrs.frozen
+class _Resident:
+    """The batch cache the last decode left: for these caches at these write counts; `valid`
+    [B, S] marks each row's real slots (False: padding)."""
+
+    caches: tuple[KVCache, ...]
+    writes: tuple[int, ...]
+    past: Any
+    valid: torch.Tensor
 
 
 def _layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -48,6 +64,7 @@ class HFModel(PrefillOne):
 
         self.model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).to(device).eval()
         self._new_cache = DynamicCache
+        self._resident: _Resident | None = None
         cfg = self.model.config
         self.name = folder.name
         self.vocab_size: int = cfg.vocab_size
@@ -115,25 +132,43 @@ class HFModel(PrefillOne):
             caches.append(cache)
         return rows, caches
 
+    def _gather(self, caches: Sequence[KVCache]) -> tuple[Any, torch.Tensor]:
+        """The caches as one right-padded transformers cache ([B, H_kv, T_max, d_h] a layer, zeros
+        past each length: one copy of each cache) and its real slots."""
+        layers, heads, dim = self._shape
+        t_max = max(c.length for c in caches)
+        shape = (layers, len(caches), heads, t_max, dim)
+        keys = torch.zeros(shape, dtype=self.model.dtype, device=self.device)
+        values = torch.zeros(shape, dtype=self.model.dtype, device=self.device)
+        valid = torch.zeros((len(caches), t_max), dtype=torch.bool, device=self.device)
+        for b, c in enumerate(caches):
+            k, v = c.keys_values()  # [T, L, H, d]
+            keys[:, b, :, : c.length] = k.permute(1, 2, 0, 3)
+            values[:, b, :, : c.length] = v.permute(1, 2, 0, 3)
+            valid[b, : c.length] = True
+        past = self._new_cache()
+        for layer in range(layers):
+            past.update(keys[layer], values[layer], layer)
+        return past, valid
+
     def decode_one(self, caches: Sequence[KVCache], tokens: Sequence[int]) -> torch.Tensor:
-        """One token per sequence at position cache.length, one call for the batch (§4.4)."""
+        """One token per sequence at position cache.length, one call for the batch (§4.4); the
+        batch cache of the last call is used again while it is current (module docstring)."""
         check_active_batch(caches, tokens, self.context_limit)
         ids = self._ids([[t] for t in tokens], "token")
-        pairs = [c.keys_values() for c in caches]
+        key = tuple(caches)
+        res, self._resident = self._resident, None  # dropped first: a failed call leaves nothing stale
+        if res is not None and res.caches == key and res.writes == tuple(c.writes for c in caches):
+            past, valid = res.past, res.valid
+        else:
+            past, valid = self._gather(caches)
         lens = torch.as_tensor([c.length for c in caches], device=self.device)
-        past_k = pad_sequence([p[0] for p in pairs], batch_first=True)  # [B, Tm, L, H, d], zeros past each length
-        past_v = pad_sequence([p[1] for p in pairs], batch_first=True)
-        past = self._new_cache()
-        for layer in range(past_k.shape[2]):
-            past.update(past_k[:, :, layer].transpose(1, 2).contiguous(),
-                        past_v[:, :, layer].transpose(1, 2).contiguous(), layer)
+        valid = torch.cat([valid, torch.ones((len(caches), 1), dtype=torch.bool, device=self.device)], dim=1)
         kw: dict[str, Any] = {"position_ids": lens[:, None]}
         if len(caches) > 1:  # a batch of one has no padding: the plain call, as generate() makes it
-            t_max = past_k.shape[1]
-            mask = torch.arange(t_max + 1, device=self.device)[None] < lens[:, None]
-            mask[:, t_max] = True  # the new token sees itself
-            kw["attention_mask"] = mask.long()
+            kw["attention_mask"] = valid.long()  # the new token sees itself and every real slot
         logits, k, v = self._forward(ids, past, **kw)
         for b, c in enumerate(caches):
             c.append(k[b], v[b])
+        self._resident = _Resident(key, tuple(c.writes for c in caches), past, valid)
         return logits[:, -1].float()

@@ -69,6 +69,9 @@ class KVCache:
     k: torch.Tensor | None = attrs.field(default=None, repr=False)
     v: torch.Tensor | None = attrs.field(default=None, repr=False)
     freed: bool = False
+    # Counts every change of the contents (append, restore, free): a copy of them kept elsewhere
+    # (HFModel's resident batch) is current exactly while this is the count it was made at.
+    writes: int = 0
 
     @property
     def numel_per_token(self) -> int:
@@ -122,6 +125,7 @@ class KVCache:
         self.k[self.length : self.length + n] = k
         self.v[self.length : self.length + n] = v
         self.length += n
+        self.writes += 1
 
     def keys_values(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Views of the written part, [length, L, H_kv, d_h] each."""
@@ -149,6 +153,7 @@ class KVCache:
         """Drop the tensors. The runtime's ledger guarantees this happens exactly once (§4.10)."""
         self.k = self.v = None
         self.length, self.freed = 0, True
+        self.writes += 1
 
 
 class PrefillOne:

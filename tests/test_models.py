@@ -328,6 +328,32 @@ def test_hf_model_batch_of_different_lengths_is_one_call_and_equals_alone(hf_fol
         assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(cache.keys_values(), alone.keys_values()))
 
 
+def test_hf_model_reuses_its_batch_cache_only_while_every_cache_is_unchanged(hf_folder) -> None:
+    """§4.4 (D50): steps over the same caches use the resident batch cache again (the new slots
+    after the padding, masked as before), and a cache changed in between (here rolled back to an
+    earlier snapshot: same object, same length later) is gathered anew; every step equals each
+    sequence decoded alone on a model of its own (fp32)."""
+    model, alone = HFModel(hf_folder[0]), HFModel(hf_folder[0])
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11]]
+    _, caches = model.prefill_batch(prompts)
+    solo = [alone.prefill(p)[1] for p in prompts]
+    gathers: list[int] = []
+    gather = model._gather
+    model._gather = lambda cs: (gathers.append(1), gather(cs))[1]
+    snaps = None
+    for step in range(6):
+        if step == 2:
+            snaps = caches[0].snapshot(), solo[0].snapshot()
+        if step == 4:  # roll the first sequence back two tokens, in the batch and alone
+            caches[0].restore(snaps[0])
+            solo[0].restore(snaps[1])
+        tokens = [12 + step + b for b in range(len(prompts))]
+        batched = model.decode_one(caches, tokens)
+        for b, cache in enumerate(solo):
+            assert torch.allclose(batched[b], alone.decode_one([cache], [tokens[b]])[0], atol=1e-5), (step, b)
+    assert len(gathers) == 2  # the first step, and the step after the rollback
+
+
 def _hf_requests(n: int) -> list:
     from decodespec.runtime import Request
 
