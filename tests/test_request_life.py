@@ -124,6 +124,26 @@ def test_an_answer_changed_by_its_neighbours_is_a_finding_that_keeps_both_exchan
     assert against_alone(a, {("stop/x/001", False): solo}, [solo], "alone") == []
 
 
+def test_a_stream_the_server_closes_mid_body_breaks_single_terminal_event(ck):
+    """§4.7: a stream answered 200 whose connection the server closes before any terminal event
+    (llama-cpp-python interrupting it for a newer request) is `stream_cut`, a MUST finding of
+    single_terminal_event, not a dropped connection; a failure before any answer, or after the
+    finish chunk, is the connection's (`connection_dropped`, wire)."""
+    a = OpenAIAdapter("http://127.0.0.1:9", checkpoint=ck)
+    job = Job(LONG, "/v1/completions", {"prompt": [1], "stream": True}, True)
+    text = 'data: {"id":"c","choices":[{"index":0,"text":"w000","finish_reason":null}]}\n'
+    solo = Exchange(job, status=200, streamed=parse_sse(text.replace("null", '"stop"') + "data: [DONE]\n"))
+    failure = "RemoteProtocolError: peer closed connection without sending complete message body"
+    cut = Exchange(job, status=200, streamed=parse_sse(text), failed=failure)
+    never = Exchange(job, failed="ConnectError: [Errno 111] Connection refused")
+    late = Exchange(job, status=200, streamed=parse_sse(text.replace("null", '"stop"')), failed=failure)
+    found = against_alone(a, {(LONG, True): solo}, [cut, never, late], "with 3 in flight")
+    assert [(f.symptom, f.invariant, f.family) for f in found] == [
+        ("stream_cut", "single_terminal_event", "semantics"), ("connection_dropped", "http_keep_alive", "wire")]
+    assert "1 deltas" in found[0].message and "request 1 of 3" in found[0].message
+    assert "request 2 of 3" in found[1].message and "request 3 of 3" in found[1].message  # merged per symptom
+
+
 def test_a_stream_cut_with_done_and_no_finish_reason_breaks_single_terminal_event():
     """§4.7 (llama-cpp-python's interrupt_requests): text, then [DONE] without a finish chunk."""
     cut = 'data: {"id":"c","choices":[{"index":0,"text":"w000","finish_reason":null}]}\n\ndata: [DONE]\n'

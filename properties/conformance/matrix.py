@@ -19,7 +19,8 @@ from typing import Any
 from .reports import section_key
 
 MATRIX_ORDER = ("reference", "decodespec-serve", "vllm", "vllm-fp16", "vllm-bf16", "llama-server", "llama-server-f16",
-                "llama-server-bf16", "llama-cpp-python", "transformers-serve", "hf-generate", "decode-stream",
+                "llama-server-bf16", "llama-cpp-python", "decodespec-serve-life", "llama-server-life",
+                "llama-cpp-python-life", "transformers-serve", "hf-generate", "decode-stream",
                 "decodespec-serve-chat", "vllm-chat", "llama-server-chat", "llama-cpp-python-chat")
 _CELL = {"PASS": "#cfc", "FAIL": "#f99", "ERROR": "#f66", "SKIP": "#eee"}
 

@@ -58,6 +58,7 @@ SYMPTOMS: Mapping[str, tuple[str, str, str]] = {
     "usage_stream": ("usage_consistent", SEMANTICS, "streamed usage differs"),
     "no_reason": ("single_terminal_event", SEMANTICS, "no finish_reason"),
     "two_terminals": ("single_terminal_event", SEMANTICS, "two finish chunks"),
+    "stream_cut": ("single_terminal_event", SEMANTICS, "stream closed mid-body before its terminal"),
     "error_in_stream": ("refinement", SEMANTICS, "error on a run that finishes"),
     "content_after_finish": ("no_delta_after_terminal", SEMANTICS, "text after the finish chunk"),
     "empty_delta": ("delta_nonempty", SEMANTICS, "empty delta"),

@@ -132,6 +132,18 @@ def _diff(solo: Exchange, got: Exchange) -> str:
     return "; ".join(parts)
 
 
+def dropped(ex: Exchange, how: str) -> Finding:
+    """A failed exchange: a stream the server had opened (200) and closed before any terminal event
+    ended without one (§4.7, `stream_cut`: single_terminal_event); any other failure, or one after
+    the terminal, is the connection's (`connection_dropped`, a wire finding). Never sent again."""
+    st = ex.streamed
+    if st is not None and ex.status == 200 and not st.finish_reasons and not (st.error or st.error_events):
+        done = ", then [DONE]" if st.done else ""
+        return finding("stream_cut", f"{how}: the server answered 200, sent {len(st.deltas)} deltas{done} and closed "
+                                     f"the stream with no finish chunk or error ({ex.failed}); not sent again")
+    return finding("connection_dropped", f"{how}: {ex.failed}; not sent again")
+
+
 def against_alone(a: LiveServer, solo: Mapping[tuple[str, bool], Exchange], got: Sequence[Exchange],
                   where: str) -> list[Finding]:
     """Each answer under load against the same request alone; every stream's terminal (§4.7). The
@@ -142,7 +154,7 @@ def against_alone(a: LiveServer, solo: Mapping[tuple[str, bool], Exchange], got:
         ref = solo[ex.job.name, ex.job.stream]
         how = f"{ex.job.name} ({'streamed' if ex.job.stream else 'not streamed'}, request {i + 1} of {len(got)} {where})"
         if ex.failed:
-            found.append(finding("connection_dropped", f"{how}: {ex.failed}; not sent again"))
+            found.append(dropped(ex, how))
         elif ref.failed or ex.answer == ref.answer:
             pass
         else:
@@ -297,8 +309,7 @@ def abandon(a: LiveServer, case: Case) -> tuple[dict[str, Any], list[Finding]] |
     late = [i + 1 for i, x in enumerate(fresh) if x.first is None or x.first - t_gone > bound]
     starts = [x.first - t_gone for x in fresh if x.first is not None]
     found = against_alone(a, solo, [x for x in fresh[:1] if x.first is not None], "beside the new streams")
-    found += [finding("connection_dropped", f"new stream {i + 1}: {x.failed}") for i, x in enumerate(fresh)
-              if x.failed and "Timeout" not in x.failed]
+    found += [dropped(x, f"new stream {i + 1}") for i, x in enumerate(fresh) if x.failed and "Timeout" not in x.failed]
     a.log_exchanges([{**cut[0].record(), "label": f"abandoned after {k} deltas"},
                      {**fresh[-1].record(), "label": "a new stream after the disconnects"}])
     m = {"slots": s, "cut_at": k, "bound_s": bound, "rest_s": rest_s, "freed_s": freed_s, "late": late,
