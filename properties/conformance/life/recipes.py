@@ -207,7 +207,8 @@ def _load(a: LiveServer, case: Case, recipe: str, *, streamed: str,
     notes = [f"{n} requests at once ({streams} streamed, {n - streams} not) over {len(programs)} programs "
              f"({sum(j.name == LONG for j in jobs)} of them {long_tokens(a, case)} tokens of the long program); "
              f"all answered in {wall:.1f} s; at most {overlap(got)} streams were sending deltas at one instant; "
-             f"{gauges.note()} (other cases may run beside this one)",
+             f"{gauges.note()} (a run with -j against a given URL may run other cases beside this one; a "
+             "launched run never does)",
              f"{len(found)} finding(s) against the same requests alone" if found else
              "every answer equals the same request's answer alone"]
     if judge is not None and (out := judge(found, notes, before, after)) is not None:
