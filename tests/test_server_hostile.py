@@ -221,15 +221,16 @@ def test_headers_that_never_finish_are_a_408_and_the_socket_is_closed():
 
 def test_a_non_stream_client_that_names_its_id_can_cancel_before_the_answer():
     """Issue 14 item 6: the id is known before the body (the client's own X-Request-Id), so a
-    non-streamed call can be cancelled from another connection; its answer is then the 409."""
+    non-streamed call can be cancelled from another connection; its answer is then the 409. The run
+    cannot end first: ignore_eos keeps a sampled EOS (temperature defaults to 1) from ending it early."""
     engine = Engine(slow_model(delay_s=0.05), ascii_tokenizer(), poll_s=0.001)
     rid = "client-" + "7f3a9c" * 4
     with serve_in_thread(create_app(engine, model_name=MODEL)) as url:
         got: dict = {}
 
         def call() -> None:
-            got["r"] = httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": "resume", "max_tokens": 100},
-                                  headers={"X-Request-Id": rid}, timeout=30)
+            body = {"model": MODEL, "prompt": "resume", "max_tokens": 100, "ignore_eos": True}
+            got["r"] = httpx.post(f"{url}/v1/completions", json=body, headers={"X-Request-Id": rid}, timeout=30)
 
         caller = threading.Thread(target=call)
         caller.start()
