@@ -7,15 +7,17 @@ for the whole batch (DECISIONS D50):
 - `prefill_batch` runs the prompts as one right-padded batch with no attention mask: causal
   attention keeps every real position from seeing the padding after it, and each row's logits are
   read at its own last prompt position;
-- `decode_one` gathers the caches of different lengths into one right-padded batch cache (a
-  transformers `DynamicCache`, one copy of each cache), writes each token at its own position
-  (position_ids = its cache's length) and masks every padded slot; each row's new K/V is copied
-  back to its own cache. The batch cache stays resident: while the next step decodes the same
-  caches, none changed since (KVCache.writes), it is used again as the forward left it (the new
-  tokens appended after the padding, the mask grown by a column), so a step copies the batch once
-  (transformers' own append) instead of gathering it anew.
+- `decode_one` runs the batch on a resident batch cache (`_Slots`): preallocated K/V buffers with
+  a row per sequence, in which every row's new token is written at one shared column (the forward
+  writes in place: no concatenation, no copy of the batch a step), each token at its own position
+  (position_ids = its cache's length) and a mask hiding every column that is not the row's. A
+  sequence keeps its row while its cache is unchanged (KVCache.writes); one that joins, or whose
+  cache changed (restore, recompute), is copied into a free row; a row sitting a step out is
+  computed on a dummy token and masked. When rows or columns would be more than half waste, the
+  batch is gathered afresh (one copy of each cache). Each row's new K/V is copied back to its
+  own cache.
 
-A batch of one is the plain call (no padding, no mask), which is what `generate()` and the
+A batch of one is the plain call (its cache alone in one row, no gap, no mask), which is what `generate()` and the
 Engine's `batch_invariant` mode use, so those stay bit for bit what they are alone. Rows of a
 padded batch are computed by a kernel of another shape and may round differently (the Engine's
 docstring says what holds). Nothing is downloaded (`local_files_only=True`).
@@ -30,27 +32,125 @@ from typing import Any
 
 import attrs
 import torch
-from torch.nn.utils.rnn import pad_sequence
 
 from .kvcache import CacheError, KVCache, PrefillOne, check_active_batch
 
 
-@attrs.frozen
-class _Resident:
-    """The batch cache the last decode left: for these caches at these write counts; `valid`
-    [B, S] marks each row's real slots (False: padding)."""
-
-    caches: tuple[KVCache, ...]
-    writes: tuple[int, ...]
-    past: Any
-    valid: torch.Tensor
-
-
 def _layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(keys, values) of each layer, [B, H_kv, S, d_h], of a transformers cache (4.x: two lists)."""
-    if hasattr(cache, "layers"):
-        return [(layer.keys, layer.values) for layer in cache.layers]
-    return list(zip(cache.key_cache, cache.value_cache))
+    """(keys, values) of each layer, [B, H_kv, S, d_h], of a transformers cache."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _column_layer(base: type) -> type:
+    """transformers' DynamicLayer, writing into preallocated buffers instead of concatenating."""
+
+    class ColumnLayer(base):
+        """One layer of the resident batch: the forward's new keys and values are written at the
+        next column of [B, H_kv, S_cap, d_h] buffers and the views up to it are returned (D50)."""
+
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, column: int) -> None:
+            super().__init__()
+            self.buffers = keys, values
+            self.is_initialized, self.device = True, keys.device
+            self.dtype = keys.dtype
+            self.keys, self.values = keys[:, :, :column], values[:, :, :column]
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+            keys, values = self.buffers
+            start = self.keys.shape[-2]
+            stop = start + key_states.shape[-2]
+            keys[:, :, start:stop] = key_states
+            values[:, :, start:stop] = value_states
+            self.keys, self.values = keys[:, :, :stop], values[:, :, :stop]
+            return self.keys, self.values
+
+    return ColumnLayer
+
+
+@attrs.define(eq=False)
+class _Slots:
+    """The resident batch cache (D50). Row b holds `rows[b]`'s keys and values as of its
+    `writes[b]` (None: never written); every row's next token goes to column `column`; `valid[b]`
+    marks row b's columns (a row that joined late or sat out a step has masked gaps: attention
+    does not care where a key lies, its position is in its rotary phase). The buffers are not
+    cleared when made; what a forward reads is kept finite, so a masked key never turns a score
+    into NaN: a written row is zeroed from its length up to `column`, a jump of `column` zeroes
+    the columns it skips, and every later column is written (by the forward, in every computed
+    row) before it is read."""
+
+    keys: torch.Tensor  # [L, B_cap, H_kv, S_cap, d_h]
+    values: torch.Tensor
+    valid: torch.Tensor  # [B_cap, S_cap] bool
+    rows: list[KVCache | None]
+    writes: list[int]
+    column: int = 0
+
+    @classmethod
+    def gather(cls, caches: Sequence[KVCache]) -> _Slots:
+        """The caches in rows 0.. (one copy of each), with spare rows for caches that join later."""
+        c0, longest = caches[0], max(c.length for c in caches)
+        n_rows = len(caches) + max(4, len(caches) // 2)
+        shape = (c0.n_layers, n_rows, c0.n_kv_heads, max(64, 2 * longest), c0.head_dim)
+        slots = cls(*cls._alloc(shape, c0.dtype, c0.device), rows=[None] * n_rows, writes=[0] * n_rows)
+        for b, c in enumerate(caches):
+            slots._write(b, c)
+        return slots
+
+    @staticmethod
+    def _alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Uncleared K and V buffers [L, B, H_kv, S, d_h] and a cleared mask [B, S]."""
+        return (torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device),
+                torch.zeros((shape[1], shape[3]), dtype=torch.bool, device=device))
+
+    def place(self, caches: Sequence[KVCache]) -> list[int] | None:
+        """A row for each cache: its own while unchanged, else the lowest one no cache of this
+        step holds (written anew). None when there is none, or when more than half the rows
+        computed or the columns read would be for nothing: the caller gathers afresh, so the
+        waste stays under 2x."""
+        current = {id(c): b for b, (c, w) in enumerate(zip(self.rows, self.writes))
+                   if c is not None and w == c.writes}
+        order = [current.get(id(c)) for c in caches]
+        joining = [i for i, b in enumerate(order) if b is None]
+        spare = [b for b in range(len(self.rows)) if b not in set(order)][: len(joining)]
+        if len(spare) < len(joining):
+            return None
+        for i, b in zip(joining, spare):
+            order[i] = b
+        column = max([self.column, *(caches[i].length for i in joining)])
+        if max(order) + 1 > 2 * len(caches) + 2 or column > 2 * max(c.length for c in caches) + 16:
+            return None
+        for i, b in zip(joining, spare):
+            self._write(b, caches[i])
+        return order
+
+    def _write(self, b: int, cache: KVCache) -> None:
+        """Row b := the cache, from column 0; its other readable columns zeroed."""
+        n = cache.length
+        if n > self.column:  # the columns skipped are read (masked) by every computed row
+            self.reserve(n + 1)
+            self.keys[..., self.column : n, :] = 0
+            self.values[..., self.column : n, :] = 0
+            self.column = n
+        k, v = cache.keys_values()  # [T, L, H, d]
+        for buf, new in ((self.keys, k), (self.values, v)):
+            buf[:, b, :, :n] = new.permute(1, 2, 0, 3)
+            buf[:, b, :, n : self.column] = 0
+        self.valid[b].zero_()
+        self.valid[b, :n] = True
+        self.rows[b], self.writes[b] = cache, cache.writes
+
+    def reserve(self, n_columns: int) -> None:
+        """Room for `n_columns` columns (the capacity doubles)."""
+        have = self.valid.shape[1]
+        if n_columns <= have:
+            return
+        layers, rows, heads, _, dim = self.keys.shape
+        keys, values, valid = self._alloc((layers, rows, heads, max(n_columns, 2 * have), dim), self.keys.dtype,
+                                          self.keys.device)
+        keys[..., :have, :], values[..., :have, :], valid[:, :have] = self.keys, self.values, self.valid
+        self.keys, self.values, self.valid = keys, values, valid
 
 
 class HFModel(PrefillOne):
@@ -61,10 +161,12 @@ class HFModel(PrefillOne):
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"no transformers checkpoint at {folder}: config.json is missing")
         from transformers import AutoModelForCausalLM, DynamicCache
+        from transformers.cache_utils import DynamicLayer
 
         self.model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).to(device).eval()
         self._new_cache = DynamicCache
-        self._resident: _Resident | None = None
+        self._layer = _column_layer(DynamicLayer)
+        self._slots: _Slots | None = None
         cfg = self.model.config
         self.name = folder.name
         self.vocab_size: int = cfg.vocab_size
@@ -85,29 +187,27 @@ class HFModel(PrefillOne):
 
     def _ids(self, rows: Sequence[Sequence[int]], what: str) -> torch.Tensor:
         """Right-padded [B, T] ids (pad 0); every row non-empty and inside the vocabulary."""
-        tensors = []
+        flat = [t for ids in rows for t in ids]
         for i, ids in enumerate(rows):
             if len(ids) == 0:
                 raise ValueError(f"{what} {i} must hold at least one token id")
-            t = torch.as_tensor(list(ids), dtype=torch.long)
-            if t.min() < 0 or t.max() >= self.vocab_size:
-                raise ValueError(f"{what} {i}: token ids must lie in [0, {self.vocab_size})")
-            tensors.append(t)
-        return pad_sequence(tensors, batch_first=True).to(self.device)
+        if min(flat) < 0 or max(flat) >= self.vocab_size:
+            bad = next(i for i, ids in enumerate(rows) if min(ids) < 0 or max(ids) >= self.vocab_size)
+            raise ValueError(f"{what} {bad}: token ids must lie in [0, {self.vocab_size})")
+        width = max(len(ids) for ids in rows)
+        padded = [list(ids) + [0] * (width - len(ids)) for ids in rows]
+        return torch.tensor(padded, dtype=torch.long, device=self.device)
 
     def _cache(self) -> KVCache:
         layers, kv_heads, head_dim = self._shape
         return KVCache(n_layers=layers, n_kv_heads=kv_heads, head_dim=head_dim, max_length=self.context_limit,
                        device=self.device, dtype=self.model.dtype)
 
-    def _forward(self, ids: torch.Tensor, past: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One model call; logits and the K/V of the T positions it processed, [B, T, L, H_kv, d_h]."""
+    def _forward(self, ids: torch.Tensor, past: Any, **kw: Any) -> Any:
+        """One model call: its logits and its cache (the K/V of every position processed)."""
         with torch.inference_mode():
             out = self.model(input_ids=ids, use_cache=True, **{self._cache_arg: past}, **kw)
-        t, layers = ids.shape[1], _layers(out[self._cache_arg])
-        k = torch.stack([keys[:, :, -t:] for keys, _ in layers], dim=1)  # [B, L, H, T, d]
-        v = torch.stack([values[:, :, -t:] for _, values in layers], dim=1)
-        return out.logits, k.permute(0, 3, 1, 2, 4), v.permute(0, 3, 1, 2, 4)
+        return out.logits, out[self._cache_arg]
 
     def prefill_batch(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[KVCache]]:
         """All prompts in one right-padded call: logits [B, V] at each prompt's last position (§4.2)."""
@@ -120,10 +220,13 @@ class HFModel(PrefillOne):
         last = torch.as_tensor([len(p) - 1 for p in prompts], device=self.device)
         keep = torch.unique(last)  # the logits of the last positions only (a real vocabulary is large)
         kw = {self._keep_arg: keep} if self._keep_arg else {}
-        logits, k, v = self._forward(ids, None, **kw)
+        logits, past = self._forward(ids, None, **kw)
         if self._keep_arg:
             last = torch.searchsorted(keep, last)
         rows = logits[torch.arange(len(prompts), device=self.device), last].float()
+        layers = _layers(past)
+        k = torch.stack([keys for keys, _ in layers], dim=1).permute(0, 3, 1, 2, 4)  # [B, T, L, H, d]
+        v = torch.stack([values for _, values in layers], dim=1).permute(0, 3, 1, 2, 4)
         caches = []
         for b, p in enumerate(prompts):
             cache = self._cache()
@@ -132,43 +235,44 @@ class HFModel(PrefillOne):
             caches.append(cache)
         return rows, caches
 
-    def _gather(self, caches: Sequence[KVCache]) -> tuple[Any, torch.Tensor]:
-        """The caches as one right-padded transformers cache ([B, H_kv, T_max, d_h] a layer, zeros
-        past each length: one copy of each cache) and its real slots."""
-        layers, heads, dim = self._shape
-        t_max = max(c.length for c in caches)
-        shape = (layers, len(caches), heads, t_max, dim)
-        keys = torch.zeros(shape, dtype=self.model.dtype, device=self.device)
-        values = torch.zeros(shape, dtype=self.model.dtype, device=self.device)
-        valid = torch.zeros((len(caches), t_max), dtype=torch.bool, device=self.device)
-        for b, c in enumerate(caches):
-            k, v = c.keys_values()  # [T, L, H, d]
-            keys[:, b, :, : c.length] = k.permute(1, 2, 0, 3)
-            values[:, b, :, : c.length] = v.permute(1, 2, 0, 3)
-            valid[b, : c.length] = True
-        past = self._new_cache()
-        for layer in range(layers):
-            past.update(keys[layer], values[layer], layer)
-        return past, valid
+    def _place(self, caches: Sequence[KVCache]) -> tuple[_Slots, list[int]]:
+        """The resident rows for this step's caches, or a fresh gather of them. A batch of one is
+        computed alone: its cache in the only row, without gaps (then no mask is needed)."""
+        slots, self._slots = self._slots, None  # dropped first: a failed call leaves nothing stale
+        order = slots.place(caches) if slots is not None else None
+        if order is None or (len(caches) == 1 and (order != [0] or slots.column != caches[0].length)):
+            return _Slots.gather(caches), list(range(len(caches)))
+        return slots, order
 
     def decode_one(self, caches: Sequence[KVCache], tokens: Sequence[int]) -> torch.Tensor:
-        """One token per sequence at position cache.length, one call for the batch (§4.4); the
-        batch cache of the last call is used again while it is current (module docstring)."""
+        """One token per sequence at position cache.length, one call for the batch (§4.4), on the
+        resident batch cache (module docstring, D50)."""
         check_active_batch(caches, tokens, self.context_limit)
-        ids = self._ids([[t] for t in tokens], "token")
-        key = tuple(caches)
-        res, self._resident = self._resident, None  # dropped first: a failed call leaves nothing stale
-        if res is not None and res.caches == key and res.writes == tuple(c.writes for c in caches):
-            past, valid = res.past, res.valid
-        else:
-            past, valid = self._gather(caches)
-        lens = torch.as_tensor([c.length for c in caches], device=self.device)
-        valid = torch.cat([valid, torch.ones((len(caches), 1), dtype=torch.bool, device=self.device)], dim=1)
-        kw: dict[str, Any] = {"position_ids": lens[:, None]}
-        if len(caches) > 1:  # a batch of one has no padding: the plain call, as generate() makes it
-            kw["attention_mask"] = valid.long()  # the new token sees itself and every real slot
-        logits, k, v = self._forward(ids, past, **kw)
-        for b, c in enumerate(caches):
-            c.append(k[b], v[b])
-        self._resident = _Resident(key, tuple(c.writes for c in caches), past, valid)
-        return logits[:, -1].float()
+        ids = self._ids([tokens], "tokens")[0]
+        slots, order = self._place(caches)
+        span, col = max(order) + 1, slots.column
+        slots.reserve(col + 1)
+        rows = torch.as_tensor(order, device=self.device)
+        batch_ids = torch.zeros((span, 1), dtype=torch.long, device=self.device)
+        batch_ids[rows, 0] = ids
+        positions = torch.zeros((span, 1), dtype=torch.long, device=self.device)
+        positions[rows, 0] = torch.as_tensor([c.length for c in caches], device=self.device)
+        past = self._new_cache()
+        past.layers = [self._layer(slots.keys[layer, :span], slots.values[layer, :span], col)
+                       for layer in range(self._shape[0])]
+        kw: dict[str, Any] = {"position_ids": positions}
+        if span > 1:  # a batch of one has no gaps: the plain call, as generate() makes it
+            mask = slots.valid[:span, : col + 1].clone()
+            mask[:, col] = True  # the new token sees itself (a row sitting out sees only that)
+            kw["attention_mask"] = mask.long()
+        logits, _ = self._forward(batch_ids, past, **kw)
+        slots.valid[:span, col] = False
+        slots.valid[rows, col] = True
+        slots.column = col + 1
+        new_k = slots.keys[:, rows, :, col].unsqueeze(1)  # [L, 1, B, H, d] -> per row [1, L, H, d]
+        new_v = slots.values[:, rows, :, col].unsqueeze(1)
+        for i, c in enumerate(caches):
+            c.append(new_k[:, :, i].transpose(0, 1), new_v[:, :, i].transpose(0, 1))
+            slots.writes[order[i]] = c.writes
+        self._slots = slots
+        return logits[rows, -1].float()

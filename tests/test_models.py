@@ -328,30 +328,70 @@ def test_hf_model_batch_of_different_lengths_is_one_call_and_equals_alone(hf_fol
         assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(cache.keys_values(), alone.keys_values()))
 
 
-def test_hf_model_reuses_its_batch_cache_only_while_every_cache_is_unchanged(hf_folder) -> None:
-    """§4.4 (D50): steps over the same caches use the resident batch cache again (the new slots
-    after the padding, masked as before), and a cache changed in between (here rolled back to an
-    earlier snapshot: same object, same length later) is gathered anew; every step equals each
-    sequence decoded alone on a model of its own (fp32)."""
+def test_hf_model_keeps_its_batch_cache_resident_across_joins_leaves_and_rollbacks(hf_folder, monkeypatch) -> None:
+    """§4.4 (D50): the resident batch cache keeps each sequence in its row while its cache is
+    unchanged; a sequence that sits out a step keeps its row (a masked gap), one that leaves frees
+    it for one that joins, and a cache changed in between (rolled back to an earlier snapshot:
+    same object, other contents) is written into its row anew, never reused. Every step equals
+    each sequence decoded alone on a model of its own (fp32), and only the first step gathers.
+    The buffers are made NaN here: a column read before it was written would show."""
+    from decodespec.runtime import hfmodel
+
     model, alone = HFModel(hf_folder[0]), HFModel(hf_folder[0])
-    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11]]
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13], [14, 15, 16, 17]]
     _, caches = model.prefill_batch(prompts)
     solo = [alone.prefill(p)[1] for p in prompts]
-    gathers: list[int] = []
-    gather = model._gather
-    model._gather = lambda cs: (gathers.append(1), gather(cs))[1]
+    gathers, rows_written = [], []  # of `model` only (`alone` gathers each time: its batches are of one)
+    gather, write = hfmodel._Slots.gather.__func__, hfmodel._Slots._write
+    ours = {id(c): i for i, c in enumerate(caches)}
+
+    def counted_gather(cls, cs):
+        if id(cs[0]) in ours:
+            gathers.append(len(cs))
+        return gather(cls, cs)
+
+    def counted_write(self, b, c):
+        if id(c) in ours:
+            rows_written.append(ours[id(c)])
+        return write(self, b, c)
+
+    alloc = hfmodel._Slots._alloc
+
+    def poisoned(shape, dtype, device):
+        keys, values, valid = alloc(shape, dtype, device)
+        return keys.fill_(float("nan")), values.fill_(float("nan")), valid
+
+    monkeypatch.setattr(hfmodel._Slots, "_alloc", staticmethod(poisoned))
+    monkeypatch.setattr(hfmodel._Slots, "gather", classmethod(counted_gather))
+    monkeypatch.setattr(hfmodel._Slots, "_write", counted_write)
+    batches = [[0, 1, 2], [0, 1, 2], [0, 2], [0, 1, 2], [0, 1, 3], [0, 1, 3, 4], [0, 1, 3, 4], [1, 3, 4]]
     snaps = None
-    for step in range(6):
+    for step, batch in enumerate(batches):
         if step == 2:
             snaps = caches[0].snapshot(), solo[0].snapshot()
-        if step == 4:  # roll the first sequence back two tokens, in the batch and alone
+        if step == 6:  # roll the first sequence back, in the batch and alone
             caches[0].restore(snaps[0])
             solo[0].restore(snaps[1])
-        tokens = [12 + step + b for b in range(len(prompts))]
-        batched = model.decode_one(caches, tokens)
-        for b, cache in enumerate(solo):
-            assert torch.allclose(batched[b], alone.decode_one([cache], [tokens[b]])[0], atol=1e-5), (step, b)
-    assert len(gathers) == 2  # the first step, and the step after the rollback
+        tokens = [20 + step + b for b in batch]
+        batched = model.decode_one([caches[b] for b in batch], tokens)
+        for row, b in enumerate(batch):
+            assert torch.allclose(batched[row], alone.decode_one([solo[b]], [tokens[row]])[0], atol=1e-5), (step, b)
+    assert gathers == [3]  # the first step only
+    assert rows_written == [0, 1, 2, 3, 4, 0]  # the first gather, two joins (3 into 2's row), the rollback
+
+
+def test_hf_model_computes_a_batch_of_one_alone(hf_folder) -> None:
+    """§4.4, D50: a lone sequence is the plain call (no mask, no other row), whatever batch the
+    resident cache held before, so from the same cache contents its logits are bit for bit those
+    of a model that only ever saw it."""
+    model, alone = HFModel(hf_folder[0]), HFModel(hf_folder[0])
+    _, caches = model.prefill_batch([[1, 2, 3], [4, 5, 6, 7]])
+    model.decode_one(caches, [8, 9])  # the resident cache now holds a batch of two
+    _, solo = alone.prefill_batch([[1]])
+    solo[0].restore(caches[0].snapshot())  # the same contents, on a model that never batched
+    for step in range(4):
+        out = model.decode_one([caches[0]], [10 + step])
+        assert torch.equal(out, alone.decode_one(solo, [10 + step])), step
 
 
 def _hf_requests(n: int) -> list:
