@@ -113,13 +113,15 @@ class _Slots:
                    if c is not None and w == c.writes}
         order = [current.get(id(c)) for c in caches]
         joining = [i for i, b in enumerate(order) if b is None]
-        spare = [b for b in range(len(self.rows)) if b not in set(order)][: len(joining)]
+        taken = set(order)
+        spare = [b for b in range(len(self.rows)) if b not in taken][: len(joining)]
         if len(spare) < len(joining):
             return None
         for i, b in zip(joining, spare):
             order[i] = b
         column = max([self.column, *(caches[i].length for i in joining)])
-        if max(order) + 1 > 2 * len(caches) + 2 or column > 2 * max(c.length for c in caches) + 16:
+        longest = max(c.length for c in caches)
+        if max(order) + 1 > 2 * len(caches) + 2 or column > 2 * longest + 16:
             return None
         for i, b in zip(joining, spare):
             self._write(b, caches[i])
