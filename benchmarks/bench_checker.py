@@ -4,14 +4,14 @@ Configurations, each exhausted several times (median reported), with the bounds 
 default (machine/checker.default_config):
 
 - one request (max_output_tokens 2, pause and buffer policies, every byte outcome, one
-  preemption: ~49k states). Its time is mostly building the one-request transition relation
+  preemption: ~124k states). Its time is mostly building the one-request transition relation
   (done once per distinct request tuple), so its rate is low and says little;
 - two requests sharing one batch place (max_output_tokens 1, pause, plain text, preemption:
-  ~660k states), where the product search dominates: the figure to compare (TLC: roughly
+  ~1.0M states), where the product search dominates: the figure to compare (TLC: roughly
   45k-65k distinct states/s on several cores);
 - with --large, once each: three requests sharing two places (spec/sequence.toml: preempt,
-  resume, cancel, deadline, errors; ~10M states, issue 16's bound: under 120 s) and two requests
-  with every byte outcome (~5M states).
+  resume, cancel, deadline, errors; ~28M states, issue 26's bound: under 60 s) and two requests
+  with every byte outcome (~9.7M states).
 
 With `--baseline CHECKOUT` every configuration also runs on that checkout's checker (its own
 .venv, in a subprocess), round by round in turn with this one, and the ratio of the states/s is

@@ -13,8 +13,9 @@ Speed: a request is interned once as a small int; its successors, state checks, 
 witnesses are computed once per distinct request and reused in every product state holding it; a
 product state is one int (pool and the sorted request ids), and the search expands a whole BFS
 level at once over numpy arrays (every request's moves as flat arrays, a level's successors
-deduplicated by sorting and looked up in the sorted array of states seen), so the product costs
-a few array operations a level instead of Python bytecode a transition. Checked, in every state: the "state"
+computed in blocks and deduplicated in a dense array of marks indexed by the free places and the
+rank of the request ids as a multiset), so the product costs a few array operations a block
+instead of Python bytecode a transition. Checked, in every state: the "state"
 and "both" invariants of spec/invariants.toml; that every run can reach its end (a non-terminal
 state with no successor is a deadlock, one from which no end is reachable a livelock); and every
 sometimes-property has a witness. Each finding comes with the SHORTEST path (BFS parent pointers)
@@ -24,8 +25,9 @@ as a replayable list of (request, machine, state, event) steps.
 from __future__ import annotations
 
 import itertools
+import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -39,6 +41,8 @@ from .checker_model import (
 )
 
 _MASK = (1 << 21) - 1  # request ids stay under 2M
+_MAX_INDEX = 1 << 31  # entries of the dense index of states seen (4 bytes each)
+_BLOCK = 1 << 16  # frontier states expanded at once (some 300k moves)
 _LIVENESS = "every_run_terminates"
 
 
@@ -188,9 +192,13 @@ class _Local:
 
 class _Moves:
     """Every request tuple's moves as flat arrays: those of request c are off[c] .. off[c] +
-    n_both[c] when a place is free, else the first n_free[c] (the ones that take no place)."""
+    n_both[c] when a place is free, else the first n_free[c] (the ones that take no place).
 
-    def __init__(self, loc: _Local, hold: list[int]) -> None:
+    A product state's ascending request ids also have a rank among the multisets of `requests`
+    ids, below `multisets` = C(n + N - 1, N) (i_0 <= ... <= i_N-1 ranks as sum_j C(i_j + j, j + 1)):
+    with its free places, a dense index of the states seen (_Seen), a sixth of n^3 for three."""
+
+    def __init__(self, loc: _Local, hold: list[int], requests: int) -> None:
         nx, dp, check, off, n_free, n_both = [], [], [], [], [], []
         for c, succ in enumerate(loc.succ):
             free, slot = [], []
@@ -210,29 +218,56 @@ class _Moves:
         self.check = np.array(check, dtype=bool)
         self.off = np.array(off, dtype=np.int64)
         self.n_free, self.n_both = np.array(n_free, dtype=np.int64), np.array(n_both, dtype=np.int64)
+        n = len(loc.succ)
+        self.rank = [np.array([math.comb(i + j, j + 1) for i in range(n)], dtype=np.int64) for j in range(requests)]
+        self.multisets = math.comb(n + requests - 1, requests)
 
-    def expand(self, frontier: np.ndarray, pool: np.ndarray, cols: np.ndarray, base: int) -> tuple[np.ndarray, ...]:
-        """Every move of every frontier state: (next states, their sources, which must be checked,
-        moves per frontier state). `cols` holds each state's ascending request ids, [N, F]; a request
-        id held twice moves once (the two are the same request by symmetry)."""
-        n_req, size = cols.shape
+    def index(self, rows: Iterable[np.ndarray]) -> np.ndarray:
+        """The multiset rank of each column of ascending request ids (rows)."""
+        return sum((rank[row] for rank, row in zip(self.rank, rows)), start=np.int64(0))
+
+    def expand(self, frontier: np.ndarray, pool: np.ndarray, cols: np.ndarray,
+               base: int) -> tuple[np.ndarray, Iterator[tuple[np.ndarray, ...]]]:
+        """Every move of every frontier state: (moves per frontier state, the moves in blocks of
+        (next states, their free places, the rank of their ids, their sources, which must be
+        checked)), in the level's order: by the request that moves, then by frontier state.
+        `cols` holds each state's ascending request ids, [N, F]; a request id held twice moves
+        once (the two are the same request by symmetry)."""
+        size = cols.shape[1]
         per_state = np.zeros(size, dtype=np.int64)
-        nxt, src, check = [], [], []
-        for k in range(n_req):
+        movers = []
+        for k in range(len(cols)):
             at = np.flatnonzero(cols[k] != cols[k - 1]) if k else np.arange(size)
-            xs = cols[k, at]
-            counts = np.where(pool[at] > 0, self.n_both[xs], self.n_free[xs])
+            counts = np.where(pool[at] > 0, self.n_both[cols[k, at]], self.n_free[cols[k, at]])
             per_state[at] += counts
-            fi = np.repeat(at, counts)  # the frontier state of each move
-            mi = np.repeat(self.off[xs] - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
-            ids = np.sort(np.vstack([np.delete(cols, k, axis=0)[:, fi], self.nx[mi][None]]), axis=0)
-            key = pool[fi] + self.dp[mi]
-            for row in ids:
-                key = key * base + row
-            nxt.append(key)
-            src.append(frontier[fi])
-            check.append(self.check[mi])
-        return np.concatenate(nxt), np.concatenate(src), np.concatenate(check), per_state
+            movers.append((k, at, counts))
+        return per_state, self._blocks(movers, frontier, pool, cols, base)
+
+    def _blocks(self, movers: list, frontier: np.ndarray, pool: np.ndarray, cols: np.ndarray,
+                base: int) -> Iterator[tuple[np.ndarray, ...]]:
+        """The moves of `_BLOCK` frontier states at a time, so a level's arrays stay small."""
+        for k, at_all, counts_all in movers:
+            others = [j for j in range(len(cols)) if j != k]
+            for lo in range(0, len(at_all), _BLOCK):
+                at, counts = at_all[lo:lo + _BLOCK], counts_all[lo:lo + _BLOCK]
+                fi = np.repeat(at, counts)  # the frontier state of each move
+                mi = np.repeat(self.off[cols[k, at]] - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
+                key = places = pool[fi] + self.dp[mi]
+                rows = _insert_sorted([cols[j, fi] for j in others], self.nx[mi])
+                for row in rows:
+                    key = key * base + row
+                yield key, places, self.index(rows), frontier[fi], self.check[mi]
+
+
+def _insert_sorted(rows: list[np.ndarray], y: np.ndarray) -> list[np.ndarray]:
+    """`rows` (ascending down every column) with `y` inserted in each column's order: the j-th
+    smallest is max(rows[j-1], min(rows[j], y)), a few element-wise operations where a sort along
+    the short axis would sort every column on its own."""
+    out = []
+    for j in range(len(rows) + 1):
+        at_most = np.minimum(rows[j], y) if j < len(rows) else y
+        out.append(np.maximum(rows[j - 1], at_most) if j else at_most)
+    return out
 
 
 def _first_holding(cols: np.ndarray, pooled: np.ndarray, n: int) -> np.ndarray:
@@ -248,12 +283,50 @@ def _first_holding(cols: np.ndarray, pooled: np.ndarray, n: int) -> np.ndarray:
     return first
 
 
-def _member(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
-    """Which of `values` lie in the sorted array `sorted_set`."""
-    if not len(sorted_set):
-        return np.zeros(len(values), dtype=bool)
-    i = np.minimum(np.searchsorted(sorted_set, values), len(sorted_set) - 1)
-    return sorted_set[i] == values
+_UNSEEN, _SEEN = np.iinfo(np.int32).max, -1  # a dense index's mark between two blocks
+
+
+class _Seen:
+    """The product states reached, a mark per dense index (free places - lo)·multisets + the rank
+    of the request ids (_Moves.index): _UNSEEN or _SEEN. The places run from 0 to the slots; a
+    table whose rows take or give back places wrongly reaches other counts, and the marks grow."""
+
+    def __init__(self, multisets: int, slots: int) -> None:
+        self.multisets, self.lo, self.hi = multisets, 0, slots
+        self.marks = self._blank()
+
+    def _blank(self) -> np.ndarray:
+        size = (self.hi - self.lo + 1) * self.multisets
+        if size > _MAX_INDEX:
+            raise RuntimeError(f"model too large for the dense index of states seen ({size * 4 / 2 ** 30:.0f} GiB)")
+        return np.full(size, _UNSEEN, dtype=np.int32)
+
+    def _dense(self, places: np.ndarray, rank: np.ndarray) -> np.ndarray:
+        lo, hi = min(self.lo, int(places.min())), max(self.hi, int(places.max()))
+        if (lo, hi) != (self.lo, self.hi):
+            old, start = self.marks, (self.lo - lo) * self.multisets
+            self.lo, self.hi = lo, hi
+            self.marks = self._blank()
+            self.marks[start:start + len(old)] = old
+        return (places - self.lo) * self.multisets + rank
+
+    def mark(self, places: np.ndarray, rank: np.ndarray) -> None:
+        self.marks[self._dense(places, rank)] = _SEEN
+
+    def first_reached(self, places: np.ndarray, rank: np.ndarray) -> np.ndarray:
+        """The positions of the moves (a block of the level, in its order) that reach a state not
+        seen before, the first such move of each, and their states marked seen. Meanwhile a
+        state's mark is the least position of a move into it; a block's first move into a state is
+        the level's, as the blocks before it marked the states they reached."""
+        if not len(rank):
+            return np.zeros(0, dtype=np.int32)
+        dense = self._dense(places, rank)
+        marks = self.marks
+        at = np.flatnonzero(marks[dense] == _UNSEEN).astype(np.int32)
+        np.minimum.at(marks, dense[at], at)
+        first = at[marks[dense[at]] == at]
+        marks[dense[first]] = _SEEN
+        return first
 
 
 MAX_REQUESTS = 3
@@ -348,7 +421,8 @@ class _Search:
         done = np.array([model.done(c) for c in comps], dtype=bool)
         self._waits = [model.waits_for_slot(c) for c in comps]
         self._used = [model.used_slot(c) for c in comps]
-        moves = _Moves(loc, hold)
+        moves = _Moves(loc, hold, n_req)
+        seen = _Seen(moves.multisets, self.slots)
         waits, used = np.array(self._waits, dtype=bool), np.array(self._used, dtype=bool)
         witness_edges: dict[int, list] = {}
         for c in range(n):
@@ -361,7 +435,8 @@ class _Search:
         frontier = np.array(sorted({self._pack(self.slots, x) for x in itertools.product(inits, repeat=n_req)}),
                             dtype=np.int64)
         self._levels = [(frontier, np.full(len(frontier), -1, dtype=np.int64))]
-        seen = frontier
+        seen.mark(frontier // self._span, moves.index(self._columns(frontier)))
+        states = len(frontier)
         for s in frontier.tolist():
             self._check_state(s)
         edges: list[tuple[np.ndarray, np.ndarray]] | None = None if acyclic else []
@@ -375,9 +450,9 @@ class _Search:
                 truncated = True
                 break
             pool = frontier // self._span
-            cols = np.stack([(frontier // n ** (n_req - 1 - k)) % n for k in range(n_req)])  # [N, F], ascending
+            cols = self._columns(frontier)  # [N, F], ascending
             expanded[cols] = True
-            nxt, src, check, en = moves.expand(frontier, pool, cols, n)
+            en, blocks = moves.expand(frontier, pool, cols, n)
             transitions += int(en.sum())
             stuck = (en == 0) & ~done[cols].all(axis=0)
             if stuck.any() and _LIVENESS not in found:
@@ -398,27 +473,33 @@ class _Search:
                             if w not in wit_found and at < len(frontier):
                                 wit_found[w] = (int(frontier[at]), lab)
                                 missing.discard(w)
-            if edges is not None:
-                edges.append((src, nxt))
-            new, first_at = np.unique(nxt, return_index=True)
-            fresh = ~_member(new, seen)
-            new, parents = new[fresh], src[first_at[fresh]]
-            for s in new[np.isin(new, nxt[check])].tolist():
+            reached, sources, flagged = [], [], []
+            for nxt, places, rank, src, check in blocks:
+                if edges is not None:
+                    edges.append((src, nxt))
+                won = seen.first_reached(places, rank)
+                reached.append(nxt[won])
+                sources.append(src[won])
+                flagged.append(nxt[check])
+            new = np.concatenate(reached)
+            order = np.argsort(new)
+            new, parents = new[order], np.concatenate(sources)[order]
+            for s in new[np.isin(new, np.concatenate(flagged))].tolist():
                 self._check_state(s)  # a flagged request, or a move that changes free + held (see below)
             if pool_missing and len(new):
                 self._pool_witnesses(new, waits, used)
                 pool_missing = [w for w in pool_missing if w not in wit_found]
-            seen = np.insert(seen, np.searchsorted(seen, new), new)
             self._levels.append((new, parents))
             frontier = new
+            states += len(new)
             depth += 1
             if self.progress is not None:
-                self.progress(len(seen), depth)
+                self.progress(states, depth)
         if edges is not None and not truncated:
-            self._liveness(seen, edges, done)
+            self._liveness(np.sort(np.concatenate([lv[0] for lv in self._levels])), edges, done)
         seconds = time.perf_counter() - t0
         return CheckReport(
-            requests=self.requests, config=model.config, states=len(seen), transitions=transitions,
+            requests=self.requests, config=model.config, states=states, transitions=transitions,
             max_depth=depth - 1 if not truncated else depth, seconds=seconds, exhaustive=not truncated,
             violations=tuple(self._counterexample(k, *v) for k, v in sorted(found.items(), key=lambda kv: self._depth(kv[1][0]))),
             witnesses={k: self._counterexample(k, s, lab, f"witness: {k}") for k, (s, lab) in sorted(wit_found.items())},
@@ -432,7 +513,7 @@ class _Search:
     def _pool_witnesses(self, new: np.ndarray, waits: np.ndarray, used: np.ndarray) -> None:
         """The first new state where a request waits for a place none is free, and the first where
         every request has used one (as _check_state finds them, for a whole level at once)."""
-        cols = np.stack([(new // self._base ** (self.requests - 1 - k)) % self._base for k in range(self.requests)])
+        cols = self._columns(new)
         for name, hit in (("request_waits_for_slot", (new // self._span == 0) & waits[cols].any(axis=0)),
                           ("slot_reused_after_release", used[cols].all(axis=0))):
             if name not in self.witness_at and hit.any():
@@ -473,6 +554,11 @@ class _Search:
                     ready.append(nx)
         return ordered == len(loc.comps)
 
+    def _columns(self, states: np.ndarray) -> np.ndarray:
+        """[N, len(states)]: each state's request ids, ascending."""
+        n = self._base
+        return np.stack([(states // n ** (self.requests - 1 - k)) % n for k in range(self.requests)])
+
     def _comps(self, s: int) -> tuple[int, ...]:
         n, out = self._base, []
         for _ in range(self.requests):
@@ -501,9 +587,7 @@ class _Search:
         """With cycles: every state must reach a state where all requests are done (no livelock)."""
         src = np.searchsorted(seen, np.concatenate([e[0] for e in edges]))
         dst = np.searchsorted(seen, np.concatenate([e[1] for e in edges]))
-        n = self._base
-        cols = np.stack([(seen // n ** (self.requests - 1 - k)) % n for k in range(self.requests)])
-        ok = done[cols].all(axis=0)
+        ok = done[self._columns(seen)].all(axis=0)
         while True:  # backwards from the ends, one edge at a time
             grow = src[ok[dst] & ~ok[src]]
             if not len(grow):

@@ -1010,13 +1010,12 @@ class Model:
         return bad
 
     def witnesses(self, pre: tuple[int, ...], post: tuple[int, ...], fired: list[tuple[str, str, str]]) -> list[str]:
-        """The sometimes-properties (WITNESSES) that this local step demonstrates."""
-        fs = set(fired)
-        moved = pre[F_LC] != post[F_LC]
-        return [
-            name for name, (_, trigger, pred) in WITNESSES.items()
-            if (trigger in fs if trigger else moved) and pred(self, pre, post)
-        ]
+        """The sometimes-properties (WITNESSES) that this local step demonstrates: those its fired
+        steps (or its change of lifecycle state) trigger whose predicate holds."""
+        triggers = dict.fromkeys(fired)  # in the order fired, once each
+        if pre[F_LC] != post[F_LC]:
+            triggers[None] = None
+        return [name for t in triggers for name, pred in _TRIGGERED.get(t, ()) if pred(self, pre, post)]
 
 
 # The model's one implementation of each observe phase of the [[step]] (D53).
@@ -1088,6 +1087,11 @@ WITNESSES = {
     "parked_then_preempted": ("§4.8", ("sequence", "PARKED", "preempt"), _always),
     "cancelled_while_swapped": ("§4.9", ("sequence", "SWAPPED", "drop"), lambda m, a, b: _ends(m, b, "CANCELLED")),
 }
+
+# WITNESSES by trigger: a step looks up the ones its fired steps trigger.
+_TRIGGERED: dict[tuple[str, str, str] | None, list] = {
+    trigger: [(name, pred) for name, (_, t, pred) in WITNESSES.items() if t == trigger]
+    for trigger in {t for _, t, _ in WITNESSES.values()}}
 
 # What a witness needs from ModelConfig: a fault of FAULTS, "bytes" (byte_choices), a policy,
 # "finish_conditions", "two_tokens" (max_output_tokens >= 2) or "preemption" (preemptions >= 1).
