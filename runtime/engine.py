@@ -80,6 +80,7 @@ from .events import EventKind
 from .faults import FaultPlan
 from .request import Request
 from .runner import RequestRun
+from .stream import batched_wakes
 from ..machine import IllegalTransition, compiled
 from ..machine.actions import Executor, fire_with_effects
 from ..spec import FinishReason, load_spec
@@ -431,7 +432,9 @@ class Engine:
         try:
             while not self._halt.is_set():
                 self._wake.clear()
-                if not self.step():
+                with batched_wakes():  # the step's readers woken once, at its end (D57)
+                    moved = self.step()
+                if not moved:
                     self._wake.wait(self.poll_s if not self.idle else 0.1)
         except BaseException as exc:  # the engine cannot go on: every request ends now (D21)
             self._step_since = None

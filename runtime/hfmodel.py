@@ -33,6 +33,7 @@ from typing import Any
 import attrs
 import torch
 
+from .hfdecode import LeanDecoder, unsupported
 from .kvcache import CacheError, KVCache, PrefillOne, check_active_batch
 
 
@@ -182,6 +183,9 @@ class HFModel(PrefillOne):
         params = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._keep_arg = next((a for a in ("logits_to_keep", "num_logits_to_keep") if a in params), None)
+        # A batch of two or more rows takes the lean step where the family has one (D58).
+        self.lean_unsupported: str | None = unsupported(self.model)
+        self._lean = LeanDecoder(self.model) if self.lean_unsupported is None else None
 
     @property
     def device(self) -> torch.device:
@@ -259,15 +263,19 @@ class HFModel(PrefillOne):
         batch_ids[rows, 0] = ids
         positions = torch.zeros((span, 1), dtype=torch.long, device=self.device)
         positions[rows, 0] = torch.as_tensor([c.length for c in caches], device=self.device)
-        past = self._new_cache()
-        past.layers = [self._layer(slots.keys[layer, :span], slots.values[layer, :span], col)
-                       for layer in range(self._shape[0])]
-        kw: dict[str, Any] = {"position_ids": positions}
         if span > 1:  # a batch of one has no gaps: the plain call, as generate() makes it
             mask = slots.valid[:span, : col + 1].clone()
             mask[:, col] = True  # the new token sees itself (a row sitting out sees only that)
-            kw["attention_mask"] = mask.long()
-        logits, _ = self._forward(batch_ids, past, **kw)
+        if span > 1 and self._lean is not None:
+            logits = self._lean.step(batch_ids[:, 0], positions[:, 0], slots.keys, slots.values, col, mask)[:, None]
+        else:
+            past = self._new_cache()
+            past.layers = [self._layer(slots.keys[layer, :span], slots.values[layer, :span], col)
+                           for layer in range(self._shape[0])]
+            kw: dict[str, Any] = {"position_ids": positions}
+            if span > 1:
+                kw["attention_mask"] = mask.long()
+            logits, _ = self._forward(batch_ids, past, **kw)
         slots.valid[:span, col] = False
         slots.valid[rows, col] = True
         slots.column = col + 1

@@ -706,7 +706,8 @@ def prometheus_text(engine: Engine) -> str:
     for (state, reason), n in sorted(s.requests_total.items()):
         lines.append(f'decodespec_requests_total{{state="{state}",finish_reason="{reason}"}} {n}')
     for key, value, help_text in (("preemptions_total", s.preemptions_total, "sequences preempted (§4.8)"),
-                                  ("decode_tokens_total", s.decode_tokens_total, "tokens written by decode steps")):
+                                  ("decode_tokens_total", s.decode_tokens_total, "tokens written by decode steps"),
+                                  ("steps_total", s.steps_total, "scheduler iterations of the engine")):
         lines += [f"# HELP decodespec_{key} {help_text}", f"# TYPE decodespec_{key} counter",
                   f"decodespec_{key} {value}"]
     return "\n".join(lines) + "\n"

@@ -16,11 +16,17 @@ Invariants (checked by tests/test_stream.py):
   section, so a reader never sees a terminal state without its event (or the reverse).
 
 Threads: one producer thread and one consumer (a thread, or an asyncio task through `aget`).
+A producer that writes many streams in one go (the Engine's step) opens `batched_wakes()`: the
+asyncio readers it wakes are woken once per event loop when the batch closes, not once per delta
+(a cross-thread wake-up per token had the event loop and the engine thread trade the GIL at every
+token: DECISIONS D57). A batch never delays a reader that a producer waits for: `_sleep` flushes
+the batch before it blocks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import sys
 import threading
@@ -44,6 +50,37 @@ OVERFLOW_ERROR = "stream buffer overflow"
 _PAUSE_POLICY = BackpressurePolicy.PAUSE
 _OPEN = compiled("stream").State["OPEN"]
 _RESPONSE_DELTA = EventKind.RESPONSE_DELTA.value  # a per-token entry carries the plain string (events.py)
+_Waiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]
+_BATCH = threading.local()  # .waiters: the asyncio readers woken inside this thread's open batch
+
+
+@contextlib.contextmanager
+def batched_wakes() -> Iterator[None]:
+    """Inside the block, the asyncio readers this thread wakes are collected and woken when it
+    ends, with one `call_soon_threadsafe` per event loop (module doc; D57). Nested blocks join
+    the outer one; an exception still wakes everyone collected."""
+    if getattr(_BATCH, "waiters", None) is not None:
+        yield
+        return
+    _BATCH.waiters = []
+    try:
+        yield
+    finally:
+        _flush_wakes()
+        _BATCH.waiters = None
+
+
+def _flush_wakes() -> None:
+    """Wake the readers collected by this thread's open batch (if any), one call per loop."""
+    waiters = getattr(_BATCH, "waiters", None)
+    if not waiters:
+        return
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+    for loop, fut in waiters:
+        by_loop.setdefault(loop, []).append(fut)
+    waiters.clear()
+    for loop, futs in by_loop.items():
+        loop.call_soon_threadsafe(_resolve_all, futs)
 
 
 class StreamEventKind(enum.StrEnum):
@@ -178,7 +215,7 @@ class OrderedStream:
         self._sleepers = 0  # threads in `_sleep`
         self._next_seq = 0
         self._connected = True
-        self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._async_waiters: list[_Waiter] = []
         # The largest delta that fits an empty buffer without a pause (whose cap must leave room
         # after it, or delta() would `block` before the read) or an overflow (§4.8): `deliver`'s
         # one-critical-section path.
@@ -610,7 +647,9 @@ class OrderedStream:
 
     def _sleep(self, timeout: float | None) -> None:
         """Wait on the condition (a reader for events, a paused producer for room), counted so that
-        `_wake` notifies only when a thread sleeps."""
+        `_wake` notifies only when a thread sleeps. A producer's batched wakes go out first: the
+        reader it waits for may be one of them."""
+        _flush_wakes()
         self._sleepers += 1
         try:
             self._cond.wait(timeout)
@@ -618,11 +657,17 @@ class OrderedStream:
             self._sleepers -= 1
 
     def _wake(self) -> None:
-        """Wake the sleeping readers and the asyncio ones."""
+        """Wake the sleeping readers and the asyncio ones (at the end of an open batch, D57)."""
         if self._sleepers:
             self._cond.notify_all()
-        for loop, fut in self._async_waiters:
-            loop.call_soon_threadsafe(_resolve, fut)
+        if not self._async_waiters:
+            return
+        batch = getattr(_BATCH, "waiters", None)
+        if batch is not None:
+            batch.extend(self._async_waiters)
+        else:
+            for loop, fut in self._async_waiters:
+                loop.call_soon_threadsafe(_resolve, fut)
         self._async_waiters.clear()
 
     def _transport(self, what: str) -> None:
@@ -706,6 +751,11 @@ class StreamReader:
 def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+def _resolve_all(futs: list[asyncio.Future[None]]) -> None:
+    for fut in futs:
+        _resolve(fut)
 
 
 class Deduper:

@@ -299,9 +299,10 @@ def test_hf_model_greedy_equals_transformers_generate(hf_folder) -> None:
 
 
 def _forward_calls(model: HFModel) -> list[int]:
-    """Counts the transformers model's forward calls (one entry a call)."""
+    """Counts the model's calls (one entry a call): each one, the transformers forward or the lean
+    step (D58), looks its tokens up in the input embedding once."""
     calls: list[int] = []
-    model.model.register_forward_pre_hook(lambda *_: calls.append(1))
+    model.model.get_input_embeddings().register_forward_pre_hook(lambda *_: calls.append(1))
     return calls
 
 
@@ -378,6 +379,46 @@ def test_hf_model_keeps_its_batch_cache_resident_across_joins_leaves_and_rollbac
             assert torch.allclose(batched[row], alone.decode_one([solo[b]], [tokens[row]])[0], atol=1e-5), (step, b)
     assert gathers == [3]  # the first step only
     assert rows_written == [0, 1, 2, 3, 4, 0]  # the first gather, two joins (3 into 2's row), the rollback
+
+
+def test_hf_model_lean_step_equals_the_transformers_forward_on_the_same_batch(hf_folder) -> None:
+    """§4.4, D58: a Llama batch of two or more rows takes the lean step (the transformers forward
+    is not called), and its logits and its new keys and values equal those of transformers' own
+    padded forward on the same resident rows (fp32, grouped K/V heads: 4 query heads on 2), step
+    after step, with a row sitting out and one joining."""
+    lean, plain = HFModel(hf_folder[0]), HFModel(hf_folder[0])
+    assert lean.lean_unsupported is None and lean._lean is not None
+    plain._lean = None  # the transformers path, for the comparison
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13]]
+    _, lean_caches = lean.prefill_batch(prompts)
+    _, plain_caches = plain.prefill_batch(prompts)
+    hf_calls = []
+    lean.model.register_forward_pre_hook(lambda *_: hf_calls.append(1))
+    for step, batch in enumerate([[0, 1, 2], [0, 2], [0, 1, 2, 3], [1, 2, 3]]):
+        tokens = [30 + step + b for b in batch]
+        got = lean.decode_one([lean_caches[b] for b in batch], tokens)
+        want = plain.decode_one([plain_caches[b] for b in batch], tokens)
+        assert torch.allclose(got, want, atol=1e-5), step
+    assert hf_calls == []
+    for a, b in zip(lean_caches, plain_caches):
+        assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(a.keys_values(), b.keys_values()))
+
+
+def test_hf_model_without_a_lean_step_says_why_and_batches_through_transformers(tmp_path) -> None:
+    """D58: a checkpoint outside the known families (here GPT-2) keeps the transformers forward
+    for every batch, names why, and still decodes a batch as each sequence alone."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path)
+    model = HFModel(tmp_path)
+    assert model._lean is None and "gpt2" in model.lean_unsupported
+    _, caches = model.prefill_batch([[1, 2, 3], [4, 5]])
+    solo = [model.prefill(p)[1] for p in ([1, 2, 3], [4, 5])]
+    for step in range(3):
+        batched = model.decode_one(caches, [6 + step, 7 + step])
+        for b, cache in enumerate(solo):
+            assert torch.allclose(batched[b], model.decode_one([cache], [6 + step + b])[0], atol=1e-5)
 
 
 def test_hf_model_computes_a_batch_of_one_alone(hf_folder) -> None:

@@ -20,6 +20,7 @@ from decodespec.runtime.stream import (
     OrderedStream,
     StreamEvent,
     StreamOverflow,
+    batched_wakes,
 )
 from decodespec.spec import FinishReason, load_spec
 
@@ -409,6 +410,74 @@ def test_slow_reader_never_blocks_buffer_or_fail(policy):
 
 
 # ---- threads and asyncio -----------------------------------------------------------------------
+
+
+def _readers_woken_per_loop_call(streams: list[OrderedStream], produce) -> tuple[list[bytes], list[int]]:
+    """Asyncio readers of `streams`, each waiting, while `produce` runs on a thread; the events
+    each reader got, and how many readers each of the loop's cross-thread calls woke."""
+    calls: list[int] = []
+
+    async def main() -> list[bytes]:
+        loop = asyncio.get_running_loop()
+        plain = loop.call_soon_threadsafe
+
+        def counted(callback, arg, *rest):
+            calls.append(len(arg) if isinstance(arg, list) else 1)
+            return plain(callback, arg, *rest)
+
+        loop.call_soon_threadsafe = counted
+        for st_ in streams:
+            assert (await st_.aget()).kind == "start"
+
+        async def read(st_: OrderedStream) -> bytes:
+            return b"".join([ev.data or b"" async for ev in st_])
+
+        readers = [asyncio.create_task(read(st_)) for st_ in streams]
+        await asyncio.sleep(0.02)  # every reader is waiting
+        producer = threading.Thread(target=produce, daemon=True)
+        producer.start()
+        got = await asyncio.gather(*readers)
+        producer.join(WAIT)
+        return got
+
+    return asyncio.run(asyncio.wait_for(main(), WAIT)), calls
+
+
+def test_a_batch_of_writes_wakes_each_event_loop_once():
+    """§4.7, D57: deltas written to many streams inside one `batched_wakes()` (the Engine's step)
+    wake their waiting asyncio readers with one call into the loop, not one per delta; every
+    byte still arrives in order."""
+    streams = [started(max_events=64) for _ in range(8)]
+
+    def produce() -> None:
+        for token in range(3):
+            with batched_wakes():
+                for i, st_ in enumerate(streams):
+                    st_.delta(bytes([65 + i, 48 + token]))
+            time.sleep(0.01)
+        with batched_wakes():
+            for st_ in streams:
+                st_.complete("eos")
+
+    got, calls = _readers_woken_per_loop_call(streams, produce)
+    assert got == [bytes([65 + i, 48, 65 + i, 49, 65 + i, 50]) for i in range(8)]
+    assert calls and max(calls) == 8 and len(calls) <= 4  # a step's readers in one call (4 steps)
+
+
+def test_a_paused_producer_inside_a_batch_wakes_its_reader_before_it_waits():
+    """§4.8, D57: a producer that must wait for its reader (pause policy, buffer full) inside an
+    open batch sends the batch's wake-ups first: the reader drains and the producer goes on (a
+    deferred wake-up would leave both waiting)."""
+    s = started(policy="pause", max_events=2, pause_timeout_s=WAIT)
+
+    def produce() -> None:
+        with batched_wakes():
+            for i in range(10):
+                s.delta(bytes([48 + i]))
+            s.complete("eos")
+
+    got, _ = _readers_woken_per_loop_call([s], produce)
+    assert got == [b"0123456789"]
 
 
 def test_threaded_producer_and_reader_see_every_byte_in_order():
