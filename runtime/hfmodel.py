@@ -145,14 +145,19 @@ class _Slots:
         self.rows[b], self.writes[b] = cache, cache.writes
 
     def reserve(self, n_columns: int) -> None:
-        """Room for `n_columns` columns (the capacity doubles)."""
+        """Room for `n_columns` columns (the capacity doubles). Only what a later step may read
+        moves: the rows up to the last one held and the columns before `column` (the rest of
+        the new buffers is written before it is read, as in fresh ones)."""
         have = self.valid.shape[1]
         if n_columns <= have:
             return
         layers, rows, heads, _, dim = self.keys.shape
         keys, values, valid = self._alloc((layers, rows, heads, max(n_columns, 2 * have), dim), self.keys.dtype,
                                           self.keys.device)
-        keys[..., :have, :], values[..., :have, :], valid[:, :have] = self.keys, self.values, self.valid
+        held = 1 + max((b for b, c in enumerate(self.rows) if c is not None), default=-1)
+        cols = self.column
+        keys[:, :held, :, :cols], values[:, :held, :, :cols] = self.keys[:, :held, :, :cols], self.values[:, :held, :, :cols]
+        valid[:held, :cols] = self.valid[:held, :cols]
         self.keys, self.values, self.valid = keys, values, valid
 
 
@@ -279,10 +284,9 @@ class HFModel(PrefillOne):
         slots.valid[:span, col] = False
         slots.valid[rows, col] = True
         slots.column = col + 1
-        new_k = slots.keys[:, rows, :, col].unsqueeze(1)  # [L, 1, B, H, d] -> per row [1, L, H, d]
-        new_v = slots.values[:, rows, :, col].unsqueeze(1)
-        for i, c in enumerate(caches):
-            c.append(new_k[:, :, i].transpose(0, 1), new_v[:, :, i].transpose(0, 1))
-            slots.writes[order[i]] = c.writes
+        keys, values = slots.keys, slots.values
+        for b, c in zip(order, caches):  # row b's new K/V, [1, L, H, d] views, copied to its cache
+            c.append(keys[:, b, :, col][None], values[:, b, :, col][None])
+            slots.writes[b] = c.writes
         self._slots = slots
         return logits[rows, -1].float()
