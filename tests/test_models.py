@@ -381,12 +381,29 @@ def test_hf_model_keeps_its_batch_cache_resident_across_joins_leaves_and_rollbac
     assert rows_written == [0, 1, 2, 3, 4, 0]  # the first gather, two joins (3 into 2's row), the rollback
 
 
-def test_hf_model_lean_step_equals_the_transformers_forward_on_the_same_batch(hf_folder) -> None:
-    """§4.4, D58: a Llama batch of two or more rows takes the lean step (the transformers forward
-    is not called), and its logits and its new keys and values equal those of transformers' own
-    padded forward on the same resident rows (fp32, grouped K/V heads: 4 query heads on 2), step
-    after step, with a row sitting out and one joining."""
-    lean, plain = HFModel(hf_folder[0]), HFModel(hf_folder[0])
+@pytest.fixture(scope="module")
+def qwen2_folder(tmp_path_factory):
+    """A tiny Qwen2 checkpoint: biases on q/k/v, a family of the lean step (D58)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, use_sliding_window=False,
+    )
+    torch.manual_seed(1)
+    folder = tmp_path_factory.mktemp("tiny-qwen2")
+    transformers.Qwen2ForCausalLM(cfg).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_hf_model_lean_step_equals_the_transformers_forward_on_the_same_batch(family, request) -> None:
+    """§4.4, D58: a batch of two or more rows of a Llama or Qwen2 checkpoint takes the lean step
+    (the transformers forward is not called), and its logits and its new keys and values equal
+    those of transformers' own padded forward on the same resident rows (fp32, grouped K/V heads:
+    4 query heads on 2; Qwen2's q/k/v biases), step after step, with a row sitting out and one
+    joining."""
+    folder = request.getfixturevalue("hf_folder")[0] if family == "llama" else request.getfixturevalue("qwen2_folder")
+    lean, plain = HFModel(folder), HFModel(folder)
     assert lean.lean_unsupported is None and lean._lean is not None
     plain._lean = None  # the transformers path, for the comparison
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13]]
@@ -404,15 +421,23 @@ def test_hf_model_lean_step_equals_the_transformers_forward_on_the_same_batch(hf
         assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(a.keys_values(), b.keys_values()))
 
 
-def test_hf_model_without_a_lean_step_says_why_and_batches_through_transformers(tmp_path) -> None:
-    """D58: a checkpoint outside the known families (here GPT-2) keeps the transformers forward
-    for every batch, names why, and still decodes a batch as each sequence alone."""
+@pytest.mark.parametrize("arch, why", [("gpt2", "'gpt2' is not one of"), ("mistral", "sliding-window")])
+def test_hf_model_without_a_lean_step_says_why_and_batches_through_transformers(arch, why, tmp_path) -> None:
+    """D58: a checkpoint outside the known families (GPT-2), or of one with a sliding window
+    (Mistral's default), keeps the transformers forward for every batch, names why, and still
+    decodes a batch as each sequence alone."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64)
-    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path)
+    if arch == "gpt2":
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4,
+                                                                     n_positions=64))
+    else:
+        model = transformers.MistralForCausalLM(transformers.MistralConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=64, sliding_window=16))
+    model.save_pretrained(tmp_path)
     model = HFModel(tmp_path)
-    assert model._lean is None and "gpt2" in model.lean_unsupported
+    assert model._lean is None and why in model.lean_unsupported
     _, caches = model.prefill_batch([[1, 2, 3], [4, 5]])
     solo = [model.prefill(p)[1] for p in ([1, 2, 3], [4, 5])]
     for step in range(3):
