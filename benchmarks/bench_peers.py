@@ -43,7 +43,7 @@ from engines import ENGINES  # noqa: E402
 TOKENS = 128
 CONCURRENCY = (1, 16, 64)
 BASELINE = "decodespec-serve@baseline"
-SERVE_THREADS = 1
+SERVE_THREADS = 2
 RESULTS = ROOT / "benchmarks" / "results" / "serve_vs_peers.json"
 QUICK = {"rounds": 1, "engines": "decodespec-serve", "concurrency": (1, 4)}
 TEXT = ("the quick brown fox jumps over the lazy dog " * 4)[:TOKENS]
@@ -119,8 +119,9 @@ def run(rounds: int = 2, engines: str = "decodespec-serve,vllm,llama-server",
     names = [e.strip() for e in engines.split(",") if e.strip()]
     if unknown := [e for e in names if e not in ENGINES]:
         raise SystemExit(f"unknown engine(s) {unknown}; known: {', '.join(ENGINES)}")
-    # decodespec serve's model gets one torch thread: the HTTP loop and the engine thread need the
-    # other core of this 2-core machine (more threads spin against them; llama-server runs 2, vLLM its own)
+    # decodespec serve's model gets SERVE_THREADS torch threads (module constant: 2, both cores, as
+    # vLLM and llama-server use them; with the lean step (D58) two beat one side by side here, 2400-2620
+    # vs 2080-2280 tokens/s at 64 clients, within noise at 1 and 16)
     engines_ = {**ENGINES, "decodespec-serve": {**ENGINES["decodespec-serve"],
                                                 "launch": f"OMP_NUM_THREADS={SERVE_THREADS} " + ENGINES["decodespec-serve"]["launch"]}}
     if baseline is not None:
