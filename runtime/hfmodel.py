@@ -15,7 +15,8 @@ for the whole batch (DECISIONS D50):
   cache changed (restore, recompute), is copied into a free row; a row sitting a step out is
   computed on a dummy token and masked. When rows or columns would be more than half waste, the
   batch is gathered afresh (one copy of each cache). Each row's new K/V is copied back to its
-  own cache.
+  own cache. A batch of two or more rows of a Llama-family checkpoint is computed by the lean
+  step of runtime/hfdecode.py on the same rows (D58); other families, by transformers' forward.
 
 A batch of one is the plain call (its cache alone in one row, no gap, no mask), which is what `generate()` and the
 Engine's `batch_invariant` mode use, so those stay bit for bit what they are alone. Rows of a
