@@ -6,6 +6,7 @@ shortest counterexample, naming the broken invariant (§4.1, §4.7, §4.9)."""
 from __future__ import annotations
 
 import functools
+import os
 import re
 from pathlib import Path
 
@@ -323,7 +324,16 @@ def test_no_cancel_is_observed_inside_a_paused_send():
     assert parked_cancels > 0
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a running process has used so far (Linux /proc)."""
+    import os
+
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads a process's CPU time from /proc")
 def test_ctrl_c_says_how_far_the_search_got_and_claims_nothing():
     """Issue 15: an interrupted check reports the states explored, proves nothing, exits 130."""
     import signal
@@ -331,13 +341,22 @@ def test_ctrl_c_says_how_far_the_search_got_and_claims_nothing():
     import sys
     import time
 
-    # three requests on two places: ~10M states, long enough that the search is still going when the
-    # signal comes (after the imports, which take seconds on a loaded machine)
-    proc = subprocess.Popen([sys.executable, "-m", "decodespec", "check", "--requests", "3", "--slots", "2"],
+    # three requests on two places with both policies: over 100 s of search here, so it is still
+    # going when the signal comes; the signal waits for 5 s of the child's CPU time (the imports
+    # take well under that), not for a wall-clock guess that a faster checker outruns
+    proc = subprocess.Popen([sys.executable, "-m", "decodespec", "check", "--requests", "3", "--slots", "2",
+                             "--policy", "pause", "--policy", "buffer"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    time.sleep(20)
-    proc.send_signal(signal.SIGINT)
-    out = proc.communicate(timeout=60)[0]
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and _cpu_seconds(proc.pid) < 5 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     assert proc.returncode == 130, out[-500:]
     assert "interrupted after" in out and "nothing is proved" in " ".join(out.split()) and "Traceback" not in out
