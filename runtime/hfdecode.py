@@ -81,7 +81,8 @@ def unsupported(model: Any) -> str | None:
 
 
 class LeanDecoder:
-    """The one-token step of a supported checkpoint (module doc); built once per HFModel."""
+    """The one-token step of a supported checkpoint (module doc); built once per HFModel, which
+    loads its weights from disk and never changes them: the packed copies are made here, once."""
 
     def __init__(self, model: Any) -> None:
         why = unsupported(model)
