@@ -1,7 +1,7 @@
 """A batched decode step for Llama-family checkpoints on the resident batch cache (§4.4, DECISIONS D58).
 
 `HFModel.decode_one` gives a batch of two or more rows to `LeanDecoder.step` when the checkpoint's
-layers are of a family it knows (`lean_decoder` says which, and why not): one token a row, the
+layers are of a family it knows (`unsupported` says why another is not): one token a row, the
 model's own modules for the embedding, the norms, the rotary phases and the activation, and for
 the rest three things transformers' generic forward does not do for this one shape:
 

@@ -273,7 +273,7 @@ class HFModel(PrefillOne):
             mask = slots.valid[:span, : col + 1].clone()
             mask[:, col] = True  # the new token sees itself (a row sitting out sees only that)
         if span > 1 and self._lean is not None:
-            logits = self._lean.step(batch_ids[:, 0], positions[:, 0], slots.keys, slots.values, col, mask)[:, None]
+            logits = self._lean.step(batch_ids[:, 0], positions[:, 0], slots.keys, slots.values, col, mask)
         else:
             past = self._new_cache()
             past.layers = [self._layer(slots.keys[layer, :span], slots.values[layer, :span], col)
@@ -281,7 +281,7 @@ class HFModel(PrefillOne):
             kw: dict[str, Any] = {"position_ids": positions}
             if span > 1:
                 kw["attention_mask"] = mask.long()
-            logits, _ = self._forward(batch_ids, past, **kw)
+            logits = self._forward(batch_ids, past, **kw)[0][:, -1]
         slots.valid[:span, col] = False
         slots.valid[rows, col] = True
         slots.column = col + 1
@@ -290,4 +290,4 @@ class HFModel(PrefillOne):
             c.append(keys[:, b, :, col][None], values[:, b, :, col][None])
             slots.writes[b] = c.writes
         self._slots = slots
-        return logits[rows, -1].float()
+        return logits[rows].float()
