@@ -35,7 +35,7 @@ import attrs
 import torch
 
 from .hfdecode import LeanDecoder, unsupported
-from .kvcache import CacheError, KVCache, PrefillOne, check_active_batch
+from .kvcache import CacheError, KVCache, PrefillOne, append_token, check_active_batch
 
 
 def _layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -285,9 +285,10 @@ class HFModel(PrefillOne):
         slots.valid[:span, col] = False
         slots.valid[rows, col] = True
         slots.column = col + 1
-        keys, values = slots.keys, slots.values
-        for b, c in zip(order, caches):  # row b's new K/V, [1, L, H, d] views, copied to its cache
-            c.append(keys[:, b, :, col][None], values[:, b, :, col][None])
+        # row b's new K/V ([L, H, d] views of the column) copied to its cache
+        keys, values = slots.keys[:, :, :, col].unbind(1), slots.values[:, :, :, col].unbind(1)
+        append_token(caches, [keys[b] for b in order], [values[b] for b in order])
+        for b, c in zip(order, caches):
             slots.writes[b] = c.writes
         self._slots = slots
         return logits[rows].float()

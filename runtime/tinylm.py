@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
-from .kvcache import CacheError, KVCache, PrefillOne, check_active_batch
+from .kvcache import CacheError, KVCache, PrefillOne, append_token, check_active_batch
 
 ASSETS = Path(__file__).parent / "assets" / "default"
 
@@ -275,10 +275,9 @@ class TinyLM(PrefillOne, nn.Module):
                 x = x + blk.mlp(x)
                 new_k.append(k)
                 new_v.append(v)
-            K = torch.stack(new_k, dim=2)  # [B,1,L,Hkv,d]
-            V = torch.stack(new_v, dim=2)
-            for b, c in enumerate(caches):
-                c.append(K[b], V[b])
+            K = torch.stack(new_k, dim=2)[:, 0]  # [B,L,Hkv,d]
+            V = torch.stack(new_v, dim=2)[:, 0]
+            append_token(caches, K.unbind(0), V.unbind(0))
             return self._logits(x[:, 0])
 
     # -- persistence ---------------------------------------------------------------------

@@ -150,6 +150,37 @@ def test_the_same_cache_twice_in_one_batch_is_rejected(small) -> None:
     assert cache.length == 2
 
 
+def test_one_token_appended_to_many_caches_equals_an_append_each_and_writes_nothing_when_one_is_full() -> None:
+    """§4.4: `append_token` (the batched copy-back of a decode step) leaves each cache as its own
+    one-token `append` would; a cache with no room is refused before any cache is written."""
+    from decodespec.runtime.kvcache import append_token
+
+    def cache(n: int, limit: int = 8) -> KVCache:
+        c = KVCache(n_layers=2, n_kv_heads=3, head_dim=4, max_length=limit, device="cpu")
+        c.append(torch.randn(n, 2, 3, 4), torch.randn(n, 2, 3, 4))
+        return c
+
+    ks, vs = torch.randn(3, 2, 3, 4), torch.randn(3, 2, 3, 4)
+    batched, alone = [cache(n) for n in (1, 5, 7)], []
+    for c in batched:
+        twin = cache(c.length)
+        twin.k[: c.length], twin.v[: c.length] = c.k[: c.length], c.v[: c.length]
+        alone.append(twin)
+    append_token(batched, ks.unbind(0), vs.unbind(0))
+    for i, (c, twin) in enumerate(zip(batched, alone)):
+        twin.append(ks[i][None], vs[i][None])
+        assert (c.length, c.writes) == (twin.length, twin.writes)
+        assert all(map(torch.equal, c.keys_values(), twin.keys_values()))
+    full = [cache(2), cache(8)]
+    before = [(c.length, c.writes, c.keys_values()[0].clone()) for c in full]
+    with pytest.raises(CacheError, match="over the context limit"):
+        append_token(full, ks[:2].unbind(0), vs[:2].unbind(0))
+    assert [(c.length, c.writes) for c in full] == [b[:2] for b in before]
+    assert all(torch.equal(c.keys_values()[0], b[2]) for c, b in zip(full, before))
+    with pytest.raises(CacheError, match="shape"):
+        append_token([cache(1)], [torch.randn(2, 3, 5)], [torch.randn(2, 3, 5)])
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
