@@ -2,11 +2,14 @@
 
 Every engine serves the same one-layer forced checkpoint (benchmarks/: a 128-token script, so each
 request's output is known and is checked), started on 127.0.0.1 by the command in
-scripts/peers/engines.py, measured, and stopped by its PID, one engine after the other in one run.
-At each concurrency c, c client threads send non-streamed greedy requests of max_tokens 128 until
-`requests(c)` are done; the figure is completion tokens per second of wall time. Ratios are against
-`decodespec serve` at the same c. Start-up time is reported apart and not in the rates. The machine
-is shared: read the ratios, not the absolute rates, and compare runs made the same day.
+scripts/peers/engines.py, and stopped by its PID at the end. Every server stays up through the run,
+which goes round by round: in each, every engine at each concurrency c, back to back, the order of
+the engines turned by one each round. c client threads send non-streamed greedy requests of
+max_tokens 128 until 2c (at least 4) are done; the figure is completion tokens per second of wall
+time, an engine's best round in `c<c>` with every round in `all`. Ratios are decodespec serve's rate
+over the peer's in the same round, their median over the rounds (`serve_over_by_round` lists them):
+a change of load on this shared machine falls on both sides of a pair. Start-up time is reported
+apart and not in the rates. Read the ratios, not the absolute rates.
 
     .venv/bin/python benchmarks/bench_peers.py [--engines decodespec-serve,vllm,llama-server] [--rounds 2]
         [--baseline CHECKOUT] [--out benchmarks/results/serve_vs_peers.json]
@@ -21,7 +24,9 @@ written to `--out` with `serve_over_<peer>_c<c>`: decodespec serve's tokens/s ov
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -114,8 +119,8 @@ def measure(url: str, model: str, prompt: list[int], c: int, n: int) -> dict[str
 def run(rounds: int = 2, engines: str = "decodespec-serve,vllm,llama-server",
         concurrency: tuple[int, ...] = CONCURRENCY, baseline: Path | None = None,
         partial: Path | None = None) -> dict[str, Any]:
-    """The figures of every engine; with `partial`, written there after each engine as well (a run
-    stopped half-way keeps what it measured)."""
+    """The figures of every engine (module docstring); with `partial`, what was measured so far is
+    written there after each round as well (a run stopped half-way keeps it)."""
     names = [e.strip() for e in engines.split(",") if e.strip()]
     if unknown := [e for e in names if e not in ENGINES]:
         raise SystemExit(f"unknown engine(s) {unknown}; known: {', '.join(ENGINES)}")
@@ -134,36 +139,53 @@ def run(rounds: int = 2, engines: str = "decodespec-serve,vllm,llama-server",
     folder = Path(tempfile.mkdtemp(prefix="decodespec-bench-peers-")) / "bench"
     ck = bench_checkpoint(folder)
     prompt = list(ck.programs["bench/long/001"].prompt)
-    out: dict[str, Any] = {"tokens": TOKENS, "checkpoint": str(folder), "serve_threads": SERVE_THREADS, "engines": {}}
-    for engine in names:
-        if engine != BASELINE and not _installed(engine):
-            out["engines"][engine] = {"missing": f"not installed: run {ENGINES[engine]['install']}"}
-            continue
-        if engines_[engine]["gguf"]:
-            _gguf(ck, engines_[engine]["gguf"])
-        t0 = time.perf_counter()
-        log = ROOT / ".cache/peers/logs/bench" / f"{engine}.log"
-        with launched(engines_[engine]["launch"], ck, log) as url:
-            fig: dict[str, Any] = {"startup_s": round(time.perf_counter() - t0, 1)}
+    out: dict[str, Any] = {"tokens": TOKENS, "checkpoint": str(folder), "serve_threads": SERVE_THREADS,
+                           "interleaved": True, "engines": {}}
+    runs: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    with contextlib.ExitStack() as servers:
+        up: dict[str, tuple[str, str]] = {}  # engine: (url, model)
+        for engine in names:
+            if engine != BASELINE and not _installed(engine):
+                out["engines"][engine] = {"missing": f"not installed: run {ENGINES[engine]['install']}"}
+                continue
+            if engines_[engine]["gguf"]:
+                _gguf(ck, engines_[engine]["gguf"])
+            t0 = time.perf_counter()
+            log = ROOT / ".cache/peers/logs/bench" / f"{engine}.log"
+            url = servers.enter_context(launched(engines_[engine]["launch"], ck, log))
+            out["engines"][engine] = {"startup_s": round(time.perf_counter() - t0, 1)}
             model = engines_[engine]["model"].format(model=ck.folder) or httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
             measure(url, model, prompt, 1, 1)  # warm-up
+            up[engine] = (url, model)
+            runs[engine] = {c: [] for c in concurrency}
+        # Round by round, every engine at each c back to back, the order turned each round: a
+        # change of load falls on all of them alike, and each round pairs the engines' figures.
+        order = list(up)
+        for r in range(rounds):
+            turn = order[r % len(order):] + order[: r % len(order)] if order else []
             for c in concurrency:
-                runs = [measure(url, model, prompt, c, max(4, 2 * c)) for _ in range(rounds)]
-                best = max(runs, key=lambda r: r["tokens_per_s"])
-                fig[f"c{c}"] = {**best, "tokens_per_s": round(best["tokens_per_s"], 1),
-                                "all": [round(r["tokens_per_s"], 1) for r in runs]}
-        out["engines"][engine] = fig
-        if partial is not None:
-            partial.write_text(json.dumps(out, indent=1) + "\n")
-    base = out["engines"].get("decodespec-serve", {})
-    for engine, fig in out["engines"].items():
-        for c in concurrency:
-            key = f"c{c}"
-            if key in fig and key in base:
-                fig[key]["vs_decodespec_serve"] = round(fig[key]["tokens_per_s"] / base[key]["tokens_per_s"], 2)
-                if engine != "decodespec-serve":
-                    peer = engine.replace("-", "_").replace("@", "_")
-                    out[f"serve_over_{peer}_{key}"] = round(base[key]["tokens_per_s"] / fig[key]["tokens_per_s"], 2)
+                for engine in turn:
+                    runs[engine][c].append(measure(*up[engine], prompt, c, max(4, 2 * c)))
+            if partial is not None:
+                partial.write_text(json.dumps({**out, "rounds_done": r + 1, "runs": runs}, indent=1) + "\n")
+    for engine, per_c in runs.items():
+        for c, rs in per_c.items():
+            best = max(rs, key=lambda r: r["tokens_per_s"])
+            out["engines"][engine][f"c{c}"] = {**best, "tokens_per_s": round(best["tokens_per_s"], 1),
+                                               "all": [round(r["tokens_per_s"], 1) for r in rs]}
+    base = runs.get("decodespec-serve")
+    for engine, per_c in runs.items():
+        if base is None or engine == "decodespec-serve":
+            continue
+        peer = engine.replace("-", "_").replace("@", "_")
+        for c, rs in per_c.items():
+            # the median over rounds of decodespec serve's rate over the peer's in the same round
+            paired = [s["tokens_per_s"] / p["tokens_per_s"] for s, p in zip(base[c], rs) if p["tokens_per_s"]]
+            fig = out["engines"][engine][f"c{c}"]
+            fig["serve_over_by_round"] = [round(x, 2) for x in paired]
+            if paired:
+                out[f"serve_over_{peer}_c{c}"] = round(statistics.median(paired), 2)
+                fig["vs_decodespec_serve"] = round(1 / statistics.median(paired), 2)
     return out
 
 
