@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from .checkout import default_diagrams_dir
+from .properties.conformance.without import WITHOUT
 
 _STYLE = {"PASS": "green", "FAIL": "red", "ERROR": "bold red", "SKIP": "dim"}
 _MARK = {"PASS": ".", "FAIL": "F", "ERROR": "E", "SKIP": "s"}
@@ -91,8 +92,8 @@ def report_name(engine: str) -> str:
                    "preemption, a disconnect that frees its place).")
 @click.option("--launch-timeout", type=click.FloatRange(min=1), default=600, show_default=True,
               help="Seconds a launched server may take to answer /v1/models.")
-@click.option("--without", "without", multiple=True, type=click.Choice(["stop_token_ids"]),
-              help="openai only: a request field the server does not offer (its cases are skipped).")
+@click.option("--without", "without", multiple=True, type=click.Choice(list(WITHOUT)),
+              help="openai only: a request field or a parser the server does not have (its cases are skipped).")
 @click.option("-j", "--jobs", default=1, show_default=True, type=click.IntRange(1, 64), help="Cases run at once (threads).")
 def conform(engine: str, model: str | None, select: tuple[str, ...], list_only: bool, dry_run: bool,
             expect_file: Path | None, strict: bool, report_dir: Path | None, name: str | None,

@@ -100,3 +100,23 @@ def test_a_server_without_the_parsers_fails_the_reasoning_and_tool_cases(chat_se
     assert results["chat/reasoning/special-tags/001"].first_invariant == "pieces_once"
     assert {f.invariant for f in results["chat/reasoning/special-tags/001"].failures} >= {"reasoning_is_bracketed"}
     assert results["chat/tool-call/text-before/001"].verdict is Verdict.SKIP  # tools refused: n/a, with the reason
+
+
+def test_a_server_declared_without_a_parser_has_its_cases_na_and_the_rest_judged(chat_set, served):
+    """`--without reasoning` / `tool_calls` (without.WITHOUT): a parser the engine does not have is
+    its choice, not a broken rule, so those cases are n/a with the reason; every other chat case is
+    still judged on the same server. An unknown name is refused before anything is sent."""
+    ck, cases = chat_set["byte_table-chatml"]
+    mine = [c for c in cases if c.id in ("chat/reasoning/special-tags/001", "chat/tool-call/text-before/001",
+                                         "chat/stop/cross-token/001")]
+    assert len(mine) == 3
+    adapter = OpenAIAdapter(served("byte_table-chatml"), checkpoint=ck, sweep=False,
+                            without=frozenset({"reasoning", "tool_calls"}))
+    results = {r.case.id: r for r in run_cases(adapter, mine)}
+    assert results["chat/reasoning/special-tags/001"].verdict is Verdict.SKIP
+    assert results["chat/reasoning/special-tags/001"].reason.startswith("the server has no reasoning parser")
+    assert results["chat/reasoning/special-tags/001"].reason.endswith("(--without reasoning)")
+    assert results["chat/tool-call/text-before/001"].reason.endswith("(--without tool_calls)")
+    assert results["chat/stop/cross-token/001"].verdict is Verdict.PASS
+    with pytest.raises(ValueError, match="tool_parser is not something a server can lack here; known: stop_token_ids"):
+        OpenAIAdapter("http://127.0.0.1:9", checkpoint=ck, without=frozenset({"tool_parser"}))

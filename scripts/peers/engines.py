@@ -5,8 +5,8 @@
 `launch` is a `decodespec conform --launch` command: {model} is a checkpoint folder, {gguf} its
 model.gguf (llama.cpp's converter wrote it), {port} a free port on 127.0.0.1. `install` runs before
 (idempotent, cached under .cache/peers/). `gguf` is the converter's --outtype (f32 writes model.gguf,
-f16 / bf16 write model-f16.gguf / model-bf16.gguf) or empty. `without` lists request fields the
-engine does not offer. `model` is the model name requests carry, when /v1/models does not list the
+f16 / bf16 write model-f16.gguf / model-bf16.gguf) or empty. `without` lists what the engine lacks
+(properties/conformance/without.py: request fields, reasoning and tool-call parsers). `model` is the model name requests carry, when /v1/models does not list the
 served one first. The -fp16 / -bf16 entries serve the same checkpoints in half precision (issue 22
 item 6): their verdicts must equal the float32 ones. `context` starts the engine with a context of
 {context} tokens (`conform --launch-context`). `tight` (issue 24, `conform --launch-tight`) starts it
@@ -161,13 +161,16 @@ ENGINES: dict[str, dict[str, str]] = {
         "launch": "SERVE_ARGS='--jinja --reasoning-format deepseek' scripts/peers/llama_cpp.sh serve {gguf} {port}",
         "context": "",
     },
+    # no --chat_format: with none, the server renders the GGUF's own chat template (transformers'
+    # prompt); its `chatml` format adds an empty system turn (33 prompt tokens for 23). It has no
+    # reasoning or tool-call parser: those cases are n/a there (properties/conformance/without.py).
     "llama-cpp-python-chat": {
         "install": "scripts/peers/llama_cpp.sh install",
         "gguf": "f32",
-        "without": "stop_token_ids",
+        "without": "stop_token_ids reasoning tool_calls",
         "model": "",
         "jobs": "1",
-        "launch": "SERVE_ARGS='--chat_format chatml' scripts/peers/llama_cpp.sh serve-python {gguf} {port}",
+        "launch": "scripts/peers/llama_cpp.sh serve-python {gguf} {port}",
         "context": "",
     },
     "transformers-serve": {

@@ -37,7 +37,7 @@ def adapter_for(spec: str, *, model: str | None = None, checkpoint: str | None =
     """Build the adapter an --engine value names (imports only what that engine needs).
 
     `checkpoint` is the forced checkpoint folder the engine serves (openai) or loads (a factory of
-    your own gets it as `checkpoint=`); `without` names request fields the server does not offer.
+    your own gets it as `checkpoint=`); `without` names what the server lacks (without.WITHOUT).
     """
     kind, _, arg = spec.partition(":")
     if checkpoint is not None and kind in ("reference", "hf", "decode-stream"):

@@ -31,6 +31,7 @@ from ..http_script import run_script
 from ..life import RECIPES as LIFE_RECIPES
 from ..symptoms import Expected, compare_reason, compare_stream, compare_text, finding, merge
 from ..wire import Streamed, feed, terminal_findings, trim_middle, wire_findings
+from ..without import WITHOUT, lacking
 from .base import Finding, Outcome, missing_capabilities
 
 
@@ -66,7 +67,7 @@ class OpenAIAdapter:
     strings, single stop_token_ids and max_tokens, greedy, non-streamed and streamed; the answer
     is judged against the reference loop's answer on the same checkpoint (http_script.py). The
     recipes then run on the checkpoint's recipe program, whose script is varied text. `without`
-    names request fields the server does not offer (e.g. stop_token_ids): cases needing them SKIP.
+    names what the server lacks (without.WITHOUT: a request field, a parser): cases needing it SKIP.
     """
 
     capabilities = frozenset({"http"})
@@ -79,6 +80,9 @@ class OpenAIAdapter:
         self.name = f"openai[{self.url}]"
         self._model = model
         self.checkpoint = checkpoint
+        if unknown := sorted(set(without) - set(WITHOUT)):
+            raise ValueError(f"without: {', '.join(unknown)} is not something a server can lack here; known: "
+                             f"{', '.join(WITHOUT)}")
         self.without = frozenset(without)
         self.retries = retries
         self.client = httpx.Client(base_url=self.url, timeout=timeout)
@@ -107,8 +111,8 @@ class OpenAIAdapter:
                     "(`decodespec checkpoints build`) and pass it with --checkpoint DIR")
         if case.id not in self.checkpoint.programs:
             return f"compiled into the {group_of(case)} checkpoint; this server serves {self.checkpoint.group}"
-        if case.inputs.get("stop_token_ids") and "stop_token_ids" in self.without:
-            return f"{self.name} offers no stop_token_ids request field"
+        if why := lacking(case, self.without):
+            return why
         if (need := served_context(case, self.checkpoint)) is not None and self.context != need:
             return (f"it needs the server started with a context length of {need} (the case's "
                     f"{case.inputs['context_limit']} and the program's marker and anchor; decodespec conform "
