@@ -153,6 +153,28 @@ def test_a_stream_cut_with_done_and_no_finish_reason_breaks_single_terminal_even
     assert terminal_findings(parse_sse(whole)) == []
 
 
+def test_a_router_that_serves_its_workers_metrics_at_engine_metrics_is_read():
+    """SGLang's gateway (smg) answers /metrics with 404 and offers its workers' Prometheus text at
+    /engine_metrics, each sample labelled with its worker: the gauges are read there, summed."""
+    import httpx
+
+    from decodespec.properties.conformance.life.exchange import preemptions, read_metrics, running
+
+    text = "\n".join(f'vllm:{n}{{engine="0",worker_addr="http://127.0.0.1:{w}"}} {v}'
+                     for w, run, pre in ((1, 1, 3), (2, 2, 4)) for n, v in (("num_requests_running", run),
+                                                                            ("num_preemptions_total", pre)))
+
+    def router(request):
+        return httpx.Response(200, text=text) if request.url.path == "/engine_metrics" else httpx.Response(404)
+
+    with httpx.Client(transport=httpx.MockTransport(router), base_url="http://router") as c:
+        got = read_metrics(c)
+    assert running(got) == {"vllm:num_requests_running": 3.0}
+    assert preemptions(got) == {"vllm:num_preemptions_total": 7.0}
+    with httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(404)), base_url="http://bare") as c:
+        assert read_metrics(c) is None
+
+
 def _anonymous(app):
     """The server with its X-Request-Id header taken off every answer: a client can then neither
     cancel nor resume its stream (D5), so an abandoned one runs on and keeps its place."""

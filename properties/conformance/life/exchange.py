@@ -4,9 +4,9 @@ A `Job` is one request (path, body, streamed or not, where to cut a stream). `se
 never again on a failed connection (the failure is the answer: a finding, never a silent retry),
 and keeps what a reproducer needs: the body, the status, the raw answer (trimmed in the middle),
 when it was sent, when its first delta came and when it ended. `burst` starts many at the same
-instant on their own connections. `Gauges` samples /metrics (running or processing gauges,
-preemption counters) and llama-server's /slots while a burst runs: supporting evidence (§4.8,
-§4.10), never a verdict on its own.
+instant on their own connections. `Gauges` samples /metrics (or a router's /engine_metrics: running
+or processing gauges, preemption counters) and llama-server's /slots while a burst runs: supporting
+evidence (§4.8, §4.10), never a verdict on its own.
 """
 
 from __future__ import annotations
@@ -161,14 +161,22 @@ def overlap(exchanges: Sequence[Exchange]) -> int:
     return most
 
 
+# Where a server offers its engine's Prometheus text: its own /metrics, else a router's copy of its
+# workers' (SGLang's gateway, smg: /engine_metrics, each sample labelled with its worker).
+METRICS_PATHS = ("/metrics", "/engine_metrics")
+
+
 def read_metrics(c: httpx.Client) -> dict[str, float] | None:
-    """Each /metrics sample summed over its labels (`name` or `name{reason}` for the abort counters);
-    None where the server has no /metrics."""
-    try:
-        r = c.get("/metrics", timeout=5)
-    except httpx.HTTPError:
-        return None
-    if r.status_code != 200:
+    """Each sample of the first of METRICS_PATHS the server answers, summed over its labels (over a
+    router's workers too; `name` or `name{reason}` for the abort counters); None where it has none."""
+    for path in METRICS_PATHS:
+        try:
+            r = c.get(path, timeout=5)
+        except httpx.HTTPError:
+            return None
+        if r.status_code == 200:
+            break
+    else:
         return None
     out: dict[str, float] = {}
     for line in r.text.splitlines():
@@ -244,5 +252,5 @@ class Gauges:
 
     def note(self) -> str:
         if not self.peak:
-            return "the server offers no running gauge (/metrics) nor /slots"
+            return "the server offers no running gauge (/metrics, /engine_metrics) nor /slots"
         return "peaks of the engine's own gauges: " + ", ".join(f"{k} {v:g}" for k, v in sorted(self.peak.items()))

@@ -242,9 +242,10 @@ def preemption(a: LiveServer, case: Case) -> Outcome:
         counted = {k: v - preemptions(before).get(k, 0.0) for k, v in preemptions(after).items()}
         if not counted:
             if found:
-                return _outcome(found, notes, "preemption", ("preemptions (the server counts none on /metrics)",))
-            return Outcome(skip="the server counts no preemptions on /metrics, so nothing shows that the load made it "
-                                f"preempt; {notes[0]}")
+                return _outcome(found, notes, "preemption",
+                                ("preemptions (the server counts none on /metrics or /engine_metrics)",))
+            return Outcome(skip="the server counts no preemptions on /metrics or /engine_metrics, so nothing shows that "
+                                f"the load made it preempt; {notes[0]}")
         notes.append("preemptions counted: " + ", ".join(f"{k} +{v:g}" for k, v in sorted(counted.items())))
         if not any(counted.values()) and not found:
             return Outcome(skip=f"no preemption happened under this load ({notes[-1]}): the case proved nothing")
