@@ -171,7 +171,7 @@ ENGINES: dict[str, dict[str, str]] = {
         "model": "",
         "jobs": "1",
         "launch": "scripts/peers/llama_cpp.sh serve-python {gguf} {port}",
-        "context": "",
+        "context": "SERVE_ARGS='--n_ctx {context}' scripts/peers/llama_cpp.sh serve-python {gguf} {port}",
     },
     "transformers-serve": {
         "install": ".venv/bin/pip install -q -e .[peers]",
