@@ -341,6 +341,8 @@ def parse_completion(raw: bytes, *, chat: bool, model_name: str, context_limit: 
         raise ApiError(404, f"model: the model {_short(model)!r} does not exist; this server serves {model_name!r}",
                        param="model", code="model_not_found")
     kwargs = (_get(body, "chat_template_kwargs", dict, default=None) or {}) if chat else {}
+    if tool_parser and body.get("tools"):  # the template lists the offered tools, as transformers and vLLM render them
+        kwargs = {**kwargs, "tools": body["tools"]}
     prompt, prompt_param = (chat_template(_messages(body), kwargs), "messages") if chat else (_prompt(body), "prompt")
     if isinstance(prompt, str):
         try:

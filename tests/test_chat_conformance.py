@@ -120,3 +120,34 @@ def test_a_server_declared_without_a_parser_has_its_cases_na_and_the_rest_judged
     assert results["chat/stop/cross-token/001"].verdict is Verdict.PASS
     with pytest.raises(ValueError, match="tool_parser is not something a server can lack here; known: stop_token_ids"):
         OpenAIAdapter("http://127.0.0.1:9", checkpoint=ck, without=frozenset({"tool_parser"}))
+
+
+def test_the_chatml_template_renders_reasoning_calls_and_tools_as_parsers_derive_them():
+    """What llama.cpp's differential autoparser (common/chat-diff-analyzer.cpp) renders to find its
+    parsers, rendered here as transformers renders it: an assistant turn with reasoning_content adds
+    exactly `<think>R</think>`, one with tool_calls exactly a Hermes call (`<tool_call>{"name": ...,
+    "arguments": ...}</tool_call>`, with object or string arguments), `tools` a system turn naming
+    them; one user message without tools stays plain ChatML, as the chapter's chat cases need."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    from decodespec.properties.conformance.chat_cases import TOOLS
+
+    src = TEMPLATES["chatml"].source
+
+    def render(messages, tools=None, gen=False):
+        return render_jinja_template(conversations=[messages], tools=tools, chat_template=src,
+                                     add_generation_prompt=gen)[0][0]
+
+    user = {"role": "user", "content": "U"}
+    assert render([user], gen=True) == "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"
+    listed = render([user], tools=TOOLS, gen=True)
+    assert listed.startswith("<|im_start|>system\n") and '{"name": "get_weather"}' in listed
+    assert listed.endswith("<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n")
+    plain = render([user, {"role": "assistant", "content": "A"}])
+    thought = render([user, {"role": "assistant", "content": "A", "reasoning_content": "R"}])
+    assert thought == plain.replace("assistant\nA", "assistant\n<think>R</think>A")
+    for args in ({"city": "Paris"}, '{"city": "Paris"}'):
+        call = {"type": "function", "function": {"name": "get_weather", "arguments": args}}
+        called = render([user, {"role": "assistant", "content": "", "tool_calls": [call]}], tools=TOOLS)
+        assert called.endswith('<|im_start|>assistant\n<tool_call>{"name": "get_weather", "arguments": '
+                               '{"city": "Paris"}}</tool_call><|im_end|>\n')

@@ -27,11 +27,35 @@ class Template:
     bos: str | None = None
 
 
+# "chatml" is Qwen-style ChatML with Hermes tool calls, so that servers which derive their reasoning
+# and tool-call parsers from how the template renders (llama.cpp's differential autoparser,
+# common/chat-diff-analyzer.cpp) find `<think>`...`</think>` and `<tool_call>{json}</tool_call>`:
+# with `tools` a system turn lists them (names only: no `tojson` of the request's tools, whose key
+# order and escaping differ between transformers, jinja2 and llama.cpp), an assistant turn renders
+# its reasoning_content and tool_calls exactly as the forced scripts emit them (no newlines inside
+# the tags). One user message without tools renders as plain ChatML. Every piece is an expression,
+# so no engine's trim_blocks/lstrip_blocks setting changes the text.
+CHATML = (
+    r"{%- if tools %}{{- '<|im_start|>system\n# Tools\n<tools>\n' }}"
+    r"""{%- for tool in tools %}{{- '{"name": "' + tool.function.name + '"}\n' }}{%- endfor %}"""
+    r"""{{- '</tools>\nCall one as <tool_call>{"name": <name>, "arguments": <args>}</tool_call><|im_end|>\n' }}"""
+    r"{%- endif %}"
+    r"{%- for m in messages %}"
+    r"{%- if m.role == 'assistant' %}{{- '<|im_start|>assistant\n' }}"
+    r"{%- if m.reasoning_content %}{{- '<think>' }}{{- m.reasoning_content }}{{- '</think>' }}{%- endif %}"
+    r"{%- if m.content %}{{- m.content }}{%- endif %}"
+    r"{%- if m.tool_calls %}{%- for call in m.tool_calls %}"
+    r"{%- if call.function is defined %}{%- set call = call.function %}{%- endif %}"
+    r"""{{- '<tool_call>{"name": "' + call.name + '", "arguments": ' }}"""
+    r"{%- if call.arguments is string %}{{- call.arguments }}{%- else %}{{- call.arguments | tojson }}{%- endif %}"
+    r"{{- '}</tool_call>' }}{%- endfor %}{%- endif %}"
+    r"{{- '<|im_end|>\n' }}"
+    r"{%- else %}{{- '<|im_start|>' + m.role + '\n' }}{{- m.content }}{{- '<|im_end|>\n' }}{%- endif %}"
+    r"{%- endfor %}"
+    r"{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
 TEMPLATES: Mapping[str, Template] = {
-    "chatml": Template(
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
-        ("<|im_start|>", "<|im_end|>")),
+    "chatml": Template(CHATML, ("<|im_start|>", "<|im_end|>")),
     "bos": Template(
         "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
         "{{ m['content'] }}<|eot_id|>{% endfor %}"

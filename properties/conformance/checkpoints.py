@@ -39,7 +39,7 @@ from ...runtime.result import Result
 from ...runtime.tokenizers import BYTE_LEVEL, HFTokenizer
 from .adapters.base import case_prompt, case_script, fixture_tokenizer, reference_on, table_tokenizer
 from .cases import Case, CaseError, CaseKind
-from .chat_cases import TAGS, TEMPLATES, chat_of, chat_variants, template_of
+from .chat_cases import TAGS, TEMPLATES, TOOLS, chat_of, chat_variants, template_of
 from .forced import CONTEXT, DTYPES, PROBE_MAX, Probe, Program, check_margins, forced_llama
 from .symptoms import first_difference
 
@@ -366,7 +366,8 @@ def build_group(group: str, cases: Sequence[Case], folder: Path, *, long: bool =
         mid = rt.token_to_id(marker)
         prompt = [mid, anchor, *case_prompt(case, hf)]
         if chat_of(case) is not None:  # the program's prompt is the template's, from the marker on
-            chat[case.id] = templated(tmp, marker + ANCHOR + hf.decode(prompt[2:]), mid)
+            chat[case.id] = templated(tmp, marker + ANCHOR + hf.decode(prompt[2:]), mid,
+                                      TOOLS if chat_of(case).get("tools") else None)
             prompt = chat[case.id]["ids"][chat[case.id]["ids"].index(mid):]
         programs.append(Program(case.id, mid, prompt, case_script(case, hf)))
     mid = rt.token_to_id(recipe_marker)
@@ -405,13 +406,16 @@ def _chat_config(cases: Sequence[Case]) -> dict[str, Any]:
     return {"chat_template": t.source, **({"bos_token": t.bos} if t.bos else {})}
 
 
-def templated(folder: Path, message: str, marker: int) -> dict[str, Any]:
+def templated(folder: Path, message: str, marker: int, tools: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """The ids transformers' `apply_chat_template` makes of one user message on the checkpoint's
-    own files (what vLLM renders, and what usage.prompt_tokens must count)."""
+    own files (what vLLM renders, and what usage.prompt_tokens must count), with `tools` as the
+    request offers them (chat.request_body sends chat_cases.TOOLS for a tool case: the template
+    lists them in a system turn before the message)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(folder)
-    out = tok.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True, tokenize=True)
+    out = tok.apply_chat_template([{"role": "user", "content": message}], tools=tools, add_generation_prompt=True,
+                                  tokenize=True)
     ids = list(out["input_ids"] if not isinstance(out, list) else out)
     if marker not in ids:
         raise CaseError(f"{folder.name}: the chat template dropped the marker from {message!r}")

@@ -3,6 +3,11 @@
 reports/vllm-chat/confirmed.md were confirmed by hand (issue 25).
 
     .venv/bin/python scripts/peers/chat_by_hand.py URL CHECKPOINT_FOLDER
+    .venv/bin/python scripts/peers/chat_by_hand.py URL CHECKPOINT_FOLDER CASE_ID:MAX_TOKENS ...
+
+With cases named, each is sent both ways exactly as the runner sends it (chat.request_body: the
+case's own fields, `tools` for a tool case, enable_thinking off for a case without reasoning) at
+that max_tokens: how reports/llama-server-chat/confirmed.md was confirmed.
 """
 import json
 import sys
@@ -37,6 +42,21 @@ def ask(cid, stream, **kw):
         print("  message:", json.dumps(ch["message"], ensure_ascii=False), "finish:", ch["finish_reason"], "usage:", d["usage"])
     print()
 off = {"chat_template_kwargs": {"enable_thinking": False}}
+if len(sys.argv) > 3:
+    from types import SimpleNamespace
+
+    from decodespec.properties.conformance.cases import load_cases
+    from decodespec.properties.conformance.chat import request_body
+    from decodespec.properties.conformance.checkpoints import with_chat
+
+    for arg in sys.argv[3:]:
+        cid, limit = arg.rsplit(":", 1)
+        case = next(c for c in load_cases(["chat/"]) + with_chat(load_cases([cid.split("/", 1)[1]])) if c.id == cid)
+        body = request_body(SimpleNamespace(model=model), case, man["chat"][cid]["message"], int(limit))
+        fields = {k: v for k, v in body.items() if k not in ("model", "messages", "temperature")}
+        ask(cid, False, **fields)
+        ask(cid, True, **fields, stream_options={"include_usage": True})
+    sys.exit(0)
 ask("chat/reasoning/split-tags/001", False, max_tokens=8)
 ask("chat/reasoning/split-tags/001", True, max_tokens=8)
 ask("chat/reasoning/special-tags/001", True, max_tokens=6)

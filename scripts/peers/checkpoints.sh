@@ -10,8 +10,10 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PEERS=.cache/peers
 SETS=$PEERS/checkpoint-sets
+# Everything that decides the set: the cases, the construction, the chat templates and tool list
+# (chat_cases.py), the reasoning and tool tags the chat tokenizers add (runtime/channels.py).
 stamp=$(cat properties/cases/*/*.json properties/conformance/forced.py properties/conformance/checkpoints.py \
-        properties/fixtures.py | sha256sum | cut -c1-16)
+        properties/conformance/chat_cases.py runtime/channels.py properties/fixtures.py | sha256sum | cut -c1-16)
 SET=$SETS/$stamp
 mkdir -p "$SETS"
 exec 9>"$PEERS/checkpoints.lock"
