@@ -15,7 +15,7 @@ it chunk by chunk, and `Releaser` is the reference's side of it:
   chunk, which reports every selected token not reported yet: each selected token exactly once,
   in order, so the entries count what usage.completion_tokens counts (D7).
 
-Where the bytes of a token are comes from the run's byte marks (`RequestRun._byte_marks`: the
+Where the bytes of a token are comes from the run's byte marks (`RequestRun.byte_marks`: the
 detokenizer's output through each token, held bytes included), never from re-decoding: a token's
 entry holds exactly the bytes the detokenizer made of it (`TokenEntry.data`, None when it made
 none). `token_scores` is the per-token log-probability the run keeps when its request asks
@@ -70,6 +70,7 @@ class Releaser:
         self._next = 0  # the first token not reported yet
         self._pos = 0  # offset bookkeeping: a byte position in _text and the characters before it
         self._chars = 0
+        self._echo_chars = 0  # text offsets count the echoed prompt's characters too
 
     def delta(self, data: bytes) -> list[TokenEntry]:
         """The entries of a chunk that sends `data`: the tokens whose first byte is now sent, and
@@ -77,10 +78,11 @@ class Releaser:
         if self._echo:
             skip = min(self._echo, len(data))
             self._echo -= skip
+            self._echo_chars += sum(1 for b in data[:skip] if b & 0xC0 != 0x80)
             data = data[skip:]
         self._text += data
         sent = len(self._text)
-        marks = self.run._byte_marks
+        marks = self.run.byte_marks
         upto = self._next
         while upto < len(self.run.tokens) and upto <= len(marks) and (marks[upto - 1] if upto else 0) < sent:
             upto += 1
@@ -91,7 +93,7 @@ class Releaser:
         return self._entries(len(self.run.tokens))
 
     def _entries(self, upto: int) -> list[TokenEntry]:
-        run, marks = self.run, self.run._byte_marks
+        run, marks = self.run, self.run.byte_marks
         scores = getattr(run, "scores", None)
         out = []
         for i in range(self._next, upto):
@@ -126,4 +128,4 @@ class Releaser:
         self._chars += sum(1 for b in self._text[self._pos:stop] if b & 0xC0 != 0x80)
         self._pos = stop
         inside = stop < len(self._text) and self._text[stop] & 0xC0 == 0x80
-        return self._chars - 1 if inside and self._chars else self._chars
+        return self._echo_chars + (self._chars - 1 if inside and self._chars else self._chars)

@@ -406,10 +406,7 @@ def parse_completion(raw: bytes, *, chat: bool, model_name: str, context_limit: 
     seed = _get(body, "seed", int, default=None)
     if seed is not None and not 0 <= seed < 2**63:
         raise _bad("seed", f"must be between 0 and 2**63 - 1, got {seed}")
-    logprobs = _logprobs(body, chat)
-    if logprobs is not None and body.get("echo"):
-        raise _bad("logprobs", "is not supported with echo (the prompt's tokens have no log-probabilities here)",
-                   "unsupported_value")
+    logprobs = _logprobs(body, chat)  # with echo: the output's tokens only, no prompt logprobs (D59)
     token_ids = bool(_get(body, "return_token_ids", bool, default=False))
     for key in ("user", "prompt_cache_key", "prompt_cache_retention", "safety_identifier"):
         _get(body, key, str, default=None)

@@ -678,6 +678,12 @@ class RequestRun:
             stop=None if hit is None else hit.stop,
         )
 
+    @property
+    def byte_marks(self) -> list[int]:
+        """The detokenizer's output bytes through each selected token, held ones included (append-only;
+        D7 counts returned tokens by them, D59 reports each token with the chunk that sends its first byte)."""
+        return self._byte_marks
+
     def on_delta(self, fn: Callable[[bytes], None]) -> None:
         """Call `fn(bytes)` for every delta as it is sent (the CLI streams with it)."""
         self._listeners.append(fn)

@@ -214,3 +214,12 @@ def test_decodespec_serve_passes_the_alignment_cases(aligned_set, app_server, gr
     results = run_cases(OpenAIAdapter(url, checkpoint=ck, sweep=False), cases)
     assert [r.verdict for r in results] == [Verdict.PASS] * len(cases), [
         (r.case.id, r.verdict.value, r.reason, [f.message for f in r.failures]) for r in results]
+
+
+def test_with_echo_the_entries_are_the_outputs_tokens_and_offsets_count_the_prompt(scripted):
+    """D59 with echo (D33): no prompt logprobs; the output's tokens, their offsets in the whole text."""
+    base = scripted([121, 101, 110])
+    r = httpx.post(f"{base}/v1/completions", json={"model": "m", "prompt": [1], "max_tokens": 4, "temperature": 0,
+                                                   "echo": True, "logprobs": 0}, timeout=30).json()["choices"][0]
+    assert r["text"] == "> aAB"
+    assert r["logprobs"]["tokens"] == ["a", "AB", "</s>"] and r["logprobs"]["text_offset"] == [2, 3, 5]
