@@ -223,3 +223,21 @@ def test_with_echo_the_entries_are_the_outputs_tokens_and_offsets_count_the_prom
                                                    "echo": True, "logprobs": 0}, timeout=30).json()["choices"][0]
     assert r["text"] == "> aAB"
     assert r["logprobs"]["tokens"] == ["a", "AB", "</s>"] and r["logprobs"]["text_offset"] == [2, 3, 5]
+
+
+def test_a_chat_delta_the_split_holds_back_passes_its_tokens_to_the_next_chunk(app_server):
+    """With the reasoning parser (D45) a held tag prefix sends no chunk: its tokens' entries go with
+    the next chunk sent, so the stream still reports every token once and in order."""
+    tok = ByteTableTokenizer({i: bytes([32 + i]) for i in range(95)} | {95: b"\n", 96: b""}, eos_id=96)
+    script = [ord(c) - 32 for c in "<think>hm</think>ok"] + [96]
+    base = app_server(create_app(Engine(ScriptedModel(script, vocab_size=100), tok, poll_s=0.001), model_name="m",
+                                 reasoning_parser=True))
+    r = httpx.post(f"{base}/v1/chat/completions", json={
+        "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 32, "temperature": 0,
+        "stream": True, "return_token_ids": True}, timeout=30)
+    chunks = [c for c in parse_sse(r.text).choices() if c.get("token_ids") is not None]
+    assert [i for c in chunks for i in c["token_ids"]] == script
+    deltas = [c["delta"] for c in chunks]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "hm"
+    assert "".join(d.get("content", "") for d in deltas) == "ok"
+    assert all(c["token_ids"] for c in chunks)  # no chunk was sent for the held tag pieces alone
