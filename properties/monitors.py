@@ -824,6 +824,39 @@ def _detok_concat_equals_batch(rt: RequestTrace):
         yield rt.terminal.index, f"streamed {out[:60]!r}... must {relation} the batch decode {full[:60]!r}..."
 
 
+@monitor("stream_tokens_aligned")
+def _stream_tokens_aligned(rt: RequestTrace):
+    """D59 on the trace: at every delta, the bytes sent so far (the echo aside) are a prefix of the
+    batch decode of the text tokens selected before it, so a chunk can name the tokens its text
+    comes from (runtime/alignment.Releaser). A decode is made only where the delta's bytes reach
+    past what the last one covered."""
+    tok = rt.tokenizer
+    if rt.echo or not rt.deltas:
+        return  # an echoed prompt may end inside a character its first output token completes (D33)
+    special = {i for ids in (rt.created.get("finish_tokens") or {}).values() for i in ids}
+    prompt = list(rt.created.get("prompt_ids", ()))
+    skip = rt.created.get("skip_special_tokens", True)
+    head = _decode(tok, prompt, skip)
+    ids: list[int] = []
+    sent = bytearray()
+    covered = b""
+    for e in rt.events:
+        if e.kind == K.TOKEN_SELECTED:
+            if not e.data.get("eos") and e.data.get("token") not in special:
+                ids.append(e.data.get("token"))
+            covered = b""  # a new token: decode again when a delta needs it
+        elif e.kind == K.RESPONSE_DELTA:
+            sent += bytes(e.data.get("bytes", b""))
+            if len(sent) <= len(covered) and covered.startswith(sent):
+                continue
+            whole = _decode(tok, prompt + ids, skip)
+            covered = whole[len(head):] if whole.startswith(head) else whole
+            if not covered.startswith(bytes(sent)):
+                yield e.index, (f"delta seq={e.data.get('seq')} brings the output to {bytes(sent)[-40:]!r}, past the "
+                                f"{len(ids)} text token(s) selected so far, which spell {covered[-40:]!r}")
+                return
+
+
 def _decode(tok: Any, ids: list[int], skip_special: bool = True) -> bytes:
     if hasattr(tok, "decode_bytes"):
         return tok.decode_bytes(ids, skip_special=skip_special)

@@ -13,8 +13,10 @@ field (`param`). Limits chosen here, documented in the OpenAPI document too:
 - Every field of OpenAI's completions and chat completions requests is in FIELDS (DECISIONS D30):
   implemented, accepted only at its neutral values (any other value is a 400 `unsupported_value`
   naming the field and the value), informational (no effect on a completion: `user`, ...), or
-  not reported (`logprobs`/`top_logprobs`: answered with `logprobs: null`, named in the answer's
-  X-Decodespec-Ignored header). The engine extensions of EXTENSIONS (vLLM's and SGLang's names:
+  not reported (answered with null and named in the answer's X-Decodespec-Ignored header; no
+  field is, now). `logprobs` (completions: 0..5 alternatives; chat: `logprobs: true` with
+  `top_logprobs` 0..20) and vLLM's `return_token_ids` are reported with the text they spell, chunk
+  by chunk (DECISIONS D59, runtime/alignment.py, `report_fields`). The engine extensions of EXTENSIONS (vLLM's and SGLang's names:
   top_k, min_p, min_tokens, ignore_eos, repetition_penalty, ...) are accepted the same way. Any
   other field is a 400 `unknown_field`; `strict` (`decodespec serve --strict`) accepts only the
   fields of STRICT_FIELDS, with n = 1, as before issue 28.
@@ -36,7 +38,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -44,6 +46,7 @@ import attrs
 from ..spec import FinishReason
 from ..spec.vocabulary import OPENAI_FINISH
 from .errors import RequestError
+from .tokenizers import TokenizerError
 from .request import Request
 
 MAX_STOP_STRINGS = 4
@@ -130,6 +133,15 @@ class ParsedRequest:
     # parser) and call tags (its tool parser, when the request has tools).
     reasoning: bool = False
     tools: bool = False
+    # Per-token reports (D59): logprobs asked (completions' `logprobs`, chat's `logprobs: true`),
+    # with this many alternatives; vLLM's `return_token_ids`.
+    logprobs: int | None = None
+    token_ids: bool = False
+
+    @property
+    def reports_tokens(self) -> bool:
+        """Whether the answer carries per-token entries (logprobs or token ids)."""
+        return self.logprobs is not None or self.token_ids
 
     def choice(self, i: int) -> Request:
         """Choice (or candidate) i of an n > 1 request: its own id and, with a seed, seed + i (D34)."""
@@ -172,13 +184,13 @@ COMPLETION_FIELDS = _fields(
     *_BOTH, ("prompt", IMPLEMENTED),
     ("best_of", IMPLEMENTED, (1,), "the n best of best_of candidates by log-probability; not streamed (D34)"),
     ("echo", IMPLEMENTED, (False,), "the prompt's bytes first, by the detokenizer's rules (D33)"),
-    ("logprobs", NOT_REPORTED, (0,), "answered with logprobs: null"),
+    ("logprobs", IMPLEMENTED, (), "0..5 alternatives per token, each chunk's tokens with its text (D59)"),
     ("suffix", NEUTRAL, ("",), "insertion is not supported"),
 )
 CHAT_FIELDS = _fields(
     *_BOTH, ("messages", IMPLEMENTED), ("max_completion_tokens", IMPLEMENTED),
-    ("logprobs", NOT_REPORTED, (False,), "answered with logprobs: null"),
-    ("top_logprobs", NOT_REPORTED, (0,), "answered with logprobs: null"),
+    ("logprobs", IMPLEMENTED, (False,), "logprobs.content, each chunk's tokens with its text (D59)"),
+    ("top_logprobs", IMPLEMENTED, (0,), "0..20 alternatives per token; needs logprobs: true"),
     ("audio", NEUTRAL, (), "audio output is not supported"),
     ("modalities", NEUTRAL, (["text"],), "only text"),
     ("tools", NEUTRAL, ([],), "tool calling is not supported"),
@@ -210,6 +222,7 @@ EXTENSIONS = _fields(
     ("no_stop_trim", IMPLEMENTED, (False,), "SGLang's name of include_stop_str_in_output", "SGLang"),
     ("stop_token_ids", IMPLEMENTED, ([],), "", "vLLM, SGLang"),
     ("utf8_guard", IMPLEMENTED, (), "DECISIONS D16", "decodespec"),
+    ("return_token_ids", IMPLEMENTED, (False,), "each chunk's token ids with its text (D59)", "vLLM"),
     ("spaces_between_special_tokens", NEUTRAL, (True,), "special tokens are skipped or kept as bytes", "vLLM, SGLang"),
     ("return_hidden_states", NEUTRAL, (False,), "", "SGLang"),
     ("use_beam_search", NEUTRAL, (False,), "", "vLLM"),
@@ -395,15 +408,8 @@ def parse_completion(raw: bytes, *, chat: bool, model_name: str, context_limit: 
     seed = _get(body, "seed", int, default=None)
     if seed is not None and not 0 <= seed < 2**63:
         raise _bad("seed", f"must be between 0 and 2**63 - 1, got {seed}")
-    if chat:
-        _get(body, "logprobs", bool, default=None)
-        top = _get(body, "top_logprobs", int, default=None)
-        if top is not None and not 0 <= top <= 20:
-            raise _bad("top_logprobs", f"must be between 0 and 20, got {top}")
-    else:
-        lp = _get(body, "logprobs", int, default=None)
-        if lp is not None and not 0 <= lp <= 5:
-            raise _bad("logprobs", f"must be between 0 and 5, got {lp}")
+    logprobs = _logprobs(body, chat)  # with echo: the output's tokens only, no prompt logprobs (D59)
+    token_ids = bool(_get(body, "return_token_ids", bool, default=False))
     for key in ("user", "prompt_cache_key", "prompt_cache_retention", "safety_identifier"):
         _get(body, key, str, default=None)
     _get(body, "metadata", dict, default=None)
@@ -416,12 +422,30 @@ def parse_completion(raw: bytes, *, chat: bool, model_name: str, context_limit: 
             max_buffer_events=max_buffer_events, request_id=request_id,
             utf8_guard=UTF8_GUARD_DEFAULTS[utf8_guard](temperature) if guard is None else guard,
             finish_tokens={"tool_call": [tool_close_id]} if tools and tool_close_id is not None else {},
-            **request_options(body, vocab_size),
+            logprobs=logprobs, **request_options(body, vocab_size),
         )
     except RequestError as exc:
         raise _bad(_PARAM.get(exc.field, exc.field), str(exc).split(": ", 1)[-1]) from None
     return ParsedRequest(request=request, chat=chat, stream=stream, include_usage=include_usage, n=n,
-                         best_of=best_of, ignored=ignored, reasoning=chat and reasoning, tools=bool(tools))
+                         best_of=best_of, ignored=ignored, reasoning=chat and reasoning, tools=bool(tools),
+                         logprobs=logprobs, token_ids=token_ids)
+
+
+def _logprobs(body: Mapping[str, Any], chat: bool) -> int | None:
+    """How many alternatives per token the body asks for, None when it asks for no logprobs:
+    completions' `logprobs` (0..5), chat's `logprobs: true` with `top_logprobs` (0..20)."""
+    if not chat:
+        lp = _get(body, "logprobs", int, default=None)
+        if lp is not None and not 0 <= lp <= 5:
+            raise _bad("logprobs", f"must be between 0 and 5, got {lp}")
+        return lp
+    asked = _get(body, "logprobs", bool, default=None)
+    top = _get(body, "top_logprobs", int, default=None)
+    if top is not None and not 0 <= top <= 20:
+        raise _bad("top_logprobs", f"must be between 0 and 20, got {top}")
+    if top and not asked:
+        raise _bad("top_logprobs", "needs logprobs: true")
+    return (top or 0) if asked else None
 
 
 _TOOL_FIELDS = frozenset({"tools", "tool_choice", "parallel_tool_calls"})
@@ -633,11 +657,78 @@ def choices_usage(usages: list[Mapping[str, Any]]) -> dict[str, Any]:
             "total_tokens": usages[0]["prompt_tokens"] + total, "decodespec": {"choices": [dict(u) for u in usages]}}
 
 
+def token_text(tokenizer: Any, token_id: int, data: bytes | None) -> str:
+    """A token's string in a logprobs entry (D59): the bytes the detokenizer made of it as text;
+    bytes that are not whole characters as OpenAI writes them (`bytes:\\xe4\\xb8`); a token that
+    made no bytes (EOS, a skipped special token) as its own text."""
+    if data is None:
+        return tokenizer.decode([token_id], skip_special=False)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in data)
+
+
+def _alternative(tokenizer: Any, token_id: int) -> tuple[str, list[int] | None]:
+    """An alternative token's string and bytes (its own bytes; a special token's text, no bytes; an
+    id the tokenizer cannot decode, never chosen (D20), as vLLM writes an id: `token_id:N`)."""
+    try:
+        if token_id in getattr(tokenizer, "special_ids", ()):
+            return tokenizer.decode([token_id], skip_special=False), None
+        try:
+            data = tokenizer.token_bytes(token_id)
+        except TokenizerError:
+            raise
+        except Exception:  # a decoder not modelled per token
+            data = tokenizer.decode([token_id], skip_special=False).encode("utf-8")
+    except TokenizerError:
+        return f"token_id:{token_id}", None
+    return token_text(tokenizer, token_id, data), list(data)
+
+
+def _completion_logprobs(entries: Sequence[Any], tokenizer: Any) -> dict[str, Any]:
+    """OpenAI's completions logprobs: tokens, token_logprobs, top_logprobs (string -> logprob) and
+    text_offset (the character where each token's text starts in the choice's text)."""
+    return {"tokens": [token_text(tokenizer, e.token_id, e.data) for e in entries],
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{_alternative(tokenizer, t)[0]: lp for t, lp in e.top} for e in entries],
+            "text_offset": [e.offset for e in entries]}
+
+
+def _chat_logprobs(entries: Sequence[Any], tokenizer: Any) -> dict[str, Any]:
+    """OpenAI's chat logprobs: `content`, one {token, logprob, bytes, top_logprobs} per token."""
+    def alt(t: int, lp: float) -> dict[str, Any]:
+        text, data = _alternative(tokenizer, t)
+        return {"token": text, "logprob": lp, "bytes": data}
+
+    return {"content": [{"token": token_text(tokenizer, e.token_id, e.data), "logprob": e.logprob,
+                         "bytes": None if e.data is None else list(e.data),
+                         "top_logprobs": [alt(t, lp) for t, lp in e.top]} for e in entries]}
+
+
+# The logprobs shape of each endpoint (chat?), D59.
+LOGPROB_SHAPES: Mapping[bool, Callable[[Sequence[Any], Any], dict[str, Any]]] = {
+    False: _completion_logprobs, True: _chat_logprobs}
+
+
+def report_fields(parsed: ParsedRequest, entries: Sequence[Any], tokenizer: Any) -> dict[str, Any]:
+    """The per-token fields of one choice chunk (or non-stream choice) that reports `entries`
+    (runtime/alignment.TokenEntry, D59): `logprobs` in the endpoint's shape when asked, vLLM's
+    `token_ids` when asked; nothing when neither is."""
+    out: dict[str, Any] = {}
+    if parsed.logprobs is not None:
+        out["logprobs"] = LOGPROB_SHAPES[parsed.chat](entries, tokenizer)
+    if parsed.token_ids:
+        out["token_ids"] = [e.token_id for e in entries]
+    return out
+
+
 def chunk(parsed: ParsedRequest, cid: str, created: int, model: str, *, text: str | None = None,
           role: bool = False, finish: tuple[str, dict] | None = None, usage: dict | None = None,
-          delta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+          delta: Mapping[str, Any] | None = None, report: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One SSE `data:` object of choice `parsed.index`: a text delta, the opening role (chat), the
-    finish, or usage only; `delta`: a chat delta split into channels (channel_delta)."""
+    finish, or usage only; `delta`: a chat delta split into channels (channel_delta); `report`: the
+    chunk's per-token fields (report_fields, D59)."""
     i = parsed.index
     if usage is not None:
         choices: list[dict[str, Any]] = []
@@ -649,6 +740,8 @@ def chunk(parsed: ParsedRequest, cid: str, created: int, model: str, *, text: st
         choices = [{"index": i, "delta": shown, "logprobs": None, "finish_reason": None}]
     else:
         choices = [{"index": i, "text": text or "", "logprobs": None, "finish_reason": None}]
+    if report and choices:
+        choices[0].update(report)
     if finish is not None:
         choices[0]["finish_reason"], choices[0]["decodespec"] = finish
     out = {"id": cid, "object": "chat.completion.chunk" if parsed.chat else "text_completion", "created": created,
@@ -684,21 +777,25 @@ def chat_message(split: Mapping[str, Any], call_id: Callable[[int], str], *, rea
 
 
 def choice_body(parsed: ParsedRequest, index: int, text: str, finish: tuple[str, dict],
-                message: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One choice of a non-stream answer (`message`: a chat answer's split message, chat_message)."""
+                message: dict[str, Any] | None = None, report: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """One choice of a non-stream answer (`message`: a chat answer's split message, chat_message;
+    `report`: its per-token fields, report_fields)."""
     reason, detail = finish
     if parsed.chat:
-        return {"index": index, "message": message or {"role": "assistant", "content": text}, "logprobs": None,
-                "finish_reason": reason, "decodespec": detail}
-    return {"index": index, "text": text, "logprobs": None, "finish_reason": reason, "decodespec": detail}
+        out = {"index": index, "message": message or {"role": "assistant", "content": text}, "logprobs": None,
+               "finish_reason": reason, "decodespec": detail}
+    else:
+        out = {"index": index, "text": text, "logprobs": None, "finish_reason": reason, "decodespec": detail}
+    out.update(report or {})
+    return out
 
 
 def completion_body(parsed: ParsedRequest, cid: str, created: int, model: str, text: str,
                     finish: tuple[str, dict], usage: dict, *, more: tuple[dict[str, Any], ...] = (),
-                    message: dict[str, Any] | None = None) -> dict[str, Any]:
+                    message: dict[str, Any] | None = None, report: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The non-stream answer (usage always included); `more`: the choice_body of choices 1..n-1."""
     return {"id": cid, "object": "chat.completion" if parsed.chat else "text_completion", "created": created,
-            "model": model, "choices": [choice_body(parsed, parsed.index, text, finish, message), *more],
+            "model": model, "choices": [choice_body(parsed, parsed.index, text, finish, message, report), *more],
             "usage": usage}
 
 

@@ -158,6 +158,9 @@ def _check(inst: Request, attribute: attrs.Attribute, value: Any) -> None:
             raise RequestError(name, f"must be an int >= 0, got {value!r}")
         if isinstance(inst.max_output_tokens, int) and value > inst.max_output_tokens:
             raise RequestError(name, f"must not exceed max_output_tokens ({inst.max_output_tokens}), got {value}")
+    elif name == "logprobs":
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 20):
+            raise RequestError(name, f"must be an int in [0, 20] or None, got {value!r}")
     elif name == "policy":
         if value not in ("pause", "buffer", "fail"):
             raise RequestError(name, f"must be one of pause, buffer, fail; got {value!r}")
@@ -209,6 +212,9 @@ class Request:
     echo: bool = attrs.field(default=False, validator=_check)
     # Keep the sum of the chosen tokens' log-probabilities (best_of ranks choices by it, D34).
     score: bool = attrs.field(default=False, validator=_check)
+    # Keep each selected token's log-probability and this many most likely alternatives (None:
+    # none kept); the server reports them with the text they spell (D59).
+    logprobs: int | None = attrs.field(default=None, validator=_check)
 
     def __init__(self, prompt: str | Sequence[int], **kw: Any) -> None:  # positional prompt, rest keywords
         self.__attrs_init__(prompt=prompt, **kw)

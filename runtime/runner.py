@@ -24,6 +24,7 @@ from ..machine import compiled
 from ..machine.actions import ActionError, Executor, Plan, run_phases
 from ..spec import FinishReason, load_spec
 from ..spec.derived import model_resources, stream_resources, terminal_stream_event
+from .alignment import token_scores  # noqa: F401 (used by the STEP_CODE phase "choose")
 from .detokenizer import DecodingError, IncrementalDetokenizer
 from .errors import ModelError, RequestError
 from .events import EventKind, Trace
@@ -190,7 +191,7 @@ class RequestRun:
     __slots__ = (
         "cache", "clock", "deadline_at", "decoded", "detok", "echo_len", "eos_id", "eos_ids", "error", "faults",
         "finish_ids", "guard", "ledger", "_echo", "_guarded", "_stop_kept",
-        "life", "logits", "model", "output", "prompt_ids", "reason", "request", "sampler",
+        "life", "logits", "model", "output", "prompt_ids", "reason", "request", "sampler", "scores",
         "stop_hit", "stopper", "stream", "token_stopper", "tokenizer", "tokens", "trace",
         "_byte_marks", "_cancel_claimed", "_cancel_fired", "_cancel_lock", "_cancel_requested",
         "_created", "_deadline_forced", "_decode_s", "_deferred", "_detok_push", "_detok_total", "_faulty",
@@ -263,6 +264,9 @@ class RequestRun:
         self._undecodable = None if self.guard is not None else undecodable_mask(
             tokenizer, model.vocab_size, getattr(model, "device", "cpu"))
         self.tokens: list[int] = []
+        # Each selected token's (log-probability, top alternatives) when the request asks (D59).
+        self.scores: list[tuple[float, tuple[tuple[int, float], ...]]] | None = (
+            None if request.logprobs is None else [])
         self.sampler = Sampler(
             SamplingParams(
                 temperature=request.temperature, top_k=request.top_k, top_p=request.top_p, seed=request.seed,
@@ -674,6 +678,12 @@ class RequestRun:
             stop=None if hit is None else hit.stop,
         )
 
+    @property
+    def byte_marks(self) -> list[int]:
+        """The detokenizer's output bytes through each selected token, held ones included (append-only;
+        D7 counts returned tokens by them, D59 reports each token with the chunk that sends its first byte)."""
+        return self._byte_marks
+
     def on_delta(self, fn: Callable[[bytes], None]) -> None:
         """Call `fn(bytes)` for every delta as it is sent (the CLI streams with it)."""
         self._listeners.append(fn)
@@ -777,6 +787,8 @@ elif self._undecodable is not None:
         token = self.sampler.choose(self.logits.masked_fill(self._undecodable, float("-inf")))
 elif token is None:
     token = self.sampler.choose(self.logits)
+if self.scores is not None:
+    self.scores.append(token_scores(self.logits, token, self.request.logprobs))
 """,
     # a guard that turns the check of a not-text token off makes it a token like any other (D31)
     "consume": """

@@ -47,6 +47,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from ..spec import FinishReason
+from .alignment import Releaser
 from .channels import Splitter, merged, tool_close_token, wire_finish
 from .engine import DuplicateRequest, Engine, EngineFailed, EngineStopped, QueueFull, UnknownRequest
 from .errors import RequestError
@@ -64,6 +65,7 @@ from .openai_schema import (
     openapi,
     compile_chat_template,
     parse_completion,
+    report_fields,
     terminal_error,
     UTF8_GUARD_DEFAULTS,
 )
@@ -132,6 +134,19 @@ class _Renderer:
         self.choice = choice
         self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
         self.split = splitter_for(parsed)
+        # Per-token entries (logprobs, token ids) go with the chunk whose text they spell (D59); a
+        # chat delta the split holds back sends no chunk, and its entries wait for the next one.
+        self.releaser = Releaser(run) if parsed is not None and parsed.reports_tokens else None
+        self._pending: list[Any] = []
+
+    def _report(self, entries: list[Any]) -> dict[str, Any] | None:
+        entries, self._pending = self._pending + entries, []
+        return report_fields(self.parsed, entries, self.run.tokenizer) if self.releaser is not None else None
+
+    def resumed(self) -> None:
+        """A reader that resumes after Last-Event-ID begins mid-stream: it reports no per-token
+        entries (the chunks before it, which it does not see, hold their share)."""
+        self.releaser = None
 
     def call_id(self, index: int) -> str:
         return f"call_{self.run.request.request_id}_{index}"
@@ -145,20 +160,27 @@ class _Renderer:
             return [_sse(chunk(p, self.cid, self.created, self.model, role=True, text=None if p.chat else ""))]
         if ev.kind is StreamEventKind.DELTA:
             text = self._utf8.decode(ev.data)
+            entries = self.releaser.delta(ev.data) if self.releaser is not None else []
             if self.split is not None:  # a chat answer in channels (D45-D47): a held tag prefix sends nothing yet
                 delta = channel_delta(merged(self.split.push(text)), self.call_id)
-                return [_sse(chunk(p, self.cid, self.created, self.model, delta=delta), seq=self._id(ev.seq))] \
-                    if delta else []
-            return [_sse(chunk(p, self.cid, self.created, self.model, text=text), seq=self._id(ev.seq))]
+                if not delta:
+                    self._pending += entries
+                    return []
+                return [_sse(chunk(p, self.cid, self.created, self.model, delta=delta, report=self._report(entries)),
+                             seq=self._id(ev.seq))]
+            return [_sse(chunk(p, self.cid, self.created, self.model, text=text, report=self._report(entries)),
+                         seq=self._id(ev.seq))]
         if ev.kind is StreamEventKind.COMPLETED:
             tail = self._utf8.decode(b"", final=True)
             reason, detail = finish_fields(ev.finish_reason, self.run.result().stop)
+            report = self._report(self.releaser.finish() if self.releaser is not None else [])
             if self.split is not None:
                 parts = self.split.push(tail) + self.split.finish(ev.finish_reason is FinishReason.TOOL_CALLS)
                 last = chunk(p, self.cid, self.created, self.model, delta=channel_delta(merged(parts), self.call_id),
-                             finish=(wire_finish(reason, self.split), detail))
+                             finish=(wire_finish(reason, self.split), detail), report=report)
             else:
-                last = chunk(p, self.cid, self.created, self.model, text=tail or None, finish=(reason, detail))
+                last = chunk(p, self.cid, self.created, self.model, text=tail or None, finish=(reason, detail),
+                             report=report)
             out = [_sse(last, seq=self._id(ev.seq))]
             if self.choice:
                 return out
@@ -301,7 +323,7 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
             message = chat_message(merged(parts), renderer.call_id, reasoning=parsed.reasoning)
             reason = wire_finish(reason, renderer.split)
         body = completion_body(parsed, renderer.cid, renderer.created, name, answer, (reason, detail),
-                               openai_usage(last.usage), message=message)
+                               openai_usage(last.usage), message=message, report=whole_report(run, parsed, bytes(text)))
         return JSONResponse(body, headers=headers)
 
     def retain(rid: str, parsed: ParsedRequest) -> None:
@@ -354,9 +376,11 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
             if parsed.best_of > parsed.n else list(range(parsed.n))
         done = [(answers[i][0].decode("utf-8", "replace"), finish_fields(answers[i][1].finish_reason,
                                                                          runs[i].result().stop)) for i in order]
+        reports = [whole_report(runs[i], parsed, answers[i][0]) for i in order]
         usage = choices_usage([last.usage for _, last in answers])
-        more = tuple(choice_body(parsed, k, text, finish) for k, (text, finish) in enumerate(done) if k)
-        return JSONResponse(completion_body(parsed, cid, created, name, *done[0], usage, more=more), headers=headers)
+        more = tuple(choice_body(parsed, k, text, finish, report=reports[k]) for k, (text, finish) in enumerate(done) if k)
+        return JSONResponse(completion_body(parsed, cid, created, name, *done[0], usage, more=more, report=reports[0]),
+                            headers=headers)
 
     async def events(request: HttpRequest) -> Response:
         rid = request.path_params["request_id"]
@@ -390,6 +414,8 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
             return run.stream.reader(after, resume=True)
 
         renderer = _Renderer(run, parsed, name, int(time.time()))
+        if after is not None:
+            renderer.resumed()
         return StreamingResponse(_follow(run, renderer, resume, skip_start=after is not None, on_gone=gone),
                                  media_type="text/event-stream", headers={"X-Request-Id": rid} | _SSE_HEADERS)
 
@@ -455,6 +481,14 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
     app.state.engine = engine
     return app
+
+
+def whole_report(run: RequestRun, parsed: ParsedRequest, output: bytes) -> dict[str, Any] | None:
+    """A non-stream choice's per-token fields: every selected token, in order (D59)."""
+    if not parsed.reports_tokens:
+        return None
+    releaser = Releaser(run)
+    return report_fields(parsed, releaser.delta(output) + releaser.finish(), run.tokenizer)
 
 
 def _ignored(parsed: ParsedRequest) -> dict[str, str]:

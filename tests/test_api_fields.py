@@ -57,7 +57,7 @@ NEUTRAL_OF = {"temperature": 0, "top_p": 1, "stream": False, "stream_options": N
               "utf8_guard": None, "max_completion_tokens": None, "max_tokens": 4, "user": "u-1",
               "metadata": {"k": "v"}, "prompt_cache_key": "k", "prompt_cache_retention": None,
               "safety_identifier": "s", "audio": None, "prediction": None, "web_search_options": None,
-              "truncate_prompt_tokens": None}
+              "truncate_prompt_tokens": None, "logprobs": None}
 STRUCTURAL = {"model", "prompt", "messages"}  # the base body itself
 
 
@@ -109,17 +109,21 @@ def test_an_informational_field_is_accepted_and_named_nowhere(servers, field):
     assert r.status_code == 200 and IGNORED_HEADER.lower() not in r.headers
 
 
-NOT_REPORTED_VALUE = {"logprobs": {False: 2, True: True}, "top_logprobs": {True: 3}}
+REPORTED_VALUE = {"logprobs": {False: 2, True: True}, "top_logprobs": {True: 3}}
 
 
-@pytest.mark.parametrize("field", _all(NOT_REPORTED), ids=_ids)
-def test_a_field_accepted_and_not_acted_on_is_named_in_the_answer(servers, field):
-    """D30: logprobs asked for is answered with logprobs null, and the header says so."""
+@pytest.mark.parametrize("field", [(False, "logprobs"), (True, "logprobs"), (True, "top_logprobs")], ids=_ids)
+def test_logprobs_asked_for_are_reported(servers, field):
+    """D59 (it supersedes D30's "not reported"): logprobs asked for are answered, one entry per
+    selected token, and nothing is named in the ignored header; no field is NOT_REPORTED now."""
     chat, name = field
-    r = post(servers, chat, {name: NOT_REPORTED_VALUE[name][chat]})
-    assert r.status_code == 200 and r.headers[IGNORED_HEADER] == name
-    assert r.json()["choices"][0]["logprobs"] is None
-    assert IGNORED_HEADER.lower() not in post(servers, chat, {}).headers
+    body = {name: REPORTED_VALUE[name][chat], **({"logprobs": True} if name == "top_logprobs" else {})}
+    r = post(servers, chat, body)
+    assert r.status_code == 200 and IGNORED_HEADER.lower() not in r.headers
+    lp = r.json()["choices"][0]["logprobs"]
+    entries = lp["content"] if chat else lp["tokens"]
+    assert len(entries) == r.json()["usage"]["completion_tokens"]
+    assert not _all(NOT_REPORTED)
 
 
 # ---- what each field issue 28 implements does ------------------------------------------------------
@@ -156,6 +160,9 @@ EFFECTS = {
     # (tests/test_server_chat.py)
     "chat_template_kwargs": ({"chat_template_kwargs": {"enable_thinking": False}},
                              lambda s, r, base: text(r) == base and _run(s, r).request.prompt is not None),
+    # vLLM's extension: the selected tokens' ids with the text (D59)
+    "return_token_ids": ({"return_token_ids": True}, lambda s, r, base: r.json()["choices"][0]["token_ids"]
+                         == list(_run(s, r).result().tokens)),
     "best_of": ({"best_of": 3, "temperature": 1.0}, lambda s, r, base: len(r.json()["choices"]) == 1
                 and r.json()["usage"]["completion_tokens"] == 12),
 }

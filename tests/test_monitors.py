@@ -232,6 +232,8 @@ BROKEN = {
     "length_respected": lambda: edit(length_run(), "request.created", max_output_tokens=1),
     "usage_consistent": lambda: edit(length_run(), "response.completed", usage=dict(USAGE, processed_tokens=2)),
     "detok_concat_equals_batch": lambda: edit(length_run(), "response.delta", 1, bytes=b"X"),
+    # D59: "E" goes out in the first delta, before token 103 that spells it is selected.
+    "stream_tokens_aligned": lambda: drop(edit(length_run(), "response.delta", 0, bytes=b"ABE"), "response.delta", 1),
 }
 
 
@@ -290,9 +292,9 @@ def test_prefix_mode_skips_end_of_trace_obligations():
 
 
 def test_tokenizer_invariant_is_skipped_without_a_tokenizer():
-    """detok_concat_equals_batch (§4.5) and stop_prefix_held (§4.6) need a tokenizer; without one
-    they are skipped, not passed."""
-    assert sorted(skipped()) == ["detok_concat_equals_batch", "stop_prefix_held"]
+    """detok_concat_equals_batch (§4.5), stop_prefix_held (§4.6) and stream_tokens_aligned (§4.7)
+    need a tokenizer; without one they are skipped, not passed."""
+    assert sorted(skipped()) == ["detok_concat_equals_batch", "stop_prefix_held", "stream_tokens_aligned"]
     assert skipped(tokenizer=TOK) == []
     assert check_trace(build(BROKEN["detok_concat_equals_batch"]())) == []
 

@@ -28,6 +28,7 @@ import attrs
 from ...runtime.channels import Splitter, merged, tool_close_token, wire_finish
 from ...runtime.openai_schema import OPENAI_FINISH
 from .adapters.base import Finding, Outcome, reference_on
+from .alignment import aligned, run_alignment
 from .cases import Case
 from .chat_cases import TAGS, TOOLS, chat_of, template_of
 from .script_server import ScriptServer, case_fields, sweep_limits
@@ -218,6 +219,11 @@ def run_chat(a: ScriptServer, case: Case) -> Outcome:
                                                                                          streamed.reasoning):
         findings.append(finding("stream_vs_batch", f"stream {streamed.content!r}/{streamed.reasoning!r} against "
                                                    f"non-stream {whole.content!r}/{whole.reasoning!r}"))
+    if aligned(case):  # D59: the per-token reports of a stream against its chunks' text
+        more, na = run_alignment(a, case, body, PATH, chat=True)
+        if na:
+            return Outcome(skip=na, reference=exp.to_json())
+        findings += more
     if chat_of(case).get("sweep"):
         findings += sweep_chat(a, case, info)
     return Outcome(output=(whole.content.encode() if whole else None), finish_reason=whole.finish_reason if whole else None,

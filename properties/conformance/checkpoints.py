@@ -78,6 +78,7 @@ HTTP_OBSERVABLE = frozenset({
     "finish_reason_matches_state", "length_respected", "usage_consistent", "detok_concat_equals_batch",
     "delta_nonempty", "single_terminal_event", "no_delta_after_terminal", "terminal_after_all_deltas",
     "eos_guards_respected",  # a guarded EOS (min_tokens, ignore_eos) shows as text that goes on
+    "stream_tokens_aligned",  # per-token logprobs / token ids against each chunk's text (D59)
     # The chat answer's channels (machine/checker_channels.INVARIANTS): its content, reasoning and calls.
     "pieces_once", "reasoning_is_bracketed", "think_tags_never_text", "calls_only_when_closed", "calls_end_as_calls",
 })

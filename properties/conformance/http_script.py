@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 
 from .adapters.base import Finding, Outcome, reference_on
+from .alignment import aligned, run_alignment
 from .cases import STREAM_KINDS, Case, CaseError
 from .chat import run_chat
 from .chat_cases import chat_of
@@ -159,6 +160,11 @@ def run_script(a: ScriptServer, case: Case) -> Outcome:
     if status == 200 and isinstance(data, dict) and (gone := left_script(a, case, data, exp)):
         return Outcome(abort=gone, reference=exp.to_json())
     findings, not_checked = judge_exchange(case, exp, status, data, raw, st)
+    if aligned(case):  # D59: the per-token reports of a stream against its chunks' text
+        more, na = run_alignment(a, case, body, PATH, chat=False)
+        if na:
+            return Outcome(skip=na, reference=exp.to_json())
+        findings += more
     if a.sweep:
         findings += sweep(a, case)
     obs = observe(status, data, raw, st)

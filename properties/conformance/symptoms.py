@@ -77,6 +77,13 @@ SYMPTOMS: Mapping[str, tuple[str, str, str]] = {
     "wrong_error": ("refinement", SEMANTICS, "other error"),
     "usage_mismatch": ("usage_consistent", SEMANTICS, "usage count differs"),
     "case_check": ("", SEMANTICS, "case check"),
+    # Per-token reports (logprobs, token ids) against each chunk's text (D59, properties/conformance/alignment.py)
+    "tokens_lost": ("stream_tokens_aligned", SEMANTICS, "selected tokens never reported"),
+    "tokens_extra": ("stream_tokens_aligned", SEMANTICS, "tokens reported twice or past the finish"),
+    "tokens_wrong": ("stream_tokens_aligned", SEMANTICS, "a reported token is not the one selected"),
+    "text_before_token": ("stream_tokens_aligned", SEMANTICS, "text sent before its token was reported"),
+    "token_bytes_differ": ("stream_tokens_aligned", SEMANTICS, "per-token bytes do not spell the text"),
+    "tokens_ahead": ("stream_tokens_aligned", SEMANTICS, "tokens reported further ahead than a stop can hold"),
     # The chat answer's channels (spec/channels.toml, machine/checker_channels.INVARIANTS; D45-D47).
     "chat_content": ("pieces_once", SEMANTICS, "content differs"),
     "chat_reasoning": ("reasoning_is_bracketed", SEMANTICS, "reasoning_content differs"),

@@ -1,0 +1,246 @@
+"""Per-token reports against the text of each stream chunk (issue 25 item 6; §4.5-§4.7, DECISIONS D59).
+
+A case whose invariant is `stream_tokens_aligned` is sent once more, streamed, asking for what the
+engine can report per token: logprobs (completions: `logprobs: 1`; chat: `logprobs: true,
+top_logprobs: 1`) and vLLM's `return_token_ids` (dropped when the server refuses it). Each chunk's
+entries are read (`chunk_reports`) and judged against the forced script (`judge_alignment`):
+
+1. over the whole stream the entries are the tokens the reference selected, in order, each once
+   (`tokens_lost`, `tokens_extra`, `tokens_wrong`); the last one may be left out when it is not
+   text (the EOS or stop token that ended the run: D15 counts it either way);
+2. after every chunk the text so far is a byte prefix of the entries' bytes so far
+   (`text_before_token` where the text runs ahead, `token_bytes_differ` where they disagree);
+3. before the finish chunk the entries lead the text only by an unfinished UTF-8 character and at
+   most (the longest stop string - 1) characters a stop may still take (`tokens_ahead`).
+
+An entry's bytes are the engine's own where it gives them (chat `bytes`; a completions token string
+that is whole text), else the script token's (a token id, a string that cannot show its bytes:
+`bytes:\\x..`, U+FFFD, vLLM's `token_id:N`); a not-text token (EOS, a special token) spells nothing.
+A stream that reports no entries at all leaves the case n/a.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from .adapters.base import Finding
+from .symptoms import finding
+from .wire import Streamed
+
+INVARIANT = "stream_tokens_aligned"
+_LOSSY = ("bytes:", "token_id:")
+
+
+def aligned(case: Any) -> bool:
+    """Whether the case judges per-token reports (its invariant is stream_tokens_aligned)."""
+    return getattr(case, "invariant", None) == INVARIANT
+
+
+def ask(body: dict[str, Any], chat: bool, ids: bool = True) -> dict[str, Any]:
+    """`body` streamed, asking for logprobs (one alternative) and, with `ids`, vLLM's token ids."""
+    out = {**body, "stream": True, **({"logprobs": True, "top_logprobs": 1} if chat else {"logprobs": 1})}
+    out.pop("stream_options", None)
+    return {**out, "return_token_ids": True} if ids else out
+
+
+@attrs.frozen
+class ChunkReport:
+    """One choice chunk: its text (chat: content and reasoning), its token ids and its logprob
+    pieces (chat: `bytes` where given, else `token`; completions: `tokens`), None where absent."""
+
+    text: bytes
+    ids: tuple[int, ...] | None
+    pieces: tuple[bytes | str, ...] | None
+    finish: bool
+
+    @property
+    def count(self) -> int | None:
+        return len(self.ids) if self.ids is not None else len(self.pieces) if self.pieces is not None else None
+
+
+def _pieces(lp: Any) -> tuple[bytes | str, ...] | None:
+    if not isinstance(lp, dict):
+        return None
+    if isinstance(lp.get("content"), list):
+        return tuple(bytes(c["bytes"]) if isinstance(c, dict) and isinstance(c.get("bytes"), list) else
+                     str((c or {}).get("token", "")) for c in lp["content"])
+    if isinstance(lp.get("tokens"), list):
+        return tuple(str(t) for t in lp["tokens"])
+    return None
+
+
+def chunk_reports(st: Streamed) -> list[ChunkReport]:
+    """Every choice chunk of a stream (choice 0), in order, with what it reports."""
+    out = []
+    for choice in st.choices():
+        if choice.get("index", 0) != 0:
+            continue
+        if "delta" in choice:
+            d = choice.get("delta") or {}
+            text = "".join(t for t in (d.get("reasoning_content") or d.get("reasoning"), d.get("content"))
+                           if isinstance(t, str))
+        else:
+            text = choice.get("text") if isinstance(choice.get("text"), str) else ""
+        ids = choice.get("token_ids")
+        ids = tuple(int(i) for i in ids) if isinstance(ids, list) and all(isinstance(i, int) for i in ids) else None
+        out.append(ChunkReport(text.encode("utf-8"), ids, _pieces(choice.get("logprobs")),
+                               bool(choice.get("finish_reason"))))
+    return out
+
+
+def message_report(data: Any, chat: bool) -> ChunkReport | None:
+    """A non-streamed answer's choice 0 as one chunk (None when it is no answer)."""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    c = choices[0]
+    text = ((c.get("message") or {}).get("content") if chat else c.get("text")) or ""
+    ids = c.get("token_ids")
+    ids = tuple(ids) if isinstance(ids, list) and all(isinstance(i, int) for i in ids) else None
+    return ChunkReport(str(text).encode("utf-8"), ids, _pieces(c.get("logprobs")), True)
+
+
+def reports_tokens(reports: Sequence[ChunkReport]) -> bool:
+    return any(r.ids is not None or r.pieces is not None for r in reports)
+
+
+@attrs.frozen
+class Want:
+    """What the reference selected: `tokens` in order; whether the last is no text (may be left out)."""
+
+    tokens: tuple[int, ...]
+    last_not_text: bool
+    stops: tuple[str, ...]
+    not_text: frozenset[int]
+
+
+def _token_bytes(tok: Any, tid: int, not_text: frozenset[int]) -> bytes:
+    if tid in not_text:
+        return b""
+    try:
+        return tok.token_bytes(tid)
+    except Exception:
+        return tok.decode([tid]).encode("utf-8")
+
+
+def _piece_bytes(tok: Any, piece: bytes | str | None, tid: int | None, not_text: frozenset[int]) -> bytes:
+    """The bytes one entry spells: the engine's own where it shows them, else the script token's."""
+    if tid is not None and tid in not_text:
+        return b""
+    if isinstance(piece, bytes):
+        return piece
+    if isinstance(piece, str) and "\ufffd" not in piece and not piece.startswith(_LOSSY):
+        return piece.encode("utf-8")
+    return b"" if tid is None else _token_bytes(tok, tid, not_text)
+
+
+def _matches(tok: Any, piece: bytes | str, tid: int, not_text: frozenset[int]) -> bool:
+    """Whether a logprob piece can be token `tid`: its bytes, or a string it may be shown as."""
+    if tid in not_text:
+        return True  # a special token's own text differs by server ("</s>", "", its name)
+    own = _token_bytes(tok, tid, not_text)
+    if isinstance(piece, bytes):  # its bytes, or as servers show a piece of a character: U+FFFD, nothing, the
+        # whole character at the token that completes it; whether they spell the text is rule 2's question
+        return piece in (own, own.decode("utf-8", "replace").encode(), b"") or piece.endswith(own)
+    return (piece == own.decode("utf-8", "replace") or piece.startswith(_LOSSY) or "\ufffd" in piece
+            or piece == tok.decode([tid]))
+
+
+def _held(lag: bytes, stops: Sequence[str]) -> str | None:
+    """None when `lag` (the entries' bytes past the text, before the finish) may be held: an
+    unfinished character at its end, and before it at most longest-stop - 1 characters; else why not."""
+    cut = len(lag)
+    for k in range(1, min(3, len(lag)) + 1):  # an unfinished character at the end
+        lead = lag[-k]
+        if lead & 0xC0 != 0x80:
+            need = 1 if lead < 0x80 else 2 if lead >> 5 == 6 else 3 if lead >> 4 == 14 else 4
+            cut = len(lag) - k if k < need else len(lag)
+            break
+    try:
+        chars = len(lag[:cut].decode("utf-8"))
+    except UnicodeDecodeError:
+        return f"{lag!r} is no text the chunk could still send"
+    room = max((len(s) for s in stops), default=1) - 1
+    if chars > room:
+        return (f"{chars} character(s) {lag[:cut].decode('utf-8')!r} ahead of the text, more than "
+                + (f"the {room} a stop of {room + 1} characters may hold" if stops else "nothing: the request has no stop strings"))
+    return None
+
+
+def judge_alignment(reports: Sequence[ChunkReport], want: Want, tok: Any, where: str) -> list[Finding]:
+    """D59's three rules over one answer's chunks (see module); [] when they hold."""
+    out: list[Finding] = []
+    ids = [i for r in reports for i in (r.ids or ())] if all(r.ids is not None for r in reports if r.count) else None
+    pieces = [p for r in reports for p in (r.pieces or ())] if all(r.pieces is not None for r in reports if r.count) \
+        else None
+    n = len(ids) if ids is not None else len(pieces or [])
+    full = list(want.tokens)
+    ok_counts = {len(full), len(full) - 1} if want.last_not_text else {len(full)}
+    if n not in ok_counts:
+        kind = "tokens_lost" if n < min(ok_counts) else "tokens_extra"
+        out.append(finding(kind, f"{where}: {n} token(s) reported, the run selected {len(full)} "
+                                 f"({'the last, not text, may be left out' if want.last_not_text else 'each once'})"))
+    if ids is not None:
+        bad = next((k for k, (g, w) in enumerate(zip(ids, full)) if g != w), None)
+        if bad is not None:
+            out.append(finding("tokens_wrong", f"{where}: token {bad + 1} reported as id {ids[bad]}, the run selected "
+                                               f"{full[bad]} (reported {ids[:12]}, selected {full[:12]})"))
+    elif pieces is not None:
+        bad = next((k for k, (g, w) in enumerate(zip(pieces, full)) if not _matches(tok, g, w, want.not_text)), None)
+        if bad is not None:
+            out.append(finding("tokens_wrong", f"{where}: token {bad + 1} reported as {pieces[bad]!r}, the run selected "
+                                               f"id {full[bad]} {_token_bytes(tok, full[bad], want.not_text)!r}"))
+    # Rules 2 and 3, chunk by chunk, on the bytes the entries spell.
+    spelled, text, k = bytearray(), bytearray(), 0
+    for c, r in enumerate(reports):
+        for j in range(r.count or 0):
+            tid = full[k] if k < len(full) else (r.ids[j] if r.ids is not None else None)
+            piece = r.pieces[j] if r.pieces is not None and j < len(r.pieces) else None
+            spelled += _piece_bytes(tok, piece, tid if r.ids is None else r.ids[j], want.not_text)
+            k += 1
+        text += r.text
+        if not bytes(spelled).startswith(bytes(text)):
+            common = next((i for i, (a, b) in enumerate(zip(spelled, text)) if a != b), min(len(spelled), len(text)))
+            kind = "text_before_token" if common == len(spelled) else "token_bytes_differ"
+            out.append(finding(kind, f"{where}: after chunk {c + 1} the text is {bytes(text)[-40:]!r} but its "
+                                     f"{k} reported token(s) spell {bytes(spelled)[-40:]!r}"))
+            break
+        if not r.finish and (why := _held(bytes(spelled[len(text):]), want.stops)):
+            out.append(finding("tokens_ahead", f"{where}: after chunk {c + 1} the reported tokens run {why}"))
+            break
+    return out
+
+
+def want_of(a: Any, case: Any) -> Want:
+    """What the reference selected for `case` on the served checkpoint (a ScriptServer's)."""
+    res = a.reference(case)
+    tok = a.checkpoint.tokenizer
+    not_text = frozenset(getattr(tok, "special_ids", ())) | {a.checkpoint.eos_id}
+    ends = not_text | {s[0] for s in case.inputs.get("stop_token_ids") or () if len(s) == 1}
+    tokens = tuple(res.tokens)
+    return Want(tokens, bool(tokens) and tokens[-1] in ends, tuple(case.inputs.get("stop") or ()), not_text)
+
+
+def run_alignment(a: Any, case: Any, body: dict[str, Any], path: str, chat: bool) -> tuple[list[Finding], str | None]:
+    """Send `body` streamed and not, asking for per-token reports, and judge both (D59): (findings,
+    None), or ([], why the case is n/a: the engine reports nothing per token)."""
+    st = a.stream_body(path, ask(body, chat))
+    ids = True
+    if 400 <= st.status < 500:  # a server that does not know return_token_ids: logprobs alone
+        ids = False
+        st = a.stream_body(path, ask(body, chat, ids=False))
+    reports = chunk_reports(st)
+    if st.status != 200 or not reports_tokens(reports):
+        return [], (f"the engine reports no logprobs or token ids with a stream (status {st.status}"
+                    f"{': ' + str(st.error)[:200] if st.error else ''}): nothing to align (D59)")
+    want = want_of(a, case)
+    tok = a.checkpoint.tokenizer
+    found = judge_alignment(reports, want, tok, "stream")
+    status, data, _ = a.post(path, {**ask(body, chat, ids=ids), "stream": False})
+    whole = message_report(data, chat) if status == 200 else None
+    if whole is not None and whole.count is not None:
+        found += judge_alignment([whole], want, tok, "non-streamed answer")
+    return found, None
