@@ -163,8 +163,10 @@ EFFECTS = {
     # vLLM's extension: the selected tokens' ids with the text (D59)
     "return_token_ids": ({"return_token_ids": True}, lambda s, r, base: r.json()["choices"][0]["token_ids"]
                          == list(_run(s, r).result().tokens)),
-    "best_of": ({"best_of": 3, "temperature": 1.0}, lambda s, r, base: len(r.json()["choices"]) == 1
-                and r.json()["usage"]["completion_tokens"] == 12),
+    # usage counts every candidate (D34): three of max_tokens 4 each, EOS off so that no sampled
+    # candidate ends early (without it the count was 12 only when none drew EOS)
+    "best_of": ({"best_of": 3, "temperature": 1.0, "ignore_eos": True},
+                lambda s, r, base: len(r.json()["choices"]) == 1 and r.json()["usage"]["completion_tokens"] == 12),
 }
 
 
