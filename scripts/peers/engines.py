@@ -30,10 +30,11 @@ _VLLM_TIGHT = f"--max-num-seqs {TIGHT_SLOTS} --block-size 32 --num-gpu-blocks-ov
 _PAIR_TIGHT = f"--max-num-seqs {TIGHT_SLOTS // 2} --block-size 32 --num-gpu-blocks-override {TIGHT_KV_TOKENS // 64 + 1}"
 
 ENGINES: dict[str, dict[str, str]] = {
+    # started without its parsers: the chat reasoning and tool cases are decodespec-serve-chat's
     "decodespec-serve": {
         "install": "",
         "gguf": "",
-        "without": "",
+        "without": "reasoning tool_calls",
         "model": "",
         "jobs": "4",
         "launch": ".venv/bin/decodespec serve --port {port} --model {model}",
