@@ -828,8 +828,10 @@ def _detok_concat_equals_batch(rt: RequestTrace):
 def _stream_tokens_aligned(rt: RequestTrace):
     """D59 on the trace: at every delta, the bytes sent so far (the echo aside) are a prefix of the
     batch decode of the text tokens selected before it, so a chunk can name the tokens its text
-    comes from (runtime/alignment.Releaser). A decode is made only where the delta's bytes reach
-    past what the last one covered."""
+    comes from (runtime/alignment.Releaser). Under a decode plan whose prompt decodes to some bytes,
+    an output token is never a sequence's first, so the decode grows by the token's `rest` bytes
+    (DecodePlan.decode_bytes) and is kept as it grows; otherwise the prefix is decoded anew where a
+    delta's bytes reach past what the last decode covered."""
     tok = rt.tokenizer
     if rt.echo or not rt.deltas:
         return  # an echoed prompt may end inside a character its first output token completes (D33)
@@ -837,20 +839,27 @@ def _stream_tokens_aligned(rt: RequestTrace):
     prompt = list(rt.created.get("prompt_ids", ()))
     skip = rt.created.get("skip_special_tokens", True)
     head = _decode(tok, prompt, skip)
+    plan = tok.plan(skip_special=skip) if head and hasattr(tok, "plan") else None
     ids: list[int] = []
     sent = bytearray()
+    grown = bytearray()  # the output's decode so far, under `plan`
     covered = b""
     for e in rt.events:
         if e.kind == K.TOKEN_SELECTED:
             if not e.data.get("eos") and e.data.get("token") not in special:
                 ids.append(e.data.get("token"))
+                if plan is not None:
+                    grown += plan.rest.get(ids[-1], b"")
             covered = b""  # a new token: decode again when a delta needs it
         elif e.kind == K.RESPONSE_DELTA:
             sent += bytes(e.data.get("bytes", b""))
             if len(sent) <= len(covered) and covered.startswith(sent):
                 continue
-            whole = _decode(tok, prompt + ids, skip)
-            covered = whole[len(head):] if whole.startswith(head) else whole
+            if plan is not None:
+                covered = bytes(grown)
+            else:
+                whole = _decode(tok, prompt + ids, skip)
+                covered = whole[len(head):] if whole.startswith(head) else whole
             if not covered.startswith(bytes(sent)):
                 yield e.index, (f"delta seq={e.data.get('seq')} brings the output to {bytes(sent)[-40:]!r}, past the "
                                 f"{len(ids)} text token(s) selected so far, which spell {covered[-40:]!r}")

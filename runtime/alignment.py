@@ -30,6 +30,8 @@ from typing import Any
 import attrs
 import torch
 
+from .tokenizers import own_bytes
+
 LOGPROB_FLOOR = -9999.0  # what OpenAI and vLLM send for a probability of zero (JSON has no -inf)
 
 
@@ -112,10 +114,7 @@ class Releaser:
         sent = bytes(self._text[start:min(end, len(self._text))])
         if len(sent) == end - start:
             return sent
-        try:
-            own = self.run.tokenizer.token_bytes(token)
-        except Exception:  # a decoder not modelled per token: its text on its own
-            own = self.run.tokenizer.decode([token], skip_special=False).encode("utf-8")
+        own = own_bytes(self.run.tokenizer, token)
         missing = end - start - len(sent)
         return sent + own[-missing:] if missing <= len(own) else sent + own
 

@@ -46,7 +46,7 @@ import attrs
 from ..spec import FinishReason
 from ..spec.vocabulary import OPENAI_FINISH
 from .errors import RequestError
-from .tokenizers import TokenizerError
+from .tokenizers import TokenizerError, own_bytes
 from .request import Request
 
 MAX_STOP_STRINGS = 4
@@ -675,12 +675,7 @@ def _alternative(tokenizer: Any, token_id: int) -> tuple[str, list[int] | None]:
     try:
         if token_id in getattr(tokenizer, "special_ids", ()):
             return tokenizer.decode([token_id], skip_special=False), None
-        try:
-            data = tokenizer.token_bytes(token_id)
-        except TokenizerError:
-            raise
-        except Exception:  # a decoder not modelled per token
-            data = tokenizer.decode([token_id], skip_special=False).encode("utf-8")
+        data = own_bytes(tokenizer, token_id)
     except TokenizerError:
         return f"token_id:{token_id}", None
     return token_text(tokenizer, token_id, data), list(data)

@@ -128,6 +128,18 @@ def is_utf8(data: bytes) -> bool:
     return True
 
 
+def own_bytes(tokenizer: Tokenizer, token_id: int) -> bytes:
+    """The bytes `token_id` contributes inside a sequence (`token_bytes`); for a decoder not modelled
+    per token, its text decoded alone, special tokens as text. TokenIdError for an id the tokenizer
+    cannot decode (D20)."""
+    try:
+        return tokenizer.token_bytes(token_id)
+    except TokenIdError:
+        raise
+    except TokenizerError:  # no per-token model of this decoder
+        return tokenizer.decode([token_id], skip_special=False).encode("utf-8")
+
+
 def check_token_id(token_id: Any, vocab_size: int) -> int:
     if type(token_id) is not int:
         index = getattr(token_id, "__index__", None)  # numpy / torch integer scalars

@@ -26,9 +26,10 @@ from typing import Any
 
 import attrs
 
+from ...runtime.tokenizers import own_bytes
 from .adapters.base import Finding
 from .symptoms import finding
-from .wire import Streamed
+from .wire import Streamed, logprob_pieces
 
 INVARIANT = "stream_tokens_aligned"
 _LOSSY = ("bytes:", "token_id:")
@@ -61,15 +62,9 @@ class ChunkReport:
         return len(self.ids) if self.ids is not None else len(self.pieces) if self.pieces is not None else None
 
 
-def _pieces(lp: Any) -> tuple[bytes | str, ...] | None:
-    if not isinstance(lp, dict):
-        return None
-    if isinstance(lp.get("content"), list):
-        return tuple(bytes(c["bytes"]) if isinstance(c, dict) and isinstance(c.get("bytes"), list) else
-                     str((c or {}).get("token", "")) for c in lp["content"])
-    if isinstance(lp.get("tokens"), list):
-        return tuple(str(t) for t in lp["tokens"])
-    return None
+def _ids(value: Any) -> tuple[int, ...] | None:
+    """A choice's `token_ids` (vLLM's extension), None where absent or not a list of ids."""
+    return tuple(value) if isinstance(value, list) and all(isinstance(i, int) for i in value) else None
 
 
 def chunk_reports(st: Streamed) -> list[ChunkReport]:
@@ -84,9 +79,7 @@ def chunk_reports(st: Streamed) -> list[ChunkReport]:
                            if isinstance(t, str))
         else:
             text = choice.get("text") if isinstance(choice.get("text"), str) else ""
-        ids = choice.get("token_ids")
-        ids = tuple(int(i) for i in ids) if isinstance(ids, list) and all(isinstance(i, int) for i in ids) else None
-        out.append(ChunkReport(text.encode("utf-8"), ids, _pieces(choice.get("logprobs")),
+        out.append(ChunkReport(text.encode("utf-8"), _ids(choice.get("token_ids")), logprob_pieces(choice.get("logprobs")),
                                bool(choice.get("finish_reason"))))
     return out
 
@@ -98,9 +91,7 @@ def message_report(data: Any, chat: bool) -> ChunkReport | None:
         return None
     c = choices[0]
     text = ((c.get("message") or {}).get("content") if chat else c.get("text")) or ""
-    ids = c.get("token_ids")
-    ids = tuple(ids) if isinstance(ids, list) and all(isinstance(i, int) for i in ids) else None
-    return ChunkReport(str(text).encode("utf-8"), ids, _pieces(c.get("logprobs")), True)
+    return ChunkReport(str(text).encode("utf-8"), _ids(c.get("token_ids")), logprob_pieces(c.get("logprobs")), True)
 
 
 def reports_tokens(reports: Sequence[ChunkReport]) -> bool:
@@ -118,12 +109,7 @@ class Want:
 
 
 def _token_bytes(tok: Any, tid: int, not_text: frozenset[int]) -> bytes:
-    if tid in not_text:
-        return b""
-    try:
-        return tok.token_bytes(tid)
-    except Exception:
-        return tok.decode([tid]).encode("utf-8")
+    return b"" if tid in not_text else own_bytes(tok, tid)
 
 
 def _piece_bytes(tok: Any, piece: bytes | str | None, tid: int | None, not_text: frozenset[int]) -> bytes:

@@ -28,7 +28,7 @@ from .judgement import Observed, expected_of, judge_observed
 from .script_check import Returned, deviation
 from .script_server import ScriptServer, case_fields, program_body, sweep_limits
 from .symptoms import WIRE, Expected, compare_count, finding, first_difference, merge
-from .wire import Streamed, error_body_findings, wire_findings
+from .wire import Streamed, error_body_findings, logprob_pieces, wire_findings
 
 
 
@@ -178,16 +178,8 @@ def run_script(a: ScriptServer, case: Case) -> Outcome:
 
 def returned(choice: dict[str, Any]) -> Returned:
     """What one answer's choice reveals of its tokens: logprob pieces (bytes where given), and its text."""
-    lp = choice.get("logprobs")
-    pieces: list[bytes | str] | None = None
-    if isinstance(lp, dict) and isinstance(lp.get("content"), list):
-        items = lp["content"]
-        pieces = [bytes(c["bytes"]) if isinstance(c, dict) and isinstance(c.get("bytes"), list) else
-                  (c.get("token", "") if isinstance(c, dict) else "") for c in items]
-    elif isinstance(lp, dict) and isinstance(lp.get("tokens"), list):
-        pieces = [t for t in lp["tokens"] if isinstance(t, str)]
     text = choice.get("text") if isinstance(choice.get("text"), str) else None
-    return Returned(tokens=pieces or None, text=text)
+    return Returned(tokens=logprob_pieces(choice.get("logprobs")) or None, text=text)
 
 
 def left_script(a: ScriptServer, case: Case, data: dict[str, Any], exp: Expected) -> str | None:

@@ -122,6 +122,19 @@ def _choice_text(choice: dict[str, Any]) -> str | None:
     return choice.get("text")
 
 
+def logprob_pieces(lp: Any) -> tuple[bytes | str, ...] | None:
+    """A choice's per-token pieces from its `logprobs`, one per entry: chat `content` (an entry's
+    `bytes` where given, else its `token`), completions `tokens`; None when it has neither."""
+    if not isinstance(lp, dict):
+        return None
+    if isinstance(lp.get("content"), list):
+        return tuple(bytes(c["bytes"]) if isinstance(c, dict) and isinstance(c.get("bytes"), list) else
+                     str(c.get("token", "")) if isinstance(c, dict) else "" for c in lp["content"])
+    if isinstance(lp.get("tokens"), list):
+        return tuple(str(t) for t in lp["tokens"])
+    return None
+
+
 def feed(out: Streamed, line: str) -> None:
     """One SSE line into `out`."""
     if line.startswith("event:") and line[6:].strip() == "error":
