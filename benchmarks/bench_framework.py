@@ -18,13 +18,20 @@ round:
 The stop strings never occur in the output but their beginnings often do, so the matcher holds
 bytes back on many tokens. Targets: ours < 5 µs per token; transformers / ours >= 50.
 
+With `--baseline CHECKOUT` the same figures of another checkout (its .venv and its own
+benchmarks/bench_framework.py, one round a call in a subprocess) are taken in every round beside
+these: the code before a change, side by side in one session (issue 26 item 4).
+
 Run: .venv/bin/python benchmarks/bench_framework.py [--rounds N] [--tokens N] [--layout lines|paragraphs]
+     [--baseline CHECKOUT]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
+import subprocess
 import tempfile
 import threading
 import time
@@ -191,9 +198,31 @@ def run_transformers(pair, prompt: list[int], ids: list[int],
 
 CLOCKS: dict[str, Callable[[], float]] = {"cpu": time.process_time, "wall": time.perf_counter}
 
+# Run in the baseline checkout's interpreter: one round of its own benchmark, µs per token of each
+# of its contenders as JSON.
+_BASELINE_RUN = """
+import json, sys
+sys.path.insert(0, "benchmarks")
+import bench_framework
+r = bench_framework.run(1, int(sys.argv[1]), sys.argv[2], sys.argv[3])
+print(json.dumps({name: s["median"] for name, s in r["us_per_token"].items()}))
+"""
 
-def run(rounds: int = 7, n_tokens: int = 2000, clock: str = "cpu", layout: str = "lines") -> dict[str, Any]:
-    """Figures of one run: µs per token (median, spread) of each contender and their ratios.
+
+def run_baseline(checkout: Path, n_tokens: int, clock: str, layout: str) -> dict[str, float]:
+    """One round of `checkout`'s bench_framework (its .venv): µs per token of each contender."""
+    python = checkout / ".venv/bin/python"
+    if not python.is_file():
+        raise SystemExit(f"--baseline {checkout}: no {python} (run `make setup` there)")
+    done = subprocess.run([str(python), "-c", _BASELINE_RUN, str(n_tokens), clock, layout], cwd=checkout,
+                          check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run(rounds: int = 7, n_tokens: int = 2000, clock: str = "cpu", layout: str = "lines",
+        baseline: Path | None = None) -> dict[str, Any]:
+    """Figures of one run: µs per token (median, spread) of each contender and their ratios;
+    with `baseline`, that checkout's figures taken round by round beside them.
 
     `clock` "cpu" (default) counts the process's CPU time, all threads: on a loaded machine it
     is far steadier than "wall", and it still charges transformers' consumer thread. `layout`:
@@ -208,12 +237,13 @@ def run(rounds: int = 7, n_tokens: int = 2000, clock: str = "cpu", layout: str =
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _run(tick, rounds, n_tokens, clock, layout)
+        return _run(tick, rounds, n_tokens, clock, layout, baseline)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run(tick: Callable[[], float], rounds: int, n_tokens: int, clock: str, layout: str) -> dict[str, Any]:
+def _run(tick: Callable[[], float], rounds: int, n_tokens: int, clock: str, layout: str,
+         baseline: Path | None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
         path = fixtures.byte_level_bpe(folder)
         tok = HFTokenizer(path)
@@ -242,6 +272,14 @@ def _run(tick: Callable[[], float], rounds: int, n_tokens: int, clock: str, layo
         contenders = {"floor": lambda: run_floor(table, ids, tick), "ours": ours}
         if pair is not None:
             contenders["transformers"] = theirs
+        base_rounds: list[dict[str, float]] = []
+
+        def base() -> float:
+            base_rounds.append(run_baseline(baseline, n_tokens, clock, layout))
+            return base_rounds[-1]["ours"]
+
+        if baseline is not None:
+            contenders["baseline ours"] = base
         ours()  # warm: automaton, compiled tables, caches
         ending.clear()
         reading.clear()
@@ -265,6 +303,12 @@ def _run(tick: Callable[[], float], rounds: int, n_tokens: int, clock: str, layo
             "ours_over_floor": ratio(us["ours"], us["floor"]),
             "ours_output_equals_batch_decode": outputs["ours"] == expected,
         }
+        if baseline is not None:
+            base_us = {name: stat([r[name] for r in base_rounds]) for name in base_rounds[0]}
+            figures["baseline"] = {"checkout": str(baseline), "us_per_token": base_us,
+                                   "baseline_over_ours": ratio(us["baseline ours"], us["ours"])}
+            if "transformers" in base_us:
+                figures["baseline"]["transformers_over_ours"] = ratio(base_us["transformers"], base_us["ours"])
         if "transformers" in us:
             figures["transformers_over_ours"] = ratio(us["transformers"], us["ours"])
             figures["transformers_output_equals_batch_decode"] = outputs["transformers"] == expected
@@ -281,8 +325,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=2000)
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
     ap.add_argument("--layout", choices=sorted(LAYOUTS), default="lines")
+    ap.add_argument("--baseline", type=Path, default=None, help="another checkout whose figures are taken beside these")
     args = ap.parse_args()
-    r = run(args.rounds, args.tokens, args.clock, args.layout)
+    r = run(args.rounds, args.tokens, args.clock, args.layout, args.baseline)
     print(f"{r['tokens']} tokens ({r['output_bytes']} bytes) in {r['layout']}, {len(r['stops'])} stops "
           f"(bytes held after {r['pushes_holding']} tokens), {r['clock']} time, median of {r['rounds']} rounds")
     for name, s in r["us_per_token"].items():
@@ -295,6 +340,11 @@ def main() -> None:
     print(f"  ours / floor          = {r['ours_over_floor']:.1f}")
     if "transformers_over_ours" in r:
         print(f"  transformers / ours   = {r['transformers_over_ours']:.0f}  (target >= 50)")
+    if "baseline" in r:
+        b = r["baseline"]
+        print(f"  baseline {b['checkout']}, in its own process each round: ours "
+              f"{b['us_per_token']['ours']['median']:.3f} µs/token; baseline / ours = {b['baseline_over_ours']:.2f}"
+              + (f"; its transformers / its ours = {b['transformers_over_ours']:.0f}" if "transformers_over_ours" in b else ""))
     print(f"  ours equals batch decode: {r['ours_output_equals_batch_decode']}; targets: {r['targets']}")
 
 

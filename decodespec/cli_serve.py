@@ -15,8 +15,9 @@ import click
               help="Backpressure policy of every stream (§4.8, DECISIONS D6).")
 @click.option("--max-batch", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="torch threads for the model's kernels (default: torch's own; on a CPU shared with the HTTP "
-                   "loop and other processes, fewer threads than cores avoid spinning against them).")
+              help="torch threads for the model's kernels, on the engine thread (default: torch's own; on a CPU "
+                   "shared with the HTTP loop and other processes, fewer threads than cores avoid spinning against "
+                   "them). The model is loaded on one (DECISIONS D60).")
 @click.option("--max-queue", type=click.IntRange(min=1), default=1024, show_default=True)
 @click.option("--cache-budget-tokens", type=click.IntRange(min=1), default=None,
               help="KV cache tokens on the device before preemption (§4.8); default unbounded.")
@@ -82,10 +83,13 @@ def serve(host, port, model_path, device, policy, max_batch, threads, max_queue,
     if api_key is not None and not api_key.strip():  # an empty key must not turn auth off silently
         raise click.UsageError("--api-key (or DECODESPEC_API_KEY) is empty: give a key, or unset it to serve "
                                "without authentication")
-    if threads is not None:
-        import torch
+    import torch
 
-        torch.set_num_threads(threads)
+    # D60: the engine thread alone runs kernels on several threads; this one loads the model on one,
+    # so that it never makes an OpenMP team of its own (with two teams on the cores, libgomp's
+    # workers stop spinning between kernels and every kernel waits for them to wake).
+    threads = threads or torch.get_num_threads()
+    torch.set_num_threads(1)
     model, tok = load_model_and_tokenizer(model_path, device)
     if context_limit is not None:
         if context_limit > model.context_limit:
@@ -94,7 +98,7 @@ def serve(host, port, model_path, device, policy, max_batch, threads, max_queue,
         model.context_limit = context_limit
     engine = Engine(model, tok, max_batch=max_batch, max_queue=max_queue, cache_budget_tokens=cache_budget_tokens,
                     preemption=preemption, detach_timeout_s=detach_timeout_s, stall_timeout_s=stall_timeout_s,
-                    retain_s=retain_s, max_retained=max_retained, batch_invariant=batch_invariant)
+                    retain_s=retain_s, max_retained=max_retained, batch_invariant=batch_invariant, threads=threads)
     app = create_app(engine, policy=policy, api_key=api_key, allowed_origins=frozenset(allowed_origins),
                      max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s, on_disconnect=on_disconnect,
                      utf8_guard=utf8_guard, watchdog_s=watchdog_s, strict=strict, max_readers=max_readers,

@@ -57,7 +57,9 @@ cause is logged. `step_running_s` is the watchdog's gauge: how long the step now
 
 Threads: the phase methods are called from one driver thread (the engine thread of `start()`, or
 the caller of `step()` / `run_until_idle()`). `submit`, `cancel`, `get` and `stats` may be called
-from any thread.
+from any thread. The engine thread runs the model's kernels on `threads` intra-op threads (DECISIONS
+D60: one OpenMP team, the engine thread's; a server loads its model on one thread so that no
+other team exists).
 """
 
 from __future__ import annotations
@@ -202,8 +204,10 @@ class Engine:
         model_name: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         batch_invariant: bool = False,
+        threads: int | None = None,
     ) -> None:
-        for name, value in (("max_batch", max_batch), ("max_queue", max_queue), ("max_retained", max_retained)):
+        for name, value in (("max_batch", max_batch), ("max_queue", max_queue), ("max_retained", max_retained),
+                            ("threads", 1 if threads is None else threads)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if cache_budget_tokens is not None and (
@@ -231,6 +235,7 @@ class Engine:
         self.retain_s = float(retain_s)
         self.max_retained = max_retained
         self.poll_s = float(poll_s)
+        self.threads = threads  # the engine thread's intra-op threads; None: the starting thread's (D60)
         self.clock = clock
         self._budget = math.inf if cache_budget_tokens is None else cache_budget_tokens
         if not isinstance(batch_invariant, bool):
@@ -375,10 +380,12 @@ class Engine:
         raise EngineError(f"run_until_idle: still busy after {max_steps} steps")
 
     def start(self) -> None:
-        """Run `step()` on a background thread until `stop()`."""
+        """Run `step()` on a background thread until `stop()`, its kernels on `threads` intra-op
+        threads (None: as many as the calling thread has now)."""
         if self._thread is not None:
             raise EngineError("the engine thread is already started")
-        self._thread = threading.Thread(target=self._loop, name="decodespec-engine", daemon=True)
+        threads = self.threads or torch.get_num_threads()
+        self._thread = threading.Thread(target=self._loop, args=(threads,), name="decodespec-engine", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -428,7 +435,10 @@ class Engine:
         self._resident.clear()
         self._swapped.clear()
 
-    def _loop(self) -> None:
+    def _loop(self, threads: int) -> None:
+        # OpenMP's thread count is per thread: this one's kernels get theirs here, whatever the
+        # count torch gives a new thread (D60).
+        torch.set_num_threads(threads)
         try:
             while not self._halt.is_set():
                 self._wake.clear()

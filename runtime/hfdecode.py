@@ -105,9 +105,10 @@ class LeanDecoder:
     def step(self, ids: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
              column: int, visible: torch.Tensor) -> torch.Tensor:
         """Logits [B, V] of one token a row. ids, positions: [B]; keys, values: the resident
-        buffers [L, B, H_kv, S, d_h], each row's new K/V written at `column`; visible: [B, column + 1]
-        bool, the columns each row attends to (its own new column among them)."""
-        rows, d = ids.shape[0], self._head_dim
+        buffers [L, B, H_kv, S, d_h], each row's new K/V written at `column`; visible: [B, W] bool
+        (column < W <= S), the columns each row attends to (its own new column among them): the
+        first W columns are read, all S of them, one contiguous block a layer, when W = S."""
+        rows, d, width = ids.shape[0], self._head_dim, visible.shape[1]
         with torch.inference_mode():
             x = self._embed(ids)  # [B, D]
             cos, sin = self._rotary(x, positions[:, None])  # [B, 1, d]
@@ -121,8 +122,8 @@ class LeanDecoder:
                 kv_heads = k.shape[1]
                 keys[i, :rows, :, column] = k[:, :, 0]
                 values[i, :rows, :, column] = layer.v(h).view(rows, kv_heads, d)
-                seen_k = keys[i, :rows, :, : column + 1]  # [B, H_kv, S, d]
-                seen_v = values[i, :rows, :, : column + 1]
+                seen_k = keys[i, :rows, :, :width]  # [B, H_kv, W, d]
+                seen_v = values[i, :rows, :, :width]
                 q = q.view(rows, kv_heads, -1, d)  # [B, H_kv, groups, d]: grouped heads share a K/V head
                 # K @ q^T: a matrix-vector product over each head's keys as they lie (1.3-1.5x q @ K^T
                 # on resident buffers here), [B, H_kv, S, groups], read as [B, H_kv, groups, S]

@@ -456,10 +456,43 @@ def test_cancel_from_another_thread_while_running():
     assert run.state == "CANCELLED"
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_engine_thread_runs_its_kernels_on_the_threads_it_was_given(threads):
+    """D60: the model's kernels run on the engine thread with `threads` intra-op threads, whatever
+    the thread that started it has (here the other count); None takes the starter's count."""
+    import torch
+
+    seen: list[int] = []
+
+    class Counting(FlakyModel):
+        def decode_one(self, caches, tokens):
+            seen.append(torch.get_num_threads())
+            return super().decode_one(caches, tokens)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(3 - threads)
+    try:
+        for given, expected in ((threads, threads), (None, 3 - threads)):
+            seen.clear()
+            eng = Engine(Counting(MODEL, bad_len=-1), TOK, poll_s=0.001, threads=given)
+            eng.start()
+            try:
+                run = eng.submit(Request("count", max_output_tokens=3))
+                assert [ev.kind for ev in run.stream][-1] == "completed"
+            finally:
+                eng.stop()
+            assert seen and set(seen) == {expected}
+        assert torch.get_num_threads() == 3 - threads  # the starter's own count is left alone
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_constructor_rejects_bad_settings():
     """Bad engine settings are named in the error."""
     with pytest.raises(ValueError, match="max_batch"):
         Engine(MODEL, TOK, max_batch=0)
+    with pytest.raises(ValueError, match="threads"):
+        Engine(MODEL, TOK, threads=0)
     with pytest.raises(ValueError, match="preemption"):
         Engine(MODEL, TOK, preemption="drop")
     with pytest.raises(ValueError, match="cache_budget_tokens"):

@@ -366,7 +366,8 @@ def test_hf_model_keeps_its_batch_cache_resident_across_joins_leaves_and_rollbac
     it for one that joins, and a cache changed in between (rolled back to an earlier snapshot:
     same object, other contents) is written into its row anew, never reused. Every step equals
     each sequence decoded alone on a model of its own (fp32), and only the first step gathers.
-    The buffers are made NaN here: a column read before it was written would show."""
+    The buffers are made 7.0 here, not zeros: a column a row attends to before it was written
+    would show (the lean step reads every column of the capacity, masked past each row's own)."""
     from decodespec.runtime import hfmodel
 
     model, alone = HFModel(hf_folder[0]), HFModel(hf_folder[0])
@@ -391,7 +392,7 @@ def test_hf_model_keeps_its_batch_cache_resident_across_joins_leaves_and_rollbac
 
     def poisoned(shape, dtype, device):
         keys, values, valid = alloc(shape, dtype, device)
-        return keys.fill_(float("nan")), values.fill_(float("nan")), valid
+        return keys.fill_(7.0), values.fill_(7.0), valid
 
     monkeypatch.setattr(hfmodel._Slots, "_alloc", staticmethod(poisoned))
     monkeypatch.setattr(hfmodel._Slots, "gather", classmethod(counted_gather))
