@@ -27,10 +27,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 from pathlib import Path
 
 import attrs
+from common import in_checkout
 
 from decodespec.machine.checker import check, default_config
 
@@ -58,10 +58,7 @@ def _baseline(checkout: Path, requests: int, slots: int, config) -> dict:
     """One check by the checker of another checkout (its .venv), with the same bounds."""
     changed = {k: v for k, v in attrs.asdict(config, recurse=False).items()
                if v != getattr(default_config(requests), k)}
-    done = subprocess.run([str(checkout / ".venv/bin/python"), "-c", _BASELINE_RUN,
-                           json.dumps([requests, slots, changed])], cwd=checkout, check=True,
-                          capture_output=True, text=True)
-    return json.loads(done.stdout)
+    return in_checkout(checkout, _BASELINE_RUN, json.dumps([requests, slots, changed]))
 
 
 def measure(requests: int, slots: int, config, rounds: int, baseline: Path | None = None) -> dict:

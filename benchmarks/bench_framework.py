@@ -29,9 +29,7 @@ Run: .venv/bin/python benchmarks/bench_framework.py [--rounds N] [--tokens N] [-
 from __future__ import annotations
 
 import argparse
-import json
 import random
-import subprocess
 import tempfile
 import threading
 import time
@@ -40,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import interleaved, ratio, stat
+from common import in_checkout, interleaved, ratio, stat
 
 from decodespec.properties import fixtures
 from decodespec.spec import FinishReason
@@ -211,12 +209,7 @@ print(json.dumps({name: s["median"] for name, s in r["us_per_token"].items()}))
 
 def run_baseline(checkout: Path, n_tokens: int, clock: str, layout: str) -> dict[str, float]:
     """One round of `checkout`'s bench_framework (its .venv): µs per token of each contender."""
-    python = checkout / ".venv/bin/python"
-    if not python.is_file():
-        raise SystemExit(f"--baseline {checkout}: no {python} (run `make setup` there)")
-    done = subprocess.run([str(python), "-c", _BASELINE_RUN, str(n_tokens), clock, layout], cwd=checkout,
-                          check=True, capture_output=True, text=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return in_checkout(checkout, _BASELINE_RUN, str(n_tokens), clock, layout)
 
 
 def run(rounds: int = 7, n_tokens: int = 2000, clock: str = "cpu", layout: str = "lines",

@@ -8,9 +8,12 @@ its spread, never a single sample.
 from __future__ import annotations
 
 import gc
+import json
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 
@@ -52,3 +55,13 @@ def per_item_us(fn: Callable[[], Any], items: int) -> float:
 def ratio(num: Mapping[str, Any], den: Mapping[str, Any]) -> float:
     """Ratio of two `stat()` medians."""
     return num["median"] / den["median"]
+
+
+def in_checkout(checkout: Path, script: str, *args: str) -> Any:
+    """Run `script` (Python source) in another checkout with its own .venv, from its root, and
+    return the JSON its last line of output prints: the code before a change, for `--baseline`."""
+    python = checkout / ".venv/bin/python"
+    if not python.is_file():
+        raise SystemExit(f"--baseline {checkout}: no {python} (run `make setup` there)")
+    done = subprocess.run([str(python), "-c", script, *args], cwd=checkout, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])

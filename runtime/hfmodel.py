@@ -111,10 +111,12 @@ class _Slots:
         return slots
 
     @staticmethod
-    def _alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    def _alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, zeroed: bool = True
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Zeroed K and V buffers [L, B, H_kv, S, d_h] and a cleared mask [B, S]."""
-        return (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device),
+        """K and V buffers [L, B, H_kv, S, d_h], zeroed unless the caller writes every element
+        itself (`reserve`), and a cleared mask [B, S]."""
+        make = torch.zeros if zeroed else torch.empty
+        return (make(shape, dtype=dtype, device=device), make(shape, dtype=dtype, device=device),
                 torch.zeros((shape[1], shape[3]), dtype=torch.bool, device=device))
 
     def place(self, caches: Sequence[KVCache]) -> list[int] | None:
@@ -161,19 +163,16 @@ class _Slots:
         if n_columns <= have:
             return
         layers, rows, heads, _, dim = self.keys.shape
-        shape, device = (layers, rows, heads, _room(n_columns), dim), self.keys.device
+        keys, values, valid = self._alloc((layers, rows, heads, _room(n_columns), dim), self.keys.dtype,
+                                          self.keys.device, zeroed=False)
         held = 1 + max((b for b, c in enumerate(self.rows) if c is not None), default=-1)
         cols = self.column
-        moved = []
-        for old in (self.keys, self.values):  # written once each: the kept block, zeros around it
-            new = torch.empty(shape, dtype=old.dtype, device=device)
-            new[:, :held, :, :cols] = old[:, :held, :, :cols]
+        for new, old in ((keys, self.keys), (values, self.values)):  # each element written once:
+            new[:, :held, :, :cols] = old[:, :held, :, :cols]  # the kept block, zeros around it
             new[:, :held, :, cols:] = 0
             new[:, held:] = 0
-            moved.append(new)
-        valid = torch.zeros((rows, shape[3]), dtype=torch.bool, device=device)
         valid[:held, :cols] = self.valid[:held, :cols]
-        (self.keys, self.values), self.valid = moved, valid
+        self.keys, self.values, self.valid = keys, values, valid
 
 
 class HFModel(PrefillOne):

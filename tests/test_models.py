@@ -390,8 +390,8 @@ def test_hf_model_keeps_its_batch_cache_resident_across_joins_leaves_and_rollbac
 
     alloc = hfmodel._Slots._alloc
 
-    def poisoned(shape, dtype, device):
-        keys, values, valid = alloc(shape, dtype, device)
+    def poisoned(shape, dtype, device, zeroed=True):
+        keys, values, valid = alloc(shape, dtype, device, zeroed)
         return keys.fill_(7.0), values.fill_(7.0), valid
 
     monkeypatch.setattr(hfmodel._Slots, "_alloc", staticmethod(poisoned))
