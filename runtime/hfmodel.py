@@ -26,8 +26,9 @@ docstring says what holds). Nothing is downloaded (`local_files_only=True`).
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ import attrs
 import torch
 
 from .hfdecode import LeanDecoder, unsupported
-from .kvcache import CacheError, KVCache, PrefillOne, append_token, check_active_batch
+from .kvcache import CacheError, KVCache, PrefillOne, check_active_batch
 
 
 def _layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -90,7 +91,11 @@ class _Slots:
     capacity: a layer's rows are then one contiguous block, which the CPU's batched products read
     faster than the same columns strided (the lean step at 64 rows: 1.2x). The capacity is what
     the longest row needs and half as much again (`_room`): the columns read past `column` are
-    masked waste."""
+    masked waste.
+
+    A decoded token's K/V stay here: row b's cache owes them (`KVCache.owe`, D61) and `owed[b]`
+    lists their columns until `writers[b]` writes them into the cache, when it is read, swapped,
+    or its row is given to another cache. A cache freed first is never written."""
 
     keys: torch.Tensor  # [L, B_cap, H_kv, S_cap, d_h]
     values: torch.Tensor
@@ -98,6 +103,37 @@ class _Slots:
     rows: list[KVCache | None]
     writes: list[int]
     column: int = 0
+    owed: list[list[int]] = attrs.field(init=False)
+    writers: list[Callable[[KVCache, int], None]] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.owed = [[] for _ in self.rows]
+        self.writers = [functools.partial(self._pay, b) for b in range(len(self.rows))]
+
+    def _pay(self, b: int, cache: KVCache, start: int) -> None:
+        """Row b's owed columns, written into `cache` at [start, length) (its settle, D61)."""
+        cols, self.owed[b] = self.owed[b], []
+        n, first = len(cols), cols[0] if cols else 0
+        if n != cache.length - start:
+            raise CacheError(f"row {b} holds {n} owed tokens, its cache owes {cache.length - start}")
+        at = slice(first, first + n) if cols[-1] - first == n - 1 else torch.tensor(cols, device=self.keys.device)
+        cache.k[start : cache.length] = self.keys[:, b, :, at].permute(2, 0, 1, 3)
+        cache.v[start : cache.length] = self.values[:, b, :, at].permute(2, 0, 1, 3)
+
+    def settle(self, b: int | None = None) -> None:
+        """Row b's cache (every row's, None) is paid what it is owed from here; columns owed to a
+        cache that has let the debt go (freed, restored) are forgotten."""
+        for i in range(len(self.rows)) if b is None else (b,):
+            c = self.rows[i]
+            if c is not None and c.writer is self.writers[i]:
+                c.settle()
+            self.owed[i] = []
+
+    def owe(self, b: int, cache: KVCache, column: int) -> None:
+        """Row b's new token, at `column`, stays here; its cache counts it (D61)."""
+        self.owed[b].append(column)
+        cache.owe(1, self.writers[b])
+        self.writes[b] = cache.writes
 
     @classmethod
     def gather(cls, caches: Sequence[KVCache]) -> _Slots:
@@ -145,6 +181,7 @@ class _Slots:
     def _write(self, b: int, cache: KVCache) -> None:
         """Row b := the cache, from column 0 (its other columns keep the finite values they hold,
         masked)."""
+        self.settle(b)  # the row's last cache is paid before the row changes hands
         n = cache.length
         if n > self.column:  # the columns skipped are read (masked) by every computed row
             self.reserve(n + 1)
@@ -266,6 +303,8 @@ class HFModel(PrefillOne):
         slots, self._slots = self._slots, None  # dropped first: a failed call leaves nothing stale
         order = slots.place(caches) if slots is not None else None
         if order is None or (len(caches) == 1 and (order != [0] or slots.column != caches[0].length)):
+            if slots is not None:
+                slots.settle()  # every cache it owes is paid before it goes
             return _Slots.gather(caches), list(range(len(caches)))
         return slots, order
 
@@ -299,10 +338,7 @@ class HFModel(PrefillOne):
         slots.valid[:span, col] = False
         slots.valid[rows, col] = True
         slots.column = col + 1
-        # row b's new K/V ([L, H, d] views of the column) copied to its cache
-        keys, values = slots.keys[:, :, :, col].unbind(1), slots.values[:, :, :, col].unbind(1)
-        append_token(caches, [keys[b] for b in order], [values[b] for b in order])
-        for b, c in zip(order, caches):
-            slots.writes[b] = c.writes
+        for b, c in zip(order, caches):  # row b's new K/V stay in column col, owed to its cache (D61)
+            slots.owe(b, c, col)
         self._slots = slots
         return logits[rows].float()

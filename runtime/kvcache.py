@@ -10,6 +10,12 @@ token to all layers with a single copy and gather a batch of caches of different
 one padded stack (see `TinyLM.decode_one`). Capacity starts at the first write and doubles on
 demand, never past `max_length` (the model's context limit).
 
+Write-behind (D61): a model that keeps the newest tokens' K/V in a buffer of its own (HFModel's
+resident batch) may `owe` them instead of copying them here every step: `length` counts them at
+once, and the owed K/V are written by the model's writer before anything reads or changes what is
+stored (`keys_values`, `snapshot`, `append`, `reserve`, `settle`). A cache freed while it owes is
+never written: a request that ends in the batch costs no copy-back at all.
+
 Swap-out for preemption (§4.8): `snapshot()` copies the written part to CPU, `free()` drops the
 device tensors, `restore(snap)` writes it back into the *same* object, so a resumed sequence
 continues bit-identically and anything keyed by the cache object survives.
@@ -17,7 +23,7 @@ continues bit-identically and anything keyed by the cache object survives.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import attrs
@@ -69,9 +75,13 @@ class KVCache:
     k: torch.Tensor | None = attrs.field(default=None, repr=False)
     v: torch.Tensor | None = attrs.field(default=None, repr=False)
     freed: bool = False
-    # Counts every change of the contents (append, restore, free): a copy of them kept elsewhere
-    # (HFModel's resident batch) is current exactly while this is the count it was made at.
+    # Counts every change of the contents (append, owe, restore, free): a copy of them kept
+    # elsewhere (HFModel's resident batch) is current exactly while this is the count it was made at.
     writes: int = 0
+    # The newest `owed` tokens are counted in `length` but their K/V are not stored here yet:
+    # `writer(self, start)` writes them at [start, length) (write-behind, D61).
+    owed: int = attrs.field(default=0, init=False)
+    writer: Callable[[KVCache, int], None] | None = attrs.field(default=None, init=False, repr=False)
 
     @property
     def numel_per_token(self) -> int:
@@ -96,21 +106,51 @@ class KVCache:
     def reserve(self, n_tokens: int) -> None:
         """Make room for `n_tokens` more tokens (capacity doubles, capped at max_length)."""
         self._check_live()
+        self.settle()
+        self._grow(self._room_for(n_tokens))
+
+    def _room_for(self, n_tokens: int) -> int:
         need = self.length + n_tokens
         if need > self.max_length:
             raise CacheError(
                 f"KV cache would hold {need} tokens, over the context limit {self.max_length}"
             )
+        return need
+
+    def _grow(self, need: int) -> None:
+        """Capacity for `need` tokens; the stored ones move (everything before the owed ones)."""
         if need <= self.capacity:
             return
         cap = min(self.max_length, max(need, 2 * self.capacity, 16))
         shape = (cap, self.n_layers, self.n_kv_heads, self.head_dim)
         k = torch.empty(shape, dtype=self.dtype, device=self.device)  # only [:length] is ever read
         v = torch.empty(shape, dtype=self.dtype, device=self.device)
-        if self.length:
-            k[: self.length] = self.k[: self.length]
-            v[: self.length] = self.v[: self.length]
+        stored = self.length - self.owed
+        if stored:
+            k[:stored] = self.k[:stored]
+            v[:stored] = self.v[:stored]
         self.k, self.v = k, v
+
+    def owe(self, n_tokens: int, writer: Callable[[KVCache, int], None]) -> None:
+        """Count `n_tokens` new tokens whose K/V `writer` holds and will write (D61); a debt to
+        another writer is settled first."""
+        self._check_live()
+        need = self._room_for(n_tokens)
+        if self.owed and self.writer is not writer:
+            self.settle()
+        self.length = need
+        self.owed += n_tokens
+        self.writer = writer
+        self.writes += 1
+
+    def settle(self) -> None:
+        """Write the owed K/V now (D61); nothing owed, nothing done."""
+        if not self.owed:
+            return
+        writer, n = self.writer, self.owed
+        self._grow(self.length)
+        self.owed, self.writer = 0, None
+        writer(self, self.length - n)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write K/V of `n` new tokens ([n, L, H_kv, d_h] each) at positions length..length+n-1."""
@@ -121,7 +161,7 @@ class KVCache:
                 f"{tuple(k.shape)} and {tuple(v.shape)}"
             )
         n = k.shape[0]
-        self.reserve(n)
+        self.reserve(n)  # settles what is owed first
         self.k[self.length : self.length + n] = k
         self.v[self.length : self.length + n] = v
         self.length += n
@@ -130,6 +170,7 @@ class KVCache:
     def keys_values(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Views of the written part, [length, L, H_kv, d_h] each."""
         self._check_live()
+        self.settle()
         return self.k[: self.length], self.v[: self.length]
 
     def snapshot(self) -> CacheSnapshot:
@@ -144,14 +185,17 @@ class KVCache:
 
     def restore(self, snap: CacheSnapshot) -> None:
         """Put a snapshot back into this object (after `free()` or over live contents)."""
-        self.k = self.v = None
+        self.k = self.v = self.writer = None
+        self.owed = 0
         self.length, self.freed = 0, False
         self.append(snap.k.to(self.device, self.dtype), snap.v.to(self.device, self.dtype))
         self.prompt_length = snap.prompt_length
 
     def free(self) -> None:
-        """Drop the tensors. The runtime's ledger guarantees this happens exactly once (§4.10)."""
-        self.k = self.v = None
+        """Drop the tensors (and what is owed, unwritten). The runtime's ledger guarantees this
+        happens exactly once (§4.10)."""
+        self.k = self.v = self.writer = None
+        self.owed = 0
         self.length, self.freed = 0, True
         self.writes += 1
 

@@ -299,20 +299,14 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
         if parsed.stream:
             return StreamingResponse(_follow(run, renderer, run.stream.reader, on_gone=gone),
                                      media_type="text/event-stream", headers=headers | _SSE_HEADERS)
-        text, last = bytearray(), None
         # A client that named its id can come back for the answer (/events): its disconnect follows
         # on_disconnect like a stream's. Nobody else can ever read this answer: it is cancelled.
         named = "x-request-id" in request.headers
         watch = asyncio.ensure_future(_watch_disconnect(request, run, gone if named else _cancelled(engine)))
-        reader = run.stream.reader()
         try:
-            async for ev in reader:
-                if ev.kind is StreamEventKind.DELTA:
-                    text += ev.data
-                last = ev
+            text, last = await _collect(run)
         finally:
             watch.cancel()
-            reader.close()
         if last is None or last.kind is not StreamEventKind.COMPLETED:
             return _error(terminal_error(last.finish_reason, last.error, rid), rid)
         answer = text.decode("utf-8", "replace")
@@ -323,7 +317,7 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
             message = chat_message(merged(parts), renderer.call_id, reasoning=parsed.reasoning)
             reason = wire_finish(reason, renderer.split)
         body = completion_body(parsed, renderer.cid, renderer.created, name, answer, (reason, detail),
-                               openai_usage(last.usage), message=message, report=whole_report(run, parsed, bytes(text)))
+                               openai_usage(last.usage), message=message, report=whole_report(run, parsed, text))
         return JSONResponse(body, headers=headers)
 
     def retain(rid: str, parsed: ParsedRequest) -> None:
@@ -497,12 +491,18 @@ def _ignored(parsed: ParsedRequest) -> dict[str, str]:
 
 
 async def _collect(run: RequestRun) -> tuple[bytes, StreamEvent | None]:
-    """A choice's whole answer: its bytes and its terminal event."""
+    """A whole answer (a response that is not streamed): its bytes and its terminal event, read
+    in batches (StreamReader.abatch, D61); the reader is closed however the read ends."""
     text, last = bytearray(), None
-    async for ev in run.stream.reader():
-        if ev.kind is StreamEventKind.DELTA:
-            text += ev.data
-        last = ev
+    reader = run.stream.reader()
+    try:
+        while events := await reader.abatch():
+            for ev in events:
+                if ev.kind is StreamEventKind.DELTA:
+                    text += ev.data
+            last = events[-1]
+    finally:
+        reader.close()
     return bytes(text), last
 
 

@@ -169,7 +169,7 @@ class OrderedStream:
     # them out of the CPU caches (issue 8).
     __slots__ = (
         "max_bytes", "max_events", "pause_timeout_s", "paused_s", "policy", "request_id",
-        "_async_waiters", "_cond", "_connected", "_cursor", "_inline_max", "_lock", "_log", "_next_seq",
+        "_async_waiters", "_bulk_waiters", "_cond", "_connected", "_cursor", "_inline_max", "_lock", "_log", "_next_seq",
         "_open", "_pending", "_primary", "_readers", "_sleepers", "_st", "_trace", "_unread_bytes", "_unread_events",
         "_usage_provider",
     )
@@ -216,6 +216,9 @@ class OrderedStream:
         self._next_seq = 0
         self._connected = True
         self._async_waiters: list[_Waiter] = []
+        # asyncio readers of the whole answer (StreamReader.abatch): a delta wakes them only when
+        # the unread buffer reaches half a cap; every other event wakes them as it wakes the rest.
+        self._bulk_waiters: list[_Waiter] = []
         # The largest delta that fits an empty buffer without a pause (whose cap must leave room
         # after it, or delta() would `block` before the read) or an overflow (§4.8): `deliver`'s
         # one-critical-section path.
@@ -359,23 +362,30 @@ class OrderedStream:
         """`get()` for an asyncio reader: never blocks the loop; cancelling it loses no event."""
         return await self._await(lambda: (ev := self._take(), ev is None and self._drained()))
 
-    async def _await(self, step: Callable[[], tuple[StreamEvent | None, bool]]) -> StreamEvent | None:
-        """Call `step` (lock held) until it gives an event or says the reader is done, waiting on
-        the producer in between without blocking the loop (every asyncio read goes through here)."""
+    async def _await(self, step: Callable[[], tuple[Any, bool]], bulk: bool = False) -> Any:
+        """Call `step` (lock held) until it gives something or says the reader is done, waiting on
+        the producer in between without blocking the loop (every asyncio read goes through here).
+        A `bulk` waiter is woken by a delta only at the half-full mark (`_queue`)."""
         loop = asyncio.get_running_loop()
+        waiters = self._bulk_waiters if bulk else self._async_waiters
         while True:
             with self._cond:
-                ev, done = step()
-                if ev is not None or done:
-                    return ev
+                got, done = step()
+                if got is not None or done:
+                    return got
                 fut: asyncio.Future[None] = loop.create_future()
-                self._async_waiters.append((loop, fut))
+                waiters.append((loop, fut))
             try:
                 await fut
             finally:
                 with self._cond:
-                    if (loop, fut) in self._async_waiters:
-                        self._async_waiters.remove((loop, fut))
+                    if (loop, fut) in waiters:
+                        waiters.remove((loop, fut))
+
+    def _half_full(self) -> bool:
+        """The unread deltas have reached half of either cap (lock held): a whole-answer reader
+        reads now, well before a pause-policy producer would wait for it (§4.8)."""
+        return 2 * self._unread_events >= self.max_events or 2 * self._unread_bytes >= self.max_bytes
 
     async def __aiter__(self) -> AsyncIterator[StreamEvent]:
         while (ev := await self.aget()) is not None:
@@ -537,7 +547,7 @@ class OrderedStream:
         if self._trace is not None:
             trace = self._trace
             trace.put((_RESPONSE_DELTA, trace.clock(), seq, data, events, nbytes))
-        if self._sleepers or self._async_waiters:
+        if self._sleepers or self._async_waiters or (self._bulk_waiters and self._half_full()):
             self._wake()
         return seq
 
@@ -657,18 +667,20 @@ class OrderedStream:
             self._sleepers -= 1
 
     def _wake(self) -> None:
-        """Wake the sleeping readers and the asyncio ones (at the end of an open batch, D57)."""
+        """Wake the sleeping readers and the asyncio ones, whole-answer readers included (at the
+        end of an open batch, D57)."""
         if self._sleepers:
             self._cond.notify_all()
-        if not self._async_waiters:
-            return
-        batch = getattr(_BATCH, "waiters", None)
-        if batch is not None:
-            batch.extend(self._async_waiters)
-        else:
-            for loop, fut in self._async_waiters:
-                loop.call_soon_threadsafe(_resolve, fut)
-        self._async_waiters.clear()
+        for waiters in (self._async_waiters, self._bulk_waiters):
+            if not waiters:
+                continue
+            batch = getattr(_BATCH, "waiters", None)
+            if batch is not None:
+                batch.extend(waiters)
+            else:
+                for loop, fut in waiters:
+                    loop.call_soon_threadsafe(_resolve, fut)
+            waiters.clear()
 
     def _transport(self, what: str) -> None:
         with self._cond:
@@ -746,6 +758,27 @@ class StreamReader:
             yield ev
             if ev.terminal:
                 return
+
+    async def abatch(self) -> list[StreamEvent]:
+        """For a reader of the whole answer (a response that is not streamed): every event this
+        reader can take, once the stream has ended or its unread deltas reach half a cap; empty
+        once the terminal event was had. Its task is woken a few times per request, not once per
+        token (D61); the producer still never waits for it before a cap (§4.8)."""
+        st = self.stream
+
+        def ready() -> tuple[list[StreamEvent] | None, bool]:
+            if not (st._st.terminal or st._half_full() or st._st.state is not _OPEN):
+                return None, False
+            got: list[StreamEvent] = []
+            while True:
+                ev, done = self._next()
+                if ev is None:
+                    return got or None, done
+                got.append(ev)
+                if ev.terminal:
+                    return got, True
+
+        return await st._await(ready, bulk=True) or []
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
