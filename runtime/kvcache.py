@@ -60,9 +60,11 @@ class CacheSnapshot:
     prompt_length: int
 
 
-@attrs.define(eq=False, slots=True)
+@attrs.define(eq=False, slots=True, on_setattr=attrs.setters.NO_OP)
 class KVCache:
-    """Keys and values of one sequence, all layers (§4.4). Identity-hashed (eq=False)."""
+    """Keys and values of one sequence, all layers (§4.4). Identity-hashed (eq=False). Its fields
+    are set as plain attributes (the converter runs once, at construction): the model counts a
+    token into every cache of the batch at every step."""
 
     n_layers: int
     n_kv_heads: int

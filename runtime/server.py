@@ -34,7 +34,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import attrs
@@ -302,7 +302,7 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
         # A client that named its id can come back for the answer (/events): its disconnect follows
         # on_disconnect like a stream's. Nobody else can ever read this answer: it is cancelled.
         named = "x-request-id" in request.headers
-        watch = asyncio.ensure_future(_watch_disconnect(request, run, gone if named else _cancelled(engine)))
+        watch = asyncio.ensure_future(_watch_disconnect(request, [run], gone if named else _cancelled(engine)))
         try:
             text, last = await _collect(run)
         finally:
@@ -356,13 +356,11 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
             return StreamingResponse(_follow_choices(runs, renderers, parsed, on_gone=gone),
                                      media_type="text/event-stream", headers=headers | _SSE_HEADERS)
         named = "x-request-id" in request.headers
-        watches = [asyncio.ensure_future(_watch_disconnect(request, run, gone if named else _cancelled(engine)))
-                   for run in runs]
+        watch = asyncio.ensure_future(_watch_disconnect(request, runs, gone if named else _cancelled(engine)))
         try:
             answers = await asyncio.gather(*(_collect(run) for run in runs))
         finally:
-            for w in watches:
-                w.cancel()
+            watch.cancel()
         for run, (_, last) in zip(runs, answers):
             if last is None or last.kind is not StreamEventKind.COMPLETED:
                 return _error(terminal_error(last.finish_reason, last.error, run.request.request_id), rid)
@@ -594,14 +592,20 @@ def _cancelled(engine: Engine) -> Callable[[RequestRun], None]:
     return gone
 
 
-async def _watch_disconnect(request: HttpRequest, run: RequestRun, on_gone: Callable[[RequestRun], None],
-                            poll_s: float = 0.2) -> None:
-    """For a non-streamed request: when its client goes away before the answer, `on_gone(run)`."""
-    while not run.done:
-        if await request.is_disconnected():
+async def _watch_disconnect(request: HttpRequest, runs: Sequence[RequestRun], on_gone: Callable[[RequestRun], None]
+                            ) -> None:
+    """For a non-streamed request: when its client goes away before the answer, `on_gone(run)`
+    for each of its runs not yet done.
+
+    Its body has been read, so the next ASGI message is the disconnect: the watcher waits for it
+    and costs nothing until then (a poll of `is_disconnected` five times a second cost 64 waiting
+    requests a tenth of the event loop's core, taken from the model's threads). The caller cancels
+    it once the answer is in."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    for run in runs:
+        if not run.done:
             on_gone(run)
-            return
-        await asyncio.sleep(poll_s)
 
 
 HEADER_TIMEOUT_S = 10.0  # a connection must complete each request's headers this soon (slowloris)
