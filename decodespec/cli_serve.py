@@ -18,6 +18,9 @@ import click
               help="torch threads for the model's kernels, on the engine thread (default: torch's own; on a CPU "
                    "shared with the HTTP loop and other processes, fewer threads than cores avoid spinning against "
                    "them). The model is loaded on one (DECISIONS D60).")
+@click.option("--pin-threads/--no-pin-threads", default=True, show_default=True,
+              help="Each of those threads on a CPU of its own (DECISIONS D62): a kernel waits for its slowest "
+                   "thread, and two of them sharing a core made a step take up to twice as long.")
 @click.option("--max-queue", type=click.IntRange(min=1), default=1024, show_default=True)
 @click.option("--cache-budget-tokens", type=click.IntRange(min=1), default=None,
               help="KV cache tokens on the device before preemption (§4.8); default unbounded.")
@@ -68,7 +71,7 @@ import click
               help="think: chat answers split <think>...</think> into reasoning_content (DECISIONS D45).")
 @click.option("--tool-call-parser", type=click.Choice(["none", "hermes"]), default="none", show_default=True,
               help="hermes: chat requests with tools get <tool_call>{json}</tool_call> as tool_calls (D47).")
-def serve(host, port, model_path, device, policy, max_batch, threads, max_queue, cache_budget_tokens, preemption,
+def serve(host, port, model_path, device, policy, max_batch, threads, pin_threads, max_queue, cache_budget_tokens, preemption,
           detach_timeout_s, stall_timeout_s, shutdown_timeout_s, on_disconnect, body_timeout_s, header_timeout_s, api_key,
           allowed_origins, max_body_bytes, log_level, utf8_guard, batch_invariant, context_limit, strict, retain_s,
           max_retained, max_readers, watchdog_s, reasoning_parser, tool_call_parser) -> None:
@@ -98,7 +101,8 @@ def serve(host, port, model_path, device, policy, max_batch, threads, max_queue,
         model.context_limit = context_limit
     engine = Engine(model, tok, max_batch=max_batch, max_queue=max_queue, cache_budget_tokens=cache_budget_tokens,
                     preemption=preemption, detach_timeout_s=detach_timeout_s, stall_timeout_s=stall_timeout_s,
-                    retain_s=retain_s, max_retained=max_retained, batch_invariant=batch_invariant, threads=threads)
+                    retain_s=retain_s, max_retained=max_retained, batch_invariant=batch_invariant, threads=threads,
+                    pin_threads=pin_threads)
     app = create_app(engine, policy=policy, api_key=api_key, allowed_origins=frozenset(allowed_origins),
                      max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s, on_disconnect=on_disconnect,
                      utf8_guard=utf8_guard, watchdog_s=watchdog_s, strict=strict, max_readers=max_readers,

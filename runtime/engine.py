@@ -59,7 +59,7 @@ Threads: the phase methods are called from one driver thread (the engine thread 
 the caller of `step()` / `run_until_idle()`). `submit`, `cancel`, `get` and `stats` may be called
 from any thread. The engine thread runs the model's kernels on `threads` intra-op threads (DECISIONS
 D60: one OpenMP team, the engine thread's; a server loads its model on one thread so that no
-other team exists).
+other team exists); with `pin_threads`, each thread of that team on a CPU of its own (D62).
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ import attrs
 import torch
 
 from .errors import ModelError
+from .affinity import pin_team
 from .events import EventKind
 from .faults import FaultPlan
 from .request import Request
@@ -205,6 +206,7 @@ class Engine:
         clock: Callable[[], float] = time.monotonic,
         batch_invariant: bool = False,
         threads: int | None = None,
+        pin_threads: bool = False,
     ) -> None:
         for name, value in (("max_batch", max_batch), ("max_queue", max_queue), ("max_retained", max_retained),
                             ("threads", 1 if threads is None else threads)):
@@ -236,6 +238,8 @@ class Engine:
         self.max_retained = max_retained
         self.poll_s = float(poll_s)
         self.threads = threads  # the engine thread's intra-op threads; None: the starting thread's (D60)
+        self.pin_threads = pin_threads  # each of them on a CPU of its own (D62)
+        self.pinned: tuple[int, ...] = ()  # the CPUs they were pinned to, once the engine thread runs
         self.clock = clock
         self._budget = math.inf if cache_budget_tokens is None else cache_budget_tokens
         if not isinstance(batch_invariant, bool):
@@ -439,6 +443,9 @@ class Engine:
         # OpenMP's thread count is per thread: this one's kernels get theirs here, whatever the
         # count torch gives a new thread (D60).
         torch.set_num_threads(threads)
+        if self.pin_threads:
+            self.pinned = pin_team(threads)
+            _LOG.info("engine thread and its OpenMP workers pinned to CPUs %s", self.pinned or "(none: see D62)")
         try:
             while not self._halt.is_set():
                 self._wake.clear()
