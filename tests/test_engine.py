@@ -4,6 +4,8 @@ their own request (§4.10)."""
 
 from __future__ import annotations
 
+import os
+
 import threading
 import time
 
@@ -485,6 +487,33 @@ def test_the_engine_thread_runs_its_kernels_on_the_threads_it_was_given(threads)
         assert torch.get_num_threads() == 3 - threads  # the starter's own count is left alone
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 if hasattr(os, "sched_getaffinity") else True,
+                    reason="pinning a team of two needs two CPUs and sched_setaffinity")
+def test_the_engine_threads_team_runs_one_thread_a_cpu_when_pinned():
+    """D62: with pin_threads, the engine thread and its one OpenMP worker each run on a CPU of
+    their own (the first two this process may use), decoding as before; unpinned, nothing is."""
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    for pin in (True, False):
+        eng = Engine(FlakyModel(MODEL, bad_len=-1), TOK, poll_s=0.001, threads=2, pin_threads=pin)
+        before = {t.native_id for t in threading.enumerate()}
+        eng.start()
+        try:
+            run = eng.submit(Request("count", max_output_tokens=3))
+            assert [ev.kind for ev in run.stream][-1] == "completed"
+            engine_tid = eng._thread.native_id
+            assert eng.pinned == (tuple(cpus) if pin else ())
+            if pin:
+                assert os.sched_getaffinity(engine_tid) == {cpus[0]}
+                # its worker: the one thread of this process that is not a Python thread and is on cpus[1]
+                workers = [int(t) for t in os.listdir("/proc/self/task")
+                           if int(t) not in before | {engine_tid} and os.sched_getaffinity(int(t)) == {cpus[1]}]
+                assert len(workers) == 1
+            else:
+                assert os.sched_getaffinity(engine_tid) == os.sched_getaffinity(0)
+        finally:
+            eng.stop()
 
 
 def test_constructor_rejects_bad_settings():

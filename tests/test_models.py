@@ -411,6 +411,55 @@ def test_hf_model_keeps_its_batch_cache_resident_across_joins_leaves_and_rollbac
             assert torch.allclose(batched[row], alone.decode_one([solo[b]], [tokens[row]])[0], atol=1e-5), (step, b)
     assert gathers == [3]  # the first step only
     assert rows_written == [0, 1, 2, 3, 4, 0]  # the first gather, two joins (3 into 2's row), the rollback
+    # D61: the decoded tokens' K/V stayed in the rows, owed; each cache is paid when it is read (2's
+    # already when 3 took its row) and then holds what decoding alone wrote into its own cache
+    assert caches[2].owed == 0 and caches[1].owed > 0
+    for b, (c, s) in enumerate(zip(caches, solo)):
+        assert c.length == s.length, b
+        assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(c.keys_values(), s.keys_values())), b
+        assert c.owed == 0
+
+
+def test_a_cache_that_owes_is_paid_before_it_is_read_or_changed_and_never_once_freed() -> None:
+    """§4.4, D61: `owe` counts tokens whose K/V a model still holds; the writer pays them into the
+    cache before anything reads or changes what it stores (read, snapshot, append, another
+    writer's debt), once; a cache freed while it owes is never written; restore drops the debt."""
+    paid: list[tuple[int, int]] = []
+
+    def writer(cache: KVCache, start: int) -> None:
+        paid.append((start, cache.length))
+        cache.k[start : cache.length] = 1.0
+        cache.v[start : cache.length] = 2.0
+
+    def cache(n: int = 2) -> KVCache:
+        c = KVCache(n_layers=1, n_kv_heads=1, head_dim=2, max_length=8, device="cpu")
+        c.append(torch.zeros(n, 1, 1, 2), torch.zeros(n, 1, 1, 2))
+        return c
+
+    for read in (lambda c: c.keys_values(), lambda c: c.snapshot(), lambda c: c.reserve(1),
+                 lambda c: c.append(torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2)),
+                 lambda c: c.owe(1, lambda c, start: None)):
+        paid.clear()
+        c = cache()
+        c.owe(1, writer)
+        c.owe(2, writer)
+        assert (c.length, c.owed, c.numel()) == (5, 3, 5 * 4) and paid == []
+        read(c)
+        assert paid == [(2, 5)], read
+        k, _ = c.keys_values()
+        assert k[:2].eq(0).all() and k[2:5].eq(1).all()
+    freed = cache()
+    freed.owe(3, writer)
+    paid.clear()
+    freed.free()
+    assert paid == [] and freed.owed == 0
+    restored = cache()
+    snap = restored.snapshot()
+    restored.owe(1, writer)
+    restored.restore(snap)
+    assert paid == [] and (restored.length, restored.owed) == (2, 0)
+    with pytest.raises(CacheError, match="over the context limit"):
+        cache(7).owe(2, writer)
 
 
 @pytest.fixture(scope="module")

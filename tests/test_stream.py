@@ -480,6 +480,52 @@ def test_a_paused_producer_inside_a_batch_wakes_its_reader_before_it_waits():
     assert got == [b"0123456789"]
 
 
+@pytest.mark.parametrize("max_events, deltas", [(256, 40), (8, 40)])
+def test_a_whole_answer_reader_is_woken_at_the_end_or_at_half_a_cap_never_per_delta(max_events, deltas):
+    """§4.7, §4.8, D61: a reader of the whole answer (`abatch`, a response that is not streamed) is
+    woken when the stream ends, or when the unread deltas reach half a cap, so a pause-policy
+    producer goes on without waiting for it; it gets every byte in order, in a few batches."""
+    s = started(policy="pause", max_events=max_events, pause_timeout_s=WAIT)
+    calls: list[int] = []
+
+    async def main() -> list[list[StreamEvent]]:
+        loop = asyncio.get_running_loop()
+        plain = loop.call_soon_threadsafe
+
+        def counted(callback, *args):
+            calls.append(1)
+            return plain(callback, *args)
+
+        loop.call_soon_threadsafe = counted
+        reader = s.reader()
+
+        def produce() -> None:
+            for i in range(deltas):
+                s.delta(bytes([48 + i % 10]))
+            s.complete("eos")
+
+        async def read() -> list[list[StreamEvent]]:
+            batches = []
+            while got := await reader.abatch():
+                batches.append(got)
+            return batches
+
+        task = asyncio.create_task(read())
+        await asyncio.sleep(0.02)  # the reader waits
+        producer = threading.Thread(target=produce, daemon=True)
+        producer.start()
+        batches = await task
+        producer.join(WAIT)
+        return batches
+
+    batches = asyncio.run(asyncio.wait_for(main(), WAIT))
+    events = [ev for batch in batches for ev in batch]
+    assert [ev.kind for ev in events] == ["start"] + ["delta"] * deltas + ["completed"]
+    assert b"".join(ev.data for ev in events if ev.kind == "delta") == bytes(48 + i % 10 for i in range(deltas))
+    assert s.paused_s == 0.0 or max_events < deltas  # a cap past the answer is never reached
+    assert len(calls) <= (1 if max_events > deltas else deltas // (max_events // 2) + 2)
+
+
 def test_threaded_producer_and_reader_see_every_byte_in_order():
     """§4.7 rule 2: with a producer thread and a reader thread, order is by seq and nothing is lost."""
     s = started(policy="pause", max_events=3, max_bytes=16)

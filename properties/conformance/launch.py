@@ -45,8 +45,10 @@ def _tail(path: Path, n: int = 1500) -> str:
 
 
 @contextlib.contextmanager
-def launched(command: str, ckpt: Checkpoint, log: Path, *, timeout_s: float = 600.0) -> Iterator[str]:
-    """Start the server for `ckpt`, yield its URL once /v1/models answers, stop it by PID after."""
+def launched(command: str, ckpt: Checkpoint, log: Path, *, timeout_s: float = 600.0,
+             on_start: Callable[[int], None] | None = None) -> Iterator[str]:
+    """Start the server for `ckpt`, yield its URL once /v1/models answers, stop it by PID after.
+    `on_start` gets the PID, which leads the server's own process group, once it answers."""
     port = free_port()
     cmd = command.format(model=ckpt.folder, gguf=ckpt.folder / "model.gguf", name=ckpt.group, port=port)
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -65,6 +67,8 @@ def launched(command: str, ckpt: Checkpoint, log: Path, *, timeout_s: float = 60
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no answer on {url}/v1/models within {timeout_s:.0f} s; log {log}: ...{_tail(log)}")
             time.sleep(0.5)
+        if on_start is not None:
+            on_start(proc.pid)
         yield url
     finally:
         if proc.poll() is None:
