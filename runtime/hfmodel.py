@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,34 @@ def _room(n_columns: int) -> int:
 
 
 @attrs.define(eq=False)
+class _Spare:
+    """Buffers the resident batch let go (moved when it grew, or gathered afresh), kept for its next
+    ones (D63). A new buffer of tens of MB is a page fault every 4 KB on first touch: about 250 k
+    faults a measurement of 128 requests at 64 rows, and beside another large process each fault
+    cost ten times as much (system time 2.6-5.4 s against 0.4-0.7). The largest `keep` are kept."""
+
+    keep: int = 4
+    free: list[torch.Tensor] = attrs.field(factory=list)  # flat, largest first
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, zeroed: bool) -> torch.Tensor:
+        """A tensor of `shape` on a kept buffer when one is large enough (the smallest such), else new."""
+        numel = math.prod(shape)
+        fits = [i for i, t in enumerate(self.free) if t.numel() >= numel and t.dtype == dtype and t.device == device]
+        if not fits:
+            return (torch.zeros if zeroed else torch.empty)(shape, dtype=dtype, device=device)
+        flat = self.free.pop(fits[-1])
+        out = flat[:numel].view(shape)
+        return out.zero_() if zeroed else out
+
+    def give(self, *tensors: torch.Tensor) -> None:
+        """Keep these buffers (nothing may use them after): the whole allocation each one is a view of."""
+        for t in tensors:
+            self.free.append((t._base if t._base is not None else t).view(-1))
+        self.free.sort(key=torch.Tensor.numel, reverse=True)
+        del self.free[self.keep:]
+
+
+@attrs.define(eq=False)
 class _Slots:
     """The resident batch cache (D50). Row b holds `rows[b]`'s keys and values as of its
     `writes[b]` (None: never written); every row's next token goes to column `column`; `valid[b]`
@@ -103,6 +132,7 @@ class _Slots:
     rows: list[KVCache | None]
     writes: list[int]
     column: int = 0
+    spare: _Spare | None = None  # where its buffers come from and go back to (D63)
     owed: list[list[int]] = attrs.field(init=False)
     writers: list[Callable[[KVCache, int], None]] = attrs.field(init=False)
 
@@ -136,24 +166,31 @@ class _Slots:
         self.writes[b] = cache.writes
 
     @classmethod
-    def gather(cls, caches: Sequence[KVCache]) -> _Slots:
+    def gather(cls, caches: Sequence[KVCache], spare: _Spare | None = None) -> _Slots:
         """The caches in rows 0.. (one copy of each), with spare rows for caches that join later."""
         c0, longest = caches[0], max(c.length for c in caches)
         n_rows = len(caches) + max(4, len(caches) // 2)
         shape = (c0.n_layers, n_rows, c0.n_kv_heads, _room(longest + 1), c0.head_dim)
-        slots = cls(*cls._alloc(shape, c0.dtype, c0.device), rows=[None] * n_rows, writes=[0] * n_rows)
+        slots = cls(*cls._alloc(shape, c0.dtype, c0.device, spare=spare), rows=[None] * n_rows,
+                    writes=[0] * n_rows, spare=spare)
         for b, c in enumerate(caches):
             slots._write(b, c)
         return slots
 
     @staticmethod
-    def _alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, zeroed: bool = True
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """K and V buffers [L, B, H_kv, S, d_h], zeroed unless the caller writes every element
-        itself (`reserve`), and a cleared mask [B, S]."""
-        make = torch.zeros if zeroed else torch.empty
-        return (make(shape, dtype=dtype, device=device), make(shape, dtype=dtype, device=device),
+    def _alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, zeroed: bool = True,
+               spare: _Spare | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """K and V buffers [L, B, H_kv, S, d_h] (kept ones from `spare` where they fit), zeroed
+        unless the caller writes every element itself (`reserve`), and a cleared mask [B, S]."""
+        take = spare.take if spare is not None else _Spare().take
+        return (take(shape, dtype, device, zeroed), take(shape, dtype, device, zeroed),
                 torch.zeros((shape[1], shape[3]), dtype=torch.bool, device=device))
+
+    def release(self) -> None:
+        """Its K/V buffers go to `spare`: the caches it owes are paid first, and it is used no more."""
+        self.settle()
+        if self.spare is not None:
+            self.spare.give(self.keys, self.values)
 
     def place(self, caches: Sequence[KVCache]) -> list[int] | None:
         """A row for each cache: its own while unchanged, else the lowest one no cache of this
@@ -201,7 +238,7 @@ class _Slots:
             return
         layers, rows, heads, _, dim = self.keys.shape
         keys, values, valid = self._alloc((layers, rows, heads, _room(n_columns), dim), self.keys.dtype,
-                                          self.keys.device, zeroed=False)
+                                          self.keys.device, zeroed=False, spare=self.spare)
         held = 1 + max((b for b, c in enumerate(self.rows) if c is not None), default=-1)
         cols = self.column
         for new, old in ((keys, self.keys), (values, self.values)):  # each element written once:
@@ -209,6 +246,8 @@ class _Slots:
             new[:, :held, :, cols:] = 0
             new[:, held:] = 0
         valid[:held, :cols] = self.valid[:held, :cols]
+        if self.spare is not None:
+            self.spare.give(self.keys, self.values)
         self.keys, self.values, self.valid = keys, values, valid
 
 
@@ -226,6 +265,7 @@ class HFModel(PrefillOne):
         self._new_cache = DynamicCache
         self._layer = _column_layer(DynamicLayer)
         self._slots: _Slots | None = None
+        self._spare = _Spare()  # buffers the resident batch let go, for its next ones (D63)
         cfg = self.model.config
         self.name = folder.name
         self.vocab_size: int = cfg.vocab_size
@@ -304,8 +344,8 @@ class HFModel(PrefillOne):
         order = slots.place(caches) if slots is not None else None
         if order is None or (len(caches) == 1 and (order != [0] or slots.column != caches[0].length)):
             if slots is not None:
-                slots.settle()  # every cache it owes is paid before it goes
-            return _Slots.gather(caches), list(range(len(caches)))
+                slots.release()  # every cache it owes is paid before its buffers are kept for reuse
+            return _Slots.gather(caches, self._spare), list(range(len(caches)))
         return slots, order
 
     def decode_one(self, caches: Sequence[KVCache], tokens: Sequence[int]) -> torch.Tensor:

@@ -378,10 +378,10 @@ def test_hf_model_keeps_its_batch_cache_resident_across_joins_leaves_and_rollbac
     gather, write = hfmodel._Slots.gather.__func__, hfmodel._Slots._write
     ours = {id(c): i for i, c in enumerate(caches)}
 
-    def counted_gather(cls, cs):
+    def counted_gather(cls, cs, spare=None):
         if id(cs[0]) in ours:
             gathers.append(len(cs))
-        return gather(cls, cs)
+        return gather(cls, cs, spare)
 
     def counted_write(self, b, c):
         if id(c) in ours:
@@ -390,8 +390,8 @@ def test_hf_model_keeps_its_batch_cache_resident_across_joins_leaves_and_rollbac
 
     alloc = hfmodel._Slots._alloc
 
-    def poisoned(shape, dtype, device, zeroed=True):
-        keys, values, valid = alloc(shape, dtype, device, zeroed)
+    def poisoned(shape, dtype, device, zeroed=True, spare=None):
+        keys, values, valid = alloc(shape, dtype, device, zeroed, spare)
         return keys.fill_(7.0), values.fill_(7.0), valid
 
     monkeypatch.setattr(hfmodel._Slots, "_alloc", staticmethod(poisoned))
@@ -418,6 +418,36 @@ def test_hf_model_keeps_its_batch_cache_resident_across_joins_leaves_and_rollbac
         assert c.length == s.length, b
         assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(c.keys_values(), s.keys_values())), b
         assert c.owed == 0
+
+
+def test_the_resident_batch_reuses_the_buffers_it_let_go_and_zeroes_them(hf_folder) -> None:
+    """D63: the buffers a resident batch lets go (moved when it grew, or gathered afresh) are kept
+    and the next ones are made on them (no fresh pages to fault in), zeroed where fresh ones would
+    be; a batch on reused buffers decodes as one on new ones, and what a cache owed is paid first."""
+    from decodespec.runtime.hfmodel import _Spare
+
+    spare = _Spare(keep=2)
+    big, small = torch.ones(4, 8), torch.ones(2, 3)
+    spare.give(big, small, torch.ones(1))
+    assert [t.numel() for t in spare.free] == [32, 6]  # the largest two
+    got = spare.take((3, 2), torch.float32, torch.device("cpu"), zeroed=True)
+    assert got.data_ptr() == small.data_ptr() and got.eq(0).all() and big.eq(1).all()  # smallest that fits
+    assert spare.take((5, 5), torch.float32, torch.device("cpu"), zeroed=False).data_ptr() == big.data_ptr()
+    assert spare.take((3,), torch.float32, torch.device("cpu"), zeroed=True).data_ptr() not in (big.data_ptr(),
+                                                                                               small.data_ptr())
+    model, alone = HFModel(hf_folder[0]), HFModel(hf_folder[0])
+    first = [list(range(1, 31)), [4, 5], [6, 7, 8, 9]]  # a long row: the next small batch is gathered afresh
+    _, caches = model.prefill_batch(first)
+    for step in range(3):
+        model.decode_one(caches, [10 + step] * 3)
+    before = {model._slots.keys.data_ptr(), model._slots.values.data_ptr()}
+    _, fresh = model.prefill_batch([[11, 12], [13]])  # a new batch: the old one's rows are let go
+    solo = [alone.prefill(p)[1] for p in ([11, 12], [13])]
+    out = model.decode_one(fresh, [20, 21])
+    assert {model._slots.keys._base.data_ptr(), model._slots.values._base.data_ptr()} == before
+    for row, (c, t) in enumerate(zip(solo, [20, 21])):
+        assert torch.allclose(out[row], alone.decode_one([c], [t])[0], atol=1e-5)
+    assert all(c.owed == 0 and c.length == len(p) + 3 for c, p in zip(caches, first))  # paid when let go
 
 
 def test_a_cache_that_owes_is_paid_before_it_is_read_or_changed_and_never_once_freed() -> None:
