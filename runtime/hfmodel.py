@@ -265,7 +265,9 @@ class HFModel(PrefillOne):
         self._new_cache = DynamicCache
         self._layer = _column_layer(DynamicLayer)
         self._slots: _Slots | None = None
-        self._spare = _Spare()  # buffers the resident batch let go, for its next ones (D63)
+        # buffers the resident batch let go, for its next ones (D63); on CUDA the caching allocator
+        # already reuses freed memory without faults, and a kept buffer would only hold memory
+        self._spare = _Spare(keep=4 if self.device.type == "cpu" else 0)
         cfg = self.model.config
         self.name = folder.name
         self.vocab_size: int = cfg.vocab_size
