@@ -38,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -129,7 +130,7 @@ def measure(url: str, model: str, prompt: list[int], c: int, n: int) -> dict[str
 
 
 @contextlib.contextmanager
-def only(measured: str, groups: dict[str, int]) -> Any:
+def only(measured: str, groups: dict[str, int]) -> Iterator[None]:
     """Every server but `measured` stopped (its process group, SIGSTOP) for the block, then continued."""
     others = [pgid for engine, pgid in groups.items() if engine != measured]
     for pgid in others:

@@ -77,8 +77,8 @@ from typing import Any
 import attrs
 import torch
 
-from .errors import ModelError
 from .affinity import pin_team
+from .errors import ModelError
 from .events import EventKind
 from .faults import FaultPlan
 from .request import Request
