@@ -270,17 +270,25 @@ class OrderedStream:
         """`delta(data)` for a producer that is its own reader (generate() reads inline): the
         delta is sent and taken at once, and every earlier unread event is taken with it.
 
-        When nothing is unread, the delta fits (`_inline_max`) and the table's `delta` row only
-        queues it (`_DELTA_FAST`), this is one critical section: the delta is queued as `delta()`
-        queues it (one unread event at that moment), then counted as read. Otherwise it is
-        `delta()` followed by reads.
+        When nothing is unread, the delta fits (`_inline_max`), the table's `delta` row only
+        queues it (`_DELTA_FAST`) and no other reader waits, this is one critical section: the
+        delta is queued as `_queue` queues it, the one unread event at that moment (nothing was
+        unread: with the cursor at the end of the log both unread counts are 0), and the cursor
+        passes it, so the counts stay 0. Otherwise it is `delta()` followed by reads.
         """
         if type(data) is bytes and 0 < len(data) <= self._inline_max:
             with self._lock:
-                if _OPEN_FAST and self._cursor == len(self._log) and self._st.state is _OPEN:
-                    seq = self._queue(data)
-                    self._cursor = len(self._log)
-                    self._unread_events = self._unread_bytes = 0
+                log = self._log
+                cursor = self._cursor
+                if (_OPEN_FAST and cursor == len(log) and self._st.state is _OPEN
+                        and not (self._sleepers or self._async_waiters or self._bulk_waiters)):
+                    seq = self._next_seq
+                    self._next_seq = seq + 1
+                    log.append((seq, data))
+                    self._cursor = cursor + 1
+                    trace = self._trace
+                    if trace is not None:
+                        trace.put((_RESPONSE_DELTA, trace.clock(), seq, data, 1, len(data)))
                     return seq
         seq = self.delta(data)
         while self.get(timeout=0) is not None:
