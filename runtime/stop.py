@@ -122,11 +122,6 @@ class _ByteAutomaton:
     (negative) of the winning stop: the longest stop that is a suffix of the node's string, the
     first configured among equal ones. ``prefixes[n]`` is node n's string, the bytes held back
     while the automaton is at n; ``lengths[i]`` the length of stop i.
-
-    ``from_root`` remembers where a push that starts at the root (nothing held) ends, by its
-    bytes: the same few thousand token strings are pushed there again and again, so most pushes
-    take one lookup instead of a step per byte (issue 26 item 4). At most FROM_ROOT_MAX entries;
-    shared by every matcher of these stops (a dict store is atomic under the GIL).
     """
 
     delta: tuple[int, ...]
@@ -134,22 +129,6 @@ class _ByteAutomaton:
     stride: int
     prefixes: tuple[bytes, ...]
     lengths: tuple[int, ...]
-    from_root: dict[bytes, int] = attrs.field(factory=dict, eq=False, repr=False)
-
-    def run_from_root(self, data: bytes) -> int:
-        """The state after `data` from the root (``~index`` at the first stop that ends in it),
-        remembered in ``from_root`` while it has room."""
-        delta, s = self.delta, 0
-        for c in data.translate(self.classes):
-            s = delta[s + c]
-            if s < 0:
-                break
-        if len(self.from_root) < FROM_ROOT_MAX:
-            self.from_root[data] = s
-        return s
-
-
-FROM_ROOT_MAX = 1 << 16  # remembered root pushes per automaton (a vocabulary's strings fit)
 
 
 @functools.lru_cache(maxsize=32)
@@ -339,7 +318,7 @@ class StopMatcher(_TableControl):
     """
 
     __slots__ = (
-        "_stops", "_auto", "_delta", "_classes", "_stride", "_prefixes", "_from_root", "_s", "held", "_pos",
+        "_stops", "_auto", "_delta", "_classes", "_stride", "_prefixes", "_s", "held", "_pos",
     )
 
     def __init__(
@@ -361,7 +340,7 @@ class StopMatcher(_TableControl):
         self._stops = tuple(stops)
         self._auto = auto = _byte_automaton(encoded)
         self._delta, self._classes, self._stride = auto.delta, auto.classes, auto.stride
-        self._prefixes, self._from_root = auto.prefixes, auto.from_root
+        self._prefixes = auto.prefixes
         self._s = 0  # automaton state (pre-multiplied node index)
         self.held = b""  # bytes pushed but not (yet) returned; read it, only the matcher writes it
         self._pos = 0  # bytes pushed so far
@@ -376,23 +355,13 @@ class StopMatcher(_TableControl):
             if not isinstance(data, (bytearray, memoryview)):
                 raise TypeError(f"push() takes bytes, got {type(data).__name__}: {data!r}")
             data = bytes(data)
+        delta = self._delta
         s = self._s
-        if s:
-            delta = self._delta
-            symbols = data.translate(self._classes)
-            for c in symbols:
-                s = delta[s + c]
-                if s < 0:
-                    return self._on_hit(data, symbols, ~s)
-        else:  # nothing held: where these bytes lead from the root is usually known already
-            s = self._from_root.get(data)
-            if s is None:
-                s = self._auto.run_from_root(data)
-            if not s and self._st.state in _CLEAR_FAST:  # still nothing held: all of it is safe
-                self._pos += len(data)
-                return data, None
+        symbols = data.translate(self._classes)
+        for c in symbols:
+            s = delta[s + c]
             if s < 0:
-                return self._on_hit(data, data.translate(self._classes), ~s)
+                return self._on_hit(data, symbols, ~s)
         held = self._prefixes[s // self._stride]
         old = self.held
         n = len(data) - len(held)  # the held suffix may reach back into the old held bytes

@@ -299,35 +299,6 @@ def test_matches_brute_force_oracle_over_random_chunkings(stops, text, cuts):
     check_against_oracle(stops, text, cuts)
 
 
-@settings(deadline=None, max_examples=150)
-@given(stops=small_stops.filter(bool), text=small_text, cuts=cuts)
-def test_a_push_from_the_root_ends_where_a_step_per_byte_ends_remembered_or_not(stops, text, cuts):
-    """§4.6 (issue 26): where a push that starts with nothing held ends is remembered per stop set
-    by its bytes; a matcher answered from that memory gives exactly the verdicts, safe bytes and
-    hold-back of the byte-by-byte walk, and the memory never grows past its bound."""
-    auto = StopMatcher(stops)._auto
-    auto.from_root.clear()
-    walked = run_chunks(StopMatcher(stops), chunked(text, cuts))  # learns as it goes
-    remembered = run_chunks(StopMatcher(stops), chunked(text, cuts))
-    assert remembered == walked
-    assert all(auto.from_root[data] == _walk(auto, data) for data in auto.from_root)
-    auto.from_root.clear()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("decodespec.runtime.stop.FROM_ROOT_MAX", 0)
-        assert run_chunks(StopMatcher(stops), chunked(text, cuts)) == walked
-    assert not auto.from_root
-
-
-def _walk(auto, data: bytes) -> int:
-    """The automaton's state after `data` from the root, one step per byte (the memory's oracle)."""
-    s = 0
-    for c in data.translate(auto.classes):
-        s = auto.delta[s + c]
-        if s < 0:
-            break
-    return s
-
-
 UTF8_CHARS = "aé€😀你"
 utf8_text = st.text(alphabet=UTF8_CHARS, max_size=12).map(str.encode)
 
