@@ -272,9 +272,9 @@ class OrderedStream:
 
         When nothing is unread, the delta fits (`_inline_max`), the table's `delta` row only
         queues it (`_DELTA_FAST`) and no other reader waits, this is one critical section: the
-        delta is queued as `_queue` queues it, the one unread event at that moment (nothing was
-        unread: with the cursor at the end of the log both unread counts are 0), and the cursor
-        passes it, so the counts stay 0. Otherwise it is `delta()` followed by reads.
+        delta is logged and traced as `_queue` does (`_log_delta`), the one unread event at that
+        moment (with the cursor at the end of the log nothing else is unread), and the cursor
+        passes it, so the unread counts stay 0. Otherwise it is `delta()` followed by reads.
         """
         if type(data) is bytes and 0 < len(data) <= self._inline_max:
             lock = self._lock
@@ -284,13 +284,8 @@ class OrderedStream:
                 cursor = self._cursor
                 if (_OPEN_FAST and cursor == len(log) and self._st.state is _OPEN
                         and not (self._sleepers or self._async_waiters or self._bulk_waiters)):
-                    seq = self._next_seq
-                    self._next_seq = seq + 1
-                    log.append((seq, data))
+                    seq = self._log_delta(data, 1, len(data))  # nothing else is unread
                     self._cursor = cursor + 1
-                    trace = self._trace
-                    if trace is not None:
-                        trace.put((_RESPONSE_DELTA, trace.clock(), seq, data, 1, len(data)))
                     return seq
             finally:
                 lock.release()
@@ -551,16 +546,22 @@ class OrderedStream:
 
     def _queue(self, data: bytes) -> int:
         """queue_delta: the delta is logged with the next seq and counts as unread (lock held)."""
-        seq = self._next_seq
-        self._next_seq = seq + 1
         events = self._unread_events = self._unread_events + 1
         nbytes = self._unread_bytes = self._unread_bytes + len(data)
-        self._log.append((seq, data))  # _append's work, inline on the per-token path
-        if self._trace is not None:
-            trace = self._trace
-            trace.put((_RESPONSE_DELTA, trace.clock(), seq, data, events, nbytes))
+        seq = self._log_delta(data, events, nbytes)
         if self._sleepers or self._async_waiters or (self._bulk_waiters and self._half_full()):
             self._wake()
+        return seq
+
+    def _log_delta(self, data: bytes, events: int, nbytes: int) -> int:
+        """Log the delta with the next seq and trace it with the unread counts it leaves (lock
+        held): `_append`'s work, inline on the per-token paths. Returns the seq."""
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        self._log.append((seq, data))
+        trace = self._trace
+        if trace is not None:
+            trace.put((_RESPONSE_DELTA, trace.clock(), seq, data, events, nbytes))
         return seq
 
     def _terminate(self, state: str, reason: FinishReason, usage: Any, error: str | None) -> int:
