@@ -113,12 +113,9 @@ def stop_strings(text: str, rng: random.Random, n: int = N_STOPS) -> list[str]:
     return stops
 
 
-def run_ours(tok: HFTokenizer, prompt: list[int], ids: list[int], stops: list[str],
-             clock: Callable[[], float] = time.process_time) -> tuple[float, bytes, float, float]:
-    """µs per token of the RequestRun per-token path, the output it streamed, µs per token of
-    the end of the request (drain, terminal event, the Result), and µs per token of reading the
-    Result's trace (its Events are built from the raw entries then, not on the per-token path)."""
-    n = len(ids)
+def prefilled(tok: HFTokenizer, prompt: list[int], n: int, stops: list[str]) -> tuple[RequestRun, _Cache, torch.Tensor]:
+    """A RequestRun of the stub model past its prefill, reading its own stream as generate()
+    does, with room for `n` tokens: the run, its counting cache and the logits it is handed."""
     run = RequestRun(Request(prompt, stop=stops, max_output_tokens=n + 1), model=_StubModel(tok.vocab_size),
                      tokenizer=tok)
     run.inline_reader = True  # generate()'s own reading of the stream
@@ -128,14 +125,30 @@ def run_ours(tok: HFTokenizer, prompt: list[int], ids: list[int], stops: list[st
     run.check_point()
     run.begin_prefill()
     run.end_prefill(logits, cache)
+    return run, cache, logits
+
+
+def drive(run: RequestRun, ids: list[int], cache: _Cache, logits: torch.Tensor) -> None:
+    """The per-token path of `ours`: each id through the phases generate() runs per token, the
+    id handed to `select` as the Engine hands over its batch argmax."""
     check_point, select, begin_decode, end_decode = run.check_point, run.select, run.begin_decode, run.end_decode
-    t0 = clock()
     for token in ids:
         check_point()
         select(token)
         begin_decode()
         cache.length += 1
         end_decode(logits)
+
+
+def run_ours(tok: HFTokenizer, prompt: list[int], ids: list[int], stops: list[str],
+             clock: Callable[[], float] = time.process_time) -> tuple[float, bytes, float, float]:
+    """µs per token of the RequestRun per-token path, the output it streamed, µs per token of
+    the end of the request (drain, terminal event, the Result), and µs per token of reading the
+    Result's trace (its Events are built from the raw entries then, not on the per-token path)."""
+    n = len(ids)
+    run, cache, logits = prefilled(tok, prompt, n, stops)
+    t0 = clock()
+    drive(run, ids, cache, logits)
     elapsed = clock() - t0
     run.fire("length")  # the script is done; end the request as the length limit would
     t1 = clock()

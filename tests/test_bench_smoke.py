@@ -47,6 +47,31 @@ def test_framework_bench_streams_exactly_the_batch_decode():
     assert set(figures["us_per_token"]) >= {"floor", "ours"}
 
 
+def test_the_instruction_counter_drives_every_request_through_the_whole_token_path(tmp_path):
+    """Issue 26: count_framework's child (what valgrind counts) takes each request through the
+    token path to its last id, and says how many ids a request has (the per-token divisor)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(FOLDER / "count_framework.py"), "--child", "2", "--tokens", "60"],
+                          capture_output=True, text=True, check=True)
+    assert 50 <= int(done.stdout.split()[-1]) <= 60
+    # what the child runs per request: every id selected and decoded, its bytes streamed
+    import random
+
+    from decodespec.properties import fixtures
+    from decodespec.runtime.tokenizers import HFTokenizer
+
+    bf = load_file(FOLDER / "bench_framework.py")
+    tok = HFTokenizer(fixtures.byte_level_bpe(tmp_path))
+    ids = bf.output_ids(tok, 60)
+    stops = bf.stop_strings(tok.decode_bytes(ids).decode(), random.Random(4_6))
+    run, cache, logits = bf.prefilled(tok, tok.encode(bf.PROMPT), len(ids), stops)
+    bf.drive(run, ids, cache, logits)
+    assert run.tokens == ids and run.decoded == len(ids) and run.state == "DECODING"
+    assert bytes(run.output) + run.stopper.held + run.detok.pending == tok.decode_bytes(ids)
+
+
 def test_gpu_check_small_runs_on_cpu_with_no_problems():
     """§4.9/§4.11 B and §4.4: --small on CPU; cancels in flight end CANCELLED (or lose the race to
     FINISHED) with conforming traces, and a token's KV bytes equal 2·L·H_kv·d_h·sizeof."""
