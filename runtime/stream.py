@@ -780,7 +780,7 @@ class StreamReader:
         st = self.stream
 
         def ready() -> tuple[list[StreamEvent] | None, bool]:
-            if not (st._st.terminal or st._half_full() or st._st.state is not _OPEN):
+            if st._st.state is _OPEN and not st._half_full():  # ended, paused or past OPEN: read now
                 return None, False
             got: list[StreamEvent] = []
             while True:

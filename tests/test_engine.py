@@ -5,7 +5,6 @@ their own request (§4.10)."""
 from __future__ import annotations
 
 import os
-
 import threading
 import time
 
