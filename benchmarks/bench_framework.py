@@ -16,7 +16,8 @@ round:
   consumer thread draining it, as generate() with `stop_strings` and that streamer would.
 
 The stop strings never occur in the output but their beginnings often do, so the matcher holds
-bytes back on many tokens. Targets: ours < 5 µs per token; transformers / ours >= 50.
+bytes back on many tokens. Targets: ours < 5 µs per token; transformers / ours >= 50 (issue 8) and
+>= 100 (issue 26 item 4, not met yet: see the README's benchmark section).
 
 With `--baseline CHECKOUT` the same figures of another checkout (its .venv and its own
 benchmarks/bench_framework.py, one round a call in a subprocess) are taken in every round beside
@@ -321,6 +322,7 @@ def _run(tick: Callable[[], float], rounds: int, n_tokens: int, clock: str, layo
         figures["targets"] = {
             "ours_under_5us": us["ours"]["median"] < 5.0,
             "transformers_at_least_50x": figures.get("transformers_over_ours", 0.0) >= 50,
+            "transformers_at_least_100x": figures.get("transformers_over_ours", 0.0) >= 100,
         }
         return figures
 
@@ -345,7 +347,7 @@ def main() -> None:
           f"{read['median']:.3f} µs/token, spread {read['spread_pct']:.0f}%)")
     print(f"  ours / floor          = {r['ours_over_floor']:.1f}")
     if "transformers_over_ours" in r:
-        print(f"  transformers / ours   = {r['transformers_over_ours']:.0f}  (target >= 50)")
+        print(f"  transformers / ours   = {r['transformers_over_ours']:.0f}  (targets >= 50, issue 8; >= 100, issue 26)")
     if "baseline" in r:
         b = r["baseline"]
         print(f"  baseline {b['checkout']}, in its own process each round: ours "
