@@ -484,18 +484,32 @@ def _forbidden_after(rt: RequestTrace, is_mark, what: str, kinds: tuple[str, ...
 
 @monitor("stop_prefix_held")
 def _stop_prefix_held(rt: RequestTrace):
-    stops = [s.encode("utf-8") for s in rt.created.get("stop", ()) if len(s.encode("utf-8")) > 1]
+    every = [s.encode("utf-8") for s in rt.created.get("stop", ()) if s]
+    stops = [s for s in every if len(s) > 1]
     if not stops or rt.created.get("include_stop_str_in_output"):  # a kept stop is output either way (D33)
         return
+    id_stops = [tuple(s) for s in rt.created.get("stop_token_ids", ()) if s]
     longest = max(len(s) for s in stops)
     seen = sent = b""
+    ids: list[int] = []
+    complete = False  # some stop, string or token ids, is complete in what was selected
     for e in rt.events:
-        if e.kind == K.TOKEN_SELECTED and not e.data.get("eos"):
-            seen += rt.tokenizer.token_bytes(e.data["token"])
+        if e.kind == K.TOKEN_SELECTED:
+            ids.append(e.data["token"])
+            start = len(seen)
+            if not e.data.get("eos"):
+                seen += rt.tokenizer.token_bytes(e.data["token"])
+            complete = complete or any(s in seen[max(0, start - len(s) + 1):] for s in every) or any(
+                tuple(ids[-len(q):]) == q for q in id_stops)
         elif e.kind == K.RESPONSE_DELTA:
             sent += bytes(e.data.get("bytes", b""))
             if _left_decoding(rt, 0, e.index):
                 return  # the flush at the end: nothing follows, every held byte goes out
+            if complete:
+                # The output ends at the first stop to end (a token-id stop at its cut, D3); a match
+                # still open would end after it and can never win, so every byte before the cut is
+                # final and may go out with this token.
+                return
             # a tail shorter than the longest stop can be a proper prefix of one; the echoed prompt is
             # no stop's (D3: output only)
             for j in range(max(0, len(seen) - longest + 1), len(sent) - rt.echo):

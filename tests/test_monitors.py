@@ -265,12 +265,25 @@ def test_contract_traces_conform(rows):
         ([101, 102, 103], dict(stop=["BCD"])),
         ([101, 103, 2], {}),
         ([101, 103, 103, 103], dict(max_output_tokens=2)),
+        # "B" may begin "BCDX" until "C" (or the token-id stop [102]) completes with token 102: the
+        # output ends there, the open match can never win, and "B" goes out with that token (§4.6, D3)
+        ([101, 102, 103], dict(stop=["C", "BCDX"])),
+        ([101, 102, 103], dict(stop=["BCDX"], stop_token_ids=[[102]])),
     ],
 )
 def test_reference_runs_conform(tokens, kwargs):
     """Real runs of generate() (§4.3) pass every monitor, the tokenizer one included (§4.5)."""
     r = generate(Request([5, 6], **kwargs), model=ScriptedModel(tokens, vocab_size=200), tokenizer=TOK)
     assert check_trace(r.events, tokenizer=TOK) == []
+
+
+def test_a_prefix_sent_before_a_stop_completes_is_caught_though_one_completes_later():
+    """§4.6: a stop completed later rules the open match out only from then on; "B", which may begin
+    "BCDX", sent with token 101, before "C" completes with 102, is a violation at that delta."""
+    early = edit(edit(stop_run(), "request.created", stop=["C", "BCDX"]), "response.delta", bytes=b"AB")
+    rows = build(early)
+    found = [v for v in check_trace(rows, tokenizer=TOK) if v.invariant == "stop_prefix_held"]
+    assert [v.index for v in found] == [where(early, "response.delta")]
 
 
 def test_violation_names_index_and_end_of_trace():

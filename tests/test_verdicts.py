@@ -102,6 +102,16 @@ def test_holding_more_than_the_reference_passes_and_sending_a_stop_prefix_early_
     assert judge_observed(exp, late)[0] == []
 
 
+def test_a_stop_prefix_sent_early_is_named_by_the_bytes_the_reference_held():
+    """§4.6: the finding names the bytes the engine sent where the reference still held back, even
+    when the reference's output ends before them (they began the stop that won): 'o', not b''."""
+    _, exp = _expected("stop/cross-token/002")
+    early = Observed(text=b"hello", finish_reason="stop", completion_tokens=2, chunks=(b"hello", b""),
+                     stream_finish_reasons=("stop",))
+    found = [f for f in judge_observed(exp, early)[0] if f.symptom == "stop_prefix_sent"]
+    assert len(found) == 1 and "still held b'o' there" in found[0].message, found
+
+
 def test_a_result_with_nothing_observed_passes_nothing():
     """A case none of whose checks could be observed is n/a with the reason, never PASS."""
     from decodespec.properties.conformance.adapters.base import Outcome

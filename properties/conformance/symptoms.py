@@ -385,11 +385,12 @@ def compare_split(exp: Expected, chunks: Sequence[bytes]) -> tuple[list[Finding]
         return out, []
     if len(chunks) != len(exp.released):
         return out, [f"hold-back (the {len(chunks)} chunks do not map one to one onto the {len(exp.released)} tokens)"]
-    sent = 0
+    streamed = b""
     for c, (chunk, safe) in enumerate(zip(chunks, exp.released)):
-        sent += len(chunk)
+        streamed += chunk
+        sent = len(streamed)
         if sent > safe and c < len(chunks) - 1:
-            held = (exp.output or b"")[safe:sent]
+            held = streamed[safe:]  # the engine's bytes where the reference held back (its output may end before them)
             out.append(finding("stop_prefix_sent", f"with token {c + 1} the stream had sent {sent} bytes; the reference "
                                                    f"still held {held!r} there, which could begin a stop of "
                                                    f"{[s.decode('utf-8', 'replace') for s in exp.stops]}"))
