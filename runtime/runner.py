@@ -648,8 +648,9 @@ class RequestRun:
 
     def usage(self) -> Usage:
         """DECISIONS D7: a token is returned when one of its bytes reached the client (the echoed
-        prompt is no token's: D33)."""
-        returned = len(self.output) - self.echo_len
+        prompt is no token's: D33). An echo the request ended before sending (a cancel before the
+        prefill, a failed first send) returned nothing, and no byte after it."""
+        returned = max(0, len(self.output) - self.echo_len)
         start, count = 0, 0
         for end in self._byte_marks:
             if end > start and start < returned:
