@@ -584,6 +584,10 @@ class RequestRun:
         self.fire("safe_point")
 
     def _drain(self) -> None:
+        if self._echo is not None:  # ended before its prefill (a deadline in the queue): the output
+            echo, self._echo = self._echo, None  # still opens with the prompt's bytes (D33)
+            if not self._send(echo):
+                return
         if self.reason in _DISCARD_TAIL or self.stop_hit is not None:  # the output ended at a cut
             self.detok.discard_pending_after_stop()
             if self.stopper.hit is not None:

@@ -66,3 +66,21 @@ def test_echo_is_sent_once_when_the_engine_recomputes_a_preempted_prefill():
     run = engine.submit(Request([1], echo=True, max_output_tokens=6))
     engine.run_until_idle()
     assert run.result().output == b"> ABCDEABCDE"
+
+
+@pytest.mark.parametrize("fault", ["deadline", "transport_error"])
+def test_a_request_that_ends_before_its_prefill_still_echoes_or_returns_nothing(fault):
+    """D33: a deadline observed in the queue completes the request, and the completed output still
+    opens with the echo (no prefill ran, the prompt's bytes need none); an echo whose send fails
+    returned nothing: usage counts 0 bytes, never less (§4.10, D7)."""
+    from decodespec.runtime import Fault, FaultPlan
+
+    plan = [Fault("response.delta", 0, "transport_error")] if fault == "transport_error" else []
+    res = generate(Request([1], echo=True, deadline_s=0.0 if fault == "deadline" else None, max_output_tokens=2),
+                   model=ScriptedModel([2, 4], vocab_size=14), tokenizer=TOK, faults=FaultPlan(plan))
+    assert check_trace(res.trace, tokenizer=TOK) == []
+    if fault == "deadline":
+        assert (res.output, res.finish_reason, res.usage.selected_tokens) == (b"> ", FinishReason.DEADLINE_EXCEEDED, 0)
+    else:
+        assert (res.output, res.finish_reason) == (b"", FinishReason.TRANSPORT_ERROR)
+    assert res.usage.returned_bytes == 0 and res.usage.returned_tokens == 0
