@@ -1,5 +1,6 @@
 """Soak: hundreds of concurrent requests with random cancels, deadlines, disconnects, slow readers,
-overflowing buffers, preemption and injected model faults, on the Engine in process and over HTTP.
+overflowing buffers, preemption and injected model faults, on the Engine in process and over HTTP;
+in process the requests also echo, keep their stops, stop on token ids, guard EOS and ask for logprobs.
 Every trace must satisfy every invariant (check_trace), every request must end in exactly one
 terminal state with nothing after it, every resource released once (§4.10), and every gauge must be
 back at zero (§4.8)."""
@@ -38,7 +39,21 @@ def _random_request(rng: random.Random, i: int) -> tuple[Request, FaultPlan, str
     kw: dict = dict(prompt="soak %d %s" % (i, "z" * rng.randrange(30)), max_output_tokens=rng.randint(1, 40),
                     temperature=rng.choice([0.0, 0.8]), seed=i, request_id=f"soak-{i}")
     if rng.random() < 0.2:
-        kw["stop"] = [rng.choice(["a", "e ", "xy", "Q", "~~"])]
+        kw["stop"] = [rng.choice(["a", "e ", "xy", "Q", "~~", "ab", "  "]) for _ in range(rng.randint(1, 3))]
+        kw["include_stop_str_in_output"] = rng.random() < 0.3  # D33
+    # what the output holds and what ends it (D31, D33, D4, D59): each in some requests, together in a few
+    if rng.random() < 0.2:
+        kw["echo"] = True
+    if rng.random() < 0.2:
+        kw["stop_token_ids"] = [[rng.randrange(96)] for _ in range(rng.randint(1, 2))]
+    if rng.random() < 0.2:
+        kw["min_tokens"] = min(kw["max_output_tokens"], rng.randint(0, 5))
+    if rng.random() < 0.1:
+        kw["ignore_eos"] = True
+    if rng.random() < 0.1:
+        kw["logprobs"] = rng.choice([0, 2])
+    if rng.random() < 0.05:
+        kw["finish_tokens"] = {"tool_call": [rng.randrange(96)]}
     if rng.random() < 0.15:
         kw["deadline_s"] = rng.uniform(0.0, 0.05)
     policy = rng.choice(["pause", "pause", "pause", "buffer", "fail"])
