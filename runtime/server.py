@@ -539,8 +539,8 @@ async def _follow_choices(runs: list[RequestRun], renderers: list[_Renderer], pa
     finally:
         for t in tasks:
             t.cancel()
-        for run, reader in zip(runs, readers):
-            if not run.stream.closed and reader.primary:
+        for i, (run, reader) in enumerate(zip(runs, readers)):  # each reader leaves, as in _follow
+            if reader.close() and i not in ends and not run.stream.closed:
                 on_gone(run)
 
 

@@ -304,6 +304,34 @@ def test_a_stream_of_n_choices_ends_each_on_its_own_and_sends_done_once(servers)
     assert usage[0]["usage"]["completion_tokens"] == sum(u["selected_tokens"] for u in usage[0]["usage"]["decodespec"]["choices"])
 
 
+def test_a_client_leaving_a_stream_of_n_choices_closes_every_choice_reader(servers):
+    """§4.7, D5: the client reads a few lines of a stream of two choices and leaves; each choice's
+    reader is closed (its stream.delivered says so), each choice still ends once, and every trace
+    passes the monitors (reader_delivery_complete blamed the readers left open before)."""
+    import time
+
+    from decodespec.properties import check_trace
+
+    body = {**BASE[False], "n": 2, "temperature": 1.0, "seed": 11, "max_tokens": 40, "stream": True}
+    with httpx.stream("POST", f"{servers['base']}/v1/completions", json=body, timeout=60) as r:
+        rid = r.headers["x-request-id"]
+        for n, _ in enumerate(r.iter_lines()):
+            if n == 2:
+                break
+    engine = servers["engine"]
+    runs = [engine.get(f"{rid}.{i}") for i in range(2)]
+
+    def closed(run):
+        return any(e.kind == "stream.delivered" and e.data.get("closed") for e in run.trace.events)
+
+    deadline = time.monotonic() + 30
+    while not all(run.done and closed(run) for run in runs) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert all(run.done and closed(run) for run in runs), [(run.state, closed(run)) for run in runs]
+    for run in runs:
+        assert check_trace(run.trace.events, tokenizer=ascii_tokenizer()) == []
+
+
 def test_best_of_returns_the_candidates_with_the_highest_log_probability(servers):
     """D34: best_of candidates, each scored by the sum of its tokens' log-probabilities; the n best
     in order, not streamed; every candidate's tokens counted."""
