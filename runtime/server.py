@@ -391,6 +391,10 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
                 return _error(ApiError(400, f"Last-Event-ID must be a seq (digits only), got {last[:40]!r}",
                                        param="Last-Event-ID", code="invalid_value"))
             after = int(last)
+        refusal = run.stream.resume_refusal(after)
+        if refusal is not None:  # an id this server never sent cannot be the client's last (D5)
+            return _error(ApiError(400, f"Last-Event-ID {after} for request {rid}: {refusal}", param="Last-Event-ID",
+                                   code="invalid_value"))
         if run.stream.open_readers >= max_readers:
             return JSONResponse(ApiError(429, f"request {rid} already has {max_readers} readers (the most one request "
                                               "may have); close one first", code="too_many_readers",

@@ -411,19 +411,23 @@ class OrderedStream:
         keeps its own view but no longer holds the producer back. Resuming a finished stream at or
         past its end still yields the terminal event, so the client always sees how it ended. A
         reader that leaves calls `close()`: the primary role goes back to the newest reader still
-        open (DECISIONS D5)."""
+        open (DECISIONS D5). Resuming an open stream after a seq it has not sent raises ValueError
+        (`resume_refusal`) and changes nothing."""
         if after_seq is not None and (isinstance(after_seq, bool) or not isinstance(after_seq, int)):
             raise TypeError(f"after_seq must be an int or None, got {type(after_seq).__name__}")
         with self._cond:
-            number = self._readers
-            self._readers = number + 1
             if not resume:
-                r = StreamReader(self, self._cursor, number, after_seq, resume)
+                start = self._cursor
             else:
+                refusal = self._past_end(after_seq)
+                if refusal is not None:  # before anything changes: a refused resume leaves no trace
+                    raise ValueError(refusal)
                 start = self._resume(after_seq)
                 if start == len(self._log) and self._st.terminal and self._log:
                     start = len(self._log) - 1  # the terminal event again: the client sees the end
-                r = StreamReader(self, start, number, after_seq, resume)
+            number = self._readers
+            self._readers = number + 1
+            r = StreamReader(self, start, number, after_seq, resume)
             self._primary = r
             self._open.append(r)
             return r
@@ -444,6 +448,19 @@ class OrderedStream:
             return False
         self._primary = self._open[-1] if self._open else None
         return self._primary is None
+
+    def resume_refusal(self, after_seq: int | None) -> str | None:
+        """Why a resume after `after_seq` is refused, or None: on a stream still open, a seq not
+        yet sent names an event the client cannot have had (D5; past the end of a finished
+        stream the terminal event is sent again instead)."""
+        with self._cond:
+            return self._past_end(after_seq)
+
+    def _past_end(self, after_seq: int | None) -> str | None:
+        if after_seq is None or self._st.terminal or after_seq < self._next_seq:
+            return None
+        sent = f"seq {self._next_seq - 1}" if self._next_seq else "none yet"
+        return f"seq {after_seq} was never sent: the last event so far is {sent}"
 
     def _resume(self, after_seq: int | None) -> int:
         """The `replay` row (lock held): everything logged counts as read, a paused producer may

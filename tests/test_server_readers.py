@@ -118,3 +118,30 @@ def test_a_replay_costs_one_trace_entry_not_one_per_event():
     delivered = [e for e in run.trace.events if e.kind is EventKind.DELIVERED]
     assert {json.dumps([e.data["first"], e.data["seq"], e.data["count"]]) for e in delivered} == {
         json.dumps([None, counts[0] - 2, counts[0]])}
+
+
+def test_a_resume_after_a_seq_never_sent_is_a_400_and_changes_nothing():
+    """D5, D42: on a request still running, a Last-Event-ID past the last event sent names an event
+    the client cannot have had; resuming after it would send ids at or below it. It is a 400 that
+    names both seqs, and no reader is made; once the request has ended, the same resume gets the
+    terminal event again. In process, `reader(after, resume=True)` refuses it the same way."""
+    engine, app = _app()
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+        with http.stream("POST", "/v1/completions", json=BODY) as r:
+            rid = r.headers["x-request-id"]
+            lines = r.iter_lines()
+            got = [next(lines) for _ in range(6)]  # the start chunk, then ids 0 and 1 (the producer pauses)
+            run = engine.get(rid)
+            readers = run.stream.open_readers
+            past = run.stream.next_seq + 5
+            bad = http.get(f"/v1/requests/{rid}/events", headers={"Last-Event-ID": str(past)})
+            assert bad.status_code == 400 and f"seq {past} was never sent" in bad.json()["error"]["message"]
+            assert run.stream.open_readers == readers
+            with pytest.raises(ValueError, match="never sent"):
+                run.stream.reader(past, resume=True)
+            assert run.stream.open_readers == readers
+            rest = got + list(lines)
+        assert "data: [DONE]" in rest
+        ended = http.get(f"/v1/requests/{rid}/events", headers={"Last-Event-ID": str(past + 500)})
+        assert ended.status_code == 200 and _seqs(ended.text.splitlines()) == [run.stream.next_seq - 1]
+    assert check_trace(run.trace.events, tokenizer=ascii_tokenizer()) == []
