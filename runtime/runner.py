@@ -462,9 +462,8 @@ class RequestRun:
         self.logits = logits
         self.trace.emit(EventKind.PREFILL_COMPLETED, step=0, cache_len=cache.length)
         self.fire("prefill_done")  # after a cancel, the ignore row's discard_result drops it (§4.9)
-        if self._echo is not None and self.decoding:  # once: a recomputed prefill does not echo again
-            echo, self._echo = self._echo, None
-            self._send(echo)
+        if self.decoding:  # once: a recomputed prefill does not echo again
+            self._send_echo()
 
     def kernel_failed(self, exc: BaseException) -> None:
         """A prefill or decode kernel raised: FAILED with model_error (or ignored after a cancel)."""
@@ -583,11 +582,14 @@ class RequestRun:
         self._unsent = b""
         self.fire("safe_point")
 
+    def _send_echo(self) -> bool:
+        """The echoed prompt as the output's first delta, once (D33); False when its send failed."""
+        echo, self._echo = self._echo, None
+        return echo is None or self._send(echo)
+
     def _drain(self) -> None:
-        if self._echo is not None:  # ended before its prefill (a deadline in the queue): the output
-            echo, self._echo = self._echo, None  # still opens with the prompt's bytes (D33)
-            if not self._send(echo):
-                return
+        if not self._send_echo():  # ended before its prefill (a deadline in the queue): the output
+            return  # still opens with the prompt's bytes (D33)
         if self.reason in _DISCARD_TAIL or self.stop_hit is not None:  # the output ended at a cut
             self.detok.discard_pending_after_stop()
             if self.stopper.hit is not None:

@@ -8,11 +8,13 @@ unknown field still refused; `--strict` keeps the fields of before. n choices an
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
 from _engine_kit import ascii_tokenizer, serve_in_thread, tiny_model
 
+from decodespec.properties import check_trace
 from decodespec.runtime.engine import Engine
 from decodespec.runtime.openai_schema import (
     FIELDS, IMPLEMENTED, INFORMATIONAL, NEUTRAL, NOT_REPORTED, STRICT_FIELDS,
@@ -308,10 +310,6 @@ def test_a_client_leaving_a_stream_of_n_choices_closes_every_choice_reader(serve
     """§4.7, D5: the client reads a few lines of a stream of two choices and leaves; each choice's
     reader is closed (its stream.delivered says so), each choice still ends once, and every trace
     passes the monitors (reader_delivery_complete blamed the readers left open before)."""
-    import time
-
-    from decodespec.properties import check_trace
-
     body = {**BASE[False], "n": 2, "temperature": 1.0, "seed": 11, "max_tokens": 40, "stream": True}
     with httpx.stream("POST", f"{servers['base']}/v1/completions", json=body, timeout=60) as r:
         rid = r.headers["x-request-id"]

@@ -8,12 +8,17 @@ batch decode, §4.9 cancels in flight end CANCELLED with a conforming trace, §4
 from __future__ import annotations
 
 import json
+import random
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
 
 from decodespec.cli import main
 from decodespec.cli_bench import BENCHMARKS, default_folder, load_benchmark, load_file, run_arguments
+from decodespec.properties import fixtures
+from decodespec.runtime.tokenizers import HFTokenizer
 
 FOLDER = default_folder()
 # Benchmarks whose quick run still takes tens of seconds on two loaded cores.
@@ -50,18 +55,10 @@ def test_framework_bench_streams_exactly_the_batch_decode():
 def test_the_instruction_counter_drives_every_request_through_the_whole_token_path(tmp_path):
     """Issue 26: count_framework's child (what valgrind counts) takes each request through the
     token path to its last id, and says how many ids a request has (the per-token divisor)."""
-    import subprocess
-    import sys
-
     done = subprocess.run([sys.executable, str(FOLDER / "count_framework.py"), "--child", "2", "--tokens", "60"],
                           capture_output=True, text=True, check=True)
     assert 50 <= int(done.stdout.split()[-1]) <= 60
     # what the child runs per request: every id selected and decoded, its bytes streamed
-    import random
-
-    from decodespec.properties import fixtures
-    from decodespec.runtime.tokenizers import HFTokenizer
-
     bf = load_file(FOLDER / "bench_framework.py")
     tok = HFTokenizer(fixtures.byte_level_bpe(tmp_path))
     ids = bf.output_ids(tok, 60)

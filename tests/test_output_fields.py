@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from decodespec.properties import check_trace
-from decodespec.runtime import ByteTableTokenizer, Engine, Request, ScriptedModel, generate
+from decodespec.runtime import ByteTableTokenizer, Engine, Fault, FaultPlan, Request, ScriptedModel, generate
 from decodespec.spec import FinishReason
 
 TOK = ByteTableTokenizer({1: b"> ", 2: b"AB", 3: b"CD", 4: b"E", 5: b"</s>", 11: bytes.fromhex("e4b8"),
@@ -73,8 +73,6 @@ def test_a_request_that_ends_before_its_prefill_still_echoes_or_returns_nothing(
     """D33: a deadline observed in the queue completes the request, and the completed output still
     opens with the echo (no prefill ran, the prompt's bytes need none); an echo whose send fails
     returned nothing: usage counts 0 bytes, never less (§4.10, D7)."""
-    from decodespec.runtime import Fault, FaultPlan
-
     plan = [Fault("response.delta", 0, "transport_error")] if fault == "transport_error" else []
     res = generate(Request([1], echo=True, deadline_s=0.0 if fault == "deadline" else None, max_output_tokens=2),
                    model=ScriptedModel([2, 4], vocab_size=14), tokenizer=TOK, faults=FaultPlan(plan))
