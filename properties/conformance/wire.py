@@ -1,8 +1,12 @@
 """The OpenAI stream as it came over the wire: every SSE line kept, and its conventions checked (issue 21).
 
-`parse_sse(text)` reads a whole `text/event-stream` body into a `Streamed`: every `data:` chunk in
-order (empty ones included: an empty delta is a finding, not noise), the SSE `id:` fields, [DONE]
-and what follows it. The chunks are folded into what chapter 4 judges (the deltas, the finish
+`parse_sse(text)` reads a whole `text/event-stream` body into a `Streamed`: every event's data in
+order (empty chunks included: an empty delta is a finding, not noise), the SSE `id:` fields, [DONE]
+and what follows it. The body is read as the event-stream grammar reads it: a line ends at CRLF,
+LF or CR and nowhere else (`SseLines`), and an event is its `data:` lines joined by LF, dispatched
+at a blank line. `str.splitlines` and httpx's `iter_lines` also end a line at U+2028, U+2029,
+U+0085 and four C0 separators; JSON carries the first three unescaped, so a model's text holding
+one of them would read as two broken data lines, a false "malformed" finding and a lost delta. The chunks are folded into what chapter 4 judges (the deltas, the finish
 reasons, text after the finish chunk) by `Streamed`'s properties, so a report re-judged from the
 raw text sees exactly what the live run saw.
 
@@ -15,6 +19,7 @@ convention and never as a §4.x MUST (§4.7's rule is one terminal event, which 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -41,12 +46,15 @@ class Streamed:
 
     status: int = 0
     error: str | None = None  # a non-200 body, or an in-band {"error": ...} chunk
-    error_events: int = 0  # `event: error` lines
-    chunks: list[dict[str, Any]] = attrs.field(factory=list)  # every JSON data line, in order
+    error_events: int = 0  # events of type `error`
+    chunks: list[dict[str, Any]] = attrs.field(factory=list)  # every JSON event's object, in order
     sse_ids: list[str] = attrs.field(factory=list)
     done: bool = False
     data_after_done: int = 0
     malformed: list[str] = attrs.field(factory=list)
+    # the event being read: its `data:` lines and its `event:` type, until a blank line dispatches it
+    pending: list[str] = attrs.field(factory=list, repr=False, eq=False)
+    pending_type: str = attrs.field(default="", repr=False, eq=False)
 
     # ---- chapter 4's view of the chunks ---------------------------------------------------------
 
@@ -135,17 +143,76 @@ def logprob_pieces(lp: Any) -> tuple[bytes | str, ...] | None:
     return None
 
 
+_EOL = re.compile(r"\r\n|\r|\n")
+
+
+@attrs.define
+class SseLines:
+    """An event stream arriving in pieces, cut into its lines: each `push(piece)` returns the lines
+    it completed; `end()` the last one when the body did not end with a line break. A CR that ends
+    a piece ends its line at once; an LF opening the next piece is then the second half of CRLF."""
+
+    rest: str = ""
+    after_cr: bool = False
+
+    def push(self, piece: str) -> list[str]:
+        if self.after_cr and piece[:1] == "\n":
+            piece = piece[1:]
+            self.after_cr = False
+        if piece:
+            self.after_cr = piece[-1] == "\r"
+        lines = _EOL.split(self.rest + piece)
+        self.rest = lines.pop()
+        return lines
+
+    def end(self) -> list[str]:
+        rest, self.rest = self.rest, ""
+        return [rest] if rest else []
+
+
+def sse_lines(pieces: Iterable[str]) -> Iterator[str]:
+    """Every line of an event stream given in pieces (a response's `iter_text()`), the last one too."""
+    lines = SseLines()
+    for piece in pieces:
+        yield from lines.push(piece)
+    yield from lines.end()
+
+
 def feed(out: Streamed, line: str) -> None:
-    """One SSE line into `out`."""
-    if line.startswith("event:") and line[6:].strip() == "error":
+    """One SSE line into `out`: a field of the event being read, or the blank line that dispatches it."""
+    if not line:
+        _dispatch(out)
+        return
+    if line[0] == ":":  # a comment (a keep-alive)
+        return
+    name, _, value = line.partition(":")
+    if value[:1] == " ":
+        value = value[1:]
+    if name == "data":
+        out.pending.append(value)
+    elif name == "event":
+        out.pending_type = value
+    elif name == "id":
+        out.sse_ids.append(value.strip())
+
+
+def body_ended(out: Streamed) -> None:
+    """The body ended: an event still being read counts as if its blank line had come (the grammar
+    drops it, but a verdict should not hang on the last blank line of a body)."""
+    _dispatch(out)
+
+
+def _dispatch(out: Streamed) -> None:
+    """One whole event: an `error` event, [DONE], or one JSON object (a chunk, or an in-band error)."""
+    kind, out.pending_type = out.pending_type, ""
+    if not out.pending:
+        return
+    payload = "\n".join(out.pending).strip()
+    out.pending = []
+    if kind == "error":
         out.error_events += 1
+        out.error = out.error or _error_text(payload)
         return
-    if line.startswith("id:"):
-        out.sse_ids.append(line[3:].strip())
-        return
-    if not line.startswith("data:"):
-        return
-    payload = line[5:].strip()
     if out.done:
         out.data_after_done += 1
         return
@@ -166,14 +233,26 @@ def feed(out: Streamed, line: str) -> None:
     out.chunks.append(chunk)
 
 
+def _error_text(payload: str) -> str:
+    """What an `error` event says: its JSON's `error` member where it has one, else its data."""
+    try:
+        error = json.loads(payload)
+    except json.JSONDecodeError:
+        return payload[:500]
+    if isinstance(error, dict) and error.get("error"):
+        error = error["error"]
+    return json.dumps(error, ensure_ascii=False)[:500]
+
+
 def parse_sse(text: str, *, status: int = 200) -> Streamed:
     """A whole SSE body (as a report keeps it) into a Streamed."""
     out = Streamed(status=status)
     if status != 200:
         out.error = text[:500]
         return out
-    for line in text.splitlines():
+    for line in sse_lines((text,)):
         feed(out, line)
+    body_ended(out)
     return out
 
 

@@ -15,6 +15,7 @@ import sys
 import httpx
 
 from decodespec.properties.conformance.chat_cases import TOOLS
+from decodespec.properties.conformance.wire import sse_lines
 
 url, folder = sys.argv[1], sys.argv[2]
 man = json.load(open(f"{folder}/decodespec-checkpoint.json"))
@@ -28,7 +29,7 @@ def ask(cid, stream, **kw):
     print(f"### {cid} {'stream' if stream else 'non-stream'} {json.dumps(kw)}")
     print("request:", json.dumps(body, ensure_ascii=False))
     if stream:
-        for line in r.text.splitlines():
+        for line in sse_lines((r.text,)):
             if line.startswith("data:"):
                 try:
                     d = json.loads(line[5:])

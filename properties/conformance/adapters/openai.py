@@ -30,7 +30,7 @@ from ..checkpoints import LONG, RECIPE, Checkpoint, digest, group_of, http_block
 from ..http_script import run_script
 from ..life import RECIPES as LIFE_RECIPES
 from ..symptoms import Expected, compare_reason, compare_stream, compare_text, finding, merge
-from ..wire import Streamed, feed, terminal_findings, trim_middle, wire_findings
+from ..wire import Streamed, body_ended, feed, sse_lines, terminal_findings, trim_middle, wire_findings
 from ..without import WITHOUT, lacking
 from .base import Finding, Outcome, missing_capabilities
 
@@ -310,11 +310,13 @@ class OpenAIAdapter:
                         out.error = _trim(r.read().decode("utf-8", "replace"), 500)
                         raw.append(out.error)
                         break
-                    for line in r.iter_lines():
+                    for line in sse_lines(r.iter_text()):
                         raw.append(line)
                         feed(out, line)
                         if stop_after is not None and len(out.deltas) >= stop_after:
                             break  # leaving the block closes the connection mid-stream
+                    else:
+                        body_ended(out)
                 break
             except httpx.TransportError as exc:
                 self._dropped(f"POST {path} (stream): {type(exc).__name__}: {exc}")

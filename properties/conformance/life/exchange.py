@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 import httpx
 
-from ..wire import Streamed, feed, trim_middle
+from ..wire import Streamed, body_ended, feed, sse_lines, trim_middle
 
 _LINE = re.compile(r"^([A-Za-z_:][\w:]*)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN)\s*$")
 RUNNING = re.compile(r"running|processing|active_slots|in_flight|inflight")
@@ -121,7 +121,7 @@ def send(c: httpx.Client, job: Job) -> Exchange:
                 st.error = r.read().decode("utf-8", "replace")[:500]
                 raw.append(st.error)
             else:
-                for line in r.iter_lines():
+                for line in sse_lines(r.iter_text()):
                     raw.append(line)
                     feed(st, line)
                     if ex.first is None and st.deltas:
@@ -129,6 +129,8 @@ def send(c: httpx.Client, job: Job) -> Exchange:
                     if job.cut_after is not None and len(st.deltas) >= job.cut_after:
                         ex.cut = time.monotonic()
                         break  # leaving the block closes the connection mid-stream
+                else:
+                    body_ended(st)
         if ex.cut is None:
             ex.done = time.monotonic()
     except httpx.HTTPError as exc:
