@@ -13,13 +13,15 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+import itertools
+from collections.abc import Iterable, Iterator
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from decodespec.properties.conformance.adapters.openai import OpenAIAdapter
+from decodespec.properties.conformance.adapters.openai import OpenAIAdapter, ServerError
+from decodespec.properties.conformance.life.exchange import Job, client, send
 from decodespec.properties.conformance.wire import SseLines, parse_sse, terminal_findings, wire_findings
 
 # text a model may write that JSON leaves raw and str.splitlines would cut at
@@ -94,8 +96,9 @@ def test_the_last_event_counts_without_its_blank_line():
     assert st_.done and st_.deltas == ["x"] and wire_findings(st_) == []
 
 
-def _serve_pieces(pieces: list[bytes]) -> tuple[str, threading.Thread]:
-    """A one-request HTTP server on 127.0.0.1 sending `pieces` as chunks, each flushed on its own."""
+def _serve(pieces: Iterable[bytes], gap_s: float = 0.02) -> tuple[str, threading.Thread]:
+    """A one-request HTTP server on 127.0.0.1 sending `pieces` as chunks, each flushed on its own,
+    until they run out or the client leaves."""
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
 
@@ -111,12 +114,15 @@ def _serve_pieces(pieces: list[bytes]) -> tuple[str, threading.Thread]:
                 length = next(int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
                 while len(body) < length:
                     body += conn.recv(65536)
-                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
-                             b"connection: close\r\n\r\n")
-                for piece in pieces:
-                    conn.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
-                    time.sleep(0.02)
-                conn.sendall(b"0\r\n\r\n")
+                try:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                                 b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n")
+                    for piece in pieces:
+                        conn.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+                        time.sleep(gap_s)
+                    conn.sendall(b"0\r\n\r\n")
+                except OSError:  # the client left
+                    pass
 
     thread = threading.Thread(target=answer, daemon=True)
     thread.start()
@@ -140,7 +146,7 @@ def test_a_live_stream_in_awkward_pieces_reads_as_the_whole_body():
     body = _body(SEPARATED, "\r\n").encode()
     pieces = [p for p in _awkward_pieces(body) if p]
     assert len(pieces) > 12
-    url, thread = _serve_pieces(pieces)
+    url, thread = _serve(pieces)
     log: list[dict] = []
     st_ = OpenAIAdapter(url, timeout=10, retries=0).stream_body("/v1/completions", {"prompt": "x", "stream": True},
                                                                  log=log)
@@ -148,3 +154,40 @@ def test_a_live_stream_in_awkward_pieces_reads_as_the_whole_body():
     assert st_.deltas == SEPARATED and st_.finish_reasons == ["stop"] and st_.done
     assert wire_findings(st_) == [] and terminal_findings(st_) == []
     assert parse_sse(log[0]["sse"]).deltas == SEPARATED  # the report re-judges what the run saw
+
+
+KEEP_ALIVE = b": keep-alive\n\n"
+RUN_ON = f"data: {_chunk('x')}\n\n".encode()
+
+
+@pytest.mark.parametrize(("pieces", "gap_s", "says"), [
+    (itertools.repeat(KEEP_ALIVE), 0.2, "EventTimeout: no event for"),
+    (itertools.repeat(RUN_ON), 0.001, "no end, past the 80 its request can make"),
+], ids=["keep-alives-only", "past-its-limit"])
+def test_a_stream_that_never_ends_is_an_error_of_the_run_not_a_hang(pieces, gap_s, says):
+    """§4.7: every stream ends with one terminal. A server that keeps a stream busy without events,
+    or runs on past what its request can make, ends the case in ERROR (ServerError) within its
+    bound: the run goes on and fails, where before it waited forever."""
+    url, thread = _serve(pieces, gap_s)
+    t0 = time.monotonic()
+    with pytest.raises(ServerError, match=says):
+        OpenAIAdapter(url, timeout=1, retries=0).stream_body("/v1/completions", {"max_tokens": 4, "stream": True})
+    assert time.monotonic() - t0 < 10
+    thread.join(10)
+    assert not thread.is_alive()  # the reader left, so the server stopped sending
+
+
+@pytest.mark.parametrize(("pieces", "gap_s", "says"), [
+    (itertools.repeat(KEEP_ALIVE), 0.2, "EventTimeout"),
+    (itertools.repeat(RUN_ON), 0.001, "StreamOverrun"),
+], ids=["keep-alives-only", "past-its-limit"])
+def test_a_request_life_exchange_that_never_ends_is_a_failed_exchange(pieces, gap_s, says):
+    """The same bound under load (life/exchange.py): the exchange fails, named, and the burst goes on;
+    a keep-alive stall reads as the read timeout it stands for."""
+    url, thread = _serve(pieces, gap_s)
+    with client(url, 2, 1.0) as c:
+        ex = send(c, Job("p", "/v1/completions", {"max_tokens": 4, "stream": True}, True))
+    assert ex.failed is not None and ex.failed.startswith(says), ex.failed
+    assert ex.streamed is not None and not ex.streamed.finish_reasons
+    thread.join(10)
+    assert not thread.is_alive()

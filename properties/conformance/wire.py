@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import attrs
+import httpx
 
 from .adapters.base import Finding
 from .symptoms import finding
@@ -52,6 +54,7 @@ class Streamed:
     done: bool = False
     data_after_done: int = 0
     malformed: list[str] = attrs.field(factory=list)
+    events: int = attrs.field(default=0, repr=False, eq=False)  # events dispatched, of any kind
     # the event being read: its `data:` lines and its `event:` type, until a blank line dispatches it
     pending: list[str] = attrs.field(factory=list, repr=False, eq=False)
     pending_type: str = attrs.field(default="", repr=False, eq=False)
@@ -209,6 +212,7 @@ def _dispatch(out: Streamed) -> None:
         return
     payload = "\n".join(out.pending).strip()
     out.pending = []
+    out.events += 1
     if kind == "error":
         out.error_events += 1
         out.error = out.error or _error_text(payload)
@@ -242,6 +246,47 @@ def _error_text(payload: str) -> str:
     if isinstance(error, dict) and error.get("error"):
         error = error["error"]
     return json.dumps(error, ensure_ascii=False)[:500]
+
+
+class EventTimeout(httpx.ReadTimeout):
+    """Bytes kept coming but no event did (keep-alive comments only) for the read timeout: to the
+    reader it is the silence a read timeout is about, and it is handled as one."""
+
+
+class StreamOverrun(Exception):
+    """A stream sent more events than its request could make and had not ended: the reader stops."""
+
+
+@attrs.define
+class Watch:
+    """Bounds one live stream, so that no engine can hold a run forever: `check(out)` after each
+    line raises EventTimeout when no event came for `idle_s` seconds, and StreamOverrun when
+    `most` events came without an end. A server that says nothing at all meets the read timeout."""
+
+    idle_s: float
+    most: int
+    seen: int = 0
+    since: float = attrs.field(factory=time.monotonic)
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any], idle_s: float) -> Watch:
+        """The bound of a request: four events a token it may make, each of its choices, and 64 for
+        the opening, finish, usage and [DONE] events (a body without a limit: 100 000)."""
+        limit = body.get("max_tokens", body.get("max_completion_tokens"))
+        choices = max(int(body.get("n") or 1), int(body.get("best_of") or 1))
+        most = 4 * limit * choices + 64 if isinstance(limit, int) and limit >= 0 else 100_000
+        return cls(idle_s, most)
+
+    def check(self, out: Streamed) -> None:
+        now = time.monotonic()
+        if out.events != self.seen:
+            self.seen, self.since = out.events, now
+            if self.seen > self.most:
+                raise StreamOverrun(f"{self.seen} events and no end, past the {self.most} its request can "
+                                    "make: the reader stopped")
+        elif now - self.since > self.idle_s:
+            raise EventTimeout(f"no event for {now - self.since:.0f} s after event {self.seen}, though the "
+                               "connection stayed busy (keep-alive comments only)")
 
 
 def parse_sse(text: str, *, status: int = 200) -> Streamed:
@@ -294,7 +339,7 @@ def wire_findings(st: Streamed, *, include_usage: bool = False) -> list[Finding]
 
 def _id_findings(sse_ids: list[str], chunk_ids: Iterable[Any]) -> list[Finding]:
     out = []
-    nums = [int(i) for i in sse_ids if i.isdigit()]
+    nums = [int(i) for i in sse_ids if i.isascii() and i.isdigit()]  # '²' is a digit int() refuses
     if len(nums) == len(sse_ids) and any(b <= a for a, b in zip(nums, nums[1:])):
         out.append(finding("sse_id", f"SSE ids do not strictly increase: {sse_ids[:20]}"))
     elif len(set(sse_ids)) != len(sse_ids):

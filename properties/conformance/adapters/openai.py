@@ -30,7 +30,8 @@ from ..checkpoints import LONG, RECIPE, Checkpoint, digest, group_of, http_block
 from ..http_script import run_script
 from ..life import RECIPES as LIFE_RECIPES
 from ..symptoms import Expected, compare_reason, compare_stream, compare_text, finding, merge
-from ..wire import Streamed, body_ended, feed, sse_lines, terminal_findings, trim_middle, wire_findings
+from ..wire import (StreamOverrun, Streamed, Watch, body_ended, feed, sse_lines, terminal_findings, trim_middle,
+                    wire_findings)
 from ..without import WITHOUT, lacking
 from .base import Finding, Outcome, missing_capabilities
 
@@ -85,6 +86,7 @@ class OpenAIAdapter:
                              f"{', '.join(WITHOUT)}")
         self.without = frozenset(without)
         self.retries = retries
+        self.timeout = timeout  # each read, and the longest a stream may go without an event (wire.Watch)
         self.client = httpx.Client(base_url=self.url, timeout=timeout)
         self._reference: dict[str, Any] = {}
         self._chat_ok: str | None = None  # "" once the chat endpoint is known to keep the prompt as sent
@@ -310,14 +312,18 @@ class OpenAIAdapter:
                         out.error = _trim(r.read().decode("utf-8", "replace"), 500)
                         raw.append(out.error)
                         break
+                    watch = Watch.of(body, self.timeout)
                     for line in sse_lines(r.iter_text()):
                         raw.append(line)
                         feed(out, line)
+                        watch.check(out)
                         if stop_after is not None and len(out.deltas) >= stop_after:
                             break  # leaving the block closes the connection mid-stream
                     else:
                         body_ended(out)
                 break
+            except StreamOverrun as exc:  # never sent again: it would run on again
+                raise ServerError(f"POST {path} (stream): {exc}") from None
             except httpx.TransportError as exc:
                 self._dropped(f"POST {path} (stream): {type(exc).__name__}: {exc}")
                 if out.chunks or attempt == self.retries:

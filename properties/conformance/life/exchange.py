@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 import httpx
 
-from ..wire import Streamed, body_ended, feed, sse_lines, trim_middle
+from ..wire import StreamOverrun, Streamed, Watch, body_ended, feed, sse_lines, trim_middle
 
 _LINE = re.compile(r"^([A-Za-z_:][\w:]*)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN)\s*$")
 RUNNING = re.compile(r"running|processing|active_slots|in_flight|inflight")
@@ -121,9 +121,11 @@ def send(c: httpx.Client, job: Job) -> Exchange:
                 st.error = r.read().decode("utf-8", "replace")[:500]
                 raw.append(st.error)
             else:
+                watch = Watch.of(job.body, c.timeout.read or 60.0)
                 for line in sse_lines(r.iter_text()):
                     raw.append(line)
                     feed(st, line)
+                    watch.check(st)
                     if ex.first is None and st.deltas:
                         ex.first = time.monotonic()
                     if job.cut_after is not None and len(st.deltas) >= job.cut_after:
@@ -133,7 +135,7 @@ def send(c: httpx.Client, job: Job) -> Exchange:
                     body_ended(st)
         if ex.cut is None:
             ex.done = time.monotonic()
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, StreamOverrun) as exc:
         ex.failed = f"{type(exc).__name__}: {exc}"
     ex.raw = "\n".join(raw) if job.stream else ex.raw
     return ex

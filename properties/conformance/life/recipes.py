@@ -133,14 +133,15 @@ def _diff(solo: Exchange, got: Exchange) -> str:
 
 
 def dropped(ex: Exchange, how: str) -> Finding:
-    """A failed exchange: a stream the server had opened (200) and closed before any terminal event
-    ended without one (§4.7, `stream_cut`: single_terminal_event); any other failure, or one after
+    """A failed exchange: a stream the server had opened (200) that ended before any terminal event,
+    closed or given up on by the reader (wire.Watch), has none (§4.7, `stream_cut`:
+    single_terminal_event); any other failure, or one after
     the terminal, is the connection's (`connection_dropped`, a wire finding). Never sent again."""
     st = ex.streamed
     if st is not None and ex.status == 200 and not st.finish_reasons and not (st.error or st.error_events):
         done = ", then [DONE]" if st.done else ""
-        return finding("stream_cut", f"{how}: the server answered 200, sent {len(st.deltas)} deltas{done} and closed "
-                                     f"the stream with no finish chunk or error ({ex.failed}); not sent again")
+        return finding("stream_cut", f"{how}: the server answered 200, sent {len(st.deltas)} deltas{done} and "
+                                     f"no finish chunk or error ({ex.failed}); not sent again")
     return finding("connection_dropped", f"{how}: {ex.failed}; not sent again")
 
 
