@@ -92,13 +92,16 @@ def report_name(engine: str) -> str:
                    "preemption, a disconnect that frees its place).")
 @click.option("--launch-timeout", type=click.FloatRange(min=1), default=600, show_default=True,
               help="Seconds a launched server may take to answer /v1/models.")
+@click.option("--timeout", "read_timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="openai engines: seconds to wait for the server's next answer or stream event (default 60); "
+                   "past it the case ends in ERROR.")
 @click.option("--without", "without", multiple=True, type=click.Choice(list(WITHOUT)),
               help="openai only: a request field or a parser the server does not have (its cases are skipped).")
 @click.option("-j", "--jobs", default=1, show_default=True, type=click.IntRange(1, 64), help="Cases run at once (threads).")
 def conform(engine: str, model: str | None, select: tuple[str, ...], list_only: bool, dry_run: bool,
             expect_file: Path | None, strict: bool, report_dir: Path | None, name: str | None,
             checkpoints: tuple[Path, ...], launch: str | None, launch_context: str | None, launch_tight: str | None,
-            launch_timeout: float,
+            launch_timeout: float, read_timeout: float | None,
             without: tuple[str, ...],
             jobs: int) -> None:
     """Run the conformance cases (§4.3-§4.10) against ENGINE and report per case."""
@@ -136,17 +139,19 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], list_only: 
         if engine is not None:
             raise click.BadParameter("give either --engine or --launch", param_hint="--launch")
         folders = _checkpoint_folders(checkpoints)
-        return _conform_launched(cases, folders, launch, (launch_context, launch_tight), launch_timeout,
+        return _conform_launched(cases, folders, launch, (launch_context, launch_tight), (launch_timeout, read_timeout),
                                  frozenset(without), jobs,
                                  model, name or "launched", report_dir, policy, dry_run, console, t0)
     if engine is None:
         raise click.UsageError("--engine is required (or --launch CMD with --checkpoint)")
+    if read_timeout is not None and not engine.startswith("openai:"):
+        raise click.BadParameter(f"applies to openai engines, not {engine}", param_hint="--timeout")
     if len(checkpoints) > 1:
         raise click.BadParameter("one --checkpoint per served engine (several only with --launch)",
                                  param_hint="--checkpoint")
     try:
         adapter = adapter_for(engine, model=model, checkpoint=str(checkpoints[0]) if checkpoints else None,
-                              without=frozenset(without))
+                              without=frozenset(without), timeout=read_timeout)
     except EngineSpecError as exc:
         raise click.BadParameter(str(exc), param_hint="--engine") from None
     if not dry_run and callable(getattr(adapter, "precheck", None)):
@@ -183,7 +188,7 @@ def _checkpoint_folders(given: tuple[Path, ...]) -> list[Path]:
     return out
 
 
-def _conform_launched(cases, folders, launch, extra_launch, timeout_s, without, jobs, model, label, report_dir,
+def _conform_launched(cases, folders, launch, extra_launch, timeouts, without, jobs, model, label, report_dir,
                       policy, dry_run, console, t0) -> None:
     from .properties.conformance.checkpoints import Checkpoint
     from .properties.conformance.launch import run_launched
@@ -195,8 +200,8 @@ def _conform_launched(cases, folders, launch, extra_launch, timeout_s, without, 
         return
     log_dir = Path(".cache/peers/logs") / label
     results = run_launched(cases, folders, launch, log_dir=log_dir, without=without, jobs=jobs, model=model,
-                           timeout_s=timeout_s, on_result=Ticker(len(cases), label), context_command=extra_launch[0],
-                           tight_command=extra_launch[1])
+                           timeout_s=timeouts[0], read_timeout=timeouts[1], on_result=Ticker(len(cases), label),
+                           context_command=extra_launch[0], tight_command=extra_launch[1])
     _finish(results, label, report_dir, policy, console, t0)
 
 

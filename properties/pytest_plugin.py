@@ -39,6 +39,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--decodespec-model", default=None, help="model name for openai engines")
     group.addoption("--decodespec-checkpoint", default=None,
                     help="openai engines: the forced checkpoint folder the server serves (its script cases run)")
+    group.addoption("--decodespec-timeout", type=float, default=None,
+                    help="openai engines: seconds to wait for the server's next answer or stream event (default 60)")
     group.addoption("--decodespec-select", action="append", default=[], help="case id prefix (repeatable)")
     group.addoption("--decodespec-with-tests", action="store_true",
                     help="with --decodespec-engine, also collect the project's own tests (default: the cases only)")
@@ -58,19 +60,20 @@ class CaseItem(pytest.Item):
     """One case on the engine named by --decodespec-engine."""
 
     def __init__(self, *, case: Case, engine: str, model: str | None, checkpoint: str | None = None,
-                 strict: bool = False, **kw: Any) -> None:
+                 timeout: float | None = None, strict: bool = False, **kw: Any) -> None:
         super().__init__(**kw)
         self.case = case
         self.engine = engine
         self.model = model
         self.checkpoint = checkpoint
+        self.timeout = timeout
         self.strict = strict
         self.add_marker(pytest.mark.conformance)
 
     def _adapter(self) -> Any:
-        key = (self.engine, self.model, self.checkpoint)
+        key = (self.engine, self.model, self.checkpoint, self.timeout)
         if key not in _ADAPTERS:
-            _ADAPTERS[key] = adapter_for(self.engine, model=self.model, checkpoint=self.checkpoint)
+            _ADAPTERS[key] = adapter_for(self.engine, model=self.model, checkpoint=self.checkpoint, timeout=self.timeout)
         return _ADAPTERS[key]
 
     def runtest(self) -> None:
@@ -107,8 +110,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         return
     model = config.getoption("--decodespec-model")
     checkpoint = config.getoption("--decodespec-checkpoint")
+    timeout = config.getoption("--decodespec-timeout")
     try:  # a misspelt or unreachable engine is one usage error, not one failure per case
-        adapter = _ADAPTERS[(engine, model, checkpoint)] = adapter_for(engine, model=model, checkpoint=checkpoint)
+        adapter = _ADAPTERS[(engine, model, checkpoint, timeout)] = adapter_for(engine, model=model, checkpoint=checkpoint,
+                                                                                timeout=timeout)
         if callable(getattr(adapter, "precheck", None)):
             adapter.precheck()  # only HTTP adapters have one (httpx is imported with them)
     except (EngineSpecError, RuntimeError) as exc:  # RuntimeError: the HTTP adapter's ServerError
@@ -116,4 +121,4 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     strict = config.getoption("--decodespec-strict")
     for case in load_cases(config.getoption("--decodespec-select")):
         items.append(CaseItem.from_parent(session, name=f"{engine}::{case.id}", case=case, engine=engine, model=model,
-                                          checkpoint=checkpoint, strict=strict))
+                                          checkpoint=checkpoint, timeout=timeout, strict=strict))

@@ -9,17 +9,20 @@ delta. These tests hold the reader, whole and live in pieces, to the grammar.
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import threading
 import time
-import itertools
 from collections.abc import Iterable, Iterator
 
 import pytest
+from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
+from decodespec.cli import main
+from decodespec.properties.conformance import adapter_for
 from decodespec.properties.conformance.adapters.openai import OpenAIAdapter, ServerError
 from decodespec.properties.conformance.life.exchange import Job, client, send
 from decodespec.properties.conformance.wire import SseLines, parse_sse, terminal_findings, wire_findings
@@ -191,3 +194,10 @@ def test_a_request_life_exchange_that_never_ends_is_a_failed_exchange(pieces, ga
     assert ex.streamed is not None and not ex.streamed.finish_reasons
     thread.join(10)
     assert not thread.is_alive()
+
+
+def test_the_wait_for_the_next_event_is_the_users_to_set_for_http_engines_only():
+    """`--timeout` (`--decodespec-timeout`) sets that bound for a slow engine; elsewhere it is refused by name."""
+    assert adapter_for("openai:http://127.0.0.1:9", timeout=3).timeout == 3
+    out = CliRunner().invoke(main, ["conform", "--engine", "reference", "--timeout", "5"])
+    assert out.exit_code == 2 and "--timeout" in out.output and "applies to openai engines" in out.output

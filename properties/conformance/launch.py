@@ -95,14 +95,16 @@ def _refusal(folders: Sequence[Path], group: str) -> str:
 def run_launched(cases: Sequence[Case], folders: Sequence[Path], command: str, *, log_dir: Path,
                  without: frozenset[str] = frozenset(), jobs: int = 1, model: str | None = None,
                  timeout_s: float = 600.0, on_result: Callable[[CaseResult], None] | None = None,
-                 context_command: str | None = None, tight_command: str | None = None) -> list[CaseResult]:
+                 context_command: str | None = None, tight_command: str | None = None,
+                 read_timeout: float | None = None) -> list[CaseResult]:
     """Every case, run on the server of the checkpoint it was compiled into (see module). A case
     with a context limit runs on a server of its own, started with `context_command` ({context}
     filled in as well); a case that asks for the tight server (`"server": "tight"`: concurrency
     limited, KV budget too small for the load; issue 24) runs, one at a time, on one started with
     `tight_command`; without the command either is n/a with the reason. On every server the
     request-life cases (life.RECIPES: they load it and time it) run one at a time after the others,
-    so no case runs beside them and none of them beside another."""
+    so no case runs beside them and none of them beside another. `timeout_s` bounds each server's
+    start; `read_timeout`, when given, is its adapter's wait for the next answer or stream event."""
     ckpts = [Checkpoint.load(f) for f in folders]
     done: dict[str, CaseResult] = {}
     for i, ck in enumerate(ckpts):
@@ -128,7 +130,8 @@ def run_launched(cases: Sequence[Case], folders: Sequence[Path], command: str, *
                 with launched(cmd, ck, log, timeout_s=timeout_s) as url:
                     name = model.format(model=ck.folder, name=ck.group) if model else None
                     adapter = OpenAIAdapter(url, model=name, checkpoint=ck, without=without, launch=cmd,
-                                            context=None if context == TIGHT else context, tight=context == TIGHT)
+                                            context=None if context == TIGHT else context, tight=context == TIGHT,
+                                            **({} if read_timeout is None else {"timeout": read_timeout}))
                     side = [c for c in todo if c.recipe not in LIFE_RECIPES and context != TIGHT]
                     alone = [c for c in todo if c not in side]
                     for r in [*run_cases(adapter, side, jobs=jobs, on_result=on_result),

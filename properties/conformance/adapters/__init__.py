@@ -33,13 +33,18 @@ class EngineSpecError(ValueError):
 
 
 def adapter_for(spec: str, *, model: str | None = None, checkpoint: str | None = None,
-                without: frozenset[str] = frozenset()) -> Adapter:
+                without: frozenset[str] = frozenset(), timeout: float | None = None) -> Adapter:
     """Build the adapter an --engine value names (imports only what that engine needs).
 
     `checkpoint` is the forced checkpoint folder the engine serves (openai) or loads (a factory of
-    your own gets it as `checkpoint=`); `without` names what the server lacks (without.WITHOUT).
+    your own gets it as `checkpoint=`); `without` names what the server lacks (without.WITHOUT);
+    `timeout` (openai only) the seconds to wait for the server's next answer or stream event.
     """
     kind, _, arg = spec.partition(":")
+    if timeout is not None and kind != "openai":
+        raise EngineSpecError(f"--timeout applies to openai engines, not {kind}")
+    if timeout is not None and not timeout > 0:
+        raise EngineSpecError(f"--timeout must be a positive number of seconds, got {timeout}")
     if checkpoint is not None and kind in ("reference", "hf", "decode-stream"):
         raise EngineSpecError(f"--checkpoint does not apply to {kind} engines")
     ckpt = _checkpoint(checkpoint)
@@ -60,7 +65,8 @@ def adapter_for(spec: str, *, model: str | None = None, checkpoint: str | None =
     if kind == "openai":
         from .openai import OpenAIAdapter
 
-        return OpenAIAdapter(arg, model=model, checkpoint=ckpt, without=without)
+        return OpenAIAdapter(arg, model=model, checkpoint=ckpt, without=without,
+                             **({} if timeout is None else {"timeout": timeout}))
     kw = {"checkpoint": ckpt} if ckpt is not None else {}
     found = [ep for ep in entry_points(group=ENTRY_POINTS) if ep.name == kind]
     if found:
