@@ -11,11 +11,12 @@ import pytest
 
 from decodespec.properties.conformance.adapters.openai import OpenAIAdapter
 from decodespec.properties.conformance.cases import load_cases
-from decodespec.properties.conformance.chat import expected_chat
+from decodespec.properties.conformance.chat import ChatExpected, expected_chat, judge_chat, observe_message, observe_stream
 from decodespec.properties.conformance.chat_cases import TEMPLATES
 from decodespec.properties.conformance.checkpoints import build_group, group_of, http_blocker, prove, with_chat
 from decodespec.properties.conformance.runner import Verdict, run_cases
 from decodespec.properties.conformance.adapters.base import case_prompt, case_script, table_tokenizer
+from decodespec.properties.conformance.wire import parse_sse
 
 # The chapter's cases CI runs on chat (every HTTP-runnable one runs in `decodespec conform` on the
 # built set): stops across tokens, split characters, invalid bytes, the limit inside a character, EOS.
@@ -151,3 +152,40 @@ def test_the_chatml_template_renders_reasoning_calls_and_tools_as_parsers_derive
         called = render([user, {"role": "assistant", "content": "", "tool_calls": [call]}], tools=TOOLS)
         assert called.endswith('<|im_start|>assistant\n<tool_call>{"name": "get_weather", "arguments": '
                                '{"city": "Paris"}}</tool_call><|im_end|>\n')
+
+
+@pytest.mark.parametrize("names", [("reasoning",), ("reasoning_content",), ("reasoning", "reasoning_content")],
+                         ids=["new-name", "old-name", "both-names"])
+def test_a_reasoning_delta_counts_once_whichever_names_carry_it(names):
+    """§4.7 (D45): a reasoning piece is sent once. A server that keeps the old field name beside the
+    new one (the same text under both, as some do for older clients) still sent it once."""
+    pieces = ["<think>", "Let me", " see", "</think>"]
+    chunks = [{"id": "c", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}]
+    chunks += [{"id": "c", "choices": [{"index": 0, "delta": dict.fromkeys(names, p), "finish_reason": None}]}
+               for p in pieces]
+    chunks += [{"id": "c", "choices": [{"index": 0, "delta": {"content": "Hi", "reasoning": None}, "finish_reason": None}]},
+               {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]
+    body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    obs = observe_stream(parse_sse(body))
+    assert obs.reasoning == "".join(pieces) and obs.content == "Hi" and obs.finish_reason == "stop"
+    assert [field for field, _ in obs.leaks] == [names[-1] if len(names) == 1 else "reasoning_content"] * 2
+
+
+def test_tool_call_arguments_sent_as_an_object_are_a_wire_finding_not_a_crash():
+    """D47: the call is judged by its name and arguments; arguments given as a JSON object where the
+    API gives JSON text (a server that does so in either answer) compare as the value they hold,
+    and the form is named as a wire finding, never an ERROR of the run."""
+    call = {"name": "get_weather", "arguments": {"city": "Paris"}}
+    exp = ChatExpected("", "", (("get_weather", {"city": "Paris"}),), "tool_calls", 9, True)
+    message = {"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function", "function": call}]}}],
+        "usage": {"completion_tokens": 9, "prompt_tokens": 5}}
+    chunks = [{"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": call}]},
+                                       "finish_reason": None}]},
+              {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}]
+    stream = parse_sse("".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n")
+    for where, obs in (("message", observe_message(200, message)), ("stream", observe_stream(stream))):
+        assert obs.calls == exp.calls, where
+        found = judge_chat(exp, obs, where)
+        assert [(f.symptom, f.family) for f in found] == [("call_arguments", "wire")], (where, found)
+        assert "arguments given as a JSON dict" in found[0].message

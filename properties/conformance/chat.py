@@ -97,18 +97,25 @@ class ChatObserved:
     prompt_tokens: int | None
     leaks: tuple[tuple[str, str], ...] = ()  # (field, chunk text) of chunks holding a tag or a piece of one
     half_calls: tuple[str, ...] = ()
+    odd_arguments: tuple[str, ...] = ()  # calls whose function.arguments came as something else than text
 
 
-def _calls(raw: Any) -> tuple[tuple[str, Any], ...] | None:
-    out = []
-    for c in raw or []:
+def _calls(raw: Any) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
+    """A message's tool calls as (name, arguments) pairs, and the calls whose arguments are not the
+    JSON text the API gives (an object is compared as the value it is, and named)."""
+    out, odd = [], []
+    for i, c in enumerate(raw or []):
         fn = (c or {}).get("function") or {}
-        try:
-            args = json.loads(fn.get("arguments") or "null")
-        except ValueError:
-            args = fn.get("arguments")  # not JSON: kept as the text, compared as such
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args or "null")
+            except ValueError:
+                pass  # not JSON: kept as the text, compared as such
+        elif args is not None:
+            odd.append(f"call {i} ({fn.get('name')}): arguments given as a JSON {type(args).__name__}")
         out.append((fn.get("name"), args))
-    return tuple(out)
+    return tuple(out), tuple(odd)
 
 
 def observe_message(status: int, data: Any) -> ChatObserved | None:
@@ -117,35 +124,47 @@ def observe_message(status: int, data: Any) -> ChatObserved | None:
     if status != 200 or not isinstance(msg, dict):
         return None
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    calls, odd = _calls(msg.get("tool_calls"))
     return ChatObserved(msg.get("content") or "", msg.get("reasoning_content") or msg.get("reasoning") or "",
-                        _calls(msg.get("tool_calls")), choice.get("finish_reason"), usage.get("completion_tokens"),
-                        usage.get("prompt_tokens"))
+                        calls, choice.get("finish_reason"), usage.get("completion_tokens"),
+                        usage.get("prompt_tokens"), odd_arguments=odd)
 
 
 def observe_stream(st: Streamed) -> ChatObserved | None:
     """The stream's channels: each the concatenation of its deltas, tool-call argument fragments
-    joined per call index (OpenAI streams a call's arguments in pieces)."""
+    joined per call index (OpenAI streams a call's arguments in pieces). A delta's reasoning is its
+    `reasoning_content`, else its `reasoning` (as for the message): servers that keep the old name
+    beside the new one send the same text under both, once."""
     if st.status != 200:
         return None
     content, reasoning, leaks = [], [], []
     calls: dict[int, list[Any]] = {}
     for choice in st.choices():
         d = choice.get("delta") or {}
-        for field, into in (("content", content), ("reasoning_content", reasoning), ("reasoning", reasoning)):
-            text = d.get(field)
-            if isinstance(text, str) and text:
+        said = _text(d, "reasoning_content")
+        for field, text, into in (("content", _text(d, "content"), content),
+                                  ("reasoning_content" if said else "reasoning", said or _text(d, "reasoning"), reasoning)):
+            if text:
                 into.append(text)
                 if any(_has_fragment(text, t) for t in TAGS):
                     leaks.append((field, text))
         for t in d.get("tool_calls") or []:
-            slot = calls.setdefault(int(t.get("index", 0)), [None, ""])
+            slot = calls.setdefault(int(t.get("index", 0)), [None, "", None])  # name, text pieces, a value
             fn = t.get("function") or {}
             slot[0] = slot[0] or fn.get("name")
-            slot[1] += fn.get("arguments") or ""
+            piece = fn.get("arguments")
+            if isinstance(piece, str):
+                slot[1] += piece
+            elif piece is not None:
+                slot[2] = piece
     reasons = st.finish_reasons
-    parsed, half = [], []
+    parsed, half, odd = [], [], []
     for i in sorted(calls):
-        name, args = calls[i]
+        name, args, value = calls[i]
+        if value is not None:
+            odd.append(f"call {i} ({name}): arguments given as a JSON {type(value).__name__}")
+            parsed.append((name, value))
+            continue
         try:
             parsed.append((name, json.loads(args)))
         except ValueError:
@@ -153,7 +172,14 @@ def observe_stream(st: Streamed) -> ChatObserved | None:
             parsed.append((name, args))
     usage = st.usage or {}
     return ChatObserved("".join(content), "".join(reasoning), tuple(parsed), reasons[-1] if reasons else None,
-                        usage.get("completion_tokens"), usage.get("prompt_tokens"), tuple(leaks), tuple(half))
+                        usage.get("completion_tokens"), usage.get("prompt_tokens"), tuple(leaks), tuple(half),
+                        tuple(odd))
+
+
+def _text(delta: dict[str, Any], field: str) -> str:
+    """A delta's text under `field`; "" where it is absent, null or not a string."""
+    text = delta.get(field)
+    return text if isinstance(text, str) else ""
 
 
 def _has_fragment(text: str, tag: str) -> bool:
@@ -178,6 +204,8 @@ def judge_chat(exp: ChatExpected, obs: ChatObserved | None, where: str) -> list[
         f.append(finding("chat_tool_calls", f"{where}: tool_calls {list(obs.calls)}, the reference's {list(exp.calls)}"))
     if obs.half_calls:
         f.append(finding("chat_half_call", f"{where}: {'; '.join(obs.half_calls)}"))
+    if obs.odd_arguments:
+        f.append(finding("call_arguments", f"{where}: {'; '.join(obs.odd_arguments)}"))
     # A chunk with tag text the reference's channel does not hold there (D45: a cut call is content, tags included).
     leaked = [f"{field} chunk {text!r}" for field, text in obs.leaks
               if text not in (exp.content if field == "content" else exp.reasoning)]

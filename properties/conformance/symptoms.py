@@ -100,6 +100,7 @@ SYMPTOMS: Mapping[str, tuple[str, str, str]] = {
     "chunk_id": ("openai_sse_id", WIRE, "chunk ids differ within a response"),
     "usage_chunk": ("openai_usage_chunk", WIRE, "include_usage gave no usage chunk"),
     "error_body": ("openai_error_body", WIRE, "error body not in the API's shape"),
+    "call_arguments": ("openai_tool_arguments", WIRE, "tool-call arguments not JSON text"),
     "connection_dropped": ("http_keep_alive", WIRE, "connection dropped"),
 }
 
@@ -120,6 +121,7 @@ WIRE_STATEMENTS: Mapping[str, str] = {
     "openai_sse_id": "SSE `id:` fields strictly increase, and every chunk of one response carries the same `id`",
     "openai_usage_chunk": "with stream_options.include_usage the last chunk before [DONE] carries usage and no choices",
     "openai_error_body": "an error answer is JSON {\"error\": {\"message\": ..., \"type\": ...}}",
+    "openai_tool_arguments": "a tool call's function.arguments is a string holding JSON (streamed, in string pieces)",
     "http_keep_alive": "a persistent HTTP/1.1 connection is closed only with `Connection: close` (RFC 9112 §9.3); "
                        "a request sent on it gets an answer",
 }
