@@ -12,9 +12,13 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from decodespec.properties.conformance import load_cases
 from decodespec.properties.conformance.adapters.base import case_prompt, case_script, case_tokenizer, reference_on
+from decodespec.properties.conformance.alignment import chunk_reports, message_report
+from decodespec.properties.conformance.chat import ChatExpected, judge_chat, observe_message, observe_stream
 from decodespec.properties.conformance.http_script import judge_exchange
 from decodespec.properties.conformance.judgement import Observed, expected_of, judge_observed
 from decodespec.properties.conformance.symptoms import WIRE
@@ -130,3 +134,58 @@ def test_an_eos_that_a_guard_turns_off_is_named_when_it_ends_the_run():
                        chunks=(exp.output[:1],), stream_finish_reasons=("stop",))
     found, _ = judge_observed(exp, stopped)
     assert found and found[0].invariant == "eos_guards_respected", [(f.invariant, f.message) for f in found]
+
+
+# Answers in the API's shape with any field, at any depth, of another JSON type now and then.
+_junk = st.one_of(st.none(), st.booleans(), st.integers(-2, 300), st.floats(allow_nan=False, allow_infinity=False),
+                  st.text(max_size=4), st.just([]), st.just({}), st.just([1, "a"]), st.just({"a": 1}))
+
+
+def _or_junk(good):
+    return st.one_of(good, good, good, _junk)
+
+
+def _obj(**fields):
+    return _or_junk(st.fixed_dictionaries({}, optional={k: _or_junk(v) for k, v in fields.items()}))
+
+
+_count = st.integers(0, 20)
+_call = _obj(index=st.integers(0, 2), function=_obj(name=st.text(max_size=3), arguments=st.text(max_size=6)))
+_delta = _obj(content=st.text(max_size=4), reasoning=st.text(max_size=4), reasoning_content=st.text(max_size=4),
+              tool_calls=st.lists(_call, max_size=2))
+_logprobs = _obj(tokens=st.lists(st.text(max_size=3), max_size=3),
+                 content=st.lists(_obj(token=st.text(max_size=3), bytes=st.lists(st.integers(0, 300), max_size=3)),
+                                  max_size=3))
+_choice = _obj(index=st.integers(0, 1), text=st.text(max_size=4), delta=_delta, message=_delta,
+               finish_reason=st.sampled_from(["stop", "length", "tool_calls"]), logprobs=_logprobs,
+               token_ids=st.lists(st.integers(0, 300), max_size=3))
+_answer = st.fixed_dictionaries({}, optional={"id": _or_junk(st.text(max_size=3)), "choices": _or_junk(st.lists(_choice, max_size=2)),
+                                              "usage": _obj(completion_tokens=_count, prompt_tokens=_count)})
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(chunks=st.lists(_answer, max_size=4), message=_answer, status=st.sampled_from([200, 200, 400]),
+       case_id=st.sampled_from(["stop/cross-token/001", "stop/n-choices/001", "finish/length/003", "detok/utf8-split/001"]))
+def test_an_answer_of_any_shape_is_judged_and_never_breaks_the_judge(chunks, message, status, case_id):
+    """Every reader of an engine's answer (completions, chat, per-token reports) judges whatever
+    JSON comes: a field of another type is a wire finding naming it, never a crash that turns the
+    case into an ERROR with a Python traceback for a message."""
+    case, exp = _expected(case_id)
+    st_ = parse_sse("".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n")
+    found = judge_exchange(case, exp, status, message, json.dumps(message), st_)[0]
+    assert all(f.invariant and f.message for f in found)
+    judge_chat(ChatExpected("a", "b", (("f", {}),), "stop", 3, False), observe_message(status, message), "answer")
+    judge_chat(ChatExpected("a", "", (), "length", 3, False), observe_stream(st_), "stream")
+    chunk_reports(st_), message_report(message, True), message_report(message, False)
+
+
+def test_a_field_of_another_type_is_named_where_it_is():
+    """The wire finding says which field and which type, for a chunk and for a whole answer."""
+    st_ = parse_sse('data: {"id":"c","choices":[{"index":0,"delta":["x"]}]}\n\ndata: [DONE]\n\n')
+    assert [f.message.split(": {")[0] for f in wire_findings(st_)] == [
+        "data lines that are not chunks of the API's shape: ['choices[0].delta is a list, not an object"]
+    case, exp = _expected("stop/cross-token/001")
+    answer = {"choices": [{"index": 0, "text": "a", "finish_reason": "stop"}], "usage": {"completion_tokens": "2"}}
+    found = judge_exchange(case, exp, 200, answer, json.dumps(answer), parse_sse("data: [DONE]\n\n"))[0]
+    [shape] = [f for f in found if f.symptom == "answer_shape"]
+    assert shape.family == WIRE and "usage.completion_tokens is a string, not an integer" in shape.message

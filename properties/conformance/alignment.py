@@ -90,8 +90,10 @@ def message_report(data: Any, chat: bool) -> ChunkReport | None:
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return None
     c = choices[0]
-    text = ((c.get("message") or {}).get("content") if chat else c.get("text")) or ""
-    return ChunkReport(str(text).encode("utf-8"), _ids(c.get("token_ids")), logprob_pieces(c.get("logprobs")), True)
+    holder = c.get("message") if chat else c
+    text = holder.get("content" if chat else "text") if isinstance(holder, dict) else None
+    text = text if isinstance(text, str) else ""
+    return ChunkReport(text.encode("utf-8"), _ids(c.get("token_ids")), logprob_pieces(c.get("logprobs")), True)
 
 
 def reports_tokens(reports: Sequence[ChunkReport]) -> bool:

@@ -33,7 +33,7 @@ from .cases import Case
 from .chat_cases import TAGS, TOOLS, chat_of, template_of
 from .script_server import ScriptServer, case_fields, sweep_limits
 from .symptoms import finding, merge
-from .wire import Streamed, wire_findings
+from .wire import Streamed, body_findings, token_count, wire_findings
 
 PATH = "/v1/chat/completions"
 @attrs.frozen
@@ -105,7 +105,8 @@ def _calls(raw: Any) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
     JSON text the API gives (an object is compared as the value it is, and named)."""
     out, odd = [], []
     for i, c in enumerate(raw or []):
-        fn = (c or {}).get("function") or {}
+        fn = c.get("function") if isinstance(c, dict) else None
+        fn = fn if isinstance(fn, dict) else {}
         args = fn.get("arguments")
         if isinstance(args, str):
             try:
@@ -119,15 +120,18 @@ def _calls(raw: Any) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
 
 
 def observe_message(status: int, data: Any) -> ChatObserved | None:
-    choice = ((data or {}).get("choices") or [{}])[0] if isinstance(data, dict) else {}
+    """A non-streamed chat answer's channels, each read where it has the API's type (a field that
+    has not is a wire finding, wire.body_findings); None where there is no message to read."""
+    choices = data.get("choices") if status == 200 and isinstance(data, dict) else None
+    choice = choices[0] if isinstance(choices, list) and choices else None
     msg = choice.get("message") if isinstance(choice, dict) else None
-    if status != 200 or not isinstance(msg, dict):
+    if not isinstance(msg, dict):
         return None
-    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-    calls, odd = _calls(msg.get("tool_calls"))
-    return ChatObserved(msg.get("content") or "", msg.get("reasoning_content") or msg.get("reasoning") or "",
-                        calls, choice.get("finish_reason"), usage.get("completion_tokens"),
-                        usage.get("prompt_tokens"), odd_arguments=odd)
+    usage = data.get("usage")
+    calls, odd = _calls(msg.get("tool_calls") if isinstance(msg.get("tool_calls"), list) else None)
+    return ChatObserved(_text(msg, "content"), _text(msg, "reasoning_content") or _text(msg, "reasoning"),
+                        calls, choice.get("finish_reason"), token_count(usage, "completion_tokens"),
+                        token_count(usage, "prompt_tokens"), odd_arguments=odd)
 
 
 def observe_stream(st: Streamed) -> ChatObserved | None:
@@ -170,10 +174,9 @@ def observe_stream(st: Streamed) -> ChatObserved | None:
         except ValueError:
             half.append(f"call {i} ({name}): arguments {args!r} are not whole JSON")
             parsed.append((name, args))
-    usage = st.usage or {}
     return ChatObserved("".join(content), "".join(reasoning), tuple(parsed), reasons[-1] if reasons else None,
-                        usage.get("completion_tokens"), usage.get("prompt_tokens"), tuple(leaks), tuple(half),
-                        tuple(odd))
+                        token_count(st.usage, "completion_tokens"), token_count(st.usage, "prompt_tokens"),
+                        tuple(leaks), tuple(half), tuple(odd))
 
 
 def _text(delta: dict[str, Any], field: str) -> str:
@@ -255,7 +258,8 @@ def run_chat(a: ScriptServer, case: Case) -> Outcome:
     if chat_of(case).get("sweep"):
         findings += sweep_chat(a, case, info)
     return Outcome(output=(whole.content.encode() if whole else None), finish_reason=whole.finish_reason if whole else None,
-                   findings=tuple(merge(findings) + wire_findings(st, include_usage=exp.finish_reason is not None)),
+                   findings=tuple(merge(findings) + wire_findings(st, include_usage=exp.finish_reason is not None)
+                                  + body_findings(status, raw)),
                    judged=True, reference=exp.to_json(),
                    not_checked=() if whole is None or whole.completion_tokens is not None else
                    ("usage.completion_tokens (not reported)",),

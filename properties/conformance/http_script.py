@@ -28,7 +28,7 @@ from .judgement import Observed, expected_of, judge_observed
 from .script_check import Returned, deviation
 from .script_server import ScriptServer, case_fields, program_body, sweep_limits
 from .symptoms import WIRE, Expected, compare_count, finding, first_difference, merge
-from .wire import Streamed, error_body_findings, logprob_pieces, wire_findings
+from .wire import Streamed, body_findings, logprob_pieces, token_count, wire_findings
 
 
 
@@ -65,14 +65,15 @@ def observe(status: int, data: Any, raw: str, st: Streamed, index: int = 0, n: i
     """An HTTP exchange (the non-streamed answer and the stream) as an Observed, for choice `index`
     of `n` (with n > 1 the token count is the choices' total and is judged apart)."""
     choices = (data.get("choices") or []) if isinstance(data, dict) else []
-    choice = next((c for c in choices if c.get("index", 0) == index), {}) if isinstance(choices, list) else {}
+    choice = next((c for c in choices if isinstance(c, dict) and c.get("index", 0) == index), {}) \
+        if isinstance(choices, list) else {}
     st = st.choice(index) if n > 1 else st
     usage = data.get("usage") if isinstance(data, dict) else None
     ok = status == 200 and isinstance(choice.get("text"), str)
-    count = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    count = token_count(usage, "completion_tokens")
     return Observed(
         text=choice["text"].encode() if ok else None, finish_reason=choice.get("finish_reason") if ok else None,
-        completion_tokens=count if isinstance(count, int) and status == 200 and n == 1 else None,
+        completion_tokens=count if status == 200 and n == 1 else None,
         chunks=tuple(t.encode() for t in st.texts) if st.status == 200 else None,
         stream_finish_reasons=tuple(st.finish_reasons) if st.status == 200 else None,
         content_after_finish=tuple(t.encode() for t in st.content_after_finish),
@@ -96,14 +97,14 @@ def judge_exchange(case: Case, exp: Expected, status: int, data: Any, raw: str, 
             found += [attrs.evolve(x, message=f"choice {i}: {x.message}") for x in f]
             not_checked += [m for m in missed if m not in not_checked and not m.startswith("usage")]
         usage = data.get("usage") if isinstance(data, dict) else None
-        total = usage.get("completion_tokens") if isinstance(usage, dict) and status == 200 else None
+        total = token_count(usage, "completion_tokens") if status == 200 else None
         if total is None:
             not_checked.append("usage.completion_tokens (not reported)")
         elif total % n:
             found.append(finding("usage_mismatch", f"usage.completion_tokens is {total} for {n} equal choices"))
         else:
             found += [attrs.evolve(x, message=f"per choice: {x.message}") for x in compare_count(exp, total // n)]
-    return merge(found) + wire_findings(st) + error_body_findings(status, raw), not_checked + not_observable(case)
+    return merge(found) + wire_findings(st) + body_findings(status, raw), not_checked + not_observable(case)
 
 
 def sweep(a: ScriptServer, case: Case) -> list[Finding]:
@@ -148,7 +149,7 @@ def run_script(a: ScriptServer, case: Case) -> Outcome:
         return Outcome(skip=f"the server refuses the request field(s) {sorted(case.inputs['request'])}: {raw[:240]!r}")
     st = a.stream_body(PATH, {**body, "stream": True})
     usage = data.get("usage") if isinstance(data, dict) else None
-    sent = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    sent = token_count(usage, "prompt_tokens")
     as_text = isinstance(body["prompt"], str)
     prefix = a.prefix()  # D26: what the engine puts before the prompt, from the probe (None: unknown)
     shifted = len(prog.prompt) + (prefix.tokens or 0)

@@ -94,13 +94,14 @@ SYMPTOMS: Mapping[str, tuple[str, str, str]] = {
     # OpenAI wire conventions (graded by the convention, not by chapter 4)
     "done_missing": ("openai_sse_done", WIRE, "no data: [DONE]"),
     "data_after_done": ("openai_sse_done", WIRE, "data after [DONE]"),
-    "malformed": ("openai_sse_json", WIRE, "data line not JSON"),
+    "malformed": ("openai_sse_json", WIRE, "data line not a chunk"),
     "reason_value": ("openai_finish_reason", WIRE, "finish_reason outside the API's set"),
     "sse_id": ("openai_sse_id", WIRE, "SSE ids repeat or go back"),
     "chunk_id": ("openai_sse_id", WIRE, "chunk ids differ within a response"),
     "usage_chunk": ("openai_usage_chunk", WIRE, "include_usage gave no usage chunk"),
     "error_body": ("openai_error_body", WIRE, "error body not in the API's shape"),
     "call_arguments": ("openai_tool_arguments", WIRE, "tool-call arguments not JSON text"),
+    "answer_shape": ("openai_answer_shape", WIRE, "answer not in the API's shape"),
     "connection_dropped": ("http_keep_alive", WIRE, "connection dropped"),
 }
 
@@ -116,11 +117,13 @@ CHAT_STATEMENTS: Mapping[str, str] = {
 # Statements of the wire conventions (the §4.x invariants' statements are in spec/invariants.toml).
 WIRE_STATEMENTS: Mapping[str, str] = {
     "openai_sse_done": "an OpenAI stream ends with the line `data: [DONE]` and sends nothing after it",
-    "openai_sse_json": "every `data:` line of an OpenAI stream but [DONE] is one JSON object",
+    "openai_sse_json": "every event of an OpenAI stream but [DONE] is one JSON object in the chunk's shape",
     "openai_finish_reason": "finish_reason is one of stop, length, content_filter, tool_calls, function_call",
     "openai_sse_id": "SSE `id:` fields strictly increase, and every chunk of one response carries the same `id`",
     "openai_usage_chunk": "with stream_options.include_usage the last chunk before [DONE] carries usage and no choices",
     "openai_error_body": "an error answer is JSON {\"error\": {\"message\": ..., \"type\": ...}}",
+    "openai_answer_shape": "a non-streamed answer is a JSON object in the API's shape: choices a list of objects, "
+                           "text and content strings, usage an object",
     "openai_tool_arguments": "a tool call's function.arguments is a string holding JSON (streamed, in string pieces)",
     "http_keep_alive": "a persistent HTTP/1.1 connection is closed only with `Connection: close` (RFC 9112 §9.3); "
                        "a request sent on it gets an answer",

@@ -139,11 +139,20 @@ def logprob_pieces(lp: Any) -> tuple[bytes | str, ...] | None:
     if not isinstance(lp, dict):
         return None
     if isinstance(lp.get("content"), list):
-        return tuple(bytes(c["bytes"]) if isinstance(c, dict) and isinstance(c.get("bytes"), list) else
-                     str(c.get("token", "")) if isinstance(c, dict) else "" for c in lp["content"])
+        return tuple(_entry_piece(c) for c in lp["content"])
     if isinstance(lp.get("tokens"), list):
         return tuple(str(t) for t in lp["tokens"])
     return None
+
+
+def _entry_piece(entry: Any) -> bytes | str:
+    """A chat logprobs entry's piece: its `bytes` where they are a list of byte values, else its `token`."""
+    if not isinstance(entry, dict):
+        return ""
+    raw = entry.get("bytes")
+    if isinstance(raw, list) and all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b < 256 for b in raw):
+        return bytes(raw)
+    return str(entry.get("token", ""))
 
 
 _EOL = re.compile(r"\r\n|\r|\n")
@@ -226,15 +235,61 @@ def _dispatch(out: Streamed) -> None:
     try:
         chunk = json.loads(payload)
     except json.JSONDecodeError:
-        out.malformed.append(payload[:80])
+        out.malformed.append(f"not JSON: {payload[:80]}")
         return
     if not isinstance(chunk, dict):
-        out.malformed.append(payload[:80])
+        out.malformed.append(f"not an object: {payload[:80]}")
         return
     if chunk.get("error"):
         out.error = json.dumps(chunk["error"], ensure_ascii=False)[:500]
         return
+    if (why := shape_error(chunk, CHUNK)) is not None:  # judged as sent it would mislead or break the reading
+        out.malformed.append(f"{why}: {payload[:80]}")
+        return
     out.chunks.append(chunk)
+
+
+# The API's shape of what the judgement reads from an answer: each field, the JSON type it holds
+# when present and not null, and for an object or a list of objects the shape of that object. A
+# chunk that departs from it is a `malformed` wire finding and is left out, never read half-way.
+Shape = dict[str, tuple[type | tuple[type, ...], "Shape | None"]]
+FUNCTION: Shape = {"name": (str, None)}
+CALL: Shape = {"index": (int, None), "function": (dict, FUNCTION)}
+DELTA: Shape = {"content": (str, None), "reasoning_content": (str, None), "reasoning": (str, None),
+                "tool_calls": (list, CALL)}
+CHOICE: Shape = {"index": (int, None), "delta": (dict, DELTA), "text": (str, None), "finish_reason": (str, None)}
+USAGE: Shape = {"completion_tokens": (int, None), "prompt_tokens": (int, None)}
+CHUNK: Shape = {"choices": (list, CHOICE), "usage": (dict, USAGE), "id": ((str, int), None)}
+MESSAGE_CHOICE: Shape = {"index": (int, None), "message": (dict, DELTA), "text": (str, None), "finish_reason": (str, None)}
+ANSWER: Shape = {"choices": (list, MESSAGE_CHOICE), "usage": (dict, USAGE)}
+_JSON_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "a list", dict: "an object"}
+
+
+def token_count(usage: Any, field: str) -> int | None:
+    """`usage[field]` where it is a whole count (an answer in another shape: body_findings says so)."""
+    n = usage.get(field) if isinstance(usage, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
+def shape_error(value: Any, shape: Shape, at: str = "") -> str | None:
+    """Where `value` (an object) departs from `shape`: 'choices[0].delta is a list, not an object'."""
+    for name, (kind, inner) in shape.items():
+        v = value.get(name)
+        where = f"{at}.{name}" if at else name
+        if v is None:
+            continue
+        if not isinstance(v, kind) or (isinstance(v, bool) and kind is int):
+            wanted = " or ".join(_JSON_NAMES[k] for k in (kind if isinstance(kind, tuple) else (kind,)))
+            return f"{where} is {_JSON_NAMES.get(type(v), type(v).__name__)}, not {wanted}"
+        if inner is None:
+            continue
+        for i, item in enumerate(v if isinstance(v, list) else [v]):
+            here = f"{where}[{i}]" if isinstance(v, list) else where
+            if not isinstance(item, dict):
+                return f"{here} is {_JSON_NAMES.get(type(item), type(item).__name__)}, not an object"
+            if (why := shape_error(item, inner, here)) is not None:
+                return why
+    return None
 
 
 def _error_text(payload: str) -> str:
@@ -327,7 +382,7 @@ def wire_findings(st: Streamed, *, include_usage: bool = False) -> list[Finding]
     if st.data_after_done:
         out.append(finding("data_after_done", f"{st.data_after_done} data line(s) after [DONE]"))
     if st.malformed:
-        out.append(finding("malformed", f"data lines that are not JSON objects: {st.malformed}"))
+        out.append(finding("malformed", f"data lines that are not chunks of the API's shape: {st.malformed}"))
     bad = sorted({r for r in st.finish_reasons if r not in API_REASONS})
     if bad:
         out.append(finding("reason_value", f"finish_reason {bad} is not one of {sorted(API_REASONS)}"))
@@ -346,19 +401,23 @@ def _id_findings(sse_ids: list[str], chunk_ids: Iterable[Any]) -> list[Finding]:
         out.append(finding("sse_id", f"SSE ids repeat: {sse_ids[:20]}"))
     distinct = {i for i in chunk_ids if i is not None}
     if len(distinct) > 1:
-        out.append(finding("chunk_id", f"one response's chunks carry {len(distinct)} different ids: {sorted(distinct)[:5]}"))
+        out.append(finding("chunk_id", f"one response's chunks carry {len(distinct)} different ids: {sorted(distinct, key=repr)[:5]}"))
     return out
 
 
-def error_body_findings(status: int, raw: str) -> list[Finding]:
-    """A 4xx/5xx answer's body against the API's error shape (a wire convention)."""
-    if status < 400:
-        return []
+def body_findings(status: int, raw: str) -> list[Finding]:
+    """A non-streamed answer's body against the API's shapes (wire conventions): an error answer's
+    `{"error": {"message": ...}}`, a 200 answer's fields that the judgement reads (ANSWER)."""
     try:
         body = json.loads(raw)
     except ValueError:
         body = None
-    err = body.get("error") if isinstance(body, dict) else None
-    if isinstance(err, dict) and isinstance(err.get("message"), str):
+    if status >= 400:
+        err = body.get("error") if isinstance(body, dict) else None
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return []
+        return [finding("error_body", f"the {status} answer is not {{\"error\": {{\"message\": ...}}}}: {raw[:200]!r}")]
+    if status != 200:
         return []
-    return [finding("error_body", f"the {status} answer is not {{\"error\": {{\"message\": ...}}}}: {raw[:200]!r}")]
+    why = "not a JSON object" if not isinstance(body, dict) else shape_error(body, ANSWER)
+    return [] if why is None else [finding("answer_shape", f"the answer's {why}: {raw[:200]!r}")]
