@@ -29,7 +29,7 @@ import attrs
 from ...runtime.tokenizers import own_bytes
 from .adapters.base import Finding
 from .symptoms import finding
-from .wire import Streamed, logprob_pieces
+from .wire import Streamed, first_choice, logprob_pieces
 
 INVARIANT = "stream_tokens_aligned"
 _LOSSY = ("bytes:", "token_id:")
@@ -86,10 +86,9 @@ def chunk_reports(st: Streamed) -> list[ChunkReport]:
 
 def message_report(data: Any, chat: bool) -> ChunkReport | None:
     """A non-streamed answer's choice 0 as one chunk (None when it is no answer)."""
-    choices = data.get("choices") if isinstance(data, dict) else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+    c = first_choice(data)
+    if not c:
         return None
-    c = choices[0]
     holder = c.get("message") if chat else c
     text = holder.get("content" if chat else "text") if isinstance(holder, dict) else None
     text = text if isinstance(text, str) else ""

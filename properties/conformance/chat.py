@@ -33,7 +33,7 @@ from .cases import Case
 from .chat_cases import TAGS, TOOLS, chat_of, template_of
 from .script_server import ScriptServer, case_fields, sweep_limits
 from .symptoms import finding, merge
-from .wire import Streamed, body_findings, token_count, wire_findings
+from .wire import Streamed, body_findings, first_choice, token_count, wire_findings
 
 PATH = "/v1/chat/completions"
 @attrs.frozen
@@ -122,9 +122,8 @@ def _calls(raw: Any) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
 def observe_message(status: int, data: Any) -> ChatObserved | None:
     """A non-streamed chat answer's channels, each read where it has the API's type (a field that
     has not is a wire finding, wire.body_findings); None where there is no message to read."""
-    choices = data.get("choices") if status == 200 and isinstance(data, dict) else None
-    choice = choices[0] if isinstance(choices, list) and choices else None
-    msg = choice.get("message") if isinstance(choice, dict) else None
+    choice = first_choice(data) if status == 200 else {}
+    msg = choice.get("message")
     if not isinstance(msg, dict):
         return None
     usage = data.get("usage")

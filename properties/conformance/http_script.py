@@ -28,7 +28,7 @@ from .judgement import Observed, expected_of, judge_observed
 from .script_check import Returned, deviation
 from .script_server import ScriptServer, case_fields, program_body, sweep_limits
 from .symptoms import WIRE, Expected, compare_count, finding, first_difference, merge
-from .wire import Streamed, body_findings, logprob_pieces, token_count, wire_findings
+from .wire import Streamed, body_findings, choices_of, logprob_pieces, token_count, wire_findings
 
 
 
@@ -64,9 +64,7 @@ def not_observable(case: Case) -> list[str]:
 def observe(status: int, data: Any, raw: str, st: Streamed, index: int = 0, n: int = 1) -> Observed:
     """An HTTP exchange (the non-streamed answer and the stream) as an Observed, for choice `index`
     of `n` (with n > 1 the token count is the choices' total and is judged apart)."""
-    choices = (data.get("choices") or []) if isinstance(data, dict) else []
-    choice = next((c for c in choices if isinstance(c, dict) and c.get("index", 0) == index), {}) \
-        if isinstance(choices, list) else {}
+    choice = next((c for c in choices_of(data) if c.get("index", 0) == index), {})
     st = st.choice(index) if n > 1 else st
     usage = data.get("usage") if isinstance(data, dict) else None
     ok = status == 200 and isinstance(choice.get("text"), str)
@@ -197,7 +195,7 @@ def left_script(a: ScriptServer, case: Case, data: dict[str, Any], exp: Expected
     same = first_difference(ref, script)
     if exp.guard_passed:  # engines differ in how a guarded EOS is passed over (banned, or selected): D31's question
         same = min(same, exp.eos_at - 1)
-    for choice in data.get("choices") or []:
+    for choice in choices_of(data):
         d = deviation(prog, a.checkpoint.tokenizer, a.checkpoint.eos_id, returned(choice), end=min(exp.selected, same))
         if d is not None:
             return d.message

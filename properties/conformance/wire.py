@@ -145,14 +145,19 @@ def logprob_pieces(lp: Any) -> tuple[bytes | str, ...] | None:
     return None
 
 
-def _entry_piece(entry: Any) -> bytes | str:
-    """A chat logprobs entry's piece: its `bytes` where they are a list of byte values, else its `token`."""
-    if not isinstance(entry, dict):
-        return ""
-    raw = entry.get("bytes")
+def byte_values(raw: Any) -> bytes | None:
+    """A logprobs entry's `bytes` field as bytes, where it is a list of byte values (0-255)."""
     if isinstance(raw, list) and all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b < 256 for b in raw):
         return bytes(raw)
-    return str(entry.get("token", ""))
+    return None
+
+
+def _entry_piece(entry: Any) -> bytes | str:
+    """A chat logprobs entry's piece: its `bytes` where they are byte values, else its `token`."""
+    if not isinstance(entry, dict):
+        return ""
+    raw = byte_values(entry.get("bytes"))
+    return raw if raw is not None else str(entry.get("token", ""))
 
 
 _EOL = re.compile(r"\r\n|\r|\n")
@@ -263,6 +268,17 @@ CHUNK: Shape = {"choices": (list, CHOICE), "usage": (dict, USAGE), "id": ((str, 
 MESSAGE_CHOICE: Shape = {"index": (int, None), "message": (dict, DELTA), "text": (str, None), "finish_reason": (str, None)}
 ANSWER: Shape = {"choices": (list, MESSAGE_CHOICE), "usage": (dict, USAGE)}
 _JSON_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "a list", dict: "an object"}
+
+
+def choices_of(data: Any) -> list[dict[str, Any]]:
+    """A non-streamed answer's choices that are objects (an answer in another shape: body_findings)."""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    return [c for c in choices if isinstance(c, dict)] if isinstance(choices, list) else []
+
+
+def first_choice(data: Any) -> dict[str, Any]:
+    """Choice 0 of a non-streamed answer; {} where it has none."""
+    return next(iter(choices_of(data)), {})
 
 
 def token_count(usage: Any, field: str) -> int | None:

@@ -30,8 +30,8 @@ from ..checkpoints import LONG, RECIPE, Checkpoint, digest, group_of, http_block
 from ..http_script import run_script
 from ..life import RECIPES as LIFE_RECIPES
 from ..symptoms import Expected, compare_reason, compare_stream, compare_text, finding, merge
-from ..wire import (StreamOverrun, Streamed, Watch, body_ended, feed, sse_lines, terminal_findings, trim_middle,
-                    wire_findings)
+from ..wire import (ANSWER, StreamOverrun, Streamed, Watch, body_ended, byte_values, feed, first_choice, shape_error,
+                    sse_lines, terminal_findings, trim_middle, wire_findings)
 from ..without import WITHOUT, lacking
 from .base import Finding, Outcome, missing_capabilities
 
@@ -223,7 +223,7 @@ class OpenAIAdapter:
             body = {"model": self.model, "prompt": self.prompt_for(list(ck.probe.prompt)), "max_tokens": 1,
                     "temperature": 0, "logprobs": 1}
             status, data, raw = self.post("/v1/completions", body, log=[])
-            choice = (data.get("choices") or [{}])[0] if status == 200 and isinstance(data, dict) else {}
+            choice = first_choice(data) if status == 200 else {}
             got = returned(choice) if choice else Returned(text="")
             self._prefix = detect_prefix(ck.probe, ck.tokenizer, got)
         return self._prefix
@@ -376,6 +376,10 @@ class OpenAIAdapter:
 
 
 def _answer(data: dict[str, Any]) -> Answer:
+    """A non-streamed answer with choices; one whose fields are not of the API's types (wire.ANSWER)
+    cannot be judged: a ServerError that names the field."""
+    if (why := shape_error(data, ANSWER)) is not None:
+        raise ServerError(f"the answer's {why}: {_trim(json.dumps(data, ensure_ascii=False), 300)!r}")
     choice = data["choices"][0]
     chat = "message" in choice
     text = ((choice.get("message") or {}).get("content") or "") if chat else (choice.get("text") or "")
@@ -393,8 +397,9 @@ def logprob_tokens(logprobs: Any, text: str) -> list[str] | None:
         return None
     if isinstance(logprobs.get("content"), list):
         items = logprobs["content"]
-        if items and all(isinstance(c, dict) and isinstance(c.get("bytes"), list) for c in items):
-            toks = _split_text([bytes(c["bytes"]) for c in items])
+        pieces = [byte_values(c.get("bytes")) if isinstance(c, dict) else None for c in items]
+        if items and all(p is not None for p in pieces):
+            toks = _split_text(pieces)
         else:
             toks = [c.get("token", "") if isinstance(c, dict) else "" for c in items]
     else:

@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 import httpx
 
-from ..wire import StreamOverrun, Streamed, Watch, body_ended, feed, sse_lines, trim_middle
+from ..wire import StreamOverrun, Streamed, Watch, body_ended, feed, first_choice, sse_lines, token_count, trim_middle
 
 _LINE = re.compile(r"^([A-Za-z_:][\w:]*)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN)\s*$")
 RUNNING = re.compile(r"running|processing|active_slots|in_flight|inflight")
@@ -68,10 +68,9 @@ class Exchange:
         if self.streamed is not None:
             st = self.streamed
             return (self.status, st.text, tuple(st.finish_reasons), _error_kind(st.error), st.error_events, st.done)
-        choice = ((self.data or {}).get("choices") or [{}])[0] if isinstance(self.data, dict) else {}
-        usage = (self.data or {}).get("usage") if isinstance(self.data, dict) else None
-        return (self.status, choice.get("text"), choice.get("finish_reason"),
-                usage.get("completion_tokens") if isinstance(usage, dict) else None)
+        choice = first_choice(self.data)
+        usage = self.data.get("usage") if isinstance(self.data, dict) else None
+        return (self.status, choice.get("text"), choice.get("finish_reason"), token_count(usage, "completion_tokens"))
 
     def record(self) -> dict[str, Any]:
         """The exchange as a report keeps it (the request, the status, the raw answer, the timings)."""
