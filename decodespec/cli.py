@@ -16,6 +16,7 @@ from rich.table import Table as RichTable
 
 from . import __version__
 from .checkout import default_diagrams_dir
+from .cli_paths import output_folder
 from .spec import MACHINES, DecisionKind, SpecError, Table, load_file, load_spec
 
 
@@ -63,6 +64,7 @@ def show(name: str) -> None:
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
+    callback=output_folder,
     help="Output folder (default: diagrams/ of the checkout you are in, else ./diagrams).",
 )
 @click.option(

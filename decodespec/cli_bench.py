@@ -25,6 +25,8 @@ import click
 from rich.console import Console
 from rich.table import Table as RichTable
 
+from .cli_paths import output_file
+
 BENCHMARKS = ("framework", "stop", "detok", "stepper", "checker", "engine", "server")
 
 
@@ -112,6 +114,7 @@ def table(name: str, figures: dict[str, Any], seconds: float) -> RichTable:
 @click.argument("names", nargs=-1)
 @click.option("--rounds", type=click.IntRange(min=1), default=None, help="Rounds per benchmark (default: its own).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              callback=output_file,
               help="Also write every result to this JSON file.")
 @click.option("--quick", is_flag=True, help="Small sizes and one round (a smoke run, not a measurement).")
 @click.option("--dir", "folder", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,

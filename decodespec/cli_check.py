@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table as RichTable
 
+from .cli_paths import output_folder
 from .machine.checker import MAX_REQUESTS, CheckReport, Counterexample, default_config
 from .machine.checker import check as model_check
 from .machine.checker_channels import ChannelsReport, check_channels
@@ -38,7 +39,7 @@ from .spec import SpecError, load_file, load_spec
 @click.option("--table", "table_files", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="A modified table file that replaces the shipped one of the same name (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@click.option("--draw", "draw_dir", type=click.Path(file_okay=False), default=None,
+@click.option("--draw", "draw_dir", type=click.Path(file_okay=False), default=None, callback=output_folder,
               help="Render the first counterexample (or --witness) on the state diagrams into this folder.")
 @click.option("--witness", "witness", default=None, metavar="NAME",
               help="With --draw: draw this sometimes-property's witness instead of a counterexample.")

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import click
 
+from .cli_paths import output_folder
+
 
 @click.group()
 def checkpoints() -> None:
@@ -19,6 +21,7 @@ def checkpoints() -> None:
 
 @checkpoints.command("build")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".cache/checkpoints"),
+              callback=output_folder,
               show_default=True, help="Folder to write one checkpoint per tokenizer group into.")
 @click.option("--select", "select", multiple=True, help="Only cases whose id starts with this prefix (repeatable).")
 @click.option("--group", "groups", multiple=True,

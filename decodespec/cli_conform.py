@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from .checkout import default_diagrams_dir
+from .cli_paths import output_folder
 from .properties.conformance.without import WITHOUT
 
 _STYLE = {"PASS": "green", "FAIL": "red", "ERROR": "bold red", "SKIP": "dim"}
@@ -74,6 +75,7 @@ def report_name(engine: str) -> str:
               help="Known failures, one case id a line (# comments): they do not fail the run. Unknown ids are refused.")
 @click.option("--strict", is_flag=True, help="SHOULD failures fail the run too (by default they are reported only).")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              callback=output_folder,
               help="Write report.json, junit.xml, report.md, report.html into this folder.")
 @click.option("--name", default=None, help="Engine name shown in reports (default: derived from --engine).")
 @click.option("--checkpoint", "checkpoints", type=click.Path(exists=True, file_okay=False, path_type=Path), multiple=True,

@@ -1,5 +1,6 @@
-"""`decodespec generate` and `serve` end bad input with one specific error, before any work starts
-(issue 15 item 5): nothing is generated, no file is half-written, no traceback."""
+"""`decodespec generate`, `serve` and every command that writes end bad input with one specific
+error, before any work starts (issue 15 item 5): nothing is generated, no file is half-written, no
+traceback."""
 
 from __future__ import annotations
 
@@ -24,6 +25,26 @@ def test_generate_refuses_bad_input_with_one_clear_error(args, words):
     out = CliRunner().invoke(main, ["generate", *args])
     assert out.exit_code == 2, out.output
     assert words in " ".join(out.output.split()) and "Traceback" not in out.output and "FAILED" not in out.output
+
+
+@pytest.mark.parametrize("command, option", [
+    (["conform", "--engine", "reference", "--select", "stop/cross-token/001"], "--report"),
+    (["checkpoints", "build", "--group", "byte_table"], "--out"),
+    (["diagrams"], "--out"),
+    (["check", "--requests", "1"], "--draw"),
+    (["bench", "stop", "--quick"], "--json"),
+])
+def test_a_path_a_command_cannot_write_is_refused_before_its_work(tmp_path, command, option):
+    """A report, checkpoint, diagram or result path under a file is refused at once, naming why; the
+    run it would have ended (a conformance run, a build, a benchmark) never starts and leaves nothing."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    target = blocker / "out" / ("results.json" if option == "--json" else "")
+    out = CliRunner().invoke(main, [*command, option, str(target)])
+    assert out.exit_code == 2, out.output
+    said = " ".join(out.output.split())
+    assert f"Invalid value for '{option}'" in said and f"{blocker} is not a folder" in said, said
+    assert "Traceback" not in out.output and list(tmp_path.iterdir()) == [blocker]
 
 
 def test_generate_on_cuda_without_cuda_says_what_is_missing():
