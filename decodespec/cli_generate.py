@@ -37,16 +37,32 @@ def load_model_and_tokenizer(path: str | None, device: str = "cpu"):
     from decodespec.runtime.models import HFModel, TinyLM
     from decodespec.runtime.tinylm import ASSETS, TinyLMConfig
     from decodespec.runtime.tokenizers import HFTokenizer
+    from safetensors import SafetensorError
 
     device = check_device(device)
     folder = ASSETS if path is None else Path(path)
     config = folder / "config.json"
+
+    def refuse(why: str) -> click.BadParameter:
+        return click.BadParameter(f"{folder}: {why}", param_hint="--model")
+
+    if not folder.is_dir():
+        raise refuse("no such folder" if not folder.exists() else "a file, not a checkpoint folder")
     if not config.is_file():
-        raise click.BadParameter(f"{folder} holds no config.json: not a checkpoint folder", param_hint="--model")
-    keys = set(json.loads(config.read_text(encoding="utf-8")))
-    tinylm = keys <= {f.name for f in attrs.fields(TinyLMConfig)}
-    model = TinyLM.from_pretrained(folder, device=device) if tinylm else HFModel(folder, device=device)
-    return model, HFTokenizer(folder)
+        raise refuse("holds no config.json: not a checkpoint folder")
+    try:
+        keys = json.loads(config.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise refuse(f"config.json is not JSON ({exc})") from None
+    if not isinstance(keys, dict):
+        raise refuse("config.json is not a JSON object")
+    tinylm = set(keys) <= {f.name for f in attrs.fields(TinyLMConfig)}
+    try:  # what transformers or the TinyLM loader refuses: missing or cut weights, an unknown model_type, a bad tokenizer
+        model = TinyLM.from_pretrained(folder, device=device) if tinylm else HFModel(folder, device=device)
+        return model, HFTokenizer(folder)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as exc:
+        said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise refuse(f"cannot be loaded: {said[:300]}") from None
 
 
 _TRACE_SUFFIXES = (".jsonl", ".json", ".ndjson", ".log", ".txt")

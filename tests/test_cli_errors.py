@@ -47,6 +47,42 @@ def test_a_path_a_command_cannot_write_is_refused_before_its_work(tmp_path, comm
     assert "Traceback" not in out.output and list(tmp_path.iterdir()) == [blocker]
 
 
+def _broken(folder, how):
+    """A copy of the embedded model's folder, broken one way."""
+    import shutil
+
+    from decodespec.runtime.tinylm import ASSETS
+
+    shutil.copytree(ASSETS, folder)
+    if how == "config not JSON":
+        (folder / "config.json").write_text("{bad")
+    elif how == "weights cut":
+        data = (folder / "model.safetensors").read_bytes()
+        (folder / "model.safetensors").write_bytes(data[:1000])
+    elif how == "no tokenizer":
+        (folder / "tokenizer.json").unlink()
+    elif how == "unknown architecture":
+        (folder / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    return folder
+
+
+@pytest.mark.parametrize("how, words", [
+    ("config not JSON", "config.json is not JSON"),
+    ("weights cut", "cannot be loaded: Error while deserializing header"),
+    ("no tokenizer", "cannot be loaded: folder"),
+    ("unknown architecture", "cannot be loaded: The checkpoint you are trying to load has model type"),
+])
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_a_broken_model_folder_is_one_error_naming_what_is_wrong(tmp_path, command, how, words):
+    """--model: a folder that cannot be loaded is a usage error that says why; no request runs and no
+    server starts."""
+    folder = _broken(tmp_path / "model", how)
+    out = CliRunner().invoke(main, [command, "--model", str(folder), *(["hi"] if command == "generate" else [])])
+    said = " ".join(out.output.split())
+    assert out.exit_code == 2 and f"Invalid value for --model: {folder}: {words}" in said, said
+    assert "Traceback" not in out.output
+
+
 def test_generate_on_cuda_without_cuda_says_what_is_missing():
     import torch
 
