@@ -93,7 +93,7 @@ class _Refused(Exception):
 async def _read_body(request: HttpRequest, limit: int) -> bytes:
     """The body, read in chunks up to `limit` bytes (413 past it, from Content-Length or as read)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise _Refused(ApiError(413, f"the body is {declared} bytes; this server takes at most {limit}",
                                 code="body_too_large"))
     buf = bytearray()

@@ -408,9 +408,14 @@ def wire_findings(st: Streamed, *, include_usage: bool = False) -> list[Finding]
     return out
 
 
+def sse_number(sse_id: str) -> int | None:
+    """An SSE id as the number it spells in ASCII digits ('²' is a digit to str.isdigit, not to int)."""
+    return int(sse_id) if sse_id.isascii() and sse_id.isdigit() else None
+
+
 def _id_findings(sse_ids: list[str], chunk_ids: Iterable[Any]) -> list[Finding]:
     out = []
-    nums = [int(i) for i in sse_ids if i.isascii() and i.isdigit()]  # '²' is a digit int() refuses
+    nums = [n for n in map(sse_number, sse_ids) if n is not None]
     if len(nums) == len(sse_ids) and any(b <= a for a, b in zip(nums, nums[1:])):
         out.append(finding("sse_id", f"SSE ids do not strictly increase: {sse_ids[:20]}"))
     elif len(set(sse_ids)) != len(sse_ids):

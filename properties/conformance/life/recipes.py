@@ -26,7 +26,7 @@ from ..checkpoints import LONG, RECIPE
 from ..http_script import PATH, request_body
 from ..script_server import LiveServer, program_body
 from ..symptoms import finding, merge, text_difference
-from ..wire import terminal_findings, wire_findings
+from ..wire import sse_number, terminal_findings, wire_findings
 from .exchange import Exchange, Gauges, Job, burst, client, overlap, preemptions, read_metrics, running, send
 
 # The model-checked properties (`decodespec check`, machine/checker.py: every interleaving of the
@@ -417,8 +417,8 @@ def _resumed(ex: Exchange, before: Any, want: str, last: str, when: str) -> list
     if got != want:
         out.append(finding("resume_mismatch", f"resumed {when}: the text before the cut plus the resumed text is "
                                               f"{text_difference(got, want)}"))
-    ids = [int(i) for i in st.sse_ids if i.isdigit()]
-    if last.isdigit() and ids and min(ids) <= int(last):
+    ids = [n for n in map(sse_number, st.sse_ids) if n is not None]
+    if sse_number(last) is not None and ids and min(ids) <= int(last):
         out.append(finding("resume_mismatch", f"resumed {when}: SSE ids {ids[:5]} repeat events up to {last}"))
     out += [finding(f.symptom, f"resumed {when}: {f.message}") for f in terminal_findings(st)]
     return out + [f for f in wire_findings(st) if f.symptom == "done_missing"]
