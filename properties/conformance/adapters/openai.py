@@ -131,6 +131,7 @@ class OpenAIAdapter:
         if r.status_code != 200:
             raise ServerError(f"{self.url}/v1/models answered {r.status_code}: {_trim(r.text, 200)!r}; "
                               "is this an OpenAI-compatible server?")
+        _ = self.model  # a model list the cases cannot use fails here, once, not in every case
 
     def about(self) -> dict[str, Any]:
         """The server as a reproducer names it: URL, model name, version (from /version or /props
@@ -158,12 +159,16 @@ class OpenAIAdapter:
         if self._model is None:
             r = self._send("GET", "/v1/models")
             try:
-                data = r.json().get("data") or []
+                listed = r.json()
             except ValueError:
                 raise ServerError(f"GET {self.url}/v1/models answered {r.status_code} without JSON: {_trim(r.text, 300)!r}") from None
-            if not data:
-                raise ServerError(f"{self.url}/v1/models lists no model; pass --model")
-            self._model = data[0]["id"]
+            data = listed.get("data") if isinstance(listed, dict) else None
+            first = data[0] if isinstance(data, list) and data else None
+            if not isinstance(first, dict) or not isinstance(first.get("id"), str):
+                said = "lists no model" if data == [] else (f"is not a model list ({{\"data\": [{{\"id\": ...}}]}}): "
+                                                            f"{_trim(r.text, 200)!r}")
+                raise ServerError(f"{self.url}/v1/models {said}; pass --model")
+            self._model = first["id"]
         return self._model
 
     # ---- transport: bounded retries on connection errors, every exchange recorded ----------------
