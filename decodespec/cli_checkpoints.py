@@ -64,13 +64,17 @@ def build(out_dir: Path, select: tuple[str, ...], groups: tuple[str, ...], prove
 @click.argument("folder", type=click.Path(exists=True, file_okay=False, path_type=Path))
 def list_(folder: Path) -> None:
     """Show the case -> prompt ids -> script ids mapping of each checkpoint under FOLDER."""
+    from .properties.conformance import CaseError
     from .properties.conformance.checkpoints import MANIFEST, Checkpoint, checkpoint_folders
 
     found = checkpoint_folders(folder)
     if not found:
         raise click.ClickException(f"no forced checkpoint ({MANIFEST}) under {folder}")
     for sub in found:
-        c = Checkpoint.load(sub)
+        try:
+            c = Checkpoint.load(sub)
+        except CaseError as exc:
+            raise click.ClickException(str(exc)) from None
         click.echo(f"{sub} ({c.group}, eos {c.eos_id}, anchor {c.anchor}; prefix probe: prompt {list(c.probe.prompt)} "
                    f"-> echo {list(c.probe.echo)})")
         for cid, p in c.programs.items():

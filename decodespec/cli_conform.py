@@ -177,7 +177,8 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], list_only: 
 
 def _checkpoint_folders(given: tuple[Path, ...]) -> list[Path]:
     """Checkpoint folders from --checkpoint values: each a checkpoint, or a folder of them."""
-    from .properties.conformance.checkpoints import MANIFEST, checkpoint_folders
+    from .properties.conformance import CaseError
+    from .properties.conformance.checkpoints import MANIFEST, Checkpoint, checkpoint_folders
 
     if not given:
         raise click.UsageError("--launch needs --checkpoint (build them with `decodespec checkpoints build`)")
@@ -186,6 +187,11 @@ def _checkpoint_folders(given: tuple[Path, ...]) -> list[Path]:
         found = checkpoint_folders(g)
         if not found:
             raise click.BadParameter(f"{g} holds no forced checkpoint ({MANIFEST})", param_hint="--checkpoint")
+        for f in found:  # each one read now: a broken manifest stops the run before any server starts
+            try:
+                Checkpoint.load(f)
+            except CaseError as exc:
+                raise click.BadParameter(str(exc), param_hint="--checkpoint") from None
         out += found
     return out
 

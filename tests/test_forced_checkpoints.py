@@ -4,11 +4,13 @@ script cases over HTTP against `decodespec serve` on them, with seeded bugs caug
 from __future__ import annotations
 
 import pytest
+from click.testing import CliRunner
 
-from decodespec.properties.conformance import Verdict, load_cases, run_cases
+from decodespec.cli import main
+from decodespec.properties.conformance import CaseError, Verdict, load_cases, run_cases
 from decodespec.properties.conformance.adapters.openai import OpenAIAdapter
 from decodespec.properties.conformance.checkpoints import (
-    RECIPE, TABLE_GROUP, Checkpoint, build_checkpoints, byte_table_tokenizer, merged_table, prove,
+    FORMAT, MANIFEST, RECIPE, TABLE_GROUP, Checkpoint, build_checkpoints, byte_table_tokenizer, merged_table, prove,
     served_context,
 )
 from decodespec.properties.conformance.life import RECIPES as LIFE_RECIPES
@@ -62,6 +64,27 @@ def test_a_prompt_of_no_program_chooses_eos():
 def test_programs_that_cannot_share_a_checkpoint_are_refused_by_name(programs, message):
     with pytest.raises(ProgramError, match=message):
         forced_llama(programs, 50, 9, ANCHOR)
+
+
+@pytest.mark.parametrize("manifest, words", [
+    ("{bad", "not JSON"),
+    ("[1]", "a JSON list where the manifest is an object"),
+    ('{"format": "decodespec-forced/1"}', "format 'decodespec-forced/1', expected"),
+    (f'{{"format": "{FORMAT}", "cases": {{"x": 3}}}}', f"not a {FORMAT} manifest"),
+])
+def test_a_broken_checkpoint_manifest_is_one_error_naming_it(tmp_path, manifest, words):
+    """A manifest cut, edited or of another format is refused by its path wherever a checkpoint is
+    read (the loader, `checkpoints list`, `conform --launch`, `conform --checkpoint`): no traceback,
+    and no server is started for it."""
+    (tmp_path / MANIFEST).write_text(manifest)
+    with pytest.raises(CaseError, match=str(tmp_path / MANIFEST)):
+        Checkpoint.load(tmp_path)
+    for args in (["checkpoints", "list", str(tmp_path)],
+                 ["conform", "--launch", "false {model} {port}", "--checkpoint", str(tmp_path)],
+                 ["conform", "--engine", "openai:http://127.0.0.1:9", "--checkpoint", str(tmp_path)]):
+        out = CliRunner().invoke(main, args)
+        said = " ".join(out.output.split())
+        assert out.exit_code in (1, 2) and words in said and "Traceback" not in out.output, (args, said)
 
 
 def test_compiled_byte_table_keeps_every_id_and_its_bytes(tmp_path):

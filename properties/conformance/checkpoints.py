@@ -257,14 +257,24 @@ class Checkpoint:
         if not path.is_file():
             raise CaseError(f"{folder} is not a forced checkpoint: {MANIFEST} is missing "
                             "(build one with `decodespec checkpoints build`)")
-        data = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CaseError(f"{path}: not JSON ({exc}); rebuild it with `decodespec checkpoints build`") from None
+        if not isinstance(data, dict):
+            raise CaseError(f"{path}: a JSON {type(data).__name__} where the manifest is an object; rebuild it "
+                            "with `decodespec checkpoints build`")
         if data.get("format") != FORMAT:
             raise CaseError(f"{path}: format {data.get('format')!r}, expected {FORMAT!r} (rebuild it with "
                             "`decodespec checkpoints build`)")
-        programs = {cid: Program(cid, p["marker"], p["prompt"], p["script"]) for cid, p in data["cases"].items()}
-        probe = Probe(data["probe"]["marker"], data["probe"]["echo"])
-        return cls(folder, data["group"], data["eos_id"], programs, data["anchor"], probe, data["margins"],
-                   data.get("chat", {}))
+        try:
+            programs = {cid: Program(cid, p["marker"], p["prompt"], p["script"]) for cid, p in data["cases"].items()}
+            probe = Probe(data["probe"]["marker"], data["probe"]["echo"])
+            return cls(folder, data["group"], data["eos_id"], programs, data["anchor"], probe, data["margins"],
+                       data.get("chat", {}))
+        except (KeyError, TypeError, AttributeError) as exc:  # a manifest cut or edited by hand
+            raise CaseError(f"{path}: not a {FORMAT} manifest ({type(exc).__name__}: {exc}); rebuild it with "
+                            "`decodespec checkpoints build`") from None
 
     @property
     def tokenizer(self) -> HFTokenizer:
