@@ -32,9 +32,13 @@ def checkpoints() -> None:
 def build(out_dir: Path, select: tuple[str, ...], groups: tuple[str, ...], prove: bool) -> None:
     """Build the checkpoints of every script case that can run over HTTP."""
     from .properties.conformance import checkpoints as ck
-    from .properties.conformance.cases import CaseError, load_cases
+    from .properties.conformance.cases import CaseError, load_cases, select_cases
 
-    cases = ck.with_chat(load_cases(select))  # the chat variants compile into their own groups
+    try:  # the chat variants of the selected cases compile into their own groups
+        cases = ck.with_chat(select_cases(load_cases(), select))
+    except CaseError as exc:
+        raise click.BadParameter(f"{exc} (select a chapter case: its chat variants are built with it)",
+                                 param_hint="--select") from None
     if groups:
         known = sorted({ck.group_of(c) for c in cases if c.kind.value == "script"})
         if bad := sorted(set(groups) - set(known)):

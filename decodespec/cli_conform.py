@@ -107,7 +107,7 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], list_only: 
             without: tuple[str, ...],
             jobs: int) -> None:
     """Run the conformance cases (§4.3-§4.10) against ENGINE and report per case."""
-    from .properties.conformance import CaseError, EngineSpecError, adapter_for, load_cases, run_cases
+    from .properties.conformance import CaseError, EngineSpecError, adapter_for, load_cases, run_cases, select_cases
     from .properties.conformance.adapters.openai import ServerError
     from .properties.conformance.runner import read_expectations
 
@@ -116,9 +116,11 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], list_only: 
     from .properties.conformance.checkpoints import with_chat
 
     every = with_chat(load_cases()) if checkpoints else load_cases()  # chat variants run on forced checkpoints
-    cases = [c for c in every if not select or any(c.id.startswith(s) for s in select)]
-    if not cases:
-        raise click.ClickException(f"no case id starts with {' or '.join(select)}")
+    try:
+        cases = select_cases(every, select)
+    except CaseError as exc:
+        hint = " (the chat variants of the cases run with --checkpoint)" if not checkpoints and "'chat" in str(exc) else ""
+        raise click.BadParameter(f"{exc}{hint}", param_hint="--select") from None
     if list_only:
         table = RichTable(title=f"{len(cases)} case(s)")
         for col in ("case", "§", "grade", "invariant", "description"):

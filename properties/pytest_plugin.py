@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from .conformance import EngineSpecError, adapter_for, load_cases, run_case
+from .conformance import CaseError, EngineSpecError, adapter_for, load_cases, run_case, select_cases
 from .conformance.cases import Case
 from .conformance.reports import reproducer
 from .conformance.runner import Verdict, counts
@@ -119,6 +119,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     except (EngineSpecError, RuntimeError) as exc:  # RuntimeError: the HTTP adapter's ServerError
         raise pytest.UsageError(f"--decodespec-engine={engine}: {exc}") from None
     strict = config.getoption("--decodespec-strict")
-    for case in load_cases(config.getoption("--decodespec-select")):
+    try:
+        selected = select_cases(load_cases(), config.getoption("--decodespec-select"))
+    except CaseError as exc:
+        raise pytest.UsageError(f"--decodespec-select: {exc}") from None
+    for case in selected:
         items.append(CaseItem.from_parent(session, name=f"{engine}::{case.id}", case=case, engine=engine, model=model,
                                           checkpoint=checkpoint, timeout=timeout, strict=strict))

@@ -265,6 +265,19 @@ def test_a_server_whose_model_list_cannot_name_the_model_is_one_clear_error(list
     assert words in " ".join(out.output.split()) and "Traceback" not in out.output and "MUST" not in out.output
 
 
+def test_a_selection_prefix_that_starts_no_case_is_refused_not_run_as_a_smaller_suite(tmp_path):
+    """Issue 15: with `--select stop/ --select finsh/` the typo is named and nothing runs (the CLI,
+    `checkpoints build` and the pytest plugin alike), where the run went on with stop/ alone and passed."""
+    out = CliRunner().invoke(main, ["conform", "--engine", "reference", "--select", "stop/", "--select", "finsh/"])
+    assert out.exit_code == 2 and "no case id starts with 'finsh/'" in out.output and "pass" not in out.output
+    out = CliRunner().invoke(main, ["checkpoints", "build", "--select", "finsh/", "--out", str(tmp_path / "ck")])
+    assert out.exit_code == 2 and "no case id starts with 'finsh/'" in out.output and not (tmp_path / "ck").exists()
+    plugin = subprocess.run([sys.executable, "-m", "pytest", "-p", "decodespec", "-p", "no:cacheprovider", "--rootdir",
+                             str(tmp_path), "--decodespec-engine=reference", "--decodespec-select=stop/",
+                             "--decodespec-select=finsh/", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert plugin.returncode == 4 and "no case id starts with 'finsh/'" in plugin.stdout + plugin.stderr
+
+
 def test_a_python_adapter_plugs_in_as_module_factory(tmp_path, monkeypatch):
     """`--engine module:factory` loads an in-house adapter (here one wrapping the reference)."""
     (tmp_path / "my_engine.py").write_text(

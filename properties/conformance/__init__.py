@@ -9,10 +9,10 @@ checkpoints, and `adapter_for("openai:URL", checkpoint=FOLDER)` runs them over H
 """
 
 from .adapters import Adapter, EngineSpecError, Finding, Outcome, adapter_for
-from .cases import Case, CaseError, Grade, load_cases, save_case
+from .cases import Case, CaseError, Grade, load_cases, save_case, select_cases
 from .runner import CaseResult, Verdict, run_case, run_cases
 
 __all__ = [
     "Adapter", "Case", "CaseError", "CaseResult", "EngineSpecError", "Finding", "Grade", "Outcome",
-    "Verdict", "adapter_for", "load_cases", "run_case", "run_cases", "save_case",
+    "Verdict", "adapter_for", "load_cases", "run_case", "run_cases", "save_case", "select_cases",
 ]

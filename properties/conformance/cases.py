@@ -244,6 +244,15 @@ def load_cases(select: Iterable[str] = (), *, folder: str | Path | None = None) 
     return [c for _, c in sorted(cases.items()) if not prefixes or c.id.startswith(prefixes)]
 
 
+def select_cases(cases: Sequence[Case], prefixes: Iterable[str]) -> list[Case]:
+    """The cases whose id starts with one of `prefixes` (all of them with none). A prefix that starts
+    no case id is a CaseError naming it: a mistyped selection never runs a smaller suite quietly."""
+    prefixes = tuple(prefixes)
+    if unmatched := [p for p in prefixes if not any(c.id.startswith(p) for c in cases)]:
+        raise CaseError(f"no case id starts with {', '.join(map(repr, unmatched))}")
+    return [c for c in cases if not prefixes or c.id.startswith(prefixes)]
+
+
 # ---- saving counterexamples --------------------------------------------------------------------
 
 
