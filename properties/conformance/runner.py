@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 import time
-import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -245,8 +244,8 @@ def run_case(adapter: Adapter, case: Case) -> CaseResult:
     try:
         outcome = adapter.run(case)
     except Exception as exc:  # the engine or the adapter broke: never a pass
-        tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
-        return CaseResult(case, adapter.name, Verdict.ERROR, reason=tb, seconds=time.perf_counter() - t0)
+        said = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__  # the whole message, the class by name
+        return CaseResult(case, adapter.name, Verdict.ERROR, reason=said, seconds=time.perf_counter() - t0)
     if outcome.skip:
         return CaseResult(case, adapter.name, Verdict.SKIP, reason=outcome.skip, seconds=time.perf_counter() - t0)
     if outcome.abort:  # never a FAIL of the case: nothing of it could be judged (D27)
