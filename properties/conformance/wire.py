@@ -341,11 +341,13 @@ class Watch:
 
     @classmethod
     def of(cls, body: Mapping[str, Any], idle_s: float) -> Watch:
-        """The bound of a request: four events a token it may make, each of its choices, and 64 for
-        the opening, finish, usage and [DONE] events (a body without a limit: 100 000)."""
+        """The bound of a request: 16 events a token it may make (room for a server that streams a
+        character, or a piece of a tool call's arguments, at a time), each of its choices, and 256 for
+        the opening, finish, usage and [DONE] events (a body without a limit: 100 000). Only a stream
+        that runs on without end meets it."""
         limit = body.get("max_tokens", body.get("max_completion_tokens"))
         choices = max(int(body.get("n") or 1), int(body.get("best_of") or 1))
-        most = 4 * limit * choices + 64 if isinstance(limit, int) and limit >= 0 else 100_000
+        most = 16 * limit * choices + 256 if isinstance(limit, int) and limit >= 0 else 100_000
         return cls(idle_s, most)
 
     def check(self, out: Streamed) -> None:
