@@ -2,13 +2,15 @@
 
 `parse_sse(text)` reads a whole `text/event-stream` body into a `Streamed`: every event's data in
 order (empty chunks included: an empty delta is a finding, not noise), the SSE `id:` fields, [DONE]
-and what follows it. The body is read as the event-stream grammar reads it: a line ends at CRLF,
-LF or CR and nowhere else (`SseLines`), and an event is its `data:` lines joined by LF, dispatched
-at a blank line. `str.splitlines` and httpx's `iter_lines` also end a line at U+2028, U+2029,
-U+0085 and four C0 separators; JSON carries the first three unescaped, so a model's text holding
-one of them would read as two broken data lines, a false "malformed" finding and a lost delta. The chunks are folded into what chapter 4 judges (the deltas, the finish
-reasons, text after the finish chunk) by `Streamed`'s properties, so a report re-judged from the
-raw text sees exactly what the live run saw.
+and what follows it. The body is read as the event-stream grammar reads it (DECISIONS D64): a line
+ends at CRLF, LF or CR and nowhere else (`SseLines`), and an event is its `data:` lines joined by
+LF, dispatched at a blank line. `str.splitlines` and httpx's `iter_lines` also end a line at
+U+2028, U+2029, U+0085 and five C0 separators; JSON carries the first three unescaped, so a model's
+text holding one of them would read as two broken data lines, a false "malformed" finding and a
+lost delta. The chunks are folded into what chapter 4 judges (the deltas, the finish reasons, text
+after the finish chunk) by `Streamed`'s properties, so a report re-judged from the raw text sees
+exactly what the live run saw. Each chunk's fields are checked against the API's types first
+(CHUNK, ANSWER), and a live stream is bounded (`Watch`).
 
 `wire_findings` checks the API's own conventions ([DONE], JSON lines, finish_reason values, SSE
 and chunk ids, the usage chunk); they are the "wire" family of symptoms.py, graded by the
