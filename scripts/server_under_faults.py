@@ -20,6 +20,7 @@ sys.path.insert(0, "tests")
 from _engine_kit import VOCAB, ascii_tokenizer, serve_in_thread, tiny_model  # noqa: E402
 from test_fault_containment import INF_LEN, PAD_LEN, PoisonModel, _boom_at, _prompt  # noqa: E402
 
+from decodespec.properties.conformance.wire import sse_lines  # noqa: E402
 from decodespec.runtime.engine import Engine  # noqa: E402
 from decodespec.runtime.server import create_app  # noqa: E402
 
@@ -44,7 +45,7 @@ def main(clean: bool) -> dict:
                     "seed": 7}
             try:
                 with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=20) as r:
-                    lines = list(r.iter_lines())
+                    lines = list(sse_lines(r.iter_text()))
                 errors = [json.loads(ln[6:])["error"]["message"] for ln in lines if ln.startswith('data: {"error')]
                 end = "done" if "data: [DONE]" in lines else (errors or lines[-3:])[0]
             except httpx.HTTPError as exc:
