@@ -173,6 +173,14 @@ def test_the_last_not_text_token_may_be_left_out():
                            want, TOK, "s") == []
 
 
+@pytest.mark.parametrize("bad", [10**6, -5])
+def test_a_token_id_outside_the_vocabulary_is_a_finding_not_an_error(bad):
+    """D59 rule 1: an id the tokenizer has not is the wrong token, named; the judge does not fail on it."""
+    want = Want((121, 110), True, (), NOT_TEXT)
+    found = judge_alignment(chunk_reports(_sse(("a", [bad], None, None), ("", [110], None, "stop"))), want, TOK, "s")
+    assert found and found[0].symptom == "tokens_wrong" and f"id {bad}" in found[0].message
+
+
 class _NoReports:
     """A ScriptServer whose streams carry no logprobs and no token ids (logprobs: null)."""
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import attrs
 
-from ...runtime.tokenizers import own_bytes
+from ...runtime.tokenizers import TokenIdError, own_bytes
 from .adapters.base import Finding
 from .symptoms import finding
 from .wire import Streamed, first_choice, logprob_pieces
@@ -114,14 +114,18 @@ def _token_bytes(tok: Any, tid: int, not_text: frozenset[int]) -> bytes:
 
 
 def _piece_bytes(tok: Any, piece: bytes | str | None, tid: int | None, not_text: frozenset[int]) -> bytes:
-    """The bytes one entry spells: the engine's own where it shows them, else the script token's."""
+    """The bytes one entry spells: the engine's own where it shows them, else its token's (an id the
+    tokenizer has not spells nothing: `tokens_wrong` names it)."""
     if tid is not None and tid in not_text:
         return b""
     if isinstance(piece, bytes):
         return piece
     if isinstance(piece, str) and "\ufffd" not in piece and not piece.startswith(_LOSSY):
         return piece.encode("utf-8")
-    return b"" if tid is None else _token_bytes(tok, tid, not_text)
+    try:
+        return b"" if tid is None else _token_bytes(tok, tid, not_text)
+    except TokenIdError:
+        return b""
 
 
 def _matches(tok: Any, piece: bytes | str, tid: int, not_text: frozenset[int]) -> bool:
