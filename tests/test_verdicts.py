@@ -9,6 +9,7 @@ that invariant (§4.3-§4.10), never with the case's own by default.
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 from decodespec.properties.conformance import load_cases
 from decodespec.properties.conformance.adapters.base import case_prompt, case_script, case_tokenizer, reference_on
 from decodespec.properties.conformance.alignment import chunk_reports, message_report
+from decodespec.properties.conformance.cases import CaseKind
 from decodespec.properties.conformance.chat import ChatExpected, judge_chat, observe_message, observe_stream
 from decodespec.properties.conformance.http_script import judge_exchange
 from decodespec.properties.conformance.judgement import Observed, expected_of, judge_observed
@@ -189,3 +191,47 @@ def test_a_field_of_another_type_is_named_where_it_is():
     found = judge_exchange(case, exp, 200, answer, json.dumps(answer), parse_sse("data: [DONE]\n\n"))[0]
     [shape] = [f for f in found if f.symptom == "answer_shape"]
     assert shape.family == WIRE and "usage.completion_tokens is a string, not an integer" in shape.message
+
+
+_SCRIPT_CASES = [c for c in sorted(CASES) if CASES[c].kind is CaseKind.SCRIPT
+                 and {"fixture", "table"} & set(CASES[c].inputs.get("tokenizer", {}))]
+
+
+def _semantic(exp, **fields):
+    found, _ = judge_observed(exp, Observed(**fields))
+    return [f for f in found if f.family != WIRE]
+
+
+@pytest.mark.parametrize("case_id", _SCRIPT_CASES)
+def test_the_references_answer_passes_and_any_one_change_to_it_fails(case_id):
+    """§4.3-§4.10: the judge can fail. The reference's own answer (whole, one chunk) has no finding;
+    a byte added or removed anywhere in the non-streamed text or in the stream, or another finish
+    reason on either, has at least one, whatever the case."""
+    case, exp = _expected(case_id)
+    if exp.reason is None:
+        pytest.skip("the reference fails this run: its judgement is the error's, tested apart")
+    out, why = exp.output, exp.wire_reason
+    ok = {"text": out, "finish_reason": why, "completion_tokens": exp.selected,
+          "chunks": (out,) if out else (), "stream_finish_reasons": (why,)}
+    assert _semantic(exp, **ok) == []
+    rng = random.Random(case_id)
+    changed = {out[:k] + bytes([rng.choice(b"aZ ")]) + out[k:] for k in range(len(out) + 1)}
+    changed |= {out[:k] + out[k + 1:] for k in range(len(out))}
+    for text in changed:
+        assert _semantic(exp, **{**ok, "text": text}), ("non-streamed", text)
+        assert _semantic(exp, **{**ok, "chunks": (text,)}), ("stream", text)
+    for other in {"stop", "length", "content_filter", "tool_calls"} - {why}:
+        assert _semantic(exp, **{**ok, "finish_reason": other}), ("non-streamed", other)
+        assert _semantic(exp, **{**ok, "stream_finish_reasons": (other,)}), ("stream", other)
+
+
+def test_a_length_where_the_text_ends_at_the_references_stop_is_named():
+    """D4 (§4.10): a stream whose text ends where the reference's stop ends it, before max_tokens, but
+    says 'length' broke length_respected either way: it ended there and says otherwise, or it ran on
+    selecting tokens it never sent. Without a token count nothing else could say so."""
+    case, exp = _expected("stop/cross-token/001")
+    assert exp.wire_reason == "stop" and exp.selected < exp.max_tokens
+    found = _semantic(exp, text=exp.output, finish_reason="stop", completion_tokens=exp.selected,
+                      chunks=(exp.output,), stream_finish_reasons=("length",))
+    assert [(f.symptom, f.invariant) for f in found] == [("early_length", "length_respected")]
+    assert "its text ends where the reference's" in found[0].message

@@ -121,7 +121,7 @@ def judge_observed(exp: Expected, obs: Observed, *, delta_split: bool = True) ->
         if not obs.reason_shown:
             not_checked.append("finish_reason (the engine reports none)")
         elif obs.error is None and not early:
-            f += compare_reason(exp, obs.finish_reason, "non-streamed answer", count=n)
+            f += compare_reason(exp, obs.finish_reason, "non-streamed answer", count=n, text_agrees=obs.text == exp.output)
         reasons = obs.stream_finish_reasons
         if reasons is None:
             not_checked.append("stream finish_reason (not shown)")
@@ -129,7 +129,8 @@ def judge_observed(exp: Expected, obs: Observed, *, delta_split: bool = True) ->
             if len(reasons) > 1:
                 f.append(finding("two_terminals", f"{len(reasons)} chunks carry a finish_reason: {list(reasons)}"))
             if not (early and streamed == obs.text):
-                f += compare_reason(exp, reasons[-1] if reasons else None, "stream", count=None)
+                f += compare_reason(exp, reasons[-1] if reasons else None, "stream", count=None,
+                                    text_agrees=streamed == exp.output)
         if n is None:
             not_checked.append("usage.completion_tokens (not reported)")
         elif n <= exp.max_tokens and not early:

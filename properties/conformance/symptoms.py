@@ -316,8 +316,11 @@ def compare_stream(batch: bytes | None, streamed: bytes | None) -> list[Finding]
     return [finding("stream_vs_batch", f"the stream sent {_show(streamed)}, the non-streamed answer {_show(batch)}")]
 
 
-def compare_reason(exp: Expected, got: str | None, where: str, *, count: int | None) -> list[Finding]:
-    """The wire finish_reason against the reference's (§4.10; D4 precedence)."""
+def compare_reason(exp: Expected, got: str | None, where: str, *, count: int | None,
+                   text_agrees: bool = False) -> list[Finding]:
+    """The wire finish_reason against the reference's (§4.10; D4 precedence). `text_agrees`: the
+    answer's text is the reference's, so a 'length' the count cannot explain is not explained by
+    the text either."""
     want = exp.wire_reason
     if want is None or got == want:
         return []
@@ -332,8 +335,13 @@ def compare_reason(exp: Expected, got: str | None, where: str, *, count: int | N
         if exp.selected == exp.max_tokens:
             return [finding("precedence", f"the {where} reports 'length'; the {exp.reason} completes on token "
                                           f"{exp.selected} = max_tokens, so D4 gives 'stop'")]
+        if count is None and text_agrees:  # no count, and the text ends where the reference's does
+            at = f"on token {exp.selected} " if exp.selected > 0 else ""
+            return [finding("early_length", f"the {where} reports 'length', but its text ends where the reference's "
+                                            f"{exp.reason} ends it, {at}before max_tokens {exp.max_tokens}: the run "
+                                            "ended there and says otherwise, or ran on selecting tokens it never sent")]
         if count is None or count >= exp.max_tokens:
-            return []  # 'length' at the limit: right for the engine's run; its text says what went wrong
+            return []  # 'length' at the limit: right for the engine's run; its text (or its count) says what went wrong
         return [finding("early_length", f"the {where} reports 'length' after {count} token(s) with max_tokens "
                                         f"{exp.max_tokens}; the reference ends with {exp.reason} on token {exp.selected}")]
     if got == "stop" and want == "length":

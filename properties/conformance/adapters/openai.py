@@ -452,8 +452,10 @@ def _check_stop(a: OpenAIAdapter, case: Case, base: str, stops: list[str], expec
                          selected=selected)
     found = compare_text(exp, ans.text.encode(), "non-streamed text") + compare_text(exp, st.text.encode(), "stream")
     found += compare_stream(ans.text.encode(), st.text.encode())
-    found += compare_reason(exp, ans.finish_reason, "non-streamed answer", count=(ans.usage or {}).get("completion_tokens"))
-    found += compare_reason(exp, (st.finish_reasons or [None])[-1], "stream", count=None)
+    found += compare_reason(exp, ans.finish_reason, "non-streamed answer", count=(ans.usage or {}).get("completion_tokens"),
+                            text_agrees=ans.text.encode() == exp.output)
+    found += compare_reason(exp, (st.finish_reasons or [None])[-1], "stream", count=None,
+                            text_agrees=st.text.encode() == exp.output)
     return ans, st, found + wire_findings(st)
 
 
