@@ -205,8 +205,8 @@ def _semantic(exp, **fields):
 @pytest.mark.parametrize("case_id", _SCRIPT_CASES)
 def test_the_references_answer_passes_and_any_one_change_to_it_fails(case_id):
     """§4.3-§4.10: the judge can fail. The reference's own answer (whole, one chunk) has no finding;
-    a byte added or removed anywhere in the non-streamed text or in the stream, or another finish
-    reason on either, has at least one, whatever the case."""
+    a byte added or removed anywhere in the non-streamed text or in the stream, another finish reason
+    on either, or another token count has at least one, whatever the case."""
     case, exp = _expected(case_id)
     if exp.reason is None:
         pytest.skip("the reference fails this run: its judgement is the error's, tested apart")
@@ -223,6 +223,9 @@ def test_the_references_answer_passes_and_any_one_change_to_it_fails(case_id):
     for other in {"stop", "length", "content_filter", "tool_calls"} - {why}:
         assert _semantic(exp, **{**ok, "finish_reason": other}), ("non-streamed", other)
         assert _semantic(exp, **{**ok, "stream_finish_reasons": (other,)}), ("stream", other)
+    counted = {exp.selected, exp.selected - 1} if exp.reason == "eos" else {exp.selected}  # D15: the EOS or not
+    for n in set(range(exp.max_tokens + 3)) - counted:
+        assert _semantic(exp, **{**ok, "completion_tokens": n}), ("completion_tokens", n)
 
 
 def test_a_length_where_the_text_ends_at_the_references_stop_is_named():
