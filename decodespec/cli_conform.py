@@ -148,8 +148,6 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], list_only: 
                                  model, name or "launched", report_dir, policy, dry_run, console, t0)
     if engine is None:
         raise click.UsageError("--engine is required (or --launch CMD with --checkpoint)")
-    if read_timeout is not None and not engine.startswith("openai:"):
-        raise click.BadParameter(f"applies to openai engines, not {engine}", param_hint="--timeout")
     if len(checkpoints) > 1:
         raise click.BadParameter("one --checkpoint per served engine (several only with --launch)",
                                  param_hint="--checkpoint")

@@ -24,7 +24,7 @@ from decodespec.properties.conformance.chat import ChatExpected, judge_chat, obs
 from decodespec.properties.conformance.http_script import judge_exchange
 from decodespec.properties.conformance.judgement import Observed, expected_of, judge_observed
 from decodespec.properties.conformance.symptoms import WIRE
-from decodespec.properties.conformance.wire import parse_sse, wire_findings
+from decodespec.properties.conformance.wire import ANSWER, CHUNK, parse_sse, shape_error, wire_findings
 
 AUDITED = json.loads((Path(__file__).parent / "fixtures" / "audited_exchanges.json").read_text(encoding="utf-8"))
 CASES = {c.id: c for c in load_cases()}
@@ -176,6 +176,10 @@ def test_an_answer_of_any_shape_is_judged_and_never_breaks_the_judge(chunks, mes
     st_ = parse_sse("".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n")
     found = judge_exchange(case, exp, status, message, json.dumps(message), st_)[0]
     assert all(f.invariant and f.message for f in found)
+    symptoms = {f.symptom for f in found}
+    off_shape = [c for c in chunks if shape_error(c, CHUNK) is not None]  # each left out and named
+    assert len(st_.chunks) == len(chunks) - len(off_shape) and ("malformed" in symptoms) == bool(off_shape)
+    assert ("answer_shape" in symptoms) == (status == 200 and shape_error(message, ANSWER) is not None)
     judge_chat(ChatExpected("a", "b", (("f", {}),), "stop", 3, False), observe_message(status, message), "answer")
     judge_chat(ChatExpected("a", "", (), "length", 3, False), observe_stream(st_), "stream")
     chunk_reports(st_), message_report(message, True), message_report(message, False)

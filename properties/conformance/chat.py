@@ -114,9 +114,13 @@ def _calls(raw: Any) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
             except ValueError:
                 pass  # not JSON: kept as the text, compared as such
         elif args is not None:
-            odd.append(f"call {i} ({fn.get('name')}): arguments given as a JSON {type(args).__name__}")
+            odd.append(_not_text(i, fn.get("name"), args))
         out.append((fn.get("name"), args))
     return tuple(out), tuple(odd)
+
+
+def _not_text(index: int, name: Any, arguments: Any) -> str:
+    return f"call {index} ({name}): arguments given as a JSON {type(arguments).__name__}"
 
 
 def observe_message(status: int, data: Any) -> ChatObserved | None:
@@ -165,7 +169,7 @@ def observe_stream(st: Streamed) -> ChatObserved | None:
     for i in sorted(calls):
         name, args, value = calls[i]
         if value is not None:
-            odd.append(f"call {i} ({name}): arguments given as a JSON {type(value).__name__}")
+            odd.append(_not_text(i, name, value))
             parsed.append((name, value))
             continue
         try:
@@ -258,7 +262,7 @@ def run_chat(a: ScriptServer, case: Case) -> Outcome:
         findings += sweep_chat(a, case, info)
     return Outcome(output=(whole.content.encode() if whole else None), finish_reason=whole.finish_reason if whole else None,
                    findings=tuple(merge(findings) + wire_findings(st, include_usage=exp.finish_reason is not None)
-                                  + body_findings(status, raw)),
+                                  + body_findings(status, data, raw)),
                    judged=True, reference=exp.to_json(),
                    not_checked=() if whole is None or whole.completion_tokens is not None else
                    ("usage.completion_tokens (not reported)",),

@@ -102,7 +102,7 @@ def judge_exchange(case: Case, exp: Expected, status: int, data: Any, raw: str, 
             found.append(finding("usage_mismatch", f"usage.completion_tokens is {total} for {n} equal choices"))
         else:
             found += [attrs.evolve(x, message=f"per choice: {x.message}") for x in compare_count(exp, total // n)]
-    return merge(found) + wire_findings(st) + body_findings(status, raw), not_checked + not_observable(case)
+    return merge(found) + wire_findings(st) + body_findings(status, data, raw), not_checked + not_observable(case)
 
 
 def sweep(a: ScriptServer, case: Case) -> list[Finding]:

@@ -267,8 +267,8 @@ DELTA: Shape = {"content": (str, None), "reasoning_content": (str, None), "reaso
 CHOICE: Shape = {"index": (int, None), "delta": (dict, DELTA), "text": (str, None), "finish_reason": (str, None)}
 USAGE: Shape = {"completion_tokens": (int, None), "prompt_tokens": (int, None)}
 CHUNK: Shape = {"choices": (list, CHOICE), "usage": (dict, USAGE), "id": ((str, int), None)}
-MESSAGE_CHOICE: Shape = {"index": (int, None), "message": (dict, DELTA), "text": (str, None), "finish_reason": (str, None)}
-ANSWER: Shape = {"choices": (list, MESSAGE_CHOICE), "usage": (dict, USAGE)}
+ANSWER_CHOICE: Shape = {**{k: v for k, v in CHOICE.items() if k != "delta"}, "message": (dict, DELTA)}  # a whole message
+ANSWER: Shape = {"choices": (list, ANSWER_CHOICE), "usage": (dict, USAGE)}
 _JSON_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "a list", dict: "an object"}
 
 
@@ -430,13 +430,10 @@ def _id_findings(sse_ids: list[str], chunk_ids: Iterable[Any]) -> list[Finding]:
     return out
 
 
-def body_findings(status: int, raw: str) -> list[Finding]:
-    """A non-streamed answer's body against the API's shapes (wire conventions): an error answer's
-    `{"error": {"message": ...}}`, a 200 answer's fields that the judgement reads (ANSWER)."""
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        body = None
+def body_findings(status: int, body: Any, raw: str) -> list[Finding]:
+    """A non-streamed answer against the API's shapes (wire conventions): `body` is its parsed JSON
+    (None when it is none), `raw` its text. An error answer's `{"error": {"message": ...}}`, a 200
+    answer's fields that the judgement reads (ANSWER)."""
     if status >= 400:
         err = body.get("error") if isinstance(body, dict) else None
         if isinstance(err, dict) and isinstance(err.get("message"), str):
