@@ -283,13 +283,18 @@ def test_every_send_path_streams_the_same_deltas_and_output(policy, read_inline)
 
 def test_timings_send_s_is_the_time_the_producer_waited_for_its_reader():
     """§4.8: TIMINGS' send_s is the stream's paused_s, the time a pause-policy producer spent
-    waiting for a reader that started late; nothing else is counted in it."""
+    waiting for a reader that started late; nothing else is counted in it. The reader starts 0.1 s
+    after the producer has paused (on a loaded machine a fixed delay from the start could pass
+    before the producer filled its one-event buffer, and it never waited)."""
     runs = []
 
     def late_reader(run) -> None:
         runs.append(run)
 
         def read() -> None:
+            deadline = time.monotonic() + 30
+            while run.stream.state.name != "PAUSED" and time.monotonic() < deadline:
+                time.sleep(0.001)
             time.sleep(0.1)
             for _ in run.stream:
                 pass
