@@ -95,7 +95,7 @@ def report_name(engine: str) -> str:
 @click.option("--launch-timeout", type=click.FloatRange(min=1), default=600, show_default=True,
               help="Seconds a launched server may take to answer /v1/models.")
 @click.option("--timeout", "read_timeout", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="openai engines: seconds to wait for the server's next answer or stream event (default 60); "
+              help="openai engines: seconds to wait for a whole answer, or for a stream's next event (default 60); "
                    "past it the case ends in ERROR.")
 @click.option("--without", "without", multiple=True, type=click.Choice(list(WITHOUT)),
               help="openai only: a request field or a parser the server does not have (its cases are skipped).")

@@ -40,7 +40,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--decodespec-checkpoint", default=None,
                     help="openai engines: the forced checkpoint folder the server serves (its script cases run)")
     group.addoption("--decodespec-timeout", type=float, default=None,
-                    help="openai engines: seconds to wait for the server's next answer or stream event (default 60)")
+                    help="openai engines: seconds to wait for a whole answer, or for a stream's next event (default 60)")
     group.addoption("--decodespec-select", action="append", default=[], help="case id prefix (repeatable)")
     group.addoption("--decodespec-with-tests", action="store_true",
                     help="with --decodespec-engine, also collect the project's own tests (default: the cases only)")

@@ -99,9 +99,9 @@ def test_the_last_event_counts_without_its_blank_line():
     assert st_.done and st_.deltas == ["x"] and wire_findings(st_) == []
 
 
-def _serve(pieces: Iterable[bytes], gap_s: float = 0.02) -> tuple[str, threading.Thread]:
-    """A one-request HTTP server on 127.0.0.1 sending `pieces` as chunks, each flushed on its own,
-    until they run out or the client leaves."""
+def _serve(pieces: Iterable[bytes], gap_s: float = 0.02, kind: bytes = b"text/event-stream") -> tuple[str, threading.Thread]:
+    """A one-request HTTP server on 127.0.0.1 sending `pieces` (of content type `kind`) as chunks,
+    each flushed on its own, until they run out or the client leaves."""
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
 
@@ -118,8 +118,8 @@ def _serve(pieces: Iterable[bytes], gap_s: float = 0.02) -> tuple[str, threading
                 while len(body) < length:
                     body += conn.recv(65536)
                 try:
-                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                                 b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n")
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\n"
+                                 b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n" % kind)
                     for piece in pieces:
                         conn.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
                         time.sleep(gap_s)
@@ -192,6 +192,44 @@ def test_a_request_life_exchange_that_never_ends_is_a_failed_exchange(pieces, ga
         ex = send(c, Job("p", "/v1/completions", {"max_tokens": 4, "stream": True}, True))
     assert ex.failed is not None and ex.failed.startswith(says), ex.failed
     assert ex.streamed is not None and not ex.streamed.finish_reasons
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+ANSWER_BODY = json.dumps({"choices": [{"index": 0, "text": "x\u2028y", "finish_reason": "stop"}]}).encode()
+
+
+def test_a_non_streamed_answer_in_pieces_reads_whole():
+    """The bound below reads the answer piece by piece: every piece, in order, makes the one answer."""
+    url, thread = _serve([ANSWER_BODY[i : i + 7] for i in range(0, len(ANSWER_BODY), 7)], 0.01, b"application/json")
+    status, data, raw = OpenAIAdapter(url, timeout=10, retries=0).post("/v1/completions", {"max_tokens": 4}, log=[])
+    thread.join(10)
+    assert (status, raw.encode(), data["choices"][0]["text"]) == (200, ANSWER_BODY, "x\u2028y")
+
+
+WHITESPACE = itertools.repeat(b" ")  # what some proxies send before a JSON answer to keep it open
+
+
+def test_a_non_streamed_answer_that_never_ends_is_an_error_of_the_run_not_a_hang():
+    """§4.10: a non-streamed request is answered once. Bytes that trickle in without end (whitespace
+    before the JSON) reset each read's timeout, so the whole answer is bounded by it instead: the
+    case ends in ERROR within the bound, where before the run waited forever (D64)."""
+    url, thread = _serve(WHITESPACE, 0.2, b"application/json")
+    t0 = time.monotonic()
+    with pytest.raises(ServerError, match="/v1/completions: AnswerTimeout: the answer was not whole 1 s after the request"):
+        OpenAIAdapter(url, timeout=1, retries=0).post("/v1/completions", {"max_tokens": 4})
+    assert time.monotonic() - t0 < 10
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_a_non_streamed_request_life_exchange_that_never_ends_is_a_failed_exchange():
+    """The same bound under load: the exchange fails, named as the read timeout it stands for."""
+    url, thread = _serve(WHITESPACE, 0.2, b"application/json")
+    with client(url, 2, 1.0) as c:
+        ex = send(c, Job("p", "/v1/completions", {"max_tokens": 4}, False))
+    assert ex.failed is not None and ex.failed.startswith("AnswerTimeout"), ex.failed
+    assert ex.status == 0 and ex.data is None
     thread.join(10)
     assert not thread.is_alive()
 

@@ -104,7 +104,7 @@ def run_launched(cases: Sequence[Case], folders: Sequence[Path], command: str, *
     `tight_command`; without the command either is n/a with the reason. On every server the
     request-life cases (life.RECIPES: they load it and time it) run one at a time after the others,
     so no case runs beside them and none of them beside another. `timeout_s` bounds each server's
-    start; `read_timeout`, when given, is its adapter's wait for the next answer or stream event."""
+    start; `read_timeout`, when given, is its adapter's wait for a whole answer or a stream's next event."""
     ckpts = [Checkpoint.load(f) for f in folders]
     done: dict[str, CaseResult] = {}
     for i, ck in enumerate(ckpts):

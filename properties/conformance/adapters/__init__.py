@@ -38,7 +38,7 @@ def adapter_for(spec: str, *, model: str | None = None, checkpoint: str | None =
 
     `checkpoint` is the forced checkpoint folder the engine serves (openai) or loads (a factory of
     your own gets it as `checkpoint=`); `without` names what the server lacks (without.WITHOUT);
-    `timeout` (openai only) the seconds to wait for the server's next answer or stream event.
+    `timeout` (openai only) the seconds to wait for a whole answer, or for a stream's next event.
     """
     kind, _, arg = spec.partition(":")
     if timeout is not None and kind != "openai":

@@ -31,7 +31,7 @@ from ..http_script import run_script
 from ..life import RECIPES as LIFE_RECIPES
 from ..symptoms import Expected, compare_reason, compare_stream, compare_text, finding, merge
 from ..wire import (ANSWER, StreamOverrun, Streamed, Watch, body_ended, byte_values, feed, first_choice, shape_error,
-                    sse_lines, terminal_findings, trim_middle, wire_findings)
+                    sse_lines, terminal_findings, trim_middle, whole_answer, wire_findings)
 from ..without import WITHOUT, lacking
 from .base import Finding, Outcome, missing_capabilities
 
@@ -86,7 +86,7 @@ class OpenAIAdapter:
                              f"{', '.join(WITHOUT)}")
         self.without = frozenset(without)
         self.retries = retries
-        self.timeout = timeout  # each read, and the longest a stream may go without an event (wire.Watch)
+        self.timeout = timeout  # a whole answer (wire.whole_answer), a stream's next event (wire.Watch)
         self.client = httpx.Client(base_url=self.url, timeout=timeout)
         self._reference: dict[str, Any] = {}
         self._chat_ok: str | None = None  # "" once the chat endpoint is known to keep the prompt as sent
@@ -124,7 +124,7 @@ class OpenAIAdapter:
     def precheck(self) -> None:
         """Fail fast, with one message, when nothing answers at the URL (a typo, a server not up)."""
         try:
-            r = self.client.get("/v1/models", timeout=5)
+            r = whole_answer(self.client, "GET", "/v1/models", timeout=5)
         except httpx.HTTPError as exc:
             raise ServerError(f"nothing answers at {self.url}: {type(exc).__name__}: {exc} (is the server running, "
                               "and is the URL right?)") from None
@@ -140,7 +140,7 @@ class OpenAIAdapter:
             info: dict[str, Any] = {"url": self.url, "model": self.model}
             for path in ("/version", "/props"):
                 try:
-                    r = self.client.get(path, timeout=5)
+                    r = whole_answer(self.client, "GET", path, timeout=5)
                     data = r.json() if r.status_code == 200 else None
                 except (httpx.HTTPError, ValueError):
                     data = None
@@ -179,7 +179,7 @@ class OpenAIAdapter:
         last: Exception | None = None
         for attempt in range(self.retries + 1):
             try:
-                return self.client.request(method, path, **kw)
+                return whole_answer(self.client, method, path, **kw)  # bounded as a whole
             except httpx.TransportError as exc:
                 last = exc
                 self._dropped(f"{method} {path}: {type(exc).__name__}: {exc}")

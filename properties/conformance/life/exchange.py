@@ -22,7 +22,8 @@ from typing import Any
 import attrs
 import httpx
 
-from ..wire import StreamOverrun, Streamed, Watch, body_ended, feed, first_choice, sse_lines, token_count, trim_middle
+from ..wire import (StreamOverrun, Streamed, Watch, body_ended, feed, first_choice, sse_lines, token_count, trim_middle,
+                    whole_answer)
 
 _LINE = re.compile(r"^([A-Za-z_:][\w:]*)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN)\s*$")
 RUNNING = re.compile(r"running|processing|active_slots|in_flight|inflight")
@@ -103,7 +104,7 @@ def send(c: httpx.Client, job: Job) -> Exchange:
     raw: list[str] = []
     try:
         if not job.stream:
-            r = c.post(job.path, json=dict(job.body), headers=dict(job.headers))
+            r = whole_answer(c, "POST", job.path, json=dict(job.body), headers=dict(job.headers))
             ex.status, ex.raw, ex.headers = r.status_code, r.text, dict(r.headers)
             ex.first = ex.done = time.monotonic()
             try:
@@ -174,7 +175,7 @@ def read_metrics(c: httpx.Client) -> dict[str, float] | None:
     router's workers too; `name` or `name{reason}` for the abort counters); None where it has none."""
     for path in METRICS_PATHS:
         try:
-            r = c.get(path, timeout=5)
+            r = whole_answer(c, "GET", path, timeout=5)
         except httpx.HTTPError:
             return None
         if r.status_code == 200:
@@ -194,7 +195,7 @@ def read_metrics(c: httpx.Client) -> dict[str, float] | None:
 def busy_slots(c: httpx.Client) -> int | None:
     """llama-server's /slots: how many slots are processing; None where there is no such list."""
     try:
-        r = c.get("/slots", timeout=5)
+        r = whole_answer(c, "GET", "/slots", timeout=5)
         data = r.json() if r.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return None

@@ -26,7 +26,7 @@ from ..checkpoints import LONG, RECIPE
 from ..http_script import PATH, request_body
 from ..script_server import LiveServer, program_body
 from ..symptoms import finding, merge, text_difference
-from ..wire import sse_number, terminal_findings, wire_findings
+from ..wire import sse_number, terminal_findings, whole_answer, wire_findings
 from .exchange import Exchange, Gauges, Job, burst, client, overlap, preemptions, read_metrics, running, send
 
 # The model-checked properties (`decodespec check`, machine/checker.py: every interleaving of the
@@ -268,7 +268,7 @@ def _cancel_endpoint(c: Any, ex: Exchange) -> str:
     rid = ex.headers.get("x-request-id")
     if not rid:
         return "no X-Request-Id: disconnect only"
-    r = c.post(f"/v1/requests/{rid}/cancel")
+    r = whole_answer(c, "POST", f"/v1/requests/{rid}/cancel")
     return f"POST /v1/requests/{rid}/cancel answered {r.status_code}"
 
 
