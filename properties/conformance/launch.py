@@ -27,6 +27,7 @@ from .cases import Case, CaseKind
 from .checkpoints import Checkpoint, group_of, http_blocker, served_context
 from .life import RECIPES as LIFE_RECIPES
 from .runner import CaseResult, Verdict, run_cases
+from .wire import whole_answer
 
 TIGHT = -1  # the run of the tight server, among the runs by context length
 
@@ -61,8 +62,8 @@ def launched(command: str, ckpt: Checkpoint, log: Path, *, timeout_s: float = 60
             if proc.poll() is not None:
                 raise RuntimeError(f"the server exited with status {proc.returncode} before answering; "
                                    f"log {log}: ...{_tail(log)}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+            with contextlib.suppress(httpx.HTTPError), httpx.Client(base_url=url) as c:
+                if whole_answer(c, "GET", "/v1/models", timeout=2).status_code == 200:
                     break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no answer on {url}/v1/models within {timeout_s:.0f} s; log {log}: ...{_tail(log)}")

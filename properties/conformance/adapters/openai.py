@@ -650,13 +650,18 @@ def keep_alive(a: OpenAIAdapter, case: Case) -> Outcome:
         return http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
 
     conn, sent, answered, announced, dropped = connect(), 0, 0, 0, []
-    deadline = time.monotonic() + 120
+    case_s = 120
+    deadline = time.monotonic() + case_s
     while sent < n and time.monotonic() < deadline:
         sent += 1
         try:
             conn.request("POST", a.path(case), body, headers)
             r = conn.getresponse()
-            data = r.read()
+            data = b""
+            while piece := r.read1(65536):  # each read waits 30 s at most, and the whole case 120 s
+                data += piece
+                if time.monotonic() > deadline:
+                    raise ServerError(f"request {sent}: its answer had not ended {case_s} s after the case began")
             answered += 1
             if answered == 1:  # the first exchange stands for all (they are the same request)
                 a.log_exchanges([{"request": {"path": a.path(case), "body": json.loads(body)}, "status": r.status,
