@@ -20,7 +20,8 @@ from decodespec.properties.conformance import load_cases
 from decodespec.properties.conformance.adapters.base import case_prompt, case_script, case_tokenizer, reference_on
 from decodespec.properties.conformance.alignment import chunk_reports, message_report
 from decodespec.properties.conformance.cases import CaseKind
-from decodespec.properties.conformance.chat import ChatExpected, judge_chat, observe_message, observe_stream
+from decodespec.properties.conformance.checkpoints import with_chat
+from decodespec.properties.conformance.chat import ChatExpected, expected_chat, judge_chat, observe_message, observe_stream
 from decodespec.properties.conformance.http_script import judge_exchange
 from decodespec.properties.conformance.judgement import Observed, expected_of, judge_observed
 from decodespec.properties.conformance.symptoms import WIRE
@@ -230,6 +231,79 @@ def test_the_references_answer_passes_and_any_one_change_to_it_fails(case_id):
     counted = {exp.selected, exp.selected - 1} if exp.reason == "eos" else {exp.selected}  # D15: the EOS or not
     for n in set(range(exp.max_tokens + 3)) - counted:
         assert _semantic(exp, **{**ok, "completion_tokens": n}), ("completion_tokens", n)
+
+
+_CHAT_CASES = sorted(c.id for c in with_chat(load_cases()) if c.id.startswith("chat")
+                     and {"fixture", "table"} & set(c.inputs.get("tokenizer", {})))
+_CHATS = {c.id: c for c in with_chat(load_cases())}
+
+
+def _chat_observed(content: str, reasoning: str, calls: list, finish: str | None, n: int) -> tuple:
+    """One chat answer both ways, as the API gives it: the message, and a stream of a chunk for each
+    channel and call (arguments as JSON text, or as given where a test changed their text)."""
+    wire_calls = [{"id": f"call_{i}", "type": "function", "function": {
+        "name": name, "arguments": args if isinstance(args, str) else json.dumps(args)}} for i, (name, args) in enumerate(calls)]
+    message = {"role": "assistant", "content": content}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if wire_calls:
+        message["tool_calls"] = wire_calls
+    usage = {"prompt_tokens": 5, "completion_tokens": n, "total_tokens": 5 + n}
+    answer = {"id": "a", "choices": [{"index": 0, "message": message, "finish_reason": finish}], "usage": usage}
+    deltas = [{"role": "assistant", "content": ""}] + ([{"reasoning_content": reasoning}] if reasoning else [])
+    deltas += ([{"content": content}] if content else [])
+    deltas += [{"tool_calls": [{"index": i, **c}]} for i, c in enumerate(wire_calls)]
+    chunks = [{"id": "a", "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+    chunks += [{"id": "a", "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},
+               {"id": "a", "choices": [], "usage": usage}]
+    sse = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    return observe_message(200, answer), observe_stream(parse_sse(sse))
+
+
+@pytest.mark.parametrize("case_id", _CHAT_CASES)
+def test_the_references_chat_answer_passes_and_any_one_change_to_it_fails(case_id):
+    """§4.5-§4.7, D45-D47: the chat judge can fail. The reference's own chat answer, as a message
+    and as a stream, has no finding; a character added or removed in the content or the reasoning,
+    a character moved across their boundary, a call renamed, dropped, doubled or with a character
+    added to its arguments, another finish reason, or another token count has at least one."""
+    case = _CHATS[case_id]
+    tok = case_tokenizer(case)
+    exp = expected_chat(case, tok, case_prompt(case, tok), case_script(case, tok))
+    if exp.finish_reason is None:
+        pytest.skip("the reference fails this run: its judgement is the error's, tested apart")
+    ok = {"content": exp.content, "reasoning": exp.reasoning, "calls": list(exp.calls),
+          "finish": exp.finish_reason, "n": exp.selected}
+
+    def findings(**change):
+        return [[f for f in judge_chat(exp, obs, where) if f.family != WIRE]
+                for where, obs in zip(("message", "stream"), _chat_observed(**{**ok, **change}))]
+
+    assert findings() == [[], []]
+    rng = random.Random(case_id)
+    changes = []
+    for channel in ("content", "reasoning"):
+        text = ok[channel]
+        changes += [{channel: text[:k] + rng.choice("aZ ") + text[k:]} for k in range(len(text) + 1)]
+        changes += [{channel: text[:k] + text[k + 1:]} for k in range(len(text))]
+    c, r = exp.content, exp.reasoning
+    if c and r:
+        changes += [{"reasoning": r[:-1], "content": r[-1] + c}, {"reasoning": r + c[0], "content": c[1:]}]
+    elif c or r:
+        changes.append({"reasoning": c, "content": r})
+    for i, (name, args) in enumerate(exp.calls):
+        text = json.dumps(args)
+        changes += [{"calls": [*exp.calls[:i], (name + "x", args), *exp.calls[i + 1:]]},
+                    {"calls": [*exp.calls[:i], *exp.calls[i + 1:]]},
+                    {"calls": [*exp.calls[: i + 1], *exp.calls[i:]]}]
+        changes += [{"calls": [*exp.calls[:i], (name, text[:k] + "a" + text[k:]), *exp.calls[i + 1:]]}
+                    for k in range(len(text) + 1)]
+    changes += [{"finish": other} for other in {"stop", "length", "tool_calls", "content_filter"} - {exp.finish_reason}]
+    counted = {exp.selected, exp.selected - 1} if exp.finish_reason == "stop" else {exp.selected}
+    counted |= {exp.selected + 1} if exp.by_tool_token else set()
+    changes += [{"n": n} for n in set(range(exp.selected + 3)) - counted]
+    for change in changes:
+        message, stream = findings(**change)
+        assert message and stream, (change, message, stream)
 
 
 def test_a_length_where_the_text_ends_at_the_references_stop_is_named():
