@@ -9,6 +9,7 @@ from click.testing import CliRunner
 from decodespec.cli import main
 from decodespec.properties.conformance import CaseError, Verdict, load_cases, run_cases
 from decodespec.properties.conformance.adapters.openai import OpenAIAdapter
+from decodespec.properties.conformance.cases import CaseKind
 from decodespec.properties.conformance.checkpoints import (
     FORMAT, MANIFEST, RECIPE, TABLE_GROUP, Checkpoint, build_checkpoints, byte_table_tokenizer, merged_table, prove,
     served_context,
@@ -322,6 +323,40 @@ def test_an_engine_that_leaves_the_script_is_an_error_naming_the_position_not_a_
     assert res.observed["exchanges"]  # the answer that showed it is kept
     [ok] = run_cases(OpenAIAdapter(serve(TABLE_GROUP), checkpoint=forced[TABLE_GROUP], sweep=False), [case])
     assert ok.verdict is Verdict.PASS, ok.failures
+
+
+def test_black_box_cases_run_on_a_checkpoint_whose_chat_endpoint_takes_the_message_as_it_is(monkeypatch, tmp_path):
+    """The black-box chat cases (http/*/002) send one message and need it read as it is: launched
+    on a chat group's checkpoint, whose template wraps it, they were n/a on llama-server, because
+    scripts/peers/conform.sh's folder glob put byte_level_bpe-chatml/ before byte_level_bpe/. They run
+    on the first checkpoint without a chat template, in whatever order the folders come."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from decodespec.properties.conformance import launch
+
+    served: dict[str, list[str]] = {}
+
+    def fake_run_cases(adapter, cases, *, jobs=1, on_result=None):
+        served.setdefault(adapter.group, []).extend(c.id for c in cases)
+        return [launch.CaseResult(c, "fake", Verdict.SKIP, reason="not run") for c in cases]
+
+    def fake_checkpoint(folder):
+        chat = {"chat/x": {}} if folder.name.endswith("-chatml") else {}
+        return SimpleNamespace(folder=folder, group=folder.name, programs={}, chat=chat)
+
+    monkeypatch.setattr(launch.Checkpoint, "load", fake_checkpoint)
+    monkeypatch.setattr(launch, "launched", lambda *a, **k: contextlib.nullcontext("http://127.0.0.1:9"))
+    monkeypatch.setattr(launch, "OpenAIAdapter", lambda url, checkpoint, **kw: SimpleNamespace(group=checkpoint.group))
+    monkeypatch.setattr(launch, "run_cases", fake_run_cases)
+    blackbox = [c for c in load_cases(["http/"]) if c.kind is CaseKind.BLACKBOX]
+    assert any(c.inputs.get("endpoint") == "chat" for c in blackbox)
+    folders = [tmp_path / "byte_level_bpe-chatml", tmp_path / "byte_level_bpe", tmp_path / "byte_table"]
+    launch.run_launched(blackbox, folders, "serve {port}", log_dir=tmp_path)
+    assert sorted(served) == ["byte_level_bpe"] and sorted(served["byte_level_bpe"]) == sorted(c.id for c in blackbox)
+    served.clear()
+    launch.run_launched(blackbox, folders[:1], "serve {port}", log_dir=tmp_path)  # only a chat group: run there
+    assert sorted(served) == ["byte_level_bpe-chatml"]
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@
 `run_launched(cases, folders, command)` starts `command` once per checkpoint folder, with
 `{model}` (the folder), `{gguf}` (its `model.gguf`), `{name}` (the group) and `{port}` (a free
 port on 127.0.0.1) filled in; waits for /v1/models; runs the cases compiled into that checkpoint
-(and the black-box recipes on the first one); then stops the server by its PID (its process group)
+(and the black-box recipes on the first whose chat endpoint takes a message as it is); then stops the server by its PID (its process group)
 and moves on. `model`, when given, is the model name requests carry (the same fields are filled
 in; by default the first of /v1/models). A server that does not come up turns its cases into ERRORs carrying the tail of its
 log, never FAILs. One list of results comes back, in case order, for one report.
@@ -107,9 +107,12 @@ def run_launched(cases: Sequence[Case], folders: Sequence[Path], command: str, *
     so no case runs beside them and none of them beside another. `timeout_s` bounds each server's
     start; `read_timeout`, when given, is its adapter's wait for a whole answer or a stream's next event."""
     ckpts = [Checkpoint.load(f) for f in folders]
+    # The black-box cases send messages of their own: on the first checkpoint whose chat endpoint takes
+    # a message as it is (no chat group's template to wrap it), whatever order the folders came in.
+    host = next((ck for ck in ckpts if not ck.chat), ckpts[0] if ckpts else None)
     done: dict[str, CaseResult] = {}
-    for i, ck in enumerate(ckpts):
-        mine = [c for c in cases if c.id in ck.programs or (i == 0 and c.kind is CaseKind.BLACKBOX)]
+    for ck in ckpts:
+        mine = [c for c in cases if c.id in ck.programs or (ck is host and c.kind is CaseKind.BLACKBOX)]
         tight = [c for c in mine if c.inputs.get("server") == "tight"]
         mine = [c for c in mine if c not in tight]
         runs: list[tuple[str, int | None, list[Case]]] = [(command, None, [c for c in mine if "context_limit" not in c.inputs])]
