@@ -661,6 +661,7 @@ def keep_alive(a: OpenAIAdapter, case: Case) -> Outcome:
             while piece := r.read1(65536):  # each read waits 30 s at most, and the whole case 120 s
                 data += piece
                 if time.monotonic() > deadline:
+                    conn.close()
                     raise ServerError(f"request {sent}: its answer had not ended {case_s} s after the case began")
             answered += 1
             if answered == 1:  # the first exchange stands for all (they are the same request)
