@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import httpx
 import pytest
 
@@ -83,6 +84,50 @@ def test_a_split_character_and_a_stop_cut_go_with_the_right_chunks(scripted):
     assert [(r.text, r.pieces) for r in reports if r.pieces] == [
         (b"a", ("a",)), (b"", ("bytes:\\xe4\\xb8", "bytes:\\xad", "E"))]
     assert judge_alignment(reports, Want((121, 111, 112, 103), False, ("中E",), NOT_TEXT), TOK, "stream") == []
+
+
+SERVED = {  # the reference's own streams: script, request, what it selected
+    "stop held across tokens": ([121, 101, 102, 104, 105, 110], {"max_tokens": 8, "stop": ["BCDE"]},
+                                Want((121, 101, 102, 104, 105, 110), True, ("BCDE",), NOT_TEXT)),
+    "split character": ([121, 111, 112, 103, 104, 110], {"max_tokens": 4}, Want((121, 111, 112, 103), False, (), NOT_TEXT)),
+    "stop cut in a character": ([121, 111, 112, 103, 104, 110], {"max_tokens": 6, "stop": ["中E"]},
+                                Want((121, 111, 112, 103), False, ("中E",), NOT_TEXT)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SERVED))
+def test_the_references_entries_pass_and_any_one_moved_later_lost_doubled_or_changed_fails(scripted, name):
+    """D59: the judge can fail. In the reference's own stream each token's entry goes with the chunk
+    that sends its first byte, and passes; the entry of a token that is text moved to a later chunk
+    (the text then runs ahead of it), any entry but a last not-text one left out, any entry sent
+    twice, or any id changed, is a finding."""
+    script, fields, want = SERVED[name]
+    st = _stream(scripted(script), {"model": "m", "prompt": [1], "temperature": 0, "return_token_ids": True, **fields})
+    good = [attrs.evolve(r, pieces=None) for r in chunk_reports(st)]  # judged on the ids alone
+    assert judge_alignment(good, want, TOK, "stream") == []
+    at = [(c, j) for c, r in enumerate(good) for j in range(len(r.ids or ()))]
+    assert [good[c].ids[j] for c, j in at] == list(want.tokens)
+
+    def changed(c: int, j: int, into: int | None = None, ids: tuple[int, ...] = ()) -> list:
+        """The reports with entry j of chunk c taken out, `ids` put at its place (or into chunk `into`, first)."""
+        out = [attrs.evolve(r) for r in good]
+        left = out[c].ids[:j] + (ids if into is None else ()) + out[c].ids[j + 1:]
+        out[c] = attrs.evolve(out[c], ids=left)
+        if into is not None:
+            out[into] = attrs.evolve(out[into], ids=ids + out[into].ids)
+        return out
+
+    for k, (c, j) in enumerate(at):
+        tid = good[c].ids[j]
+        mutants = {"doubled": changed(c, j, ids=(tid, tid)), "changed": changed(c, j, ids=(104 if tid != 104 else 105,))}
+        if k < len(at) - 1 or tid not in NOT_TEXT:
+            mutants["lost"] = changed(c, j)
+        if tid not in NOT_TEXT and TOK.token_bytes(tid) and good[c].text:
+            later = next((d for d in range(c + 1, len(good)) if good[d].ids is not None), None)
+            if later is not None:
+                mutants["moved later"] = changed(c, j, into=later, ids=(tid,))
+        for kind, reports in mutants.items():
+            assert judge_alignment(reports, want, TOK, "stream"), (kind, k, [(r.text, r.ids) for r in reports])
 
 
 def test_chat_logprobs_content_carries_each_tokens_bytes(app_server):
