@@ -144,6 +144,27 @@ def test_a_stream_the_server_closes_mid_body_breaks_single_terminal_event(ck):
     assert "request 2 of 3" in found[1].message and "request 3 of 3" in found[1].message  # merged per symptom
 
 
+def test_answers_whose_request_failed_alone_are_named_unjudged_not_passed(ck):
+    """§4.8: an answer under load is judged against the same request alone. Where that request failed
+    alone (a dropped connection, a cut stream), its answers under load were compared with nothing:
+    the failure is a finding of its own and the answers are listed as not checked, so the case is
+    partial, never a silent pass."""
+    from decodespec.properties.conformance.life.recipes import unjudged
+
+    a = OpenAIAdapter("http://127.0.0.1:9", checkpoint=ck)
+    short = Job("stop/x/001", "/v1/completions", {"prompt": [1]}, False)
+    answer = {"choices": [{"text": "ABCD", "finish_reason": "stop"}], "usage": {"completion_tokens": 2}}
+    solo = {("stop/x/001", False): Exchange(short, failed="RemoteProtocolError: Server disconnected without sending a response."),
+            (LONG, False): _ex(attrs.evolve(short, name=LONG), data=answer)}
+    got = [_ex(short, data=answer), _ex(short, data={**answer, "choices": [{"text": "other", "finish_reason": "stop"}]}),
+           _ex(attrs.evolve(short, name=LONG), data=answer)]
+    [f] = against_alone(a, solo, got, "with 3 in flight")
+    assert (f.symptom, f.family) == ("connection_dropped", "wire") and "stop/x/001 (not streamed) alone" in f.message
+    [why] = unjudged(solo, got)
+    assert why.startswith("2 answer(s) of stop/x/001 (not streamed) under load: the same request alone failed")
+    assert unjudged(solo, got[2:]) == [] and against_alone(a, solo, got[2:], "alone") == []
+
+
 def test_a_stream_cut_with_done_and_no_finish_reason_breaks_single_terminal_event():
     """§4.7 (llama-cpp-python's interrupt_requests): text, then [DONE] without a finish chunk."""
     cut = 'data: {"id":"c","choices":[{"index":0,"text":"w000","finish_reason":null}]}\n\ndata: [DONE]\n'

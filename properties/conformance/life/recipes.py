@@ -148,8 +148,12 @@ def dropped(ex: Exchange, how: str) -> Finding:
 def against_alone(a: LiveServer, solo: Mapping[tuple[str, bool], Exchange], got: Sequence[Exchange],
                   where: str) -> list[Finding]:
     """Each answer under load against the same request alone; every stream's terminal (§4.7). The
-    exchanges of the first SHOWN differences are kept, alone and under load side by side."""
-    found: list[Finding] = []
+    exchanges of the first SHOWN differences are kept, alone and under load side by side. A request
+    that failed alone is a finding of its own (`dropped`); its answers under load are compared with
+    nothing (`unjudged` says how many)."""
+    found = [dropped(ref, f"{name} ({'streamed' if stream else 'not streamed'}) alone")
+             for (name, stream), ref in solo.items() if ref.failed and any(ex.job.name == name and ex.job.stream is stream
+                                                                           for ex in got)]
     shown = 0
     for i, ex in enumerate(got):
         ref = solo[ex.job.name, ex.job.stream]
@@ -167,6 +171,17 @@ def against_alone(a: LiveServer, solo: Mapping[tuple[str, bool], Exchange], got:
             found += [finding(f.symptom, f"{how}: {f.message}") for f in terminal_findings(ex.streamed)]
             found += [f for f in wire_findings(ex.streamed) if f.symptom == "done_missing"]
     return merge(found)
+
+
+def unjudged(solo: Mapping[tuple[str, bool], Exchange], got: Sequence[Exchange]) -> list[str]:
+    """What against_alone could not compare: the answers under load of each request that failed alone."""
+    out = []
+    for (name, stream), ref in solo.items():
+        n = sum(ex.job.name == name and ex.job.stream is stream for ex in got)
+        if ref.failed and n:
+            out.append(f"{n} answer(s) of {name} ({'streamed' if stream else 'not streamed'}) under load: the same "
+                       f"request alone failed ({ref.failed}), so there was nothing to compare them with")
+    return out
 
 
 def _sample(got: Sequence[Exchange], a: LiveServer) -> None:
@@ -203,6 +218,7 @@ def _load(a: LiveServer, case: Case, recipe: str, *, streamed: str,
     with client(a.url, 2, 10) as c:
         after = read_metrics(c)
     found = against_alone(a, solo, got, f"with {n} in flight")
+    unsure = unjudged(solo, got)
     _sample(got, a)
     streams = sum(j.stream for j in jobs)
     notes = [f"{n} requests at once ({streams} streamed, {n - streams} not) over {len(programs)} programs "
@@ -213,8 +229,8 @@ def _load(a: LiveServer, case: Case, recipe: str, *, streamed: str,
              f"{len(found)} finding(s) against the same requests alone" if found else
              "every answer equals the same request's answer alone"]
     if judge is not None and (out := judge(found, notes, before, after)) is not None:
-        return out
-    return _outcome(found, notes, recipe)
+        return attrs.evolve(out, not_checked=(*out.not_checked, *unsure)) if out.judged else out
+    return _outcome(found, notes, recipe, unsure)
 
 
 # ---- the recipes ----------------------------------------------------------------------------------
