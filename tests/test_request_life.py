@@ -165,6 +165,41 @@ def test_answers_whose_request_failed_alone_are_named_unjudged_not_passed(ck):
     assert unjudged(solo, got[2:]) == [] and against_alone(a, solo, got[2:], "alone") == []
 
 
+def test_a_request_alone_that_got_no_answer_is_sent_again_and_the_drop_kept_as_a_finding():
+    """The answers alone are what the load is judged against: one whose connection failed before any
+    answer (llama-server drops idle keep-alive connections) is sent again, up to ALONE_TRIES, and each
+    failed try is a finding, so the load is still judged and nothing is retried silently."""
+    import json
+    import socket
+    import threading
+    from types import SimpleNamespace
+
+    from decodespec.properties.conformance.life.recipes import ALONE_TRIES, alone, sent_again
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    body = json.dumps({"choices": [{"text": "ABCD", "finish_reason": "stop"}]}).encode()
+
+    def serve(drops: int) -> None:
+        with listener:
+            for i in range(drops + 1):
+                conn, _ = listener.accept()
+                with conn:
+                    conn.recv(65536)
+                    if i == drops:
+                        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                                     b"content-length: %d\r\n\r\n%s" % (len(body), body))
+
+    thread = threading.Thread(target=serve, args=(ALONE_TRIES - 1,), daemon=True)
+    thread.start()
+    job = Job("stop/x/001", "/v1/completions", {"prompt": [1]}, False)
+    solo, retried = alone(SimpleNamespace(url=f"http://127.0.0.1:{listener.getsockname()[1]}"), [job, job], 10)
+    thread.join(10)
+    assert solo["stop/x/001", False].answer[1] == "ABCD" and len(retried) == ALONE_TRIES - 1
+    found = sent_again(retried)
+    assert {(f.symptom, f.family) for f in found} == {("connection_dropped", "wire")}
+    assert "stop/x/001 (not streamed) alone, sent again" in found[0].message
+
+
 def test_a_stream_cut_with_done_and_no_finish_reason_breaks_single_terminal_event():
     """§4.7 (llama-cpp-python's interrupt_requests): text, then [DONE] without a finish chunk."""
     cut = 'data: {"id":"c","choices":[{"index":0,"text":"w000","finish_reason":null}]}\n\ndata: [DONE]\n'

@@ -90,14 +90,26 @@ def jobs_for(programs: Sequence[tuple[str, dict[str, Any]]], n: int, *, streamed
     return out
 
 
-def alone(a: LiveServer, jobs: Sequence[Job], timeout_s: float) -> dict[tuple[str, bool], Exchange]:
-    """Each distinct (program, streamed) of `jobs`, sent alone, one after another."""
+ALONE_TRIES = 3
+
+
+def alone(a: LiveServer, jobs: Sequence[Job], timeout_s: float) -> tuple[dict[tuple[str, bool], Exchange], list[Exchange]]:
+    """Each distinct (program, streamed) of `jobs`, sent alone, one after another: the answers the load
+    is judged against. One that got no answer at all (the connection failed before a status) is sent
+    again, up to ALONE_TRIES in all, so that a dropped connection does not leave the load unjudged;
+    the failed tries come back beside, for the findings (nothing is retried silently)."""
     out: dict[tuple[str, bool], Exchange] = {}
+    failed: list[Exchange] = []
     with client(a.url, 2, timeout_s) as c:
         for job in jobs:
-            if (job.name, job.stream) not in out:
-                out[job.name, job.stream] = send(c, job)
-    return out
+            if (job.name, job.stream) in out:
+                continue
+            for _ in range(ALONE_TRIES):
+                ex = out[job.name, job.stream] = send(c, job)
+                if not (ex.failed and ex.status == 0):
+                    break
+                failed.append(ex)
+    return out, [ex for ex in failed if ex is not out[ex.job.name, ex.job.stream]]
 
 
 def left_long(a: LiveServer, case: Case, solo: Mapping[tuple[str, bool], Exchange]) -> str | None:
@@ -173,6 +185,12 @@ def against_alone(a: LiveServer, solo: Mapping[tuple[str, bool], Exchange], got:
     return merge(found)
 
 
+def sent_again(retried: Sequence[Exchange]) -> list[Finding]:
+    """The tries of `alone` that got no answer: the connection's findings, each named."""
+    return [dropped(ex, f"{ex.job.name} ({'streamed' if ex.job.stream else 'not streamed'}) alone, sent again")
+            for ex in retried]
+
+
 def unjudged(solo: Mapping[tuple[str, bool], Exchange], got: Sequence[Exchange]) -> list[str]:
     """What against_alone could not compare: the answers under load of each request that failed alone."""
     out = []
@@ -205,7 +223,7 @@ def _load(a: LiveServer, case: Case, recipe: str, *, streamed: str,
     programs = mixed(a, case)
     longs = int(case.inputs.get("long", 0))  # jobs that are the long program, before the mix
     jobs = [*jobs_for(programs[:1], longs, streamed=streamed), *jobs_for(programs, n - longs, streamed=streamed)]
-    solo = alone(a, jobs, timeout_s)
+    solo, retried = alone(a, jobs, timeout_s)
     if gone := left_long(a, case, solo):
         return Outcome(abort=gone, exchanges=tuple(e.record() for e in solo.values() if e.job.name == LONG))
     with client(a.url, 2, 10) as c:
@@ -217,7 +235,7 @@ def _load(a: LiveServer, case: Case, recipe: str, *, streamed: str,
     wall = time.monotonic() - t0
     with client(a.url, 2, 10) as c:
         after = read_metrics(c)
-    found = against_alone(a, solo, got, f"with {n} in flight")
+    found = merge(against_alone(a, solo, got, f"with {n} in flight") + sent_again(retried))
     unsure = unjudged(solo, got)
     _sample(got, a)
     streams = sum(j.stream for j in jobs)
@@ -305,7 +323,7 @@ def abandon(a: LiveServer, case: Case) -> tuple[dict[str, Any], list[Finding]] |
     s, k, bound = int(case.inputs["slots"]), int(case.inputs["cut_at"]), float(case.inputs["bound_s"])
     timeout_s = _timeout(case)
     long_stream = Job(LONG, PATH, long_body(a, case, stream=True), True)
-    solo = alone(a, [long_stream], timeout_s)
+    solo, retried = alone(a, [long_stream], timeout_s)
     if gone := left_long(a, case, solo):
         return Outcome(abort=gone, exchanges=tuple(e.record() for e in solo.values()))
     ref = solo[LONG, True]
@@ -328,6 +346,7 @@ def abandon(a: LiveServer, case: Case) -> tuple[dict[str, Any], list[Finding]] |
     late = [i + 1 for i, x in enumerate(fresh) if x.first is None or x.first - t_gone > bound]
     starts = [x.first - t_gone for x in fresh if x.first is not None]
     found = against_alone(a, solo, [x for x in fresh[:1] if x.first is not None], "beside the new streams")
+    found += sent_again(retried)
     found += [dropped(x, f"new stream {i + 1}") for i, x in enumerate(fresh) if x.failed and "Timeout" not in x.failed]
     a.log_exchanges([{**cut[0].record(), "label": f"abandoned after {k} deltas"},
                      {**fresh[-1].record(), "label": "a new stream after the disconnects"}])
