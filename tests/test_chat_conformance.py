@@ -13,7 +13,7 @@ from decodespec.properties.conformance.adapters.openai import OpenAIAdapter
 from decodespec.properties.conformance.cases import load_cases
 from decodespec.properties.conformance.chat import ChatExpected, expected_chat, judge_chat, observe_message, observe_stream
 from decodespec.properties.conformance.chat_cases import TEMPLATES
-from decodespec.properties.conformance.checkpoints import build_group, group_of, http_blocker, prove, with_chat
+from decodespec.properties.conformance.checkpoints import build_group, group_of, http_blocker, prove, served_context, with_chat
 from decodespec.properties.conformance.runner import Verdict, run_cases
 from decodespec.properties.conformance.adapters.base import case_prompt, case_script, table_tokenizer
 from decodespec.properties.conformance.wire import parse_sse
@@ -22,7 +22,7 @@ from decodespec.properties.conformance.wire import parse_sse
 # built set): stops across tokens, split characters, invalid bytes, the limit inside a character, EOS.
 CHAPTER = ("stop/cross-token/001", "stop/multi-byte/001", "stop/overlap/001", "stop/last-token/001",
            "detok/utf8-split/001", "detok/invalid/002", "finish/eos-hidden/001", "finish/length/001",
-           "usage/stop/001", "stop/hold-back/001")
+           "usage/stop/001", "stop/hold-back/001", "finish/context-limit/001")
 
 
 @pytest.fixture(scope="module")
@@ -87,10 +87,32 @@ def test_decodespec_serve_passes_every_chat_case(chat_set, served, group):
     """Content, reasoning_content and tool calls, streamed and not, every limit swept for the
     reasoning and tool cases, usage.prompt_tokens as transformers counts the templated prompt."""
     ck, cases = chat_set[group]
+    cases = [c for c in cases if "context_limit" not in c.inputs]  # on a server of their own: below
     url = served(group, reasoning_parser=True, tool_parser=True)
     results = run_cases(OpenAIAdapter(url, checkpoint=ck), cases)
     assert [r.verdict for r in results] == [Verdict.PASS] * len(cases), [
         (r.case.id, r.verdict.value, r.reason, [f.message for f in r.failures]) for r in results if r.verdict is not Verdict.PASS]
+
+
+@pytest.mark.parametrize("group", ["byte_table-chatml", "byte_table-bos"])
+def test_a_chat_context_limit_case_runs_on_a_context_that_holds_the_templated_prompt(chat_set, group, tmp_path):
+    """§4.3 (D10) on chat: the served context is the case's, widened by every token before the case's
+    prompt, the template's included (transformers' count of the templated prompt), so as many output
+    tokens fit as in the case; the reference runs the program with the same room. Counting the
+    program's tokens alone made a context the templated prompt did not fit in, and the case judged a
+    refusal (decodespec serve 'passed' by refusing; llama-server 'failed' by answering)."""
+    import sys
+
+    from decodespec.properties.conformance.launch import run_launched
+
+    ck, cases = chat_set[group]
+    [case] = [c for c in cases if "context_limit" in c.inputs]
+    room = int(case.inputs["context_limit"]) - len(case_prompt(case, ck.tokenizer))
+    assert served_context(case, ck) == ck.chat[case.id]["prompt_tokens"] + room
+    serve = f"{sys.executable} -m decodespec serve --port {{port}} --model {{model}}"
+    [res] = run_launched([case], [ck.folder], serve, log_dir=tmp_path, context_command=serve + " --context-limit {context}")
+    assert res.verdict is Verdict.PASS, (res.reason, [f.message for f in res.failures])
+    assert res.observed["reference"]["finish_reason"] == "length" and res.observed["reference"]["selected_tokens"] == room
 
 
 def test_a_server_without_the_parsers_fails_the_reasoning_and_tool_cases(chat_set, served):

@@ -31,6 +31,7 @@ from .adapters.base import Finding, Outcome, reference_on
 from .alignment import aligned, run_alignment
 from .cases import Case
 from .chat_cases import TAGS, TOOLS, chat_of, template_of
+from .checkpoints import on_checkpoint
 from .script_server import ScriptServer, case_fields, sweep_limits
 from .symptoms import finding, merge
 from .wire import Streamed, body_findings, first_choice, token_count, wire_findings
@@ -47,6 +48,7 @@ class ChatExpected:
     finish_reason: str | None
     selected: int
     by_tool_token: bool
+    reason: str | None = None  # why the reference's run ended (its FinishReason's value), when it finished
 
     def to_json(self) -> dict[str, Any]:
         return {"content": self.content, "reasoning_content": self.reasoning,
@@ -71,7 +73,7 @@ def expected_chat(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[
     got = merged(parts)
     wire = wire_finish(OPENAI_FINISH[res.finish_reason], split) if finished else None
     return ChatExpected(got["content"], got["reasoning"], tuple((c.name, json.loads(c.arguments)) for c in got["calls"]),
-                        wire, res.usage.selected_tokens, by_token)
+                        wire, res.usage.selected_tokens, by_token, res.finish_reason.value if finished else None)
 
 
 def request_body(a: ScriptServer, case: Case, message: str, max_tokens: int) -> dict[str, Any]:
@@ -196,6 +198,12 @@ def _has_fragment(text: str, tag: str) -> bool:
     return any(text.endswith(tag[:k]) or text.startswith(tag[-k:]) for k in range(3, len(tag)))
 
 
+# A content that goes on past the reference's, where the reference's run ended at a limit or its EOS:
+# the engine did not end the run there (the completions judge's names for it, symptoms.compare_text).
+_RAN_ON = {"context_limit": ("past_context", "past the context limit (D10: no position left for the next token)"),
+           "max_output_tokens": ("past_limit", "past max_tokens"), "eos": ("after_eos", "after the EOS")}
+
+
 def judge_chat(exp: ChatExpected, obs: ChatObserved | None, where: str) -> list[Finding]:
     """Each channel, the calls and the finish reason of one answer against the reference."""
     if obs is None:
@@ -203,7 +211,10 @@ def judge_chat(exp: ChatExpected, obs: ChatObserved | None, where: str) -> list[
             if exp.finish_reason else []
     f = []
     if obs.content != exp.content:
-        f.append(finding("chat_content", f"{where}: content {obs.content!r}, the reference's {exp.content!r}"))
+        ran_on = _RAN_ON.get(exp.reason or "") if obs.content.startswith(exp.content) else None
+        f.append(finding(ran_on[0], f"{where}: content {obs.content!r} goes on {ran_on[1]}, where the reference's "
+                                    f"ends: {exp.content!r}") if ran_on else
+                 finding("chat_content", f"{where}: content {obs.content!r}, the reference's {exp.content!r}"))
     if obs.reasoning != exp.reasoning:
         f.append(finding("chat_reasoning", f"{where}: reasoning_content {obs.reasoning!r}, the reference's {exp.reasoning!r}"))
     if obs.calls is not None and obs.calls != exp.calls:
@@ -237,8 +248,8 @@ def run_chat(a: ScriptServer, case: Case) -> Outcome:
     if info is None:
         return Outcome(skip=f"the checkpoint {a.checkpoint.group} has no chat template for {case.id}")
     tok = a.checkpoint.tokenizer
-    exp = expected_chat(case, tok, prog.prompt, prog.script)
-    body = request_body(a, case, info["message"], case.max_tokens)
+    exp = expected_chat(on_checkpoint(case, a.checkpoint), tok, prog.prompt, prog.script)
+    body = request_body(a, case, info["message"], on_checkpoint(case, a.checkpoint).max_tokens)
     status, data, raw = a.post(PATH, {**body, "stream": False})
     if 400 <= status < 500 and (case.inputs.get("request") or chat_of(case).get("tools")):
         return Outcome(skip=f"the server refuses the request's fields: {raw[:240]!r}")
@@ -276,11 +287,12 @@ def sweep_chat(a: ScriptServer, case: Case, info: Mapping[str, Any]) -> list[Fin
     prog = a.checkpoint.programs[case.id]
 
     def at(k: int) -> tuple[ChatExpected, dict[str, Any]]:
-        return (expected_chat(case, a.checkpoint.tokenizer, prog.prompt, prog.script, max_tokens=k),
+        return (expected_chat(on_checkpoint(case, a.checkpoint), a.checkpoint.tokenizer, prog.prompt, prog.script,
+                              max_tokens=k),
                 request_body(a, case, info["message"], k))
 
     def judge(k: int, exp: ChatExpected, status: int, data: Any, raw: str, st: Streamed) -> list[Finding]:
         return judge_chat(exp, observe_message(status, data), f"at max_tokens={k}, non-streamed answer") + \
             judge_chat(exp, observe_stream(st), f"at max_tokens={k}, stream")
 
-    return sweep_limits(a, case, case.max_tokens, PATH, at, judge)
+    return sweep_limits(a, case, on_checkpoint(case, a.checkpoint).max_tokens, PATH, at, judge)

@@ -322,21 +322,26 @@ def _tokenizer(folder: Path) -> HFTokenizer:
 
 def served_context(case: Case, ckpt: Checkpoint) -> int | None:
     """The context length a server needs for `case`'s context limit on this checkpoint: the case's own,
-    widened by the tokens the program puts before the case's prompt (marker, anchor), so the case
-    keeps its meaning (the same output tokens before the limit); None for a case without one."""
+    widened by the tokens the server's prompt puts before the case's prompt (the program's marker and
+    anchor; on the chat endpoint the chat template's tokens too, as transformers counts the templated
+    prompt), so the case keeps its meaning (the same output tokens before the limit); None for a case
+    without one."""
     if "context_limit" not in case.inputs:
         return None
-    prog = ckpt.programs[case.id]
-    return int(case.inputs["context_limit"]) + len(prog.prompt) - len(case_prompt(case, ckpt.tokenizer))
+    chat = ckpt.chat.get(case.id)
+    served = int(chat["prompt_tokens"]) if chat else len(ckpt.programs[case.id].prompt)
+    return int(case.inputs["context_limit"]) + served - len(case_prompt(case, ckpt.tokenizer))
 
 
 def on_checkpoint(case: Case, ckpt: Checkpoint) -> Case:
-    """`case` as the checkpoint runs it: its context limit widened as `served_context` says, and its
-    max_tokens kept within that context (servers refuse a budget larger than the whole context,
-    vLLM among them; the limit still ends the run first, so the answer is the same)."""
-    n = served_context(case, ckpt)
-    if n is None:
+    """`case` as the reference runs it on the checkpoint's program (whose prompt is the marker, the
+    anchor and the case's prompt, the template left out): its context limit widened by the program's
+    tokens before the case's prompt, so as many output tokens fit as on the served context, and its
+    max_tokens kept within that context (servers refuse a budget larger than the whole context, vLLM
+    among them; the limit still ends the run first, so the answer is the same)."""
+    if "context_limit" not in case.inputs:
         return case
+    n = int(case.inputs["context_limit"]) + len(ckpt.programs[case.id].prompt) - len(case_prompt(case, ckpt.tokenizer))
     return attrs.evolve(case, inputs={**case.inputs, "context_limit": n, "max_tokens": min(case.max_tokens, n)})
 
 
