@@ -3,8 +3,8 @@
 `run_launched(cases, folders, command)` starts `command` once per checkpoint folder, with
 `{model}` (the folder), `{gguf}` (its `model.gguf`), `{name}` (the group) and `{port}` (a free
 port on 127.0.0.1) filled in; waits for /v1/models; runs the cases compiled into that checkpoint
-(and the black-box recipes on the first whose chat endpoint takes a message as it is); then stops the server by its PID (its process group)
-and moves on. `model`, when given, is the model name requests carry (the same fields are filled
+(and the black-box recipes on the first whose chat endpoint takes a message as it is); then stops
+the server by its PID (its process group) and moves on. `model`, when given, is the model name requests carry (the same fields are filled
 in; by default the first of /v1/models). A server that does not come up turns its cases into ERRORs carrying the tail of its
 log, never FAILs. One list of results comes back, in case order, for one report.
 """

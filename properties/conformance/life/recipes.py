@@ -120,7 +120,7 @@ def left_long(a: LiveServer, case: Case, solo: Mapping[tuple[str, bool], Exchang
             continue
         got = ex.answer[1] if not ex.failed else None
         if got != want:
-            return (f"the long program alone ({'streamed' if stream else 'not streamed'}) did not give its script's "
+            return (f"the long program alone ({_kind(stream)}) did not give its script's "
                     f"text ({text_difference(got or '', want, 40)}; "
                     f"status {ex.status}{', ' + ex.failed if ex.failed else ''}): precision, a sampling default, "
                     "a prompt shift or a context the server cannot hold")
@@ -157,19 +157,26 @@ def dropped(ex: Exchange, how: str) -> Finding:
     return finding("connection_dropped", f"{how}: {ex.failed}; not sent again")
 
 
+def _kind(stream: bool) -> str:
+    return "streamed" if stream else "not streamed"
+
+
+def _named(name: str, stream: bool) -> str:
+    return f"{name} ({_kind(stream)})"
+
+
 def against_alone(a: LiveServer, solo: Mapping[tuple[str, bool], Exchange], got: Sequence[Exchange],
                   where: str) -> list[Finding]:
     """Each answer under load against the same request alone; every stream's terminal (§4.7). The
     exchanges of the first SHOWN differences are kept, alone and under load side by side. A request
     that failed alone is a finding of its own (`dropped`); its answers under load are compared with
     nothing (`unjudged` says how many)."""
-    found = [dropped(ref, f"{name} ({'streamed' if stream else 'not streamed'}) alone")
-             for (name, stream), ref in solo.items() if ref.failed and any(ex.job.name == name and ex.job.stream is stream
-                                                                           for ex in got)]
+    found = [dropped(ref, f"{_named(name, stream)} alone") for (name, stream), ref in solo.items()
+             if ref.failed and any((ex.job.name, ex.job.stream) == (name, stream) for ex in got)]
     shown = 0
     for i, ex in enumerate(got):
         ref = solo[ex.job.name, ex.job.stream]
-        how = f"{ex.job.name} ({'streamed' if ex.job.stream else 'not streamed'}, request {i + 1} of {len(got)} {where})"
+        how = f"{ex.job.name} ({_kind(ex.job.stream)}, request {i + 1} of {len(got)} {where})"
         if ex.failed:
             found.append(dropped(ex, how))
         elif ref.failed or ex.answer == ref.answer:
@@ -187,18 +194,17 @@ def against_alone(a: LiveServer, solo: Mapping[tuple[str, bool], Exchange], got:
 
 def sent_again(retried: Sequence[Exchange]) -> list[Finding]:
     """The tries of `alone` that got no answer: the connection's findings, each named."""
-    return [dropped(ex, f"{ex.job.name} ({'streamed' if ex.job.stream else 'not streamed'}) alone, sent again")
-            for ex in retried]
+    return [dropped(ex, f"{_named(ex.job.name, ex.job.stream)} alone, sent again") for ex in retried]
 
 
 def unjudged(solo: Mapping[tuple[str, bool], Exchange], got: Sequence[Exchange]) -> list[str]:
     """What against_alone could not compare: the answers under load of each request that failed alone."""
     out = []
     for (name, stream), ref in solo.items():
-        n = sum(ex.job.name == name and ex.job.stream is stream for ex in got)
+        n = sum((ex.job.name, ex.job.stream) == (name, stream) for ex in got)
         if ref.failed and n:
-            out.append(f"{n} answer(s) of {name} ({'streamed' if stream else 'not streamed'}) under load: the same "
-                       f"request alone failed ({ref.failed}), so there was nothing to compare them with")
+            out.append(f"{n} answer(s) of {_named(name, stream)} under load: the same request alone failed "
+                       f"({ref.failed}), so there was nothing to compare them with")
     return out
 
 
