@@ -248,8 +248,9 @@ def run_chat(a: ScriptServer, case: Case) -> Outcome:
     if info is None:
         return Outcome(skip=f"the checkpoint {a.checkpoint.group} has no chat template for {case.id}")
     tok = a.checkpoint.tokenizer
-    exp = expected_chat(on_checkpoint(case, a.checkpoint), tok, prog.prompt, prog.script)
-    body = request_body(a, case, info["message"], on_checkpoint(case, a.checkpoint).max_tokens)
+    served = on_checkpoint(case, a.checkpoint)  # its context widened as the server's is
+    exp = expected_chat(served, tok, prog.prompt, prog.script)
+    body = request_body(a, case, info["message"], served.max_tokens)
     status, data, raw = a.post(PATH, {**body, "stream": False})
     if 400 <= status < 500 and (case.inputs.get("request") or chat_of(case).get("tools")):
         return Outcome(skip=f"the server refuses the request's fields: {raw[:240]!r}")
