@@ -15,7 +15,7 @@ from decodespec.properties.conformance.chat import ChatExpected, expected_chat, 
 from decodespec.properties.conformance.chat_cases import TEMPLATES
 from decodespec.properties.conformance.checkpoints import build_group, group_of, http_blocker, prove, served_context, with_chat
 from decodespec.properties.conformance.runner import Verdict, run_cases
-from decodespec.properties.conformance.adapters.base import case_prompt, case_script, table_tokenizer
+from decodespec.properties.conformance.adapters.base import case_prompt, case_script, reference_on, table_tokenizer
 from decodespec.properties.conformance.wire import parse_sse
 
 # The chapter's cases CI runs on chat (every HTTP-runnable one runs in `decodespec conform` on the
@@ -191,6 +191,47 @@ def test_a_reasoning_delta_counts_once_whichever_names_carry_it(names):
     obs = observe_stream(parse_sse(body))
     assert obs.reasoning == "".join(pieces) and obs.content == "Hi" and obs.finish_reason == "stop"
     assert [field for field, _ in obs.leaks] == [names[-1] if len(names) == 1 else "reasoning_content"] * 2
+
+
+def test_a_chat_answer_that_splits_nothing_is_judged_by_the_completions_rules():
+    """§4.3-§4.6 on chat (D45): where nothing is split off the content (no reasoning, no tools), the
+    answer is a completions answer in a chat envelope and is judged as one (judgement.observe reads
+    the message's content and the deltas' content; the role chunk opens the stream). An empty content
+    chunk mid-stream is an empty delta, a held stop prefix sent early is named, and the reference's own
+    answer passes; the chat judge alone, by the whole content, saw neither."""
+    from decodespec.properties.conformance import http_script
+    from decodespec.properties.conformance.judgement import judge_observed, observe
+
+    case, exp = next((c, http_script.expected_of(c, tok, case_prompt(c, tok), case_script(c, tok),
+                                                   reference_on(c, tok, case_prompt(c, tok), case_script(c, tok))))
+                     for c in load_cases(["stop/hold-back/001"]) for tok in [table_tokenizer(c.tokenizer_spec)])
+    text, why = exp.output.decode(), exp.wire_reason
+
+    def answer(*deltas: str) -> tuple:
+        message = {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": why}],
+                   "usage": {"completion_tokens": exp.selected}}
+        chunks = [{"role": "assistant", "content": ""}, *({"content": d} for d in deltas)]
+        sse = "".join(f"data: {json.dumps({'id': 'c', 'choices': [{'index': 0, 'delta': d, 'finish_reason': None}]})}\n\n"
+                      for d in chunks)
+        sse += f"data: {json.dumps({'id': 'c', 'choices': [{'index': 0, 'delta': {}, 'finish_reason': why}]})}\n\ndata: [DONE]\n\n"
+        return observe(200, message, json.dumps(message), parse_sse(sse))
+
+    assert judge_observed(exp, answer(*[p.decode() for p in _released(exp)]))[0] == []
+    found = {f.symptom for f in judge_observed(exp, answer(text[:1], "", text[1:]))[0]}
+    assert "empty_delta" in found
+    assert exp.output == b"ABCD" and exp.released == (1, 4)  # 'B' held after 'AB': it may begin the stop 'BX'
+    early = {f.symptom for f in judge_observed(exp, answer("AB", "CD"))[0]}  # one chunk a token, 'B' sent at once
+    assert "stop_prefix_sent" in early, early
+
+
+def _released(exp) -> list[bytes]:
+    """The reference's deltas: the bytes it had sent after each selected token, as chunks."""
+    out, sent = [], 0
+    for n in exp.released:
+        if n > sent:
+            out.append(exp.output[sent:n])
+            sent = n
+    return out + ([exp.output[sent:]] if sent < len(exp.output) else [])
 
 
 def test_tool_call_arguments_sent_as_an_object_are_a_wire_finding_not_a_crash():

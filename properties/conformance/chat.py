@@ -32,6 +32,7 @@ from .alignment import aligned, run_alignment
 from .cases import Case
 from .chat_cases import TAGS, TOOLS, chat_of, template_of
 from .checkpoints import on_checkpoint
+from .judgement import expected_of, judge_observed, observe
 from .script_server import ScriptServer, case_fields, sweep_limits
 from .symptoms import finding, merge
 from .wire import Streamed, body_findings, first_choice, token_count, wire_findings
@@ -74,6 +75,12 @@ def expected_chat(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[
     wire = wire_finish(OPENAI_FINISH[res.finish_reason], split) if finished else None
     return ChatExpected(got["content"], got["reasoning"], tuple((c.name, json.loads(c.arguments)) for c in got["calls"]),
                         wire, res.usage.selected_tokens, by_token, res.finish_reason.value if finished else None)
+
+
+def splits(case: Case) -> bool:
+    """Whether the case's answer has channels of its own (reasoning, tool calls) beside its content."""
+    chat = chat_of(case) or {}
+    return bool(chat.get("reasoning") or chat.get("tools"))
 
 
 def request_body(a: ScriptServer, case: Case, message: str, max_tokens: int) -> dict[str, Any]:
@@ -204,13 +211,15 @@ _RAN_ON = {"context_limit": ("past_context", "past the context limit (D10: no po
            "max_output_tokens": ("past_limit", "past max_tokens"), "eos": ("after_eos", "after the EOS")}
 
 
-def judge_chat(exp: ChatExpected, obs: ChatObserved | None, where: str) -> list[Finding]:
-    """Each channel, the calls and the finish reason of one answer against the reference."""
+def judge_chat(exp: ChatExpected, obs: ChatObserved | None, where: str, *, content: bool = True) -> list[Finding]:
+    """Each channel, the calls and the finish reason of one answer against the reference; with
+    `content` False the reasoning, the calls and the tags alone (the content, the finish reason and
+    the count judged as a completions answer's: run_chat)."""
     if obs is None:
         return [finding("refused", f"the {where} was not a chat answer; the reference finishes ({exp.finish_reason})")] \
-            if exp.finish_reason else []
+            if exp.finish_reason and content else []
     f = []
-    if obs.content != exp.content:
+    if content and obs.content != exp.content:
         ran_on = _RAN_ON.get(exp.reason or "") if obs.content.startswith(exp.content) else None
         f.append(finding(ran_on[0], f"{where}: content {obs.content!r} goes on {ran_on[1]}, where the reference's "
                                     f"ends: {exp.content!r}") if ran_on else
@@ -228,6 +237,8 @@ def judge_chat(exp: ChatExpected, obs: ChatObserved | None, where: str) -> list[
               if text not in (exp.content if field == "content" else exp.reasoning)]
     if leaked:
         f.append(finding("chat_tag_leaked", f"{where}: {'; '.join(leaked[:4])}"))
+    if not content:
+        return f
     if exp.finish_reason and obs.finish_reason != exp.finish_reason:
         f.append(finding("chat_finish", f"{where}: finish_reason {obs.finish_reason!r}, the reference's "
                                         f"{exp.finish_reason!r}"))
@@ -260,11 +271,18 @@ def run_chat(a: ScriptServer, case: Case) -> Outcome:
     if whole is not None and sent != info["prompt_tokens"]:
         return Outcome(skip=f"the server made {sent} prompt tokens of the message; transformers' apply_chat_template "
                             f"makes {info['prompt_tokens']}: the forced checkpoint steers only the prompt it was built for")
-    findings = judge_chat(exp, whole, "non-streamed answer") + judge_chat(exp, streamed, "stream")
-    if whole is not None and streamed is not None and (whole.content, whole.reasoning) != (streamed.content,
-                                                                                         streamed.reasoning):
-        findings.append(finding("stream_vs_batch", f"stream {streamed.content!r}/{streamed.reasoning!r} against "
-                                                   f"non-stream {whole.content!r}/{whole.reasoning!r}"))
+    missed: list[str] = []
+    if splits(case):
+        findings = judge_chat(exp, whole, "non-streamed answer") + judge_chat(exp, streamed, "stream")
+        if whole is not None and streamed is not None and (whole.content, whole.reasoning) != (streamed.content,
+                                                                                             streamed.reasoning):
+            findings.append(finding("stream_vs_batch", f"stream {streamed.content!r}/{streamed.reasoning!r} against "
+                                                       f"non-stream {whole.content!r}/{whole.reasoning!r}"))
+    else:  # nothing split off the content: a completions answer in a chat envelope, judged by the same rules
+        text = expected_of(served, tok, prog.prompt, prog.script, reference_on(served, tok, prog.prompt, prog.script))
+        findings, missed = judge_observed(text, observe(status, data, raw, st))
+        findings += judge_chat(exp, whole, "non-streamed answer", content=False) + \
+            judge_chat(exp, streamed, "stream", content=False)
     if aligned(case):  # D59: the per-token reports of a stream against its chunks' text
         more, na = run_alignment(a, case, body, PATH, chat=True)
         if na:
@@ -276,8 +294,8 @@ def run_chat(a: ScriptServer, case: Case) -> Outcome:
                    findings=tuple(merge(findings) + wire_findings(st, include_usage=exp.finish_reason is not None)
                                   + body_findings(status, data, raw)),
                    judged=True, reference=exp.to_json(),
-                   not_checked=() if whole is None or whole.completion_tokens is not None else
-                   ("usage.completion_tokens (not reported)",),
+                   not_checked=tuple(missed) if not splits(case) else () if whole is None or
+                   whole.completion_tokens is not None else ("usage.completion_tokens (not reported)",),
                    notes=(f"checkpoint {a.checkpoint.group}; chat template {template_of(case)}; prompt "
                           f"{info['prompt_tokens']} tokens, program ids {list(prog.prompt)}; script ids {list(prog.script)}",))
 

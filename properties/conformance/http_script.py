@@ -24,7 +24,7 @@ from .cases import STREAM_KINDS, Case, CaseError
 from .chat import run_chat
 from .chat_cases import chat_of
 from .checkpoints import on_checkpoint
-from .judgement import Observed, expected_of, judge_observed
+from .judgement import expected_of, judge_observed, observe
 from .script_check import Returned, deviation
 from .script_server import ScriptServer, case_fields, program_body, sweep_limits
 from .symptoms import WIRE, Expected, compare_count, finding, first_difference, merge
@@ -59,25 +59,6 @@ def not_observable(case: Case) -> list[str]:
         extra = sorted(set(case.expect.usage) - {"completion_tokens", "selected_tokens", "prompt_tokens"})
         out.append(f"usage {extra} (not in the API's usage)")
     return out
-
-
-def observe(status: int, data: Any, raw: str, st: Streamed, index: int = 0, n: int = 1) -> Observed:
-    """An HTTP exchange (the non-streamed answer and the stream) as an Observed, for choice `index`
-    of `n` (with n > 1 the token count is the choices' total and is judged apart)."""
-    choice = next((c for c in choices_of(data) if c.get("index", 0) == index), {})
-    st = st.choice(index) if n > 1 else st
-    usage = data.get("usage") if isinstance(data, dict) else None
-    ok = status == 200 and isinstance(choice.get("text"), str)
-    count = token_count(usage, "completion_tokens")
-    return Observed(
-        text=choice["text"].encode() if ok else None, finish_reason=choice.get("finish_reason") if ok else None,
-        completion_tokens=count if status == 200 and n == 1 else None,
-        chunks=tuple(t.encode() for t in st.texts) if st.status == 200 else None,
-        stream_finish_reasons=tuple(st.finish_reasons) if st.status == 200 else None,
-        content_after_finish=tuple(t.encode() for t in st.content_after_finish),
-        error=None if status == 200 else f"{status}: {raw[:300]!r}",
-        stream_error=st.error if st.error else ("event: error" if st.error_events else None),
-    )
 
 
 def judge_exchange(case: Case, exp: Expected, status: int, data: Any, raw: str, st: Streamed) -> tuple[list[Finding], list[str]]:

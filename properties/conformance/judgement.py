@@ -26,6 +26,7 @@ from ...runtime.result import Result
 from .adapters.base import Finding, reference_on
 from .cases import Case
 from .symptoms import Expected, compare_count, compare_reason, compare_split, compare_stream, compare_text, finding, merge
+from .wire import Streamed, choices_of, token_count
 
 
 @attrs.frozen
@@ -41,6 +42,30 @@ class Observed:
     error: str | None = None  # the non-streamed answer was an error (its status and body)
     stream_error: str | None = None  # the stream carried an error (a non-200 answer or an error event)
     reason_shown: bool = True  # False: the engine reports no finish reason at all (transformers generate)
+
+
+def observe(status: int, data: Any, raw: str, st: Streamed, index: int = 0, n: int = 1) -> Observed:
+    """An HTTP exchange (the non-streamed answer and the stream) as an Observed, for choice `index`
+    of `n` (with n > 1 the token count is the choices' total and is judged apart). A chat answer's
+    text is its message's content (a chat answer that splits nothing off it, D45)."""
+    choice = next((c for c in choices_of(data) if c.get("index", 0) == index), {})
+    st = st.choice(index) if n > 1 else st
+    usage = data.get("usage") if isinstance(data, dict) else None
+    text = choice.get("text")
+    if isinstance(choice.get("message"), dict):  # a chat message's null content is no text
+        text = choice["message"].get("content")
+        text = "" if text is None else text
+    ok = status == 200 and isinstance(text, str)
+    count = token_count(usage, "completion_tokens")
+    return Observed(
+        text=text.encode() if ok else None, finish_reason=choice.get("finish_reason") if ok else None,
+        completion_tokens=count if status == 200 and n == 1 else None,
+        chunks=tuple(t.encode() for t in st.texts) if st.status == 200 else None,
+        stream_finish_reasons=tuple(st.finish_reasons) if st.status == 200 else None,
+        content_after_finish=tuple(t.encode() for t in st.content_after_finish),
+        error=None if status == 200 else f"{status}: {raw[:300]!r}",
+        stream_error=st.error if st.error else ("event: error" if st.error_events else None),
+    )
 
 
 def expected_of(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[int], res: Result) -> Expected:
