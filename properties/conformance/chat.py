@@ -27,6 +27,7 @@ import attrs
 
 from ...runtime.channels import Splitter, merged, tool_close_token, wire_finish
 from ...runtime.openai_schema import OPENAI_FINISH
+from ...runtime.result import Result
 from .adapters.base import Finding, Outcome, reference_on
 from .alignment import aligned, run_alignment
 from .cases import Case
@@ -34,7 +35,7 @@ from .chat_cases import TAGS, TOOLS, chat_of, template_of
 from .checkpoints import on_checkpoint
 from .judgement import expected_of, judge_observed, observe
 from .script_server import ScriptServer, case_fields, sweep_limits
-from .symptoms import finding, merge
+from .symptoms import Expected, compare_count, finding, merge
 from .wire import Streamed, body_findings, first_choice, token_count, wire_findings
 
 PATH = "/v1/chat/completions"
@@ -56,15 +57,25 @@ class ChatExpected:
                 "selected_tokens": self.selected}
 
 
+def chat_reference(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[int],
+                   max_tokens: int | None = None) -> Result:
+    """The reference on (tok, prompt, script) for a chat case: with tools, a call's close token is a
+    finish check (D47)."""
+    close = tool_close_token(tok, tok.vocab_size) if (chat_of(case) or {}).get("tools") else None
+    at = case if max_tokens is None else attrs.evolve(case, inputs={**case.inputs, "max_tokens": max_tokens})
+    return reference_on(at, tok, prompt, script, finish_tokens={"tool_call": [close]} if close is not None else None)
+
+
 def expected_chat(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[int],
                   max_tokens: int | None = None) -> ChatExpected:
     """The reference on (tok, prompt, script), its deltas split as decodespec serve splits them."""
+    return split_reference(case, chat_reference(case, tok, prompt, script, max_tokens))
+
+
+def split_reference(case: Case, res: Result) -> ChatExpected:
+    """The reference's run `res` of a chat case, its deltas split as decodespec serve splits them."""
     chat = chat_of(case) or {}
-    tools = bool(chat.get("tools"))
-    close = tool_close_token(tok, tok.vocab_size) if tools else None
-    at = case if max_tokens is None else attrs.evolve(case, inputs={**case.inputs, "max_tokens": max_tokens})
-    res = reference_on(at, tok, prompt, script, finish_tokens={"tool_call": [close]} if close is not None else None)
-    split = Splitter(reasoning=bool(chat.get("reasoning")), tools=tools)
+    split = Splitter(reasoning=bool(chat.get("reasoning")), tools=bool(chat.get("tools")))
     utf8 = codecs.getincrementaldecoder("utf-8")("replace")
     parts = [p for e in res.events if e.kind == "response.delta" for p in split.push(utf8.decode(bytes(e.data["bytes"])))]
     finished = res.state.name == "FINISHED"
@@ -242,6 +253,30 @@ def judge_chat(exp: ChatExpected, obs: ChatObserved | None, where: str, *, conte
     return f
 
 
+def judge_answers(exp: ChatExpected, text: Expected | None, answers: tuple[int, Any, str, Streamed],
+                  whole: ChatObserved | None, streamed: ChatObserved | None) -> tuple[list[Finding], list[str]]:
+    """Both answers of a chat case (`answers`: the non-streamed status, JSON and text, and the
+    stream; `whole`, `streamed`: their channels) against the reference: findings, and what they did
+    not let us check. A case that splits nothing off its content is a completions answer in a chat
+    envelope: judged by the completions rules against `text` (the reference's run as an Expected),
+    its channels added. One that splits reasoning or calls off it (`text` None) is judged channel by
+    channel."""
+    if text is not None:
+        findings, missed = judge_observed(text, observe(*answers))
+        # the stream's usage chunk is read on chat (include_usage): its count as the completions rules count
+        counted = compare_count(text, streamed.completion_tokens) if streamed is not None else []
+        return (findings + [attrs.evolve(f, message=f"stream: {f.message}") for f in counted]
+                + judge_chat(exp, whole, "non-streamed answer", content=False)
+                + judge_chat(exp, streamed, "stream", content=False)), missed
+    findings = judge_chat(exp, whole, "non-streamed answer") + judge_chat(exp, streamed, "stream")
+    if whole is not None and streamed is not None and (whole.content, whole.reasoning) != (streamed.content,
+                                                                                         streamed.reasoning):
+        findings.append(finding("stream_vs_batch", f"stream {streamed.content!r}/{streamed.reasoning!r} against "
+                                                   f"non-stream {whole.content!r}/{whole.reasoning!r}"))
+    unreported = whole is not None and whole.completion_tokens is None
+    return findings, ["usage.completion_tokens (not reported)"] if unreported else []
+
+
 def run_chat(a: ScriptServer, case: Case) -> Outcome:
     """Send a chat case both ways and judge each channel against the reference (see module)."""
     prog = a.checkpoint.programs[case.id]
@@ -250,7 +285,8 @@ def run_chat(a: ScriptServer, case: Case) -> Outcome:
         return Outcome(skip=f"the checkpoint {a.checkpoint.group} has no chat template for {case.id}")
     tok = a.checkpoint.tokenizer
     served = on_checkpoint(case, a.checkpoint)  # its context widened as the server's is
-    exp = expected_chat(served, tok, prog.prompt, prog.script)
+    res = chat_reference(served, tok, prog.prompt, prog.script)
+    exp = split_reference(served, res)
     body = request_body(a, case, info["message"], served.max_tokens)
     status, data, raw = a.post(PATH, {**body, "stream": False})
     if 400 <= status < 500 and (case.inputs.get("request") or chat_of(case).get("tools")):
@@ -261,18 +297,8 @@ def run_chat(a: ScriptServer, case: Case) -> Outcome:
     if whole is not None and sent != info["prompt_tokens"]:
         return Outcome(skip=f"the server made {sent} prompt tokens of the message; transformers' apply_chat_template "
                             f"makes {info['prompt_tokens']}: the forced checkpoint steers only the prompt it was built for")
-    missed: list[str] = []
-    if splits(case):
-        findings = judge_chat(exp, whole, "non-streamed answer") + judge_chat(exp, streamed, "stream")
-        if whole is not None and streamed is not None and (whole.content, whole.reasoning) != (streamed.content,
-                                                                                             streamed.reasoning):
-            findings.append(finding("stream_vs_batch", f"stream {streamed.content!r}/{streamed.reasoning!r} against "
-                                                       f"non-stream {whole.content!r}/{whole.reasoning!r}"))
-    else:  # nothing split off the content: a completions answer in a chat envelope, judged by the same rules
-        text = expected_of(served, tok, prog.prompt, prog.script, reference_on(served, tok, prog.prompt, prog.script))
-        findings, missed = judge_observed(text, observe(status, data, raw, st))
-        findings += judge_chat(exp, whole, "non-streamed answer", content=False) + \
-            judge_chat(exp, streamed, "stream", content=False)
+    text = None if splits(case) else expected_of(served, tok, prog.prompt, prog.script, res)
+    findings, missed = judge_answers(exp, text, (status, data, raw, st), whole, streamed)
     if aligned(case):  # D59: the per-token reports of a stream against its chunks' text
         more, na = run_alignment(a, case, body, PATH, chat=True)
         if na:
@@ -284,8 +310,7 @@ def run_chat(a: ScriptServer, case: Case) -> Outcome:
                    findings=tuple(merge(findings) + wire_findings(st, include_usage=exp.finish_reason is not None)
                                   + body_findings(status, data, raw)),
                    judged=True, reference=exp.to_json(),
-                   not_checked=tuple(missed) if not splits(case) else () if whole is None or
-                   whole.completion_tokens is not None else ("usage.completion_tokens (not reported)",),
+                   not_checked=tuple(missed),
                    notes=(f"checkpoint {a.checkpoint.group}; chat template {template_of(case)}; prompt "
                           f"{info['prompt_tokens']} tokens, program ids {list(prog.prompt)}; script ids {list(prog.script)}",))
 
@@ -294,14 +319,14 @@ def sweep_chat(a: ScriptServer, case: Case, info: Mapping[str, Any]) -> list[Fin
     """§4.3: the case at every other max_tokens (script_server.sweep_limits: a limit inside the
     reasoning, inside a tag, inside a call), each judged against the reference at that limit."""
     prog = a.checkpoint.programs[case.id]
+    served = on_checkpoint(case, a.checkpoint)
 
     def at(k: int) -> tuple[ChatExpected, dict[str, Any]]:
-        return (expected_chat(on_checkpoint(case, a.checkpoint), a.checkpoint.tokenizer, prog.prompt, prog.script,
-                              max_tokens=k),
+        return (expected_chat(served, a.checkpoint.tokenizer, prog.prompt, prog.script, max_tokens=k),
                 request_body(a, case, info["message"], k))
 
     def judge(k: int, exp: ChatExpected, status: int, data: Any, raw: str, st: Streamed) -> list[Finding]:
         return judge_chat(exp, observe_message(status, data), f"at max_tokens={k}, non-streamed answer") + \
             judge_chat(exp, observe_stream(st), f"at max_tokens={k}, stream")
 
-    return sweep_limits(a, case, on_checkpoint(case, a.checkpoint).max_tokens, PATH, at, judge)
+    return sweep_limits(a, case, served.max_tokens, PATH, at, judge)
