@@ -22,10 +22,11 @@ from decodespec.properties.conformance.alignment import chunk_reports, message_r
 from decodespec.properties.conformance.cases import CaseKind
 from decodespec.properties.conformance.checkpoints import with_chat
 from decodespec.properties.conformance.chat import (
-    ChatExpected, chat_reference, judge_answers, judge_chat, observe_message, observe_stream, split_reference, splits)
+    ChatExpected, chat_reference, judge_answers, judge_chat, leading, observe_message, observe_stream, split_reference,
+    splits)
 from decodespec.properties.conformance.http_script import judge_exchange
 from decodespec.properties.conformance.judgement import Observed, expected_of, judge_observed
-from decodespec.properties.conformance.symptoms import WIRE
+from decodespec.properties.conformance.symptoms import WIRE, compare_text, merge
 from decodespec.properties.conformance.wire import ANSWER, CHUNK, parse_sse, shape_error, wire_findings
 
 AUDITED = json.loads((Path(__file__).parent / "fixtures" / "audited_exchanges.json").read_text(encoding="utf-8"))
@@ -129,15 +130,30 @@ def test_a_result_with_nothing_observed_passes_nothing():
     assert res.verdict is Verdict.SKIP and "showed none" in res.reason
 
 
-def test_an_eos_that_a_guard_turns_off_is_named_when_it_ends_the_run():
-    """§4.3, D31: with ignore_eos the script's EOS is a token like any other; an engine that stops
-    there breaks eos_guards_respected, whatever reason it reports."""
-    _, exp = _expected("finish/ignore-eos/001")
+@pytest.mark.parametrize("case_id", ["finish/ignore-eos/001", "finish/min-tokens/001", "finish/min-tokens/002"])
+def test_an_eos_that_a_guard_turns_off_is_named_when_it_ends_the_run(case_id):
+    """§4.3, D31: with ignore_eos, or before min_tokens, the script's EOS is passed over; an engine
+    that stops there breaks eos_guards_respected, whatever reason it reports, also where a later
+    EOS ends the reference's run (min_tokens: the reference's reason is 'eos' too)."""
+    _, exp = _expected(case_id)
     assert exp.guard_passed
     stopped = Observed(text=exp.output[:1], finish_reason="stop", completion_tokens=exp.eos_at,
                        chunks=(exp.output[:1],), stream_finish_reasons=("stop",))
     found, _ = judge_observed(exp, stopped)
     assert found and found[0].invariant == "eos_guards_respected", [(f.invariant, f.message) for f in found]
+
+
+@pytest.mark.parametrize(("case_id", "cut", "symptom"), [
+    ("stop/include-stop/001", 1, "stop_not_kept"),  # 'A' of 'ABC': the kept stop 'BC' cut as if not kept
+    ("stop/flush-tail/001", 0, "held_not_released"),  # '' of 'AB': 'B' held for 'BCD', never sent at the end
+    ("detok/utf8-split/001", 0, "bytes_lost"),  # no stop to hold for: just bytes never sent
+])
+def test_a_missing_tail_is_named_for_what_it_is(case_id, cut, symptom):
+    """§4.6, D33: text that ends early says whether its missing tail is the stop the request keeps,
+    bytes held for a stop that never completes (released at the end), or neither."""
+    _, exp = _expected(case_id)
+    found = compare_text(exp, exp.output[:cut], "stream")
+    assert [(f.invariant, f.symptom) for f in found] == [("detok_concat_equals_batch", symptom)], found
 
 
 # Answers in the API's shape with any field, at any depth, of another JSON type now and then.
@@ -258,6 +274,33 @@ def _chat_answer(content: str, reasoning: str, calls: list, finish: str | None, 
     chunks += [{"id": "a", "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},
                {"id": "a", "choices": [], "usage": usage}]
     return answer, "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize(("case_id", "answer", "lead"), [
+    # llama-server: the call cut by max_tokens reported as half a call, its text gone from the content
+    ("chat/tool-call/cut-by-length/001", {"content": "", "reasoning": "", "calls": [("get_weather", "{")],
+                                          "finish": "length", "n": 2}, ("calls_only_when_closed", "chat_half_call")),
+    # ... and one that parsed it whole though no </tool_call> closed it
+    ("chat/tool-call/cut-by-length/001", {"content": "", "reasoning": "", "finish": "length", "n": 2,
+                                          "calls": [("get_weather", {"city": "Paris"})]},
+     ("calls_only_when_closed", "chat_call_unclosed")),
+    # a server with no reasoning parser: the tags go out as content, the reasoning with them
+    ("chat/reasoning/special-tags/001", {"content": "<think>Let me check</think>Hi!", "reasoning": "", "calls": [],
+                                         "finish": "stop", "n": 6}, ("think_tags_never_text", "chat_tag_leaked")),
+])
+@pytest.mark.parametrize("way", ["message", "stream"])
+def test_a_chat_finding_that_says_where_the_text_went_leads(case_id, answer, lead, way):
+    """§4.7, D45, D47: text missing from a channel because it went into half a call, into a call
+    reported before it closed, or out as tag text is led by that finding (chat.EXPLAINING), in a
+    whole message and in a stream alike, not by the content difference it causes."""
+    case = _CHATS[case_id]
+    tok = case_tokenizer(case)
+    exp = split_reference(case, chat_reference(case, tok, case_prompt(case, tok), case_script(case, tok)))
+    data, sse = _chat_answer(**answer)
+    obs = observe_message(200, data) if way == "message" else observe_stream(parse_sse(sse))
+    found = leading(merge(judge_chat(exp, obs, way)))
+    assert "pieces_once" in {f.invariant for f in found}, found
+    assert (found[0].invariant, found[0].symptom) == lead, found
 
 
 @pytest.mark.parametrize("case_id", _CHAT_CASES)

@@ -114,15 +114,16 @@ class ChatObserved:
     finish_reason: str | None
     completion_tokens: int | None
     prompt_tokens: int | None
-    leaks: tuple[tuple[str, str], ...] = ()  # (field, chunk text) of chunks holding a tag or a piece of one
+    leaks: tuple[tuple[str, str], ...] = ()  # (field, text) of texts holding a tag or a piece of one: whole, or a chunk
     half_calls: tuple[str, ...] = ()
     odd_arguments: tuple[str, ...] = ()  # calls whose function.arguments came as something else than text
 
 
-def _calls(raw: Any) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
-    """A message's tool calls as (name, arguments) pairs, and the calls whose arguments are not the
-    JSON text the API gives (an object is compared as the value it is, and named)."""
-    out, odd = [], []
+def _calls(raw: Any) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...], tuple[str, ...]]:
+    """A message's tool calls as (name, arguments) pairs, the calls whose arguments are not the
+    JSON text the API gives (an object is compared as the value it is, and named), and the calls
+    whose argument text is not whole JSON (half a call)."""
+    out, odd, half = [], [], []
     for i, c in enumerate(raw or []):
         fn = c.get("function") if isinstance(c, dict) else None
         fn = fn if isinstance(fn, dict) else {}
@@ -130,16 +131,25 @@ def _calls(raw: Any) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
         if isinstance(args, str):
             try:
                 args = json.loads(args or "null")
-            except ValueError:
-                pass  # not JSON: kept as the text, compared as such
+            except ValueError:  # not JSON: kept as the text, compared as such
+                half.append(_half(i, fn.get("name"), args))
         elif args is not None:
             odd.append(_not_text(i, fn.get("name"), args))
         out.append((fn.get("name"), args))
-    return tuple(out), tuple(odd)
+    return tuple(out), tuple(odd), tuple(half)
 
 
 def _not_text(index: int, name: Any, arguments: Any) -> str:
     return f"call {index} ({name}): arguments given as a JSON {type(arguments).__name__}"
+
+
+def _half(index: int, name: Any, arguments: str) -> str:
+    return f"call {index} ({name}): arguments {arguments!r} are not whole JSON"
+
+
+def _leaks(field: str, text: str) -> list[tuple[str, str]]:
+    """(field, text) where `text` holds a tag or a piece of one (think_tags_never_text)."""
+    return [(field, text)] if text and any(_has_fragment(text, t) for t in TAGS) else []
 
 
 def observe_message(status: int, data: Any) -> ChatObserved | None:
@@ -150,10 +160,12 @@ def observe_message(status: int, data: Any) -> ChatObserved | None:
     if not isinstance(msg, dict):
         return None
     usage = data.get("usage")
-    calls, odd = _calls(msg.get("tool_calls") if isinstance(msg.get("tool_calls"), list) else None)
-    return ChatObserved(_text(msg, "content"), _text(msg, "reasoning_content") or _text(msg, "reasoning"),
-                        calls, choice.get("finish_reason"), token_count(usage, "completion_tokens"),
-                        token_count(usage, "prompt_tokens"), odd_arguments=odd)
+    calls, odd, half = _calls(msg.get("tool_calls") if isinstance(msg.get("tool_calls"), list) else None)
+    content, reasoning = _text(msg, "content"), _text(msg, "reasoning_content") or _text(msg, "reasoning")
+    return ChatObserved(content, reasoning, calls, choice.get("finish_reason"), token_count(usage, "completion_tokens"),
+                        token_count(usage, "prompt_tokens"),
+                        leaks=tuple(_leaks("content", content) + _leaks("reasoning_content", reasoning)),
+                        half_calls=half, odd_arguments=odd)
 
 
 def observe_stream(st: Streamed) -> ChatObserved | None:
@@ -172,8 +184,7 @@ def observe_stream(st: Streamed) -> ChatObserved | None:
                                   ("reasoning_content" if said else "reasoning", said or _text(d, "reasoning"), reasoning)):
             if text:
                 into.append(text)
-                if any(_has_fragment(text, t) for t in TAGS):
-                    leaks.append((field, text))
+                leaks += _leaks(field, text)
         for t in d.get("tool_calls") or []:
             slot = calls.setdefault(int(t.get("index", 0)), [None, "", None])  # name, text pieces, a value
             fn = t.get("function") or {}
@@ -194,7 +205,7 @@ def observe_stream(st: Streamed) -> ChatObserved | None:
         try:
             parsed.append((name, json.loads(args)))
         except ValueError:
-            half.append(f"call {i} ({name}): arguments {args!r} are not whole JSON")
+            half.append(_half(i, name, args))
             parsed.append((name, args))
     return ChatObserved("".join(content), "".join(reasoning), tuple(parsed), reasons[-1] if reasons else None,
                         token_count(st.usage, "completion_tokens"), token_count(st.usage, "prompt_tokens"),
@@ -215,6 +226,17 @@ def _has_fragment(text: str, tag: str) -> bool:
     return any(text.endswith(tag[:k]) or text.startswith(tag[-k:]) for k in range(3, len(tag)))
 
 
+# Findings that say where a piece of the output went instead of its channel (into half a call, into a
+# call reported before its </tool_call>, out as tag text) explain the channel differences that piece
+# makes, across every limit of the sweep: they lead (§4.7, D45, D47).
+EXPLAINING = ("chat_half_call", "chat_call_unclosed", "chat_tag_leaked")
+
+
+def leading(findings: list[Finding]) -> list[Finding]:
+    """`findings` with the EXPLAINING ones first, in EXPLAINING's order; the rest in theirs."""
+    return sorted(findings, key=lambda f: EXPLAINING.index(f.symptom) if f.symptom in EXPLAINING else len(EXPLAINING))
+
+
 def judge_chat(exp: ChatExpected, obs: ChatObserved | None, where: str, *, content: bool = True) -> list[Finding]:
     """Each channel, the calls and the finish reason of one answer against the reference; with
     `content` False the reasoning, the calls and the tags alone (the content, the finish reason and
@@ -228,13 +250,16 @@ def judge_chat(exp: ChatExpected, obs: ChatObserved | None, where: str, *, conte
     if obs.reasoning != exp.reasoning:
         f.append(finding("chat_reasoning", f"{where}: reasoning_content {obs.reasoning!r}, the reference's {exp.reasoning!r}"))
     if obs.calls is not None and obs.calls != exp.calls:
-        f.append(finding("chat_tool_calls", f"{where}: tool_calls {list(obs.calls)}, the reference's {list(exp.calls)}"))
+        # more calls than the reference, which still holds a call open as content: one reported unclosed (D47)
+        unclosed = len(obs.calls) > len(exp.calls) and "<tool_call>" in (exp.content or "")
+        f.append(finding("chat_call_unclosed" if unclosed else "chat_tool_calls",
+                         f"{where}: tool_calls {list(obs.calls)}, the reference's {list(exp.calls)}"))
     if obs.half_calls:
         f.append(finding("chat_half_call", f"{where}: {'; '.join(obs.half_calls)}"))
     if obs.odd_arguments:
         f.append(finding("call_arguments", f"{where}: {'; '.join(obs.odd_arguments)}"))
-    # A chunk with tag text the reference's channel does not hold there (D45: a cut call is content, tags included).
-    leaked = [f"{field} chunk {text!r}" for field, text in obs.leaks
+    # Tag text the reference's channel does not hold there (D45: a cut call is content, tags included).
+    leaked = [f"{field} {text!r}" for field, text in obs.leaks
               if text not in (exp.content if field == "content" else exp.reasoning)]
     if leaked:
         f.append(finding("chat_tag_leaked", f"{where}: {'; '.join(leaked[:4])}"))
@@ -307,7 +332,7 @@ def run_chat(a: ScriptServer, case: Case) -> Outcome:
     if chat_of(case).get("sweep"):
         findings += sweep_chat(a, case, info)
     return Outcome(output=(whole.content.encode() if whole else None), finish_reason=whole.finish_reason if whole else None,
-                   findings=tuple(merge(findings) + wire_findings(st, include_usage=exp.finish_reason is not None)
+                   findings=tuple(leading(merge(findings)) + wire_findings(st, include_usage=exp.finish_reason is not None)
                                   + body_findings(status, data, raw)),
                    judged=True, reference=exp.to_json(),
                    not_checked=tuple(missed),

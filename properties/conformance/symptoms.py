@@ -44,6 +44,8 @@ SYMPTOMS: Mapping[str, tuple[str, str, str]] = {
     "after_eos": ("eos_not_emitted", SEMANTICS, "token after EOS"),
     "eos_sent": ("eos_not_emitted", SEMANTICS, "EOS text sent"),
     "bytes_lost": ("detok_concat_equals_batch", SEMANTICS, "bytes never sent"),
+    "held_not_released": ("detok_concat_equals_batch", SEMANTICS, "held stop prefix never sent"),
+    "stop_not_kept": ("detok_concat_equals_batch", SEMANTICS, "kept stop never sent"),
     "bytes_replaced": ("detok_concat_equals_batch", SEMANTICS, "bytes replaced"),
     "bytes_added": ("detok_concat_equals_batch", SEMANTICS, "bytes added"),
     "invalid_sent": ("detok_concat_equals_batch", SEMANTICS, "invalid bytes sent as U+FFFD"),
@@ -89,7 +91,8 @@ SYMPTOMS: Mapping[str, tuple[str, str, str]] = {
     "chat_reasoning": ("reasoning_is_bracketed", SEMANTICS, "reasoning_content differs"),
     "chat_tool_calls": ("calls_only_when_closed", SEMANTICS, "tool calls differ"),
     "chat_half_call": ("calls_only_when_closed", SEMANTICS, "half a call reported"),
-    "chat_tag_leaked": ("think_tags_never_text", SEMANTICS, "a tag (or a piece of one) in a chunk"),
+    "chat_call_unclosed": ("calls_only_when_closed", SEMANTICS, "a call reported before </tool_call>"),
+    "chat_tag_leaked": ("think_tags_never_text", SEMANTICS, "a tag (or a piece of one) sent as text"),
     "chat_finish": ("calls_end_as_calls", SEMANTICS, "chat finish_reason differs"),  # a recipe's own check: invariant given by the case
     # OpenAI wire conventions (graded by the convention, not by chapter 4)
     "done_missing": ("openai_sse_done", WIRE, "no data: [DONE]"),
@@ -186,8 +189,11 @@ class Expected:
 
     @property
     def guard_passed(self) -> bool:
-        """The reference went on past an EOS of the script (a min_tokens or ignore_eos guard, D31)."""
-        return self.eos_at is not None and self.eos_at <= self.selected and self.reason != "eos"
+        """The reference went on past the script's first EOS (a min_tokens or ignore_eos guard, D31):
+        it selected more tokens than that EOS's position, or ended on that position for another
+        reason. A run that a later EOS ends (min_tokens) passed the guard all the same."""
+        at = self.eos_at
+        return at is not None and (at < self.selected or (at == self.selected and self.reason != "eos"))
 
     def to_json(self) -> dict[str, Any]:
         b = bytes_json
@@ -235,8 +241,7 @@ def compare_text(exp: Expected, got: bytes, where: str) -> list[Finding]:
     if got.startswith(want):
         out += _ran_on(exp, got, where, stop_seen=bool(hit))
     elif want.startswith(got):
-        out.append(finding("bytes_lost", f"the {where} ends after {len(got)} of {len(want)} bytes: "
-                                         f"{_show(want[len(got):])} was never sent (expected {_show(want)})"))
+        out.append(_lost(exp, got, where))
     elif not hit:
         p = first_difference(got, want)
         if got[p:].startswith(_FFFD):
@@ -245,6 +250,30 @@ def compare_text(exp: Expected, got: bytes, where: str) -> list[Finding]:
         else:
             out.append(finding("bytes_replaced", f"the {where} differs from byte {p}: {_show(got)} (expected {_show(want)})"))
     return out
+
+
+def _lost(exp: Expected, got: bytes, where: str) -> Finding:
+    """`got` is a proper prefix of the reference's output: say what the missing bytes are. A tail
+    that is the winning stop the request keeps (D33) was cut as if not kept; a tail that ends with
+    the start of a configured stop is what a matcher holds (a token at a time, on some engines)
+    while that stop may still complete, and §4.6 releases it once the stop is ruled out or the run
+    ends."""
+    want, lost = exp.output, exp.output[len(got):]
+    ends = f"the {where} ends after {len(got)} of {len(want)} bytes"
+    if exp.kept and exp.stop is not None and lost == exp.stop:
+        return finding("stop_not_kept", f"{ends}: the stop {_show(lost)} was cut off, but the request keeps "
+                                        f"the stop in the output (include_stop_str_in_output, D33; expected "
+                                        f"{_show(want)})")
+    held = next(((lost[i:], s) for i in range(len(lost)) for s in exp.stops
+                 if s.startswith(lost[i:]) and s != lost[i:]), None)
+    if held is not None:
+        tail, stop = held
+        which = f"{_show(tail)}, the start of the stop {_show(stop)}" if tail == lost else \
+            f"{_show(lost)}, ending with {_show(tail)}, the start of the stop {_show(stop)}"
+        return finding("held_not_released", f"{ends}: {which}, was never sent; that stop never completes, so "
+                                            f"what was held for it goes out when the run ends ({exp.reason}; "
+                                            f"expected {_show(want)})")
+    return finding("bytes_lost", f"{ends}: {_show(lost)} was never sent (expected {_show(want)})")
 
 
 def _ran_on(exp: Expected, got: bytes, where: str, *, stop_seen: bool) -> list[Finding]:
