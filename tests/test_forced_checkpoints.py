@@ -280,6 +280,7 @@ def test_a_seeded_bug_in_the_server_fails_over_http(forced, serve, mutant, case_
     assert res.verdict is Verdict.FAIL and invariant in {f.invariant for f in res.failures}, res.failures
     ex = res.observed["exchanges"]
     assert ex[0]["request"]["body"]["prompt"] == list(ck.programs[case_id].prompt) and ex[1]["sse"]
+    assert ex[1]["request"]["body"]["stream_options"] == {"include_usage": True}  # its count judged too
     assert res.observed["reference"]["state"] == "FINISHED"
 
 

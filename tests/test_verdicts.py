@@ -228,12 +228,13 @@ def _semantic(exp, **fields):
 def test_the_references_answer_passes_and_any_one_change_to_it_fails(case_id):
     """§4.3-§4.10: the judge can fail. The reference's own answer (whole, one chunk) has no finding;
     a byte added or removed anywhere in the non-streamed text or in the stream, another finish reason
-    on either, or another token count has at least one, whatever the case."""
+    on either, or another token count in the answer or in the stream's usage chunk has at least one,
+    whatever the case."""
     case, exp = _expected(case_id)
     if exp.reason is None:
         pytest.skip("the reference fails this run: its judgement is the error's, tested apart")
     out, why = exp.output, exp.wire_reason
-    ok = {"text": out, "finish_reason": why, "completion_tokens": exp.selected,
+    ok = {"text": out, "finish_reason": why, "completion_tokens": exp.selected, "stream_completion_tokens": exp.selected,
           "chunks": (out,) if out else (), "stream_finish_reasons": (why,)}
     assert _semantic(exp, **ok) == []
     rng = random.Random(case_id)
@@ -248,6 +249,7 @@ def test_the_references_answer_passes_and_any_one_change_to_it_fails(case_id):
     counted = {exp.selected, exp.selected - 1} if exp.reason == "eos" else {exp.selected}  # D15: the EOS or not
     for n in set(range(exp.max_tokens + 3)) - counted:
         assert _semantic(exp, **{**ok, "completion_tokens": n}), ("completion_tokens", n)
+        assert _semantic(exp, **{**ok, "stream_completion_tokens": n}), ("stream usage", n)
 
 
 _CHAT_CASES = sorted(c.id for c in with_chat(load_cases()) if c.id.startswith("chat")

@@ -35,7 +35,7 @@ from .chat_cases import TAGS, TOOLS, chat_of, template_of
 from .checkpoints import on_checkpoint
 from .judgement import expected_of, judge_observed, observe
 from .script_server import ScriptServer, case_fields, sweep_limits
-from .symptoms import Expected, compare_count, finding, merge
+from .symptoms import Expected, finding, merge
 from .wire import Streamed, body_findings, first_choice, token_count, wire_findings
 
 PATH = "/v1/chat/completions"
@@ -288,10 +288,7 @@ def judge_answers(exp: ChatExpected, text: Expected | None, answers: tuple[int, 
     channel."""
     if text is not None:
         findings, missed = judge_observed(text, observe(*answers))
-        # the stream's usage chunk is read on chat (include_usage): its count as the completions rules count
-        counted = compare_count(text, streamed.completion_tokens) if streamed is not None else []
-        return (findings + [attrs.evolve(f, message=f"stream: {f.message}") for f in counted]
-                + judge_chat(exp, whole, "non-streamed answer", content=False)
+        return (findings + judge_chat(exp, whole, "non-streamed answer", content=False)
                 + judge_chat(exp, streamed, "stream", content=False)), missed
     findings = judge_chat(exp, whole, "non-streamed answer") + judge_chat(exp, streamed, "stream")
     if whole is not None and streamed is not None and (whole.content, whole.reasoning) != (streamed.content,

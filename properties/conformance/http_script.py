@@ -126,7 +126,8 @@ def run_script(a: ScriptServer, case: Case) -> Outcome:
         return Outcome(skip=f"the server refuses the stop_token_ids field: {raw[:200]!r}")
     if 400 <= status < 500 and case.inputs.get("request"):  # issue 28: n/a where the engine offers no such field
         return Outcome(skip=f"the server refuses the request field(s) {sorted(case.inputs['request'])}: {raw[:240]!r}")
-    st = a.stream_body(PATH, {**body, "stream": True})
+    # the usage chunk too: its count is judged as the non-streamed answer's is
+    st = a.stream_body(PATH, {**body, "stream": True, "stream_options": {"include_usage": True}})
     usage = data.get("usage") if isinstance(data, dict) else None
     sent = token_count(usage, "prompt_tokens")
     as_text = isinstance(body["prompt"], str)

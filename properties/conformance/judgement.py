@@ -36,6 +36,7 @@ class Observed:
     text: bytes | None = None  # the non-streamed output
     finish_reason: str | None = None  # the non-streamed finish reason, in the API's words (stop, length)
     completion_tokens: int | None = None
+    stream_completion_tokens: int | None = None  # the stream's usage chunk's count (include_usage), when it sends one
     chunks: tuple[bytes, ...] | None = None  # every streamed text before the finish chunk, empty ones too
     stream_finish_reasons: tuple[str, ...] | None = None
     content_after_finish: tuple[bytes, ...] = ()
@@ -60,6 +61,7 @@ def observe(status: int, data: Any, raw: str, st: Streamed, index: int = 0, n: i
     return Observed(
         text=text.encode() if ok else None, finish_reason=choice.get("finish_reason") if ok else None,
         completion_tokens=count if status == 200 and n == 1 else None,
+        stream_completion_tokens=token_count(st.usage, "completion_tokens") if st.status == 200 and n == 1 else None,
         chunks=tuple(t.encode() for t in st.texts) if st.status == 200 else None,
         stream_finish_reasons=tuple(st.finish_reasons) if st.status == 200 else None,
         content_after_finish=tuple(t.encode() for t in st.content_after_finish),
@@ -160,6 +162,8 @@ def judge_observed(exp: Expected, obs: Observed, *, delta_split: bool = True) ->
             not_checked.append("usage.completion_tokens (not reported)")
         elif n <= exp.max_tokens and not early:
             f += compare_count(exp, n)
+        if obs.stream_completion_tokens is not None and not early:  # the usage chunk counts the same tokens
+            f += [attrs.evolve(x, message=f"stream: {x.message}") for x in compare_count(exp, obs.stream_completion_tokens)]
     elif obs.text is not None and obs.finish_reason in ("stop", "length") and not any(x.symptom == "invalid_sent" for x in f):
         f.append(finding("tail_dropped", f"the server finished with {obs.finish_reason!r} and text {obs.text!r}, "
                                          f"dropping the bytes no continuation completes; the reference sends the same "
