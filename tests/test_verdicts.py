@@ -143,6 +143,20 @@ def test_an_eos_that_a_guard_turns_off_is_named_when_it_ends_the_run(case_id):
     assert found and found[0].invariant == "eos_guards_respected", [(f.invariant, f.message) for f in found]
 
 
+def test_a_streams_length_is_judged_with_the_streams_own_count():
+    """§4.6, D4: vLLM on detok/after-stop/001 selects a token past the stop (3 of max_tokens 3) and
+    reports 'length' both ways. The stream's usage chunk says 3, so its 'length' is right for its run
+    and the token after the stop leads; only a stream with no count is left to say it ended early."""
+    _, exp = _expected("detok/after-stop/001")
+    answer = {"text": b"E", "finish_reason": "length", "completion_tokens": 3, "chunks": (b"E", b""),
+              "stream_finish_reasons": ("length",)}
+    counted, _ = judge_observed(exp, Observed(**answer, stream_completion_tokens=3))
+    assert [f.symptom for f in counted][0] == "token_after_stop" and "early_length" not in {f.symptom for f in counted}
+    assert any(f.message.count("stream: usage.completion_tokens is 3") for f in counted), counted
+    uncounted, _ = judge_observed(exp, Observed(**answer))
+    assert "early_length" in {f.symptom for f in uncounted}
+
+
 @pytest.mark.parametrize(("case_id", "cut", "symptom"), [
     ("stop/include-stop/001", 1, "stop_not_kept"),  # 'A' of 'ABC': the kept stop 'BC' cut as if not kept
     ("stop/flush-tail/001", 0, "held_not_released"),  # '' of 'AB': 'B' held for 'BCD', never sent at the end

@@ -227,8 +227,9 @@ def _has_fragment(text: str, tag: str) -> bool:
 
 
 # Findings that say where a piece of the output went instead of its channel (into half a call, into a
-# call reported before its </tool_call>, out as tag text) explain the channel differences that piece
-# makes, across every limit of the sweep: they lead (§4.7, D45, D47).
+# call reported before its </tool_call>, out as tag text): a specific rule broken at a known place,
+# where a channel's text differing is the catch-all every misplaced piece also trips. They lead the
+# case, across every limit of the sweep (D65).
 EXPLAINING = ("chat_half_call", "chat_call_unclosed", "chat_tag_leaked")
 
 

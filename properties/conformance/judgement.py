@@ -156,7 +156,7 @@ def judge_observed(exp: Expected, obs: Observed, *, delta_split: bool = True) ->
             if len(reasons) > 1:
                 f.append(finding("two_terminals", f"{len(reasons)} chunks carry a finish_reason: {list(reasons)}"))
             if not (early and streamed == obs.text):
-                f += compare_reason(exp, reasons[-1] if reasons else None, "stream", count=None,
+                f += compare_reason(exp, reasons[-1] if reasons else None, "stream", count=obs.stream_completion_tokens,
                                     text_agrees=streamed == exp.output)
         if n is None:
             not_checked.append("usage.completion_tokens (not reported)")
