@@ -170,6 +170,15 @@ def test_a_missing_tail_is_named_for_what_it_is(case_id, cut, symptom):
     assert [(f.invariant, f.symptom) for f in found] == [("detok_concat_equals_batch", symptom)], found
 
 
+def test_a_passed_over_eos_sent_as_text_is_named():
+    """§4.5, D31: under ignore_eos the EOS is a token like any other but still special, so it has no
+    bytes under skip_special_tokens; vLLM's chat endpoint (its parsers turn skip_special_tokens off)
+    sends 'E</s>F</s>' for 'EF'. Other replaced bytes stay bytes_replaced."""
+    _, exp = _expected("finish/ignore-eos/001")
+    assert [f.symptom for f in compare_text(exp, b"E</s>F</s>", "stream")] == ["special_sent"]
+    assert [f.symptom for f in compare_text(exp, b"E%F%", "stream")] == ["bytes_replaced"]
+
+
 # Answers in the API's shape with any field, at any depth, of another JSON type now and then.
 _junk = st.one_of(st.none(), st.booleans(), st.integers(-2, 300), st.floats(allow_nan=False, allow_infinity=False),
                   st.text(max_size=4), st.just([]), st.just({}), st.just([1, "a"]), st.just({"a": 1}))

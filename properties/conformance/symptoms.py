@@ -47,6 +47,7 @@ SYMPTOMS: Mapping[str, tuple[str, str, str]] = {
     "held_not_released": ("detok_concat_equals_batch", SEMANTICS, "held stop prefix never sent"),
     "stop_not_kept": ("detok_concat_equals_batch", SEMANTICS, "kept stop never sent"),
     "bytes_replaced": ("detok_concat_equals_batch", SEMANTICS, "bytes replaced"),
+    "special_sent": ("detok_concat_equals_batch", SEMANTICS, "a passed-over EOS sent as text"),
     "bytes_added": ("detok_concat_equals_batch", SEMANTICS, "bytes added"),
     "invalid_sent": ("detok_concat_equals_batch", SEMANTICS, "invalid bytes sent as U+FFFD"),
     "tail_dropped": ("detok_concat_equals_batch", SEMANTICS, "incomplete tail dropped silently"),
@@ -242,6 +243,10 @@ def compare_text(exp: Expected, got: bytes, where: str) -> list[Finding]:
         out += _ran_on(exp, got, where, stop_seen=bool(hit))
     elif want.startswith(got):
         out.append(_lost(exp, got, where))
+    elif exp.eos_text and exp.eos_text in got and got.replace(exp.eos_text, b"") == want:
+        out.append(finding("special_sent", f"the {where} carries the EOS token's text {_show(exp.eos_text)} where "
+                                           f"the run passed over the EOS as a token (D31); a special token has no "
+                                           f"bytes under skip_special_tokens: {_show(got)} (expected {_show(want)})"))
     elif not hit:
         p = first_difference(got, want)
         if got[p:].startswith(_FFFD):
