@@ -69,6 +69,9 @@ def report_name(engine: str) -> str:
 @click.option("--engine", default=None, help="reference | hf:PATH | decode-stream:TOKENIZER_JSON | openai:URL")
 @click.option("--model", default=None, help="Model name for openai engines (default: the first of /v1/models).")
 @click.option("--select", "select", multiple=True, help="Only cases whose id starts with this prefix (repeatable).")
+@click.option("--cases-of", "cases_of", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Only the cases of this report.json, by exact id: a report re-run on its own snapshot's cases "
+                   "(with --select, both apply). An id the suite no longer has is refused.")
 @click.option("--list", "list_only", is_flag=True, help="List the selected cases with their descriptions; no engine needed.")
 @click.option("--dry-run", is_flag=True, help="List the selected cases (and whether the engine can run them); run nothing.")
 @click.option("--expect", "expect_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
@@ -100,7 +103,7 @@ def report_name(engine: str) -> str:
 @click.option("--without", "without", multiple=True, type=click.Choice(list(WITHOUT)),
               help="openai only: a request field or a parser the server does not have (its cases are skipped).")
 @click.option("-j", "--jobs", default=1, show_default=True, type=click.IntRange(1, 64), help="Cases run at once (threads).")
-def conform(engine: str, model: str | None, select: tuple[str, ...], list_only: bool, dry_run: bool,
+def conform(engine: str, model: str | None, select: tuple[str, ...], cases_of: Path | None, list_only: bool, dry_run: bool,
             expect_file: Path | None, strict: bool, report_dir: Path | None, name: str | None,
             checkpoints: tuple[Path, ...], launch: str | None, launch_context: str | None, launch_tight: str | None,
             launch_timeout: float, read_timeout: float | None,
@@ -121,6 +124,19 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], list_only: 
     except CaseError as exc:
         hint = " (the chat variants of the cases run with --checkpoint)" if not checkpoints and "'chat" in str(exc) else ""
         raise click.BadParameter(f"{exc}{hint}", param_hint="--select") from None
+    if cases_of is not None:
+        from .properties.conformance.reports import case_ids_of
+
+        try:
+            ids = case_ids_of(cases_of)
+        except CaseError as exc:
+            raise click.BadParameter(str(exc), param_hint="--cases-of") from None
+        if gone := sorted(set(ids) - {c.id for c in every}):
+            more = f" and {len(gone) - 5} more" if len(gone) > 5 else ""
+            raise click.BadParameter(f"{cases_of}: the suite has no case {', '.join(map(repr, gone[:5]))}{more}"
+                                     f"{'' if checkpoints else ' (chat variants run with --checkpoint)'}",
+                                     param_hint="--cases-of")
+        cases = [c for c in cases if c.id in set(ids)]
     if list_only:
         table = RichTable(title=f"{len(cases)} case(s)")
         for col in ("case", "§", "grade", "invariant", "description"):

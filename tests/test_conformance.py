@@ -278,6 +278,34 @@ def test_a_selection_prefix_that_starts_no_case_is_refused_not_run_as_a_smaller_
     assert plugin.returncode == 4 and "no case id starts with 'finsh/'" in plugin.stdout + plugin.stderr
 
 
+def test_a_report_reruns_on_exactly_its_own_cases_and_a_stale_one_is_refused(tmp_path):
+    """`--cases-of REPORT` re-runs a report on its own snapshot's cases by exact id (how the peers'
+    reports are refreshed without the suite's newer cases joining them); a file that is no report,
+    or an id the suite no longer has, is named and nothing runs."""
+    first = tmp_path / "first"
+    out = CliRunner().invoke(main, ["conform", "--engine", "reference", "--select", "stop/cross-token/00",
+                                    "--select", "finish/length/001", "--report", str(first)])
+    assert out.exit_code == 0, out.output
+    ids = [c["id"] for c in json.loads((first / "report.json").read_text())["cases"]]
+    again = tmp_path / "again"
+    out = CliRunner().invoke(main, ["conform", "--engine", "reference", "--cases-of", str(first / "report.json"),
+                                    "--report", str(again)])
+    assert out.exit_code == 0, out.output
+    assert [c["id"] for c in json.loads((again / "report.json").read_text())["cases"]] == ids
+    out = CliRunner().invoke(main, ["conform", "--engine", "reference", "--cases-of", str(first / "report.json"),
+                                    "--select", "finish/", "--dry-run"])
+    assert out.exit_code == 0 and "finish/length/001" in out.output and "stop/cross-token" not in out.output
+    stale = tmp_path / "stale.json"
+    stale.write_text(json.dumps({"cases": [{"id": "stop/cross-token/001"}, {"id": "stop/retired/001"}]}))
+    junk = tmp_path / "junk.json"
+    junk.write_text('{"cases": 3}')
+    for path, words in ((stale, "the suite has no case 'stop/retired/001'"), (junk, "not a report.json")):
+        out = CliRunner().invoke(main, ["conform", "--engine", "reference", "--cases-of", str(path),
+                                        "--report", str(tmp_path / "never")])
+        assert out.exit_code == 2 and words in " ".join(out.output.split()), out.output
+        assert not (tmp_path / "never").exists()
+
+
 def test_a_python_adapter_plugs_in_as_module_factory(tmp_path, monkeypatch):
     """`--engine module:factory` loads an in-house adapter (here one wrapping the reference)."""
     (tmp_path / "my_engine.py").write_text(

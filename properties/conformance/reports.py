@@ -25,7 +25,7 @@ from typing import Any
 
 from ...spec.invariants import load_invariants
 from .adapters.base import Finding
-from .cases import Grade
+from .cases import CaseError, Grade
 from .runner import CaseResult, Verdict
 from .symptoms import CHAT_STATEMENTS, WIRE, WIRE_STATEMENTS, label
 
@@ -35,6 +35,19 @@ SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
 
 
 @functools.cache
+def case_ids_of(path: Path) -> list[str]:
+    """The case ids of a report.json (re-running a report on its own snapshot's cases); a file that
+    is not one is a CaseError naming what is wrong."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CaseError(f"{path}: not a readable report.json ({exc})") from None
+    cases = data.get("cases") if isinstance(data, dict) else None
+    if not isinstance(cases, list) or not all(isinstance(c, dict) and isinstance(c.get("id"), str) for c in cases):
+        raise CaseError(f"{path}: not a report.json (no 'cases' list of objects with an 'id')")
+    return [c["id"] for c in cases]
+
+
 def _statements() -> dict[str, str]:
     return {name: inv.statement for name, inv in load_invariants().items()}
 
