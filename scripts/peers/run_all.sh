@@ -8,6 +8,8 @@
 #   the HTTP engines    scripts/peers/conform.sh ENGINE, each on the forced checkpoints: decodespec-serve,
 #                       vllm (float32, -fp16, -bf16), llama-server (f32, -f16, -bf16 GGUF), llama-cpp-python,
 #                       transformers-serve (PEERS="..." picks some)
+# SAME_CASES=1 re-runs each report on its own snapshot's cases (conform --cases-of reports/NAME/report.json,
+# where that report exists): a refresh after a judge change, without the suite's newer cases joining it.
 # A peer's failures are findings, not errors of this script: conform's exit status is ignored here.
 set -u
 cd "$(dirname "$0")/../.."
@@ -15,13 +17,16 @@ PY=${PY:-.venv/bin/python}
 CONFORM="$PY -m decodespec conform"
 HTTP_PEERS=${PEERS:-"decodespec-serve vllm vllm-fp16 vllm-bf16 llama-server llama-server-f16 llama-server-bf16 llama-cpp-python transformers-serve"}
 
+same() { [ -n "${SAME_CASES:-}" ] && [ -f "reports/$1/report.json" ] && echo "--cases-of reports/$1/report.json"; }
+
 CKPTS=$(scripts/peers/checkpoints.sh)
 
-$CONFORM --engine reference --name reference --report reports/reference || true
-$CONFORM --engine "hf:$CKPTS" --name hf-generate --report reports/hf-generate || true
+$CONFORM --engine reference --name reference --report reports/reference $(same reference) || true
+$CONFORM --engine "hf:$CKPTS" --name hf-generate --report reports/hf-generate $(same hf-generate) || true
 $CONFORM --engine "decode-stream:$CKPTS" --name decode-stream --select detok/ --select stop/ --select finish/ \
-  --select stream/ --report reports/decode-stream || true
+  --select stream/ --report reports/decode-stream $(same decode-stream) || true
 for engine in $HTTP_PEERS; do
-  scripts/peers/conform.sh "$engine" || echo "$engine: could not be run (see above)" >&2
+  # shellcheck disable=SC2046  # same() is one option and its path, or nothing
+  scripts/peers/conform.sh "$engine" $(same "$engine") || echo "$engine: could not be run (see above)" >&2
 done
 $PY -m decodespec.properties.conformance.matrix reports
