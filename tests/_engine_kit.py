@@ -142,3 +142,25 @@ def wait_until_serving(url: str, timeout_s: float = 60.0) -> None:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"nothing answered at {url} within {timeout_s:.0f} s") from None
             time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def eos_banned_under_ignore_eos(eos_id: int) -> Iterator[None]:
+    """While active, every request an Engine takes with ignore_eos also biases `eos_id` by -100 (what
+    llama.cpp does with every end-of-generation token, D31): a server never selects the EOS, its
+    runner-up instead. The conformance reference runs generate(), not an Engine: it is unchanged."""
+    from unittest import mock
+
+    import attrs
+
+    from decodespec.runtime.engine import Engine
+
+    submit = Engine.submit
+
+    def banning(self: Engine, request: Any, *args: Any, **kwargs: Any) -> Any:
+        if request.ignore_eos:
+            request = attrs.evolve(request, logit_bias={**dict(request.logit_bias), eos_id: -100.0})
+        return submit(self, request, *args, **kwargs)
+
+    with mock.patch.object(Engine, "submit", banning):
+        yield

@@ -22,7 +22,7 @@ from decodespec.properties.conformance.wire import parse_sse
 # built set): stops across tokens, split characters, invalid bytes, the limit inside a character, EOS.
 CHAPTER = ("stop/cross-token/001", "stop/multi-byte/001", "stop/overlap/001", "stop/last-token/001",
            "detok/utf8-split/001", "detok/invalid/002", "finish/eos-hidden/001", "finish/length/001",
-           "usage/stop/001", "stop/hold-back/001", "finish/context-limit/001")
+           "usage/stop/001", "stop/hold-back/001", "finish/context-limit/001", "finish/ignore-eos/001")
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +125,20 @@ def test_a_server_without_the_parsers_fails_the_reasoning_and_tool_cases(chat_se
     assert {f.invariant for f in results["chat/reasoning/special-tags/001"].failures} >= {"reasoning_is_bracketed",
                                                                                           "pieces_once"}
     assert results["chat/tool-call/text-before/001"].verdict is Verdict.SKIP  # tools refused: n/a, with the reason
+
+
+def test_a_chat_server_that_bans_a_guarded_eos_is_an_error_naming_what_it_wrote(chat_set, served):
+    """D31, D66 on chat: a server that bans EOS under ignore_eos writes its runner-up in the message's
+    content where the reference passes over the EOS: an ERROR naming it, never a FAIL of the case."""
+    from _engine_kit import eos_banned_under_ignore_eos
+
+    ck, cases = chat_set["byte_table-chatml"]
+    [case] = [c for c in cases if c.id == "chat/finish/ignore-eos/001"]
+    adapter = OpenAIAdapter(served("byte_table-chatml"), checkpoint=ck, sweep=False)
+    with eos_banned_under_ignore_eos(ck.eos_id):
+        [res] = run_cases(adapter, [case])
+    assert res.verdict is Verdict.ERROR and not res.failures, (res.verdict, res.failures)
+    assert "did not pass over the guarded EOS at token 2: it wrote" in res.reason, res.reason
 
 
 def test_a_server_declared_without_a_parser_has_its_cases_na_and_the_rest_judged(chat_set, served):

@@ -326,6 +326,26 @@ def test_an_engine_that_leaves_the_script_is_an_error_naming_the_position_not_a_
     assert ok.verdict is Verdict.PASS, ok.failures
 
 
+@pytest.mark.slow
+def test_an_engine_that_bans_a_guarded_eos_is_an_error_naming_what_it_wrote_not_a_fail(forced, serve):
+    """D31, D66: a server that turns ignore_eos into a ban on EOS (as llama.cpp does) writes its
+    runner-up where the script's EOS is passed over: the guard the case is about never runs, so the
+    run is an ERROR naming the token and the bytes, never a FAIL blaming the detokenizer; the server
+    as it is passes the same case."""
+    from _engine_kit import eos_banned_under_ignore_eos
+
+    ck = forced[TABLE_GROUP]
+    adapter = OpenAIAdapter(serve(TABLE_GROUP), checkpoint=ck)
+    cases = load_cases(["finish/ignore-eos/001", "finish/ignore-eos/002"])
+    with eos_banned_under_ignore_eos(ck.eos_id):
+        banned = run_cases(adapter, cases)
+    for res in banned:
+        assert res.verdict is Verdict.ERROR and not res.failures, (res.case.id, res.verdict, res.failures)
+        assert "did not pass over the guarded EOS at token 2: it wrote" in res.reason, res.reason
+        assert res.observed["exchanges"]  # the answer that showed it is kept
+    assert [r.verdict for r in run_cases(adapter, cases)] == [Verdict.PASS] * 2
+
+
 def test_black_box_cases_run_on_a_checkpoint_whose_chat_endpoint_takes_the_message_as_it_is(monkeypatch, tmp_path):
     """The black-box chat cases (http/*/002) send one message and need it read as it is: launched
     on a chat group's checkpoint, whose template wraps it, they were n/a on llama-server, because

@@ -26,6 +26,7 @@ from decodespec.properties.conformance.chat import (
     splits)
 from decodespec.properties.conformance.http_script import judge_exchange
 from decodespec.properties.conformance.judgement import Observed, expected_of, judge_observed
+from decodespec.properties.conformance.script_check import banned_eos
 from decodespec.properties.conformance.symptoms import WIRE, compare_text, merge
 from decodespec.properties.conformance.wire import ANSWER, CHUNK, parse_sse, shape_error, wire_findings
 
@@ -177,6 +178,31 @@ def test_a_passed_over_eos_sent_as_text_is_named():
     _, exp = _expected("finish/ignore-eos/001")
     assert [f.symptom for f in compare_text(exp, b"E</s>F</s>", "stream")] == ["special_sent"]
     assert [f.symptom for f in compare_text(exp, b"E%F%", "stream")] == ["bytes_replaced"]
+
+
+@pytest.mark.parametrize(("case_id", "text", "banned"), [
+    ("finish/ignore-eos/001", b"E%F%", b"%"),  # llama-server: the EOS banned, its runner-up written
+    ("finish/ignore-eos/002", b"E%F", b"%"),  # the same under skip_special_tokens false
+    ("finish/ignore-eos/001", b"E</s>F</s>", None),  # passed over, sent as text: special_sent judges it
+    ("finish/ignore-eos/002", b"E</s>F", None),  # the reference's own answer
+    ("finish/ignore-eos/001", b"E", None),  # ended on the EOS: the guard ignored, the case's FAIL
+    ("finish/ignore-eos/002", b"EF", None),  # passed over, its text lost: the case's FAIL
+    ("finish/min-tokens/001", b"E%F%", None),  # the reference masks that EOS itself (D32): no ban to name
+])
+def test_a_guarded_eos_the_engine_banned_is_an_error_naming_what_it_wrote(case_id, text, banned):
+    """D31, D66: where the reference passes over a guarded EOS as a token and the engine writes its
+    runner-up there (llama.cpp bans end-of-generation tokens under ignore_eos), the guard the case is
+    about never ran: the run is an ERROR naming the token and what was written, never a FAIL of the
+    detokenizer's invariant; every other answer is left to the case."""
+    case, exp = _expected(case_id)
+    tok = case_tokenizer(case)
+    prompt, script = case_prompt(case, tok), case_script(case, tok)
+    ref = reference_on(case, tok, prompt, script).tokens
+    message = banned_eos(exp, script, ref, text)
+    if banned is None:
+        assert message is None, message
+    else:
+        assert message is not None and f"token {exp.eos_at}: it wrote {banned!r}" in message, message
 
 
 # Answers in the API's shape with any field, at any depth, of another JSON type now and then.

@@ -25,7 +25,7 @@ from .chat import run_chat
 from .chat_cases import chat_of
 from .checkpoints import on_checkpoint
 from .judgement import expected_of, judge_observed, observe
-from .script_check import Returned, deviation
+from .script_check import Returned, banned_eos, deviation
 from .script_server import ScriptServer, case_fields, program_body, sweep_limits
 from .symptoms import WIRE, Expected, compare_count, finding, first_difference, merge
 from .wire import Streamed, body_findings, choices_of, logprob_pieces, token_count, wire_findings
@@ -166,16 +166,20 @@ def returned(choice: dict[str, Any]) -> Returned:
 def left_script(a: ScriptServer, case: Case, data: dict[str, Any], exp: Expected) -> str | None:
     """D27: where the engine left its forced script before the case's end (then nothing of the case
     can be judged: an ERROR naming the position, never a FAIL), else None."""
+    prog = a.checkpoint.programs[case.id]
+    ref = a.reference(case).tokens
+    for choice in choices_of(data):  # a guarded EOS banned, not passed over (D66)
+        text = choice.get("text")
+        if isinstance(text, str) and (banned := banned_eos(exp, prog.script, ref, text.encode())):
+            return banned
     req = case.inputs.get("request", {})
     if req.get("echo") or req.get("skip_special_tokens") is False:
         return None  # the text is no longer the decode of the tokens alone: the case judges it
-    prog = a.checkpoint.programs[case.id]
     # Judged up to where the reference itself leaves the script (a logit_bias, min_tokens or ignore_eos
     # the case sets): past it, following the field is the case's own question.
     script = [*prog.script, a.checkpoint.eos_id]
-    ref = a.reference(case).tokens
     same = first_difference(ref, script)
-    if exp.guard_passed:  # engines differ in how a guarded EOS is passed over (banned, or selected): D31's question
+    if exp.guard_passed:  # how a guarded EOS is passed over is the case's question; a ban is named above
         same = min(same, exp.eos_at - 1)
     for choice in choices_of(data):
         d = deviation(prog, a.checkpoint.tokenizer, a.checkpoint.eos_id, returned(choice), end=min(exp.selected, same))

@@ -18,6 +18,10 @@ answer is first compared with the script, with the best evidence the engine give
 output: a stop, a limit), else a `Deviation` naming the first output token that differs, what the
 engine chose there and the sentence a report shows as the run's ERROR, never as the case's FAIL.
 
+`banned_eos(...)` names one departure by its cause (DECISIONS D66): where the reference passes
+over a guarded EOS as a token (ignore_eos, D31) and the engine writes other bytes in its place, the
+engine banned the EOS and wrote its runner-up, so the guard the case is about never ran.
+
 `detect_prefix(...)` reads the prefix probe's answer (forced.Probe: its marker alone as the prompt,
 max_tokens 1, greedy): the first output token is `echo[p]` when the engine put p tokens in front
 of the marker (a BOS, a chat template's opening), so one request tells the shift even from a
@@ -36,8 +40,10 @@ import attrs
 
 from ...runtime.tokenizers import HFTokenizer
 from .forced import PROBE_MAX, Probe, Program
+from .symptoms import Expected
 
 WHY = "precision, a sampling default, or a prompt shift"
+_RUNNER_UP_BYTES = 64  # the most bytes one token put in an EOS's place can spell (a search bound)
 _IGNORED = frozenset(" \t\n\r\f\v")
 _NO_CHARACTER = "\ufffd"  # bytes a detokenizer could not show: no evidence of the tokens past it
 
@@ -141,6 +147,41 @@ def _by_text(tok: HFTokenizer, want: Sequence[int], text: str, evidence: str) ->
         if len(got) <= len(seen):
             return None  # the engine's text ends here: a prefix of the script's
     return None
+
+
+def banned_eos(exp: Expected, script: Sequence[int], ref_tokens: Sequence[int], text: bytes) -> str | None:
+    """D66: the ERROR of an answer whose `text` has other bytes where the reference passes over the
+    script's first EOS as a token (a guard turned its check off, D31), the text around them the
+    reference's; else None (the case judges the answer).
+
+    Read from the text, so every endpoint has the evidence: the answer opens with the script's text
+    before that EOS and, after k bytes of its own (1 <= k <= _RUNNER_UP_BYTES), goes on as the
+    reference does. The EOS's own text there (skip_special_tokens false, or an EOS sent as text) is
+    the token passed over, not a ban. Where the reference itself chose another token at that EOS
+    (min_tokens' mask, D32) or sends nothing after it, nothing is decided here."""
+    at = exp.eos_at
+    if not exp.guard_passed or exp.echo_len or len(ref_tokens) < at or ref_tokens[at - 1] != script[at - 1]:
+        return None
+    head, eos_text = exp.script_text, exp.eos_text
+    if not (text.startswith(head) and exp.output.startswith(head)):
+        return None  # left the script before it: deviation()'s, or the case's to judge
+    got, after = text[len(head):], exp.output[len(head):]
+    if eos_text and after.startswith(eos_text):
+        after = after[len(eos_text):]  # the reference writes the passed-over EOS's text
+    if not after or (eos_text and got.startswith(eos_text)):
+        return None
+
+    def agrees(k: int) -> bool:
+        n = min(len(got) - k, len(after))
+        return got[k:k + n] == after[:n]
+
+    k = next((k for k in range(min(len(got), _RUNNER_UP_BYTES) + 1) if agrees(k)), None)
+    if not k:  # 0: the reference's bytes at the EOS; None: not one token in its place
+        return None
+    return (f"the engine did not pass over the guarded EOS at token {at}: it wrote {got[:k]!r} in its place, "
+            "where the reference selects the EOS and goes on (D31). An engine that bans the EOS (llama.cpp biases "
+            "every end-of-generation token to -inf) never runs the guard this case is about, so nothing of it "
+            "can be judged (D27, D66)")
 
 
 @attrs.frozen
