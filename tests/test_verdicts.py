@@ -180,6 +180,19 @@ def test_a_passed_over_eos_sent_as_text_is_named():
     assert [f.symptom for f in compare_text(exp, b"E%F%", "stream")] == ["bytes_replaced"]
 
 
+def test_an_answer_that_follows_the_script_where_the_fields_move_the_reference_names_the_fields():
+    """D30, D32: logit_bias -100 on F makes the reference write 'EIGH' where the script has 'EFGH';
+    an engine that accepts the field and writes 'EFGH' (transformers serve) ignored it: the lead is
+    the refinement of the request (its fields had no effect), not the detokenizer's invariant. Other
+    bytes in that place stay bytes_replaced."""
+    _, exp = _expected("finish/logit-bias/001")
+    [found] = compare_text(exp, b"EFGH", "stream")
+    assert (found.invariant, found.symptom) == ("refinement", "fields_ignored") and "'FGH'" in found.message
+    assert [f.symptom for f in compare_text(exp, b"EF", "stream")] == ["fields_ignored"]  # cut by the limit too
+    assert [f.symptom for f in compare_text(exp, b"EXGH", "stream")] == ["bytes_replaced"]
+    assert compare_text(exp, b"EIGH", "stream") == []
+
+
 @pytest.mark.parametrize(("case_id", "text", "banned"), [
     ("finish/ignore-eos/001", b"E%F%", b"%"),  # llama-server: the EOS banned, its runner-up written
     ("finish/ignore-eos/002", b"E%F", b"%"),  # the same under skip_special_tokens false

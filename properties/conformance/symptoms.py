@@ -66,6 +66,7 @@ SYMPTOMS: Mapping[str, tuple[str, str, str]] = {
     "content_after_finish": ("no_delta_after_terminal", SEMANTICS, "text after the finish chunk"),
     "empty_delta": ("delta_nonempty", SEMANTICS, "empty delta"),
     "refused": ("refinement", SEMANTICS, "valid request refused"),
+    "fields_ignored": ("refinement", SEMANTICS, "request fields had no effect"),
     "accepted_bad_input": ("refinement", SEMANTICS, "bad request accepted"),
     "unexpected_error": ("refinement", SEMANTICS, "error where the run finishes"),
     "gauge_stuck": ("no_leak", SEMANTICS, "running gauge stays up"),
@@ -249,7 +250,12 @@ def compare_text(exp: Expected, got: bytes, where: str) -> list[Finding]:
                                            f"bytes under skip_special_tokens: {_show(got)} (expected {_show(want)})"))
     elif not hit:
         p = first_difference(got, want)
-        if got[p:].startswith(_FFFD):
+        if not exp.echo_len and got[:p + 1] == exp.script_text[:p + 1] != want[:p + 1]:
+            out.append(finding("fields_ignored", f"the {where} follows the script where the request's fields make the "
+                                                 f"reference leave it: from byte {p} it has {_show(got[p:])}, where the "
+                                                 f"reference, applying them, has {_show(want[p:])} (D30, D32): the "
+                                                 f"fields had no effect"))
+        elif got[p:].startswith(_FFFD):
             out.append(finding("bytes_replaced", f"the {where} has U+FFFD at byte {p} where the reference sends "
                                                  f"{_show(want[p:p + 4])}: {_show(got)} (expected {_show(want)})"))
         else:
