@@ -180,6 +180,19 @@ def test_a_passed_over_eos_sent_as_text_is_named():
     assert [f.symptom for f in compare_text(exp, b"E%F%", "stream")] == ["bytes_replaced"]
 
 
+@pytest.mark.parametrize(("got", "symptom", "words"), [
+    (b"world", "bytes_dropped", "leaves out ' ' at byte 0"),  # transformers' streamer strips the word's space
+    (b"  world", "bytes_inserted", "puts ' ' in at byte 1"),
+    (b" w0rld", "bytes_replaced", "differs from byte 2"),
+])
+def test_a_text_that_leaves_out_or_puts_in_bytes_mid_text_says_which(got, symptom, words):
+    """§4.5: a text that is the reference's with bytes left out (or put in) at one place, the rest
+    as the reference sends it, names those bytes; other differences stay "bytes replaced"."""
+    _, exp = _expected("detok/leading-space/001")
+    [found] = compare_text(exp, got, "stream")
+    assert (found.invariant, found.symptom) == ("detok_concat_equals_batch", symptom) and words in found.message, found
+
+
 def test_an_answer_that_follows_the_script_where_the_fields_move_the_reference_names_the_fields():
     """D30, D32: logit_bias -100 on F makes the reference write 'EIGH' where the script has 'EFGH';
     an engine that accepts the field and writes 'EFGH' (transformers serve) ignored it: the lead is

@@ -47,6 +47,8 @@ SYMPTOMS: Mapping[str, tuple[str, str, str]] = {
     "held_not_released": ("detok_concat_equals_batch", SEMANTICS, "held stop prefix never sent"),
     "stop_not_kept": ("detok_concat_equals_batch", SEMANTICS, "kept stop never sent"),
     "bytes_replaced": ("detok_concat_equals_batch", SEMANTICS, "bytes replaced"),
+    "bytes_dropped": ("detok_concat_equals_batch", SEMANTICS, "bytes left out mid-text"),
+    "bytes_inserted": ("detok_concat_equals_batch", SEMANTICS, "bytes put in mid-text"),
     "special_sent": ("detok_concat_equals_batch", SEMANTICS, "a passed-over EOS sent as text"),
     "bytes_added": ("detok_concat_equals_batch", SEMANTICS, "bytes added"),
     "invalid_sent": ("detok_concat_equals_batch", SEMANTICS, "invalid bytes sent as U+FFFD"),
@@ -258,6 +260,14 @@ def compare_text(exp: Expected, got: bytes, where: str) -> list[Finding]:
         elif got[p:].startswith(_FFFD):
             out.append(finding("bytes_replaced", f"the {where} has U+FFFD at byte {p} where the reference sends "
                                                  f"{_show(want[p:p + 4])}: {_show(got)} (expected {_show(want)})"))
+        elif len(got) < len(want) and got[p:] == want[p + len(want) - len(got):]:
+            out.append(finding("bytes_dropped", f"the {where} leaves out {_show(want[p:p + len(want) - len(got)])} at "
+                                                f"byte {p}, the rest as the reference sends it: {_show(got)} (expected "
+                                                f"{_show(want)})"))
+        elif len(got) > len(want) and got[p + len(got) - len(want):] == want[p:]:
+            out.append(finding("bytes_inserted", f"the {where} puts {_show(got[p:p + len(got) - len(want)])} in at "
+                                                 f"byte {p}, the rest as the reference sends it: {_show(got)} (expected "
+                                                 f"{_show(want)})"))
         else:
             out.append(finding("bytes_replaced", f"the {where} differs from byte {p}: {_show(got)} (expected {_show(want)})"))
     return out
