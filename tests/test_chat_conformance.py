@@ -127,6 +127,34 @@ def test_a_server_without_the_parsers_fails_the_reasoning_and_tool_cases(chat_se
     assert results["chat/tool-call/text-before/001"].verdict is Verdict.SKIP  # tools refused: n/a, with the reason
 
 
+def test_a_chat_engine_that_leaves_the_script_is_an_error_naming_the_position_not_a_fail(chat_set, app_server,
+                                                                                         tmp_path):
+    """D27 on chat: with the lm_head row of token 104 ('F') pushed far down, the served model writes
+    another token where the script has F; the chat case is an ERROR that names the position (read
+    from the message's content), never a FAIL of the case."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from decodespec.properties.conformance.checkpoints import Checkpoint
+    from decodespec.runtime.engine import Engine
+    from decodespec.runtime.hfmodel import HFModel
+    from decodespec.runtime.server import create_app
+    from decodespec.runtime.tokenizers import HFTokenizer
+
+    ck, cases = chat_set["byte_table-chatml"]
+    bent = tmp_path / "bent"
+    shutil.copytree(ck.folder, bent)
+    weights = load_file(bent / "model.safetensors")
+    weights["lm_head.weight"][104] = -50.0  # one weight row changed: F never wins
+    save_file(weights, bent / "model.safetensors")
+    [case] = [c for c in cases if c.id == "chat/finish/length/001"]  # script E, F, G, H with max_tokens 3
+    url = app_server(create_app(Engine(HFModel(bent), HFTokenizer(bent))))
+    [res] = run_cases(OpenAIAdapter(url, checkpoint=Checkpoint.load(bent), sweep=False), [case])
+    assert res.verdict is Verdict.ERROR and not res.failures, (res.verdict, res.failures)
+    assert "did not follow the forced script at token 2" in res.reason, res.reason
+
+
 def test_a_chat_server_that_bans_a_guarded_eos_is_an_error_naming_what_it_wrote(chat_set, served):
     """D31, D66 on chat: a server that bans EOS under ignore_eos writes its runner-up in the message's
     content where the reference passes over the EOS: an ERROR naming it, never a FAIL of the case."""

@@ -34,7 +34,7 @@ from .cases import Case
 from .chat_cases import TAGS, TOOLS, chat_of, template_of
 from .checkpoints import on_checkpoint
 from .judgement import expected_of, judge_observed, observe
-from .script_check import banned_eos
+from .script_check import Returned, left_script
 from .script_server import ScriptServer, case_fields, sweep_limits
 from .symptoms import Expected, finding, merge
 from .wire import Streamed, body_findings, first_choice, token_count, wire_findings
@@ -322,9 +322,9 @@ def run_chat(a: ScriptServer, case: Case) -> Outcome:
         return Outcome(skip=f"the server made {sent} prompt tokens of the message; transformers' apply_chat_template "
                             f"makes {info['prompt_tokens']}: the forced checkpoint steers only the prompt it was built for")
     text = None if splits(case) else expected_of(served, tok, prog.prompt, prog.script, res)
-    if text is not None and whole is not None and whole.content is not None and (
-            banned := banned_eos(text, prog.script, res.tokens, whole.content.encode())):
-        return Outcome(abort=banned, reference=exp.to_json())  # a guarded EOS banned, not passed over (D66)
+    if text is not None and whole is not None and whole.content is not None and (gone := left_script(
+            a.checkpoint, case, text, res.tokens, [Returned(text=whole.content)])):
+        return Outcome(abort=gone, reference=exp.to_json())  # it left the script: nothing to judge (D27, D66)
     findings, missed = judge_answers(exp, text, (status, data, raw, st), whole, streamed)
     if aligned(case):  # D59: the per-token reports of a stream against its chunks' text
         more, na = run_alignment(a, case, body, PATH, chat=True)

@@ -25,9 +25,9 @@ from .chat import run_chat
 from .chat_cases import chat_of
 from .checkpoints import on_checkpoint
 from .judgement import expected_of, judge_observed, observe
-from .script_check import Returned, banned_eos, deviation
+from .script_check import Returned, left_script
 from .script_server import ScriptServer, case_fields, program_body, sweep_limits
-from .symptoms import WIRE, Expected, compare_count, finding, first_difference, merge
+from .symptoms import WIRE, Expected, compare_count, finding, merge
 from .wire import Streamed, body_findings, choices_of, logprob_pieces, token_count, wire_findings
 
 
@@ -138,7 +138,8 @@ def run_script(a: ScriptServer, case: Case) -> Outcome:
                "the server reports no usage")
         return Outcome(skip=f"{why} ({'sent as text: ' + repr(body['prompt']) if as_text else 'sent as ids'}), and "
                             f"{prefix.note}: the forced checkpoint steers only a prompt it can place")
-    if status == 200 and isinstance(data, dict) and (gone := left_script(a, case, data, exp)):
+    if status == 200 and isinstance(data, dict) and (gone := left_script(
+            a.checkpoint, case, exp, a.reference(case).tokens, [returned(c) for c in choices_of(data)])):
         return Outcome(abort=gone, reference=exp.to_json())
     findings, not_checked = judge_exchange(case, exp, status, data, raw, st)
     if aligned(case):  # D59: the per-token reports of a stream against its chunks' text
@@ -163,26 +164,3 @@ def returned(choice: dict[str, Any]) -> Returned:
     return Returned(tokens=logprob_pieces(choice.get("logprobs")) or None, text=text)
 
 
-def left_script(a: ScriptServer, case: Case, data: dict[str, Any], exp: Expected) -> str | None:
-    """D27: where the engine left its forced script before the case's end (then nothing of the case
-    can be judged: an ERROR naming the position, never a FAIL), else None."""
-    prog = a.checkpoint.programs[case.id]
-    ref = a.reference(case).tokens
-    for choice in choices_of(data):  # a guarded EOS banned, not passed over (D66)
-        text = choice.get("text")
-        if isinstance(text, str) and (banned := banned_eos(exp, prog.script, ref, text.encode())):
-            return banned
-    req = case.inputs.get("request", {})
-    if req.get("echo") or req.get("skip_special_tokens") is False:
-        return None  # the text is no longer the decode of the tokens alone: the case judges it
-    # Judged up to where the reference itself leaves the script (a logit_bias, min_tokens or ignore_eos
-    # the case sets): past it, following the field is the case's own question.
-    script = [*prog.script, a.checkpoint.eos_id]
-    same = first_difference(ref, script)
-    if exp.guard_passed:  # how a guarded EOS is passed over is the case's question; a ban is named above
-        same = min(same, exp.eos_at - 1)
-    for choice in choices_of(data):
-        d = deviation(prog, a.checkpoint.tokenizer, a.checkpoint.eos_id, returned(choice), end=min(exp.selected, same))
-        if d is not None:
-            return d.message
-    return None

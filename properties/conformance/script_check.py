@@ -17,6 +17,8 @@ answer is first compared with the script, with the best evidence the engine give
 `deviation(...)` returns None when the answer is the script's (up to where the case ends the
 output: a stop, a limit), else a `Deviation` naming the first output token that differs, what the
 engine chose there and the sentence a report shows as the run's ERROR, never as the case's FAIL.
+`left_script(...)` applies it (and `banned_eos`) to the answers of one case, on /v1/completions (each
+choice's token evidence and text) and on chat (the message's content, for a case without channels).
 
 `banned_eos(...)` names one departure by its cause (DECISIONS D66): where the reference passes
 over a guarded EOS as a token (ignore_eos, D31) and the engine writes other bytes in its place, the
@@ -33,14 +35,15 @@ makes the probe answer no echo token, which `detect_prefix` reports as unknown.
 from __future__ import annotations
 
 import itertools
-
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 
 from ...runtime.tokenizers import HFTokenizer
+from .cases import Case
 from .forced import PROBE_MAX, Probe, Program
-from .symptoms import Expected
+from .symptoms import Expected, first_difference
 
 WHY = "precision, a sampling default, or a prompt shift"
 _RUNNER_UP_BYTES = 64  # the most bytes one token put in an EOS's place can spell (a search bound)
@@ -146,6 +149,31 @@ def _by_text(tok: HFTokenizer, want: Sequence[int], text: str, evidence: str) ->
             return Deviation(i + 1, repr(text[at:at + 12]), _show(tok, w), f"{evidence}, whitespace aside")
         if len(got) <= len(seen):
             return None  # the engine's text ends here: a prefix of the script's
+    return None
+
+
+def left_script(checkpoint: Any, case: Case, exp: Expected, ref_tokens: Sequence[int],
+                answers: Sequence[Returned]) -> str | None:
+    """D27: where the engine left its forced script before the case's end (then nothing of the case
+    can be judged: an ERROR naming the position, never a FAIL), else None. `checkpoint` is the
+    forced checkpoint served (checkpoints.Checkpoint), `ref_tokens` the reference's selected tokens
+    on it, `answers` what each answer (each choice; the chat message's content) showed."""
+    prog = checkpoint.programs[case.id]
+    for answer in answers:  # a guarded EOS banned, not passed over (D66)
+        if answer.text is not None and (banned := banned_eos(exp, prog.script, ref_tokens, answer.text.encode())):
+            return banned
+    req = case.inputs.get("request", {})
+    if req.get("echo") or req.get("skip_special_tokens") is False:
+        return None  # the text is no longer the decode of the tokens alone: the case judges it
+    # Judged up to where the reference itself leaves the script (a logit_bias, min_tokens or ignore_eos
+    # the case sets): past it, following the field is the case's own question.
+    same = first_difference(ref_tokens, [*prog.script, checkpoint.eos_id])
+    if exp.guard_passed:  # how a guarded EOS is passed over is the case's question; a ban is named above
+        same = min(same, exp.eos_at - 1)
+    for answer in answers:
+        d = deviation(prog, checkpoint.tokenizer, checkpoint.eos_id, answer, end=min(exp.selected, same))
+        if d is not None:
+            return d.message
     return None
 
 
