@@ -9,7 +9,6 @@ The old run of a committed report is `git show HEAD:reports/ENGINE/report.json`.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,7 +16,11 @@ from typing import Any
 
 import attrs
 
+from .cases import CaseError
+from .reports import read_report
+
 Key = tuple[str, str | None, bool]  # verdict, lead symptom, partial
+FIELDS = ("id", "verdict")  # what every case of a compared report has
 
 
 @attrs.frozen
@@ -33,19 +36,14 @@ def _key(entry: Mapping[str, Any]) -> Key:
     return entry["verdict"], entry.get("lead_symptom"), bool(entry.get("partial"))
 
 
-def _cases(report: Mapping[str, Any], where: str) -> dict[str, Mapping[str, Any]]:
-    cases = report.get("cases") if isinstance(report, Mapping) else None
-    if not isinstance(cases, list) or not all(isinstance(c, Mapping) and isinstance(c.get("id"), str)
-                                              and isinstance(c.get("verdict"), str) for c in cases):
-        raise ValueError(f"{where}: not a report.json (no 'cases' list of objects with an 'id' and a 'verdict')")
-    return {c["id"]: c for c in cases}
+def _by_id(report: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    return {c["id"]: c for c in report["cases"]}
 
 
-def moved(old: Mapping[str, Any], new: Mapping[str, Any],
-          names: tuple[str, str] = ("the old report", "the new report")) -> tuple[list[Moved], int]:
-    """The moved cases in id order, and how many cases are in both runs unmoved; a run that is no
-    report is a ValueError naming it (`names`)."""
-    a, b = _cases(old, names[0]), _cases(new, names[1])
+def moved(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[list[Moved], int]:
+    """The moved cases in id order, and how many cases are in both runs unmoved (two reports as
+    reports.read_report gives them, with FIELDS)."""
+    a, b = _by_id(old), _by_id(new)
     out = [Moved(i, _key(a[i]) if i in a else None, _key(b[i]) if i in b else None) for i in sorted(set(a) | set(b))]
     moves = [m for m in out if m.old != m.new]
     return moves, len(out) - len(moves)
@@ -69,19 +67,12 @@ def main(argv: Sequence[str]) -> int:
     if len(argv) != 2:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
         return 2
-    runs = []
-    for p in argv:
-        try:
-            runs.append(json.loads(Path(p).read_text(encoding="utf-8")))
-        except (OSError, ValueError) as exc:
-            print(f"report_diff: {p}: not a readable report.json ({exc})", file=sys.stderr)
-            return 2
-    old, new = runs
     try:
-        moves, same = moved(old, new, (argv[0], argv[1]))
-    except ValueError as exc:
+        old, new = (read_report(Path(p), FIELDS) for p in argv)
+    except CaseError as exc:
         print(f"report_diff: {exc}", file=sys.stderr)
         return 2
+    moves, same = moved(old, new)
     sys.stdout.write(to_text(moves, same, str(old.get("headline", "")), str(new.get("headline", ""))))
     return 0
 

@@ -35,17 +35,25 @@ SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
 
 
 @functools.cache
-def case_ids_of(path: Path) -> list[str]:
-    """The case ids of a report.json (re-running a report on its own snapshot's cases); a file that
-    is not one is a CaseError naming what is wrong."""
+def read_report(path: Path, fields: tuple[str, ...] = ("id",)) -> dict[str, Any]:
+    """A report.json whose every case is an object with a string at each of `fields` (re-running a
+    report on its own cases, comparing two runs of it); a file that is not one is a CaseError naming
+    what is wrong."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise CaseError(f"{path}: not a readable report.json ({exc})") from None
     cases = data.get("cases") if isinstance(data, dict) else None
-    if not isinstance(cases, list) or not all(isinstance(c, dict) and isinstance(c.get("id"), str) for c in cases):
-        raise CaseError(f"{path}: not a report.json (no 'cases' list of objects with an 'id')")
-    return [c["id"] for c in cases]
+    if not isinstance(cases, list) or not all(isinstance(c, dict) and all(isinstance(c.get(f), str) for f in fields)
+                                              for c in cases):
+        raise CaseError(f"{path}: not a report.json (no 'cases' list of objects with "
+                        f"{' and '.join(repr(f) for f in fields)})")
+    return data
+
+
+def case_ids_of(path: Path) -> list[str]:
+    """The case ids of a report.json, in its order (CaseError: not a report)."""
+    return [c["id"] for c in read_report(path)["cases"]]
 
 
 def _statements() -> dict[str, str]:
