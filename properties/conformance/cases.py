@@ -29,6 +29,8 @@ from typing import Any
 
 import attrs
 
+from .decisions import DECISIONS
+
 CASES_DIR = Path(__file__).resolve().parent.parent / "cases"
 _ID = re.compile(r"^[a-z0-9-]+(/[a-z0-9-]+)+/\d{3}$")
 _ANCHOR = re.compile(r"^§4\.\d+$")
@@ -100,6 +102,7 @@ class Case:
     diagram: str = "lifecycle"
     recipe: str | None = None
     path: Path | None = attrs.field(default=None, eq=False)
+    decisions: tuple[str, ...] = ()  # the decisions of spec/DECISIONS.md it rests on (decisions.DECISIONS)
 
     @property
     def tokenizer_spec(self) -> Mapping[str, Any]:
@@ -187,7 +190,8 @@ def parse_case(obj: Mapping[str, Any], *, path: Path | None = None) -> Case:
     for key in ("id", "anchor", "grade", "invariant", "description", "kind"):
         if not isinstance(obj.get(key), str) or not obj[key]:
             raise CaseError(f"{where}: '{key}' must be a non-empty string")
-    known = {"id", "anchor", "grade", "invariant", "description", "kind", "inputs", "expect", "diagram", "recipe"}
+    known = {"id", "anchor", "grade", "invariant", "description", "kind", "inputs", "expect", "diagram", "recipe",
+             "decisions"}
     if unknown := set(obj) - known:
         raise CaseError(f"{where}: unknown keys {sorted(unknown)}")
     if not _ID.match(obj["id"]):
@@ -198,6 +202,9 @@ def parse_case(obj: Mapping[str, Any], *, path: Path | None = None) -> Case:
         grade, kind = Grade(obj["grade"]), CaseKind(obj["kind"])
     except ValueError as exc:
         raise CaseError(f"{where}: {exc}") from None
+    decisions = obj.get("decisions", [])
+    if not isinstance(decisions, list) or not all(d in DECISIONS for d in decisions):
+        raise CaseError(f"{where}: 'decisions' must list decisions of {sorted(DECISIONS)}, got {decisions!r}")
     inputs = obj.get("inputs", {})
     if not isinstance(inputs, Mapping):
         raise CaseError(f"{where}: 'inputs' must be an object")
@@ -221,7 +228,7 @@ def parse_case(obj: Mapping[str, Any], *, path: Path | None = None) -> Case:
     return Case(
         id=obj["id"], anchor=obj["anchor"], grade=grade, invariant=obj["invariant"],
         description=obj["description"], kind=kind, inputs=dict(inputs), expect=expect,
-        diagram=obj.get("diagram", "lifecycle"), recipe=obj.get("recipe"), path=path,
+        diagram=obj.get("diagram", "lifecycle"), recipe=obj.get("recipe"), path=path, decisions=tuple(decisions),
     )
 
 
@@ -292,6 +299,8 @@ def _dump(case: Case) -> dict[str, Any]:
            "inputs": dict(case.inputs), "expect": exp}
     if case.recipe:
         out["recipe"] = case.recipe
+    if case.decisions:
+        out["decisions"] = list(case.decisions)
     return out
 
 

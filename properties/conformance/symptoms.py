@@ -21,96 +21,252 @@ The same symptom seen in several places of one case is one finding (`merge`).
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from .adapters.base import Finding
-from .cases import bytes_json
+from .cases import Case, bytes_json
+from .decisions import DECISIONS
 
 SEMANTICS, WIRE = "semantics", "wire"
 
-# symptom -> (invariant whose statement it breaks, family, short label for matrices and causes)
-SYMPTOMS: Mapping[str, tuple[str, str, str]] = {
-    "stop_sent": ("stop_bytes_never_emitted", SEMANTICS, "stop bytes sent"),
-    "stop_prefix_sent": ("stop_prefix_held", SEMANTICS, "stop prefix sent before it was ruled out"),
-    "wrong_stop": ("stop_earliest_wins", SEMANTICS, "cut at a later-ending stop"),
-    "text_after_stop": ("nothing_after_stop_hit", SEMANTICS, "text after the stop"),
-    "token_after_stop": ("nothing_after_stop_hit", SEMANTICS, "token selected after the stop"),
-    "past_limit": ("length_respected", SEMANTICS, "token past max_tokens"),
-    "early_length": ("length_respected", SEMANTICS, "'length' before max_tokens"),
-    "past_context": ("refinement", SEMANTICS, "tokens past the context limit"),
-    "after_eos": ("eos_not_emitted", SEMANTICS, "token after EOS"),
-    "eos_sent": ("eos_not_emitted", SEMANTICS, "EOS text sent"),
-    "bytes_lost": ("detok_concat_equals_batch", SEMANTICS, "bytes never sent"),
-    "held_not_released": ("detok_concat_equals_batch", SEMANTICS, "held stop prefix never sent"),
-    "stop_not_kept": ("detok_concat_equals_batch", SEMANTICS, "kept stop never sent"),
-    "bytes_replaced": ("detok_concat_equals_batch", SEMANTICS, "bytes replaced"),
-    "bytes_dropped": ("detok_concat_equals_batch", SEMANTICS, "bytes left out mid-text"),
-    "bytes_inserted": ("detok_concat_equals_batch", SEMANTICS, "bytes put in mid-text"),
-    "special_sent": ("detok_concat_equals_batch", SEMANTICS, "a passed-over EOS sent as text"),
-    "bytes_added": ("detok_concat_equals_batch", SEMANTICS, "bytes added"),
-    "invalid_sent": ("detok_concat_equals_batch", SEMANTICS, "invalid bytes sent as U+FFFD"),
-    "tail_dropped": ("detok_concat_equals_batch", SEMANTICS, "incomplete tail dropped silently"),
-    "stream_vs_batch": ("detok_concat_equals_batch", SEMANTICS, "stream differs from non-stream"),
-    "precedence": ("finish_reason_precedence", SEMANTICS, "'length' where D4 says 'stop'"),
-    "guard_ignored": ("eos_guards_respected", SEMANTICS, "EOS ended a run min_tokens/ignore_eos guards"),
-    "stop_without_hit": ("stop_reason_requires_hit", SEMANTICS, "'stop' without a stop or EOS"),
-    "count_low": ("usage_consistent", SEMANTICS, "token count too low"),
-    "usage_missing": ("usage_consistent", SEMANTICS, "no token counts"),
-    "usage_total": ("usage_consistent", SEMANTICS, "total != prompt + completion"),
-    "usage_stream": ("usage_consistent", SEMANTICS, "streamed usage differs"),
-    "no_reason": ("single_terminal_event", SEMANTICS, "no finish_reason"),
-    "two_terminals": ("single_terminal_event", SEMANTICS, "two finish chunks"),
-    "stream_cut": ("single_terminal_event", SEMANTICS, "stream closed mid-body before its terminal"),
-    "error_in_stream": ("refinement", SEMANTICS, "error on a run that finishes"),
-    "content_after_finish": ("no_delta_after_terminal", SEMANTICS, "text after the finish chunk"),
-    "empty_delta": ("delta_nonempty", SEMANTICS, "empty delta"),
-    "refused": ("refinement", SEMANTICS, "valid request refused"),
-    "fields_ignored": ("refinement", SEMANTICS, "request fields had no effect"),
-    "accepted_bad_input": ("refinement", SEMANTICS, "bad request accepted"),
-    "unexpected_error": ("refinement", SEMANTICS, "error where the run finishes"),
-    "gauge_stuck": ("no_leak", SEMANTICS, "running gauge stays up"),
-    # the request's life (issue 24): under load, after a disconnect, on a resume
-    "batch_mismatch": ("refinement", SEMANTICS, "answer differs under load"),
-    "slot_leaked": ("no_leak", SEMANTICS, "place not freed after a disconnect"),
-    "ran_on": ("no_select_after_cancel_observed", SEMANTICS, "decoding went on after the client left"),
-    "no_event_ids": ("reader_delivery_complete", SEMANTICS, "no SSE ids to resume from"),
-    "no_resume": ("reader_delivery_complete", SEMANTICS, "no resumption with Last-Event-ID"),
-    "resume_mismatch": ("reader_delivery_complete", SEMANTICS, "resumed stream loses or repeats events"),
-    "wrong_state": ("refinement", SEMANTICS, "other terminal state"),
-    "wrong_error": ("refinement", SEMANTICS, "other error"),
-    "usage_mismatch": ("usage_consistent", SEMANTICS, "usage count differs"),
-    "case_check": ("", SEMANTICS, "case check"),
+
+class Severity(enum.StrEnum):
+    """How much a finding costs a reader, most severe first (SEVERITIES): the text itself (bytes
+    lost, invented, replaced or leaked), how the run ended (finish reason, terminal), the counts
+    (usage, per-token reports), the stream's shape (empty chunks, hold-back timing, resumption), the
+    wire conventions. A case leads with its most severe finding; stream shape and wire alone never
+    fail a case (`--strict` counts them)."""
+
+    TEXT = "text"
+    ENDING = "ending"
+    ACCOUNTING = "accounting"
+    STREAM_SHAPE = "stream_shape"
+    WIRE = "wire"
+
+
+SEVERITIES: tuple[Severity, ...] = tuple(Severity)  # most severe first
+TEXT, ENDING, ACCOUNTING, SHAPE = Severity.TEXT, Severity.ENDING, Severity.ACCOUNTING, Severity.STREAM_SHAPE
+CHAPTER = "chapter"
+
+
+@attrs.frozen
+class Symptom:
+    """One row of SYMPTOMS: the invariant whose statement the observation breaks, its severity, a
+    short label for matrices and causes, and its basis when it is not the chapter's rule:
+    `decision`, a decision of spec/DECISIONS.md it always rests on (decisions.DECISIONS); `fields`,
+    the request fields whose having no effect it shows (the finding rests on the fields the case's
+    request sets among them). A wire row's basis is its convention."""
+
+    invariant: str
+    severity: Severity
+    label: str
+    decision: str = ""
+    fields: tuple[str, ...] = ()
+
+    @property
+    def family(self) -> str:
+        return WIRE if self.severity is Severity.WIRE else SEMANTICS
+
+
+_S = Symptom
+_GUARDS = ("min_tokens", "min_new_tokens", "ignore_eos")
+_ANY_FIELD = ("*",)  # every field the case's request sets
+
+SYMPTOMS: Mapping[str, Symptom] = {
+    "stop_sent": _S("stop_bytes_never_emitted", TEXT, "stop bytes sent"),
+    "stop_prefix_sent": _S("stop_prefix_held", SHAPE, "stop prefix sent before it was ruled out"),
+    "wrong_stop": _S("stop_earliest_wins", TEXT, "cut at a later-ending stop", decision="D3"),
+    "text_after_stop": _S("nothing_after_stop_hit", TEXT, "text after the stop"),
+    "token_after_stop": _S("nothing_after_stop_hit", ENDING, "token selected after the stop"),
+    "past_limit": _S("length_respected", TEXT, "token past max_tokens"),
+    "early_length": _S("length_respected", ENDING, "'length' before max_tokens"),
+    "past_context": _S("refinement", TEXT, "tokens past the context limit"),
+    "after_eos": _S("eos_not_emitted", TEXT, "token after EOS"),
+    "eos_sent": _S("eos_not_emitted", TEXT, "EOS text sent"),
+    "bytes_lost": _S("detok_concat_equals_batch", TEXT, "bytes never sent"),
+    "held_not_released": _S("detok_concat_equals_batch", TEXT, "held stop prefix never sent"),
+    "stop_not_kept": _S("detok_concat_equals_batch", TEXT, "kept stop never sent",
+                        fields=("include_stop_str_in_output", "no_stop_trim")),
+    "bytes_replaced": _S("detok_concat_equals_batch", TEXT, "bytes replaced"),
+    "bytes_dropped": _S("detok_concat_equals_batch", TEXT, "bytes left out mid-text"),
+    "bytes_inserted": _S("detok_concat_equals_batch", TEXT, "bytes put in mid-text"),
+    "special_sent": _S("detok_concat_equals_batch", TEXT, "a passed-over EOS sent as text"),
+    "bytes_added": _S("detok_concat_equals_batch", TEXT, "bytes added"),
+    "invalid_sent": _S("detok_concat_equals_batch", TEXT, "invalid bytes sent as U+FFFD"),
+    "tail_dropped": _S("detok_concat_equals_batch", TEXT, "incomplete tail dropped silently"),
+    "stream_vs_batch": _S("detok_concat_equals_batch", TEXT, "stream differs from non-stream"),
+    "precedence": _S("finish_reason_precedence", ENDING, "'length' where D4 says 'stop'", decision="D4"),
+    "guard_ignored": _S("eos_guards_respected", ENDING, "EOS ended a run min_tokens/ignore_eos guards", fields=_GUARDS),
+    "stop_without_hit": _S("stop_reason_requires_hit", ENDING, "'stop' without a stop or EOS"),
+    "count_low": _S("usage_consistent", ACCOUNTING, "token count too low"),
+    "usage_missing": _S("usage_consistent", ACCOUNTING, "no token counts"),
+    "usage_total": _S("usage_consistent", ACCOUNTING, "total != prompt + completion"),
+    "usage_stream": _S("usage_consistent", ACCOUNTING, "streamed usage differs"),
+    "no_reason": _S("single_terminal_event", ENDING, "no finish_reason"),
+    "two_terminals": _S("single_terminal_event", ENDING, "two finish chunks"),
+    "stream_cut": _S("single_terminal_event", ENDING, "stream closed mid-body before its terminal"),
+    "error_in_stream": _S("refinement", ENDING, "error on a run that finishes"),
+    "content_after_finish": _S("no_delta_after_terminal", TEXT, "text after the finish chunk"),
+    "empty_delta": _S("delta_nonempty", SHAPE, "empty delta"),
+    "refused": _S("refinement", ENDING, "valid request refused"),
+    "fields_ignored": _S("refinement", TEXT, "request fields had no effect", fields=_ANY_FIELD),
+    "accepted_bad_input": _S("refinement", ENDING, "bad request accepted"),
+    "unexpected_error": _S("refinement", ENDING, "error where the run finishes"),
+    "gauge_stuck": _S("no_leak", ENDING, "running gauge stays up"),
+    # the request's life: under load, after a disconnect, on a resume
+    "batch_mismatch": _S("refinement", TEXT, "answer differs under load"),
+    "slot_leaked": _S("no_leak", ENDING, "place not freed after a disconnect"),
+    "ran_on": _S("no_select_after_cancel_observed", ENDING, "decoding went on after the client left"),
+    "no_event_ids": _S("reader_delivery_complete", SHAPE, "no SSE ids to resume from", decision="D42"),
+    "no_resume": _S("reader_delivery_complete", SHAPE, "no resumption with Last-Event-ID", decision="D42"),
+    "resume_mismatch": _S("reader_delivery_complete", SHAPE, "resumed stream loses or repeats events", decision="D42"),
+    "wrong_state": _S("refinement", ENDING, "other terminal state"),
+    "wrong_error": _S("refinement", ENDING, "other error"),
+    "usage_mismatch": _S("usage_consistent", ACCOUNTING, "usage count differs"),
+    "case_check": _S("", ENDING, "case check"),
     # Per-token reports (logprobs, token ids) against each chunk's text (D59, properties/conformance/alignment.py)
-    "tokens_lost": ("stream_tokens_aligned", SEMANTICS, "selected tokens never reported"),
-    "tokens_extra": ("stream_tokens_aligned", SEMANTICS, "tokens reported twice or past the finish"),
-    "tokens_wrong": ("stream_tokens_aligned", SEMANTICS, "a reported token is not the one selected"),
-    "text_before_token": ("stream_tokens_aligned", SEMANTICS, "text sent before its token was reported"),
-    "token_bytes_differ": ("stream_tokens_aligned", SEMANTICS, "per-token bytes do not spell the text"),
-    "tokens_ahead": ("stream_tokens_aligned", SEMANTICS, "tokens reported further ahead than a stop can hold"),
+    "tokens_lost": _S("stream_tokens_aligned", ACCOUNTING, "selected tokens never reported", decision="D59"),
+    "tokens_extra": _S("stream_tokens_aligned", ACCOUNTING, "tokens reported twice or past the finish", decision="D59"),
+    "tokens_wrong": _S("stream_tokens_aligned", ACCOUNTING, "a reported token is not the one selected", decision="D59"),
+    "text_before_token": _S("stream_tokens_aligned", ACCOUNTING, "text sent before its token was reported",
+                            decision="D59"),
+    "token_bytes_differ": _S("stream_tokens_aligned", ACCOUNTING, "per-token bytes do not spell the text",
+                             decision="D59"),
+    "tokens_ahead": _S("stream_tokens_aligned", ACCOUNTING, "tokens reported further ahead than a stop can hold",
+                       decision="D59"),
     # The chat answer's channels (spec/channels.toml, machine/checker_channels.INVARIANTS; D45-D47).
-    "chat_content": ("pieces_once", SEMANTICS, "content differs"),
-    "chat_reasoning": ("reasoning_is_bracketed", SEMANTICS, "reasoning_content differs"),
-    "chat_tool_calls": ("calls_only_when_closed", SEMANTICS, "tool calls differ"),
-    "chat_half_call": ("calls_only_when_closed", SEMANTICS, "half a call reported"),
-    "chat_call_unclosed": ("calls_only_when_closed", SEMANTICS, "a call reported before </tool_call>"),
-    "chat_tag_leaked": ("think_tags_never_text", SEMANTICS, "a tag (or a piece of one) sent as text"),
-    "chat_finish": ("calls_end_as_calls", SEMANTICS, "chat finish_reason differs"),  # a recipe's own check: invariant given by the case
+    "chat_content": _S("pieces_once", TEXT, "content differs"),
+    "chat_reasoning": _S("reasoning_is_bracketed", TEXT, "reasoning_content differs", decision="D45"),
+    "chat_tool_calls": _S("calls_only_when_closed", TEXT, "tool calls differ", decision="D47"),
+    "chat_half_call": _S("calls_only_when_closed", TEXT, "half a call reported", decision="D47"),
+    "chat_call_unclosed": _S("calls_only_when_closed", TEXT, "a call reported before </tool_call>", decision="D47"),
+    "chat_tag_leaked": _S("think_tags_never_text", TEXT, "a tag (or a piece of one) sent as text"),
+    "chat_finish": _S("calls_end_as_calls", ENDING, "chat finish_reason differs",  # a recipe's own check: invariant given by the case
+                      decision="D47"),
     # OpenAI wire conventions (graded by the convention, not by chapter 4)
-    "done_missing": ("openai_sse_done", WIRE, "no data: [DONE]"),
-    "data_after_done": ("openai_sse_done", WIRE, "data after [DONE]"),
-    "malformed": ("openai_sse_json", WIRE, "data line not a chunk"),
-    "reason_value": ("openai_finish_reason", WIRE, "finish_reason outside the API's set"),
-    "sse_id": ("openai_sse_id", WIRE, "SSE ids repeat or go back"),
-    "chunk_id": ("openai_sse_id", WIRE, "chunk ids differ within a response"),
-    "usage_chunk": ("openai_usage_chunk", WIRE, "include_usage gave no usage chunk"),
-    "error_body": ("openai_error_body", WIRE, "error body not in the API's shape"),
-    "call_arguments": ("openai_tool_arguments", WIRE, "tool-call arguments not JSON text"),
-    "answer_shape": ("openai_answer_shape", WIRE, "answer not in the API's shape"),
-    "connection_dropped": ("http_keep_alive", WIRE, "connection dropped"),
+    "done_missing": _S("openai_sse_done", Severity.WIRE, "no data: [DONE]"),
+    "data_after_done": _S("openai_sse_done", Severity.WIRE, "data after [DONE]"),
+    "malformed": _S("openai_sse_json", Severity.WIRE, "data line not a chunk"),
+    "reason_value": _S("openai_finish_reason", Severity.WIRE, "finish_reason outside the API's set"),
+    "sse_id": _S("openai_sse_id", Severity.WIRE, "SSE ids repeat or go back"),
+    "chunk_id": _S("openai_sse_id", Severity.WIRE, "chunk ids differ within a response"),
+    "usage_chunk": _S("openai_usage_chunk", Severity.WIRE, "include_usage gave no usage chunk"),
+    "error_body": _S("openai_error_body", Severity.WIRE, "error body not in the API's shape"),
+    "call_arguments": _S("openai_tool_arguments", Severity.WIRE, "tool-call arguments not JSON text"),
+    "answer_shape": _S("openai_answer_shape", Severity.WIRE, "answer not in the API's shape"),
+    "connection_dropped": _S("http_keep_alive", Severity.WIRE, "connection dropped"),
 }
+
+# The severity of a finding with no symptom (a trace monitor's, a case's event check on an
+# in-process engine): that of its invariant, for the invariants no symptom row names.
+UNNAMED_SEVERITY: Mapping[str, Severity] = {
+    "terminal_exclusive": ENDING, "terminal_irreversible": ENDING, "every_run_terminates": ENDING,
+    "start_first": SHAPE, "terminal_after_all_deltas": SHAPE, "terminal_with_transition": ENDING,
+    "seq_strictly_increasing": SHAPE, "seq_contiguous": SHAPE, "stream_bounded": SHAPE,
+    "release_exactly_once": ENDING, "model_released_before_terminal": ENDING,
+    "selected_minus_decoded_0_or_1": ACCOUNTING, "decode_after_selected": ACCOUNTING, "steps_consecutive": ACCOUNTING,
+    "no_kernel_in_flight_at_cancelled": ENDING, "cancel_observed_after_requested": ENDING,
+    "cancelled_only_if_requested": ENDING, "observed_cancel_ends_cancelled": ENDING, "no_select_while_draining": ENDING,
+    "deadline_not_cancelled": ENDING, "transport_not_eos": ENDING, "transport_failure_reported_as_such": ENDING,
+    "finish_reason_matches_state": ENDING, "refused_chunk_never_sent": TEXT,
+}
+
+
+def _check_rows() -> None:
+    """Every row's decision is one of decisions.DECISIONS; wire rows rest on their convention."""
+    for name, row in SYMPTOMS.items():
+        if row.decision and row.decision not in DECISIONS:
+            raise ValueError(f"symptom {name!r}: decision {row.decision!r} is not in decisions.DECISIONS")
+        if row.severity is Severity.WIRE and (row.decision or row.fields):
+            raise ValueError(f"symptom {name!r}: a wire row rests on its convention, not on a decision or a field")
+
+
+_check_rows()
+
+
+def _invariant_severity() -> dict[str, Severity]:
+    """Each invariant's most severe symptom row, then UNNAMED_SEVERITY's."""
+    out: dict[str, Severity] = dict(UNNAMED_SEVERITY)
+    for row in SYMPTOMS.values():
+        if row.invariant and (row.invariant not in out or SEVERITIES.index(row.severity) < SEVERITIES.index(out[row.invariant])):
+            out[row.invariant] = row.severity
+    return out
+
+
+INVARIANT_SEVERITY: Mapping[str, Severity] = _invariant_severity()
+
+
+def severity_of(f: Finding) -> Severity:
+    """A finding's severity: its symptom row's; a finding without one (a trace monitor's), its
+    invariant's (a wire family finding, wire). An unknown symptom or invariant is a KeyError."""
+    if f.symptom:
+        return SYMPTOMS[f.symptom].severity
+    if f.family == WIRE:
+        return Severity.WIRE
+    try:
+        return INVARIANT_SEVERITY[f.invariant]
+    except KeyError:
+        raise KeyError(f"no severity for a finding of invariant {f.invariant!r} without a symptom: "
+                       "add its row to symptoms.UNNAMED_SEVERITY") from None
+
+
+def severity_rank(f: Finding) -> int:
+    """0 for text, the most severe, up to 4 for wire: sort findings with it (a stable sort keeps
+    the judge's order within one class)."""
+    return SEVERITIES.index(severity_of(f))
+
+
+CHAPTER_BASIS, DECISION_BASIS, FIELD_BASIS, WIRE_BASIS = "chapter", "decision", "field_ignored", "wire"
+
+
+@attrs.frozen
+class Basis:
+    """What a finding rests on: a rule of chapter 4 (`ref` its invariant), a decision of
+    spec/DECISIONS.md where engines differ (`ref` 'D31'), request fields the engine accepted and
+    that had no effect (`ref` 'min_tokens'), or a wire convention (`ref` its name)."""
+
+    kind: str
+    ref: str
+
+    @property
+    def chapter(self) -> bool:
+        return self.kind == CHAPTER_BASIS
+
+
+def _request_fields(case: Case | None, fields: tuple[str, ...]) -> list[str]:
+    """The fields of `fields` the case's request sets ('*': every one it sets), in the request's order."""
+    asked = list((case.inputs.get("request") or {}) if case is not None else {})
+    return [k for k in asked if fields == _ANY_FIELD or k in fields]
+
+
+def basis_of(f: Finding, case: Case | None) -> Basis:
+    """The basis of finding `f` in `case` (None: the case is unknown, the row alone decides), from
+    data: a wire finding rests on its convention; a row with `fields` on the ones the case's request
+    sets; a row with a `decision` on it; then the first decision the case rests on whose `covers`
+    holds the symptom; else the chapter's rule (its invariant)."""
+    if f.family == WIRE:
+        return Basis(WIRE_BASIS, f.invariant)
+    row = SYMPTOMS.get(f.symptom)
+    if row is None:
+        return Basis(CHAPTER_BASIS, f.invariant)
+    if row.fields and (asked := _request_fields(case, row.fields)):
+        return Basis(FIELD_BASIS, ", ".join(asked))
+    if row.decision:
+        return Basis(DECISION_BASIS, row.decision)
+    for d in case.decisions if case is not None else ():
+        if f.symptom in DECISIONS[d].covers:
+            return Basis(DECISION_BASIS, d)
+    return Basis(CHAPTER_BASIS, f.invariant)
+
+
+def by_severity(findings: Iterable[Finding]) -> list[Finding]:
+    """The findings most severe first; within one class in the order given (D65's cause first)."""
+    return sorted(findings, key=severity_rank)
+
 
 # Statements of the chat channels' invariants (machine/checker_channels.py, §4.7).
 CHAT_STATEMENTS: Mapping[str, str] = {
@@ -139,13 +295,13 @@ WIRE_STATEMENTS: Mapping[str, str] = {
 
 def finding(symptom: str, message: str, *, invariant: str | None = None) -> Finding:
     """A Finding for `symptom` (a key of SYMPTOMS); `invariant` only for a recipe's own check."""
-    inv, family, _ = SYMPTOMS[symptom]
-    return Finding(invariant or inv, message, symptom=symptom, family=family)
+    row = SYMPTOMS[symptom]
+    return Finding(invariant or row.invariant, message, symptom=symptom, family=row.family)
 
 
 def label(symptom: str) -> str:
     """The symptom's short label ('' for a finding without one)."""
-    return SYMPTOMS[symptom][2] if symptom in SYMPTOMS else ""
+    return SYMPTOMS[symptom].label if symptom in SYMPTOMS else ""
 
 
 def merge(findings: Iterable[Finding]) -> list[Finding]:
