@@ -18,7 +18,7 @@ import json
 import platform
 import xml.etree.ElementTree as ET
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from typing import Any
 from ...spec.invariants import load_invariants
 from .adapters.base import Finding
 from .cases import CaseError, Grade
+from .contract import CONTRACT_VERSION
 from .runner import CaseResult, Verdict
 from .symptoms import CHAT_STATEMENTS, WIRE, WIRE_STATEMENTS, label
 
@@ -148,8 +149,15 @@ def _quote(text: str) -> str:
     return "'" + text.replace("'", "'\\''") + "'"
 
 
+def is_http(exchange: Any) -> bool:
+    """Whether a recorded exchange is an HTTP request (its `request` has a path and a body); an
+    in-house engine's calls (contract.py) and a dropped connection are not."""
+    req = exchange.get("request") if isinstance(exchange, Mapping) else None
+    return isinstance(req, Mapping) and isinstance(req.get("path"), str) and isinstance(req.get("body"), Mapping)
+
+
 def curl(exchange: Mapping[str, Any]) -> str:
-    """One recorded request as a curl line against $URL (streamed requests with -N)."""
+    """One recorded HTTP request (is_http) as a curl line against $URL (streamed requests with -N)."""
     req = exchange["request"]
     body = json.dumps(req["body"], ensure_ascii=False, separators=(",", ":"))
     flags = "-sS -N" if req["body"].get("stream") else "-sS"
@@ -160,7 +168,7 @@ def replay(r: CaseResult) -> str:
     """A shell snippet that replays an HTTP case by hand: rebuild just its checkpoint, start the
     engine as the run did, send the same requests; what the reference requires and answers follows."""
     server = r.observed.get("server") or {}
-    exchanges = [e for e in r.observed.get("exchanges") or [] if "request" in e]
+    exchanges = [e for e in r.observed.get("exchanges") or [] if is_http(e)]
     ck = server.get("checkpoint")
     lines = [f"# {r.case.id} on {r.engine}" + (f" (version {server['version']})" if server.get("version") else "")]
     if ck:
@@ -184,6 +192,30 @@ def replay(r: CaseResult) -> str:
     return "\n".join(lines) + "\n"
 
 
+def written(kept: Callable[[CaseResult], dict[str, Any]]) -> Callable[[Callable[[CaseResult], dict[str, Any]]],
+                                                                   Callable[[CaseResult], dict[str, Any]]]:
+    """A case's rendering made safe: what it returns when that renders as JSON, else `kept(r)` (what
+    the case file alone gives) with `writer_error` naming what failed, so an odd value an adapter
+    recorded costs that case its detail, never the report."""
+
+    def wrap(build: Callable[[CaseResult], dict[str, Any]]) -> Callable[[CaseResult], dict[str, Any]]:
+        @functools.wraps(build)
+        def safe(r: CaseResult) -> dict[str, Any]:
+            try:
+                out = build(r)
+                json.dumps(out, ensure_ascii=False)
+                return out
+            except Exception as exc:  # an adapter's record of any shape: the error is the case's, named
+                said = f"{type(exc).__name__}: {exc}"
+            return {**kept(r), "writer_error": f"the report's {build.__name__} of this case failed ({said}); "
+                                               "what the engine showed is left out"}
+
+        return safe
+
+    return wrap
+
+
+@written(lambda r: {"inputs": dict(r.case.inputs), "recipe": r.case.recipe, "expected": {}, "observed": {}})
 def reproducer(r: CaseResult) -> dict[str, Any]:
     """What a reader needs to rerun the case by hand. Over HTTP: the replay snippet (rebuild, launch,
     curl), the server, the exchanges with their raw answers and the reference's answer; the case's
@@ -191,7 +223,7 @@ def reproducer(r: CaseResult) -> dict[str, Any]:
     observed."""
     obs = {k: v for k, v in r.observed.items()
            if v not in (None, [], {}) and k not in ("exchanges", "reference", "server")}
-    http = any("request" in e for e in r.observed.get("exchanges") or [])
+    http = any(is_http(e) for e in r.observed.get("exchanges") or [])
     inputs = {k: v for k, v in r.case.inputs.items() if not (http and k == "tokenizer")}
     out: dict[str, Any] = {"inputs": inputs, "recipe": r.case.recipe, "expected": _expected(r), "observed": obs}
     if http:
@@ -202,6 +234,7 @@ def reproducer(r: CaseResult) -> dict[str, Any]:
     return out
 
 
+@written(lambda r: {})
 def evidence(r: CaseResult) -> dict[str, Any]:
     """What a pass keeps so it can be audited: the requests and raw answers (or the outputs seen)."""
     if r.observed.get("exchanges"):
@@ -213,6 +246,7 @@ def evidence(r: CaseResult) -> dict[str, Any]:
 def to_json(results: Sequence[CaseResult], engine: str, wall_s: float | None = None) -> dict[str, Any]:
     return {
         "version": REPORT_VERSION,
+        "contract": CONTRACT_VERSION,  # the in-house adapter contract this judge speaks (contract.py)
         "engine": engine,
         "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
