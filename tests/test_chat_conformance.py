@@ -241,8 +241,9 @@ def test_a_chat_answer_that_splits_nothing_is_judged_by_the_completions_rules():
     """§4.3-§4.6 on chat (D45): where nothing is split off the content (no reasoning, no tools), the
     answer is a completions answer in a chat envelope and is judged as one (judgement.observe reads
     the message's content and the deltas' content; the role chunk opens the stream). An empty content
-    chunk mid-stream is an empty delta, a held stop prefix sent early is named, and the reference's own
-    answer passes; the chat judge alone, by the whole content, saw neither."""
+    chunk mid-stream is an empty delta, a held stop prefix sent early is named (where the logprobs
+    with each chunk show the token boundaries), and the reference's own answer passes; the chat
+    judge alone, by the whole content, saw neither."""
     from decodespec.properties.conformance import http_script
     from decodespec.properties.conformance.judgement import judge_observed, observe
 
@@ -251,11 +252,14 @@ def test_a_chat_answer_that_splits_nothing_is_judged_by_the_completions_rules():
                      for c in load_cases(["stop/hold-back/001"]) for tok in [table_tokenizer(c.tokenizer_spec)])
     text, why = exp.output.decode(), exp.wire_reason
 
-    def answer(*deltas: str) -> tuple:
+    def answer(*deltas: str, reports: tuple[int, ...] = ()) -> tuple:
+        """The answer both ways; `reports`: the logprobs entries each delta carries (none: no logprobs)."""
         message = {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": why}],
                    "usage": {"completion_tokens": exp.selected}}
-        chunks = [{"role": "assistant", "content": ""}, *({"content": d} for d in deltas)]
-        sse = "".join(f"data: {json.dumps({'id': 'c', 'choices': [{'index': 0, 'delta': d, 'finish_reason': None}]})}\n\n"
+        logprobs = [{"logprobs": {"content": [{"token": "t", "logprob": 0.0}] * n}} for n in reports] or [{}] * len(deltas)
+        chunks = [{"delta": {"role": "assistant", "content": ""}},
+                  *({"delta": {"content": d}, **lp} for d, lp in zip(deltas, logprobs))]
+        sse = "".join(f"data: {json.dumps({'id': 'c', 'choices': [{'index': 0, **d, 'finish_reason': None}]})}\n\n"
                       for d in chunks)
         sse += f"data: {json.dumps({'id': 'c', 'choices': [{'index': 0, 'delta': {}, 'finish_reason': why}]})}\n\ndata: [DONE]\n\n"
         return observe(200, message, json.dumps(message), parse_sse(sse))
@@ -264,8 +268,10 @@ def test_a_chat_answer_that_splits_nothing_is_judged_by_the_completions_rules():
     found = {f.symptom for f in judge_observed(exp, answer(text[:1], "", text[1:]))[0]}
     assert "empty_delta" in found
     assert exp.output == b"ABCD" and exp.released == (1, 4)  # 'B' held after 'AB': it may begin the stop 'BX'
-    early = {f.symptom for f in judge_observed(exp, answer("AB", "CD"))[0]}  # one chunk a token, 'B' sent at once
+    # 'AB' with token 1 alone, from an engine that reports tokens as it selects them ('CD' before its text)
+    early = {f.symptom for f in judge_observed(exp, answer("AB", "", "CD", reports=(1, 1, 0)))[0]}
     assert "stop_prefix_sent" in early, early
+    assert "stop_prefix_sent" not in {f.symptom for f in judge_observed(exp, answer("AB", "CD"))[0]}  # no boundaries
 
 
 def _released(exp) -> list[bytes]:

@@ -100,24 +100,44 @@ def test_an_eos_selected_past_the_limit_is_a_length_finding():
     assert found and found[0].invariant == "length_respected" and found[0].symptom == "past_limit"
 
 
-def test_holding_more_than_the_reference_passes_and_sending_a_stop_prefix_early_fails():
-    """§4.6 hold-back over the wire (one chunk per token): sending bytes the reference still holds fails;
-    holding longer (vLLM holds a fixed window) passes."""
-    _, exp = _expected("stop/hold-back/001")
-    early = Observed(text=b"ABCD", finish_reason="length", completion_tokens=2, chunks=(b"AB", b"CD"),
-                     stream_finish_reasons=("length",))
-    late = Observed(text=b"ABCD", finish_reason="length", completion_tokens=2, chunks=(b"A", b"BCD"),
+def _held(chunks, tokens=None, text=b"ABCD"):
+    return Observed(text=text, finish_reason="length", completion_tokens=2, chunks=chunks, chunk_tokens=tokens,
                     stream_finish_reasons=("length",))
-    assert [f.invariant for f in judge_observed(exp, early)[0]] == ["stop_prefix_held"]
-    assert judge_observed(exp, late)[0] == []
+
+
+def test_hold_back_is_judged_from_the_token_boundaries_the_engine_reports():
+    """§4.6, D59 over the wire: 'B' of 'AB' may begin the stop 'BX' until 'CD' rules it out. With the
+    tokens reported per chunk, bytes sent where the reference still held back fail; holding longer
+    (vLLM holds a fixed window) passes. An engine whose reports run ahead of its text ('CD' reported
+    with an empty chunk) shows it reports tokens as it selects them, so its 'AB' with token 1 alone
+    went out before 'CD' was selected."""
+    _, exp = _expected("stop/hold-back/001")
+    early = _held((b"AB", b"", b"CD"), (1, 2, 2))
+    assert [f.symptom for f in judge_observed(exp, early)[0]] == ["empty_delta", "stop_prefix_sent"]
+    assert judge_observed(exp, _held((b"A", b"BCD"), (1, 2)))[0] == []
+    assert [f.symptom for f in judge_observed(exp, _held((b"A", b"", b"BCD"), (1, 2, 2)))[0]] == ["empty_delta"]
+
+
+@pytest.mark.parametrize(("chunks", "tokens", "why"), [
+    ((b"AB", b"CD"), None, "reports no token boundaries"),  # llama-cpp-python's stream: one chunk a token, no reports
+    ((b"AB", b"CD"), (1, 2), "only with its text"),  # each token reported with its text: when it was selected is unknown
+])
+def test_hold_back_is_never_inferred_from_chunks_that_do_not_show_when_tokens_were_selected(chunks, tokens, why):
+    """§4.6: an engine may hold whole tokens and release them later, one chunk each (llama-cpp-python
+    sends 'AB' once 'CD' has ruled 'BX' out): the number of chunks, or reports that go out only with
+    their own text, do not show which tokens were selected when a chunk went out. Hold-back is then
+    not checked, and the result says so; it is never a finding."""
+    _, exp = _expected("stop/hold-back/001")
+    found, not_checked = judge_observed(exp, _held(chunks, tokens))
+    assert found == [] and any(m.startswith("hold-back") and why in m for m in not_checked), not_checked
 
 
 def test_a_stop_prefix_sent_early_is_named_by_the_bytes_the_reference_held():
     """§4.6: the finding names the bytes the engine sent where the reference still held back, even
     when the reference's output ends before them (they began the stop that won): 'o', not b''."""
     _, exp = _expected("stop/cross-token/002")
-    early = Observed(text=b"hello", finish_reason="stop", completion_tokens=2, chunks=(b"hello", b""),
-                     stream_finish_reasons=("stop",))
+    early = Observed(text=b"hello", finish_reason="stop", completion_tokens=2, chunks=(b"", b"hello", b""),
+                     chunk_tokens=(1, 1, 2), stream_finish_reasons=("stop",))
     found = [f for f in judge_observed(exp, early)[0] if f.symptom == "stop_prefix_sent"]
     assert len(found) == 1 and "still held b'o' there" in found[0].message, found
 

@@ -25,7 +25,8 @@ from ...runtime.openai_schema import OPENAI_FINISH
 from ...runtime.result import Result
 from .adapters.base import Finding, reference_on
 from .cases import Case
-from .symptoms import Expected, compare_count, compare_reason, compare_split, compare_stream, compare_text, finding, merge
+from .symptoms import (Expected, compare_count, compare_reason, compare_split, compare_stream, compare_text, finding,
+                       merge, whole_length)
 from .wire import Streamed, choices_of, token_count
 
 
@@ -38,6 +39,7 @@ class Observed:
     completion_tokens: int | None = None
     stream_completion_tokens: int | None = None  # the stream's usage chunk's count (include_usage), when it sends one
     chunks: tuple[bytes, ...] | None = None  # every streamed text before the finish chunk, empty ones too
+    chunk_tokens: tuple[int, ...] | None = None  # for each chunk, the tokens reported up to it (None: not shown)
     stream_finish_reasons: tuple[str, ...] | None = None
     content_after_finish: tuple[bytes, ...] = ()
     error: str | None = None  # the non-streamed answer was an error (its status and body)
@@ -63,6 +65,7 @@ def observe(status: int, data: Any, raw: str, st: Streamed, index: int = 0, n: i
         completion_tokens=count if status == 200 and n == 1 else None,
         stream_completion_tokens=token_count(st.usage, "completion_tokens") if st.status == 200 and n == 1 else None,
         chunks=tuple(t.encode() for t in st.texts) if st.status == 200 else None,
+        chunk_tokens=tuple(shown) if st.status == 200 and (shown := st.tokens_shown) is not None else None,
         stream_finish_reasons=tuple(st.finish_reasons) if st.status == 200 else None,
         content_after_finish=tuple(t.encode() for t in st.content_after_finish),
         error=None if status == 200 else f"{status}: {raw[:300]!r}",
@@ -89,15 +92,18 @@ def expected_of(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[in
             sent += len(bytes(e.data.get("bytes", b"")))
             if released:
                 released[-1] = sent
+    echo_len = len(head) if case.inputs.get("request", {}).get("echo") else 0
+    spelled = tuple(echo_len + whole_length(tok.decode_bytes(list(prompt) + body[:k])[len(head):])
+                    for k in range(1, len(body) + 1)) if stops else ()
     return Expected(
         output=res.output, reason=res.finish_reason.value if finished else None,
         wire_reason=OPENAI_FINISH.get(res.finish_reason) if finished else None,
         selected=res.usage.selected_tokens, max_tokens=case.max_tokens, script_text=script_text, stops=stops,
         stop=res.stop.encode() if isinstance(res.stop, str) and res.stop.encode() in stops else None,
         eos_at=eos_at, eos_text=tok.token_bytes(script[eos_at - 1]) if eos_at else b"", error=res.error,
-        state=res.state.name, released=tuple(released),
+        state=res.state.name, released=tuple(released), spelled=spelled,
         kept=bool(res.stop) and any(case.inputs.get("request", {}).get(k) for k in ("include_stop_str_in_output", "no_stop_trim")),
-        echo_len=len(head) if case.inputs.get("request", {}).get("echo") else 0)
+        echo_len=echo_len)
 
 
 def expected_for(case: Case, checkpoint: Any) -> Expected:
@@ -171,7 +177,7 @@ def judge_observed(exp: Expected, obs: Observed, *, delta_split: bool = True) ->
     if obs.content_after_finish:
         f.append(finding("content_after_finish", f"text after the finish chunk: {list(obs.content_after_finish)}"))
     if obs.chunks is not None and delta_split:
-        split, missed = compare_split(exp, obs.chunks)
+        split, missed = compare_split(exp, obs.chunks, obs.chunk_tokens)
         f += split
         not_checked += missed
     return merge(f), not_checked

@@ -149,7 +149,7 @@ def _judge_here(case: Case, outcome: Outcome, caps: frozenset[str]) -> tuple[lis
                 fails += compare_text(ref, got, where)
         fails += compare_stream(outcome.output, streamed)
     if outcome.chunks is not None and ref is not None and any(c.kinds == {"response.delta"} for c in exp.events):
-        split, missed = compare_split(ref, outcome.chunks)
+        split, missed = compare_split(ref, outcome.chunks, _selected_by_chunk(outcome))
         fails += split
         skipped += missed
     if exp.finish_reason is not None:
@@ -200,6 +200,20 @@ def _judge_here(case: Case, outcome: Outcome, caps: frozenset[str]) -> tuple[lis
     if outcome.full_trace and outcome.events is not None and case.kind is CaseKind.SCRIPT:
         fails += _trace_findings(case, outcome.events)
     return fails, skipped, ran
+
+
+def _selected_by_chunk(outcome: Outcome) -> tuple[int, ...] | None:
+    """For each streamed chunk, the text tokens selected before it went out, from a full trace (the
+    order of token.selected and response.delta); None for an engine that shows no such trace."""
+    if not outcome.full_trace or outcome.events is None:
+        return None
+    out, n = [], 0
+    for e in outcome.events:
+        if e.kind == "token.selected" and not e.data.get("eos"):
+            n += 1
+        elif e.kind == "response.delta":
+            out.append(n)
+    return tuple(out)
 
 
 def _expected(case: Case, exp: Any) -> Expected:

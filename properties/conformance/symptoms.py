@@ -21,6 +21,7 @@ The same symptom seen in several places of one case is one finding (`merge`).
 
 from __future__ import annotations
 
+import codecs
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -343,6 +344,7 @@ class Expected:
     eos_text: bytes = b""
     error: str | None = None
     released: tuple[int, ...] = ()  # bytes the reference had sent after each selected text token
+    spelled: tuple[int, ...] = ()  # whole-character bytes the first k selected text tokens spell, for each k (with stops)
     kept: bool = False  # the winning stop is part of the output (include_stop_str_in_output, D33)
     echo_len: int = 0  # the output opens with this many bytes of the echoed prompt (D33)
     state: str = "FINISHED"
@@ -502,6 +504,11 @@ def _compare_failing(exp: Expected, got: bytes, where: str) -> list[Finding]:
                                       f"the reference sends {_show(want)}")]
 
 
+def whole_length(data: bytes) -> int:
+    """The length of `data` without an unfinished UTF-8 character at its end (§4.5: not sendable yet)."""
+    return len(codecs.getincrementaldecoder("utf-8")("surrogateescape").decode(data).encode("utf-8", "surrogateescape"))
+
+
 def first_difference(got: Sequence[Any], want: Sequence[Any]) -> int:
     """The index of the first item where `got` and `want` differ (the shorter length when one is a
     prefix of the other)."""
@@ -590,28 +597,39 @@ def compare_count(exp: Expected, got: int | None) -> list[Finding]:
                           f"({exp.reason} at token {n})")]
 
 
-def compare_split(exp: Expected, chunks: Sequence[bytes]) -> tuple[list[Finding], list[str]]:
+def compare_split(exp: Expected, chunks: Sequence[bytes],
+                  tokens: Sequence[int] | None = None) -> tuple[list[Finding], list[str]]:
     """The stream's delta boundaries (§4.6 hold-back, §4.3 no empty delta), and what was not checked.
 
-    An empty delta is never sent. Hold-back is judged when the engine sent one text chunk per
-    selected text token, so chunk c went out with token c+1: its bytes sent so far must not pass
-    what the reference had released after that token (`exp.released`); holding more is allowed."""
+    An empty delta is never sent. Hold-back is judged only from the token boundaries the engine
+    shows, never from the number of chunks (an engine may hold whole tokens and release them later,
+    one chunk each): `tokens[c]` is how many selected tokens it had reported (token ids or logprobs
+    with each chunk, D59; an in-process engine's own selections) when chunk c went out. A report
+    tells when its token was selected only where the engine reports tokens as it selects them, which
+    it shows by reporting a token before all its text is sent (`exp.spelled`); reports that only
+    ever go out with their text show the order of the text alone. With boundaries, the bytes sent
+    through chunk c must not pass what the reference had released after that many tokens
+    (`exp.released`); holding more is allowed."""
     out: list[Finding] = []
     empty = sum(1 for c in chunks if not c)
     if empty:
         out.append(finding("empty_delta", f"{empty} streamed chunk(s) carry empty text and no finish_reason"))
     if not exp.stops or not exp.released or exp.kept:  # a kept stop is output either way: nothing to hold
         return out, []
-    if len(chunks) != len(exp.released):
-        return out, [f"hold-back (the {len(chunks)} chunks do not map one to one onto the {len(exp.released)} tokens)"]
-    streamed = b""
-    for c, (chunk, safe) in enumerate(zip(chunks, exp.released)):
-        streamed += chunk
-        sent = len(streamed)
-        if sent > safe and c < len(chunks) - 1:
-            held = streamed[safe:]  # the engine's bytes where the reference held back (its output may end before them)
-            out.append(finding("stop_prefix_sent", f"with token {c + 1} the stream had sent {sent} bytes; the reference "
-                                                   f"still held {held!r} there, which could begin a stop of "
+    if tokens is None or len(tokens) != len(chunks):
+        return out, ["hold-back (the engine reports no token boundaries with its chunks)"]
+    sent = [sum(len(c) for c in chunks[:i + 1]) for i in range(len(chunks))]
+    last = len(exp.released)
+    known = [(c, min(k, last)) for c, k in enumerate(tokens[:-1]) if k > 0]
+    if not any(sent[c] < exp.spelled[k - 1] for c, k in known if k <= len(exp.spelled)):
+        return out, ["hold-back (the engine reports each token only with its text, which does not show when a "
+                     "held token was selected)"]
+    for c, k in known:
+        safe = exp.released[k - 1]
+        if sent[c] > safe:
+            held = b"".join(chunks)[safe:sent[c]]  # the engine's bytes where the reference held back
+            out.append(finding("stop_prefix_sent", f"with token {k} reported the stream had sent {sent[c]} bytes; the "
+                                                   f"reference still held {held!r} there, which could begin a stop of "
                                                    f"{[s.decode('utf-8', 'replace') for s in exp.stops]}"))
             break
     return out, []

@@ -68,30 +68,47 @@ class Streamed:
         for chunk in self.chunks:
             yield from chunk.get("choices") or []
 
-    def _fold(self) -> tuple[list[str], list[str], list[str]]:
-        """(texts sent before the first finish chunk, including empty ones; finish reasons; text after)."""
+    def _fold(self) -> tuple[list[str], list[str], list[str], list[int | None]]:
+        """(texts sent before the first finish chunk, including empty ones; finish reasons; text
+        after; for each of those texts, the tokens reported through its chunk, None from a text
+        chunk that reports none on)."""
         texts: list[str] = []
         reasons: list[str] = []
         after: list[str] = []
+        shown: list[int | None] = []
+        reported: int | None = 0
         for choice in self.choices():
             text = _choice_text(choice)
+            n = reported_tokens(choice)
+            if reported is not None:
+                reported = None if n is None and text else reported + (n or 0)
             if choice.get("finish_reason"):
                 if text and not reasons:
                     texts.append(text)  # the finish chunk may carry the last delta
+                    shown.append(reported)
                 elif text:
                     after.append(text)
                 reasons.append(choice["finish_reason"])
             elif text is not None:
                 (after if reasons else texts).append(text)
-        return texts, reasons, after
+                if not reasons:
+                    shown.append(reported)
+        return texts, reasons, after, shown
 
     @property
     def texts(self) -> list[str]:
         """Every text sent before the finish chunk, from the first non-empty one on: empty chunks
         before any text are the stream's opening (several servers send one, as response.start)."""
         texts = self._fold()[0]
-        first = next((i for i, t in enumerate(texts) if t), len(texts))
-        return texts[first:]
+        return texts[_opening(texts):]
+
+    @property
+    def tokens_shown(self) -> list[int] | None:
+        """For each of `texts`, how many tokens the stream had reported up to and with its chunk
+        (token ids or logprobs entries, D59); None when a chunk that carries text reports none."""
+        texts, _, _, shown = self._fold()
+        shown = shown[_opening(texts):]
+        return None if not any(shown) or any(k is None for k in shown) else [k or 0 for k in shown]
 
     @property
     def deltas(self) -> list[str]:
@@ -125,6 +142,11 @@ class Streamed:
         return found[-1] if found else None
 
 
+def _opening(texts: list[str]) -> int:
+    """How many empty texts open a stream (several servers send one, as response.start)."""
+    return next((i for i, t in enumerate(texts) if t), len(texts))
+
+
 def _choice_text(choice: dict[str, Any]) -> str | None:
     """The text a choice chunk carries; None for one that carries no text field (a chat role chunk)."""
     if "delta" in choice:
@@ -145,6 +167,16 @@ def logprob_pieces(lp: Any) -> tuple[bytes | str, ...] | None:
     if isinstance(lp.get("tokens"), list):
         return tuple(str(t) for t in lp["tokens"])
     return None
+
+
+def reported_tokens(choice: dict[str, Any]) -> int | None:
+    """How many tokens one choice chunk reports: its `token_ids` (vLLM's return_token_ids), else its
+    logprobs entries; None when it reports neither."""
+    ids = choice.get("token_ids")
+    if isinstance(ids, list) and all(isinstance(i, int) for i in ids):
+        return len(ids)
+    pieces = logprob_pieces(choice.get("logprobs"))
+    return None if pieces is None else len(pieces)
 
 
 def byte_values(raw: Any) -> bytes | None:
