@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING
 
 import attrs
 import click
@@ -20,10 +21,12 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table as RichTable
 
 from .cli_paths import output_folder
-from .machine.checker import MAX_REQUESTS, CheckReport, Counterexample, default_config
-from .machine.checker import check as model_check
-from .machine.checker_channels import ChannelsReport, check_channels
+from .machine.checker_model import MAX_REQUESTS
 from .spec import SpecError, load_file, load_spec
+
+if TYPE_CHECKING:  # the checker (and numpy) load when the command runs, not for `decodespec --help`
+    from .machine.checker import CheckReport, Counterexample
+    from .machine.checker_channels import ChannelsReport
 
 
 @click.command("check")
@@ -45,6 +48,10 @@ from .spec import SpecError, load_file, load_spec
               help="With --draw: draw this sometimes-property's witness instead of a counterexample.")
 def check(requests, slots, max_depth, max_tokens, policies, table_files, as_json, draw_dir, witness) -> None:
     """Exhaust the model of the §4.3 loop over the tables and report invariants, liveness, witnesses."""
+    from .machine.checker import check as model_check
+    from .machine.checker import default_config
+    from .machine.checker_channels import check_channels
+
     tables = {}
     for path in table_files:
         try:

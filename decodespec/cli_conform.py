@@ -110,15 +110,15 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], cases_of: P
             without: tuple[str, ...],
             jobs: int) -> None:
     """Run the conformance cases (§4.3-§4.10) against ENGINE and report per case."""
-    from .properties.conformance import CaseError, EngineSpecError, adapter_for, load_cases, run_cases, select_cases
-    from .properties.conformance.adapters.openai import ServerError
-    from .properties.conformance.runner import read_expectations
+    from .properties.conformance import CaseError, load_cases, select_cases
 
     console = Console(width=120)
     t0 = time.monotonic()
-    from .properties.conformance.checkpoints import with_chat
+    every = load_cases()
+    if checkpoints:  # chat variants run on forced checkpoints (whose module loads torch: not for --list)
+        from .properties.conformance.checkpoints import with_chat
 
-    every = with_chat(load_cases()) if checkpoints else load_cases()  # chat variants run on forced checkpoints
+        every = with_chat(every)
     try:
         cases = select_cases(every, select)
     except CaseError as exc:
@@ -145,6 +145,10 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], cases_of: P
             table.add_row(c.id, c.anchor, c.grade.value, c.invariant, c.description)
         console.print(table)
         return
+    from .properties.conformance import EngineSpecError, adapter_for, run_cases
+    from .properties.conformance.adapters.openai import ServerError
+    from .properties.conformance.runner import read_expectations
+
     known = frozenset()
     if expect_file is not None:
         try:

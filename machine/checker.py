@@ -36,8 +36,8 @@ import numpy as np
 from ..spec import DecisionKind, Table
 from ..spec.invariants import load_invariants
 from .checker_model import (
-    F_LC, F_PC, F_REASON, FAULTS, FINISH_GUARDS, PC_NAMES, POOL_WITNESSES, REASONS, WITNESS_NEEDS, WITNESSES, Model,
-    ModelConfig, config_offers,
+    F_LC, F_PC, F_REASON, FAULTS, FINISH_GUARDS, MAX_REQUESTS, PC_NAMES, POOL_WITNESSES, REASONS, WITNESS_NEEDS,
+    WITNESSES, Model, ModelConfig, config_offers,
 )
 
 _MASK = (1 << 21) - 1  # request ids stay under 2M
@@ -327,9 +327,6 @@ class _Seen:
         first = at[marks[dense[at]] == at]
         marks[dense[first]] = _SEEN
         return first
-
-
-MAX_REQUESTS = 3
 
 
 def default_config(requests: int) -> ModelConfig:

@@ -80,6 +80,8 @@ _CHECK_LABELS = {"stop_hit": "loop: stop hit: finish reason stop_sequence, tails
 # a model error in a kernel, a failed send, the reader's disconnect and reconnect. (The reader's
 # reads are not a fault: a paused producer needs them to go on.)
 FAULTS = ("cancel", "deadline", "model_error", "transport_error", "disconnect")
+# The most requests one search explores at once (machine/checker.check, `decodespec check --requests`).
+MAX_REQUESTS = 3
 
 # The model's one implementation of each guard of the lifecycle table's [finish_guards] (D31):
 # does the guard hold for the t-th token of a request whose guard field is `field` (F_GUARD's name)?

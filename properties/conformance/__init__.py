@@ -1,4 +1,4 @@
-"""The conformance suite (issue 7): JSON cases, engine adapters, a runner and reports.
+"""The conformance suite: JSON cases, engine adapters, a runner and reports (§4.3-§4.10).
 
     from decodespec.properties.conformance import load_cases, adapter_for, run_cases
     results = run_cases(adapter_for("reference"), load_cases(["stop/"]))
@@ -6,13 +6,33 @@
 Against a real engine: `checkpoints.build_checkpoints` compiles the script cases into forced
 checkpoints, and `adapter_for("openai:URL", checkpoint=FOLDER)` runs them over HTTP
 (`launch.run_launched` starts a server per checkpoint).
+
+Names load lazily, as runtime's do: reading the cases (`decodespec conform --list`) does not
+import the adapters, and through them torch.
 """
 
-from .adapters import Adapter, EngineSpecError, Finding, Outcome, adapter_for
-from .cases import Case, CaseError, Grade, load_cases, save_case, select_cases
-from .runner import CaseResult, Verdict, run_case, run_cases
+from __future__ import annotations
 
-__all__ = [
-    "Adapter", "Case", "CaseError", "CaseResult", "EngineSpecError", "Finding", "Grade", "Outcome",
-    "Verdict", "adapter_for", "load_cases", "run_case", "run_cases", "save_case", "select_cases",
-]
+from ...lazy import lazy_exports
+
+_EXPORTS = {
+    "Adapter": "adapters",
+    "EngineSpecError": "adapters",
+    "Finding": "adapters",
+    "Outcome": "adapters",
+    "adapter_for": "adapters",
+    "Case": "cases",
+    "CaseError": "cases",
+    "Grade": "cases",
+    "load_cases": "cases",
+    "save_case": "cases",
+    "select_cases": "cases",
+    "CaseResult": "runner",
+    "Verdict": "runner",
+    "run_case": "runner",
+    "run_cases": "runner",
+}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__ = lazy_exports(__name__, _EXPORTS)
