@@ -29,7 +29,7 @@ import attrs
 from ...runtime.tokenizers import TokenIdError, own_bytes
 from .adapters.base import Finding
 from .symptoms import finding
-from .wire import Streamed, first_choice, logprob_pieces
+from .wire import Streamed, first_choice, logprob_pieces, token_ids
 
 INVARIANT = "stream_tokens_aligned"
 _LOSSY = ("bytes:", "token_id:")
@@ -62,11 +62,6 @@ class ChunkReport:
         return len(self.ids) if self.ids is not None else len(self.pieces) if self.pieces is not None else None
 
 
-def _ids(value: Any) -> tuple[int, ...] | None:
-    """A choice's `token_ids` (vLLM's extension), None where absent or not a list of ids."""
-    return tuple(value) if isinstance(value, list) and all(isinstance(i, int) for i in value) else None
-
-
 def chunk_reports(st: Streamed) -> list[ChunkReport]:
     """Every choice chunk of a stream (choice 0), in order, with what it reports."""
     out = []
@@ -79,7 +74,7 @@ def chunk_reports(st: Streamed) -> list[ChunkReport]:
                            if isinstance(t, str))
         else:
             text = choice.get("text") if isinstance(choice.get("text"), str) else ""
-        out.append(ChunkReport(text.encode("utf-8"), _ids(choice.get("token_ids")), logprob_pieces(choice.get("logprobs")),
+        out.append(ChunkReport(text.encode("utf-8"), token_ids(choice), logprob_pieces(choice.get("logprobs")),
                                bool(choice.get("finish_reason"))))
     return out
 
@@ -92,7 +87,7 @@ def message_report(data: Any, chat: bool) -> ChunkReport | None:
     holder = c.get("message") if chat else c
     text = holder.get("content" if chat else "text") if isinstance(holder, dict) else None
     text = text if isinstance(text, str) else ""
-    return ChunkReport(text.encode("utf-8"), _ids(c.get("token_ids")), logprob_pieces(c.get("logprobs")), True)
+    return ChunkReport(text.encode("utf-8"), token_ids(c), logprob_pieces(c.get("logprobs")), True)
 
 
 def reports_tokens(reports: Sequence[ChunkReport]) -> bool:

@@ -35,7 +35,7 @@ from .chat_cases import TAGS, TOOLS, chat_of, template_of
 from .checkpoints import on_checkpoint
 from .judgement import expected_of, judge_observed, observe
 from .script_check import Returned, left_script
-from .script_server import ScriptServer, case_fields, sweep_limits
+from .script_server import ScriptServer, case_fields, not_observable, sweep_limits
 from .symptoms import Expected, finding, merge
 from .wire import Streamed, body_findings, first_choice, token_count, wire_findings
 
@@ -337,7 +337,7 @@ def run_chat(a: ScriptServer, case: Case) -> Outcome:
                    findings=tuple(leading(merge(findings)) + wire_findings(st, include_usage=exp.finish_reason is not None)
                                   + body_findings(status, data, raw)),
                    judged=True, reference=exp.to_json(),
-                   not_checked=tuple(missed),
+                   not_checked=tuple(missed + not_observable(case)),
                    notes=(f"checkpoint {a.checkpoint.group}; chat template {template_of(case)}; prompt "
                           f"{info['prompt_tokens']} tokens, program ids {list(prog.prompt)}; script ids {list(prog.script)}",))
 

@@ -25,10 +25,10 @@ from .chat import run_chat
 from .chat_cases import chat_of
 from .checkpoints import on_checkpoint
 from .judgement import expected_of, judge_observed, observe
-from .script_check import Returned, left_script
-from .script_server import ScriptServer, case_fields, program_body, sweep_limits
+from .script_check import Prefix, Returned, detect_prefix, left_script
+from .script_server import ScriptServer, case_fields, not_observable, program_body, sweep_limits
 from .symptoms import WIRE, Expected, compare_count, finding, merge
-from .wire import Streamed, body_findings, choices_of, logprob_pieces, token_count, wire_findings
+from .wire import Streamed, body_findings, choices_of, first_choice, logprob_pieces, token_count, token_ids, wire_findings
 
 
 
@@ -45,20 +45,6 @@ def expected(a: ScriptServer, case: Case) -> Expected:
     prog = a.checkpoint.programs[case.id]
     return expected_of(on_checkpoint(case, a.checkpoint), a.checkpoint.tokenizer, prog.prompt, prog.script,
                        a.reference(case))
-
-
-def not_observable(case: Case) -> list[str]:
-    """What the case expects that no HTTP answer shows (a pass that needed them is partial)."""
-    out = []
-    for c in case.expect.events:
-        if not c.kinds <= STREAM_KINDS:
-            out.append(f"events {sorted(c.kinds - STREAM_KINDS)} ({c.invariant}: internal trace)")
-    if case.expect.state is not None:
-        out.append(f"state {case.expect.state} (the wire shows no lifecycle state)")
-    if case.expect.usage and set(case.expect.usage) - {"completion_tokens", "selected_tokens", "prompt_tokens"}:
-        extra = sorted(set(case.expect.usage) - {"completion_tokens", "selected_tokens", "prompt_tokens"})
-        out.append(f"usage {extra} (not in the API's usage)")
-    return out
 
 
 def judge_exchange(case: Case, exp: Expected, status: int, data: Any, raw: str, st: Streamed) -> tuple[list[Finding], list[str]]:
@@ -159,8 +145,20 @@ def run_script(a: ScriptServer, case: Case) -> Outcome:
 
 
 def returned(choice: dict[str, Any]) -> Returned:
-    """What one answer's choice reveals of its tokens: logprob pieces (bytes where given), and its text."""
+    """What one answer's choice reveals of its tokens: its token ids (vLLM's `token_ids`), logprob
+    pieces (bytes where given), and its text."""
     text = choice.get("text") if isinstance(choice.get("text"), str) else None
-    return Returned(tokens=logprob_pieces(choice.get("logprobs")) or None, text=text)
+    return Returned(token_ids=token_ids(choice), tokens=logprob_pieces(choice.get("logprobs")) or None, text=text)
+
+
+def probe_prefix(a: ScriptServer) -> Prefix:
+    """What the engine puts before a prompt (D26), from its answer to the checkpoint's prefix probe:
+    greedy, one token, read from its token ids, logprobs or text."""
+    ck = a.checkpoint
+    body = {"model": a.model, "prompt": a.prompt_for(list(ck.probe.prompt)), "max_tokens": 1, "temperature": 0,
+            "logprobs": 1}
+    status, data, _ = a.post(PATH, body, log=[])
+    choice = first_choice(data) if status == 200 else {}
+    return detect_prefix(ck.probe, ck.tokenizer, returned(choice) if choice else Returned(text=""))
 
 

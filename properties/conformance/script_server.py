@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .adapters.base import Finding
-from .cases import Case
+from .cases import STREAM_KINDS, Case
 from .checkpoints import Checkpoint
 from .forced import Program
 from .wire import Streamed
@@ -46,6 +46,20 @@ class LiveServer(ScriptServer, Protocol):
     tight: bool
 
     def unsupported(self, case: Any) -> str | None: ...
+
+
+def not_observable(case: Case) -> list[str]:
+    """What the case expects that no HTTP answer shows (a pass that needed them is partial)."""
+    out = []
+    for c in case.expect.events:
+        if not c.kinds <= STREAM_KINDS:
+            out.append(f"events {sorted(c.kinds - STREAM_KINDS)} ({c.invariant}: internal trace)")
+    if case.expect.state is not None:
+        out.append(f"state {case.expect.state} (the wire shows no lifecycle state)")
+    if case.expect.usage and set(case.expect.usage) - {"completion_tokens", "selected_tokens", "prompt_tokens"}:
+        extra = sorted(set(case.expect.usage) - {"completion_tokens", "selected_tokens", "prompt_tokens"})
+        out.append(f"usage {extra} (not in the API's usage)")
+    return out
 
 
 def program_body(a: ScriptServer, prog: Program, max_tokens: int, **over: Any) -> dict[str, Any]:

@@ -315,6 +315,13 @@ def first_choice(data: Any) -> dict[str, Any]:
     return next(iter(choices_of(data)), {})
 
 
+def token_ids(choice: Any) -> tuple[int, ...] | None:
+    """A choice's `token_ids` (vLLM's extension), None where absent or not a list of ids."""
+    value = choice.get("token_ids") if isinstance(choice, dict) else None
+    ok = isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+    return tuple(value) if ok else None
+
+
 def token_count(usage: Any, field: str) -> int | None:
     """`usage[field]` where it is a whole count (an answer in another shape: body_findings says so)."""
     n = usage.get(field) if isinstance(usage, dict) else None

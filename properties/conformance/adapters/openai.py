@@ -27,7 +27,7 @@ import httpx
 
 from ..cases import Case, CaseKind
 from ..checkpoints import LONG, RECIPE, Checkpoint, digest, group_of, http_blocker, reference_result, served_context
-from ..http_script import run_script
+from ..http_script import probe_prefix, run_script
 from ..life import RECIPES as LIFE_RECIPES
 from ..symptoms import Expected, compare_reason, compare_stream, compare_text, finding, merge
 from ..wire import (ANSWER, StreamOverrun, Streamed, Watch, body_ended, byte_values, feed, first_choice, shape_error,
@@ -218,19 +218,10 @@ class OpenAIAdapter:
         return ids if self._id_prompts else self.checkpoint.tokenizer.decode(ids, skip_special=False)
 
     def prefix(self) -> Any:
-        """What this server puts before a prompt (script_check.Prefix, D26), probed once on the
-        checkpoint's prefix probe: greedy, one token, its answer read from logprobs or text."""
+        """What this server puts before a prompt (script_check.Prefix, D26), probed once
+        (http_script.probe_prefix)."""
         if self._prefix is None:
-            from ..http_script import returned
-            from ..script_check import Returned, detect_prefix
-
-            ck = self.checkpoint
-            body = {"model": self.model, "prompt": self.prompt_for(list(ck.probe.prompt)), "max_tokens": 1,
-                    "temperature": 0, "logprobs": 1}
-            status, data, raw = self.post("/v1/completions", body, log=[])
-            choice = first_choice(data) if status == 200 else {}
-            got = returned(choice) if choice else Returned(text="")
-            self._prefix = detect_prefix(ck.probe, ck.tokenizer, got)
+            self._prefix = probe_prefix(self)
         return self._prefix
 
     def program_prompt(self) -> list[int] | None:
