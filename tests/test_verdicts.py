@@ -92,6 +92,34 @@ def test_a_stream_that_differs_from_the_answer_is_a_finding_of_its_own():
     assert {f.symptom for f in found} >= {"invalid_sent", "stream_vs_batch"}
 
 
+@pytest.mark.parametrize(("got", "symptom", "how"), [
+    ("EaF", "invalid_dropped", "leaving them out"),  # llama-cpp-python skips the byte ff and goes on
+    ("E\ufffdaF", "invalid_sent", "sending them as U+FFFD"),
+])
+def test_invalid_bytes_left_out_and_sent_as_replacement_are_told_apart(got, symptom, how):
+    """§4.5, D12: the reference ends the run at bytes no continuation makes valid; an engine that goes
+    on says, by what its text holds, whether it sent them as U+FFFD or left them out."""
+    _, exp = _expected("detok/invalid/003")
+    [found] = compare_text(exp, got.encode(), "stream")
+    assert found.symptom == symptom and how in found.message, found
+
+
+@pytest.mark.parametrize(("got", "ignored"), [
+    ("\ufffdE", True),  # llama-server: the output alone, its first byte (ad) decoded without the prompt's e4 b8
+    ("\xadE", False),  # a soft hyphen (c2 ad) before E: other bytes than the output alone
+    ("> 中E", False),  # the reference's answer
+    ("中E", False),  # the prompt's text cut, not left out: named as bytes, not as a field
+])
+def test_an_echo_the_engine_ignored_is_a_field_ignored(got, ignored):
+    """D33: with echo the text opens with the prompt's; a text that is the output alone (as the
+    reference sends it after the prompt, or decoded on its own) shows the field had no effect, named
+    as echo ignored, not as bytes replaced."""
+    _, exp = _expected("detok/echo/001")
+    found = compare_text(exp, got.encode(), "stream")
+    assert (found[:1] != [] and found[0].symptom == "fields_ignored" and "field_ignored: echo" in found[0].message) \
+        == ignored, found
+
+
 def test_an_eos_selected_past_the_limit_is_a_length_finding():
     """§4.3: 'stop' at max_tokens with the script's EOS as the next token: selected past the limit."""
     _, exp = _expected("finish/length/004")

@@ -27,7 +27,7 @@ from .checkpoints import on_checkpoint
 from .judgement import expected_of, judge_observed, observe
 from .script_check import Prefix, Returned, detect_prefix, left_script
 from .script_server import ScriptServer, case_fields, not_observable, program_body, sweep_limits
-from .symptoms import WIRE, Expected, compare_count, finding, merge
+from .symptoms import WIRE, Expected, compare_count, finding, merge, run_on_first
 from .wire import Streamed, body_findings, choices_of, first_choice, logprob_pieces, token_count, token_ids, wire_findings
 
 
@@ -63,8 +63,12 @@ def judge_exchange(case: Case, exp: Expected, status: int, data: Any, raw: str, 
             not_checked += [m for m in missed if m not in not_checked and not m.startswith("usage")]
         usage = data.get("usage") if isinstance(data, dict) else None
         total = token_count(usage, "completion_tokens") if status == 200 else None
+        one = {exp.selected, exp.selected - 1} if exp.reason == "eos" else {exp.selected}  # D15: the EOS or not
         if total is None:
             not_checked.append("usage.completion_tokens (not reported)")
+        elif exp.reason is not None and total in one and total not in {n * k for k in one}:
+            found.append(finding("count_low", f"usage.completion_tokens is {total}, one choice's count, for {n} "
+                                              f"choices of {exp.selected} tokens each ({n * exp.selected} in all, D34)"))
         elif total % n:
             found.append(finding("usage_mismatch", f"usage.completion_tokens is {total} for {n} equal choices"))
         else:
@@ -134,7 +138,7 @@ def run_script(a: ScriptServer, case: Case) -> Outcome:
             return Outcome(skip=na, reference=exp.to_json())
         findings += more
     if a.sweep:
-        findings += sweep(a, case)
+        findings = run_on_first(findings + sweep(a, case))
     obs = observe(status, data, raw, st)
     return Outcome(
         output=obs.text, finish_reason=obs.finish_reason, chunks=obs.chunks, findings=tuple(findings),

@@ -170,7 +170,7 @@ def judge_observed(exp: Expected, obs: Observed, *, delta_split: bool = True) ->
             f += compare_count(exp, n)
         if obs.stream_completion_tokens is not None and not early:  # the usage chunk counts the same tokens
             f += [attrs.evolve(x, message=f"stream: {x.message}") for x in compare_count(exp, obs.stream_completion_tokens)]
-    elif obs.text is not None and obs.finish_reason in ("stop", "length") and not any(x.symptom == "invalid_sent" for x in f):
+    elif obs.text is not None and obs.finish_reason in ("stop", "length") and not any(x.symptom in ("invalid_sent", "invalid_dropped") for x in f):
         f.append(finding("tail_dropped", f"the server finished with {obs.finish_reason!r} and text {obs.text!r}, "
                                          f"dropping the bytes no continuation completes; the reference sends the same "
                                          f"text and ends the run FAILED there ({exp.error})"))

@@ -98,7 +98,8 @@ SYMPTOMS: Mapping[str, Symptom] = {
     "special_sent": _S("detok_concat_equals_batch", TEXT, "a passed-over EOS sent as text"),
     "bytes_added": _S("detok_concat_equals_batch", TEXT, "bytes added"),
     "invalid_sent": _S("detok_concat_equals_batch", TEXT, "invalid bytes sent as U+FFFD"),
-    "tail_dropped": _S("detok_concat_equals_batch", TEXT, "incomplete tail dropped silently"),
+    "invalid_dropped": _S("detok_concat_equals_batch", TEXT, "invalid bytes left out, the text went on"),
+    "tail_dropped": _S("detok_concat_equals_batch", ENDING, "incomplete tail dropped silently"),
     "stream_vs_batch": _S("detok_concat_equals_batch", TEXT, "stream differs from non-stream"),
     "precedence": _S("finish_reason_precedence", ENDING, "'length' where D4 says 'stop'", decision="D4"),
     "guard_ignored": _S("eos_guards_respected", ENDING, "EOS ended a run min_tokens/ignore_eos guards", fields=_GUARDS),
@@ -408,6 +409,8 @@ def compare_text(exp: Expected, got: bytes, where: str) -> list[Finding]:
         out.append(finding("special_sent", f"the {where} carries the EOS token's text {_show(exp.eos_text)} where "
                                            f"the run passed over the EOS as a token (D31); a special token has no "
                                            f"bytes under skip_special_tokens: {_show(got)} (expected {_show(want)})"))
+    elif not hit and (ignored := _echo_ignored(exp, got, where)) is not None:
+        out.append(ignored)
     elif not hit:
         p = first_difference(got, want)
         if not exp.echo_len and got[:p + 1] == exp.script_text[:p + 1] != want[:p + 1]:
@@ -429,6 +432,29 @@ def compare_text(exp: Expected, got: bytes, where: str) -> list[Finding]:
         else:
             out.append(finding("bytes_replaced", f"the {where} differs from byte {p}: {_show(got)} (expected {_show(want)})"))
     return out
+
+
+def _echo_ignored(exp: Expected, got: bytes, where: str) -> Finding | None:
+    """The request asks for echo (D33) and `got` is the output alone, without the prompt's text: as
+    the reference sends it after the prompt, or decoded on its own (a character the prompt began
+    then shows as U+FFFD). The field had no effect; None for any other text."""
+    if not exp.echo_len or got.startswith(exp.output[:exp.echo_len]):
+        return None
+    alone = exp.output[exp.echo_len:]
+    if got not in (alone, alone.decode("utf-8", "replace").encode()):
+        return None
+    return finding("fields_ignored", f"field_ignored: echo: the {where} is the output alone, {_show(got)}, without "
+                                     f"the prompt's text {_show(exp.output[:exp.echo_len])} that echo puts before it "
+                                     f"(D33; the reference: {_show(exp.output)})")
+
+
+RUN_ON = frozenset({"past_limit", "past_context"})  # a run that selected tokens it must not have
+
+
+def run_on_first(findings: Iterable[Finding]) -> list[Finding]:
+    """The findings with a run that went past its limit first, at whichever max_tokens it showed (D65:
+    tokens selected past the limit lead the text they explain); otherwise in the order given."""
+    return sorted(findings, key=lambda f: f.symptom not in RUN_ON)
 
 
 def _lost(exp: Expected, got: bytes, where: str) -> Finding:
@@ -492,10 +518,11 @@ def _compare_failing(exp: Expected, got: bytes, where: str) -> list[Finding]:
         extra = got[len(want):]
         if not extra:
             return []
-        how = "as U+FFFD" if _FFFD in extra else "by skipping them"
-        return [finding("invalid_sent", f"the {where} goes on past the invalid bytes at byte {len(want)} {how}: "
-                                        f"{_show(extra)} after {_show(want)}; the reference ends the run there with "
-                                        f"{exp.error or 'a decoding error'} (D12)")]
+        kind, how = ("invalid_sent", "sending them as U+FFFD") if _FFFD in extra else \
+            ("invalid_dropped", "leaving them out")
+        return [finding(kind, f"the {where} goes on past the invalid bytes at byte {len(want)}, {how}: "
+                              f"{_show(extra)} after {_show(want)}; the reference ends the run there with "
+                              f"{exp.error or 'a decoding error'} (D12)")]
     if want.startswith(got):
         return [finding("bytes_lost", f"the {where} ends after {len(got)} bytes; before the decoding error the reference "
                                       f"sends {_show(want)}")]
