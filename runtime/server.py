@@ -429,7 +429,9 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
         return JSONResponse({"id": rid, "cancelled": accepted, "state": run.state})
 
     async def models(request: HttpRequest) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "decodespec"}]})
+        # max_model_len: the context the model runs with (§4.3, D10), named as vLLM names it
+        return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "decodespec",
+                                                         "max_model_len": engine.context_limit}]})
 
     async def metrics(request: HttpRequest) -> Response:
         return PlainTextResponse(prometheus_text(engine), media_type="text/plain; version=0.0.4")

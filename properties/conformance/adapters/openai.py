@@ -37,6 +37,23 @@ from .base import Finding, Outcome, missing_capabilities
 
 
 
+# Where a server says the context length it runs with (§4.3, D10): a path and the keys to the number
+# in its JSON answer, the first that answers wins. llama-server reports a slot's context after its own
+# rounding up; vLLM, SGLang and decodespec serve report max_model_len with the model.
+CONTEXT_SOURCES: tuple[tuple[str, tuple[str | int, ...]], ...] = (
+    ("/props", ("default_generation_settings", "n_ctx")),
+    ("/props", ("n_ctx",)),
+    ("/v1/models", ("data", 0, "max_model_len")),
+)
+
+
+def _at(value: Any, key: str | int) -> Any:
+    """value[key] where value is a JSON object (str key) or list (int key) that has it, else None."""
+    if isinstance(key, int):
+        return value[key] if isinstance(value, list) and len(value) > key else None
+    return value.get(key) if isinstance(value, dict) else None
+
+
 @attrs.define
 class Answer:
     """One non-streamed response."""
@@ -99,6 +116,7 @@ class OpenAIAdapter:
         self.tight = tight  # started with its concurrency limited and a small KV budget (life/recipes.py)
         self._about: dict[str, Any] | None = None
         self._prefix: Any = None  # script_check.Prefix, once probed
+        self._running_context: tuple[int | None, str] | None = None  # running_context(), once asked
 
     def unsupported(self, case: Case) -> str | None:
         if case.kind is CaseKind.BLACKBOX:
@@ -115,11 +133,43 @@ class OpenAIAdapter:
             return f"compiled into the {group_of(case)} checkpoint; this server serves {self.checkpoint.group}"
         if why := lacking(case, self.without):
             return why
-        if (need := served_context(case, self.checkpoint)) is not None and self.context != need:
-            return (f"it needs the server started with a context length of {need} (the case's "
-                    f"{case.inputs['context_limit']} and the program's marker and anchor; decodespec conform "
-                    "--launch-context CMD, the engine's `context` in scripts/peers/engines.py)")
+        if (need := served_context(case, self.checkpoint)) is not None:
+            if self.context != need:
+                return (f"it needs the server started with a context length of {need} (the case's "
+                        f"{case.inputs['context_limit']} and the program's marker and anchor; decodespec conform "
+                        "--launch-context CMD, the engine's `context` in scripts/peers/engines.py)")
+            running, where = self.running_context()
+            if running is None:
+                return (f"the server does not say the context length it runs with ({where}), so whether the case's "
+                        f"limit of {need} positions is where its runs end cannot be known")
+            if running != need:
+                return (f"the server runs with a context of {running} positions ({where}), not the {need} it was "
+                        f"started with (llama.cpp rounds a context up to a multiple of 256): the case's limit is not "
+                        "where its runs end")
         return None
+
+    def running_context(self) -> tuple[int | None, str]:
+        """The context length the server says it runs with, and where it says so (CONTEXT_SOURCES, the
+        first that answers with a number); (None, where it looked) when none does. Asked once."""
+        if self._running_context is None:
+            found: tuple[int | None, str] = (None, "it answers none of " + ", ".join(
+                f"GET {path} {'.'.join(map(str, keys))}" for path, keys in CONTEXT_SOURCES))
+            answers: dict[str, Any] = {}
+            for path, keys in CONTEXT_SOURCES:
+                if path not in answers:
+                    try:
+                        r = whole_answer(self.client, "GET", path, timeout=5)
+                        answers[path] = r.json() if r.status_code == 200 else None
+                    except (httpx.HTTPError, ValueError):
+                        answers[path] = None
+                value = answers[path]
+                for key in keys:
+                    value = _at(value, key)
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    found = (value, f"GET {path} {'.'.join(map(str, keys))}")
+                    break
+            self._running_context = found
+        return self._running_context
 
     def precheck(self) -> None:
         """Fail fast, with one message, when nothing answers at the URL (a typo, a server not up)."""
