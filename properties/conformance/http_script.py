@@ -14,6 +14,7 @@ completion_tokens counts the EOS that ended the run) are accepted both ways.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import attrs
@@ -76,30 +77,39 @@ def judge_exchange(case: Case, exp: Expected, status: int, data: Any, raw: str, 
     return merge(found) + wire_findings(st) + body_findings(status, data, raw), not_checked + not_observable(case)
 
 
+def at_limit(case: Case, k: int) -> Case:
+    """`case` with max_tokens k (one limit of the sweep)."""
+    return attrs.evolve(case, inputs={**case.inputs, "max_tokens": k})
+
+
+def expected_at(case: Case, k: int, tok: Any, prompt: list[int], script: list[int]) -> Expected | None:
+    """The reference's answer to `case` at max_tokens k on (tok, prompt, script); None where the
+    request is not valid at that limit (min_tokens above it): nothing to compare."""
+    try:
+        return expected_of(at_limit(case, k), tok, prompt, script, reference_on(at_limit(case, k), tok, prompt, script))
+    except CaseError:
+        return None
+
+
+def judge_at(case: Case, k: int, exp: Expected, status: int, data: Any, raw: str, st: Streamed) -> list[Finding]:
+    """The chapter-4 findings of the answers at max_tokens k, each saying the limit (wire ones are the
+    served limit's to report)."""
+    return [attrs.evolve(f, message=f"at max_tokens={k}: {f.message}")
+            for f in judge_exchange(at_limit(case, k), exp, status, data, raw, st)[0] if f.family != WIRE]
+
+
 def sweep(a: ScriptServer, case: Case) -> list[Finding]:
     """§4.3: the case at every other max_tokens (script_server.sweep_limits), each limit judged
-    against the reference at that limit; its chapter-4 findings say the limit (wire ones are the
-    served limit's to report)."""
+    against the reference at that limit (`judge_at`)."""
     prog = a.checkpoint.programs[case.id]
     tok = a.checkpoint.tokenizer
     served = on_checkpoint(case, a.checkpoint)
 
-    def limited(k: int) -> Case:
-        return attrs.evolve(served, inputs={**served.inputs, "max_tokens": k})
-
     def at(k: int) -> tuple[Expected, dict[str, Any]] | None:
-        try:
-            exp = expected_of(limited(k), tok, prog.prompt, prog.script,
-                              reference_on(limited(k), tok, prog.prompt, prog.script))
-        except CaseError:
-            return None  # the request is not valid at this limit (min_tokens above it): nothing to compare
-        return exp, request_body(a, case, max_tokens=k)
+        exp = expected_at(served, k, tok, list(prog.prompt), list(prog.script))
+        return None if exp is None else (exp, request_body(a, case, max_tokens=k))
 
-    def judge(k: int, exp: Expected, status: int, data: Any, raw: str, st: Streamed) -> list[Finding]:
-        return [attrs.evolve(f, message=f"at max_tokens={k}: {f.message}")
-                for f in judge_exchange(limited(k), exp, status, data, raw, st)[0] if f.family != WIRE]
-
-    return sweep_limits(a, case, served.max_tokens, PATH, at, judge)
+    return sweep_limits(a, case, served.max_tokens, PATH, at, functools.partial(judge_at, served))
 
 
 def run_script(a: ScriptServer, case: Case) -> Outcome:

@@ -1,0 +1,139 @@
+"""Judge a script case again from the exchanges a report recorded, offline (§4.3-§4.10).
+
+A failing case of a report.json keeps every request it sent with the raw answer
+(`reproducer.exchanges`): the non-streamed answer and the stream at the served max_tokens first,
+then both at each other max_tokens that failed (http_script.sweep). `rejudge(case, exchanges)`
+judges those answers again with today's judge, as run_script does live (http_script.judge_exchange
+at the served limit, judge_at at the others, a run past its limit first), against the reference on
+the case's own tokenizer: a forced checkpoint's ids are the case's (checkpoints.py), so no
+checkpoint is needed. What a live run checks before judging (the prefix probe, the departure from
+the script) was checked when the report was made; the limits the recording left out passed then and
+are listed as not checked.
+
+    python -m decodespec.properties.conformance.replay reports/vllm/report.json [--case ID ...]
+
+prints each failing completions script case's verdict and lead then and now.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .adapters.base import Outcome, case_prompt, case_script, case_tokenizer
+from .alignment import aligned
+from .cases import Case, CaseError, CaseKind, load_cases
+from .chat_cases import chat_of
+from .http_script import PATH, at_limit, expected_at, judge_at, judge_exchange
+from .reports import read_report
+from .runner import CaseResult, judge
+from .symptoms import run_on_first
+from .wire import Streamed, parse_sse
+
+Answers = tuple[int, Any, str, Streamed]  # (status, JSON answer or None, raw answer, stream)
+
+
+def answers(exchanges: Sequence[Mapping[str, Any]]) -> dict[int, Answers]:
+    """The recorded answers by max_tokens, in the order sent: the first non-streamed answer and the
+    first stream to the completions path at each limit (a try the connection lost has no answer)."""
+    whole: dict[int, tuple[int, str]] = {}
+    streams: dict[int, tuple[int, str]] = {}
+    for ex in exchanges:
+        body = (ex.get("request") or {}).get("body")
+        if (ex.get("request") or {}).get("path") != PATH or not isinstance(body, dict) or "status" not in ex:
+            continue
+        k = body.get("max_tokens")
+        if body.get("stream") and "sse" in ex:
+            streams.setdefault(k, (ex["status"], ex["sse"]))
+        elif not body.get("stream") and "response" in ex:
+            whole.setdefault(k, (ex["status"], ex["response"]))
+    out: dict[int, Answers] = {}
+    for k, (status, raw) in whole.items():
+        if k in streams:
+            try:
+                data = json.loads(raw)
+            except ValueError:
+                data = None
+            out[k] = (status, data, raw, parse_sse(streams[k][1], status=streams[k][0]))
+    return out
+
+
+def replayable(case: Case) -> str | None:
+    """Why `case`'s recorded exchanges cannot be judged again here, or None."""
+    if case.kind is not CaseKind.SCRIPT:
+        return "a black-box recipe: its verdict rests on timing and probes a recording does not keep"
+    if chat_of(case) is not None:
+        return "a chat variant: judged on the chat template's prompt, which needs its checkpoint"
+    if aligned(case):
+        return "its per-token reports are judged on the served checkpoint's tokenizer"
+    return None
+
+
+def rejudge(case: Case, exchanges: Sequence[Mapping[str, Any]], engine: str = "replay") -> CaseResult:
+    """The verdict on `case` from its recorded exchanges (see module); a CaseError where the case
+    cannot be replayed or the recording holds no answer both ways."""
+    if why := replayable(case):
+        raise CaseError(f"{case.id} cannot be judged again from a recording: {why}")
+    got = answers(exchanges)
+    if not got:
+        raise CaseError(f"{case.id}: the recording holds no non-streamed answer and stream at one max_tokens")
+    tok = case_tokenizer(case)
+    prompt, script = case_prompt(case, tok), case_script(case, tok)
+    (served, first), *rest = got.items()
+    exp = expected_at(case, served, tok, prompt, script)
+    if exp is None:
+        raise CaseError(f"{case.id}: max_tokens {served} is not a valid request for the case")
+    findings, not_checked = judge_exchange(at_limit(case, served), exp, *first)
+    for k, answer in rest:
+        if (exp_k := expected_at(case, k, tok, prompt, script)) is not None:
+            findings += judge_at(case, k, exp_k, *answer)
+    left = sorted(set(range(1, len(script) + 1)) - set(got))
+    if left:
+        not_checked.append(f"max_tokens {left} (the recording keeps only the limits that failed when it was made)")
+    outcome = Outcome(findings=tuple(run_on_first(findings)), not_checked=tuple(not_checked), judged=True,
+                      exchanges=tuple(exchanges), reference=exp.to_json())
+    return judge(case, outcome, engine, frozenset())
+
+
+def _lead(symptom: str | None, message: str | None) -> str:
+    return f"{symptom or '-'}: {(message or '')[:140]}" if symptom or message else "-"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print, for each failing case of a report that can be replayed, its verdict and lead then and now."""
+    parser = argparse.ArgumentParser(prog="python -m decodespec.properties.conformance.replay",
+                                     description="Judge a report's failing script cases again from their recorded "
+                                                 "exchanges, offline.")
+    parser.add_argument("report", type=Path, help="a report.json written by decodespec conform")
+    parser.add_argument("--case", action="append", default=[], metavar="ID", help="only this case (repeatable)")
+    args = parser.parse_args(argv)
+    try:
+        report = read_report(args.report)
+    except CaseError as exc:
+        parser.error(str(exc))
+    known = {c.id: c for c in load_cases()}
+    if bad := sorted(set(args.case) - {c["id"] for c in report["cases"]}):
+        parser.error(f"the report has no case {', '.join(bad)}")
+    for entry in report["cases"]:
+        exchanges = (entry.get("reproducer") or {}).get("exchanges")
+        if (args.case and entry["id"] not in args.case) or not exchanges or entry["id"] not in known:
+            continue
+        first = (entry.get("failures") or [{}])[0]
+        was = _lead(first.get("symptom"), first.get("message"))
+        try:
+            now = rejudge(known[entry["id"]], exchanges)
+        except CaseError as exc:
+            print(f"{entry['id']}: {entry['verdict']} ({was}); not judged again: {exc}")
+            continue
+        lead = now.lead
+        print(f"{entry['id']}: {entry['verdict']} ({was})\n  now {now.verdict.value} "
+              f"({_lead(lead.symptom, lead.message) if lead else '-'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
