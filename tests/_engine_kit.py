@@ -7,7 +7,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -121,6 +121,33 @@ def serve_in_thread(app: Any, **config: Any) -> Iterator[str]:
         server.should_exit = True
         thread.join(20)
         sock.close()
+
+
+@contextlib.contextmanager
+def answering(bodies: Mapping[str, str]) -> Iterator[str]:
+    """A server at 127.0.0.1 on a free port that answers GET `path` with `bodies[path]` (200, JSON)
+    and any other path with 404; yields the base URL, and stops the server on exit."""
+    import http.server
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = bodies.get(self.path, '{"error": "not found"}').encode()
+            self.send_response(200 if self.path in bodies else 404)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def free_port() -> int:

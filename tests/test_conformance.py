@@ -238,29 +238,10 @@ def test_cli_bad_or_unreachable_engine_is_one_clear_error(engine, words):
 def test_a_server_whose_model_list_cannot_name_the_model_is_one_clear_error(listing, words):
     """Issue 15: /v1/models in another shape stops the run at once with one message (exit 2), where
     every case ended in an ERROR whose reason was a Python AttributeError or KeyError."""
-    import http.server
-    import threading
+    from _engine_kit import answering
 
-    class Models(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = listing.encode()
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.HTTPServer(("127.0.0.1", 0), Models)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        out = CliRunner().invoke(main, ["conform", "--engine", f"openai:http://127.0.0.1:{server.server_port}",
-                                        "--select", "stop/cross-token/001"])
-    finally:
-        server.shutdown()
-        server.server_close()
+    with answering({"/v1/models": listing}) as url:
+        out = CliRunner().invoke(main, ["conform", "--engine", f"openai:{url}", "--select", "stop/cross-token/001"])
     assert out.exit_code == 2, out.output
     assert words in " ".join(out.output.split()) and "Traceback" not in out.output and "MUST" not in out.output
 

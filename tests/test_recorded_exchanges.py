@@ -10,12 +10,11 @@ run with (§4.3, D10).
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 from pathlib import Path
 
 import pytest
+from _engine_kit import answering
 
 from decodespec.properties.conformance import load_cases
 from decodespec.properties.conformance.adapters.base import Outcome
@@ -135,27 +134,6 @@ def test_the_replay_tool_prints_each_case_then_and_now(tmp_path, capsys):
 # ---- the context an engine runs with (§4.3, D10) ---------------------------------------------------
 
 
-def _server(answers_by_path: dict[str, object]):
-    """A server on 127.0.0.1 that answers GET `path` with its JSON (404 for any other path)."""
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            found = self.path in answers_by_path
-            body = json.dumps(answers_by_path.get(self.path, {"error": "not found"})).encode()
-            self.send_response(200 if found else 404)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
 @pytest.fixture(scope="module")
 def context_checkpoint(tmp_path_factory):
     from decodespec.properties.conformance.checkpoints import TABLE_GROUP, build_group
@@ -188,11 +166,6 @@ def test_a_context_limit_case_runs_only_on_the_context_the_engine_says_it_runs_w
     case = CASES["finish/context-limit/001"]
     need = served_context(case, context_checkpoint)
     assert need == 6
-    server = _server(served)
-    try:
-        a = OpenAIAdapter(f"http://127.0.0.1:{server.server_port}", checkpoint=context_checkpoint, context=need)
-        why = a.unsupported(case)
-    finally:
-        server.shutdown()
-        server.server_close()
+    with answering({path: json.dumps(body) for path, body in served.items()}) as url:
+        why = OpenAIAdapter(url, checkpoint=context_checkpoint, context=need).unsupported(case)
     assert (why is None) == runs and words in (why or ""), why
