@@ -437,13 +437,14 @@ def logprob_tokens(logprobs: Any, text: str) -> list[str] | None:
 
     Shapes read: the completions legacy object (`tokens` list: vLLM, llama-cpp-python), a
     `content` list of `{token, bytes}` (chat; llama-server on both endpoints), and null. Where
-    `bytes` are given they are used, so tokens that split a character still spell the text.
+    `bytes` are given they are used, so tokens that split a character still spell the text; an
+    entry whose `bytes` is null is a token with no bytes (the EOS, as decodespec serve sends it).
     """
     if not isinstance(logprobs, dict):
         return None
     if isinstance(logprobs.get("content"), list):
         items = logprobs["content"]
-        pieces = [byte_values(c.get("bytes")) if isinstance(c, dict) else None for c in items]
+        pieces = [_entry_bytes(c) for c in items]
         if items and all(p is not None for p in pieces):
             toks = _split_text(pieces)
         else:
@@ -451,6 +452,14 @@ def logprob_tokens(logprobs: Any, text: str) -> list[str] | None:
     else:
         toks = [t for t in logprobs.get("tokens") or [] if isinstance(t, str)]
     return toks if toks and "".join(toks) == text else None
+
+
+def _entry_bytes(entry: Any) -> bytes | None:
+    """A chat logprobs entry's bytes: its byte values, nothing where `bytes` is null (OpenAI's API
+    sends null for a token with no bytes representation), None where the entry gives neither."""
+    if isinstance(entry, dict) and "bytes" in entry and entry["bytes"] is None:
+        return b""
+    return byte_values(entry.get("bytes")) if isinstance(entry, dict) else None
 
 
 def _split_text(pieces: list[bytes]) -> list[str]:
@@ -541,9 +550,10 @@ def stop_cross_token(a: OpenAIAdapter, case: Case) -> Outcome:
                             "can be placed across a token boundary")
     bounds.sort(key=lambda b: abs(b - len(t) // 2))
     for b in bounds:
-        stop = t[b - 2 : b + 2]
-        if b >= 2 and b + 2 <= len(t) and stop.strip() and t.find(stop) == b - 2:
-            ans, st, f = _check_stop(a, case, t, [stop], t[: b - 2])
+        lo, hi = max(0, b - 2), min(len(t), b + 2)  # up to two characters each side, at least one
+        stop = t[lo:hi]
+        if lo < b < hi and stop.strip() and t.find(stop) == lo:
+            ans, st, f = _check_stop(a, case, t, [stop], t[:lo])
             return _outcome(ans, st, f, notes + (f"unconstrained text {t!r}; stop {stop!r} across offset {b}",))
     return Outcome(skip=f"no stop string across a token boundary could be chosen from {t!r}")
 
