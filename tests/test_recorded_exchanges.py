@@ -115,6 +115,22 @@ def test_the_replay_judges_the_limits_the_recording_kept_and_says_which_it_did_n
     assert left and "1, 2, 5," in left[0], res.not_checked
 
 
+def test_an_answer_that_left_the_script_is_an_error_naming_where_not_a_failure():
+    """D27, D66: llama-server bans the EOS under ignore_eos and writes its runner-up '%' where the
+    reference passes over the EOS as a token: the guard the case is about never ran, so the replay,
+    as the live run, makes it an ERROR naming the token and what was written."""
+    res = _rejudge("llama-server", "finish/ignore-eos/001")
+    assert res.verdict is Verdict.ERROR and "guarded EOS at token 2: it wrote b'%'" in res.reason, res
+
+
+def test_a_connection_the_recording_shows_sent_again_is_a_wire_finding():
+    """A retried connection is never silent, replayed as live: llama-server dropped one stream of
+    stop/cross-token/003 once, and the request was sent again."""
+    res = _rejudge("llama-server", "stop/cross-token/003")
+    [dropped] = [f for f in res.failures if f.symptom == "connection_dropped"]
+    assert dropped.family == "wire" and "Server disconnected" in dropped.message, dropped
+
+
 def test_the_replay_tool_prints_each_case_then_and_now(tmp_path, capsys):
     """`python -m decodespec.properties.conformance.replay REPORT --case ID`: the stored verdict and
     lead, and today's, for a case of a report; a case the report lacks is a usage error naming it."""

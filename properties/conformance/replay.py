@@ -6,9 +6,10 @@ then both at each other max_tokens that failed (http_script.sweep). `rejudge(cas
 judges those answers again with today's judge, as run_script does live (http_script.judge_exchange
 at the served limit, judge_at at the others, a run past its limit first), against the reference on
 the case's own tokenizer: a forced checkpoint's ids are the case's (checkpoints.py), so no
-checkpoint is needed. What a live run checks before judging (the prefix probe, the departure from
-the script) was checked when the report was made; the limits the recording left out passed then and
-are listed as not checked.
+checkpoint is needed. An answer that left the forced script is an ERROR naming where (D27, D66:
+script_check.left_script), and a connection the recording shows sent again is a finding, as live.
+The prefix probe was checked when the report was made; the limits the recording left out passed
+then and are listed as not checked.
 
     python -m decodespec.properties.conformance.replay reports/vllm/report.json [--case ID ...]
 
@@ -24,17 +25,32 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .adapters.base import Outcome, case_prompt, case_script, case_tokenizer
+import attrs
+
+from .adapters.base import Outcome, case_prompt, case_script, case_tokenizer, reference_on
+from .adapters.openai import retried_connections
 from .alignment import aligned
 from .cases import Case, CaseError, CaseKind, load_cases
 from .chat_cases import chat_of
-from .http_script import PATH, at_limit, expected_at, judge_at, judge_exchange
+from .forced import Program
+from .http_script import PATH, at_limit, expected_at, judge_at, judge_exchange, returned
 from .reports import read_report
-from .runner import CaseResult, judge
+from .runner import CaseResult, Verdict, judge
+from .script_check import left_script
 from .symptoms import run_on_first
-from .wire import Streamed, parse_sse
+from .wire import Streamed, choices_of, parse_sse
 
 Answers = tuple[int, Any, str, Streamed]  # (status, JSON answer or None, raw answer, stream)
+
+
+@attrs.frozen
+class _Script:
+    """What the departure check reads of a forced checkpoint (script_check.left_script): the case's
+    program, the tokenizer and the EOS id; here the case's own, whose ids the checkpoint's are."""
+
+    programs: Mapping[str, Program]
+    tokenizer: Any
+    eos_id: int | None
 
 
 def answers(exchanges: Sequence[Mapping[str, Any]]) -> dict[int, Answers]:
@@ -87,6 +103,11 @@ def rejudge(case: Case, exchanges: Sequence[Mapping[str, Any]], engine: str = "r
     exp = expected_at(case, served, tok, prompt, script)
     if exp is None:
         raise CaseError(f"{case.id}: max_tokens {served} is not a valid request for the case")
+    status, data, _, _ = first
+    script_of = _Script({case.id: Program(case.id, -1, prompt, script)}, tok, tok.eos_id)
+    if status == 200 and (gone := left_script(script_of, at_limit(case, served), exp, reference_on(
+            at_limit(case, served), tok, prompt, script).tokens, [returned(c) for c in choices_of(data)])):
+        return CaseResult(case, engine, Verdict.ERROR, reason=gone, observed={"exchanges": list(exchanges)})
     findings, not_checked = judge_exchange(at_limit(case, served), exp, *first)
     for k, answer in rest:
         if (exp_k := expected_at(case, k, tok, prompt, script)) is not None:
@@ -94,7 +115,8 @@ def rejudge(case: Case, exchanges: Sequence[Mapping[str, Any]], engine: str = "r
     left = sorted(set(range(1, len(script) + 1)) - set(got))
     if left:
         not_checked.append(f"max_tokens {left} (the recording keeps only the limits that failed when it was made)")
-    outcome = Outcome(findings=tuple(run_on_first(findings)), not_checked=tuple(not_checked), judged=True,
+    findings = run_on_first(findings) + retried_connections(exchanges)
+    outcome = Outcome(findings=tuple(findings), not_checked=tuple(not_checked), judged=True,
                       exchanges=tuple(exchanges), reference=exp.to_json())
     return judge(case, outcome, engine, frozenset())
 
@@ -123,15 +145,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if (args.case and entry["id"] not in args.case) or not exchanges or entry["id"] not in known:
             continue
         first = (entry.get("failures") or [{}])[0]
-        was = _lead(first.get("symptom"), first.get("message"))
+        was = _lead(first.get("symptom"), first.get("message") or entry.get("reason"))
         try:
             now = rejudge(known[entry["id"]], exchanges)
         except CaseError as exc:
-            print(f"{entry['id']}: {entry['verdict']} ({was}); not judged again: {exc}")
+            print(f"{entry['verdict']} ({was}); not judged again: {exc}")
             continue
         lead = now.lead
         print(f"{entry['id']}: {entry['verdict']} ({was})\n  now {now.verdict.value} "
-              f"({_lead(lead.symptom, lead.message) if lead else '-'})")
+              f"({_lead(lead.symptom, lead.message) if lead else _lead(None, now.reason)})")
     return 0
 
 

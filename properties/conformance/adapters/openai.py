@@ -18,7 +18,7 @@ import http.client
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -394,10 +394,8 @@ class OpenAIAdapter:
             out = Outcome(skip=str(exc))
         finally:
             self._case.log = None
-        failed = [e["connection_failed"] for e in log if "connection_failed" in e]
-        if failed and not out.skip:  # a retried connection is a finding, never silent
-            out = attrs.evolve(out, findings=(*out.findings, finding(
-                "connection_dropped", f"{len(failed)} connection(s) failed and the request was sent again: {failed[:3]}")))
+        if not out.skip:  # a retried connection is a finding, never silent
+            out = attrs.evolve(out, findings=(*out.findings, *retried_connections(log)))
         return attrs.evolve(out, exchanges=tuple(log), server=self.about())
 
     def _check_chat(self, case: Case) -> None:
@@ -419,6 +417,13 @@ class OpenAIAdapter:
         if case.id not in self._reference:
             self._reference[case.id] = reference_result(case, self.checkpoint)
         return self._reference[case.id]
+
+
+def retried_connections(log: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    """The connections a case's log records as failed and sent again, as one finding (none: [])."""
+    failed = [e["connection_failed"] for e in log if "connection_failed" in e]
+    return [finding("connection_dropped", f"{len(failed)} connection(s) failed and the request was sent again: "
+                                          f"{failed[:3]}")] if failed else []
 
 
 def _answer(data: dict[str, Any]) -> Answer:
