@@ -25,7 +25,7 @@ from decodespec.properties.conformance.chat import (
     ChatExpected, chat_reference, judge_answers, judge_chat, leading, observe_message, observe_stream, split_reference,
     splits)
 from decodespec.properties.conformance.http_script import judge_exchange
-from decodespec.properties.conformance.judgement import Observed, expected_of, judge_observed
+from decodespec.properties.conformance.judgement import Observed, expected_of, judge_observed, observe
 from decodespec.properties.conformance.script_check import banned_eos
 from decodespec.properties.conformance.symptoms import WIRE, compare_text, merge
 from decodespec.properties.conformance.wire import ANSWER, CHUNK, parse_sse, shape_error, wire_findings
@@ -158,6 +158,32 @@ def test_hold_back_is_never_inferred_from_chunks_that_do_not_show_when_tokens_we
     _, exp = _expected("stop/hold-back/001")
     found, not_checked = judge_observed(exp, _held(chunks, tokens))
     assert found == [] and any(m.startswith("hold-back") and why in m for m in not_checked), not_checked
+
+
+@pytest.mark.parametrize("report", [
+    lambda ids, pieces: {"token_ids": ids},  # vLLM's return_token_ids
+    lambda ids, pieces: {"logprobs": {"tokens": pieces, "token_logprobs": [0.0] * len(pieces)}},
+])
+def test_a_streams_token_reports_give_the_boundaries_hold_back_is_judged_by(report):
+    """§4.6, D59: a completions stream that reports its tokens (ids or logprobs) per chunk shows its
+    boundaries (Streamed.tokens_shown): 'AB' sent with token 1 alone, by an engine whose empty
+    chunk reports 'CD' before its text, is a stop prefix sent early; the same chunks without reports
+    are not judged."""
+    _, exp = _expected("stop/hold-back/001")
+
+    def sse(with_reports):
+        chunks = [("AB", [101], ["AB"]), ("", [102], ["CD"]), ("CD", [], [])]
+        lines = [{"id": "c", "choices": [{"index": 0, "text": t, "finish_reason": None,
+                                          **(report(ids, pieces) if with_reports else {})}]} for t, ids, pieces in chunks]
+        lines.append({"id": "c", "choices": [{"index": 0, "text": "", "finish_reason": "length"}]})
+        return parse_sse("".join(f"data: {json.dumps(x)}\n\n" for x in lines) + "data: [DONE]\n\n")
+
+    answer = {"id": "c", "choices": [{"index": 0, "text": "ABCD", "finish_reason": "length"}],
+              "usage": {"completion_tokens": 2}}
+    found = {f.symptom for f in judge_observed(exp, observe(200, answer, json.dumps(answer), sse(True)))[0]}
+    assert "stop_prefix_sent" in found, found
+    found, not_checked = judge_observed(exp, observe(200, answer, json.dumps(answer), sse(False)))
+    assert "stop_prefix_sent" not in {f.symptom for f in found} and any("hold-back" in m for m in not_checked)
 
 
 def test_a_stop_prefix_sent_early_is_named_by_the_bytes_the_reference_held():

@@ -143,7 +143,7 @@ def run_script(a: ScriptServer, case: Case) -> Outcome:
         return Outcome(abort=gone, reference=exp.to_json())
     findings, not_checked = judge_exchange(case, exp, status, data, raw, st)
     if aligned(case):  # D59: the per-token reports of a stream against its chunks' text
-        more, na = run_alignment(a, case, body, PATH, chat=False)
+        more, na = run_alignment(a, case, body, PATH, chat=False, held=exp)
         if na:
             return Outcome(skip=na, reference=exp.to_json())
         findings += more
