@@ -4,6 +4,7 @@
     decodespec conform --engine hf:.cache/peers/checkpoints --report reports/hf-generate
     decodespec conform --engine openai:http://127.0.0.1:8000 --model tiny --select http/
     decodespec conform --engine reference --dry-run --select stop/
+    decodespec conform --engine my_engine:make --checkpoint ckpts --report reports/my-engine
 
 Exit status (the same rule as the pytest plugin's, `runner.unexpected`): 1 when a case ends in
 ERROR (the run could not judge it) or a MUST case fails, unless --expect FILE lists its id as a
@@ -66,7 +67,9 @@ def report_name(engine: str) -> str:
 
 
 @click.command()
-@click.option("--engine", default=None, help="reference | hf:PATH | decode-stream:TOKENIZER_JSON | openai:URL")
+@click.option("--engine", default=None, help="reference | hf:PATH | decode-stream:TOKENIZER_JSON | openai:URL | "
+                                             "module:factory (an in-house engine through the adapter contract, "
+                                             "decodespec.properties.conformance.contract)")
 @click.option("--model", default=None, help="Model name for openai engines (default: the first of /v1/models).")
 @click.option("--select", "select", multiple=True, help="Only cases whose id starts with this prefix (repeatable).")
 @click.option("--cases-of", "cases_of", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
@@ -83,8 +86,8 @@ def report_name(engine: str) -> str:
 @click.option("--name", default=None, help="Engine name shown in reports (default: derived from --engine).")
 @click.option("--checkpoint", "checkpoints", type=click.Path(exists=True, file_okay=False, path_type=Path), multiple=True,
               help="openai: the forced checkpoint folder the server serves (`decodespec checkpoints build`), so its "
-                   "script cases run over HTTP; module:factory: passed to the factory as checkpoint=. "
-                   "With --launch: checkpoint folders, or a folder of them.")
+                   "script cases run over HTTP. module:factory and --launch: checkpoint folders, or a folder of "
+                   "them; the factory is called (the server started) once per checkpoint, one report for all.")
 @click.option("--launch", default=None, metavar="CMD",
               help="Start a server per checkpoint with CMD ({model}, {gguf}, {name}, {port} filled in), run its "
                    "cases, stop it by PID; one report for all (see scripts/peers/).")
@@ -168,9 +171,14 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], cases_of: P
                                  model, name or "launched", report_dir, policy, dry_run, console, t0)
     if engine is None:
         raise click.UsageError("--engine is required (or --launch CMD with --checkpoint)")
+    from .properties.conformance.module_set import is_module_engine
+
+    if checkpoints and is_module_engine(engine):  # an engine of your own: loaded once per checkpoint
+        return _conform_module(cases, engine, _checkpoint_folders(checkpoints), jobs, name or report_name(engine),
+                               report_dir, policy, dry_run, console, t0)
     if len(checkpoints) > 1:
-        raise click.BadParameter("one --checkpoint per served engine (several only with --launch)",
-                                 param_hint="--checkpoint")
+        raise click.BadParameter("one --checkpoint per served engine (several only with --launch or a "
+                                 "module:factory engine)", param_hint="--checkpoint")
     try:
         adapter = adapter_for(engine, model=model, checkpoint=str(checkpoints[0]) if checkpoints else None,
                               without=frozenset(without), timeout=read_timeout)
@@ -214,6 +222,23 @@ def _checkpoint_folders(given: tuple[Path, ...]) -> list[Path]:
                 raise click.BadParameter(str(exc), param_hint="--checkpoint") from None
         out += found
     return out
+
+
+def _conform_module(cases, engine, folders, jobs, label, report_dir, policy, dry_run, console, t0) -> None:
+    from .properties.conformance import EngineSpecError
+    from .properties.conformance.checkpoints import Checkpoint
+    from .properties.conformance.module_set import run_module_set
+
+    if dry_run:
+        for f in folders:
+            ck = Checkpoint.load(f)
+            console.print(f"{f}: {sum(c.id in ck.programs for c in cases)} case(s); engine: {engine}")
+        return
+    try:
+        results = run_module_set(cases, folders, engine, jobs=jobs, on_result=Ticker(len(cases), label))
+    except EngineSpecError as exc:
+        raise click.BadParameter(str(exc), param_hint="--engine") from None
+    _finish(results, label, report_dir, policy, console, t0)
 
 
 def _conform_launched(cases, folders, launch, extra_launch, timeouts, without, jobs, model, label, report_dir,

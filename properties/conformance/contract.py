@@ -1,8 +1,9 @@
 """The adapter contract: what an in-house engine with a Python API (no HTTP server) implements to be
 judged on the forced checkpoints exactly as an OpenAI-compatible server is (§4.3-§4.10, D27, D59).
 
-This module is the contract's whole public surface; nothing else of decodespec is part of it. Its
-names (`__all__`):
+This module is the contract's whole public surface; nothing else of decodespec is part of it.
+Public names (`__all__`): CANNOT, CONTRACT_VERSION, Answer, Checkpoint, Choice, Chunk, Engine, Request,
+TokenReport, ToolCall, Unsupported, Usage.
 
 - `CONTRACT_VERSION`: "MAJOR.MINOR". A MINOR step adds optional names or fields; a MAJOR one
   changes or removes one. Every report.json records the version it was judged under ("contract").

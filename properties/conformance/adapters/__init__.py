@@ -1,14 +1,14 @@
 """Engine adapters: `adapter_for("reference" | "hf:PATH" | "decode-stream:TOKENIZER_JSON" | "openai:URL")`,
-or a Python adapter of your own: `module:factory`, or the name of an entry point in the
+or an engine of your own: `module:factory`, or the name of an entry point in the
 `decodespec.adapters` group (`NAME` or `NAME:ARG`; the factory gets ARG when given).
 
-The contract for a factory of your own: it returns an object with `name`, `capabilities`,
-`unsupported(case)` and `run(case) -> Outcome`; with `--checkpoint DIR` it is called with the
-keyword `checkpoint=` (a checkpoints.Checkpoint: its programs and tokenizer) so it can load the
-forced checkpoint into its engine; `module` is imported with the current folder on sys.path. To
-be judged as the HTTP engines are, `run` can return `Outcome(judged=True, findings=...,
-not_checked=...)` from `judgement.judge_observed(judgement.expected_for(case, checkpoint),
-judgement.Observed(...))`.
+A factory of your own follows the adapter contract (contract.py, its one public module): called
+with `checkpoint=` (a contract.Checkpoint) for each forced checkpoint, it returns a contract.Engine,
+which runs as an InHouseAdapter (adapters/inhouse.py: judged as HTTP engines are). A factory that
+raises is an EngineLoadError (an ERROR of that checkpoint's cases, never n/a). `module` is imported
+with the current folder on sys.path. A factory may also return an object with this package's
+internal Adapter members (`name`, `capabilities`, `unsupported(case)`, `run(case) -> Outcome`);
+those are not part of the contract and may change without a version step.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from .base import Adapter, Finding, Outcome
 
-__all__ = ["Adapter", "EngineSpecError", "Finding", "Outcome", "adapter_for", "ENGINES"]
+__all__ = ["Adapter", "EngineLoadError", "EngineSpecError", "Finding", "Outcome", "adapter_for", "ENGINES"]
 
 ENGINES = ("reference", "hf:PATH", "decode-stream:TOKENIZER_JSON", "openai:URL", "module:factory")
 ENTRY_POINTS = "decodespec.adapters"
@@ -30,6 +30,10 @@ _MEMBERS = ("name", "capabilities", "unsupported", "run")
 
 class EngineSpecError(ValueError):
     """An --engine value that names no adapter, or lacks its argument."""
+
+
+class EngineLoadError(EngineSpecError):
+    """The engine's factory raised: it did not load (an ERROR of the cases it was to run)."""
 
 
 def adapter_for(spec: str, *, model: str | None = None, checkpoint: str | None = None,
@@ -67,10 +71,17 @@ def adapter_for(spec: str, *, model: str | None = None, checkpoint: str | None =
 
         return OpenAIAdapter(arg, model=model, checkpoint=ckpt, without=without,
                              **({} if timeout is None else {"timeout": timeout}))
-    kw = {"checkpoint": ckpt} if ckpt is not None else {}
+    factory, args = factory_of(spec)
+    return built(factory, args, spec, ckpt)
+
+
+def factory_of(spec: str) -> tuple[Any, tuple[str, ...]]:
+    """The factory an entry point or `module:factory` --engine value names, and its arguments (the
+    entry point's ARG); an EngineSpecError when it names none."""
+    kind, _, arg = spec.partition(":")
     found = [ep for ep in entry_points(group=ENTRY_POINTS) if ep.name == kind]
     if found:
-        return _checked(found[0].load(), (arg,) if arg else (), spec, kw)
+        return found[0].load(), (arg,) if arg else ()
     if arg.isidentifier():
         if os.getcwd() not in sys.path and "" not in sys.path:
             sys.path.insert(0, os.getcwd())  # `--engine my_engine:make` run from the engine's folder
@@ -81,7 +92,7 @@ def adapter_for(spec: str, *, model: str | None = None, checkpoint: str | None =
         factory = getattr(module, arg, None)
         if not callable(factory):
             raise EngineSpecError(f"--engine {spec}: module {kind!r} has no callable {arg!r}")
-        return _checked(factory, (), spec, kw)
+        return factory, ()
     known = ", ".join([*ENGINES, *(f"{ep.name} (entry point)" for ep in entry_points(group=ENTRY_POINTS))])
     raise EngineSpecError(f"unknown engine {spec!r}; use one of {known}")
 
@@ -98,13 +109,29 @@ def _checkpoint(folder: str | None) -> Any:
         raise EngineSpecError(str(exc)) from None
 
 
-def _checked(factory: Any, args: tuple[str, ...], spec: str, kw: dict[str, Any]) -> Adapter:
+def built(factory: Any, args: tuple[str, ...], spec: str, ckpt: Any) -> Adapter:
+    """The adapter of what `factory(*args, checkpoint=...)` returns for the forced checkpoint `ckpt`
+    (a checkpoints.Checkpoint; None: called without one): a contract.Engine runs as an
+    InHouseAdapter. A factory that raises is an EngineLoadError; one that returns neither an Engine
+    nor an adapter, an EngineSpecError naming what it lacks."""
+    from .inhouse import InHouseAdapter, public_checkpoint
+
+    kw = {"checkpoint": public_checkpoint(ckpt)} if ckpt is not None else {}
     try:
-        adapter = factory(*args, **kw)
-    except Exception as exc:  # a third-party factory: its failure is a bad engine spec, said plainly
-        raise EngineSpecError(f"--engine {spec}: the adapter factory raised {type(exc).__name__}: {exc}") from None
-    missing = [m for m in _MEMBERS if not hasattr(adapter, m)]
+        made = factory(*args, **kw)
+    except Exception as exc:  # a third-party factory: its failure is the engine's load failure, said plainly
+        on = f" on checkpoint {ckpt.group}" if ckpt is not None else ""
+        raise EngineLoadError(f"--engine {spec}: the factory raised{on}: {type(exc).__name__}: {exc}") from None
+    if callable(getattr(made, "complete", None)):
+        if ckpt is None:
+            raise EngineSpecError(f"--engine {spec}: an in-house engine runs the script cases of forced checkpoints; "
+                                  "pass --checkpoint DIR (`decodespec checkpoints build`)")
+        try:
+            return InHouseAdapter(made, ckpt)
+        except ValueError as exc:
+            raise EngineSpecError(f"--engine {spec}: {exc}") from None
+    missing = [m for m in _MEMBERS if not hasattr(made, m)]
     if missing:
-        raise EngineSpecError(f"--engine {spec}: the factory's {type(adapter).__name__} lacks {', '.join(missing)} "
-                              "(an adapter needs name, capabilities, unsupported(case) and run(case))")
-    return adapter
+        raise EngineSpecError(f"--engine {spec}: the factory's {type(made).__name__} lacks complete(request) "
+                              "(a contract.Engine: decodespec.properties.conformance.contract)")
+    return made

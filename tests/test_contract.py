@@ -1,0 +1,206 @@
+"""The adapter contract (properties/conformance/contract.py): an in-house engine with a Python API,
+plugged in through the contract alone, is judged on a whole set of forced checkpoints in one run as
+an HTTP engine is (§4.3-§4.10): the departure check (D27), the max_tokens sweep, the chat channels,
+the count rule for n > 1 and per-chunk token alignment (D59); what it does not show is not checked.
+
+The engine is examples/my_engine.py as written (the README's adapter) over tests/contract_engine/
+my_llm.py, a small greedy engine on transformers' Llama that imports nothing of decodespec; its
+`BUGS` break one behaviour at a time.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from decodespec.cli import main
+from decodespec.properties.conformance import contract, load_cases
+from decodespec.properties.conformance.checkpoints import build_checkpoints, checkpoint_folders, with_chat
+from decodespec.properties.conformance.module_set import run_module_set
+from decodespec.properties.conformance.runner import Verdict
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "my_engine.py"
+ENGINE = REPO / "tests" / "contract_engine" / "my_llm.py"
+# One case or two per tokenizer kind, each with its chat variants: every group of a full build.
+PICKED = ("stop/cross-token/001", "finish/length/001", "stop/n-choices/001", "stream/tokens-aligned/001",
+          "finish/min-tokens/001", "stop/cross-token/002", "detok/leading-space/001", "detok/wordpiece/001",
+          "chat/reasoning/split-tags/001", "chat/tool-call/text-before/001")
+
+
+def _public(path: Path) -> set[str]:
+    """The module-level names a file defines (assignments, functions, classes) without a leading _."""
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        targets = [node.target] if isinstance(node, ast.AnnAssign) else getattr(node, "targets", [])
+        names |= {t.id for t in targets if isinstance(t, ast.Name)}
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+    return {n for n in names if not n.startswith("_")}
+
+
+def test_the_contract_module_exports_exactly_its_documented_names():
+    """One module, versioned: its docstring's list of public names is its __all__, and every other
+    name it defines is private."""
+    listing = re.search(r"Public names \(`__all__`\): ([^.]+)\.", contract.__doc__ or "")
+    assert listing is not None
+    documented = set(re.split(r",\s+", listing.group(1))) if listing else set()
+    assert set(contract.__all__) == documented == _public(Path(contract.__file__)) - {"__all__"}
+    assert re.fullmatch(r"\d+\.\d+", contract.CONTRACT_VERSION)
+
+
+@pytest.mark.parametrize("path", [EXAMPLE, ENGINE], ids=["example adapter", "test engine"])
+def test_the_engine_and_its_adapter_import_only_the_contract(path):
+    """No private import: of decodespec, the adapter imports the contract module's public names
+    alone, and the engine nothing."""
+    imported: dict[str, set[str]] = {}
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            imported.setdefault("." * node.level + (node.module or ""), set()).update(a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            imported.update({a.name: set() for a in node.names})
+    ours = {m: names for m, names in imported.items() if m.startswith(("decodespec", "."))}
+    want = {"decodespec.properties.conformance.contract"} if path == EXAMPLE else set()
+    assert set(ours) == want
+    assert all(names <= set(contract.__all__) for names in ours.values())
+
+
+def test_the_readme_shows_the_example_adapter_as_it_is():
+    """The README's adapter is examples/my_engine.py, character for character."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert f"```python\n{EXAMPLE.read_text(encoding='utf-8')}```" in readme
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    """A checkpoint set as `decodespec checkpoints build` writes it (every tokenizer group, plain and
+    chat), holding the picked cases and their chat variants."""
+    out = tmp_path_factory.mktemp("set")
+    built = build_checkpoints([c for c in load_cases() if c.id in PICKED], out, long=False)
+    return out, sorted({i for ck in built for i in ck.programs if "/" in i})
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    """examples/my_engine.py importable as `my_engine:make`, over my_llm; its BUGS, to plant one."""
+    monkeypatch.syspath_prepend(str(EXAMPLE.parent))
+    monkeypatch.syspath_prepend(str(ENGINE.parent))
+    import my_llm
+
+    yield my_llm.BUGS
+    my_llm.BUGS.clear()
+    for name in ("my_engine", "my_llm", "no_stream", "broken"):
+        sys.modules.pop(name, None)
+
+
+@pytest.fixture(scope="module")
+def whole(ckpts, tmp_path_factory):
+    """One `decodespec conform --engine my_engine:make --checkpoint SET` run: its exit code, output
+    and report.json."""
+    folder, ids = ckpts
+    out = tmp_path_factory.mktemp("report")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(EXAMPLE.parent))
+        mp.syspath_prepend(str(ENGINE.parent))
+        run = CliRunner().invoke(main, ["conform", "--engine", "my_engine:make", "--checkpoint", str(folder),
+                                        *(a for i in ids for a in ("--select", i)), "--report", str(out)])
+    sys.modules.pop("my_engine", None)
+    sys.modules.pop("my_llm", None)
+    return run, json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else None
+
+
+@pytest.mark.slow
+def test_the_example_adapter_runs_as_written_on_a_whole_set_in_one_run(ckpts, whole):
+    """One invocation loads the engine once per checkpoint and writes one report, which records the
+    contract version: the cases of every group run, the engine's passes include the request fields
+    it was sent (min_tokens, logit_bias, n), chat channels and per-chunk tokens, and its one kind of
+    failure (a leading space its decode drops: SHOULD) is the engine's own."""
+    run, report = whole
+    assert run.exit_code == 0, run.output
+    assert report["contract"] == contract.CONTRACT_VERSION
+    verdicts = {c["id"]: c["verdict"] for c in report["cases"]}
+    assert set(verdicts) == set(ckpts[1]) and "SKIP" not in verdicts.values()
+    groups = {c["id"]: c for c in report["cases"]}
+    for case in ("stop/cross-token/001", "finish/min-tokens/001", "stop/n-choices/001", "stream/tokens-aligned/001",
+                 "chat/reasoning/split-tags/001", "chat/tool-call/text-before/001", "chat-bos/finish/length/001",
+                 "stop/cross-token/002", "chat/stop/cross-token/002"):
+        assert verdicts[case] == "PASS", groups[case]
+    assert {i for i, v in verdicts.items() if v == "FAIL"} == {
+        "detok/leading-space/001", "chat/detok/leading-space/001", "detok/wordpiece/001", "chat/detok/wordpiece/001"}
+    assert groups["detok/wordpiece/001"]["lead_symptom"] == "bytes left out mid-text"
+
+
+# One behaviour broken per kind of finding: the case that shows it, its verdict, and what its lead
+# (an ERROR's reason, a FAIL's first finding as "invariant: message") says.
+PLANTED = {
+    "departure": ("stop/cross-token/001", Verdict.ERROR, "did not follow the forced script at token 2"),
+    "sweep": ("finish/length/001", Verdict.FAIL, ": at max_tokens=1: "),
+    "channels": ("chat/reasoning/split-tags/001", Verdict.FAIL, "think_tags_never_text: "),
+    "n": ("stop/n-choices/001", Verdict.FAIL, "usage_consistent: usage.completion_tokens is 2, one choice's count"),
+    "alignment": ("stream/tokens-aligned/001", Verdict.FAIL, "stream_tokens_aligned: "),
+}
+
+
+def _run(ckpts, *ids: str, engine: str = "my_engine:make"):
+    """The cases `ids` (chat variants too) through run_module_set on every checkpoint of the set."""
+    wanted = [c for c in with_chat(load_cases()) if c.id in ids]
+    return {r.case.id: r for r in run_module_set(wanted, checkpoint_folders(ckpts[0]), engine)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", list(PLANTED))
+def test_one_broken_behaviour_leads_its_case(ckpts, whole, engine, bug):
+    """The case passes on the engine as it is (the whole run) and, with one behaviour broken, is
+    judged by the check that behaviour concerns: an ERROR naming the position for a departure
+    (D27), the sweep's limit (§4.3), the channel's tags (D45), the per-choice count (D34), the token
+    alignment (D59)."""
+    case, verdict, lead = PLANTED[bug]
+    assert {c["id"]: c["verdict"] for c in whole[1]["cases"]}[case] == "PASS"
+    engine.add(bug)
+    res = _run(ckpts, case)[case]
+    assert res.verdict is verdict, (res.reason, res.failures)
+    said = res.reason if verdict is Verdict.ERROR else f"{res.lead.invariant}: {res.lead.message}"
+    assert lead in said, said
+
+
+@pytest.mark.slow
+def test_what_the_engine_does_not_show_or_take_is_not_judged(ckpts, engine, monkeypatch):
+    """An engine that declares it cannot stream nor be swept, and takes no logit_bias: its pass is
+    partial (the stream not shown), `complete` is called at the case's own limit only, per-chunk
+    alignment is n/a (nothing per chunk), and a case whose request holds logit_bias is n/a naming it."""
+    import my_engine
+
+    monkeypatch.setattr(my_engine.MyEngine, "cannot", frozenset({"stream", "sweep"}), raising=False)
+    monkeypatch.setattr(my_engine, "TAKES", tuple(t for t in my_engine.TAKES if t != "logit_bias"))
+    got = _run(ckpts, "stop/cross-token/001", "stream/tokens-aligned/001", "finish/min-tokens/001")
+    plain = got["stop/cross-token/001"]
+    assert plain.verdict is Verdict.PASS and "stream (not shown)" in plain.not_checked
+    calls = plain.observed["exchanges"]
+    assert {e["call"] for e in calls} == {"complete"} and {e["request"]["max_tokens"] for e in calls} == {8}
+    assert got["stream/tokens-aligned/001"].verdict is Verdict.SKIP
+    assert "reports no logprobs or token ids with a stream" in got["stream/tokens-aligned/001"].reason
+    assert got["finish/min-tokens/001"].verdict is Verdict.SKIP
+    assert "cannot take the request: the request field(s) ['logit_bias']" in got["finish/min-tokens/001"].reason
+
+
+@pytest.mark.slow
+def test_an_engine_that_fails_to_load_is_an_error_of_the_run_never_na(ckpts, engine, tmp_path, monkeypatch):
+    """A factory that raises makes every case of that checkpoint an ERROR carrying what it raised,
+    and the run exits 1: never "0/0 pass" with every case n/a."""
+    (tmp_path / "broken.py").write_text("def make(checkpoint):\n    raise RuntimeError('out of memory')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ids = [i for i in ckpts[1] if "stop/cross-token/" in i]  # five, on five checkpoints
+    run = CliRunner().invoke(main, ["conform", "--engine", "broken:make", "--checkpoint", str(ckpts[0]),
+                                    *(a for i in ids for a in ("--select", i)), "--report", str(tmp_path / "r")])
+    assert run.exit_code == 1, run.output
+    cases = json.loads((tmp_path / "r" / "report.json").read_text())["cases"]
+    assert {c["verdict"] for c in cases} == {"ERROR"} and len(cases) == 5
+    assert all("the factory raised on checkpoint" in c["reason"] and "RuntimeError: out of memory" in c["reason"]
+               for c in cases)
+    assert "0/5 pass" in " ".join(run.output.split())
