@@ -77,6 +77,13 @@ def test_the_readme_shows_the_example_adapter_as_it_is():
     assert f"```python\n{EXAMPLE.read_text(encoding='utf-8')}```" in readme
 
 
+def test_a_contract_factory_without_a_checkpoint_is_one_clear_error(engine):
+    """The factory loads a forced checkpoint: without --checkpoint the run stops before any case
+    (exit 2) saying so, rather than with the factory's TypeError."""
+    run = CliRunner().invoke(main, ["conform", "--engine", "my_engine:make", "--select", "stop/cross-token/001"])
+    assert run.exit_code == 2 and "pass --checkpoint DIR" in " ".join(run.output.split()), run.output
+
+
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
     """A checkpoint set as `decodespec checkpoints build` writes it (every tokenizer group, plain and

@@ -14,6 +14,7 @@ those are not part of the contract and may change without a version step.
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 from importlib.metadata import entry_points
@@ -117,6 +118,9 @@ def built(factory: Any, args: tuple[str, ...], spec: str, ckpt: Any) -> Adapter:
     from .inhouse import InHouseAdapter, public_checkpoint
 
     kw = {"checkpoint": public_checkpoint(ckpt)} if ckpt is not None else {}
+    if ckpt is None and _needs_checkpoint(factory):
+        raise EngineSpecError(f"--engine {spec}: the factory loads a forced checkpoint; pass --checkpoint DIR "
+                              "(`decodespec checkpoints build`)")
     try:
         made = factory(*args, **kw)
     except Exception as exc:  # a third-party factory: its failure is the engine's load failure, said plainly
@@ -135,3 +139,12 @@ def built(factory: Any, args: tuple[str, ...], spec: str, ckpt: Any) -> Adapter:
         raise EngineSpecError(f"--engine {spec}: the factory's {type(made).__name__} lacks complete(request) "
                               "(a contract.Engine: decodespec.properties.conformance.contract)")
     return made
+
+
+def _needs_checkpoint(factory: Any) -> bool:
+    """Whether `factory` takes a `checkpoint` it has no default for (a contract factory)."""
+    try:
+        param = inspect.signature(factory).parameters.get("checkpoint")
+    except (TypeError, ValueError):  # a builtin or a class whose signature cannot be read
+        return False
+    return param is not None and param.default is inspect.Parameter.empty
