@@ -1,5 +1,5 @@
 """The adapter contract: what an in-house engine with a Python API (no HTTP server) implements to be
-judged on the forced checkpoints exactly as an OpenAI-compatible server is (§4.3-§4.10, D27, D59).
+judged on the forced checkpoints exactly as an OpenAI-compatible server is (§4.3-§4.10, D27, D59, D68).
 
 This module is the contract's whole public surface; nothing else of decodespec is part of it.
 Public names (`__all__`): CANNOT, CONTRACT_VERSION, Answer, Checkpoint, Choice, Chunk, Engine, Request,

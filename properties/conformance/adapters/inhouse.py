@@ -1,4 +1,4 @@
-"""An in-house engine (contract.Engine) judged exactly as an OpenAI-compatible server is (§4.3-§4.10).
+"""An in-house engine (contract.Engine) judged exactly as an OpenAI-compatible server is (§4.3-§4.10, D68).
 
 `InHouseAdapter` is a ScriptServer (script_server.py) whose requests are calls: each request body
 the HTTP runner would send becomes a contract.Request, the engine's Answer or Chunks are rendered
