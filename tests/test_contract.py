@@ -77,6 +77,49 @@ def test_the_readme_shows_the_example_adapter_as_it_is():
     assert f"```python\n{EXAMPLE.read_text(encoding='utf-8')}```" in readme
 
 
+class _Shown:
+    """An engine that shows everything of one two-token answer: ids, bytes, logprobs, usage, timings."""
+
+    tokens = (contract.TokenReport(5, b"h", -0.1), contract.TokenReport(6, b"i", -0.2))
+
+    def complete(self, req: contract.Request) -> contract.Answer:
+        return contract.Answer((contract.Choice("hi", "stop", tokens=self.tokens),), contract.Usage(3, 2),
+                               timings={"total_s": 0.5})
+
+    def stream(self, req: contract.Request):
+        yield contract.Chunk("h", tokens=self.tokens[:1])
+        yield contract.Chunk("i", finish_reason="stop", tokens=self.tokens[1:])
+        yield contract.Chunk(usage=contract.Usage(3, 2))
+
+
+def test_a_request_becomes_a_call_and_its_answer_reads_as_the_api_shows_it():
+    """D68: the body the HTTP runner would send is one Request (the case's fields by their OpenAI
+    names, the transport's fields left out), and the engine's answer and chunks read back as the
+    API's: text, finish reason, token ids and bytes per chunk, usage; every call is recorded with
+    its timings. A `cannot` the contract does not know is refused by name."""
+    from decodespec.properties.conformance.adapters.inhouse import InHouseAdapter
+    from decodespec.properties.conformance.alignment import chunk_reports
+    from decodespec.properties.conformance.http_script import returned
+
+    a = InHouseAdapter(_Shown(), checkpoint=None)
+    body = {"model": "m", "prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0, "stop": ["x"], "min_tokens": 1,
+            "logprobs": 1, "stream_options": {"include_usage": True}}
+    log: list = []
+    status, data, _ = a.post("/v1/completions", body, log)
+    assert status == 200 and data["usage"] == {"prompt_tokens": 3, "completion_tokens": 2}
+    assert returned(data["choices"][0]).token_ids == (5, 6)
+    [call] = log
+    assert json.loads(json.dumps(call["request"])) == {"max_tokens": 4, "prompt": [1, 2, 3], "messages": [], "stop": ["x"],
+                               "stop_token_ids": [], "n": 1, "logprobs": True,
+                               "fields": {"temperature": 0, "min_tokens": 1}}
+    assert call["timings"] == {"total_s": 0.5}
+    st = a.stream_body("/v1/completions", {**body, "stream": True}, log=log)
+    assert (st.text, st.finish_reasons, st.usage) == ("hi", ["stop"], {"prompt_tokens": 3, "completion_tokens": 2})
+    assert [(r.text, r.ids, r.pieces) for r in chunk_reports(st)] == [(b"h", (5,), (b"h",)), (b"i", (6,), (b"i",))]
+    with pytest.raises(ValueError, match="'batch'"):
+        InHouseAdapter(type("E", (_Shown,), {"cannot": frozenset({"batch"})})(), checkpoint=None)
+
+
 def test_a_contract_factory_without_a_checkpoint_is_one_clear_error(engine):
     """The factory loads a forced checkpoint: without --checkpoint the run stops before any case
     (exit 2) saying so, rather than with the factory's TypeError."""
