@@ -7,10 +7,12 @@
     decodespec conform --engine my_engine:make --checkpoint ckpts --report reports/my-engine
 
 Exit status (the same rule as the pytest plugin's, `runner.unexpected`): 1 when a case ends in
-ERROR (the run could not judge it) or a MUST case fails, unless --expect FILE lists its id as a
-known failure; SHOULD failures are reported and fail the run only with --strict. An --expect
-file naming a case that does not exist is refused before anything runs. 2 for bad usage: an
-unknown or unreachable engine, a bad file.
+ERROR (the run could not judge it) or a MUST case FAILs the chapter or (under the default profile)
+DIFFERS on a project decision or an ignored field, unless --expect FILE lists its id as a known
+failure; SHOULD cases and stream-shape or wire findings fail the run only with --strict. 3 when
+most cases could not run (no forced checkpoint, ...): the run did not judge the engine, whatever
+the rest says, unless --partial-ok. An --expect file naming a case that does not exist is refused
+before anything runs. 2 for bad usage: an unknown or unreachable engine, a bad file.
 """
 
 from __future__ import annotations
@@ -20,22 +22,31 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import attrs
 import click
 from rich.console import Console
 from rich.table import Table as RichTable
 
 from .checkout import default_diagrams_dir
 from .cli_paths import output_folder
+from .properties.conformance.decisions import DECISIONS
+from .properties.conformance.runner import PROFILES
 from .properties.conformance.without import WITHOUT
 
-_STYLE = {"PASS": "green", "FAIL": "red", "ERROR": "bold red", "SKIP": "dim"}
-_MARK = {"PASS": ".", "FAIL": "F", "ERROR": "E", "SKIP": "s"}
+_STYLE = {"PASS": "green", "FAIL": "red", "DIFFERS": "yellow", "ERROR": "bold red", "SKIP": "dim"}
+_MARK = {"PASS": ".", "FAIL": "F", "DIFFERS": "D", "ERROR": "E", "SKIP": "s"}
+PARTIAL_RUN_EXIT = 3
+
+if TYPE_CHECKING:
+    from .properties.conformance.reports import Grading
 
 
 class Ticker:
     """Progress as pytest shows it, on stderr while the run goes: one mark a case (. pass, F fail,
-    E error, s n/a, w a pass with wire-convention findings), a bar and the count at each line's end."""
+    D differs on a decision, E error, s n/a, w a pass with stream-shape or wire findings), a bar and
+    the count at each line's end."""
 
     def __init__(self, total: int, label: str, width: int = 50) -> None:
         self.total, self.done, self.width = total, 0, width
@@ -50,7 +61,7 @@ class Ticker:
 
     def _tick(self, r) -> None:
         self.done += 1
-        mark = "w" if r.verdict.value == "PASS" and r.wire else _MARK[r.verdict.value]
+        mark = "w" if r.verdict.value == "PASS" and r.failures else _MARK[r.verdict.value]
         sys.stderr.write(mark)
         if self.done % self.width == 0 or self.done == self.total:
             filled = round(20 * self.done / self.total)
@@ -79,7 +90,16 @@ def report_name(engine: str) -> str:
 @click.option("--dry-run", is_flag=True, help="List the selected cases (and whether the engine can run them); run nothing.")
 @click.option("--expect", "expect_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Known failures, one case id a line (# comments): they do not fail the run. Unknown ids are refused.")
-@click.option("--strict", is_flag=True, help="SHOULD failures fail the run too (by default they are reported only).")
+@click.option("--strict", is_flag=True, help="SHOULD failures, and stream-shape and wire findings, fail the run too "
+                                             "(by default they are reported only).")
+@click.option("--profile", type=click.Choice(list(PROFILES)), default="project", show_default=True,
+              help="chapter: judge the rules of chapter 4 alone (findings that rest on a project decision or an "
+                   "ignored request field fail no case); project: also this project's decisions, reported apart.")
+@click.option("--declare", "declared", multiple=True, type=click.Choice(list(DECISIONS)), metavar="DNN",
+              help="A decision of spec/DECISIONS.md on which the engine documents its own choice: the cases that "
+                   "rest on it are n/a with the reason, and its findings elsewhere weigh nothing (repeatable).")
+@click.option("--partial-ok", is_flag=True,
+              help="Accept a run in which most cases could not run (by default it exits 3: it did not judge the engine).")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               callback=output_folder,
               help="Write report.json, junit.xml, report.md, report.html into this folder.")
@@ -107,7 +127,8 @@ def report_name(engine: str) -> str:
               help="openai only: a request field or a parser the server does not have (its cases are skipped).")
 @click.option("-j", "--jobs", default=1, show_default=True, type=click.IntRange(1, 64), help="Cases run at once (threads).")
 def conform(engine: str, model: str | None, select: tuple[str, ...], cases_of: Path | None, list_only: bool, dry_run: bool,
-            expect_file: Path | None, strict: bool, report_dir: Path | None, name: str | None,
+            expect_file: Path | None, strict: bool, profile: str, declared: tuple[str, ...], partial_ok: bool,
+            report_dir: Path | None, name: str | None,
             checkpoints: tuple[Path, ...], launch: str | None, launch_context: str | None, launch_tight: str | None,
             launch_timeout: float, read_timeout: float | None,
             without: tuple[str, ...],
@@ -158,7 +179,9 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], cases_of: P
             known = read_expectations(expect_file.read_text(encoding="utf-8"), known=(c.id for c in every))
         except CaseError as exc:
             raise click.BadParameter(f"{expect_file}: {exc}", param_hint="--expect") from None
-    policy = (known, strict)
+    from .properties.conformance.reports import Grading
+
+    policy = Policy(known, strict, partial_ok, Grading(profile, frozenset(declared)))
     for given, hint in ((launch_context, "--launch-context"), (launch_tight, "--launch-tight")):
         if given is not None and launch is None:
             raise click.BadParameter(f"{hint} goes with --launch", param_hint=hint)
@@ -199,7 +222,7 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], cases_of: P
                           adapter.unsupported(c) and f"SKIP: {adapter.unsupported(c)}" or "yes")
         console.print(table)
         return
-    results = run_cases(adapter, cases, jobs=jobs, on_result=Ticker(len(cases), label))
+    results = _run_declared(cases, policy, label, lambda todo, tick: run_cases(adapter, todo, jobs=jobs, on_result=tick))
     _finish(results, label, report_dir, policy, console, t0)
 
 
@@ -235,7 +258,8 @@ def _conform_module(cases, engine, folders, jobs, label, report_dir, policy, dry
             console.print(f"{f}: {sum(c.id in ck.programs for c in cases)} case(s); engine: {engine}")
         return
     try:
-        results = run_module_set(cases, folders, engine, jobs=jobs, on_result=Ticker(len(cases), label))
+        results = _run_declared(cases, policy, label,
+                                lambda todo, tick: run_module_set(todo, folders, engine, jobs=jobs, on_result=tick))
     except EngineSpecError as exc:
         raise click.BadParameter(str(exc), param_hint="--engine") from None
     _finish(results, label, report_dir, policy, console, t0)
@@ -252,33 +276,67 @@ def _conform_launched(cases, folders, launch, extra_launch, timeouts, without, j
             console.print(f"{f}: {sum(c.id in ck.programs for c in cases)} case(s); server: {launch}")
         return
     log_dir = Path(".cache/peers/logs") / label
-    results = run_launched(cases, folders, launch, log_dir=log_dir, without=without, jobs=jobs, model=model,
-                           timeout_s=timeouts[0], read_timeout=timeouts[1], on_result=Ticker(len(cases), label),
-                           context_command=extra_launch[0], tight_command=extra_launch[1])
+    results = _run_declared(cases, policy, label, lambda todo, tick: run_launched(
+        todo, folders, launch, log_dir=log_dir, without=without, jobs=jobs, model=model, timeout_s=timeouts[0],
+        read_timeout=timeouts[1], on_result=tick, context_command=extra_launch[0], tight_command=extra_launch[1]))
     _finish(results, label, report_dir, policy, console, t0)
 
 
-def _finish(results, label, report_dir, policy, console, t0: float) -> None:
-    """Print the table and headline, write the reports, exit 1 on a result that fails the run."""
-    from .properties.conformance.reports import headline, write_reports
+@attrs.frozen
+class Policy:
+    """What fails a run: the known failures (--expect), --strict, --partial-ok, and the grading
+    (--profile, --declare)."""
+
+    known: frozenset[str]
+    strict: bool
+    partial_ok: bool
+    grading: Grading
+
+
+def _run_declared(cases, policy: Policy, label: str, run) -> list:
+    """Run the cases that rest on no declared decision (`run(todo, on_result)`) and grade every result
+    under the policy's profile; the others are n/a with the decision's line, in the cases' order."""
+    from .properties.conformance.runner import CaseResult, Verdict, declared_reason, grade
+
+    declared = policy.grading.declared
+    own = {c.id: next(d for d in c.decisions if d in declared) for c in cases if set(c.decisions) & declared}
+    tick = Ticker(len(cases), label)
+    skipped = {c.id: CaseResult(c, label, Verdict.SKIP, reason=declared_reason(own[c.id])) for c in cases if c.id in own}
+    for r in skipped.values():
+        tick(r)
+    done = {r.case.id: grade(r, policy.grading.profile, declared)
+            for r in run([c for c in cases if c.id not in own], tick)}
+    return [skipped.get(c.id) or done[c.id] for c in cases]
+
+
+def _finish(results, label, report_dir, policy: Policy, console, t0: float) -> None:
+    """Print the table and headline, write the reports; exit 3 when most cases could not run (unless
+    --partial-ok), else 1 on a result that fails the run."""
+    from .properties.conformance.reports import headline, summary, write_reports
     from .properties.conformance.runner import fixed, unexpected
 
-    known, strict = policy
     table = RichTable(title=f"conformance: {label}")
-    for col in ("case", "grade", "verdict", "first violated invariant / reason"):
+    for col in ("case", "grade", "verdict", "lead finding / reason"):
         table.add_column(col, overflow="fold")
     for r in sorted(results, key=lambda r: (not r.failed, r.verdict.value == "SKIP", r.case.id)):
+        lead = r.lead
         table.add_row(r.case.id, r.case.grade.value, f"[{_STYLE[r.verdict.value]}]{r.verdict.value}[/]",
-                      r.first_invariant or r.reason)
+                      f"{lead.symptom or lead.invariant} ({r.basis(lead).kind}: {r.basis(lead).ref})" if lead
+                      else r.reason)
     console.print(table)
-    console.print(headline(results, label))
+    said = headline(results, label, policy.grading)
     if report_dir is not None:
         for path in write_reports(results, label, report_dir, diagrams_dir=default_diagrams_dir(),
-                                  wall_s=time.monotonic() - t0):
+                                  wall_s=time.monotonic() - t0, grading=policy.grading):
             console.print(f"wrote {path}")
-    for r in fixed(results, known):
+    for r in fixed(results, policy.known):
         console.print(f"[yellow]{r.case.id} is listed as a known failure but passed: update the --expect file[/]")
-    bad = unexpected(results, known, strict=strict)
+    console.print(said, markup=False, soft_wrap=True)  # last, where a reader of a terminal or a CI log looks first
+    if summary(results, policy.grading)["partial_run"] and not policy.partial_ok:
+        console.print("[red]most cases could not run, so this run did not judge the engine (exit 3; "
+                      "--partial-ok accepts it)[/]")
+        sys.exit(PARTIAL_RUN_EXIT)
+    bad = unexpected(results, policy.known, strict=policy.strict)
     if bad:
         console.print(f"[red]{len(bad)} result(s) fail the run: {', '.join(r.case.id for r in bad)}[/]")
         sys.exit(1)

@@ -172,6 +172,25 @@ def wait_until_serving(url: str, timeout_s: float = 60.0) -> None:
 
 
 @contextlib.contextmanager
+def decodespec_serve(cwd: Any) -> Iterator[str]:
+    """`decodespec serve` with its default model on a free port of 127.0.0.1, as a subprocess in
+    `cwd`: yields its URL once it answers, and stops it by PID."""
+    import subprocess
+    import sys
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "decodespec", "serve", "--port", str(port)], cwd=cwd,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_serving(url)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
 def eos_banned_under_ignore_eos(eos_id: int) -> Iterator[None]:
     """While active, every request an Engine takes with ignore_eos also biases `eos_id` by -100 (what
     llama.cpp does with every end-of-generation token, D31): a server never selects the EOS, its

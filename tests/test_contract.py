@@ -192,8 +192,9 @@ PLANTED = {
     "departure": ("stop/cross-token/001", Verdict.ERROR, "did not follow the forced script at token 2"),
     "sweep": ("finish/length/001", Verdict.FAIL, ": at max_tokens=1: "),
     "channels": ("chat/reasoning/split-tags/001", Verdict.FAIL, "think_tags_never_text: "),
-    "n": ("stop/n-choices/001", Verdict.FAIL, "usage_consistent: usage.completion_tokens is 2, one choice's count"),
-    "alignment": ("stream/tokens-aligned/001", Verdict.FAIL, "stream_tokens_aligned: "),
+    # the count of n choices and per-chunk tokens rest on decisions (D34, D59): they differ, not fail the chapter
+    "n": ("stop/n-choices/001", Verdict.DIFFERS, "usage_consistent: usage.completion_tokens is 2, one choice's count"),
+    "alignment": ("stream/tokens-aligned/001", Verdict.DIFFERS, "stream_tokens_aligned: "),
 }
 
 
@@ -253,4 +254,5 @@ def test_an_engine_that_fails_to_load_is_an_error_of_the_run_never_na(ckpts, eng
     assert {c["verdict"] for c in cases} == {"ERROR"} and len(cases) == 5
     assert all("the factory raised on checkpoint" in c["reason"] and "RuntimeError: out of memory" in c["reason"]
                for c in cases)
-    assert "0/5 pass" in " ".join(run.output.split())
+    assert ("5 of 5 cases ran; no findings; 0 pass (0%), 0 fail the chapter, 0 differ on a decision or an ignored "
+            "field, 5 error") in " ".join(run.output.split())

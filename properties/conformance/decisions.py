@@ -31,7 +31,8 @@ DECISIONS: Mapping[str, Decision] = {
     "D3": Decision(
         "several stop strings matching",
         "stops match the output only; the match that ends earliest wins, then the longest, then the first configured",
-        "vLLM and llama-cpp-python cut at the first configured stop that matches; transformers also matches across the prompt",
+        "vLLM and llama-cpp-python cut at the first configured stop that matches; transformers also matches across "
+        "the prompt",
         frozenset({"stop_sent", "text_after_stop", "bytes_lost", "count_low", "stop_without_hit"})),
     "D4": Decision(
         "finish-reason precedence on one token",

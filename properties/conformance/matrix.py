@@ -2,9 +2,11 @@
 
     python -m decodespec.properties.conformance.matrix reports/     # writes reports/matrix.{md,html}
 
-It reads every `reports/<engine>/report.json` and shows, per case and engine, the verdict and the
-first violated invariant (a SKIP shows its reason on hover); a cell links to the failure's
-reproducer in that engine's HTML report. The columns follow MATRIX_ORDER, then the rest by name.
+It reads every `reports/<engine>/report.json` and shows, per engine, its findings counted by severity,
+and per case and engine the verdict and the lead finding (the most severe: its severity, symptom
+and, when not the chapter's rule, the decision or ignored field it rests on; a SKIP shows its reason
+on hover); a cell links to the case in that engine's HTML report. The columns follow MATRIX_ORDER,
+then the rest by name.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ MATRIX_ORDER = ("reference", "decodespec-serve", "vllm", "vllm-fp16", "vllm-bf16
                 "llama-server-bf16", "llama-cpp-python", "decodespec-serve-life", "llama-server-life",
                 "llama-cpp-python-life", "transformers-serve", "hf-generate", "decode-stream",
                 "decodespec-serve-chat", "vllm-chat", "llama-server-chat", "llama-cpp-python-chat")
-_CELL = {"PASS": "#cfc", "FAIL": "#f99", "ERROR": "#f66", "SKIP": "#eee"}
+_CELL = {"PASS": "#cfc", "FAIL": "#f99", "DIFFERS": "#fc9", "ERROR": "#f66", "SKIP": "#eee"}
+_SEVERITY_WORDS = {"text": "text", "ending": "ending", "accounting": "accounting", "stream_shape": "stream-shape",
+                   "wire": "wire"}
 
 
 def load_reports(folder: Path) -> dict[str, Mapping[str, Any]]:
@@ -44,22 +48,45 @@ def _rows(reports: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str, str,
 
 
 def _count(rep: Mapping[str, Any]) -> str:
+    """An engine's run: cases run, findings by severity, verdicts."""
     s = rep["summary"]
     ran = s["total"] - s["SKIP"]
-    return f"{s['PASS']}/{ran} pass, {s['FAIL']} fail, {s['ERROR']} error, {s['SKIP']} n/a"
+    found = ", ".join(f"{n} {_SEVERITY_WORDS[k]}" for k, n in s.get("findings", {}).items() if n) or "no findings"
+    return (f"{ran} of {s['total']} ran; {found}; {s['PASS']} pass, {s['FAIL']} fail, {s.get('DIFFERS', 0)} differ, "
+            f"{s['ERROR']} error")
+
+
+def _basis_tag(f: Mapping[str, Any]) -> str:
+    """A finding's basis when it is not the chapter's rule: 'D31', 'field_ignored: min_tokens', 'wire'."""
+    b = f.get("basis") or {}
+    return {"decision": b.get("ref", ""), "field_ignored": f"field_ignored: {b.get('ref', '')}", "wire": "wire"}.get(
+        b.get("kind", ""), "")
 
 
 def _symptom(c: Mapping[str, Any]) -> str:
-    """A failed cell's text: the lead finding's symptom (what broke), not the case's invariant."""
-    return c.get("lead_symptom") or c.get("first_violated_invariant") or ""
+    """A cell's text for a case with findings: the lead (most severe) finding's severity and symptom,
+    and its basis when not the chapter's, not the case's invariant."""
+    lead = (c.get("failures") or [{}])[0]
+    what = c.get("lead_symptom") or c.get("first_violated_invariant") or ""
+    sev = c.get("lead_severity")
+    tag = _basis_tag(lead)
+    return (f"[{_SEVERITY_WORDS.get(sev, sev)}] " if sev else "") + what + (f" ({tag})" if tag else "")
+
+
+def _pass_mark(c: Mapping[str, Any]) -> str:
+    """What a pass with findings had: the most severe class among them ('stream-shape', 'wire', ...)."""
+    sev = c.get("lead_severity")
+    return _SEVERITY_WORDS.get(sev, "wire") if c.get("failures") else ""
 
 
 def to_markdown(reports: Mapping[str, Mapping[str, Any]]) -> str:
     engines = list(reports)
     lines = ["# Conformance matrix", "",
-             "Each cell: the verdict and, for a failure, what broke first (the lead finding's symptom; the report "
-             "names its invariant). PASS (wire): only OpenAI wire conventions were missed. n/a: the engine cannot "
-             "run the case (its report gives the reason).", "",
+             "Each cell: the verdict and, for a case with findings, the most severe one: [severity] symptom, and in "
+             "parentheses what it rests on when not a rule of chapter 4 (a project decision D, a request field that "
+             "had no effect). FAIL: the chapter is broken; DIFFERS: only a project decision or an ignored field; "
+             "PASS (stream-shape) or PASS (wire): only such findings. n/a: the engine cannot run the case (its "
+             "report gives the reason).", "",
              "| engine | cases |", "|---|---|", *[f"| {e} | {_count(reports[e])} |" for e in engines], "",
              "| § | case | grade | " + " | ".join(engines) + " |", "|---|---|---|" + "---|" * len(engines)]
     for anchor, cid, grade, per in _rows(reports):
@@ -68,10 +95,11 @@ def to_markdown(reports: Mapping[str, Mapping[str, Any]]) -> str:
             c = per.get(e)
             if c is None:
                 cells.append("")
-            elif c["verdict"] in ("FAIL", "ERROR"):
+            elif c["verdict"] in ("FAIL", "ERROR", "DIFFERS"):
                 cells.append(f"**{c['verdict']}** {_symptom(c)}".strip())
             else:
-                cells.append("n/a" if c["verdict"] == "SKIP" else c["verdict"] + (" (wire)" if c.get("failures") else ""))
+                mark = _pass_mark(c)
+                cells.append("n/a" if c["verdict"] == "SKIP" else c["verdict"] + (f" ({mark})" if mark else ""))
         lines.append(f"| {anchor} | `{cid}` | {grade} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -96,8 +124,9 @@ def to_html(reports: Mapping[str, Mapping[str, Any]]) -> str:
             tip = c.get("reason") or "; ".join(f["message"] for f in c.get("failures", []))[:400]
             label = {"SKIP": "n/a"}.get(v, v)
             inv = (f"<br><small title='{e(c.get('first_violated_invariant') or '')}'>{e(_symptom(c))}</small>"
-                   if v in ("FAIL", "ERROR") else "<br><small>wire</small>" if c.get("failures") else "")
-            link = f"{name}/report.html#{cid}" if v in ("FAIL", "ERROR") else f"{name}/report.html"
+                   if v in ("FAIL", "ERROR", "DIFFERS") else
+                   f"<br><small>{e(_pass_mark(c))}</small>" if c.get("failures") else "")
+            link = f"{name}/report.html#{cid}" if v in ("FAIL", "ERROR", "DIFFERS") else f"{name}/report.html"
             cells.append(f"<td style='background:{_CELL[v]}' title='{e(tip)}'><a href='{e(link)}'>{label}</a>{inv}</td>")
         body.append(f"<tr><td><code>{e(cid)}</code></td><td>{grade}</td>{''.join(cells)}</tr>")
     css = ("body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse}td,th{border:1px solid #bbb;"
@@ -106,7 +135,10 @@ def to_html(reports: Mapping[str, Mapping[str, Any]]) -> str:
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>decodespec conformance matrix</title>"
             f"<style>{css}</style></head><body><h1>Conformance matrix</h1>"
             "<p>Rows: cases grouped by section of chapter 4; columns: engines, each on the same forced checkpoints. "
-            "A cell links to the engine's report (a failure to its reproducer); hover for the reason.</p>"
+            "A cell links to the engine's report (a failure to its reproducer); hover for the reason. A cell names the "
+            "most severe finding ([text] &gt; [ending] &gt; [accounting] &gt; [stream-shape] &gt; [wire]) and, in "
+            "parentheses, a project decision (D) or an ignored field it rests on. DIFFERS (orange): only such "
+            "findings.</p>"
             f"<table><tr><th>case</th><th>grade</th>{head}</tr>{''.join(body)}</table></body></html>\n")
 
 

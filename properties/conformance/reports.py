@@ -1,13 +1,18 @@
 """Conformance reports per engine: JSON, JUnit XML, Markdown and HTML (issues 7, 13, 15).
 
-Every format leads with what is wrong. A one-line headline gives the pass rate over the cases that
-ran; the failures come first, grouped by section of chapter 4 (h2spec's tree), each with the
-statement of the invariant it breaks, its findings and a reproducer (for HTTP cases the exact
-requests sent, the raw answers and the reference's answer); then the passes by section, a pass
-that could not check everything marked *partial* with what it missed; the cases the engine cannot
-run are folded away with their reasons. The HTML page is self-contained: the state diagrams the
-failures name are embedded as SVG. report.json carries REPORT_VERSION and follows
-report.schema.json, shipped beside this module.
+Every format leads with what the run judged and what is wrong. A one-line headline says how many
+cases ran and why the rest did not (first of all when most could not: such a run judged nothing),
+the findings counted by severity (symptoms.SEVERITIES: text, ending, accounting, stream shape,
+wire) and the verdicts; then the findings by severity and the causes, most severe first, each with
+its basis: a rule of chapter 4 with its section and statement, a project decision with what common
+engines do instead (decisions.DECISIONS), a request field that had no effect, or a wire convention.
+The cases that fail the chapter come next, grouped by section (h2spec's tree), with their findings,
+each with its severity and basis, and a reproducer (for HTTP cases the exact requests sent, the raw
+answers and the reference's answer); then the cases that differ only on a decision or an ignored
+field; the passes by section (partial ones say what they missed, findings that fail nothing are
+listed); the cases the engine cannot run are folded away with their reasons. The HTML page is
+self-contained: the state diagrams the failures name are embedded as SVG. report.json carries
+REPORT_VERSION and follows report.schema.json, shipped beside this module.
 """
 
 from __future__ import annotations
@@ -23,15 +28,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from ...spec.invariants import load_invariants
 from .adapters.base import Finding
 from .cases import CaseError, Grade
 from .contract import CONTRACT_VERSION
+from .decisions import decision_line
 from .runner import CaseResult, Verdict
-from .symptoms import CHAT_STATEMENTS, WIRE, WIRE_STATEMENTS, label
+from .symptoms import CHAT_STATEMENTS, SEVERITIES, WIRE_STATEMENTS, Basis, Severity, label, severity_of
 
 REPORT_FILES = ("report.json", "junit.xml", "report.md", "report.html")
-REPORT_VERSION = 3
+REPORT_VERSION = 4
 SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
 
 
@@ -80,21 +88,68 @@ def short(f: Finding) -> str:
     return label(f.symptom) or f.invariant
 
 
+@attrs.frozen
+class Grading:
+    """How a run's results were graded, as its reports say: the profile (runner.PROFILES), the
+    decisions the engine declared its own (--declare), and where the results come from when they
+    were not judged just now (`provenance`: re-graded from a stored report.json)."""
+
+    profile: str = "project"
+    declared: frozenset[str] = frozenset()
+    provenance: str = ""
+
+
+SEVERITY_WORDS: Mapping[Severity, str] = {Severity.TEXT: "text", Severity.ENDING: "ending",
+                                          Severity.ACCOUNTING: "accounting", Severity.STREAM_SHAPE: "stream-shape",
+                                          Severity.WIRE: "wire"}
+_BASIS_ORDER = ("chapter", "decision", "field_ignored", "wire")
+
+
+def basis_text(b: Basis) -> str:
+    """A finding's basis in one line: the chapter's rule with its section and statement, the
+    decision with what engines do instead, the fields that had no effect, or the wire convention."""
+    if b.kind == "decision":
+        return decision_line(b.ref)
+    if b.kind == "field_ignored":
+        return f"field_ignored: {b.ref} (the engine took the field and it had no effect)"
+    where = anchor_of(b.ref)
+    said = statement(b.ref)
+    return f"{'wire' if b.kind == 'wire' else 'chapter'} {where} {b.ref}" + (f": {said}" if said else "")
+
+
+def basis_tag(b: Basis) -> str:
+    """A basis in a few words, for tables: '§4.6', 'D31', 'field_ignored: min_tokens', 'wire'."""
+    return {"chapter": anchor_of(b.ref) or "chapter", "decision": b.ref, "field_ignored": f"field_ignored: {b.ref}",
+            "wire": "wire"}[b.kind]
+
+
+def finding_json(r: CaseResult, f: Finding) -> dict[str, Any]:
+    """One finding as report.json keeps it: what was seen, its severity and what it rests on."""
+    b = r.basis(f)
+    return {"invariant": f.invariant, "symptom": f.symptom, "family": f.family, "severity": severity_of(f).value,
+            "basis": {"kind": b.kind, "ref": b.ref, "text": basis_text(b)}, "message": f.message}
+
+
 def causes(results: Sequence[CaseResult]) -> list[dict[str, Any]]:
-    """The distinct causes of a run's findings: (invariant, symptom) with the cases they cover,
-    chapter-4 ones first (most cases first), then the wire conventions."""
-    by: dict[tuple[str, str], dict[str, Any]] = {}
+    """The distinct causes of a run's findings: (severity, basis, invariant, symptom) with the cases
+    they cover, most severe first; within a severity the chapter's before decisions, ignored fields
+    and wire conventions, then the most cases first."""
+    by: dict[tuple[str, str, str, str, str], dict[str, Any]] = {}
     for r in results:
         for f in r.failures:
-            key = (f.invariant, f.symptom)
-            c = by.setdefault(key, {"invariant": f.invariant, "symptom": f.symptom, "label": short(f),
+            b, sev = r.basis(f), severity_of(f)
+            key = (sev.value, b.kind, b.ref, f.invariant, f.symptom)
+            c = by.setdefault(key, {"severity": sev.value, "basis": {"kind": b.kind, "ref": b.ref, "text": basis_text(b)},
+                                    "invariant": f.invariant, "symptom": f.symptom, "label": short(f),
                                     "family": f.family, "anchor": anchor_of(f.invariant),
                                     "statement": statement(f.invariant), "cases": [], "lead_in": []})
             if r.case.id not in c["cases"]:
                 c["cases"].append(r.case.id)
             if r.lead is f and r.case.id not in c["lead_in"]:
                 c["lead_in"].append(r.case.id)
-    return sorted(by.values(), key=lambda c: (c["family"] == WIRE, -len(c["cases"]), c["invariant"], c["symptom"]))
+    return sorted(by.values(), key=lambda c: (SEVERITIES.index(Severity(c["severity"])),
+                                              _BASIS_ORDER.index(c["basis"]["kind"]), -len(c["cases"]),
+                                              c["invariant"], c["symptom"]))
 
 
 def partial(r: CaseResult) -> bool:
@@ -102,30 +157,100 @@ def partial(r: CaseResult) -> bool:
     return r.verdict is Verdict.PASS and bool(r.not_checked)
 
 
-def summary(results: Sequence[CaseResult]) -> dict[str, Any]:
-    """Counts by verdict and grade; the pass rate over the cases that ran; `must_all_pass`."""
+# Why cases did not run, in a few words, from their n/a reasons (the first row whose text the reason
+# holds); `declared` rows are the engine's own word (--declare, --without), not a limit of the run.
+_NOT_RUN: tuple[tuple[str, str, bool], ...] = (
+    ("only on a forced checkpoint", "need this project's forced checkpoints (see `decodespec conform --preset`)", False),
+    ("runs the programs of a forced checkpoint", "need this project's forced checkpoints (see `decodespec conform "
+                                                 "--preset`)", False),
+    ("(--declare ", "rest on a decision the engine declares its own", True),
+    ("(--without ", "need a field or parser the server is run without", True),
+    ("compiled into the forced checkpoints", "are not compiled into the checkpoints served", False),
+    ("compiled into the ", "are compiled into a checkpoint this run did not serve", False),
+    ("cannot run over HTTP", "check what a black box cannot show (internal events, faults, token-id stops)", False),
+    ("context length of", "need the server started at their context length (--launch-context)", False),
+    ("concurrency limited", "need the tight server (--launch-tight)", False),
+    ("refuses the request field", "use a request field the server refuses", False),
+    ("prompt tokens of", "need a prompt the server places as the checkpoint does", False),
+    (" cannot run ", "need what this engine lacks", False),
+)
+
+
+def not_run(results: Sequence[CaseResult]) -> list[dict[str, Any]]:
+    """The n/a cases by why, most cases first: [{'why', 'cases', 'declared'}]. A reason no row of
+    _NOT_RUN knows is its own group, in its first clause."""
+    groups: dict[tuple[str, bool], int] = {}
+    for r in results:
+        if r.verdict is Verdict.SKIP:
+            row = next((row for row in _NOT_RUN if row[0] in r.reason), None)
+            key = (row[1], row[2]) if row else (r.reason.split(":")[0].split(" (")[0][:80] or "no reason given", False)
+            groups[key] = groups.get(key, 0) + 1
+    return [{"why": why, "cases": n, "declared": declared}
+            for (why, declared), n in sorted(groups.items(), key=lambda kv: -kv[1])]
+
+
+def findings_by_severity(results: Iterable[CaseResult]) -> dict[str, int]:
+    """How many findings (one per case and symptom) of each severity, every class listed."""
+    by = Counter(severity_of(f).value for r in results for f in r.failures)
+    return {s.value: by.get(s.value, 0) for s in SEVERITIES}
+
+
+def summary(results: Sequence[CaseResult], grading: Grading = Grading()) -> dict[str, Any]:
+    """Counts by verdict and grade; the findings by severity (and how many rest on a decision or an
+    ignored field); the pass rate over the cases that ran; `partial_run` when most cases that the
+    engine did not decline could not run (the run did not judge the engine)."""
     by = Counter(r.verdict.value for r in results)
     must_fail = sum(1 for r in results if r.failed and r.case.grade is Grade.MUST)
     must_ran = sum(1 for r in results if r.case.grade is Grade.MUST and r.verdict is not Verdict.SKIP)
     ran = len(results) - by.get("SKIP", 0)
+    why = not_run(results)
+    declined = sum(g["cases"] for g in why if g["declared"])
     return {
         "total": len(results), **{v.value: by.get(v.value, 0) for v in Verdict},
         "ran": ran, "pass_rate": round(by.get("PASS", 0) / ran, 4) if ran else None,
         "partial": sum(partial(r) for r in results),
         "wire": sum(1 for r in results if r.wire),
+        "shape": sum(1 for r in results if r.shape),
         "must_failed": must_fail, "should_failed": sum(1 for r in results if r.failed) - must_fail,
+        "must_differs": sum(1 for r in results if r.verdict is Verdict.DIFFERS and r.case.grade is Grade.MUST),
         "must_ran": must_ran, "must_all_pass": must_fail == 0,
+        "findings": findings_by_severity(results),
+        "on_decisions": sum(1 for r in results for f in r.failures if r.basis(f).kind in ("decision", "field_ignored")),
+        "not_run": why, "partial_run": 2 * ran < len(results) - declined,
+        "profile": grading.profile, "declared": sorted(grading.declared),
     }
 
 
-def headline(results: Sequence[CaseResult], engine: str) -> str:
-    """One line: `vllm: 48/55 pass (87%); 7 fail and 0 error (6 MUST, 1 SHOULD); 9 n/a`."""
-    s = summary(results)
-    rate = f" ({s['pass_rate']:.0%})" if s["pass_rate"] is not None else ""
-    return (f"{engine}: {s['PASS']}/{s['ran']} pass{rate}; {s['FAIL']} fail and {s['ERROR']} error "
-            f"({s['must_failed']} MUST, {s['should_failed']} SHOULD); {s['SKIP']} n/a"
-            + (f"; {s['partial']} partial" if s["partial"] else "")
-            + (f"; {s['wire']} with wire-convention findings" if s["wire"] else ""))
+def _severity_counts(found: Mapping[str, int]) -> str:
+    said = [f"{n} {SEVERITY_WORDS[Severity(s)]}" for s, n in found.items() if n]
+    return ", ".join(said) + " findings" if said else "no findings"
+
+
+def headline(results: Sequence[CaseResult], engine: str, grading: Grading = Grading()) -> str:
+    """One line, what a run judged first: `vllm: 76 of 85 cases ran; 25 text, 7 ending, 13 stream-shape
+    findings (12 on a project decision or an ignored field); 57 pass (75%), 15 fail the chapter
+    (15 MUST, 0 SHOULD), 4 differ on a decision or an ignored field, 0 error; 9 n/a: ...`. A run in
+    which most cases could not run says so, and why, before anything else."""
+    s = summary(results, grading)
+    why = ", ".join(f"{g['cases']} {g['why']}" for g in s["not_run"][:3])
+    more = sum(g["cases"] for g in s["not_run"][3:])
+    why += f", {more} for other reasons" if more else ""
+    ran = f"{s['ran']} of {s['total']} cases ran" + (f", too few to judge the engine: {why}" if s["partial_run"] else "")
+    decided = f" ({s['on_decisions']} on a project decision or an ignored field)" if s["on_decisions"] else ""
+    apart = (f", {s['DIFFERS']} differ on a decision or an ignored field" if grading.profile != "chapter" else
+             " (profile chapter: decisions and ignored fields not judged)")
+    noted = sum(1 for r in results if r.verdict is Verdict.PASS and r.failures)
+    pass_note = [f"{s['pass_rate']:.0%}"] if s["pass_rate"] is not None else []
+    pass_note += [f"{s['partial']} partial"] if s["partial"] else []
+    pass_note += [f"{noted} with only stream-shape or wire findings"
+                  + (" or decisions" if grading.profile == "chapter" else "")] if noted else []
+    must = sum(1 for r in results if r.verdict is Verdict.FAIL and r.case.grade is Grade.MUST)
+    grades = f" ({must} MUST, {s['FAIL'] - must} SHOULD)" if s["FAIL"] else ""
+    verdicts = (f"{s['PASS']} pass" + (f" ({', '.join(pass_note)})" if pass_note else "")
+                + f", {s['FAIL']} fail the chapter{grades}{apart}, {s['ERROR']} error")
+    declared = f"; declared: {', '.join(s['declared'])}" if s["declared"] else ""
+    na = f"; {s['SKIP']} n/a: {why}" if s["SKIP"] and not s["partial_run"] else ""
+    return f"{engine}: {ran}; {_severity_counts(s['findings'])}{decided}; {verdicts}{declared}{na}"
 
 
 def section_key(anchor: str) -> int:
@@ -243,42 +368,57 @@ def evidence(r: CaseResult) -> dict[str, Any]:
     return {k: r.observed[k] for k in ("output", "chunks", "finish_reason", "state") if r.observed.get(k) is not None}
 
 
-def to_json(results: Sequence[CaseResult], engine: str, wall_s: float | None = None) -> dict[str, Any]:
+def _case_json(r: CaseResult) -> dict[str, Any]:
+    lead = r.lead
+    return {
+        "id": r.case.id, "anchor": r.case.anchor, "grade": r.case.grade.value,
+        "invariant": r.case.invariant, "statement": statement(r.case.invariant),
+        "description": r.case.description, "decisions": list(r.case.decisions),
+        "verdict": r.verdict.value, "partial": partial(r), "first_violated_invariant": r.first_invariant,
+        "failures": [finding_json(r, f) for f in r.failures],
+        "not_checked": list(r.not_checked), "reason": r.reason, "seconds": round(r.seconds, 4),
+        "notes": list(r.observed.get("notes") or []),
+        "lead_symptom": short(lead) if lead else None,
+        "lead_severity": severity_of(lead).value if lead else None,
+        "diagram": r.case.diagram,
+        **({"reproducer": reproducer(r)} if r.failed or r.failures else
+           {"evidence": evidence(r)} if r.verdict is Verdict.PASS else {}),
+    }
+
+
+def to_json(results: Sequence[CaseResult], engine: str, wall_s: float | None = None,
+            grading: Grading = Grading()) -> dict[str, Any]:
     return {
         "version": REPORT_VERSION,
         "contract": CONTRACT_VERSION,  # the in-house adapter contract this judge speaks (contract.py)
         "engine": engine,
         "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
-        "headline": headline(results, engine),
-        "summary": summary(results),
+        "headline": headline(results, engine, grading),
+        "grading": {"profile": grading.profile, "declared": sorted(grading.declared),
+                    **({"provenance": grading.provenance} if grading.provenance else {})},
+        "summary": summary(results, grading),
         "causes": causes(results),
         **({"wall_seconds": round(wall_s, 1)} if wall_s is not None else {}),
-        "cases": [
-            {
-                "id": r.case.id, "anchor": r.case.anchor, "grade": r.case.grade.value,
-                "invariant": r.case.invariant, "statement": statement(r.case.invariant),
-                "description": r.case.description,
-                "verdict": r.verdict.value, "partial": partial(r), "first_violated_invariant": r.first_invariant,
-                "failures": [{"invariant": f.invariant, "symptom": f.symptom, "family": f.family, "message": f.message}
-                             for f in r.failures],
-                "not_checked": list(r.not_checked), "reason": r.reason, "seconds": round(r.seconds, 4),
-                "notes": list(r.observed.get("notes") or []),
-                "lead_symptom": short(r.lead) if r.lead else None,
-                "diagram": r.case.diagram,
-                **({"reproducer": reproducer(r)} if r.failed or r.wire else
-                   {"evidence": evidence(r)} if r.verdict is Verdict.PASS else {}),
-            }
-            for r in results
-        ],
+        "cases": [_case_json(r) for r in results],
     }
 
 
-def to_junit(results: Sequence[CaseResult], engine: str) -> str:
-    s = summary(results)
+def _finding_line(r: CaseResult, f: Finding) -> str:
+    """'[text] stop bytes sent (stop_bytes_never_emitted; basis §4.6): message' for JUnit and logs."""
+    return f"[{severity_of(f).value}] {short(f)} ({f.invariant}; basis {basis_tag(r.basis(f))}): {f.message}"
+
+
+def to_junit(results: Sequence[CaseResult], engine: str, grading: Grading = Grading()) -> str:
+    """JUnit XML: FAIL and DIFFERS are failures (typed by the lead's invariant, or 'decision'), ERROR
+    an error, n/a skipped; a pass with stream-shape or wire findings lists them in system-out."""
+    s = summary(results, grading)
     suite = ET.Element("testsuite", name=f"decodespec-conformance[{engine}]", tests=str(s["total"]),
-                       failures=str(s["FAIL"]), errors=str(s["ERROR"]), skipped=str(s["SKIP"]),
+                       failures=str(s["FAIL"] + s["DIFFERS"]), errors=str(s["ERROR"]), skipped=str(s["SKIP"]),
                        time=f"{sum(r.seconds for r in results):.3f}")
+    ET.SubElement(suite, "properties").extend(
+        ET.Element("property", name=k, value=v) for k, v in (("headline", headline(results, engine, grading)),
+                                                              ("provenance", grading.provenance)) if v)
     for r in results:
         tc = ET.SubElement(suite, "testcase", classname=f"{engine}.{r.case.id.split('/')[0]}",
                            name=f"{r.case.id} [{r.case.grade.value} {r.case.anchor}]", time=f"{r.seconds:.4f}")
@@ -286,17 +426,26 @@ def to_junit(results: Sequence[CaseResult], engine: str) -> str:
             ET.SubElement(tc, "skipped", message=r.reason)
         elif r.verdict is Verdict.ERROR:
             ET.SubElement(tc, "error", message=r.reason).text = json.dumps(reproducer(r), ensure_ascii=False, indent=1)
-        elif r.verdict is Verdict.FAIL:
-            msg = f"{r.first_invariant}: {r.failures[0].message}"
-            ET.SubElement(tc, "failure", message=msg, type=r.first_invariant or "").text = (
-                f"{r.first_invariant}: {statement(r.first_invariant)}\n\n"
-                + "\n".join(f"{f.invariant}: {f.message}" for f in r.failures)
+        elif r.verdict in (Verdict.FAIL, Verdict.DIFFERS) and r.lead is not None:
+            kind = r.first_invariant if r.verdict is Verdict.FAIL else f"decision: {basis_tag(r.basis(r.lead))}"
+            ET.SubElement(tc, "failure", message=_finding_line(r, r.lead), type=kind or "").text = (
+                f"{r.verdict.value}: {basis_text(r.basis(r.lead))}\n\n"
+                + "\n".join(_finding_line(r, f) for f in r.failures)
                 + "\n\nreproducer:\n" + json.dumps(reproducer(r), ensure_ascii=False, indent=1))
+        elif r.failures:
+            ET.SubElement(tc, "system-out").text = "\n".join(_finding_line(r, f) for f in r.failures)
     ET.indent(suite)
     return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
 
 
 # ---- Markdown ------------------------------------------------------------------------------------
+
+_VERDICT_WORDS = {Verdict.FAIL: "fails the chapter", Verdict.DIFFERS: "differs on a decision or an ignored field",
+                  Verdict.ERROR: "error", Verdict.PASS: "pass", Verdict.SKIP: "n/a"}
+_DIFFERS_INTRO = ("Cases whose findings all rest on a choice this project made where engines legitimately differ "
+                  "(spec/DECISIONS.md: the decision, and what common engines do instead) or on request fields the "
+                  "engine took and that had no effect. Not a failure of chapter 4: `--profile chapter` leaves them "
+                  "out, `--declare DNN` makes a documented choice n/a.")
 
 
 def _md_cell(text: Any) -> str:
@@ -305,45 +454,77 @@ def _md_cell(text: Any) -> str:
 
 def _pass_note(r: CaseResult) -> str:
     notes = [f"partial: not checked {', '.join(r.not_checked)}"] if partial(r) else []
-    notes += [f"wire: {short(f)} ({f.invariant})" for f in r.wire]
+    notes += [f"{severity_of(f).value}: {short(f)} ({basis_tag(r.basis(f))})" for f in r.failures]
     return "; ".join(notes)
 
 
-def _md_causes(results: Sequence[CaseResult]) -> list[str]:
+def _severity_table(results: Sequence[CaseResult]) -> list[tuple[str, int, int, int, int]]:
+    """Per severity: (word, findings, on the chapter, on a decision or an ignored field, cases it leads)."""
+    rows = []
+    for sev in SEVERITIES:
+        found = [(r, f) for r in results for f in r.failures if severity_of(f) is sev]
+        chapter = sum(1 for r, f in found if r.basis(f).kind == "chapter")
+        decided = sum(1 for r, f in found if r.basis(f).kind in ("decision", "field_ignored"))
+        leads = sum(1 for r in results if r.lead is not None and severity_of(r.lead) is sev)
+        rows.append((SEVERITY_WORDS[sev], len(found), chapter, decided, leads))
+    return rows
+
+
+def _md_first_screen(results: Sequence[CaseResult]) -> list[str]:
+    lines = ["| severity | findings | on the chapter | on a decision or an ignored field | cases it leads |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {w} | {n} | {c} | {d} | {lead} |" for w, n, c, d, lead in _severity_table(results)]
     found = causes(results)
     if not found:
-        return []
-    lines = [f"## Causes ({len(found)})", "",
-             "Each distinct thing the engine got wrong, with the cases that show it (lead: the cases where it is "
-             "the first finding). Wire conventions are the OpenAI API's, not rules of chapter 4.", "",
-             "| family | invariant | § | symptom | cases | lead in |", "|---|---|---|---|---|---|"]
+        return lines + [""]
+    lines += ["", f"## Causes ({len(found)})", "",
+              "Each distinct thing the engine got wrong, most severe first, with what it rests on: a rule of "
+              "chapter 4 (§), a project decision (D, with what engines do instead), a request field that had no "
+              "effect, or a wire convention of the OpenAI API. Lead: the cases where it is the first finding.", "",
+              "| severity | symptom | basis | invariant | cases | lead in |", "|---|---|---|---|---|---|"]
     for c in found:
-        lines.append(f"| {c['family']} | {c['invariant']} | {c['anchor']} | {_md_cell(c['label'])} | "
-                     f"{len(c['cases'])}: {', '.join(f'`{i}`' for i in c['cases'])} | {len(c['lead_in'])} |")
+        b = Basis(c["basis"]["kind"], c["basis"]["ref"])
+        lines.append(f"| {SEVERITY_WORDS[Severity(c['severity'])]} | {_md_cell(c['label'])} | {_md_cell(basis_tag(b))} | "
+                     f"{c['invariant']} | {len(c['cases'])}: {', '.join(f'`{i}`' for i in c['cases'])} | "
+                     f"{len(c['lead_in'])} |")
     return lines + [""]
 
 
-def to_markdown(results: Sequence[CaseResult], engine: str) -> str:
+def _md_case(r: CaseResult) -> list[str]:
+    lead = r.lead
+    head = f"{r.verdict.value} ({r.case.grade.value})"
+    if lead is not None:
+        head += f", {severity_of(lead).value}: {short(lead)}"
+    basis = basis_text(r.basis(lead)) if lead is not None else "(adapter error)"
+    lines = [f"#### `{r.case.id}`: {head}", "", f"> {basis}", "", r.case.description, ""]
+    lines += [f"- **{severity_of(f).value}** · {_md_cell(short(f))} · `{f.invariant}` · basis: "
+              f"{_md_cell(basis_tag(r.basis(f)))}: {_md_cell(f.message)}" for f in r.failures] \
+        or [f"- error: {_md_cell(r.reason)}"]
+    rep = reproducer(r)
+    if "replay" in rep:
+        lines += ["", "Replay by hand:", "", "```sh", rep["replay"].rstrip(), "```"]
+    return lines + ["", "<details><summary>reproducer</summary>", "", "```json",
+                    json.dumps(rep, ensure_ascii=False, indent=1), "```", "", "</details>", ""]
+
+
+def to_markdown(results: Sequence[CaseResult], engine: str, grading: Grading = Grading()) -> str:
     failed = [r for r in results if r.failed]
+    differs = [r for r in results if r.verdict is Verdict.DIFFERS]
     passed = [r for r in results if r.verdict is Verdict.PASS]
     skipped = [r for r in results if r.verdict is Verdict.SKIP]
-    lines = [f"# Conformance report: `{engine}`", "", f"**{headline(results, engine)}**", ""]
-    lines += _md_causes(results)
-    lines += [f"## Failures ({len(failed)})", ""] if failed else ["No failures.", ""]
+    lines = [f"# Conformance report: `{engine}`", ""]
+    lines += [f"*{grading.provenance}*", ""] if grading.provenance else []
+    lines += [f"**{headline(results, engine, grading)}**", ""]
+    lines += _md_first_screen(results)
+    lines += [f"## Failures of the chapter ({len(failed)})", ""] if failed else ["No failure of the chapter.", ""]
     for anchor, rs in by_section(failed):
         lines += [f"### {anchor} ({len(rs)})", ""]
         for r in rs:
-            inv = r.first_invariant or r.case.invariant
-            lead = f"{inv}: {short(r.lead)}" if r.lead else inv
-            lines += [f"#### `{r.case.id}`: {r.verdict.value} ({r.case.grade.value}), {lead}", "",
-                      f"> {statement(inv)}" if statement(inv) else "> (adapter error)", "", r.case.description, ""]
-            lines += [f"- **{f.invariant}** ({short(f)}{', wire' if f.family == WIRE else ''}): {_md_cell(f.message)}"
-                      for f in r.failures] or [f"- error: {_md_cell(r.reason)}"]
-            rep = reproducer(r)
-            if "replay" in rep:
-                lines += ["", "Replay by hand:", "", "```sh", rep["replay"].rstrip(), "```"]
-            lines += ["", "<details><summary>reproducer</summary>", "", "```json",
-                      json.dumps(rep, ensure_ascii=False, indent=1), "```", "", "</details>", ""]
+            lines += _md_case(r)
+    if differs:
+        lines += [f"## Differs on a project decision or an ignored field ({len(differs)})", "", _DIFFERS_INTRO, ""]
+        for r in sorted(differs, key=lambda r: r.case.id):
+            lines += _md_case(r)
     lines += [f"## Passed ({len(passed)})", "", "| § | case | grade | invariant | note |", "|---|---|---|---|---|"]
     for anchor, rs in by_section(passed):
         lines += [f"| {anchor} | `{r.case.id}` | {r.case.grade.value} | {r.case.invariant} | {_md_cell(_pass_note(r))} |"
@@ -360,13 +541,18 @@ def to_markdown(results: Sequence[CaseResult], engine: str) -> str:
 
 _CSS = ("body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;margin:.5em 0}"
         "td,th{border:1px solid #ccc;padding:3px 8px;vertical-align:top;font-size:14px}.PASS{background:#dfd}"
-        ".partial{background:#ffd}.FAIL{background:#fdd}.ERROR{background:#fbb}.SKIP{background:#eee}"
+        ".partial{background:#ffd}.FAIL{background:#fdd}.DIFFERS{background:#fec}.ERROR{background:#fbb}"
+        ".SKIP{background:#eee}"
         "h1{margin-bottom:.2em}.headline{font-size:1.15em;font-weight:bold;padding:.4em .6em;border-left:6px solid}"
         ".bad{border-color:#c33;background:#fee}.good{border-color:#393;background:#efe}"
+        ".warn{border-color:#c93;background:#ffe9cc}.provenance{color:#555;font-style:italic}"
         "blockquote{margin:.3em 0 .6em 0;padding:.2em .8em;border-left:4px solid #99c;color:#334}"
         ".case{border:1px solid #ddd;padding:.2em 1em;margin:.8em 0}pre{background:#f6f6f6;padding:8px;"
         "overflow:auto;max-height:30em;font-size:12px}summary{cursor:pointer;font-weight:bold}"
-        ".diagram svg{max-width:100%;height:auto}")
+        ".sev{display:inline-block;min-width:6.5em;padding:0 .4em;border-radius:3px;font-size:12px;font-weight:bold;"
+        "color:#fff;text-align:center}.sev-text{background:#b22}.sev-ending{background:#c60}"
+        ".sev-accounting{background:#a80}.sev-stream_shape{background:#679}.sev-wire{background:#888}"
+        ".basis{color:#335;font-size:13px}.diagram svg{max-width:100%;height:auto}")
 
 
 def _svg(diagrams_dir: Path | None, name: str) -> str | None:
@@ -380,45 +566,69 @@ def _links(ids: Sequence[str]) -> str:
     return ", ".join(f"<a href='#{html.escape(i)}'>{html.escape(i)}</a>" for i in ids)
 
 
-def to_html(results: Sequence[CaseResult], engine: str, *, diagrams_dir: Path | None = None) -> str:
+def _badge(sev: Severity | str) -> str:
+    s = Severity(sev)
+    return f"<span class='sev sev-{s.value}'>{html.escape(SEVERITY_WORDS[s])}</span>"
+
+
+def _html_case(r: CaseResult, embedded: Mapping[str, str]) -> str:
+    e = html.escape
+    lead = r.lead
+    diagram = (f" · diagram <a href='#diagram-{e(r.case.diagram)}'>{e(r.case.diagram)}</a>"
+               if r.case.diagram in embedded else "")
+    rep = reproducer(r)
+    findings = "".join(f"<li>{_badge(severity_of(f))} <b>{e(short(f))}</b> <code>{e(f.invariant)}</code> "
+                       f"<span class='basis'>basis: {e(basis_text(r.basis(f)))}</span><br>{e(f.message)}</li>"
+                       for f in r.failures) or f"<li>error: {e(r.reason)}</li>"
+    head = f"{e(r.case.id)}: {r.verdict.value} ({r.case.grade.value})"
+    if lead is not None:
+        head += f" {_badge(severity_of(lead))} {e(short(lead))}"
+    return (f"<div class='case {r.verdict.value}' id='{e(r.case.id)}'><h4>{head}{diagram}</h4>"
+            f"<blockquote>{e(basis_text(r.basis(lead))) if lead is not None else '(adapter error)'}</blockquote>"
+            f"<p>{e(r.case.description)}</p><ul>{findings}</ul>"
+            + (f"<p>Replay by hand:</p><pre>{e(rep['replay'])}</pre>" if "replay" in rep else "")
+            + "<details><summary>reproducer</summary>"
+            f"<pre>{e(json.dumps(rep, ensure_ascii=False, indent=1))}</pre></details></div>")
+
+
+def to_html(results: Sequence[CaseResult], engine: str, *, diagrams_dir: Path | None = None,
+            grading: Grading = Grading()) -> str:
     e = html.escape
     failed = [r for r in results if r.failed]
+    differs = [r for r in results if r.verdict is Verdict.DIFFERS]
     passed = [r for r in results if r.verdict is Verdict.PASS]
     skipped = [r for r in results if r.verdict is Verdict.SKIP]
-    embedded = {d: svg for d in sorted({r.case.diagram for r in failed}) if (svg := _svg(diagrams_dir, d))}
+    s = summary(results, grading)
+    embedded = {d: svg for d in sorted({r.case.diagram for r in failed + differs}) if (svg := _svg(diagrams_dir, d))}
+    tone = "warn" if s["partial_run"] else "bad" if failed else "warn" if differs else "good"
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>decodespec conformance: {e(engine)}</title>"
              f"<style>{_CSS}</style></head><body><h1>Conformance report: {e(engine)}</h1>",
-             f"<p class='headline {'bad' if failed else 'good'}'>{e(headline(results, engine))}</p>"]
+             f"<p class='provenance'>{e(grading.provenance)}</p>" if grading.provenance else "",
+             f"<p class='headline {tone}'>{e(headline(results, engine, grading))}</p>"]
+    rows = "".join(f"<tr><td>{_badge(sev)}</td><td>{n}</td><td>{c}</td><td>{d}</td><td>{lead}</td></tr>"
+                   for sev, (_, n, c, d, lead) in zip(SEVERITIES, _severity_table(results)))
+    parts.append("<table><tr><th>severity</th><th>findings</th><th>on the chapter</th><th>on a decision or an ignored "
+                 f"field</th><th>cases it leads</th></tr>{rows}</table>")
     found = causes(results)
     if found:
         rows = "".join(
-            f"<tr class='{'partial' if c['family'] == WIRE else 'FAIL'}'><td>{e(c['family'])}</td>"
-            f"<td title='{e(c['statement'])}'>{e(c['invariant'])}</td><td>{e(c['anchor'])}</td><td>{e(c['label'])}</td>"
-            f"<td>{len(c['cases'])}: {_links(c['cases'])}</td>"
-            f"<td>{len(c['lead_in'])}</td></tr>" for c in found)
-        parts.append(f"<h2>Causes ({len(found)})</h2><p>Each distinct thing the engine got wrong, with the cases "
-                     "that show it. Wire conventions are the OpenAI API's, not rules of chapter 4.</p><table><tr>"
-                     "<th>family</th><th>invariant</th><th>§</th><th>symptom</th><th>cases</th><th>lead in</th></tr>"
-                     f"{rows}</table>")
-    parts.append(f"<h2>Failures ({len(failed)})</h2>" if failed else "<p>No failures.</p>")
+            f"<tr><td>{_badge(c['severity'])}</td><td>{e(c['label'])}</td>"
+            f"<td title='{e(c['basis']['text'])}'>{e(basis_tag(Basis(c['basis']['kind'], c['basis']['ref'])))}</td>"
+            f"<td title='{e(c['statement'])}'>{e(c['invariant'])}</td>"
+            f"<td>{len(c['cases'])}: {_links(c['cases'])}</td><td>{len(c['lead_in'])}</td></tr>" for c in found)
+        parts.append(f"<h2>Causes ({len(found)})</h2><p>Each distinct thing the engine got wrong, most severe first, "
+                     "with what it rests on: a rule of chapter 4 (§), a project decision (D; hover for what engines do "
+                     "instead), a request field that had no effect, or a wire convention of the OpenAI API.</p>"
+                     "<table><tr><th>severity</th><th>symptom</th><th>basis</th><th>invariant</th><th>cases</th>"
+                     f"<th>lead in</th></tr>{rows}</table>")
+    parts.append(f"<h2>Failures of the chapter ({len(failed)})</h2>" if failed else "<p>No failure of the chapter.</p>")
     for anchor, rs in by_section(failed):
         parts.append(f"<h3>{e(anchor)} ({len(rs)})</h3>")
-        for r in rs:
-            inv = r.first_invariant or r.case.invariant
-            diagram = (f" · diagram <a href='#diagram-{e(r.case.diagram)}'>{e(r.case.diagram)}</a>"
-                       if r.case.diagram in embedded else "")
-            rep = reproducer(r)
-            findings = "".join(f"<li><b>{e(f.invariant)}</b> ({e(short(f))}{', wire' if f.family == WIRE else ''}): "
-                               f"{e(f.message)}</li>" for f in r.failures) or \
-                f"<li>error: {e(r.reason)}</li>"
-            parts.append(
-                f"<div class='case {r.verdict.value}' id='{e(r.case.id)}'><h4>{e(r.case.id)}: {r.verdict.value} "
-                f"({r.case.grade.value}), {e(inv)}{': ' + e(short(r.lead)) if r.lead else ''}{diagram}</h4>"
-                f"<blockquote>{e(statement(inv)) or '(adapter error)'}</blockquote><p>{e(r.case.description)}</p>"
-                f"<ul>{findings}</ul>"
-                + (f"<p>Replay by hand:</p><pre>{e(rep['replay'])}</pre>" if "replay" in rep else "")
-                + "<details><summary>reproducer</summary>"
-                f"<pre>{e(json.dumps(rep, ensure_ascii=False, indent=1))}</pre></details></div>")
+        parts += [_html_case(r, embedded) for r in rs]
+    if differs:
+        parts.append(f"<h2>Differs on a project decision or an ignored field ({len(differs)})</h2>"
+                     f"<p>{e(_DIFFERS_INTRO)}</p>")
+        parts += [_html_case(r, embedded) for r in sorted(differs, key=lambda r: r.case.id)]
     rows = "".join(
         f"<tr class='{'partial' if partial(r) else 'PASS'}'><td>{e(a)}</td><td>{e(r.case.id)}</td>"
         f"<td>{r.case.grade.value}</td><td title='{e(statement(r.case.invariant))}'>{e(r.case.invariant)}</td>"
@@ -437,18 +647,23 @@ def to_html(results: Sequence[CaseResult], engine: str, *, diagrams_dir: Path | 
 
 
 def write_reports(results: Sequence[CaseResult], engine: str, out_dir: str | Path,
-                  *, diagrams_dir: str | Path | None = None, wall_s: float | None = None) -> list[Path]:
+                  *, diagrams_dir: str | Path | None = None, wall_s: float | None = None,
+                  grading: Grading = Grading(), generated: str | None = None) -> list[Path]:
     """Write the four report files into `out_dir`; returns their paths. `wall_s`: the whole run's
-    wall time (server start-ups included), kept in report.json. The HTML embeds the SVG diagrams
-    of `diagrams_dir` its failures name, so the page stands alone."""
+    wall time (server start-ups included), kept in report.json; `generated`: when the run was
+    (default now; a re-graded report keeps its run's). The HTML embeds the SVG diagrams of
+    `diagrams_dir` its failures name, so the page stands alone."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ddir = Path(diagrams_dir).resolve() if diagrams_dir is not None else None
+    data = to_json(results, engine, wall_s, grading)
+    if generated is not None:
+        data["generated"] = generated
     texts = {
-        "report.json": json.dumps(to_json(results, engine, wall_s), ensure_ascii=False, indent=1) + "\n",
-        "junit.xml": to_junit(results, engine),
-        "report.md": to_markdown(results, engine),
-        "report.html": to_html(results, engine, diagrams_dir=ddir),
+        "report.json": json.dumps(data, ensure_ascii=False, indent=1) + "\n",
+        "junit.xml": to_junit(results, engine, grading),
+        "report.md": to_markdown(results, engine, grading),
+        "report.html": to_html(results, engine, diagrams_dir=ddir, grading=grading),
     }
     paths = []
     for name in REPORT_FILES:

@@ -1,8 +1,12 @@
 """Run cases on an adapter and judge each Outcome against the case (issue 7 items 2-3).
 
-Verdicts: PASS (every check that ran held), FAIL (one did not; the first violated invariant is
-named), SKIP (the engine cannot run the case: the reason is kept), ERROR (the adapter itself
-raised: counted as a failure). A check the engine cannot observe is listed under `not_checked`.
+Verdicts: PASS (no finding that weighs: none, or only stream-shape and wire ones, listed with it),
+FAIL (a rule of chapter 4 broken: text, ending or accounting findings resting on the chapter),
+DIFFERS (such findings, all resting on a project decision or on request fields that had no
+effect), SKIP (the engine cannot run the case: the reason is kept), ERROR (the adapter itself
+raised: counted as a failure). The findings are ordered most severe first (symptoms.SEVERITIES);
+`grade` derives the verdict from them, under a profile (PROFILES) and the decisions an engine
+declares as its own. A check the engine cannot observe is listed under `not_checked`.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from ...spec import FinishReason
 from .adapters.base import Adapter, Finding, Outcome, case_prompt, case_script, case_tokenizer, reference_on
 from .cases import Case, CaseError, CaseKind, Grade, expect_to_json
 from .judgement import expected_of
-from .symptoms import (WIRE, Expected, compare_reason, compare_split, compare_stream, compare_text, finding,
-                       merge)
+from .wire import unterminated
+from .decisions import DECISIONS, decision_line
+from .symptoms import (WIRE, Basis, Expected, Severity, basis_of, by_severity, compare_reason, compare_split,
+                       compare_stream, compare_text, finding, merge, severity_of)
 
 _REASON_VALUES = frozenset(r.value for r in FinishReason)
 
@@ -29,8 +35,38 @@ _REASON_VALUES = frozenset(r.value for r in FinishReason)
 class Verdict(enum.StrEnum):
     PASS = "PASS"
     FAIL = "FAIL"
+    DIFFERS = "DIFFERS"
     SKIP = "SKIP"
     ERROR = "ERROR"
+
+
+# What a finding weighs: by its severity, then (for text, ending and accounting) by its basis.
+CHAPTER_W, DECISION_W, SHAPE_W, WIRE_W, DECLARED_W = "chapter", "decision", "shape", "wire", "declared"
+_WEIGHT_BY_SEVERITY: Mapping[Severity, str | None] = {
+    Severity.TEXT: None, Severity.ENDING: None, Severity.ACCOUNTING: None,
+    Severity.STREAM_SHAPE: SHAPE_W, Severity.WIRE: WIRE_W,
+}
+_WEIGHT_BY_BASIS: Mapping[str, str] = {"chapter": CHAPTER_W, "decision": DECISION_W, "field_ignored": DECISION_W,
+                                       "wire": WIRE_W}
+# The verdict each weight gives its case under a profile (a weight it does not list leaves PASS):
+# `project` (the default) judges the chapter and this project's decisions, `chapter` the chapter alone.
+PROFILES: Mapping[str, Mapping[str, Verdict]] = {
+    "project": {CHAPTER_W: Verdict.FAIL, DECISION_W: Verdict.DIFFERS},
+    "chapter": {CHAPTER_W: Verdict.FAIL},
+}
+_VERDICT_ORDER = (Verdict.FAIL, Verdict.DIFFERS, Verdict.PASS)
+
+
+def weight(f: Finding, case: Case, declared: frozenset[str] = frozenset()) -> str:
+    """What finding `f` weighs in `case`: 'chapter', 'decision' (a decision or request fields with no
+    effect), 'shape', 'wire', or 'declared' (it rests on a decision the engine declares its own)."""
+    by_severity_only = _WEIGHT_BY_SEVERITY[severity_of(f)]
+    if by_severity_only is not None:
+        return by_severity_only
+    basis = basis_of(f, case)
+    if basis.kind == "decision" and basis.ref in declared:
+        return DECLARED_W
+    return _WEIGHT_BY_BASIS[basis.kind]
 
 
 @attrs.frozen
@@ -62,8 +98,23 @@ class CaseResult:
         return tuple(f for f in self.failures if f.family == WIRE)
 
     @property
+    def shape(self) -> tuple[Finding, ...]:
+        """The stream-shape findings (empty chunks, hold-back timing, resumption): never a failure
+        on their own; `--strict` counts them."""
+        return tuple(f for f in self.failures if severity_of(f) is Severity.STREAM_SHAPE)
+
+    def basis(self, f: Finding) -> Basis:
+        """What finding `f` of this result rests on (symptoms.basis_of)."""
+        return basis_of(f, self.case)
+
+    @property
     def failed(self) -> bool:
         return self.verdict in (Verdict.FAIL, Verdict.ERROR)
+
+    @property
+    def judged_apart(self) -> bool:
+        """A result whose findings were not all the chapter's: DIFFERS, or a PASS with findings."""
+        return self.verdict is Verdict.DIFFERS or (self.verdict is Verdict.PASS and bool(self.failures))
 
 
 def _text(b: bytes | None) -> str | None:
@@ -107,11 +158,14 @@ def judge(case: Case, outcome: Outcome, engine: str, caps: frozenset[str]) -> Ca
 
     An adapter that judged its answer itself (over HTTP: judgement.py) gives the findings; for the
     others each dimension is compared here. A case none of whose checks could be observed is n/a,
-    never a pass; a pass that missed some is partial (`not_checked`)."""
+    never a pass; a pass that missed some is partial (`not_checked`). Every stream the case recorded
+    is held to §4.7's one terminal (wire.unterminated)."""
     if outcome.judged:
         fails, skipped, ran = list(outcome.findings), list(outcome.not_checked), True
     else:
         fails, skipped, ran = _judge_here(case, outcome, caps)
+    seen = {f.symptom for f in fails}  # every recorded stream ends with its terminal (§4.7), whatever the case checks
+    fails += [f for f in unterminated(outcome.exchanges) if f.symptom not in seen]
     observed = {
         "output": _text(outcome.output), "finish_reason": outcome.finish_reason, "state": outcome.state,
         "error": outcome.error, "usage": dict(outcome.usage) if outcome.usage is not None else None,
@@ -120,16 +174,35 @@ def judge(case: Case, outcome: Outcome, engine: str, caps: frozenset[str]) -> Ca
         "exchanges": list(outcome.exchanges), "reference": dict(outcome.reference) if outcome.reference else None,
         "server": dict(outcome.server) if outcome.server else None,
     }
-    fails = merge(fails)
-    semantic = [f for f in fails if f.family != WIRE]
+    fails = by_severity(merge(fails))
     expected = None if outcome.expect is None else expect_to_json(outcome.expect)
     if not ran and not fails:
         return CaseResult(case, engine, Verdict.SKIP, reason="the engine showed none of what the case checks: "
                           + ", ".join(skipped), observed=observed, expected=expected)
-    # wire findings alone leave a PASS (graded by the convention, listed with the result)
-    verdict = Verdict.FAIL if semantic else Verdict.PASS
-    return CaseResult(case, engine, verdict, tuple(semantic + [f for f in fails if f.family == WIRE]),
-                      tuple(skipped), observed=observed, expected=expected)
+    return grade(CaseResult(case, engine, Verdict.PASS, tuple(fails), tuple(skipped), observed=observed,
+                            expected=expected))
+
+
+def grade(r: CaseResult, profile: str = "project", declared: frozenset[str] = frozenset()) -> CaseResult:
+    """The verdict of a judged result from its findings (PASS, FAIL or DIFFERS; SKIP and ERROR stay):
+    the most severe one its findings' weights give under `profile` (PROFILES). `declared`: the
+    decisions the engine declares its own; a case resting on one is n/a with the decision's line,
+    a finding resting on one elsewhere weighs nothing."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}: one of {', '.join(PROFILES)}")
+    if unknown := sorted(declared - set(DECISIONS)):
+        raise ValueError(f"no such decision {', '.join(unknown)}: one of {', '.join(DECISIONS)}")
+    if r.verdict in (Verdict.SKIP, Verdict.ERROR):
+        return r
+    if own := [d for d in r.case.decisions if d in declared]:
+        return attrs.evolve(r, verdict=Verdict.SKIP, reason=declared_reason(own[0]))
+    given = {PROFILES[profile].get(weight(f, r.case, declared), Verdict.PASS) for f in r.failures}
+    return attrs.evolve(r, verdict=next(v for v in _VERDICT_ORDER if v in given or v is Verdict.PASS))
+
+
+def declared_reason(number: str) -> str:
+    """The n/a reason of a case resting on a decision the engine declares its own (--declare)."""
+    return f"the engine declares its own choice on {decision_line(number)} (--declare {number})"
 
 
 def _judge_here(case: Case, outcome: Outcome, caps: frozenset[str]) -> tuple[list[Finding], list[str], bool]:
@@ -297,12 +370,15 @@ def unexpected(results: Sequence[CaseResult], expected_failures: frozenset[str] 
                strict: bool = False) -> list[CaseResult]:
     """The results that fail a run: the one rule shared by the CLI and the pytest plugin.
 
-    Every ERROR (the run could not judge) and every MUST failure, unless its id is listed as a known
-    failure; SHOULD failures and wire-convention findings too with `strict`. A listed case that now passes is reported by `fixed`.
+    Every ERROR (the run could not judge) and every MUST case that FAILs or DIFFERS (its profile
+    decides which findings weigh: `grade`), unless its id is listed as a known failure; with
+    `strict` also SHOULD ones and any stream-shape or wire finding. A listed case that now passes
+    is reported by `fixed`.
     """
     return [r for r in results if r.case.id not in expected_failures
-            and (r.failed and (r.verdict is Verdict.ERROR or strict or r.case.grade is Grade.MUST)
-                 or strict and bool(r.wire))]
+            and (r.verdict is Verdict.ERROR
+                 or r.verdict in (Verdict.FAIL, Verdict.DIFFERS) and (strict or r.case.grade is Grade.MUST)
+                 or strict and bool(r.wire or r.shape))]
 
 
 def counts(r: CaseResult, *, strict: bool = False) -> bool:

@@ -194,7 +194,8 @@ def _invariant_severity() -> dict[str, Severity]:
     """Each invariant's most severe symptom row, then UNNAMED_SEVERITY's."""
     out: dict[str, Severity] = dict(UNNAMED_SEVERITY)
     for row in SYMPTOMS.values():
-        if row.invariant and (row.invariant not in out or SEVERITIES.index(row.severity) < SEVERITIES.index(out[row.invariant])):
+        known = out.get(row.invariant)
+        if row.invariant and (known is None or SEVERITIES.index(row.severity) < SEVERITIES.index(known)):
             out[row.invariant] = row.severity
     return out
 

@@ -458,6 +458,29 @@ def terminal_findings(st: Streamed) -> list[Finding]:
     return out
 
 
+def unterminated(exchanges: Iterable[Mapping[str, Any]]) -> list[Finding]:
+    """§4.7 on every stream a case recorded: one the server answered 200 and ended itself (the
+    client neither cut it nor lost the connection) without a finish chunk or an error has no
+    terminal: `no_reason` when [DONE] came, `stream_cut` when the body just ended. A recorded body cut
+    in the middle (wire.trim_middle) keeps its tail, where the terminal is."""
+    out = []
+    for i, ex in enumerate(exchanges):
+        ended_by_server = isinstance(ex, Mapping) and not ex.get("connection_failed") \
+            and "cut" not in (ex.get("timing_s") or {})
+        if not ended_by_server or "sse" not in ex or ex.get("status") != 200:
+            continue
+        st = parse_sse(str(ex["sse"]))
+        if st.finish_reasons or st.error or st.error_events:
+            continue
+        req = ex.get("request") or {}
+        what = ex.get("label") or f"stream {i + 1} ({req.get('method', 'POST')} {req.get('path', '?')})"
+        done = ", then [DONE]" if st.done else " and the body ended"
+        out.append(finding("no_reason" if st.done else "stream_cut",
+                           f"{what}: the server answered 200, sent {len(st.deltas)} delta(s){done}, with no finish chunk "
+                           "or error"))
+    return out
+
+
 def wire_findings(st: Streamed, *, include_usage: bool = False) -> list[Finding]:
     """The OpenAI stream conventions, each a "wire" finding (symptoms.WIRE_STATEMENTS)."""
     if st.status != 200:

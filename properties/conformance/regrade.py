@@ -1,0 +1,113 @@
+"""Re-grade stored reports without running the engine again: severity, basis and verdict from their findings.
+
+    python -m decodespec.properties.conformance.regrade reports/            # every reports/*/report.json, then the matrix
+    python -m decodespec.properties.conformance.regrade reports/vllm [--profile chapter]
+
+A finding's severity and basis are table data (symptoms.SYMPTOMS, decisions.DECISIONS, a case's
+declared decisions), so they follow from each stored finding's symptom and its case; the verdict
+follows from them (runner.grade). Every stream the report recorded is held to §4.7's one terminal
+again (wire.unterminated), the one judgement made from the stored exchanges. The report's four
+files are rewritten, and each says which run produced it and that it was re-graded, not re-run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ...checkout import default_diagrams_dir
+from .adapters.base import Finding
+from .cases import Case, CaseError, load_cases
+from .checkpoints import with_chat
+from .reports import Grading, read_report, write_reports
+from .runner import PROFILES, CaseResult, Verdict, grade
+from .symptoms import by_severity, merge
+from .wire import unterminated
+
+SELF = "python -m decodespec.properties.conformance.regrade"
+
+
+def _observed(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """What the stored case kept of the engine's answer, in CaseResult.observed's shape."""
+    kept = entry.get("reproducer") or entry.get("evidence") or {}
+    seen = dict(kept.get("observed") or {k: kept[k] for k in ("output", "chunks", "finish_reason", "state") if k in kept})
+    for key in ("exchanges", "reference", "server"):
+        if kept.get(key):
+            seen[key] = kept[key]
+    seen["notes"] = list(entry.get("notes") or [])
+    return seen
+
+
+def result_of(entry: Mapping[str, Any], case: Case, engine: str, profile: str) -> CaseResult:
+    """One stored case entry as a CaseResult, re-graded: its findings (and a recorded stream without
+    its terminal), most severe first; SKIP and ERROR as stored."""
+    seen = _observed(entry)
+    kept = entry.get("reproducer") or {}
+    found = [Finding(f["invariant"], f["message"], symptom=f.get("symptom", ""), family=f.get("family", "semantics"))
+             for f in entry.get("failures") or []]
+    verdict = Verdict(entry["verdict"])
+    if verdict not in (Verdict.SKIP, Verdict.ERROR):
+        have = {f.symptom for f in found}
+        found += [f for f in unterminated(seen.get("exchanges") or []) if f.symptom not in have]
+    res = CaseResult(case, engine, verdict if verdict in (Verdict.SKIP, Verdict.ERROR) else Verdict.PASS,
+                     tuple(by_severity(merge(found))), tuple(entry.get("not_checked") or ()), reason=entry.get("reason", ""),
+                     observed=seen, seconds=float(entry.get("seconds") or 0.0),
+                     expected=kept.get("expected") if kept.get("expected") else None)
+    return grade(res, profile)
+
+
+def regrade(folder: Path, cases: Mapping[str, Case], profile: str | None = None) -> list[Path]:
+    """Rewrite folder/report.json (and its junit.xml, report.md, report.html) re-graded; `profile`
+    None keeps the report's own. A case id the suite no longer has is a CaseError naming it."""
+    path = folder / "report.json"
+    data = read_report(path, ("id", "verdict"))
+    gone = [c["id"] for c in data["cases"] if c["id"] not in cases]
+    if gone:
+        raise CaseError(f"{path}: the suite has no case {', '.join(gone[:5])}; re-run the engine instead")
+    stored = data.get("grading") or {}
+    profile = profile or stored.get("profile") or "project"
+    engine = str(data.get("engine") or folder.name)
+    results = [result_of(c, cases[c["id"]], engine, profile) for c in data["cases"]]
+    run = data.get("generated", "an unknown date")
+    first = stored.get("provenance", "")
+    origin = first.split("; re-graded")[0] if first else f"Run of {run} (report version {data.get('version')})"
+    today = datetime.now(timezone.utc).date().isoformat()
+    provenance = (f"{origin}; re-graded on {today} by `{SELF}` from its stored findings and exchanges (severity, "
+                  "basis, the §4.7 terminal of every recorded stream); the engine was not run again")
+    return write_reports(results, engine, folder, diagrams_dir=default_diagrams_dir(), wall_s=data.get("wall_seconds"),
+                         grading=Grading(profile, frozenset(stored.get("declared") or ()), provenance),
+                         generated=run)
+
+
+def main(argv: Sequence[str]) -> int:
+    ap = argparse.ArgumentParser(prog=SELF, description=__doc__.strip().splitlines()[0])
+    ap.add_argument("folders", nargs="+", type=Path, help="a report folder, or a folder of them (then the matrix too)")
+    ap.add_argument("--profile", choices=list(PROFILES), default=None, help="default: the report's own")
+    args = ap.parse_args(argv)
+    cases = {c.id: c for c in with_chat(load_cases())}
+    for given in args.folders:
+        folders = [given] if (given / "report.json").is_file() else sorted(p.parent for p in given.glob("*/report.json"))
+        if not folders:
+            print(f"{SELF}: {given} holds no report.json", file=sys.stderr)
+            return 2
+        for folder in folders:
+            try:
+                regrade(folder, cases, args.profile)
+            except CaseError as exc:
+                print(f"{SELF}: {exc}", file=sys.stderr)
+                return 2
+            print(f"re-graded {folder}")
+        if folders != [given]:
+            from .matrix import write_matrix
+
+            for p in write_matrix(given):
+                print(f"wrote {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
