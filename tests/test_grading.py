@@ -127,3 +127,11 @@ def test_a_matrix_cell_names_the_most_severe_finding_and_its_basis(tmp_path: Pat
     assert "| `stop/min-tokens/001` | MUST | **DIFFERS** [text] stop bytes sent (D31) |" in md
     assert "| `stop/cross-token/001` | MUST | PASS (stream-shape) |" in md
     assert "| e | 2 of 2 ran; 1 text, 2 stream-shape; 1 pass, 0 fail, 1 differ, 0 error |" in md
+
+
+def test_causes_put_what_leads_cases_before_what_follows_from_it() -> None:
+    """Within a severity, the cause that leads cases comes before one that only follows (the
+    stream differing from the answer is what a held text never sent also shows)."""
+    results = [judged("stop/cross-token/001", "held_not_released", "stream_vs_batch"),
+               judged("stop/cross-token/002", "bytes_lost", "stream_vs_batch")]
+    assert [c["symptom"] for c in causes(results)] == ["bytes_lost", "held_not_released", "stream_vs_batch"]

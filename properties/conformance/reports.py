@@ -133,7 +133,8 @@ def finding_json(r: CaseResult, f: Finding) -> dict[str, Any]:
 def causes(results: Sequence[CaseResult]) -> list[dict[str, Any]]:
     """The distinct causes of a run's findings: (severity, basis, invariant, symptom) with the cases
     they cover, most severe first; within a severity the chapter's before decisions, ignored fields
-    and wire conventions, then the most cases first."""
+    and wire conventions, then the cause that leads the most cases (what to fix first), then the
+    most cases."""
     by: dict[tuple[str, str, str, str, str], dict[str, Any]] = {}
     for r in results:
         for f in r.failures:
@@ -148,8 +149,8 @@ def causes(results: Sequence[CaseResult]) -> list[dict[str, Any]]:
             if r.lead is f and r.case.id not in c["lead_in"]:
                 c["lead_in"].append(r.case.id)
     return sorted(by.values(), key=lambda c: (SEVERITIES.index(Severity(c["severity"])),
-                                              _BASIS_ORDER.index(c["basis"]["kind"]), -len(c["cases"]),
-                                              c["invariant"], c["symptom"]))
+                                              _BASIS_ORDER.index(c["basis"]["kind"]), -len(c["lead_in"]),
+                                              -len(c["cases"]), c["invariant"], c["symptom"]))
 
 
 def partial(r: CaseResult) -> bool:
@@ -223,7 +224,7 @@ def summary(results: Sequence[CaseResult], grading: Grading = Grading()) -> dict
 
 def _severity_counts(found: Mapping[str, int]) -> str:
     said = [f"{n} {SEVERITY_WORDS[Severity(s)]}" for s, n in found.items() if n]
-    return ", ".join(said) + " findings" if said else "no findings"
+    return ", ".join(said) + (" finding" if sum(found.values()) == 1 else " findings") if said else "no findings"
 
 
 def headline(results: Sequence[CaseResult], engine: str, grading: Grading = Grading()) -> str:
@@ -490,6 +491,11 @@ def _md_first_screen(results: Sequence[CaseResult]) -> list[str]:
     return lines + [""]
 
 
+def _failures_title(failed: Sequence[CaseResult]) -> str:
+    errors = sum(1 for r in failed if r.verdict is Verdict.ERROR)
+    return f"Failures of the chapter ({len(failed) - errors})" + (f" and errors ({errors})" if errors else "")
+
+
 def _md_case(r: CaseResult) -> list[str]:
     lead = r.lead
     head = f"{r.verdict.value} ({r.case.grade.value})"
@@ -516,7 +522,7 @@ def to_markdown(results: Sequence[CaseResult], engine: str, grading: Grading = G
     lines += [f"*{grading.provenance}*", ""] if grading.provenance else []
     lines += [f"**{headline(results, engine, grading)}**", ""]
     lines += _md_first_screen(results)
-    lines += [f"## Failures of the chapter ({len(failed)})", ""] if failed else ["No failure of the chapter.", ""]
+    lines += [f"## {_failures_title(failed)}", ""] if failed else ["No failure of the chapter.", ""]
     for anchor, rs in by_section(failed):
         lines += [f"### {anchor} ({len(rs)})", ""]
         for r in rs:
@@ -621,7 +627,7 @@ def to_html(results: Sequence[CaseResult], engine: str, *, diagrams_dir: Path | 
                      "instead), a request field that had no effect, or a wire convention of the OpenAI API.</p>"
                      "<table><tr><th>severity</th><th>symptom</th><th>basis</th><th>invariant</th><th>cases</th>"
                      f"<th>lead in</th></tr>{rows}</table>")
-    parts.append(f"<h2>Failures of the chapter ({len(failed)})</h2>" if failed else "<p>No failure of the chapter.</p>")
+    parts.append(f"<h2>{e(_failures_title(failed))}</h2>" if failed else "<p>No failure of the chapter.</p>")
     for anchor, rs in by_section(failed):
         parts.append(f"<h3>{e(anchor)} ({len(rs)})</h3>")
         parts += [_html_case(r, embedded) for r in rs]
