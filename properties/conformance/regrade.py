@@ -64,7 +64,7 @@ def regrade(folder: Path, cases: Mapping[str, Case], profile: str | None = None)
     """Rewrite folder/report.json (and its junit.xml, report.md, report.html) re-graded; `profile`
     None keeps the report's own. A case id the suite no longer has is a CaseError naming it."""
     path = folder / "report.json"
-    data = read_report(path, ("id", "verdict"))
+    data = read_report.__wrapped__(path, ("id", "verdict"))  # uncached: this rewrites the file it reads
     gone = [c["id"] for c in data["cases"] if c["id"] not in cases]
     if gone:
         raise CaseError(f"{path}: the suite has no case {', '.join(gone[:5])}; re-run the engine instead")
