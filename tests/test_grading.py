@@ -135,3 +135,18 @@ def test_causes_put_what_leads_cases_before_what_follows_from_it() -> None:
     results = [judged("stop/cross-token/001", "held_not_released", "stream_vs_batch"),
                judged("stop/cross-token/002", "bytes_lost", "stream_vs_batch")]
     assert [c["symptom"] for c in causes(results)] == ["bytes_lost", "held_not_released", "stream_vs_batch"]
+
+
+def test_a_request_life_recipe_holds_every_stream_the_server_ended_to_one_terminal() -> None:
+    """§4.7: the disconnect recipe's new streams, and an abandoned stream the server ended itself
+    before the client's cut, each end with a finish chunk; one the client cut needs none."""
+    from decodespec.properties.conformance.life.exchange import Exchange, Job
+    from decodespec.properties.conformance.life.recipes import ended_alone
+    from decodespec.properties.conformance.wire import parse_sse
+
+    job = Job("recipe", "/v1/completions", {"stream": True}, True)
+    bare = Exchange(job, status=200, streamed=parse_sse(_DONE_NO_FINISH))
+    whole = Exchange(job, status=200, streamed=parse_sse(_FINISHED))
+    cut = Exchange(job, status=200, streamed=parse_sse(_DONE_NO_FINISH), cut=1.0)
+    found = ended_alone([whole, bare, cut], "new stream", first=2)
+    assert [(f.symptom, f.message.split(":")[0]) for f in found] == [("no_reason", "new stream 3")]

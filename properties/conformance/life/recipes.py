@@ -157,6 +157,15 @@ def dropped(ex: Exchange, how: str) -> Finding:
     return finding("connection_dropped", f"{how}: {ex.failed}; not sent again")
 
 
+def ended_alone(got: Sequence[Exchange], how: str, first: int = 1) -> list[Finding]:
+    """§4.7 on the streams of `got` the server ended itself (the client did not cut them, the
+    connection held): each has one terminal (wire.terminal_findings), whatever else the recipe
+    judges of it; `how` and the number from `first` name them ('new stream 2')."""
+    return [finding(f.symptom, f"{how} {i}: {f.message}") for i, x in enumerate(got, first)
+            if x.streamed is not None and x.status == 200 and not x.failed and x.cut is None
+            for f in terminal_findings(x.streamed)]
+
+
 def _kind(stream: bool) -> str:
     return "streamed" if stream else "not streamed"
 
@@ -354,6 +363,8 @@ def abandon(a: LiveServer, case: Case) -> tuple[dict[str, Any], list[Finding]] |
     found = against_alone(a, solo, [x for x in fresh[:1] if x.first is not None], "beside the new streams")
     found += sent_again(retried)
     found += [dropped(x, f"new stream {i + 1}") for i, x in enumerate(fresh) if x.failed and "Timeout" not in x.failed]
+    # an abandoned stream the server ended before its cut, and the new streams beside the bystander
+    found += ended_alone(cut, "abandoned stream") + ended_alone(fresh[1:], "new stream", first=2)
     a.log_exchanges([{**cut[0].record(), "label": f"abandoned after {k} deltas"},
                      {**fresh[-1].record(), "label": "a new stream after the disconnects"}])
     m = {"slots": s, "cut_at": k, "bound_s": bound, "rest_s": rest_s, "freed_s": freed_s, "late": late,
