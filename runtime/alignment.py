@@ -15,6 +15,11 @@ it chunk by chunk, and `Releaser` is the reference's side of it:
   chunk, which reports every selected token not reported yet: each selected token exactly once,
   in order, so the entries count what usage.completion_tokens counts (D7).
 
+A chunk also says when it went out, in the run's own terms: `selected(seq)` is how many tokens
+the run had selected when it released the delta `seq` (token.selected and response.delta in its
+trace), the selection timeline §4.6's hold-back is judged by, which the reports above, tied to the
+text, do not show (a token held whole is reported with a later chunk).
+
 Where the bytes of a token are comes from the run's byte marks (`RequestRun.byte_marks`: the
 detokenizer's output through each token, held bytes included), never from re-decoding: a token's
 entry holds exactly the bytes the detokenizer made of it (`TokenEntry.data`, None when it made
@@ -73,6 +78,9 @@ class Releaser:
         self._pos = 0  # offset bookkeeping: a byte position in _text and the characters before it
         self._chars = 0
         self._echo_chars = 0  # text offsets count the echoed prompt's characters too
+        self._read = 0  # the run's trace events read so far (`selected`)
+        self._selected = 0  # tokens selected as of the last event read
+        self._at: dict[int, int] = {}  # delta seq -> tokens selected when it was released
 
     def delta(self, data: bytes) -> list[TokenEntry]:
         """The entries of a chunk that sends `data`: the tokens whose first byte is now sent, and
@@ -89,6 +97,17 @@ class Releaser:
         while upto < len(self.run.tokens) and upto <= len(marks) and (marks[upto - 1] if upto else 0) < sent:
             upto += 1
         return self._entries(upto)
+
+    def selected(self, seq: int) -> int:
+        """How many tokens the run had selected when it released delta `seq` (its trace is written
+        before the delta reaches a reader)."""
+        for e in self.run.trace.since(self._read):
+            self._read += 1
+            if e.kind == "token.selected":
+                self._selected = e.data["step"]
+            elif e.kind == "response.delta":
+                self._at[e.data["seq"]] = self._selected
+        return self._at.pop(seq)
 
     def finish(self) -> list[TokenEntry]:
         """The finish chunk's entries: every selected token not reported yet."""

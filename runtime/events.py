@@ -193,13 +193,17 @@ class Trace:
     @property
     def events(self) -> list[Event]:
         """Every event so far, in index order (a new list)."""
+        return self.since(0)
+
+    def since(self, start: int) -> list[Event]:
+        """The events from index `start` on (a reader that keeps its place reads each event once)."""
         with self._lock:
             built, raw = self._built, self._raw
-            start, end = len(built), len(raw)
-            if start < end:
+            end = len(raw)
+            if len(built) < end:
                 rid = self.request_id
-                built.extend([_event(entry, rid, i) for i, entry in enumerate(raw[start:end], start)])
-            return list(built)
+                built.extend([_event(entry, rid, i) for i, entry in enumerate(raw[len(built):end], len(built))])
+            return built[start:end]
 
     def __iter__(self) -> Iterator[Event]:
         return iter(self.events)

@@ -32,6 +32,8 @@ max_output_tokens, context_limit, deadline_exceeded -> "length" (a budget ran ou
 content_interrupted -> "content_filter". The precise reason always travels alongside as
 `"decodespec": {"finish_reason": ..., "stop": ...}`. cancelled, model_error and transport_error are
 not completions: they end a stream with an `event: error` and a non-stream call with an error body.
+A stream that asks for per-token reports (logprobs, token ids) also says, with each text chunk, how
+many tokens the run had selected when it released it (`"decodespec": {"selected": n}`, D59).
 """
 
 from __future__ import annotations

@@ -139,9 +139,14 @@ class _Renderer:
         self.releaser = Releaser(run) if parsed is not None and parsed.reports_tokens else None
         self._pending: list[Any] = []
 
-    def _report(self, entries: list[Any]) -> dict[str, Any] | None:
+    def _report(self, entries: list[Any], seq: int | None = None) -> dict[str, Any] | None:
+        """The chunk's per-token fields; for a delta (`seq`), also how many tokens the run had
+        selected when it released it (`decodespec.selected`, the timeline hold-back is judged by)."""
         entries, self._pending = self._pending + entries, []
-        return report_fields(self.parsed, entries, self.run.tokenizer) if self.releaser is not None else None
+        if self.releaser is None:
+            return None
+        out = report_fields(self.parsed, entries, self.run.tokenizer)
+        return out if seq is None else {**out, "decodespec": {"selected": self.releaser.selected(seq)}}
 
     def resumed(self) -> None:
         """A reader that resumes after Last-Event-ID begins mid-stream: it reports no per-token
@@ -166,9 +171,9 @@ class _Renderer:
                 if not delta:
                     self._pending += entries
                     return []
-                return [_sse(chunk(p, self.cid, self.created, self.model, delta=delta, report=self._report(entries)),
-                             seq=self._id(ev.seq))]
-            return [_sse(chunk(p, self.cid, self.created, self.model, text=text, report=self._report(entries)),
+                return [_sse(chunk(p, self.cid, self.created, self.model, delta=delta,
+                                   report=self._report(entries, ev.seq)), seq=self._id(ev.seq))]
+            return [_sse(chunk(p, self.cid, self.created, self.model, text=text, report=self._report(entries, ev.seq)),
                          seq=self._id(ev.seq))]
         if ev.kind is StreamEventKind.COMPLETED:
             tail = self._utf8.decode(b"", final=True)

@@ -86,6 +86,21 @@ def test_a_split_character_and_a_stop_cut_go_with_the_right_chunks(scripted):
     assert judge_alignment(reports, Want((121, 111, 112, 103), False, ("中E",), NOT_TEXT), TOK, "stream") == []
 
 
+def test_each_chunk_says_how_many_tokens_were_selected_when_it_went_out(scripted):
+    """§4.6, §4.7: with stops 'BX' and 'CDY', 'B' (held after 'AB') goes out once 'CD' is selected,
+    and all of 'CD' is held: that chunk reports no token (none of its text is CD's) but says two
+    were selected (`decodespec.selected`), the timeline hold-back is judged by; a stream that asks
+    for no reports says nothing."""
+    base = scripted([101, 102, 103, 110])
+    body = {"model": "m", "prompt": [1], "max_tokens": 3, "temperature": 0, "stop": ["BX", "CDY"]}
+    st = _stream(base, {**body, "return_token_ids": True})
+    got = [(c["text"], c.get("token_ids"), c.get("decodespec")) for c in st.choices() if not c.get("finish_reason")]
+    assert got == [("", None, None), ("A", [101], {"selected": 1}), ("B", [], {"selected": 2}),
+                   ("CDE", [102, 103], {"selected": 3})]  # the opening chunk, then the deltas
+    assert st.timeline().selected == (0, 1, 2, 3) and st.timeline().reported == (0, 1, 1, 3)
+    assert all("decodespec" not in c for c in _stream(base, body).choices() if not c.get("finish_reason"))
+
+
 SERVED = {  # the reference's own streams: script, request, what it selected
     "stop held across tokens": ([121, 101, 102, 104, 105, 110], {"max_tokens": 8, "stop": ["BCDE"]},
                                 Want((121, 101, 102, 104, 105, 110), True, ("BCDE",), NOT_TEXT)),

@@ -12,6 +12,7 @@ import json
 import random
 from pathlib import Path
 
+import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,7 +28,7 @@ from decodespec.properties.conformance.chat import (
 from decodespec.properties.conformance.http_script import judge_exchange
 from decodespec.properties.conformance.judgement import Observed, expected_of, judge_observed, observe
 from decodespec.properties.conformance.script_check import banned_eos
-from decodespec.properties.conformance.symptoms import WIRE, compare_text, merge
+from decodespec.properties.conformance.symptoms import WIRE, Timeline, compare_text, merge
 from decodespec.properties.conformance.wire import ANSWER, CHUNK, parse_sse, shape_error, wire_findings
 
 AUDITED = json.loads((Path(__file__).parent / "fixtures" / "audited_exchanges.json").read_text(encoding="utf-8"))
@@ -128,53 +129,88 @@ def test_an_eos_selected_past_the_limit_is_a_length_finding():
     assert found and found[0].invariant == "length_respected" and found[0].symptom == "past_limit"
 
 
-def _held(chunks, tokens=None, text=b"ABCD"):
-    return Observed(text=text, finish_reason="length", completion_tokens=2, chunks=chunks, chunk_tokens=tokens,
-                    stream_finish_reasons=("length",))
+def _held(chunks, reported=None, selected=None, text=b"ABCD", count=2):
+    return Observed(text=text, finish_reason="length", completion_tokens=count, chunks=chunks,
+                    timeline=Timeline(chunks, reported, selected), stream_finish_reasons=("length",))
 
 
-def test_hold_back_is_judged_from_the_token_boundaries_the_engine_reports():
-    """§4.6, D59 over the wire: 'B' of 'AB' may begin the stop 'BX' until 'CD' rules it out. With the
-    tokens reported per chunk, bytes sent where the reference still held back fail; holding longer
-    (vLLM holds a fixed window) passes. An engine whose reports run ahead of its text ('CD' reported
-    with an empty chunk) shows it reports tokens as it selects them, so its 'AB' with token 1 alone
-    went out before 'CD' was selected."""
+@pytest.mark.parametrize(("chunks", "reported", "selected"), [
+    ((b"AB", b"CD"), None, (1, 2)),  # the engine says how many tokens it had selected (the reference's clock)
+    ((b"AB", b"", b"CD"), (1, 2, 2), None),  # vLLM: each token reported as selected, 'CD' with an empty chunk
+])
+def test_a_stop_prefix_sent_before_its_stop_is_ruled_out_fails_where_the_stream_shows_when(chunks, reported, selected):
+    """§4.6, D59 over the wire: 'B' of 'AB' may begin the stop 'BX' until 'CD' rules it out. Where the
+    stream shows how many tokens were selected when each chunk went out, 'AB' sent with one token
+    selected fails; holding as the reference does, or longer (vLLM holds a fixed window), passes."""
     _, exp = _expected("stop/hold-back/001")
-    early = _held((b"AB", b"", b"CD"), (1, 2, 2))
-    assert [f.symptom for f in judge_observed(exp, early)[0]] == ["empty_delta", "stop_prefix_sent"]
-    assert judge_observed(exp, _held((b"A", b"BCD"), (1, 2)))[0] == []
-    assert [f.symptom for f in judge_observed(exp, _held((b"A", b"", b"BCD"), (1, 2, 2)))[0]] == ["empty_delta"]
+    found, not_checked = judge_observed(exp, _held(chunks, reported, selected))
+    assert "stop_prefix_sent" in [f.symptom for f in found] and not any("hold-back" in m for m in not_checked)
+    held = (b"A", *chunks[1:-1], b"BCD")
+    found, not_checked = judge_observed(exp, _held(held, reported, selected))
+    assert "stop_prefix_sent" not in [f.symptom for f in found] and not any("hold-back" in m for m in not_checked)
 
 
-@pytest.mark.parametrize(("chunks", "tokens", "why"), [
+@pytest.mark.parametrize(("chunks", "reported", "why"), [
     ((b"AB", b"CD"), None, "reports no token boundaries"),  # llama-cpp-python's stream: one chunk a token, no reports
     ((b"AB", b"CD"), (1, 2), "only with its text"),  # each token reported with its text: when it was selected is unknown
+    ((b"A", b"BCD"), (1, 2), "only with its text"),  # the reference's reports: a token with its first byte (D59)
 ])
-def test_hold_back_is_never_inferred_from_chunks_that_do_not_show_when_tokens_were_selected(chunks, tokens, why):
+def test_hold_back_is_never_inferred_from_chunks_that_do_not_show_when_tokens_were_selected(chunks, reported, why):
     """§4.6: an engine may hold whole tokens and release them later, one chunk each (llama-cpp-python
-    sends 'AB' once 'CD' has ruled 'BX' out): the number of chunks, or reports that go out only with
-    their own text, do not show which tokens were selected when a chunk went out. Hold-back is then
-    not checked, and the result says so; it is never a finding."""
+    sends 'AB' once 'CD' has ruled 'BX' out): the number of chunks, or reports that go out with their
+    token's text, do not show which tokens were selected when a chunk went out. Hold-back is then not
+    checked, and the result says so; it is never a finding."""
     _, exp = _expected("stop/hold-back/001")
-    found, not_checked = judge_observed(exp, _held(chunks, tokens))
+    found, not_checked = judge_observed(exp, _held(chunks, reported))
     assert found == [] and any(m.startswith("hold-back") and why in m for m in not_checked), not_checked
 
 
+def test_the_ends_flush_is_not_held_back_text_sent_early():
+    """§4.6: with max_tokens 1 and stop 'BCD', 'B' of 'AB' is held until the run ends, then sent: a
+    chunk that goes out once every token was selected may carry it (no count tells the last step
+    from the end), however the engine counts its tokens."""
+    _, exp = _expected("stop/flush-tail/001")
+    for selected in ((1, 1), (1, 2)):
+        found, not_checked = judge_observed(exp, _held((b"A", b"B"), selected=selected, text=b"AB", count=1))
+        assert found == [] and not any("hold-back" in m for m in not_checked), (selected, found, not_checked)
+
+
+def test_reports_tied_to_the_text_are_not_read_as_when_tokens_were_selected():
+    """§4.6, D59: with stops 'BX' and 'CDY' the reference sends 'A' (its 'B' held), then with 'CD'
+    selected releases 'B' and holds all of 'CD', then 'CDE'. Its reports go with each token's first
+    byte: 'B' goes out with one token reported, though two were selected. Read as a clock they would
+    fail the reference; they are not judged, and its own count of the tokens selected passes."""
+    case = CASES["stop/hold-back/001"]
+    case = attrs.evolve(case, inputs={**case.inputs, "stop": ["BX", "CDY"], "max_tokens": 3})
+    tok = case_tokenizer(case)
+    prompt, script = case_prompt(case, tok), case_script(case, tok)
+    exp = expected_of(case, tok, prompt, script, reference_on(case, tok, prompt, script))
+    chunks = (b"A", b"B", b"CDE")
+    found, not_checked = judge_observed(exp, _held(chunks, reported=(1, 1, 3), text=b"ABCDE", count=3))
+    assert found == [] and any("only with its text" in m for m in not_checked), (found, not_checked)
+    found, not_checked = judge_observed(exp, _held(chunks, selected=(1, 2, 3), text=b"ABCDE", count=3))
+    assert found == [] and not any("hold-back" in m for m in not_checked), (found, not_checked)
+    early = _held((b"AB", b"CDE"), selected=(1, 3), text=b"ABCDE", count=3)
+    assert [f.symptom for f in judge_observed(exp, early)[0]] == ["stop_prefix_sent"]
+
+
 @pytest.mark.parametrize("report", [
-    lambda ids, pieces: {"token_ids": ids},  # vLLM's return_token_ids
-    lambda ids, pieces: {"logprobs": {"tokens": pieces, "token_logprobs": [0.0] * len(pieces)}},
+    lambda ids, pieces, selected: {"token_ids": ids},  # vLLM's return_token_ids
+    lambda ids, pieces, selected: {"logprobs": {"tokens": pieces, "token_logprobs": [0.0] * len(pieces)}},
+    lambda ids, pieces, selected: {"decodespec": {"selected": selected}},  # the reference's count
 ])
 def test_a_streams_token_reports_give_the_boundaries_hold_back_is_judged_by(report):
-    """§4.6, D59: a completions stream that reports its tokens (ids or logprobs) per chunk shows its
-    boundaries (Streamed.tokens_shown): 'AB' sent with token 1 alone, by an engine whose empty
-    chunk reports 'CD' before its text, is a stop prefix sent early; the same chunks without reports
-    are not judged."""
+    """§4.6, D59: a completions stream that reports its tokens (ids or logprobs) as it selects them,
+    or says how many it had selected (`decodespec.selected`), shows when each chunk went out
+    (Streamed.timeline): 'AB' sent with token 1 alone is a stop prefix sent early; the same chunks
+    without reports are not judged."""
     _, exp = _expected("stop/hold-back/001")
 
     def sse(with_reports):
-        chunks = [("AB", [101], ["AB"]), ("", [102], ["CD"]), ("CD", [], [])]
+        chunks = [("AB", [101], ["AB"], 1), ("", [102], ["CD"], 2), ("CD", [], [], 2)]
         lines = [{"id": "c", "choices": [{"index": 0, "text": t, "finish_reason": None,
-                                          **(report(ids, pieces) if with_reports else {})}]} for t, ids, pieces in chunks]
+                                          **(report(ids, pieces, k) if with_reports else {})}]}
+                 for t, ids, pieces, k in chunks]
         lines.append({"id": "c", "choices": [{"index": 0, "text": "", "finish_reason": "length"}]})
         return parse_sse("".join(f"data: {json.dumps(x)}\n\n" for x in lines) + "data: [DONE]\n\n")
 
@@ -184,14 +220,17 @@ def test_a_streams_token_reports_give_the_boundaries_hold_back_is_judged_by(repo
     assert "stop_prefix_sent" in found, found
     found, not_checked = judge_observed(exp, observe(200, answer, json.dumps(answer), sse(False)))
     assert "stop_prefix_sent" not in {f.symptom for f in found} and any("hold-back" in m for m in not_checked)
+    reported = observe(200, answer, json.dumps(answer), sse(False), reported=sse(True))
+    assert "stop_prefix_sent" in {f.symptom for f in judge_observed(exp, reported)[0]}  # the stream sent again
 
 
 def test_a_stop_prefix_sent_early_is_named_by_the_bytes_the_reference_held():
     """§4.6: the finding names the bytes the engine sent where the reference still held back, even
     when the reference's output ends before them (they began the stop that won): 'o', not b''."""
     _, exp = _expected("stop/cross-token/002")
-    early = Observed(text=b"hello", finish_reason="stop", completion_tokens=2, chunks=(b"", b"hello", b""),
-                     chunk_tokens=(1, 1, 2), stream_finish_reasons=("stop",))
+    chunks = (b"", b"hello", b"")
+    early = Observed(text=b"hello", finish_reason="stop", completion_tokens=2, chunks=chunks,
+                     timeline=Timeline(chunks, selected=(1, 1, 2)), stream_finish_reasons=("stop",))
     found = [f for f in judge_observed(exp, early)[0] if f.symptom == "stop_prefix_sent"]
     assert len(found) == 1 and "still held b'o' there" in found[0].message, found
 

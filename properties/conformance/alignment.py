@@ -11,9 +11,10 @@ entries are read (`chunk_reports`) and judged against the forced script (`judge_
 2. after every chunk the text so far is a byte prefix of the entries' bytes so far
    (`text_before_token` where the text runs ahead, `token_bytes_differ` where they disagree);
 3. before the finish chunk the entries lead the text only by an unfinished UTF-8 character and at
-   most (the longest stop string - 1) characters a stop may still take (`tokens_ahead`);
-4. on completions, whether held text went out before its stop was ruled out (§4.6), from the token
-   boundaries the entries show (symptoms.compare_split: `stop_prefix_sent`).
+   most (the longest stop string - 1) characters a stop may still take (`tokens_ahead`).
+
+The stream asking for reports (`stream_reported`) is also where a completions script case judges
+its hold-back (§4.6, judgement.judge_observed), so a case sends it once for both.
 
 An entry's bytes are the engine's own where it gives them (chat `bytes`; a completions token string
 that is whole text), else the script token's (a token id, a string that cannot show its bytes:
@@ -30,7 +31,7 @@ import attrs
 
 from ...runtime.tokenizers import TokenIdError, own_bytes
 from .adapters.base import Finding
-from .symptoms import Expected, compare_split, finding
+from .symptoms import finding
 from .wire import Streamed, first_choice, logprob_pieces, token_ids
 
 INVARIANT = "stream_tokens_aligned"
@@ -47,6 +48,11 @@ def ask(body: dict[str, Any], chat: bool, ids: bool = True) -> dict[str, Any]:
     out = {**body, "stream": True, **({"logprobs": True, "top_logprobs": 1} if chat else {"logprobs": 1})}
     out.pop("stream_options", None)
     return {**out, "return_token_ids": True} if ids else out
+
+
+def asks_reports(body: dict[str, Any]) -> bool:
+    """Whether a request body asks for per-token reports (`ask`'s fields)."""
+    return bool(body.get("logprobs") or body.get("return_token_ids"))
 
 
 @attrs.frozen
@@ -212,17 +218,21 @@ def want_of(a: Any, case: Any) -> Want:
     return Want(tokens, bool(tokens) and tokens[-1] in ends, tuple(case.inputs.get("stop") or ()), not_text)
 
 
-def run_alignment(a: Any, case: Any, body: dict[str, Any], path: str, chat: bool,
-                  held: Expected | None = None) -> tuple[list[Finding], str | None]:
-    """Send `body` streamed and not, asking for per-token reports, and judge both (D59): (findings,
-    None), or ([], why the case is n/a: the engine reports nothing per token). With `held` (the
-    reference's answer) the stream's hold-back is judged too, from the token boundaries its reports
-    show (symptoms.compare_split, §4.6)."""
+def stream_reported(a: Any, path: str, body: dict[str, Any], chat: bool) -> tuple[Streamed, bool]:
+    """`body` streamed asking for per-token reports (`ask`), and whether the request that answered
+    asks for token ids: a server that refuses vLLM's return_token_ids (4xx) is asked for logprobs alone."""
     st = a.stream_body(path, ask(body, chat))
-    ids = True
-    if 400 <= st.status < 500:  # a server that does not know return_token_ids: logprobs alone
-        ids = False
-        st = a.stream_body(path, ask(body, chat, ids=False))
+    if 400 <= st.status < 500:
+        return a.stream_body(path, ask(body, chat, ids=False)), False
+    return st, True
+
+
+def run_alignment(a: Any, case: Any, body: dict[str, Any], path: str, chat: bool,
+                  reported: tuple[Streamed, bool] | None = None) -> tuple[list[Finding], str | None]:
+    """Send `body` streamed and not, asking for per-token reports, and judge both (D59): (findings,
+    None), or ([], why the case is n/a: the engine reports nothing per token). `reported` is the
+    stream already sent (`stream_reported`), where the caller sent it."""
+    st, ids = reported or stream_reported(a, path, body, chat)
     reports = chunk_reports(st)
     if st.status != 200 or not reports_tokens(reports):
         return [], (f"the engine reports no logprobs or token ids with a stream (status {st.status}"
@@ -230,10 +240,6 @@ def run_alignment(a: Any, case: Any, body: dict[str, Any], path: str, chat: bool
     want = want_of(a, case)
     tok = a.checkpoint.tokenizer
     found = judge_alignment(reports, want, tok, "stream")
-    if held is not None:
-        split, _ = compare_split(held, [t.encode() for t in st.texts], st.tokens_shown)
-        found += [attrs.evolve(f, message=f"stream with per-token reports: {f.message}") for f in split
-                  if f.symptom == "stop_prefix_sent"]
     status, data, _ = a.post(path, {**ask(body, chat, ids=ids), "stream": False})
     whole = message_report(data, chat) if status == 200 else None
     if whole is not None and whole.count is not None:

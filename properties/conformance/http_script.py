@@ -3,10 +3,13 @@
 The request is what any OpenAI-compatible server accepts on /v1/completions: the program's prompt
 ids (marker first), `max_tokens`, greedy `temperature: 0`, the case's `stop` strings, where the
 case has single-id stop sequences vLLM's `stop_token_ids`, and the case's `inputs.request` fields
-as they are (OpenAI names). It is sent twice, non-streamed and streamed. The expectation is the
-reference loop's answer on the same checkpoint and script (judgement.expected_of), and the answer
-is judged dimension by dimension (judgement.judge_observed), the stream's framing by the wire
-conventions (wire.py). Then the case is run again at every other max_tokens up to its script's
+as they are (OpenAI names). It is sent twice, non-streamed and streamed. A case whose stream must
+hold text back for a stop (§4.6) or whose reports are aligned (D59) streams it once more asking for
+per-token reports (alignment.stream_reported: `logprobs: 1`, vLLM's `return_token_ids`), where the
+plain stream showed none: hold-back is judged from the token boundaries that stream shows. The
+expectation is the reference loop's answer on the same checkpoint and script
+(judgement.expected_of), and the answer is judged dimension by dimension
+(judgement.judge_observed), the stream's framing by the wire conventions (wire.py). Then the case is run again at every other max_tokens up to its script's
 length (`sweep`), each limit judged against the reference at that limit. What the wire cannot show (the trace, the state name) is listed as not
 checked, so such a pass is partial; conventions that legitimately differ (whether
 completion_tokens counts the EOS that ended the run) are accepted both ways.
@@ -20,7 +23,7 @@ from typing import Any
 import attrs
 
 from .adapters.base import Finding, Outcome, reference_on
-from .alignment import aligned, run_alignment
+from .alignment import aligned, run_alignment, stream_reported
 from .cases import STREAM_KINDS, Case, CaseError
 from .chat import run_chat
 from .chat_cases import chat_of
@@ -48,18 +51,20 @@ def expected(a: ScriptServer, case: Case) -> Expected:
                        a.reference(case))
 
 
-def judge_exchange(case: Case, exp: Expected, status: int, data: Any, raw: str, st: Streamed) -> tuple[list[Finding], list[str]]:
-    """Findings (semantics, then wire) and what was not checked, for one case's two answers.
+def judge_exchange(case: Case, exp: Expected, status: int, data: Any, raw: str, st: Streamed,
+                   reported: Streamed | None = None) -> tuple[list[Finding], list[str]]:
+    """Findings (semantics, then wire) and what was not checked, for one case's two answers (and
+    `reported`, the stream sent again asking for per-token reports, where it was).
 
     With n > 1 (D34) each choice is judged on its own against the reference (greedy choices of one
     prompt are equal), and the token count is the choices' total."""
     n = int(case.inputs.get("request", {}).get("n", 1))
     if n == 1:
-        found, not_checked = judge_observed(exp, observe(status, data, raw, st))
+        found, not_checked = judge_observed(exp, observe(status, data, raw, st, reported=reported))
     else:
         found, not_checked = [], []
         for i in range(n):
-            f, missed = judge_observed(exp, observe(status, data, raw, st, i, n))
+            f, missed = judge_observed(exp, observe(status, data, raw, st, i, n, reported))
             found += [attrs.evolve(x, message=f"choice {i}: {x.message}") for x in f]
             not_checked += [m for m in missed if m not in not_checked and not m.startswith("usage")]
         usage = data.get("usage") if isinstance(data, dict) else None
@@ -141,9 +146,12 @@ def run_script(a: ScriptServer, case: Case) -> Outcome:
     if status == 200 and isinstance(data, dict) and (gone := left_script(
             a.checkpoint, case, exp, a.reference(case).tokens, [returned(c) for c in choices_of(data)])):
         return Outcome(abort=gone, reference=exp.to_json())
-    findings, not_checked = judge_exchange(case, exp, status, data, raw, st)
+    # D59: one stream asking for per-token reports, where the case needs them and the plain stream showed none
+    reported = stream_reported(a, PATH, body, chat=False) if aligned(case) or (
+        exp.holds_back and not st.timeline().shows_tokens) else None
+    findings, not_checked = judge_exchange(case, exp, status, data, raw, st, reported[0] if reported else None)
     if aligned(case):  # D59: the per-token reports of a stream against its chunks' text
-        more, na = run_alignment(a, case, body, PATH, chat=False, held=exp)
+        more, na = run_alignment(a, case, body, PATH, chat=False, reported=reported)
         if na:
             return Outcome(skip=na, reference=exp.to_json())
         findings += more

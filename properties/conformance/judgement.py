@@ -25,8 +25,8 @@ from ...runtime.openai_schema import OPENAI_FINISH
 from ...runtime.result import Result
 from .adapters.base import Finding, reference_on
 from .cases import Case
-from .symptoms import (Expected, compare_count, compare_reason, compare_split, compare_stream, compare_text, finding,
-                       merge, whole_length)
+from .symptoms import (Expected, Timeline, compare_count, compare_empty, compare_held, compare_reason, compare_stream,
+                       compare_text, finding, merge, whole_length)
 from .wire import Streamed, choices_of, token_count
 
 
@@ -39,7 +39,9 @@ class Observed:
     completion_tokens: int | None = None
     stream_completion_tokens: int | None = None  # the stream's usage chunk's count (include_usage), when it sends one
     chunks: tuple[bytes, ...] | None = None  # every streamed text before the finish chunk, empty ones too
-    chunk_tokens: tuple[int, ...] | None = None  # for each chunk, the tokens reported up to it (None: not shown)
+    # the stream hold-back is judged on (§4.6, D59): this one's chunks with the tokens behind them, or
+    # those of the same request streamed again asking for per-token reports (None: `chunks`, nothing shown)
+    timeline: Timeline | None = None
     stream_finish_reasons: tuple[str, ...] | None = None
     content_after_finish: tuple[bytes, ...] = ()
     error: str | None = None  # the non-streamed answer was an error (its status and body)
@@ -47,12 +49,17 @@ class Observed:
     reason_shown: bool = True  # False: the engine reports no finish reason at all (transformers generate)
 
 
-def observe(status: int, data: Any, raw: str, st: Streamed, index: int = 0, n: int = 1) -> Observed:
-    """An HTTP exchange (the non-streamed answer and the stream) as an Observed, for choice `index`
-    of `n` (with n > 1 the token count is the choices' total and is judged apart). A chat answer's
-    text is its message's content (a chat answer that splits nothing off it, D45)."""
+def observe(status: int, data: Any, raw: str, st: Streamed, index: int = 0, n: int = 1,
+            reported: Streamed | None = None) -> Observed:
+    """An HTTP exchange (the non-streamed answer and the stream; `reported`: the stream sent again
+    asking for per-token reports, where it was) as an Observed, for choice `index` of `n` (with
+    n > 1 the token count is the choices' total and is judged apart). A chat answer's text is its
+    message's content (a chat answer that splits nothing off it, D45)."""
     choice = next((c for c in choices_of(data) if c.get("index", 0) == index), {})
     st = st.choice(index) if n > 1 else st
+    rep = None if reported is None or reported.status != 200 else reported.choice(index) if n > 1 else reported
+    timeline = (rep.timeline("the stream asking for per-token reports") if rep is not None else
+                st.timeline() if st.status == 200 else None)
     usage = data.get("usage") if isinstance(data, dict) else None
     text = choice.get("text")
     if isinstance(choice.get("message"), dict):  # a chat message's null content is no text
@@ -65,7 +72,7 @@ def observe(status: int, data: Any, raw: str, st: Streamed, index: int = 0, n: i
         completion_tokens=count if status == 200 and n == 1 else None,
         stream_completion_tokens=token_count(st.usage, "completion_tokens") if st.status == 200 and n == 1 else None,
         chunks=tuple(t.encode() for t in st.texts) if st.status == 200 else None,
-        chunk_tokens=tuple(shown) if st.status == 200 and (shown := st.tokens_shown) is not None else None,
+        timeline=timeline,
         stream_finish_reasons=tuple(st.finish_reasons) if st.status == 200 else None,
         content_after_finish=tuple(t.encode() for t in st.content_after_finish),
         error=None if status == 200 else f"{status}: {raw[:300]!r}",
@@ -177,7 +184,8 @@ def judge_observed(exp: Expected, obs: Observed, *, delta_split: bool = True) ->
     if obs.content_after_finish:
         f.append(finding("content_after_finish", f"text after the finish chunk: {list(obs.content_after_finish)}"))
     if obs.chunks is not None and delta_split:
-        split, missed = compare_split(exp, obs.chunks, obs.chunk_tokens)
-        f += split
+        f += compare_empty(obs.chunks)
+        held, missed = compare_held(exp, obs.timeline or Timeline(obs.chunks))
+        f += held
         not_checked += missed
     return merge(f), not_checked

@@ -1,7 +1,8 @@
 """Judge a script case again from the exchanges a report recorded, offline (§4.3-§4.10).
 
 A failing case of a report.json keeps every request it sent with the raw answer
-(`reproducer.exchanges`): the non-streamed answer and the stream at the served max_tokens first,
+(`reproducer.exchanges`): the non-streamed answer and the stream at the served max_tokens first
+(and, for a case that holds text back for a stop, the stream asking for per-token reports, D59),
 then both at each other max_tokens that failed (http_script.sweep). `rejudge(case, exchanges)`
 judges those answers again with today's judge, as run_script does live (http_script.judge_exchange
 at the served limit, judge_at at the others, a run past its limit first), against the reference on
@@ -21,7 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ import attrs
 
 from .adapters.base import Outcome, case_prompt, case_script, case_tokenizer, reference_on
 from .adapters.openai import retried_connections
-from .alignment import aligned
+from .alignment import aligned, asks_reports
 from .cases import Case, CaseError, CaseKind, load_cases
 from .chat_cases import chat_of
 from .forced import Program
@@ -53,15 +54,21 @@ class _Script:
     eos_id: int | None
 
 
-def answers(exchanges: Sequence[Mapping[str, Any]]) -> dict[int, Answers]:
-    """The recorded answers by max_tokens, in the order sent: the first non-streamed answer and the
-    first stream to the completions path at each limit (a try the connection lost has no answer)."""
-    whole: dict[int, tuple[int, str]] = {}
-    streams: dict[int, tuple[int, str]] = {}
+def _answered(exchanges: Sequence[Mapping[str, Any]]) -> Iterator[tuple[dict[str, Any], Mapping[str, Any]]]:
+    """Each recorded request to the completions path that has an answer (a try the connection lost
+    has none), with its body, in the order sent."""
     for ex in exchanges:
         body = (ex.get("request") or {}).get("body")
-        if (ex.get("request") or {}).get("path") != PATH or not isinstance(body, dict) or "status" not in ex:
-            continue
+        if (ex.get("request") or {}).get("path") == PATH and isinstance(body, dict) and "status" in ex:
+            yield body, ex
+
+
+def answers(exchanges: Sequence[Mapping[str, Any]]) -> dict[int, Answers]:
+    """The recorded answers by max_tokens, in the order sent: the first non-streamed answer and the
+    first stream at each limit."""
+    whole: dict[int, tuple[int, str]] = {}
+    streams: dict[int, tuple[int, str]] = {}
+    for body, ex in _answered(exchanges):
         k = body.get("max_tokens")
         if body.get("stream") and "sse" in ex:
             streams.setdefault(k, (ex["status"], ex["sse"]))
@@ -76,6 +83,15 @@ def answers(exchanges: Sequence[Mapping[str, Any]]) -> dict[int, Answers]:
                 data = None
             out[k] = (status, data, raw, parse_sse(streams[k][1], status=streams[k][0]))
     return out
+
+
+def reported_stream(exchanges: Sequence[Mapping[str, Any]], k: int) -> Streamed | None:
+    """The stream at max_tokens `k` sent after the first asking for per-token reports (D59), the
+    last of them as live (a server that refused token ids was asked for logprobs alone), or None."""
+    streams = [(body, ex) for body, ex in _answered(exchanges)
+               if body.get("stream") and "sse" in ex and body.get("max_tokens") == k]
+    asked = [ex for body, ex in streams[1:] if asks_reports(body)]
+    return parse_sse(asked[-1]["sse"], status=asked[-1]["status"]) if asked else None
 
 
 def replayable(case: Case) -> str | None:
@@ -108,7 +124,7 @@ def rejudge(case: Case, exchanges: Sequence[Mapping[str, Any]], engine: str = "r
     if status == 200 and (gone := left_script(script_of, at_limit(case, served), exp, reference_on(
             at_limit(case, served), tok, prompt, script).tokens, [returned(c) for c in choices_of(data)])):
         return CaseResult(case, engine, Verdict.ERROR, reason=gone, observed={"exchanges": list(exchanges)})
-    findings, not_checked = judge_exchange(at_limit(case, served), exp, *first)
+    findings, not_checked = judge_exchange(at_limit(case, served), exp, *first, reported_stream(exchanges, served))
     for k, answer in rest:
         if (exp_k := expected_at(case, k, tok, prompt, script)) is not None:
             findings += judge_at(case, k, exp_k, *answer)

@@ -276,13 +276,13 @@ def _judge_here(case: Case, outcome: Outcome, caps: frozenset[str]) -> tuple[lis
 
 
 def _selected_by_chunk(outcome: Outcome) -> tuple[int, ...] | None:
-    """For each streamed chunk, the text tokens selected before it went out, from a full trace (the
+    """For each streamed chunk, the tokens selected before it went out, from a full trace (the
     order of token.selected and response.delta); None for an engine that shows no such trace."""
     if not outcome.full_trace or outcome.events is None:
         return None
     out, n = [], 0
     for e in outcome.events:
-        if e.kind == "token.selected" and not e.data.get("eos"):
+        if e.kind == "token.selected":
             n += 1
         elif e.kind == "response.delta":
             out.append(n)

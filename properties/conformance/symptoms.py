@@ -352,6 +352,12 @@ class Expected:
     state: str = "FINISHED"
 
     @property
+    def holds_back(self) -> bool:
+        """Whether §4.6 hold-back is in question: the request has stop strings and does not keep the
+        winning one in the output (a kept stop is output either way, D33), and the run selected text."""
+        return bool(self.stops and self.released and not self.kept)
+
+    @property
     def guard_passed(self) -> bool:
         """The reference went on past the script's first EOS (a min_tokens or ignore_eos guard, D31):
         it selected more tokens than that EOS's position, or ended on that position for another
@@ -625,25 +631,83 @@ def compare_count(exp: Expected, got: int | None) -> list[Finding]:
                           f"({exp.reason} at token {n})")]
 
 
-def compare_split(exp: Expected, chunks: Sequence[bytes],
-                  tokens: Sequence[int] | None = None) -> tuple[list[Finding], list[str]]:
-    """The stream's delta boundaries (§4.6 hold-back, §4.3 no empty delta), and what was not checked.
+@attrs.frozen
+class Timeline:
+    """A stream's chunks before its finish chunk (opening empty ones too), as §4.6's hold-back reads
+    them (D59): each one's text; how many tokens the stream had reported through it (token ids or
+    logprobs entries; None: a chunk with text reports none); and how many the engine says it had
+    selected when the chunk went out (the reference's `decodespec.selected`, an in-process engine's
+    own trace; None: not said). `where` names the stream in findings."""
 
-    An empty delta is never sent. Hold-back is judged only from the token boundaries the engine
-    shows, never from the number of chunks (an engine may hold whole tokens and release them later,
-    one chunk each): `tokens[c]` is how many selected tokens it had reported (token ids or logprobs
-    with each chunk, D59; an in-process engine's own selections) when chunk c went out. A report
-    tells when its token was selected only where the engine reports tokens as it selects them, which
-    it shows by reporting a token before all its text is sent (`exp.spelled`); reports that only
-    ever go out with their text show the order of the text alone. With boundaries, the bytes sent
-    through chunk c must not pass what the reference had released after that many tokens
-    (`exp.released`); holding more is allowed."""
-    out: list[Finding] = []
+    texts: tuple[bytes, ...]
+    reported: tuple[int, ...] | None = None
+    selected: tuple[int, ...] | None = None
+    where: str = "the stream"
+
+    @property
+    def shows_tokens(self) -> bool:
+        """Whether the chunks say anything of the tokens behind them."""
+        return self.reported is not None or self.selected is not None
+
+
+def compare_split(exp: Expected, chunks: Sequence[bytes],
+                  selected: Sequence[int] | None = None) -> tuple[list[Finding], list[str]]:
+    """One stream's delta boundaries (§4.3 no empty delta: `compare_empty`; §4.6 hold-back:
+    `compare_held`, with `selected`, the tokens selected when each chunk went out, where known),
+    and what was not checked."""
+    held, missed = compare_held(exp, Timeline(tuple(chunks), selected=None if selected is None else tuple(selected)))
+    return compare_empty(chunks) + held, missed
+
+
+def compare_empty(chunks: Sequence[bytes]) -> list[Finding]:
+    """§4.3: an empty delta is never sent."""
     empty = sum(1 for c in chunks if not c)
-    if empty:
-        out.append(finding("empty_delta", f"{empty} streamed chunk(s) carry empty text and no finish_reason"))
-    if not exp.stops or not exp.released or exp.kept:  # a kept stop is output either way: nothing to hold
-        return out, []
+    return [finding("empty_delta", f"{empty} streamed chunk(s) carry empty text and no finish_reason")] if empty else []
+
+
+def reports_per_step(exp: Expected, sent: Sequence[int], reported: Sequence[int]) -> bool:
+    """Whether a stream's token reports show when each token was selected: some chunk reports a
+    token that spells text before any of that text has gone out (vLLM and llama-server report each
+    selected token at once, with an empty chunk while its text is held). Reports that go out with
+    their token's text, its first byte (the reference's, D59) or all of it (llama-cpp-python, which
+    holds whole tokens and releases them later), show the order of the text, not of the selections."""
+    spelled = exp.spelled
+    for s, k in zip(sent, reported):
+        before = spelled[k - 2] if k > 1 else exp.echo_len
+        if 0 < k <= len(spelled) and spelled[k - 1] > before >= s:
+            return True
+    return False
+
+
+def compare_held(exp: Expected, tl: Timeline) -> tuple[list[Finding], list[str]]:
+    """§4.6 hold-back of one stream (`tl`), and what was not checked.
+
+    Held text must not go out before the tokens that rule out its stop are selected: after the
+    selection of k tokens the bytes sent may not pass what the reference had released then
+    (`exp.released`); holding more is allowed. So hold-back is judged only where the stream shows
+    when each chunk went out in selected tokens, never from the number of chunks: from the count the
+    engine gives (`tl.selected`), else from its token reports where they are sent as tokens are
+    selected (`reports_per_step`). What the reference released after its last text token includes the
+    end's flush of held text."""
+    if not exp.holds_back:
+        return [], []
+    sent = [sum(len(c) for c in tl.texts[:i + 1]) for i in range(len(tl.texts))]
+    if tl.selected is not None:
+        clock: Sequence[int] = tl.selected
+    elif tl.reported is None:
+        return [], ["hold-back (the engine reports no token boundaries with its chunks)"]
+    elif reports_per_step(exp, sent, tl.reported):
+        clock = tl.reported
+    else:
+        return [], ["hold-back (the engine reports each token only with its text, which does not show when a "
+                    "held token was selected)"]
+    for s, k in zip(sent, clock):
+        if k > 0 and s > (safe := exp.released[min(k, len(exp.released)) - 1]):
+            held = b"".join(tl.texts)[safe:s]  # the engine's bytes where the reference held back
+            return [finding("stop_prefix_sent", f"with {k} token(s) selected {tl.where} had sent {s} bytes; the "
+                                                f"reference still held {held!r} there, which could begin a stop of "
+                                                f"{[x.decode('utf-8', 'replace') for x in exp.stops]}")], []
+    return [], []
     if tokens is None or len(tokens) != len(chunks):
         return out, ["hold-back (the engine reports no token boundaries with its chunks)"]
     sent = [sum(len(c) for c in chunks[:i + 1]) for i in range(len(chunks))]

@@ -30,7 +30,7 @@ import attrs
 import httpx
 
 from .adapters.base import Finding
-from .symptoms import finding
+from .symptoms import Timeline, finding
 
 API_REASONS = frozenset({"stop", "length", "content_filter", "tool_calls", "function_call"})
 
@@ -68,47 +68,55 @@ class Streamed:
         for chunk in self.chunks:
             yield from chunk.get("choices") or []
 
-    def _fold(self) -> tuple[list[str], list[str], list[str], list[int | None]]:
-        """(texts sent before the first finish chunk, including empty ones; finish reasons; text
-        after; for each of those texts, the tokens reported through its chunk, None from a text
-        chunk that reports none on)."""
+    def _fold(self) -> tuple[list[str], list[str], list[str]]:
+        """(texts sent before the first finish chunk, including empty ones; finish reasons; text after)."""
         texts: list[str] = []
         reasons: list[str] = []
         after: list[str] = []
-        shown: list[int | None] = []
-        reported: int | None = 0
         for choice in self.choices():
             text = _choice_text(choice)
-            n = reported_tokens(choice)
-            if reported is not None:
-                reported = None if n is None and text else reported + (n or 0)
             if choice.get("finish_reason"):
                 if text and not reasons:
                     texts.append(text)  # the finish chunk may carry the last delta
-                    shown.append(reported)
                 elif text:
                     after.append(text)
                 reasons.append(choice["finish_reason"])
             elif text is not None:
                 (after if reasons else texts).append(text)
-                if not reasons:
-                    shown.append(reported)
-        return texts, reasons, after, shown
+        return texts, reasons, after
 
     @property
     def texts(self) -> list[str]:
         """Every text sent before the finish chunk, from the first non-empty one on: empty chunks
         before any text are the stream's opening (several servers send one, as response.start)."""
         texts = self._fold()[0]
-        return texts[_opening(texts):]
+        return texts[next((i for i, t in enumerate(texts) if t), len(texts)):]
 
-    @property
-    def tokens_shown(self) -> list[int] | None:
-        """For each of `texts`, how many tokens the stream had reported up to and with its chunk
-        (token ids or logprobs entries, D59); None when a chunk that carries text reports none."""
-        texts, _, _, shown = self._fold()
-        shown = shown[_opening(texts):]
-        return None if not any(shown) or any(k is None for k in shown) else [k or 0 for k in shown]
+    def timeline(self, where: str = "the stream") -> Timeline:
+        """The chunks before the finish chunk, opening ones too, as hold-back reads them
+        (symptoms.Timeline, named `where` in findings): their texts, the tokens reported through
+        each (token ids or logprobs entries, D59), and the tokens the engine had selected when each
+        went out where it says so (`decodespec.selected`, the reference's)."""
+        texts: list[bytes] = []
+        reported: list[int] | None = []
+        selected: list[int] | None = []
+        n = said = 0
+        for choice in self.choices():
+            if choice.get("finish_reason"):
+                break
+            text = _choice_text(choice)
+            got = reported_tokens(choice)
+            n += got or 0
+            detail = choice.get("decodespec")
+            clock = detail.get("selected") if isinstance(detail, dict) else None
+            said = clock if isinstance(clock, int) else said
+            if text is None:
+                continue
+            texts.append(text.encode())  # a chunk with no text needs to say nothing
+            reported = None if reported is None or (got is None and text) else [*reported, n]
+            selected = None if selected is None or (clock is None and text) else [*selected, said]
+        return Timeline(tuple(texts), tuple(reported) if reported is not None and n else None,
+                        tuple(selected) if selected is not None and said else None, where)
 
     @property
     def deltas(self) -> list[str]:
@@ -140,11 +148,6 @@ class Streamed:
     def usage(self) -> dict[str, Any] | None:
         found = [c["usage"] for c in self.chunks if isinstance(c.get("usage"), dict)]
         return found[-1] if found else None
-
-
-def _opening(texts: list[str]) -> int:
-    """How many empty texts open a stream (several servers send one, as response.start)."""
-    return next((i for i, t in enumerate(texts) if t), len(texts))
 
 
 def _choice_text(choice: dict[str, Any]) -> str | None:
