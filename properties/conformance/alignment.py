@@ -13,8 +13,9 @@ entries are read (`chunk_reports`) and judged against the forced script (`judge_
 3. before the finish chunk the entries lead the text only by an unfinished UTF-8 character and at
    most (the longest stop string - 1) characters a stop may still take (`tokens_ahead`).
 
-The stream asking for reports (`stream_reported`) is also where a completions script case judges
-its hold-back (§4.6, judgement.judge_observed), so a case sends it once for both.
+The stream asking for reports (`stream_reported`) is also where a script case whose stream holds
+text back for a stop judges its hold-back (§4.6, judgement.judge_observed): a case sends it once for
+both (`stream_for_reports`).
 
 An entry's bytes are the engine's own where it gives them (chat `bytes`; a completions token string
 that is whole text), else the script token's (a token id, a string that cannot show its bytes:
@@ -31,7 +32,7 @@ import attrs
 
 from ...runtime.tokenizers import TokenIdError, own_bytes
 from .adapters.base import Finding
-from .symptoms import finding
+from .symptoms import Expected, finding
 from .wire import Streamed, first_choice, logprob_pieces, token_ids
 
 INVARIANT = "stream_tokens_aligned"
@@ -225,6 +226,17 @@ def stream_reported(a: Any, path: str, body: dict[str, Any], chat: bool) -> tupl
     if 400 <= st.status < 500:
         return a.stream_body(path, ask(body, chat, ids=False)), False
     return st, True
+
+
+def stream_for_reports(a: Any, case: Any, held: Expected | None, plain: Streamed, body: dict[str, Any], path: str,
+                       chat: bool) -> tuple[Streamed, bool] | None:
+    """The stream asking for per-token reports (`stream_reported`) where a script case needs one:
+    its reports are judged (`aligned`), or its stream holds text back for a stop (`held`, the
+    reference's answer, §4.6) and its `plain` stream showed nothing of the tokens behind its chunks
+    (D59); else None. One per case: the sweep's limits send none."""
+    if aligned(case) or (held is not None and held.holds_back and not plain.timeline().shows_tokens):
+        return stream_reported(a, path, body, chat)
+    return None
 
 
 def run_alignment(a: Any, case: Any, body: dict[str, Any], path: str, chat: bool,

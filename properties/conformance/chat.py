@@ -29,7 +29,7 @@ from ...runtime.channels import Splitter, merged, tool_close_token, wire_finish
 from ...runtime.openai_schema import OPENAI_FINISH
 from ...runtime.result import Result
 from .adapters.base import Finding, Outcome, reference_on
-from .alignment import aligned, run_alignment
+from .alignment import aligned, run_alignment, stream_for_reports
 from .cases import Case
 from .chat_cases import TAGS, TOOLS, chat_of, template_of
 from .checkpoints import on_checkpoint
@@ -281,15 +281,17 @@ def judge_chat(exp: ChatExpected, obs: ChatObserved | None, where: str, *, conte
 
 
 def judge_answers(exp: ChatExpected, text: Expected | None, answers: tuple[int, Any, str, Streamed],
-                  whole: ChatObserved | None, streamed: ChatObserved | None) -> tuple[list[Finding], list[str]]:
+                  whole: ChatObserved | None, streamed: ChatObserved | None,
+                  reported: Streamed | None = None) -> tuple[list[Finding], list[str]]:
     """Both answers of a chat case (`answers`: the non-streamed status, JSON and text, and the
-    stream; `whole`, `streamed`: their channels) against the reference: findings, and what they did
-    not let us check. A case that splits nothing off its content is a completions answer in a chat
-    envelope: judged by the completions rules against `text` (the reference's run as an Expected),
-    its channels added. One that splits reasoning or calls off it (`text` None) is judged channel by
+    stream; `whole`, `streamed`: their channels; `reported`: the stream sent again asking for
+    per-token reports, where it was) against the reference: findings, and what they did not let us
+    check. A case that splits nothing off its content is a completions answer in a chat envelope:
+    judged by the completions rules against `text` (the reference's run as an Expected), its
+    channels added. One that splits reasoning or calls off it (`text` None) is judged channel by
     channel."""
     if text is not None:
-        findings, missed = judge_observed(text, observe(*answers))
+        findings, missed = judge_observed(text, observe(*answers, reported=reported))
         return (findings + judge_chat(exp, whole, "non-streamed answer", content=False)
                 + judge_chat(exp, streamed, "stream", content=False)), missed
     findings = judge_chat(exp, whole, "non-streamed answer") + judge_chat(exp, streamed, "stream")
@@ -325,9 +327,11 @@ def run_chat(a: ScriptServer, case: Case) -> Outcome:
     if text is not None and whole is not None and whole.content is not None and (gone := left_script(
             a.checkpoint, case, text, res.tokens, [Returned(text=whole.content)])):
         return Outcome(abort=gone, reference=exp.to_json())  # it left the script: nothing to judge (D27, D66)
-    findings, missed = judge_answers(exp, text, (status, data, raw, st), whole, streamed)
+    reported = stream_for_reports(a, case, text, st, body, PATH, chat=True)
+    findings, missed = judge_answers(exp, text, (status, data, raw, st), whole, streamed,
+                                     reported[0] if reported else None)
     if aligned(case):  # D59: the per-token reports of a stream against its chunks' text
-        more, na = run_alignment(a, case, body, PATH, chat=True)
+        more, na = run_alignment(a, case, body, PATH, chat=True, reported=reported)
         if na:
             return Outcome(skip=na, reference=exp.to_json())
         findings += more

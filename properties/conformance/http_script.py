@@ -5,8 +5,8 @@ ids (marker first), `max_tokens`, greedy `temperature: 0`, the case's `stop` str
 case has single-id stop sequences vLLM's `stop_token_ids`, and the case's `inputs.request` fields
 as they are (OpenAI names). It is sent twice, non-streamed and streamed. A case whose stream must
 hold text back for a stop (§4.6) or whose reports are aligned (D59) streams it once more asking for
-per-token reports (alignment.stream_reported: `logprobs: 1`, vLLM's `return_token_ids`), where the
-plain stream showed none: hold-back is judged from the token boundaries that stream shows. The
+per-token reports (alignment.stream_for_reports: `logprobs: 1`, vLLM's `return_token_ids`), where
+the plain stream showed none: hold-back is judged from the token boundaries that stream shows. The
 expectation is the reference loop's answer on the same checkpoint and script
 (judgement.expected_of), and the answer is judged dimension by dimension
 (judgement.judge_observed), the stream's framing by the wire conventions (wire.py). Then the case is run again at every other max_tokens up to its script's
@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 
 from .adapters.base import Finding, Outcome, reference_on
-from .alignment import aligned, run_alignment, stream_reported
+from .alignment import aligned, run_alignment, stream_for_reports
 from .cases import STREAM_KINDS, Case, CaseError
 from .chat import run_chat
 from .chat_cases import chat_of
@@ -146,9 +146,7 @@ def run_script(a: ScriptServer, case: Case) -> Outcome:
     if status == 200 and isinstance(data, dict) and (gone := left_script(
             a.checkpoint, case, exp, a.reference(case).tokens, [returned(c) for c in choices_of(data)])):
         return Outcome(abort=gone, reference=exp.to_json())
-    # D59: one stream asking for per-token reports, where the case needs them and the plain stream showed none
-    reported = stream_reported(a, PATH, body, chat=False) if aligned(case) or (
-        exp.holds_back and not st.timeline().shows_tokens) else None
+    reported = stream_for_reports(a, case, exp, st, body, PATH, chat=False)
     findings, not_checked = judge_exchange(case, exp, status, data, raw, st, reported[0] if reported else None)
     if aligned(case):  # D59: the per-token reports of a stream against its chunks' text
         more, na = run_alignment(a, case, body, PATH, chat=False, reported=reported)
