@@ -5,6 +5,8 @@
     decodespec conform --engine openai:http://127.0.0.1:8000 --model tiny --select http/
     decodespec conform --engine reference --dry-run --select stop/
     decodespec conform --engine my_engine:make --checkpoint ckpts --report reports/my-engine
+    decodespec conform --preset vllm                  # build the checkpoints, start vLLM on each, judge it
+    decodespec conform --list-presets
 
 Exit status (the same rule as the pytest plugin's, `runner.unexpected`): 1 when a case ends in
 ERROR (the run could not judge it) or a MUST case FAILs the chapter or (under the default profile)
@@ -17,6 +19,7 @@ before anything runs. 2 for bad usage: an unknown or unreachable engine, a bad f
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import threading
@@ -81,6 +84,16 @@ def report_name(engine: str) -> str:
 @click.option("--engine", default=None, help="reference | hf:PATH | decode-stream:TOKENIZER_JSON | openai:URL | "
                                              "module:factory (an in-house engine through the adapter contract, "
                                              "decodespec.properties.conformance.contract)")
+@click.option("--preset", default=None, metavar="NAME",
+              help="Judge an engine in one command: build (or reuse) this project's forced checkpoints, start the "
+                   "engine found on PATH on each as the preset says, run its cases, write reports/NAME "
+                   "(--list-presets).")
+@click.option("--list-presets", "list_presets", is_flag=True, help="Print the engine presets and their commands.")
+@click.option("--presets", "presets_files", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="More presets, in presets.toml's format (a name already known is replaced).")
+@click.option("--llama-cpp", "llama_cpp", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="With a llama.cpp preset: the llama.cpp checkout whose convert_hf_to_gguf.py writes the GGUF files "
+                   "(default: $LLAMA_CPP_DIR).")
 @click.option("--model", default=None, help="Model name for openai engines (default: the first of /v1/models).")
 @click.option("--select", "select", multiple=True, help="Only cases whose id starts with this prefix (repeatable).")
 @click.option("--cases-of", "cases_of", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
@@ -125,21 +138,33 @@ def report_name(engine: str) -> str:
                    "past it the case ends in ERROR.")
 @click.option("--without", "without", multiple=True, type=click.Choice(list(WITHOUT)),
               help="openai only: a request field or a parser the server does not have (its cases are skipped).")
-@click.option("-j", "--jobs", default=1, show_default=True, type=click.IntRange(1, 64), help="Cases run at once (threads).")
-def conform(engine: str, model: str | None, select: tuple[str, ...], cases_of: Path | None, list_only: bool, dry_run: bool,
+@click.option("-j", "--jobs", default=None, type=click.IntRange(1, 64),
+              help="Cases run at once (threads; default 1, or the preset's).")
+def conform(engine: str, preset: str | None, list_presets: bool, presets_files: tuple[Path, ...], llama_cpp: Path | None,
+            model: str | None, select: tuple[str, ...], cases_of: Path | None, list_only: bool, dry_run: bool,
             expect_file: Path | None, strict: bool, profile: str, declared: tuple[str, ...], partial_ok: bool,
             report_dir: Path | None, name: str | None,
             checkpoints: tuple[Path, ...], launch: str | None, launch_context: str | None, launch_tight: str | None,
             launch_timeout: float, read_timeout: float | None,
             without: tuple[str, ...],
-            jobs: int) -> None:
+            jobs: int | None) -> None:
     """Run the conformance cases (§4.3-§4.10) against ENGINE and report per case."""
     from .properties.conformance import CaseError, load_cases, select_cases
 
     console = Console(width=120)
     t0 = time.monotonic()
+    if list_presets or preset == "list":
+        click.echo("\n".join(p.describe() for p in _presets(presets_files).values()))
+        return
+    chosen = None
+    if preset is not None:
+        for given, hint in ((engine, "--engine"), (launch, "--launch"), (launch_context, "--launch-context"),
+                            (launch_tight, "--launch-tight")):
+            if given is not None:
+                raise click.BadParameter(f"--preset starts the engine itself: give {hint} or --preset", param_hint=hint)
+        chosen = _find_preset(preset, presets_files)
     every = load_cases()
-    if checkpoints:  # chat variants run on forced checkpoints (whose module loads torch: not for --list)
+    if checkpoints or chosen:  # chat variants run on forced checkpoints (whose module loads torch: not for --list)
         from .properties.conformance.checkpoints import with_chat
 
         every = with_chat(every)
@@ -161,6 +186,8 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], cases_of: P
                                      f"{'' if checkpoints else ' (chat variants run with --checkpoint)'}",
                                      param_hint="--cases-of")
         cases = [c for c in cases if c.id in set(ids)]
+    if chosen is not None:
+        cases = [c for c in cases if chosen.runs(c)]
     if list_only:
         table = RichTable(title=f"{len(cases)} case(s)")
         for col in ("case", "§", "grade", "invariant", "description"):
@@ -182,6 +209,10 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], cases_of: P
     from .properties.conformance.reports import Grading
 
     policy = Policy(known, strict, partial_ok, Grading(profile, frozenset(declared)))
+    if chosen is not None:
+        return _conform_preset(chosen, cases, every, checkpoints, llama_cpp, frozenset(without), jobs, model, name,
+                               report_dir, (launch_timeout, read_timeout), policy, dry_run, console, t0)
+    jobs = jobs or 1
     for given, hint in ((launch_context, "--launch-context"), (launch_tight, "--launch-tight")):
         if given is not None and launch is None:
             raise click.BadParameter(f"{hint} goes with --launch", param_hint=hint)
@@ -191,9 +222,10 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], cases_of: P
         folders = _checkpoint_folders(checkpoints)
         return _conform_launched(cases, folders, launch, (launch_context, launch_tight), (launch_timeout, read_timeout),
                                  frozenset(without), jobs,
-                                 model, name or "launched", report_dir, policy, dry_run, console, t0)
+                                 model, name or "launched", report_dir, policy, dry_run, console, t0,
+                                 log_dir=Path(".cache/peers/logs") / (name or "launched"))
     if engine is None:
-        raise click.UsageError("--engine is required (or --launch CMD with --checkpoint)")
+        raise click.UsageError("--engine is required (or --preset NAME, or --launch CMD with --checkpoint)")
     from .properties.conformance.module_set import is_module_engine
 
     if checkpoints and is_module_engine(engine):  # an engine of your own: loaded once per checkpoint
@@ -206,7 +238,7 @@ def conform(engine: str, model: str | None, select: tuple[str, ...], cases_of: P
         adapter = adapter_for(engine, model=model, checkpoint=str(checkpoints[0]) if checkpoints else None,
                               without=frozenset(without), timeout=read_timeout)
     except EngineSpecError as exc:
-        raise click.BadParameter(str(exc), param_hint="--engine") from None
+        raise click.BadParameter(f"{exc}{_preset_hint(engine, presets_files)}", param_hint="--engine") from None
     if not dry_run and callable(getattr(adapter, "precheck", None)):
         try:
             adapter.precheck()
@@ -266,20 +298,91 @@ def _conform_module(cases, engine, folders, jobs, label, report_dir, policy, dry
 
 
 def _conform_launched(cases, folders, launch, extra_launch, timeouts, without, jobs, model, label, report_dir,
-                      policy, dry_run, console, t0) -> None:
+                      policy, dry_run, console, t0, *, log_dir: Path, gguf: str | None = None,
+                      env: dict[str, str] | None = None) -> None:
     from .properties.conformance.checkpoints import Checkpoint
-    from .properties.conformance.launch import run_launched
+    from .properties.conformance.launch import GGUF, run_launched
 
     if dry_run:
         for f in folders:
             ck = Checkpoint.load(f)
             console.print(f"{f}: {sum(c.id in ck.programs for c in cases)} case(s); server: {launch}")
         return
-    log_dir = Path(".cache/peers/logs") / label
     results = _run_declared(cases, policy, label, lambda todo, tick: run_launched(
         todo, folders, launch, log_dir=log_dir, without=without, jobs=jobs, model=model, timeout_s=timeouts[0],
-        read_timeout=timeouts[1], on_result=tick, context_command=extra_launch[0], tight_command=extra_launch[1]))
+        read_timeout=timeouts[1], on_result=tick, context_command=extra_launch[0], tight_command=extra_launch[1],
+        gguf=gguf or GGUF, env=env))
     _finish(results, label, report_dir, policy, console, t0)
+
+
+def _presets(files: tuple[Path, ...]):
+    from .properties.conformance.presets import PresetError, load_presets
+
+    try:
+        return load_presets(files)
+    except PresetError as exc:
+        raise click.BadParameter(str(exc), param_hint="--presets") from None
+
+
+def _find_preset(name: str, files: tuple[Path, ...]):
+    from .properties.conformance.presets import PresetError, find
+
+    try:
+        return find(_presets(files), name)
+    except PresetError as exc:
+        raise click.BadParameter(str(exc), param_hint="--preset") from None
+
+
+def _preset_hint(engine: str, files: tuple[Path, ...]) -> str:
+    """For an --engine value that names an engine rather than an adapter: the preset that judges it."""
+    from .properties.conformance.presets import suggest
+
+    presets = _presets(files)
+    near = suggest(presets, engine.partition(":")[0]) or suggest(presets, engine)
+    if near is None:
+        return ""
+    return (f". To start {presets[near].engine} on this project's forced checkpoints and judge it: "
+            f"decodespec conform --preset {near}")
+
+
+def _conform_preset(p, cases, every, checkpoints, llama_cpp, without, jobs, model, name, report_dir, timeouts,
+                    policy, dry_run, console, t0) -> None:
+    """--preset: the engine found on PATH, the checkpoints its cases need (given, reused or built), their GGUF
+    files for a llama.cpp engine, then the launched run (presets.py)."""
+    from .properties.conformance import presets as ps
+
+    def echo(line: str) -> None:
+        click.echo(f"conform --preset {p.name}: {line}", err=True)
+
+    path = ps.engine_path()
+    if (why := p.missing(path)) is not None:
+        raise click.BadParameter(why, param_hint="--preset")
+    groups = ps.groups_needed(cases, every)
+    label = name or p.name
+    report_dir = output_folder(click.get_current_context(), None, report_dir or Path("reports") / p.name)
+    if checkpoints:
+        given = {f.name: f for f in _checkpoint_folders(checkpoints)}
+        folders = [given[g] for g in groups if g in given]
+    else:
+        root = ps.cache_root() / "checkpoint-sets" / ps.set_stamp()
+        if dry_run:
+            built = [g for g in groups if (root / g).is_dir()]
+            console.print(f"checkpoints {root}: {len(built)} of {len(groups)} built ({', '.join(groups)})",
+                          highlight=False, markup=False)
+            folders = [root / g for g in built]
+        else:
+            folders = ps.ensure_checkpoints(root, groups, every, echo)
+    if dry_run:
+        console.print(p.describe(), highlight=False, markup=False)
+    else:
+        try:
+            folders = ps.convert_gguf(folders, p, llama_cpp, echo)
+        except ps.PresetError as exc:
+            raise click.BadParameter(str(exc), param_hint="--llama-cpp") from None
+    _conform_launched(cases, folders, p.launch, (p.context or None, p.tight or None), timeouts,
+                      without | set(p.without), jobs or p.jobs, model or p.model or None, label, report_dir, policy,
+                      dry_run, console, t0, log_dir=ps.cache_root() / "logs" / label, gguf=p.gguf_file,
+                      env={**os.environ, "PATH": path})
 
 
 @attrs.frozen

@@ -4,6 +4,7 @@ virtual environment on its own (what an engine's CI gets from `pip install decod
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import runpy
 import shutil
@@ -23,6 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 ROOTS = {folder: pkg.replace(".", "/") for pkg, folder in
          runpy.run_path(str(REPO / "setup.py"), run_name="setup_config")["PACKAGE_DIR"].items()}
 CASE = "stop/cross-token/001"
+PRESET_CASE = "finish/context-limit/001"  # runs on a server of its own, started with the preset's context command
 
 
 @pytest.fixture(scope="module")
@@ -71,26 +73,33 @@ def _torch_layer(root: Path) -> Path:
 
 
 def _fresh_venv(root: Path, wheel: Path) -> Path:
-    """A venv without the editable install: the wheel with its `serve` extra, and pytest (for the
-    plugin), installed by pip; torch comes from the layer above (pip counts it as installed)."""
+    """A venv without the editable install: the wheel with its `serve` extra, pytest (for the plugin)
+    and transformers (decodespec serve loads the forced checkpoints with it), installed by pip; torch
+    comes from the layer above (pip counts it as installed)."""
     env_dir = root / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
     purelib = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              check=True, capture_output=True, text=True).stdout.strip()
     (Path(purelib) / "torch-layer.pth").write_text(f"{_torch_layer(root)}\n")
-    subprocess.run([py, "-m", "pip", "install", "-q", f"{wheel}[serve]", "pytest"], check=True, timeout=600,
-                   cwd=root)
+    subprocess.run([py, "-m", "pip", "install", "-q", f"{wheel}[serve]", "pytest", "transformers"], check=True,
+                   timeout=600, cwd=root)
     return env_dir / "bin"
 
 
 @pytest.mark.slow
 def test_a_fresh_venv_runs_the_suite_from_the_wheel_alone(wheel, tmp_path):
     """The CI step of an engine's repository: `pip install decodespec[serve]`, then the CLI lists the
-    cases, validates the tables, runs a case in process and against `decodespec serve`, and the
-    pytest plugin runs a case; every import comes from the installed wheel (cwd outside the checkout)."""
+    cases, validates the tables, runs a case in process and against `decodespec serve`, the pytest
+    plugin runs a case, and `conform --preset decodespec-serve` judges decodespec serve in one command
+    (checkpoints built from the wheel's cases, a server per checkpoint and one with the case's context
+    length, the report written); every import comes from the installed wheel (cwd outside the checkout)."""
     bin_ = _fresh_venv(tmp_path, wheel)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DECODESPEC_SPEC_DIR")}
+    env["DECODESPEC_CACHE"] = str(tmp_path / "cache")  # the checkpoints a preset builds
+    # no other decodespec on PATH (an activated checkout's): the preset must find the wheel's
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if not (Path(p) / "decodespec").exists())
 
     repo = tmp_path / "engine-repo"  # an engine's repository: no tests of its own collected
     repo.mkdir()
@@ -119,3 +128,10 @@ def test_a_fresh_venv_runs_the_suite_from_the_wheel_alone(wheel, tmp_path):
     out = run(str(bin_ / "pytest"), "-q", "-p", "no:cacheprovider", "--decodespec-engine=reference",
               f"--decodespec-select={CASE}")
     assert "1 passed" in out
+    # the venv is not activated: `decodespec serve` is found beside the Python that runs conform
+    run(str(bin_ / "decodespec"), "conform", "--preset", "decodespec-serve", "--select", CASE,
+        "--select", PRESET_CASE)
+    report = json.loads((repo / "reports" / "decodespec-serve" / "report.json").read_text(encoding="utf-8"))
+    verdicts = {c["id"]: c["verdict"] for c in report["cases"]}
+    assert verdicts == {CASE: "PASS", PRESET_CASE: "PASS"}, verdicts
+    assert (tmp_path / "cache" / "logs" / "decodespec-serve").is_dir()

@@ -1,12 +1,16 @@
 """Run the HTTP cases against a server started per forced checkpoint (issue 13 item 5).
 
 `run_launched(cases, folders, command)` starts `command` once per checkpoint folder, with
-`{model}` (the folder), `{gguf}` (its `model.gguf`), `{name}` (the group) and `{port}` (a free
-port on 127.0.0.1) filled in; waits for /v1/models; runs the cases compiled into that checkpoint
-(and the black-box recipes on the first whose chat endpoint takes a message as it is); then stops
-the server by its PID (its process group) and moves on. `model`, when given, is the model name requests carry (the same fields are filled
-in; by default the first of /v1/models). A server that does not come up turns its cases into ERRORs carrying the tail of its
-log, never FAILs. One list of results comes back, in case order, for one report.
+`{model}` (the folder), `{gguf}` (its GGUF file, `model.gguf` unless `gguf` names another), `{name}`
+(the group) and `{port}` (a free port on 127.0.0.1) filled in, in the environment `env` (by default
+this process's; the presets put the Python running decodespec last on PATH, presets.engine_path);
+waits for /v1/models; runs the cases compiled into that checkpoint (and the black-box recipes on
+the first whose chat endpoint takes a message as it is); then stops the server by its PID (its
+process group) and moves on. `model`, when given, is the model name requests carry (the same fields
+are filled in; by default the first of /v1/models). A server that does not come up turns its cases
+into ERRORs carrying the tail of its log, never FAILs. One list of results comes back, in case
+order, for one report. The engine presets (presets.py) give the commands for `decodespec conform
+--preset`.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -30,6 +34,7 @@ from .runner import CaseResult, Verdict, run_cases
 from .wire import whole_answer
 
 TIGHT = -1  # the run of the tight server, among the runs by context length
+GGUF = "model.gguf"  # a checkpoint's GGUF file, unless the run names another
 
 
 def free_port() -> int:
@@ -47,14 +52,16 @@ def _tail(path: Path, n: int = 1500) -> str:
 
 @contextlib.contextmanager
 def launched(command: str, ckpt: Checkpoint, log: Path, *, timeout_s: float = 600.0,
-             on_start: Callable[[int], None] | None = None) -> Iterator[str]:
+             on_start: Callable[[int], None] | None = None, gguf: str = GGUF,
+             env: Mapping[str, str] | None = None) -> Iterator[str]:
     """Start the server for `ckpt`, yield its URL once /v1/models answers, stop it by PID after.
     `on_start` gets the PID, which leads the server's own process group, once it answers."""
     port = free_port()
-    cmd = command.format(model=ckpt.folder, gguf=ckpt.folder / "model.gguf", name=ckpt.group, port=port)
+    cmd = command.format(model=ckpt.folder, gguf=ckpt.folder / gguf, name=ckpt.group, port=port)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
-        proc = subprocess.Popen(["bash", "-c", cmd], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(["bash", "-c", cmd], stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=None if env is None else dict(env))
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout_s
@@ -97,7 +104,8 @@ def run_launched(cases: Sequence[Case], folders: Sequence[Path], command: str, *
                  without: frozenset[str] = frozenset(), jobs: int = 1, model: str | None = None,
                  timeout_s: float = 600.0, on_result: Callable[[CaseResult], None] | None = None,
                  context_command: str | None = None, tight_command: str | None = None,
-                 read_timeout: float | None = None) -> list[CaseResult]:
+                 read_timeout: float | None = None, gguf: str = GGUF,
+                 env: Mapping[str, str] | None = None) -> list[CaseResult]:
     """Every case, run on the server of the checkpoint it was compiled into (see module). A case
     with a context limit runs on a server of its own, started with `context_command` ({context}
     filled in as well); a case that asks for the tight server (`"server": "tight"`: concurrency
@@ -105,7 +113,9 @@ def run_launched(cases: Sequence[Case], folders: Sequence[Path], command: str, *
     `tight_command`; without the command either is n/a with the reason. On every server the
     request-life cases (life.RECIPES: they load it and time it) run one at a time after the others,
     so no case runs beside them and none of them beside another. `timeout_s` bounds each server's
-    start; `read_timeout`, when given, is its adapter's wait for a whole answer or a stream's next event."""
+    start; `read_timeout`, when given, is its adapter's wait for a whole answer or a stream's next event.
+    `gguf` and `env` are launched's; a reproducer names the command with {gguf} spelt {model}/FILE, so
+    that it says which file of the checkpoint the engine loads."""
     ckpts = [Checkpoint.load(f) for f in folders]
     # The black-box cases send messages of their own: on the first checkpoint whose chat endpoint takes
     # a message as it is (no chat group's template to wrap it), whatever order the folders came in.
@@ -131,9 +141,10 @@ def run_launched(cases: Sequence[Case], folders: Sequence[Path], command: str, *
             suffix = "-tight" if context == TIGHT else "" if context is None else f"-context-{context}"
             log = log_dir / f"{ck.group}{suffix}.log"
             try:
-                with launched(cmd, ck, log, timeout_s=timeout_s) as url:
+                with launched(cmd, ck, log, timeout_s=timeout_s, gguf=gguf, env=env) as url:
                     name = model.format(model=ck.folder, name=ck.group) if model else None
-                    adapter = OpenAIAdapter(url, model=name, checkpoint=ck, without=without, launch=cmd,
+                    adapter = OpenAIAdapter(url, model=name, checkpoint=ck, without=without,
+                                            launch=cmd.replace("{gguf}", f"{{model}}/{gguf}"),
                                             context=None if context == TIGHT else context, tight=context == TIGHT,
                                             **({} if read_timeout is None else {"timeout": read_timeout}))
                     side = [c for c in todo if c.recipe not in LIFE_RECIPES and context != TIGHT]

@@ -21,6 +21,7 @@ import functools
 import html
 import json
 import platform
+import re
 import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -35,6 +36,8 @@ from .adapters.base import Finding
 from .cases import CaseError, Grade
 from .contract import CONTRACT_VERSION
 from .decisions import decision_line
+from . import replay_script as replay_script_module
+from .replay_script import FLOWS
 from .runner import CaseResult, Verdict
 from .symptoms import CHAT_STATEMENTS, SEVERITIES, WIRE_STATEMENTS, Basis, Severity, label, severity_of
 
@@ -285,37 +288,96 @@ def is_http(exchange: Any) -> bool:
 def curl(exchange: Mapping[str, Any]) -> str:
     """One recorded HTTP request (is_http) as a curl line against $URL (streamed requests with -N)."""
     req = exchange["request"]
-    body = json.dumps(req["body"], ensure_ascii=False, separators=(",", ":"))
-    flags = "-sS -N" if req["body"].get("stream") else "-sS"
-    return f"curl {flags} \"$URL{req['path']}\" -H 'Content-Type: application/json' -d {_quote(body)}"
+    body = req.get("body") or {}
+    head = "".join(f" -H {_quote(f'{k}: {v}')}" for k, v in (req.get("headers") or {}).items())
+    if req.get("method", "POST") != "POST":
+        return f"curl -sS -N \"$URL{req['path']}\"{head}"
+    flags = "-sS -N" if body.get("stream") else "-sS"
+    data = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    return f"curl {flags} \"$URL{req['path']}\" -H 'Content-Type: application/json'{head} -d {_quote(data)}"
+
+
+REPLAY_DIR = "ckpt"  # where a reproducer builds the checkpoint: ckpt/<group>
+REPLAY_URL = "http://127.0.0.1:8000"
+_GGUF_IN = re.compile(r"/(model(?:-(f16|bf16))?\.gguf)\b")
+
+
+def _served(exchanges: Sequence[Mapping[str, Any]], served: str | None, folder: str) -> list[dict[str, Any]]:
+    """The recorded requests, the model name each carried moved to `folder` where it was the served
+    checkpoint's own path (an engine that loads the model a request names: transformers serve)."""
+    def moved(e: Mapping[str, Any]) -> dict[str, Any]:
+        body = e["request"].get("body") or {}
+        if served and "/" in served and body.get("model") == served:
+            return {**e, "request": {**e["request"], "body": {**body, "model": folder}}}
+        return dict(e)
+
+    return [moved(e) for e in exchanges if is_http(e)]
+
+
+def replay_text(case_id: str, engine: str, server: Mapping[str, Any], exchanges: Sequence[Mapping[str, Any]],
+                findings: Sequence[tuple[str, str]], reference: Mapping[str, Any] | None,
+                script: bool = False) -> str:
+    """A shell snippet that replays an HTTP case by hand from the report alone: build just its checkpoint
+    and check its hash, convert it to GGUF where the engine loads one, start the engine as the run did
+    (on port 8000), then send the same requests with curl, or run the case's script (`script`: a
+    request-life case, whose load curl cannot send); what the chapter requires and what the reference
+    answers follow."""
+    from .presets import converter
+
+    ck = server.get("checkpoint")
+    group = ck["group"] if ck else ""
+    folder = f"{REPLAY_DIR}/{group}"
+    lines = [f"# {case_id} on {engine}" + (f" (version {server['version']})" if server.get("version") else "")]
+    if ck:
+        lines += [f"# the checkpoint {group}: build just it, then check that its hash is {ck['sha256']}",
+                  f"decodespec checkpoints build --out {REPLAY_DIR} --group {group}",
+                  f"decodespec checkpoints digest {folder}"]
+    if server.get("launch"):
+        launch = (server["launch"].replace("{gguf}", f"{folder}/model.gguf").replace("{model}", folder)
+                  .replace("{name}", group).replace("{port}", REPLAY_URL.rsplit(":", 1)[1]))
+        if ck and (m := _GGUF_IN.search(launch)):
+            conv = converter()
+            lines += [f"# the engine loads llama.cpp's GGUF of it: {conv.source} names a llama.cpp checkout "
+                      "(its convert_hf_to_gguf.py); pip install 'decodespec[gguf]'",
+                      f"{conv.source}=/path/to/llama.cpp "
+                      + conv.shown(folder, f"{folder}/{m.group(1)}", m.group(2) or "f32")]
+        lines += ["# the engine, started as the run started it:", f"{launch} > engine.log 2>&1 &"]
+    lines += [f"URL=${{URL:-{REPLAY_URL if server.get('launch') else server.get('url', REPLAY_URL)}}}",
+              'until curl -sf "$URL/v1/models" > /dev/null; do sleep 1; done']
+    if script:
+        lines += ["# the load curl cannot send: save this reproducer's `script` as replay.py (Python 3, stdlib only)",
+                  'python3 replay.py "$URL"']
+    else:
+        lines += [curl(e) for e in _served(exchanges, server.get("model"), folder)]
+    for invariant, message in findings:
+        where = anchor_of(invariant)
+        lines.append(f"# requires {invariant}{f' ({where})' if where else ''}: {statement(invariant)}")
+        lines.append(f"#   seen: {message[:400]}")
+    if reference:
+        lines.append("# the reference's answer on the same checkpoint: " + json.dumps(
+            {k: reference.get(k) for k in ("state", "output", "finish_reason", "wire_finish_reason", "selected_tokens")},
+            ensure_ascii=False))
+    return "\n".join(lines) + "\n"
+
+
+def replay_script(case_id: str, recipe: str, inputs: Mapping[str, Any], exchanges: Sequence[Mapping[str, Any]],
+                  server: Mapping[str, Any]) -> str:
+    """The standalone Python script (replay_script.py, stdlib only) that replays a request-life case:
+    its flow, with the case's parameters and recorded requests put in."""
+    ck = server.get("checkpoint")
+    sent = _served(exchanges, server.get("model"), f"{REPLAY_DIR}/{ck['group']}" if ck else "")
+    data = {"id": case_id, "recipe": recipe, "inputs": dict(inputs),
+            "exchanges": [{k: e[k] for k in ("label", "request") if k in e} for e in sent]}
+    source = Path(replay_script_module.__file__).read_text(encoding="utf-8")
+    line = "CASE: dict = {}  # the reproducer puts the case's data here"
+    return source.replace(line, f"CASE = json.loads({json.dumps(data, ensure_ascii=False)!r})")
 
 
 def replay(r: CaseResult) -> str:
-    """A shell snippet that replays an HTTP case by hand: rebuild just its checkpoint, start the
-    engine as the run did, send the same requests; what the reference requires and answers follows."""
-    server = r.observed.get("server") or {}
-    exchanges = [e for e in r.observed.get("exchanges") or [] if is_http(e)]
-    ck = server.get("checkpoint")
-    lines = [f"# {r.case.id} on {r.engine}" + (f" (version {server['version']})" if server.get("version") else "")]
-    if ck:
-        lines += [f"# checkpoint {ck['group']}, sha256 {ck['sha256']}: rebuild just it, and check the hash",
-                  f"decodespec checkpoints build --out ckpt --group {ck['group']}",
-                  f"decodespec checkpoints digest ckpt/{ck['group']}"]
-    if server.get("launch"):
-        lines += ["# the engine, started as the run started it ({model} is the checkpoint folder, {port} a port):",
-                  f"#   {server['launch']}"]
-    lines.append(f"URL=${{URL:-{server.get('url', 'http://127.0.0.1:8000')}}}")
-    lines += [curl(e) for e in exchanges]
-    for f in r.failures:
-        where = anchor_of(f.invariant)
-        lines.append(f"# requires {f.invariant}{f' ({where})' if where else ''}: {statement(f.invariant)}")
-        lines.append(f"#   seen: {f.message[:400]}")
-    ref = r.observed.get("reference")
-    if ref:
-        lines.append("# the reference's answer on the same checkpoint: " + json.dumps(
-            {k: ref.get(k) for k in ("state", "output", "finish_reason", "wire_finish_reason", "selected_tokens")},
-            ensure_ascii=False))
-    return "\n".join(lines) + "\n"
+    """replay_text for a result (see there)."""
+    return replay_text(r.case.id, r.engine, r.observed.get("server") or {}, r.observed.get("exchanges") or [],
+                       [(f.invariant, f.message) for f in r.failures], r.observed.get("reference"),
+                       script=r.case.recipe in FLOWS)
 
 
 def written(kept: Callable[[CaseResult], dict[str, Any]]) -> Callable[[Callable[[CaseResult], dict[str, Any]]],
@@ -343,10 +405,10 @@ def written(kept: Callable[[CaseResult], dict[str, Any]]) -> Callable[[Callable[
 
 @written(lambda r: {"inputs": dict(r.case.inputs), "recipe": r.case.recipe, "expected": {}, "observed": {}})
 def reproducer(r: CaseResult) -> dict[str, Any]:
-    """What a reader needs to rerun the case by hand. Over HTTP: the replay snippet (rebuild, launch,
-    curl), the server, the exchanges with their raw answers and the reference's answer; the case's
-    inline tokenizer is left out (the checkpoint's hash names it). In process: inputs, expected,
-    observed."""
+    """What a reader needs to rerun the case by hand. Over HTTP: the replay snippet (rebuild, convert,
+    launch, curl), for a request-life case the script it runs, the server, the exchanges with their raw
+    answers and the reference's answer; the case's inline tokenizer is left out (the checkpoint's hash
+    names it). In process: inputs, expected, observed."""
     obs = {k: v for k, v in r.observed.items()
            if v not in (None, [], {}) and k not in ("exchanges", "reference", "server")}
     http = any(is_http(e) for e in r.observed.get("exchanges") or [])
@@ -354,6 +416,9 @@ def reproducer(r: CaseResult) -> dict[str, Any]:
     out: dict[str, Any] = {"inputs": inputs, "recipe": r.case.recipe, "expected": _expected(r), "observed": obs}
     if http:
         out = {"replay": replay(r), **out}
+        if r.case.recipe in FLOWS:
+            out["script"] = replay_script(r.case.id, r.case.recipe, inputs, r.observed["exchanges"],
+                                          r.observed.get("server") or {})
     for key in ("server", "exchanges", "reference"):
         if r.observed.get(key):
             out[key] = r.observed[key]
@@ -509,6 +574,9 @@ def _md_case(r: CaseResult) -> list[str]:
     rep = reproducer(r)
     if "replay" in rep:
         lines += ["", "Replay by hand:", "", "```sh", rep["replay"].rstrip(), "```"]
+    if "script" in rep:
+        lines += ["", "<details><summary>replay.py</summary>", "", "```python", rep["script"].rstrip(), "```", "",
+                  "</details>"]
     return lines + ["", "<details><summary>reproducer</summary>", "", "```json",
                     json.dumps(rep, ensure_ascii=False, indent=1), "```", "", "</details>", ""]
 
@@ -593,6 +661,7 @@ def _html_case(r: CaseResult, embedded: Mapping[str, str]) -> str:
             f"<blockquote>{e(basis_text(r.basis(lead))) if lead is not None else '(adapter error)'}</blockquote>"
             f"<p>{e(r.case.description)}</p><ul>{findings}</ul>"
             + (f"<p>Replay by hand:</p><pre>{e(rep['replay'])}</pre>" if "replay" in rep else "")
+            + (f"<details><summary>replay.py</summary><pre>{e(rep['script'])}</pre></details>" if "script" in rep else "")
             + "<details><summary>reproducer</summary>"
             f"<pre>{e(json.dumps(rep, ensure_ascii=False, indent=1))}</pre></details></div>")
 

@@ -1,6 +1,6 @@
 """What a server can be run `--without`: a request field or a parser it does not have, the cases
 that need it, and why they are skipped (n/a) there instead of judged. Data only: the CLI's choices,
-the engines' `without` (scripts/peers/engines.py) and OpenAIAdapter.unsupported all read WITHOUT.
+the presets' `without` (presets.toml) and OpenAIAdapter.unsupported all read WITHOUT.
 
 A missing parser is an engine's choice, not a rule of chapter 4 it breaks: a server with no
 reasoning parser sends `<think>` as content by design, so its reasoning cases prove nothing.

@@ -5,7 +5,8 @@
 #                                                       venv with the HF->GGUF converter and
 #                                                       llama-cpp-python[server] (reusing those libs)
 #   scripts/peers/llama_cpp.sh convert HF_DIR OUT_GGUF [OUTTYPE]
-#                                                       vendored convert_hf_to_gguf.py, --outtype OUTTYPE
+#                                                       vendored convert_hf_to_gguf.py through properties/conformance/
+#                                                       convert_gguf.py, --outtype OUTTYPE
 #                                                       (f32 by default; f16, bf16 for half precision)
 #   scripts/peers/llama_cpp.sh serve GGUF PORT          exec llama-server on 127.0.0.1:PORT
 #   scripts/peers/llama_cpp.sh serve-python GGUF PORT   exec llama-cpp-python's server on 127.0.0.1:PORT
@@ -121,8 +122,8 @@ cmd_convert() {
   [ $# -eq 2 ] || [ $# -eq 3 ] || { echo "usage: $0 convert HF_DIR OUT_GGUF [f32|f16|bf16]" >&2; exit 2; }
   need_install
   mkdir -p "$(dirname "$2")"
-  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 LLAMA_CPP_CONVERTER_DIR=$LLAMA \
-    "$PY" "$ROOT/scripts/peers/convert_gguf.py" "$1" --outfile "$2" --outtype "${3:-f32}"
+  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 LLAMA_CPP_DIR=$LLAMA \
+    "$PY" "$ROOT/properties/conformance/convert_gguf.py" "$1" --outfile "$2" --outtype "${3:-f32}"
 }
 
 alias_of() { local b; b=$(basename "$1"); echo "${b%.*}"; }

@@ -137,7 +137,8 @@ class OpenAIAdapter:
             if self.context != need:
                 return (f"it needs the server started with a context length of {need} (the case's "
                         f"{case.inputs['context_limit']} and the program's marker and anchor; decodespec conform "
-                        "--launch-context CMD, the engine's `context` in scripts/peers/engines.py)")
+                        "--launch-context CMD; a preset's `context` command does it: decodespec conform "
+                        "--list-presets)")
             running, where = self.running_context()
             if running is None:
                 return (f"the server does not say the context length it runs with ({where}), so whether the case's "

@@ -9,7 +9,7 @@ a new generation). A mismatch is a finding that keeps both exchanges.
 
 Recipes whose case says `"server": "tight"` run on a server started with its concurrency limited
 to `slots` sequences and a KV budget too small for the load (`decodespec conform --launch-tight`,
-the engine's `tight` command in scripts/peers/engines.py); elsewhere they are n/a, saying why.
+a preset's `tight` command, presets.toml); elsewhere they are n/a, saying why.
 """
 
 from __future__ import annotations
@@ -307,7 +307,8 @@ def preemption(a: LiveServer, case: Case) -> Outcome:
 def _needs_tight(a: LiveServer, case: Case) -> str | None:
     if case.inputs.get("server") == "tight" and not a.tight:
         return ("it needs the server started with its concurrency limited and a KV budget too small for the load "
-                "(decodespec conform --launch-tight CMD, the engine's `tight` command in scripts/peers/engines.py)")
+                "(decodespec conform --launch-tight CMD; a preset's `tight` command does it: decodespec conform "
+                "--list-presets)")
     return None
 
 
