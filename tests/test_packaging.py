@@ -90,8 +90,9 @@ def _fresh_venv(root: Path, wheel: Path) -> Path:
 @pytest.mark.slow
 def test_a_fresh_venv_runs_the_suite_from_the_wheel_alone(wheel, tmp_path):
     """The CI step of an engine's repository: `pip install decodespec[serve]`, then the CLI lists the
-    cases, validates the tables, runs a case in process and against `decodespec serve`, the pytest
-    plugin runs a case, and `conform --preset decodespec-serve` judges decodespec serve in one command
+    cases, validates the tables, runs a case in process, says against `decodespec serve` without a
+    checkpoint that the case could not run, the pytest plugin runs a case, and
+    `conform --preset decodespec-serve` judges decodespec serve in one command
     (checkpoints built from the wheel's cases, a server per checkpoint and one with the case's context
     length, the report written); every import comes from the installed wheel (cwd outside the checkout)."""
     bin_ = _fresh_venv(tmp_path, wheel)
@@ -104,9 +105,9 @@ def test_a_fresh_venv_runs_the_suite_from_the_wheel_alone(wheel, tmp_path):
     repo = tmp_path / "engine-repo"  # an engine's repository: no tests of its own collected
     repo.mkdir()
 
-    def run(*cmd: str) -> str:
+    def run(*cmd: str, status: int = 0) -> str:
         done = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, f"{' '.join(cmd)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+        assert done.returncode == status, f"{' '.join(cmd)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
         return done.stdout
 
     where = run(str(bin_ / "python"), "-c", "import decodespec, decodespec.runtime.tinylm as t; "
@@ -121,7 +122,10 @@ def test_a_fresh_venv_runs_the_suite_from_the_wheel_alone(wheel, tmp_path):
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         wait_until_serving(f"http://127.0.0.1:{port}")
-        run(str(bin_ / "decodespec"), "conform", "--engine", f"openai:http://127.0.0.1:{port}", "--select", CASE)
+        # without a forced checkpoint the script case cannot run: the run says so and does not pass (exit 3)
+        out = run(str(bin_ / "decodespec"), "conform", "--engine", f"openai:http://127.0.0.1:{port}", "--select",
+                  CASE, status=3)
+        assert "0 of 1 cases ran" in out and "decodespec conform --preset" in out
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(30)
