@@ -20,6 +20,7 @@ from decodespec.properties.conformance import load_cases
 from decodespec.properties.conformance.adapters.base import Outcome
 from decodespec.properties.conformance.replay import answers, main, rejudge
 from decodespec.properties.conformance.runner import Verdict, judge
+from decodespec.properties.conformance.symptoms import Severity, severity_of
 
 RECORDED = {(e["engine"], e["case"]): e["exchanges"] for e in json.loads(
     (Path(__file__).parent / "fixtures" / "recorded_exchanges.json").read_text(encoding="utf-8"))["cases"]}
@@ -92,6 +93,38 @@ def test_a_hold_back_the_stream_cannot_show_is_not_a_finding(case_id):
     assert any(m.startswith("hold-back (the engine reports no token boundaries") for m in res.not_checked), res.not_checked
     if case_id in ("stop/hold-back/001", "stop/cross-token/003"):
         assert res.verdict is Verdict.PASS and res.failures == (), res.failures
+
+
+def _asked_stream(chunks):
+    """stop/hold-back/001's stream (max_tokens 2) asking for logprobs, as a completions server sends
+    it: `chunks` (text, the logprob tokens it reports), then the finish chunk."""
+    body = {**RECORDED["llama-cpp-python", "stop/hold-back/001"][1]["request"]["body"], "logprobs": 1}
+    del body["stream_options"]
+    lines = [{"id": "c", "object": "text_completion", "choices": [{
+        "index": 0, "text": text, "finish_reason": None,
+        "logprobs": {"tokens": tokens, "token_logprobs": [0.0] * len(tokens)}}]} for text, tokens in chunks]
+    lines.append({"id": "c", "object": "text_completion", "choices": [{"index": 0, "text": "", "finish_reason": "length"}]})
+    sse = "".join(f"data: {json.dumps(x)}\n\n" for x in lines) + "data: [DONE]\n\n"
+    return {"request": {"path": "/v1/completions", "body": body}, "status": 200, "sse": sse}
+
+
+@pytest.mark.parametrize(("chunks", "lead"), [
+    ([("AB", ["AB"]), ("CD", ["CD"])], None),  # llama-cpp-python's way: a held token goes out later with its text
+    ([("AB", ["AB"]), ("", ["CD"]), ("CD", [])], "stop_prefix_sent"),  # reported as selected (vLLM's way)
+])
+def test_a_recorded_stream_asking_for_reports_is_judged_again_as_live(chunks, lead):
+    """§4.6, D59: the stream a case sends again asking for per-token reports is in the recording and
+    replayed as live. llama-cpp-python's reports (each token with its text, released once 'CD' ruled
+    'BX' out) leave hold-back not checked, never a finding: the case still passes. Reports sent as
+    tokens are selected show 'AB' went out with one token selected: a stop prefix sent early, stream
+    shape, which leads but does not fail the case."""
+    recorded = RECORDED["llama-cpp-python", "stop/hold-back/001"]
+    res = rejudge(CASES["stop/hold-back/001"], [*recorded[:2], _asked_stream(chunks), *recorded[2:]], "replay")
+    assert res.verdict is Verdict.PASS and (res.lead.symptom if res.lead else None) == lead, res.failures
+    if lead is None:
+        assert any("hold-back" in m and "only with its text" in m for m in res.not_checked), res.not_checked
+    else:
+        assert severity_of(res.lead) is Severity.STREAM_SHAPE and "asking for per-token reports" in res.lead.message
 
 
 @pytest.mark.xfail(strict=True, reason="runner.judge does not yet hold every recorded stream to one terminal")

@@ -6,12 +6,13 @@ case has single-id stop sequences vLLM's `stop_token_ids`, and the case's `input
 as they are (OpenAI names). It is sent twice, non-streamed and streamed. A case whose stream must
 hold text back for a stop (§4.6) or whose reports are aligned (D59) streams it once more asking for
 per-token reports (alignment.stream_for_reports: `logprobs: 1`, vLLM's `return_token_ids`), where
-the plain stream showed none: hold-back is judged from the token boundaries that stream shows. The
+the plain stream showed none: hold-back is judged from when that stream's chunks went out. The
 expectation is the reference loop's answer on the same checkpoint and script
 (judgement.expected_of), and the answer is judged dimension by dimension
-(judgement.judge_observed), the stream's framing by the wire conventions (wire.py). Then the case is run again at every other max_tokens up to its script's
-length (`sweep`), each limit judged against the reference at that limit. What the wire cannot show (the trace, the state name) is listed as not
-checked, so such a pass is partial; conventions that legitimately differ (whether
+(judgement.judge_observed), the stream's framing by the wire conventions (wire.py). Then the case
+is run again at every other max_tokens up to its script's length (`sweep`), each limit judged
+against the reference at that limit. What the wire cannot show (the trace, the state name) is
+listed as not checked, so such a pass is partial; conventions that legitimately differ (whether
 completion_tokens counts the EOS that ended the run) are accepted both ways.
 """
 

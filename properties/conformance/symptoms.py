@@ -708,20 +708,3 @@ def compare_held(exp: Expected, tl: Timeline) -> tuple[list[Finding], list[str]]
                                                 f"reference still held {held!r} there, which could begin a stop of "
                                                 f"{[x.decode('utf-8', 'replace') for x in exp.stops]}")], []
     return [], []
-    if tokens is None or len(tokens) != len(chunks):
-        return out, ["hold-back (the engine reports no token boundaries with its chunks)"]
-    sent = [sum(len(c) for c in chunks[:i + 1]) for i in range(len(chunks))]
-    last = len(exp.released)
-    known = [(c, min(k, last)) for c, k in enumerate(tokens[:-1]) if k > 0]
-    if not any(sent[c] < exp.spelled[k - 1] for c, k in known if k <= len(exp.spelled)):
-        return out, ["hold-back (the engine reports each token only with its text, which does not show when a "
-                     "held token was selected)"]
-    for c, k in known:
-        safe = exp.released[k - 1]
-        if sent[c] > safe:
-            held = b"".join(chunks)[safe:sent[c]]  # the engine's bytes where the reference held back
-            out.append(finding("stop_prefix_sent", f"with token {k} reported the stream had sent {sent[c]} bytes; the "
-                                                   f"reference still held {held!r} there, which could begin a stop of "
-                                                   f"{[s.decode('utf-8', 'replace') for s in exp.stops]}"))
-            break
-    return out, []
