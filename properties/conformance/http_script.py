@@ -29,10 +29,10 @@ from .cases import STREAM_KINDS, Case, CaseError
 from .chat import run_chat
 from .chat_cases import chat_of
 from .checkpoints import on_checkpoint
-from .judgement import expected_of, judge_observed, observe
+from .judgement import expected_of, judge_choices, judge_observed, observe
 from .script_check import Prefix, Returned, detect_prefix, left_script
 from .script_server import ScriptServer, case_fields, not_observable, program_body, sweep_limits
-from .symptoms import WIRE, Expected, compare_count, finding, merge, run_on_first
+from .symptoms import WIRE, Expected, merge, run_on_first
 from .wire import Streamed, body_findings, choices_of, first_choice, logprob_pieces, token_count, token_ids, wire_findings
 
 
@@ -57,29 +57,12 @@ def judge_exchange(case: Case, exp: Expected, status: int, data: Any, raw: str, 
     """Findings (semantics, then wire) and what was not checked, for one case's two answers (and
     `reported`, the stream sent again asking for per-token reports, where it was).
 
-    With n > 1 (D34) each choice is judged on its own against the reference (greedy choices of one
-    prompt are equal), and the token count is the choices' total."""
+    With n > 1 (D34) each choice is judged on its own (judgement.judge_choices)."""
     n = int(case.inputs.get("request", {}).get("n", 1))
     if n == 1:
         found, not_checked = judge_observed(exp, observe(status, data, raw, st, reported=reported))
     else:
-        found, not_checked = [], []
-        for i in range(n):
-            f, missed = judge_observed(exp, observe(status, data, raw, st, i, n, reported))
-            found += [attrs.evolve(x, message=f"choice {i}: {x.message}") for x in f]
-            not_checked += [m for m in missed if m not in not_checked and not m.startswith("usage")]
-        usage = data.get("usage") if isinstance(data, dict) else None
-        total = token_count(usage, "completion_tokens") if status == 200 else None
-        one = {exp.selected, exp.selected - 1} if exp.reason == "eos" else {exp.selected}  # D15: the EOS or not
-        if total is None:
-            not_checked.append("usage.completion_tokens (not reported)")
-        elif exp.reason is not None and total in one and total not in {n * k for k in one}:
-            found.append(finding("count_low", f"usage.completion_tokens is {total}, one choice's count, for {n} "
-                                              f"choices of {exp.selected} tokens each ({n * exp.selected} in all, D34)"))
-        elif total % n:
-            found.append(finding("usage_mismatch", f"usage.completion_tokens is {total} for {n} equal choices"))
-        else:
-            found += [attrs.evolve(x, message=f"per choice: {x.message}") for x in compare_count(exp, total // n)]
+        found, not_checked = judge_choices(exp, status, data, raw, st, n, reported)
     return merge(found) + wire_findings(st) + body_findings(status, data, raw), not_checked + not_observable(case)
 
 

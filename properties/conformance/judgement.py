@@ -25,8 +25,8 @@ from ...runtime.openai_schema import OPENAI_FINISH
 from ...runtime.result import Result
 from .adapters.base import Finding, reference_on
 from .cases import Case
-from .symptoms import (Expected, Timeline, compare_count, compare_empty, compare_held, compare_reason, compare_stream,
-                       compare_text, finding, merge, whole_length)
+from .symptoms import (Expected, Timeline, compare_choices, compare_count, compare_empty, compare_held, compare_reason,
+                       compare_stream, compare_text, finding, merge, whole_length)
 from .wire import Streamed, choices_of, token_count
 
 
@@ -78,6 +78,45 @@ def observe(status: int, data: Any, raw: str, st: Streamed, index: int = 0, n: i
         error=None if status == 200 else f"{status}: {raw[:300]!r}",
         stream_error=st.error if st.error else ("event: error" if st.error_events else None),
     )
+
+
+def returned_choices(status: int, data: Any, st: Streamed) -> frozenset[int] | None:
+    """The choice indexes the engine answered, in the non-streamed answer or the stream, whichever
+    came back (status 200); None when neither did. An answer of no choice at all is judged as
+    choices whose bytes were lost (judge_choices)."""
+    shown = [choices_of(data)] if status == 200 else []
+    shown += [list(st.choices())] if st.status == 200 else []
+    return frozenset(c.get("index", 0) for cs in shown for c in cs) if shown else None
+
+
+def judge_choices(exp: Expected, status: int, data: Any, raw: str, st: Streamed, n: int,
+                  reported: Streamed | None = None) -> tuple[list[Finding], list[str]]:
+    """The findings and what was not checked for an answer of n > 1 choices (D34): each choice the
+    engine answered is judged on its own against the reference (greedy choices of one prompt are
+    equal); a choice it answered nowhere is `n` ignored (compare_choices), not its bytes lost; the
+    token count is the answered choices' total."""
+    returned = returned_choices(status, data, st)
+    found = compare_choices(n, returned) if returned else []
+    answered = sorted(returned) if returned else list(range(n))
+    k = len(answered)
+    not_checked: list[str] = []
+    for i in answered:
+        f, missed = judge_observed(exp, observe(status, data, raw, st, i, n, reported))
+        found += [attrs.evolve(x, message=f"choice {i}: {x.message}") for x in f]
+        not_checked += [m for m in missed if m not in not_checked and not m.startswith("usage")]
+    usage = data.get("usage") if isinstance(data, dict) else None
+    total = token_count(usage, "completion_tokens") if status == 200 else None
+    one = {exp.selected, exp.selected - 1} if exp.reason == "eos" else {exp.selected}  # D15: the EOS or not
+    if total is None:
+        not_checked.append("usage.completion_tokens (not reported)")
+    elif exp.reason is not None and total in one and total not in {k * c for c in one}:
+        found.append(finding("count_low", f"usage.completion_tokens is {total}, one choice's count, for {k} "
+                                          f"choices of {exp.selected} tokens each ({k * exp.selected} in all, D34)"))
+    elif total % k:
+        found.append(finding("usage_mismatch", f"usage.completion_tokens is {total} for {k} equal choices"))
+    else:
+        found += [attrs.evolve(x, message=f"per choice: {x.message}") for x in compare_count(exp, total // k)]
+    return merge(found), not_checked
 
 
 def expected_of(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[int], res: Result) -> Expected:

@@ -116,6 +116,7 @@ SYMPTOMS: Mapping[str, Symptom] = {
     "empty_delta": _S("delta_nonempty", SHAPE, "empty delta"),
     "refused": _S("refinement", ENDING, "valid request refused"),
     "fields_ignored": _S("refinement", TEXT, "request fields had no effect", fields=_ANY_FIELD),
+    "choices_missing": _S("refinement", TEXT, "fewer choices than n asked", fields=("n",)),
     "accepted_bad_input": _S("refinement", ENDING, "bad request accepted"),
     "unexpected_error": _S("refinement", ENDING, "error where the run finishes"),
     "gauge_stuck": _S("no_leak", ENDING, "running gauge stays up"),
@@ -605,6 +606,16 @@ def compare_reason(exp: Expected, got: str | None, where: str, *, count: int | N
 
 
 _API_REASONS = frozenset({"stop", "length", "content_filter", "tool_calls", "function_call"})
+
+
+def compare_choices(n: int, returned: frozenset[int]) -> list[Finding]:
+    """The choices of n the engine never returned, in any answer it gave (D34): it took `n` and
+    answered fewer choices, a field ignored (basis `n`), never the bytes of a choice lost."""
+    if missing := [i for i in range(n) if i not in returned]:
+        return [finding("choices_missing", f"field_ignored: n: the request asks for {n} choices and the engine "
+                                           f"answered {len(returned)} (index {sorted(returned)}); choice(s) "
+                                           f"{missing} never came")]
+    return []
 
 
 def compare_count(exp: Expected, got: int | None) -> list[Finding]:
