@@ -157,6 +157,43 @@ def test_a_run_serves_the_groups_of_its_cases_and_a_host_for_the_black_box_cases
     assert TABLE_GROUP in ps.groups_needed(load_cases(["finish/"]), every)
 
 
+def _fake_llama_cpp(root: Path) -> Path:
+    """A llama.cpp checkout whose converter writes a stub GGUF, or refuses a folder named refuse-*."""
+    (root / "conversion").mkdir(parents=True)
+    (root / "conversion" / "__init__.py").write_text("")
+    (root / "conversion" / "base.py").write_text(
+        "import logging\nlogger = logging.getLogger('base')\n"
+        "class TextModel:\n    def get_vocab_base_pre(self, t): pass\n    def prepare_metadata(self, vocab_only): pass\n")
+    (root / "convert_hf_to_gguf.py").write_text(
+        "import sys\ndef main():\n    out = sys.argv[sys.argv.index('--outfile') + 1]\n"
+        "    if 'refuse' in sys.argv[1]:\n        sys.exit('refused: no vocabulary this converter knows')\n"
+        "    open(out, 'wb').write(b'GGUF')\n")
+    return root
+
+
+def test_gguf_files_are_written_beside_each_checkpoint_and_a_refusal_leaves_it_out(tmp_path, monkeypatch):
+    """A llama.cpp preset's conversion runs the converter of the checkout LLAMA_CPP_DIR names, through
+    decodespec's wrapper, once per checkpoint (a file already there is kept); a refused checkpoint is
+    left out with the converter's log beside it, which the launched run names as the reason its cases
+    are n/a; without a checkout it is one error saying how to get one."""
+    from decodespec.properties.conformance.launch import _refusal
+
+    preset = ps.load_presets()["llama-server-f16"]
+    folders = [tmp_path / "set" / "ok", tmp_path / "set" / "refuse-me"]
+    for f in folders:
+        f.mkdir(parents=True)
+    monkeypatch.delenv("LLAMA_CPP_DIR", raising=False)
+    with pytest.raises(ps.PresetError, match="set LLAMA_CPP_DIR to a llama.cpp checkout"):
+        ps.convert_gguf(folders, preset, None, print)
+    said: list[str] = []
+    kept = ps.convert_gguf(folders, preset, _fake_llama_cpp(tmp_path / "llama.cpp"), said.append)
+    assert kept == folders[:1] and (folders[0] / "model-f16.gguf").read_bytes() == b"GGUF"
+    assert not list(folders[1].glob("*.gguf*")) and "refused" in said[-1]
+    assert "no vocabulary this converter knows" in _refusal([folders[0]], "refuse-me")
+    monkeypatch.setenv("LLAMA_CPP_DIR", str(tmp_path / "nowhere"))  # every file there already: not asked
+    assert ps.convert_gguf(folders[:1], preset, None, said.append) == folders[:1]
+
+
 # ---- reproducers ----------------------------------------------------------------------------------
 
 
