@@ -222,7 +222,7 @@ def test_every_committed_http_reproducer_can_be_replayed_from_the_report_alone()
         assert f"decodespec checkpoints digest {folder}\n" in text and ck["sha256"] in text, where
         launch = next((line for line in text.splitlines() if line.endswith("> engine.log 2>&1 &")), None)
         assert launch is not None, where
-        assert "{" not in launch and "8000" in launch, where
+        assert "{" not in launch and "8000" in launch and "\nkill $ENGINE\n" in text, where
         if ".gguf" in launch:
             gguf = re.search(rf"{folder}/\S+\.gguf", launch).group(0)
             assert f"convert_gguf {folder} --outfile {gguf} --outtype" in text, where

@@ -319,9 +319,9 @@ def replay_text(case_id: str, engine: str, server: Mapping[str, Any], exchanges:
                 script: bool = False) -> str:
     """A shell snippet that replays an HTTP case by hand from the report alone: build just its checkpoint
     and check its hash, convert it to GGUF where the engine loads one, start the engine as the run did
-    (on port 8000), then send the same requests with curl, or run the case's script (`script`: a
-    request-life case, whose load curl cannot send); what the chapter requires and what the reference
-    answers follow."""
+    (on port 8000), send the same requests with curl, or run the case's script (`script`: a request-life
+    case, whose load curl cannot send), and stop the engine; what the chapter requires and what the
+    reference answers follow."""
     from .presets import converter
 
     ck = server.get("checkpoint")
@@ -341,7 +341,7 @@ def replay_text(case_id: str, engine: str, server: Mapping[str, Any], exchanges:
                       "(its convert_hf_to_gguf.py); pip install 'decodespec[gguf]'",
                       f"{conv.source}=/path/to/llama.cpp "
                       + conv.shown(folder, f"{folder}/{m.group(1)}", m.group(2) or "f32")]
-        lines += ["# the engine, started as the run started it:", f"{launch} > engine.log 2>&1 &"]
+        lines += ["# the engine, started as the run started it:", f"{launch} > engine.log 2>&1 &", "ENGINE=$!"]
     lines += [f"URL=${{URL:-{REPLAY_URL if server.get('launch') else server.get('url', REPLAY_URL)}}}",
               'until curl -sf "$URL/v1/models" > /dev/null; do sleep 1; done']
     if script:
@@ -349,6 +349,8 @@ def replay_text(case_id: str, engine: str, server: Mapping[str, Any], exchanges:
                   'python3 replay.py "$URL"']
     else:
         lines += [curl(e) for e in _served(exchanges, server.get("model"), folder)]
+    if server.get("launch"):
+        lines.append("kill $ENGINE")
     for invariant, message in findings:
         where = anchor_of(invariant)
         lines.append(f"# requires {invariant}{f' ({where})' if where else ''}: {statement(invariant)}")
