@@ -33,7 +33,7 @@ from .alignment import aligned, run_alignment, stream_for_reports
 from .cases import Case
 from .chat_cases import TAGS, TOOLS, chat_of, template_of
 from .checkpoints import on_checkpoint
-from .judgement import expected_of, judge_observed, observe
+from .judgement import expected_of, judge_observed, no_usage_chunk, observe, usage_chunk_missing
 from .script_check import Returned, left_script
 from .script_server import ScriptServer, case_fields, not_observable, sweep_limits
 from .symptoms import Expected, finding, merge
@@ -282,19 +282,21 @@ def judge_chat(exp: ChatExpected, obs: ChatObserved | None, where: str, *, conte
 
 def judge_answers(exp: ChatExpected, text: Expected | None, answers: tuple[int, Any, str, Streamed],
                   whole: ChatObserved | None, streamed: ChatObserved | None,
-                  reported: Streamed | None = None) -> tuple[list[Finding], list[str]]:
+                  reported: Streamed | None = None, *, usage_asked: bool = False) -> tuple[list[Finding], list[str]]:
     """Both answers of a chat case (`answers`: the non-streamed status, JSON and text, and the
     stream; `whole`, `streamed`: their channels; `reported`: the stream sent again asking for
     per-token reports, where it was) against the reference: findings, and what they did not let us
     check. A case that splits nothing off its content is a completions answer in a chat envelope:
     judged by the completions rules against `text` (the reference's run as an Expected), its
     channels added. One that splits reasoning or calls off it (`text` None) is judged channel by
-    channel."""
+    channel. `usage_asked`: the stream's request set stream_options.include_usage."""
     if text is not None:
-        findings, missed = judge_observed(text, observe(*answers, reported=reported))
+        findings, missed = judge_observed(text, observe(*answers, reported=reported, usage_asked=usage_asked))
         return (findings + judge_chat(exp, whole, "non-streamed answer", content=False)
                 + judge_chat(exp, streamed, "stream", content=False)), missed
     findings = judge_chat(exp, whole, "non-streamed answer") + judge_chat(exp, streamed, "stream")
+    if usage_asked and exp.finish_reason and usage_chunk_missing(answers[3]):
+        findings.append(no_usage_chunk())
     if whole is not None and streamed is not None and (whole.content, whole.reasoning) != (streamed.content,
                                                                                          streamed.reasoning):
         findings.append(finding("stream_vs_batch", f"stream {streamed.content!r}/{streamed.reasoning!r} against "
@@ -329,7 +331,7 @@ def run_chat(a: ScriptServer, case: Case) -> Outcome:
         return Outcome(abort=gone, reference=exp.to_json())  # it left the script: nothing to judge (D27, D66)
     reported = stream_for_reports(a, case, text, st, body, PATH, chat=True)
     findings, missed = judge_answers(exp, text, (status, data, raw, st), whole, streamed,
-                                     reported[0] if reported else None)
+                                     reported[0] if reported else None, usage_asked=True)
     if aligned(case):  # D59: the per-token reports of a stream against its chunks' text
         more, na = run_alignment(a, case, body, PATH, chat=True, reported=reported)
         if na:
@@ -338,7 +340,7 @@ def run_chat(a: ScriptServer, case: Case) -> Outcome:
     if chat_of(case).get("sweep"):
         findings += sweep_chat(a, case, info)
     return Outcome(output=(whole.content.encode() if whole else None), finish_reason=whole.finish_reason if whole else None,
-                   findings=tuple(leading(merge(findings)) + wire_findings(st, include_usage=exp.finish_reason is not None)
+                   findings=tuple(leading(merge(findings)) + wire_findings(st)
                                   + body_findings(status, data, raw)),
                    judged=True, reference=exp.to_json(),
                    not_checked=tuple(missed + not_observable(case)),

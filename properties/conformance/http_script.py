@@ -29,10 +29,10 @@ from .cases import STREAM_KINDS, Case, CaseError
 from .chat import run_chat
 from .chat_cases import chat_of
 from .checkpoints import on_checkpoint
-from .judgement import expected_of, judge_choices, judge_observed, observe
-from .script_check import Prefix, Returned, detect_prefix, left_script
+from .judgement import expected_of, judge_choices, judge_observed, no_usage_chunk, observe, usage_chunk_missing
+from .script_check import Prefix, Returned, detect_prefix, left_script, prompt_placed
 from .script_server import ScriptServer, case_fields, not_observable, program_body, sweep_limits
-from .symptoms import WIRE, Expected, merge, run_on_first
+from .symptoms import WIRE, Expected, finding, merge, run_on_first
 from .wire import Streamed, body_findings, choices_of, first_choice, logprob_pieces, token_count, token_ids, wire_findings
 
 
@@ -53,16 +53,20 @@ def expected(a: ScriptServer, case: Case) -> Expected:
 
 
 def judge_exchange(case: Case, exp: Expected, status: int, data: Any, raw: str, st: Streamed,
-                   reported: Streamed | None = None) -> tuple[list[Finding], list[str]]:
+                   reported: Streamed | None = None, *, usage_asked: bool = False) -> tuple[list[Finding], list[str]]:
     """Findings (semantics, then wire) and what was not checked, for one case's two answers (and
-    `reported`, the stream sent again asking for per-token reports, where it was).
+    `reported`, the stream sent again asking for per-token reports, where it was; `usage_asked`:
+    the stream's request set stream_options.include_usage).
 
     With n > 1 (D34) each choice is judged on its own (judgement.judge_choices)."""
     n = int(case.inputs.get("request", {}).get("n", 1))
     if n == 1:
-        found, not_checked = judge_observed(exp, observe(status, data, raw, st, reported=reported))
+        found, not_checked = judge_observed(exp, observe(status, data, raw, st, reported=reported,
+                                                         usage_asked=usage_asked))
     else:
         found, not_checked = judge_choices(exp, status, data, raw, st, n, reported)
+        if usage_asked and usage_chunk_missing(st):
+            found.append(no_usage_chunk())
     return merge(found) + wire_findings(st) + body_findings(status, data, raw), not_checked + not_observable(case)
 
 
@@ -118,20 +122,21 @@ def run_script(a: ScriptServer, case: Case) -> Outcome:
     # the usage chunk too: its count is judged as the non-streamed answer's is
     st = a.stream_body(PATH, {**body, "stream": True, "stream_options": {"include_usage": True}})
     usage = data.get("usage") if isinstance(data, dict) else None
-    sent = token_count(usage, "prompt_tokens")
-    as_text = isinstance(body["prompt"], str)
     prefix = a.prefix()  # D26: what the engine puts before the prompt, from the probe (None: unknown)
-    shifted = len(prog.prompt) + (prefix.tokens or 0)
-    if prefix.tokens is None and (sent is None or sent != len(prog.prompt)) or sent is not None and sent != shifted:
-        why = (f"the server made {sent} prompt tokens of the {len(prog.prompt)} ids" if sent is not None else
-               "the server reports no usage")
-        return Outcome(skip=f"{why} ({'sent as text: ' + repr(body['prompt']) if as_text else 'sent as ids'}), and "
-                            f"{prefix.note}: the forced checkpoint steers only a prompt it can place")
+    placed = prompt_placed(token_count(usage, "prompt_tokens"), len(prog.prompt), prefix,
+                           as_text=isinstance(body["prompt"], str))
+    if placed.changed:
+        return Outcome(skip=f"{placed.changed} (the prompt {body['prompt']!r})")
     if status == 200 and isinstance(data, dict) and (gone := left_script(
             a.checkpoint, case, exp, a.reference(case).tokens, [returned(c) for c in choices_of(data)])):
+        if placed.miscounted:  # the count and the tokens both say the engine ran another prompt
+            return Outcome(skip=f"{placed.miscounted}; and {gone}", reference=exp.to_json())
         return Outcome(abort=gone, reference=exp.to_json())
     reported = stream_for_reports(a, case, exp, st, body, PATH, chat=False)
-    findings, not_checked = judge_exchange(case, exp, status, data, raw, st, reported[0] if reported else None)
+    findings, not_checked = judge_exchange(case, exp, status, data, raw, st, reported[0] if reported else None,
+                                           usage_asked=True)
+    if placed.miscounted:
+        findings.append(finding("prompt_count", placed.miscounted))
     if aligned(case):  # D59: the per-token reports of a stream against its chunks' text
         more, na = run_alignment(a, case, body, PATH, chat=False, reported=reported)
         if na:

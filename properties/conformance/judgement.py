@@ -24,7 +24,7 @@ import attrs
 from ...runtime.openai_schema import OPENAI_FINISH
 from ...runtime.result import Result
 from .adapters.base import Finding, reference_on
-from .cases import Case
+from .cases import Case, CaseError
 from .symptoms import (Expected, Timeline, compare_choices, compare_count, compare_empty, compare_held, compare_reason,
                        compare_stream, compare_text, finding, merge, whole_length)
 from .wire import Streamed, choices_of, token_count
@@ -47,14 +47,30 @@ class Observed:
     error: str | None = None  # the non-streamed answer was an error (its status and body)
     stream_error: str | None = None  # the stream carried an error (a non-200 answer or an error event)
     reason_shown: bool = True  # False: the engine reports no finish reason at all (transformers generate)
+    usage_chunk: bool | None = None  # the stream was asked for its usage (include_usage): whether it sent one
+
+
+def usage_chunk_missing(st: Streamed) -> bool:
+    """Whether a stream asked for its usage (stream_options.include_usage) ended with its terminal
+    and sent none. A stream that failed or was cut is not judged here (its terminal's findings)."""
+    return st.status == 200 and st.usage is None and bool(st.finish_reasons) and not (st.error or st.error_events)
+
+
+def no_usage_chunk() -> Finding:
+    """§4.10: the usage the request asked the stream for never came: the field had no effect."""
+    return finding("usage_chunk", "the request asked for the stream's usage (stream_options.include_usage: true) and "
+                                  "the stream ended without it: the field had no effect, and the stream's token count "
+                                  "cannot be judged", fields=("stream_options.include_usage",))
 
 
 def observe(status: int, data: Any, raw: str, st: Streamed, index: int = 0, n: int = 1,
-            reported: Streamed | None = None) -> Observed:
+            reported: Streamed | None = None, *, usage_asked: bool = False) -> Observed:
     """An HTTP exchange (the non-streamed answer and the stream; `reported`: the stream sent again
     asking for per-token reports, where it was) as an Observed, for choice `index` of `n` (with
     n > 1 the token count is the choices' total and is judged apart). A chat answer's text is its
-    message's content (a chat answer that splits nothing off it, D45)."""
+    message's content (a chat answer that splits nothing off it, D45). `usage_asked`: the stream's
+    request set stream_options.include_usage."""
+    whole_stream = st
     choice = next((c for c in choices_of(data) if c.get("index", 0) == index), {})
     st = st.choice(index) if n > 1 else st
     rep = None if reported is None or reported.status != 200 else reported.choice(index) if n > 1 else reported
@@ -77,6 +93,7 @@ def observe(status: int, data: Any, raw: str, st: Streamed, index: int = 0, n: i
         content_after_finish=tuple(t.encode() for t in st.content_after_finish),
         error=None if status == 200 else f"{status}: {raw[:300]!r}",
         stream_error=st.error if st.error else ("event: error" if st.error_events else None),
+        usage_chunk=not usage_chunk_missing(whole_stream) if usage_asked else None,
     )
 
 
@@ -149,7 +166,46 @@ def expected_of(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[in
         eos_at=eos_at, eos_text=tok.token_bytes(script[eos_at - 1]) if eos_at else b"", error=res.error,
         state=res.state.name, released=tuple(released), spelled=spelled,
         kept=bool(res.stop) and any(case.inputs.get("request", {}).get(k) for k in ("include_stop_str_in_output", "no_stop_trim")),
-        echo_len=echo_len)
+        echo_len=echo_len, without=_without_each(case, tok, prompt, script) if finished else ())
+
+
+def _without_each(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[int]) -> tuple[tuple[str, bytes], ...]:
+    """(field, output) for each field of the case's request: what the reference sends without that
+    one field (D66: an engine whose answer is that one ignored the field). A request that is not
+    valid without it (min_tokens' partner), or a run that fails there, gives no entry."""
+    fields = dict(case.inputs.get("request") or {})
+    out = []
+    for name in fields:
+        less = attrs.evolve(case, inputs={**case.inputs, "request": {k: v for k, v in fields.items() if k != name}})
+        try:
+            res = reference_on(less, tok, prompt, script)
+        except CaseError:
+            continue
+        if res.state.name == "FINISHED":
+            out.append((name, res.output))
+    return tuple(out)
+
+
+def stream_text(exp: Expected, chunks: Sequence[bytes], late: Sequence[bytes] = (),
+                where: str = "stream") -> tuple[list[Finding], bytes]:
+    """Where a stream's bytes went, when not into its text in order (D65): text sent after its
+    finish chunk (`late`, §4.7), a delta sent twice in a row (§4.5). Returns those findings and
+    the text to judge against the reference's: with the late bytes, or without the repeat, where
+    that alone is what is wrong with it."""
+    found, text = [], b"".join(chunks)
+    if late:
+        found.append(finding("content_after_finish", f"the {where} sent {b''.join(late)!r} after its finish chunk "
+                                                     f"({list(late)}), where no delta may follow the terminal event"))
+        if not compare_text(exp, text + b"".join(late), where):
+            text += b"".join(late)
+    again = next((i for i in range(len(chunks) - 1) if chunks[i] and chunks[i] == chunks[i + 1]
+                  and not compare_text(exp, b"".join(chunks[:i + 1] + chunks[i + 2:]), where)), None)
+    if again is not None:
+        found.append(finding("bytes_repeated", f"the {where} sends delta {again + 1} {chunks[again]!r} again as delta "
+                                               f"{again + 2}, the same bytes twice; without the repeat it is the "
+                                               f"reference's text {exp.output!r}"))
+        text = b"".join(chunks[:again + 1] + chunks[again + 2:])
+    return found, text
 
 
 def expected_for(case: Case, checkpoint: Any) -> Expected:
@@ -190,11 +246,14 @@ def judge_observed(exp: Expected, obs: Observed, *, delta_split: bool = True) ->
                                              f"ignore_eos turns off; the reference ends at token {exp.selected}")]
         f += told
     early = early and bool(told)  # an early end the reason does not explain: the bytes say what went wrong
-    for where, got in (("non-streamed text", obs.text), ("stream", streamed)):
+    if obs.chunks is not None:
+        placed, streamed = stream_text(exp, obs.chunks, obs.content_after_finish)
+        f[:0] = placed  # where the stream's bytes went leads (D65)
+    for where, got, other in (("non-streamed text", obs.text, streamed), ("stream", streamed, obs.text)):
         if got is None:
             not_checked.append(f"{where} (not shown)")
         elif not (early and got == obs.text):
-            f += compare_text(exp, got, where)
+            f += compare_text(exp, got, where, cut_right=other == exp.output)
     f += compare_stream(obs.text, streamed)
     if not failing:
         if not obs.reason_shown:
@@ -216,12 +275,12 @@ def judge_observed(exp: Expected, obs: Observed, *, delta_split: bool = True) ->
             f += compare_count(exp, n)
         if obs.stream_completion_tokens is not None and not early:  # the usage chunk counts the same tokens
             f += [attrs.evolve(x, message=f"stream: {x.message}") for x in compare_count(exp, obs.stream_completion_tokens)]
+        elif obs.usage_chunk is False:
+            f.append(no_usage_chunk())
     elif obs.text is not None and obs.finish_reason in ("stop", "length") and not any(x.symptom in ("invalid_sent", "invalid_dropped") for x in f):
         f.append(finding("tail_dropped", f"the server finished with {obs.finish_reason!r} and text {obs.text!r}, "
                                          f"dropping the bytes no continuation completes; the reference sends the same "
                                          f"text and ends the run FAILED there ({exp.error})"))
-    if obs.content_after_finish:
-        f.append(finding("content_after_finish", f"text after the finish chunk: {list(obs.content_after_finish)}"))
     if obs.chunks is not None and delta_split:
         f += compare_empty(obs.chunks)
         held, missed = compare_held(exp, obs.timeline or Timeline(obs.chunks))

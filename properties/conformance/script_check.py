@@ -159,8 +159,12 @@ def left_script(checkpoint: Any, case: Case, exp: Expected, ref_tokens: Sequence
     forced checkpoint served (checkpoints.Checkpoint), `ref_tokens` the reference's selected tokens
     on it, `answers` what each answer (each choice; the chat message's content) showed."""
     prog = checkpoint.programs[case.id]
-    for answer in answers:  # a guarded EOS banned, not passed over (D66)
-        if answer.text is not None and (banned := banned_eos(exp, prog.script, ref_tokens, answer.text.encode())):
+    for answer in answers:  # a guarded EOS banned, not passed over (D66): from the token ids where given
+        if answer.token_ids is not None:
+            banned = banned_eos_id(exp, prog.script, ref_tokens, answer.token_ids, checkpoint.tokenizer)
+        else:
+            banned = banned_eos(exp, prog.script, ref_tokens, answer.text.encode()) if answer.text is not None else None
+        if banned:
             return banned
     req = case.inputs.get("request", {})
     if req.get("echo") or req.get("skip_special_tokens") is False:
@@ -206,7 +210,25 @@ def banned_eos(exp: Expected, script: Sequence[int], ref_tokens: Sequence[int], 
     k = next((k for k in range(min(len(got), _RUNNER_UP_BYTES) + 1) if agrees(k)), None)
     if not k:  # 0: the reference's bytes at the EOS; None: not one token in its place
         return None
-    return (f"the engine did not pass over the guarded EOS at token {at}: it wrote {got[:k]!r} in its place, "
+    return _banned(at, repr(got[:k]))
+
+
+def banned_eos_id(exp: Expected, script: Sequence[int], ref_tokens: Sequence[int], ids: Sequence[int],
+                  tok: HFTokenizer) -> str | None:
+    """banned_eos from an answer's token ids: where the reference selects the script's first EOS
+    as a token (a guard passed, D31) and the answer has the reference's ids before it and another
+    id in its place; else None."""
+    at = exp.eos_at
+    if not exp.guard_passed or len(ref_tokens) < at or ref_tokens[at - 1] != script[at - 1] or len(ids) < at:
+        return None
+    if list(ids[:at - 1]) != list(ref_tokens[:at - 1]) or ids[at - 1] == ref_tokens[at - 1]:
+        return None
+    wrote = ids[at - 1]
+    return _banned(at, _show(tok, wrote) if 0 <= wrote < tok.vocab_size else f"id {wrote}")
+
+
+def _banned(at: int, wrote: str) -> str:
+    return (f"the engine did not pass over the guarded EOS at token {at}: it wrote {wrote} in its place, "
             "where the reference selects the EOS and goes on (D31). An engine that bans the EOS (llama.cpp biases "
             "every end-of-generation token to -inf) never runs the guard this case is about, so nothing of it "
             "can be judged (D27, D66)")
@@ -244,3 +266,42 @@ def detect_prefix(probe: Probe, tokenizer: HFTokenizer, returned: Returned) -> P
         return Prefix(PROBE_MAX, True, f"the engine put {PROBE_MAX} or more tokens before the prompt")
     return Prefix(first, False, f"the engine put {first} token(s) before the prompt (the prefix probe answered "
                                 f"{shown})")
+
+
+@attrs.frozen
+class Placed:
+    """How an answer's usage.prompt_tokens stands against the prompt the engine ran (D26):
+    `changed`, why the engine ran another prompt (the case is then n/a); `miscounted`, how the
+    count disagrees with the prompt the probe shows it ran (an accounting finding, the case judged)."""
+
+    changed: str | None = None
+    miscounted: str | None = None
+
+
+def prompt_placed(sent: int | None, ids: int, prefix: Prefix, *, as_text: bool) -> Placed:
+    """`sent` (the answer's usage.prompt_tokens; None: not reported) for a prompt of `ids` ids, sent
+    as ids or (`as_text`) as their text, on an engine whose prefix probe says `prefix` (D26).
+
+    Sent as ids on an engine whose probe tells its prefix, the prompt run is known: p tokens, then
+    the ids; a count that differs miscounts it. Sent as text, the engine tokenizes it itself, and a
+    count other than ids + p says it made other tokens of it; with the prefix unknown, a count other
+    than the ids says the prompt was changed beyond a prefix: in both the prompt is not the one the
+    forced checkpoint steers."""
+    if sent is None:
+        return Placed(changed=None if prefix.tokens is not None else
+                      f"the server reports no usage, and {prefix.note}: the forced checkpoint steers only a "
+                      "prompt it can place")
+    if prefix.tokens is None or as_text:
+        ran = ids + (prefix.tokens or 0)
+        if sent == ran:
+            return Placed()
+        how = f"sent as text, the server made {sent} prompt tokens of the {ids} ids" if as_text else \
+            f"the server made {sent} prompt tokens of the {ids} ids"
+        return Placed(changed=f"{how}, and {prefix.note}: the forced checkpoint steers only a prompt it can place")
+    ran = ids + prefix.tokens
+    if sent == ran or (prefix.at_least and sent > ran):
+        return Placed()
+    least = "at least " if prefix.at_least else ""
+    return Placed(miscounted=f"usage.prompt_tokens is {sent}, but the prompt the engine ran is {least}{ran} tokens: "
+                             f"the {ids} ids sent and the {least}{prefix.tokens} token(s) the engine put before them, "
+                             "as the prefix probe shows (D26)")

@@ -80,6 +80,7 @@ _ANY_FIELD = ("*",)  # every field the case's request sets
 SYMPTOMS: Mapping[str, Symptom] = {
     "stop_sent": _S("stop_bytes_never_emitted", TEXT, "stop bytes sent"),
     "stop_prefix_sent": _S("stop_prefix_held", SHAPE, "stop prefix sent before it was ruled out"),
+    "stop_prefix_left": _S("stop_prefix_held", TEXT, "start of a completed stop sent, left in the text"),
     "wrong_stop": _S("stop_earliest_wins", TEXT, "cut at a later-ending stop", decision="D3"),
     "text_after_stop": _S("nothing_after_stop_hit", TEXT, "text after the stop"),
     "token_after_stop": _S("nothing_after_stop_hit", ENDING, "token selected after the stop"),
@@ -97,6 +98,7 @@ SYMPTOMS: Mapping[str, Symptom] = {
     "bytes_inserted": _S("detok_concat_equals_batch", TEXT, "bytes put in mid-text"),
     "special_sent": _S("detok_concat_equals_batch", TEXT, "a passed-over EOS sent as text"),
     "bytes_added": _S("detok_concat_equals_batch", TEXT, "bytes added"),
+    "bytes_repeated": _S("detok_concat_equals_batch", TEXT, "a delta sent twice"),
     "invalid_sent": _S("detok_concat_equals_batch", TEXT, "invalid bytes sent as U+FFFD"),
     "invalid_dropped": _S("detok_concat_equals_batch", TEXT, "invalid bytes left out, the text went on"),
     "tail_dropped": _S("detok_concat_equals_batch", ENDING, "incomplete tail dropped silently"),
@@ -108,6 +110,8 @@ SYMPTOMS: Mapping[str, Symptom] = {
     "usage_missing": _S("usage_consistent", ACCOUNTING, "no token counts"),
     "usage_total": _S("usage_consistent", ACCOUNTING, "total != prompt + completion"),
     "usage_stream": _S("usage_consistent", ACCOUNTING, "streamed usage differs"),
+    "prompt_count": _S("usage_consistent", ACCOUNTING, "prompt count is not the prompt run"),
+    "usage_chunk": _S("usage_consistent", ACCOUNTING, "include_usage asked, no usage chunk sent"),
     "no_reason": _S("single_terminal_event", ENDING, "no finish_reason"),
     "two_terminals": _S("single_terminal_event", ENDING, "two finish chunks"),
     "stream_cut": _S("single_terminal_event", ENDING, "stream closed mid-body before its terminal"),
@@ -157,7 +161,6 @@ SYMPTOMS: Mapping[str, Symptom] = {
     "reason_value": _S("openai_finish_reason", Severity.WIRE, "finish_reason outside the API's set"),
     "sse_id": _S("openai_sse_id", Severity.WIRE, "SSE ids repeat or go back"),
     "chunk_id": _S("openai_sse_id", Severity.WIRE, "chunk ids differ within a response"),
-    "usage_chunk": _S("openai_usage_chunk", Severity.WIRE, "include_usage gave no usage chunk"),
     "error_body": _S("openai_error_body", Severity.WIRE, "error body not in the API's shape"),
     "call_arguments": _S("openai_tool_arguments", Severity.WIRE, "tool-call arguments not JSON text"),
     "answer_shape": _S("openai_answer_shape", Severity.WIRE, "answer not in the API's shape"),
@@ -249,11 +252,14 @@ def _request_fields(case: Case | None, fields: tuple[str, ...]) -> list[str]:
 
 def basis_of(f: Finding, case: Case | None) -> Basis:
     """The basis of finding `f` in `case` (None: the case is unknown, the row alone decides), from
-    data: a wire finding rests on its convention; a row with `fields` on the ones the case's request
-    sets; a row with a `decision` on it; then the first decision the case rests on whose `covers`
-    holds the symptom; else the chapter's rule (its invariant)."""
+    data: a wire finding rests on its convention; one that names the fields it shows ignored on
+    those; a row with `fields` on the ones the case's request sets; a row with a `decision` on it;
+    then the first decision the case rests on whose `covers` holds the symptom; else the chapter's
+    rule (its invariant)."""
     if f.family == WIRE:
         return Basis(WIRE_BASIS, f.invariant)
+    if f.fields:
+        return Basis(FIELD_BASIS, ", ".join(f.fields))
     row = SYMPTOMS.get(f.symptom)
     if row is None:
         return Basis(CHAPTER_BASIS, f.invariant)
@@ -287,7 +293,6 @@ WIRE_STATEMENTS: Mapping[str, str] = {
     "openai_sse_json": "every event of an OpenAI stream but [DONE] is one JSON object in the chunk's shape",
     "openai_finish_reason": "finish_reason is one of stop, length, content_filter, tool_calls, function_call",
     "openai_sse_id": "SSE `id:` fields strictly increase, and every chunk of one response carries the same `id`",
-    "openai_usage_chunk": "with stream_options.include_usage the last chunk before [DONE] carries usage and no choices",
     "openai_error_body": "an error answer is JSON {\"error\": {\"message\": ..., \"type\": ...}}",
     "openai_answer_shape": "a non-streamed answer is a JSON object in the API's shape: choices a list of objects, "
                            "text and content strings, usage an object",
@@ -297,10 +302,11 @@ WIRE_STATEMENTS: Mapping[str, str] = {
 }
 
 
-def finding(symptom: str, message: str, *, invariant: str | None = None) -> Finding:
-    """A Finding for `symptom` (a key of SYMPTOMS); `invariant` only for a recipe's own check."""
+def finding(symptom: str, message: str, *, invariant: str | None = None, fields: tuple[str, ...] = ()) -> Finding:
+    """A Finding for `symptom` (a key of SYMPTOMS); `invariant` only for a recipe's own check;
+    `fields`, the request fields the finding shows had no effect (its basis, `basis_of`)."""
     row = SYMPTOMS[symptom]
-    return Finding(invariant or row.invariant, message, symptom=symptom, family=row.family)
+    return Finding(invariant or row.invariant, message, symptom=symptom, family=row.family, fields=fields)
 
 
 def label(symptom: str) -> str:
@@ -351,6 +357,8 @@ class Expected:
     kept: bool = False  # the winning stop is part of the output (include_stop_str_in_output, D33)
     echo_len: int = 0  # the output opens with this many bytes of the echoed prompt (D33)
     state: str = "FINISHED"
+    # (field, output): what the reference sends for the same request without that one field (D66)
+    without: tuple[tuple[str, bytes], ...] = ()
 
     @property
     def holds_back(self) -> bool:
@@ -373,7 +381,7 @@ class Expected:
                 "stops": [b(s) for s in self.stops], "stop": None if self.stop is None else b(self.stop),
                 "eos_at": self.eos_at, "eos_text": b(self.eos_text), "error": self.error,
                 "released": list(self.released), "kept": self.kept,
-                "echo_len": self.echo_len}
+                "echo_len": self.echo_len, "without": {f: b(o) for f, o in self.without}}
 
 
 
@@ -398,8 +406,10 @@ def _first_stop(exp: Expected, text: bytes) -> tuple[bytes, int] | None:
     return (min(hits)[1], min(hits)[0]) if hits else None
 
 
-def compare_text(exp: Expected, got: bytes, where: str) -> list[Finding]:
-    """The bytes an engine sent (`where`: 'non-streamed text' or 'stream') against the reference."""
+def compare_text(exp: Expected, got: bytes, where: str, *, cut_right: bool = False) -> list[Finding]:
+    """The bytes an engine sent (`where`: 'non-streamed text' or 'stream') against the reference.
+    `cut_right`: the engine's other answer ends where the reference's does, so its stop was chosen
+    as D3 chooses it and text past that end went out early (a hold-back), not at another stop."""
     if exp.reason is None:
         return _compare_failing(exp, got, where)
     want = exp.output
@@ -410,7 +420,7 @@ def compare_text(exp: Expected, got: bytes, where: str) -> list[Finding]:
         s, at = hit
         out.append(finding("stop_sent", f"the {where} contains the stop {_show(s)} at byte {at}: {_show(got)}"))
     if got.startswith(want):
-        out += _ran_on(exp, got, where, stop_seen=bool(hit))
+        out += _ran_on(exp, got, where, stop_seen=bool(hit), cut_right=cut_right)
     elif want.startswith(got):
         out.append(_lost(exp, got, where))
     elif exp.eos_text and exp.eos_text in got and got.replace(exp.eos_text, b"") == want:
@@ -421,7 +431,12 @@ def compare_text(exp: Expected, got: bytes, where: str) -> list[Finding]:
         out.append(ignored)
     elif not hit:
         p = first_difference(got, want)
-        if not exp.echo_len and got[:p + 1] == exp.script_text[:p + 1] != want[:p + 1]:
+        if ignored := _fields_ignored(exp, got):
+            out.append(finding("fields_ignored", f"field_ignored: {', '.join(ignored)}: the {where} is the reference's "
+                                                 f"answer to the request without {' or '.join(ignored)}: from byte {p} it "
+                                                 f"has {_show(got[p:])}, where the reference, applying it, has "
+                                                 f"{_show(want[p:])} (D66)", fields=tuple(ignored)))
+        elif not exp.echo_len and got[:p + 1] == exp.script_text[:p + 1] != want[:p + 1]:
             out.append(finding("fields_ignored", f"the {where} follows the script where the request's fields make the "
                                                  f"reference leave it: from byte {p} it has {_show(got[p:])}, where the "
                                                  f"reference, applying them, has {_show(want[p:])} (D30, D32): the "
@@ -465,6 +480,33 @@ def run_on_first(findings: Iterable[Finding]) -> list[Finding]:
     return sorted(findings, key=lambda f: f.symptom not in RUN_ON)
 
 
+def _common_tail(a: bytes, b: bytes) -> int:
+    """How many bytes `a` and `b` end with in common."""
+    return next((i for i in range(min(len(a), len(b))) if a[-1 - i] != b[-1 - i]), min(len(a), len(b)))
+
+
+def _fields_ignored(exp: Expected, got: bytes) -> list[str]:
+    """The request fields the engine's `got` shows had no effect (D66): `got` is the reference's
+    answer without that field; or, where the field chose a token the script does not give (the
+    runner-up of an EOS that min_tokens masks, a model's own ranking), `got` differs from the
+    reference's answer only at that token's bytes, the text on both sides of them the reference's."""
+    want = exp.output
+    out = []
+    for field, alt in exp.without:
+        if alt == want:
+            continue  # the field moved nothing here
+        start = first_difference(alt, want)
+        tail = min(_common_tail(alt, want), len(want) - start, len(alt) - start)
+        runner_up = alt[start:len(alt) - tail]  # what the run writes there without the field
+        free = (runner_up != b"" and start >= exp.echo_len
+                and not exp.script_text[start - exp.echo_len:].startswith(runner_up))
+        same_place = (free and first_difference(got, want) >= start and _common_tail(got, want) >= tail
+                      and len(got) - tail >= start)
+        if got == alt or same_place:
+            out.append(field)
+    return out
+
+
 def _lost(exp: Expected, got: bytes, where: str) -> Finding:
     """`got` is a proper prefix of the reference's output: say what the missing bytes are. A tail
     that is the winning stop the request keeps (D33) was cut as if not kept; a tail that ends with
@@ -489,34 +531,49 @@ def _lost(exp: Expected, got: bytes, where: str) -> Finding:
     return finding("bytes_lost", f"{ends}: {_show(lost)} was never sent (expected {_show(want)})")
 
 
-def _ran_on(exp: Expected, got: bytes, where: str, *, stop_seen: bool) -> list[Finding]:
-    """`got` extends the reference's output: say what the extra bytes are."""
+def _ran_on(exp: Expected, got: bytes, where: str, *, stop_seen: bool, cut_right: bool = False) -> list[Finding]:
+    """`got` extends the reference's output: say what the extra bytes are, by where they lie. The
+    script's own continuation past the end is text after the stop (after its end), the start of a
+    stop that completed (sent before it did, §4.6 hold-back), tokens past the limit, the EOS or the
+    context; anything else was added."""
     want, extra = exp.output or b"", got[len(exp.output or b""):]
-    if exp.reason == "stop_sequence" and exp.stop is not None:
+    if exp.reason == "stop_sequence" and exp.stop is not None and not cut_right:
         for s in exp.stops:  # the engine cut at another configured stop (D3: earliest end wins)
             if s != exp.stop and exp.script_text.startswith(got + s) and not stop_seen:
                 return [finding("wrong_stop", f"the {where} is cut where {_show(s)} starts (byte {len(got)}), but "
                                               f"{_show(exp.stop)} wins under D3 (it ends at byte {len(want) + len(exp.stop)}, "
                                               f"first or as early and longer): {_show(got)}, expected {_show(want)}")]
-        end = len(want) + (0 if exp.kept else len(exp.stop))
-        if len(got) > end or not stop_seen:
-            return [finding("text_after_stop", f"the {where} goes on {len(got) - end} byte(s) past the end of the "
-                                               f"stop {_show(exp.stop)} (byte {end}): {_show(got)}")]
-        return []
-    if exp.reason == "stop_sequence":  # a token-id stop: its bytes are not text
-        return [finding("text_after_stop", f"the {where} goes on past the stop token: {_show(extra)} after {_show(want)}")]
     if exp.reason == "eos" and exp.eos_text and extra.startswith(exp.eos_text):
         return [finding("eos_sent", f"the {where} carries the EOS token's text {_show(exp.eos_text)}: {_show(got)}")]
-    if exp.script_text.startswith(got):
-        kind = {"max_output_tokens": "past_limit", "eos": "after_eos", "context_limit": "past_context"}.get(
-            exp.reason or "", "bytes_added")
-        what = {"past_limit": f"past max_tokens = {exp.max_tokens}", "after_eos": "after the EOS",
-                "past_context": "past the context limit (D10: no position left for the next token)",
-                "bytes_added": f"after the end ({exp.reason})"}[kind]
-        return [finding(kind, f"the {where} has {len(extra)} byte(s) of script text {what}: {_show(extra)} "
-                              f"after {_show(want)}")]
+    if exp.script_text.startswith(got[exp.echo_len:]):
+        return _script_past_end(exp, got, where, stop_seen=stop_seen)
     return [finding("bytes_added", f"the {where} adds {_show(extra)} after {_show(want)}, bytes that no script "
                                    "token carries")]
+
+
+def _script_past_end(exp: Expected, got: bytes, where: str, *, stop_seen: bool) -> list[Finding]:
+    """`got` is the reference's output and then more of the script's own text."""
+    want, extra = exp.output or b"", got[len(exp.output or b""):]
+    if exp.reason == "stop_sequence" and exp.stop is not None:
+        end = len(want) + (0 if exp.kept else len(exp.stop))
+        if len(got) > end:
+            return [finding("text_after_stop", f"the {where} goes on {len(got) - end} byte(s) past the end of the "
+                                               f"stop {_show(exp.stop)} (byte {end}): {_show(got)}")]
+        if stop_seen:
+            return []  # the stop itself: stop_sent says so
+        return [finding("stop_prefix_left", f"the {where} ends with {_show(extra)}, the start of the stop "
+                                            f"{_show(exp.stop)}: those bytes went out before the stop completed, "
+                                            f"so they were not held back and stay in the text (§4.6; expected "
+                                            f"{_show(want)})")]
+    if exp.reason == "stop_sequence":  # a token-id stop: its bytes are not text
+        return [finding("text_after_stop", f"the {where} goes on past the stop token: {_show(extra)} after {_show(want)}")]
+    kind = {"max_output_tokens": "past_limit", "eos": "after_eos", "context_limit": "past_context"}.get(
+        exp.reason or "", "bytes_added")
+    what = {"past_limit": f"past max_tokens = {exp.max_tokens}", "after_eos": "after the EOS",
+            "past_context": "past the context limit (D10: no position left for the next token)",
+            "bytes_added": f"after the end ({exp.reason})"}[kind]
+    return [finding(kind, f"the {where} has {len(extra)} byte(s) of script text {what}: {_show(extra)} "
+                          f"after {_show(want)}")]
 
 
 def _compare_failing(exp: Expected, got: bytes, where: str) -> list[Finding]:

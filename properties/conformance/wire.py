@@ -484,7 +484,7 @@ def unterminated(exchanges: Iterable[Mapping[str, Any]]) -> list[Finding]:
     return out
 
 
-def wire_findings(st: Streamed, *, include_usage: bool = False) -> list[Finding]:
+def wire_findings(st: Streamed) -> list[Finding]:
     """The OpenAI stream conventions, each a "wire" finding (symptoms.WIRE_STATEMENTS)."""
     if st.status != 200:
         return []
@@ -499,8 +499,6 @@ def wire_findings(st: Streamed, *, include_usage: bool = False) -> list[Finding]
     if bad:
         out.append(finding("reason_value", f"finish_reason {bad} is not one of {sorted(API_REASONS)}"))
     out += _id_findings(st.sse_ids, [c.get("id") for c in st.chunks if "choices" in c])
-    if include_usage and st.usage is None:
-        out.append(finding("usage_chunk", "stream_options.include_usage gave no usage chunk"))
     return out
 
 

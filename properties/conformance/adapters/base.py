@@ -31,12 +31,14 @@ class Finding:
 
     `symptom` says what was seen (a key of symptoms.SYMPTOMS: 'stop_sent', 'past_limit', ...);
     `family` is "semantics" (a rule of chapter 4) or "wire" (an OpenAI wire convention, graded as
-    such, never as a §4.x MUST)."""
+    such, never as a §4.x MUST); `fields`, the request fields it shows had no effect, where it names
+    them itself (its basis: symptoms.basis_of)."""
 
     invariant: str
     message: str
     symptom: str = ""
     family: str = "semantics"
+    fields: tuple[str, ...] = ()
 
 
 @attrs.frozen

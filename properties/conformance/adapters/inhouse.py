@@ -27,11 +27,17 @@ from ..checkpoints import Checkpoint, digest, group_of, http_blocker, reference_
 from ..http_script import probe_prefix, run_script
 from ..symptoms import WIRE
 from ..wire import Streamed, body_ended, feed
-from .base import Outcome
+from .base import Finding, Outcome
 
 CHAT_PATH = "/v1/chat/completions"
 # Body fields that are the transport's, not the request's: the Request says them its own way.
 _TRANSPORT = ("model", "stream", "stream_options", "return_token_ids", "top_logprobs")
+
+
+def _transport(f: Finding) -> bool:
+    """Whether `f` rests only on transport fields (a usage chunk asked with stream_options): the
+    engine never got them, the rendering is ours."""
+    return bool(f.fields) and all(name.split(".")[0] in _TRANSPORT for name in f.fields)
 
 
 def public_checkpoint(ck: Checkpoint) -> contract.Checkpoint:
@@ -175,8 +181,8 @@ class InHouseAdapter:
             out = Outcome(skip=f"{self.name} cannot take the request: {exc}")
         finally:
             self._case.log = None
-        return attrs.evolve(out, findings=tuple(f for f in out.findings if f.family != WIRE), exchanges=tuple(log),
-                            server=self.about())
+        return attrs.evolve(out, findings=tuple(f for f in out.findings if f.family != WIRE and not _transport(f)),
+                            exchanges=tuple(log), server=self.about())
 
     # ---- the ScriptServer side: requests become calls ----------------------------------------------
 

@@ -28,10 +28,12 @@ import httpx
 from ..cases import Case, CaseKind
 from ..checkpoints import LONG, RECIPE, Checkpoint, digest, group_of, http_blocker, reference_result, served_context
 from ..http_script import probe_prefix, run_script
+from ..judgement import no_usage_chunk, usage_chunk_missing
 from ..life import RECIPES as LIFE_RECIPES
+from ..script_check import prompt_placed
 from ..symptoms import Expected, compare_reason, compare_stream, compare_text, finding, merge
 from ..wire import (ANSWER, StreamOverrun, Streamed, Watch, body_ended, byte_values, feed, first_choice, shape_error,
-                    sse_lines, terminal_findings, trim_middle, whole_answer, wire_findings)
+                    sse_lines, terminal_findings, token_count, trim_middle, whole_answer, wire_findings)
 from ..without import WITHOUT, lacking
 from .base import Finding, Outcome, missing_capabilities
 
@@ -315,17 +317,23 @@ class OpenAIAdapter:
         return r.status_code, data, r.text
 
     def complete(self, case: Case, log: list[dict[str, Any]] | None = None, **over: Any) -> Answer:
-        status, data, raw = self.post(self.path(case), self.body(case, stream=False, **over), log)
+        """The case's request, not streamed. On a forced checkpoint its usage.prompt_tokens is held
+        against the prompt the engine ran (script_check.prompt_placed, D26): another prompt is
+        PromptAltered; a miscount of the one it ran is kept for the case's findings."""
+        body = self.body(case, stream=False, **over)
+        status, data, raw = self.post(self.path(case), body, log)
         if status != 200 or not isinstance(data, dict) or not data.get("choices"):
             raise ServerError(f"POST {self.path(case)} answered {status}: {_trim(raw, 500)!r}")
         ans = _answer(data)
         ids = self.program_prompt()
         if ids is not None:
-            sent = (ans.usage or {}).get("prompt_tokens")
-            if sent is not None and sent != len(ids):
-                raise PromptAltered(f"the server turned the {len(ids)} prompt id(s) of the recipe program into {sent} "
-                                    f"tokens on {self.path(case)} (a chat template or a BOS), so the forced "
-                                    "checkpoint cannot steer that endpoint")
+            sent = token_count(ans.usage, "prompt_tokens")
+            if sent is not None:
+                placed = prompt_placed(sent, len(ids), self.prefix(), as_text=not isinstance(body.get("prompt"), list))
+                if placed.changed:
+                    raise PromptAltered(f"on {self.path(case)}: {placed.changed} (a chat template or a BOS)")
+                if placed.miscounted:
+                    self._case.miscounted = placed.miscounted
             if ans.tokens is None:
                 ans.tokens = self.program_tokens(ans.text)
         return ans
@@ -387,6 +395,7 @@ class OpenAIAdapter:
         if recipe is None:
             return Outcome(skip=f"this adapter has no recipe {case.recipe!r}")
         self._case.log = log = []  # every request this case sends, with its raw answer
+        self._case.miscounted = None
         try:
             if self.program_prompt() is not None and case.inputs.get("endpoint") == "chat":
                 self._check_chat(case)
@@ -395,6 +404,8 @@ class OpenAIAdapter:
             out = Outcome(skip=str(exc))
         finally:
             self._case.log = None
+        if self._case.miscounted and out.judged:
+            out = attrs.evolve(out, findings=(*out.findings, finding("prompt_count", self._case.miscounted)))
         if not out.skip:  # a retried connection is a finding, never silent
             out = attrs.evolve(out, findings=(*out.findings, *retried_connections(log)))
         return attrs.evolve(out, exchanges=tuple(log), server=self.about())
@@ -656,7 +667,8 @@ def usage(a: OpenAIAdapter, case: Case) -> Outcome:
     keys = ("prompt_tokens", "completion_tokens")
     if st.usage is not None and {k: st.usage.get(k) for k in keys} != {k: u.get(k) for k in keys}:
         f.append(finding("usage_stream", f"streamed usage {st.usage} differs from non-streamed {u}"))
-    return _outcome(ans, st, f + wire_findings(st, include_usage=True))
+    f += [no_usage_chunk()] if usage_chunk_missing(st) else []
+    return _outcome(ans, st, f + wire_findings(st))
 
 
 def bad_input(a: OpenAIAdapter, case: Case) -> Outcome:

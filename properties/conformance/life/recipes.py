@@ -23,10 +23,12 @@ import attrs
 from ..adapters.base import Finding, Outcome
 from ..cases import Case, CaseKind, load_cases
 from ..checkpoints import LONG, RECIPE
-from ..http_script import PATH, request_body
+from ..http_script import PATH, request_body, returned
+from ..judgement import stream_text
+from ..script_check import Returned, deviation
 from ..script_server import LiveServer, program_body
-from ..symptoms import finding, merge, text_difference
-from ..wire import sse_number, terminal_findings, whole_answer, wire_findings
+from ..symptoms import Expected, compare_text, finding, merge, text_difference
+from ..wire import first_choice, sse_number, terminal_findings, whole_answer, wire_findings
 from .exchange import Exchange, Gauges, Job, burst, client, overlap, preemptions, read_metrics, running, send
 
 # The model-checked properties (`decodespec check`, machine/checker.py: every interleaving of the
@@ -112,19 +114,56 @@ def alone(a: LiveServer, jobs: Sequence[Job], timeout_s: float) -> tuple[dict[tu
     return out, [ex for ex in failed if ex is not out[ex.job.name, ex.job.stream]]
 
 
-def left_long(a: LiveServer, case: Case, solo: Mapping[tuple[str, bool], Exchange]) -> str | None:
-    """D27: the long program alone must give its script's text (else nothing here can be judged)."""
+def long_expected(a: LiveServer, case: Case) -> Expected:
+    """The reference's answer to the long program alone up to the case's limit: its text, ended by
+    the limit ('length'), or by its EOS when the whole script is asked for ('stop')."""
+    prog, tok, eos = a.checkpoint.programs[LONG], a.checkpoint.tokenizer, a.checkpoint.eos_id
+    n, whole = long_tokens(a, case), len(prog.script)
+    return Expected(output=long_text(a, case).encode(), reason="eos" if n >= whole else "max_output_tokens",
+                    wire_reason="stop" if n >= whole else "length", selected=min(n, whole), max_tokens=n,
+                    script_text=tok.decode_bytes(list(prog.script[:-1])), eos_at=whole, eos_text=tok.token_bytes(eos))
+
+
+def left_long(a: LiveServer, case: Case, solo: Mapping[tuple[str, bool], Exchange]) -> tuple[str | None, list[Finding]]:
+    """D27: the long program alone must follow its script, else nothing here can be judged: (the
+    ERROR, []). Where its text differs, its tokens decide (script_check.deviation on a request of its
+    own with logprobs, token ids first, else its text): a run that left the script is that ERROR; one
+    that followed it sent other text for the script's tokens, the engine's own finding, named by
+    symptom (None, findings), and the load is judged as usual."""
     want = long_text(a, case)
-    for (name, stream), ex in solo.items():
-        if name != LONG:
-            continue
-        got = ex.answer[1] if not ex.failed else None
-        if got != want:
-            return (f"the long program alone ({_kind(stream)}) did not give its script's "
-                    f"text ({text_difference(got or '', want, 40)}; "
-                    f"status {ex.status}{', ' + ex.failed if ex.failed else ''}): precision, a sampling default, "
-                    "a prompt shift or a context the server cannot hold")
-    return None
+    wrong = {stream: ex for (name, stream), ex in solo.items() if name == LONG and (ex.failed or ex.answer[1] != want)}
+    if not wrong:
+        return None, []
+    for stream, ex in wrong.items():
+        if ex.failed or ex.status != 200 or not isinstance(ex.answer[1], str):
+            return _left(stream, None if ex.failed else ex.answer[1], want, ex), []
+    status, data, _ = a.post(PATH, long_body(a, case, logprobs=1), log=[])
+    evidence = returned(first_choice(data)) if status == 200 else Returned()
+    if evidence.text is None:
+        stream, ex = next(iter(wrong.items()))
+        return _left(stream, ex.answer[1], want, ex), []
+    gone = deviation(a.checkpoint.programs[LONG], a.checkpoint.tokenizer, a.checkpoint.eos_id, evidence,
+                     end=long_tokens(a, case))
+    if gone is not None:
+        return f"the long program alone: {gone.message}", []
+    exp, found = long_expected(a, case), []
+    for stream, ex in wrong.items():
+        where = f"long program's {'stream' if stream else 'non-streamed text'} alone"
+        if ex.streamed is not None:
+            placed, text = stream_text(exp, [t.encode() for t in ex.streamed.texts],
+                                       [t.encode() for t in ex.streamed.content_after_finish], where)
+            found += placed + compare_text(exp, text, where)
+        else:
+            found += compare_text(exp, ex.answer[1].encode(), where)
+        a.log_exchanges([{**ex.record(), "label": f"{_named(LONG, stream)} alone"}])
+    return None, found
+
+
+def _left(stream: bool, got: str | None, want: str, ex: Exchange) -> str:
+    return (f"the long program alone ({_kind(stream)}) did not give its script's "
+            f"text ({text_difference(got or '', want, 40)}; "
+            f"status {ex.status}{', ' + ex.failed if ex.failed else ''}): precision, a sampling default, "
+            "a prompt shift or a context the server cannot hold")
 
 
 # ---- judging answers under load ------------------------------------------------------------------
@@ -239,7 +278,8 @@ def _load(a: LiveServer, case: Case, recipe: str, *, streamed: str,
     longs = int(case.inputs.get("long", 0))  # jobs that are the long program, before the mix
     jobs = [*jobs_for(programs[:1], longs, streamed=streamed), *jobs_for(programs, n - longs, streamed=streamed)]
     solo, retried = alone(a, jobs, timeout_s)
-    if gone := left_long(a, case, solo):
+    gone, wrong_text = left_long(a, case, solo)
+    if gone:
         return Outcome(abort=gone, exchanges=tuple(e.record() for e in solo.values() if e.job.name == LONG))
     with client(a.url, 2, 10) as c:
         before = read_metrics(c)
@@ -250,7 +290,7 @@ def _load(a: LiveServer, case: Case, recipe: str, *, streamed: str,
     wall = time.monotonic() - t0
     with client(a.url, 2, 10) as c:
         after = read_metrics(c)
-    found = merge(against_alone(a, solo, got, f"with {n} in flight") + sent_again(retried))
+    found = merge(wrong_text + against_alone(a, solo, got, f"with {n} in flight") + sent_again(retried))
     unsure = unjudged(solo, got)
     _sample(got, a)
     streams = sum(j.stream for j in jobs)
@@ -340,7 +380,8 @@ def abandon(a: LiveServer, case: Case) -> tuple[dict[str, Any], list[Finding]] |
     timeout_s = _timeout(case)
     long_stream = Job(LONG, PATH, long_body(a, case, stream=True), True)
     solo, retried = alone(a, [long_stream], timeout_s)
-    if gone := left_long(a, case, solo):
+    gone, wrong_text = left_long(a, case, solo)
+    if gone:
         return Outcome(abort=gone, exchanges=tuple(e.record() for e in solo.values()))
     ref = solo[LONG, True]
     n = long_tokens(a, case)
@@ -361,7 +402,7 @@ def abandon(a: LiveServer, case: Case) -> tuple[dict[str, Any], list[Finding]] |
     fresh = burst(a.url, [long_stream, *(Job(RECIPE, PATH, short, True) for _ in range(s - 1))], timeout_s=bound)
     late = [i + 1 for i, x in enumerate(fresh) if x.first is None or x.first - t_gone > bound]
     starts = [x.first - t_gone for x in fresh if x.first is not None]
-    found = against_alone(a, solo, [x for x in fresh[:1] if x.first is not None], "beside the new streams")
+    found = wrong_text + against_alone(a, solo, [x for x in fresh[:1] if x.first is not None], "beside the new streams")
     found += sent_again(retried)
     found += [dropped(x, f"new stream {i + 1}") for i, x in enumerate(fresh) if x.failed and "Timeout" not in x.failed]
     # an abandoned stream the server ended before its cut, and the new streams beside the bystander
