@@ -562,9 +562,9 @@ def _script_past_end(exp: Expected, got: bytes, where: str, *, stop_seen: bool) 
         if stop_seen:
             return []  # the stop itself: stop_sent says so
         return [finding("stop_prefix_left", f"the {where} ends with {_show(extra)}, the start of the stop "
-                                            f"{_show(exp.stop)}: those bytes went out before the stop completed, "
-                                            f"so they were not held back and stay in the text (§4.6; expected "
-                                            f"{_show(want)})")]
+                                            f"{_show(exp.stop)}, which completes right after it: those bytes belong "
+                                            f"to the stop's match and stay in the text (§4.6: held until the stop is "
+                                            f"ruled out, cut with it; expected {_show(want)})")]
     if exp.reason == "stop_sequence":  # a token-id stop: its bytes are not text
         return [finding("text_after_stop", f"the {where} goes on past the stop token: {_show(extra)} after {_show(want)}")]
     kind = {"max_output_tokens": "past_limit", "eos": "after_eos", "context_limit": "past_context"}.get(
