@@ -25,7 +25,7 @@ from .cases import Case, CaseError, load_cases
 from .checkpoints import with_chat
 from .reports import Grading, read_report, write_reports
 from .runner import PROFILES, CaseResult, Verdict, grade
-from .symptoms import by_severity, merge
+from .symptoms import FIELD_BASIS, by_severity, merge
 from .wire import unterminated
 
 SELF = "python -m decodespec.properties.conformance.regrade"
@@ -42,13 +42,19 @@ def _observed(entry: Mapping[str, Any]) -> dict[str, Any]:
     return seen
 
 
+def _fields(stored: Mapping[str, Any]) -> tuple[str, ...]:
+    """The request fields a stored finding names as ignored (its basis field_ignored: 'a, b')."""
+    basis = stored.get("basis") or {}
+    return tuple(basis["ref"].split(", ")) if basis.get("kind") == FIELD_BASIS and basis.get("ref") else ()
+
+
 def result_of(entry: Mapping[str, Any], case: Case, engine: str, profile: str) -> CaseResult:
     """One stored case entry as a CaseResult, re-graded: its findings (and a recorded stream without
     its terminal), most severe first; SKIP and ERROR as stored."""
     seen = _observed(entry)
     kept = entry.get("reproducer") or {}
-    found = [Finding(f["invariant"], f["message"], symptom=f.get("symptom", ""), family=f.get("family", "semantics"))
-             for f in entry.get("failures") or []]
+    found = [Finding(f["invariant"], f["message"], symptom=f.get("symptom", ""), family=f.get("family", "semantics"),
+                     fields=_fields(f)) for f in entry.get("failures") or []]
     verdict = Verdict(entry["verdict"])
     if verdict not in (Verdict.SKIP, Verdict.ERROR):
         have = {f.symptom for f in found}
