@@ -35,7 +35,7 @@ from rich.table import Table as RichTable
 from .checkout import default_diagrams_dir
 from .cli_paths import output_folder
 from .properties.conformance.decisions import DECISIONS
-from .properties.conformance.runner import PROFILES
+from .properties.conformance.runner import DEFAULT_PROFILE, PROFILES
 from .properties.conformance.without import WITHOUT
 
 _STYLE = {"PASS": "green", "FAIL": "red", "DIFFERS": "yellow", "ERROR": "bold red", "SKIP": "dim"}
@@ -105,7 +105,7 @@ def report_name(engine: str) -> str:
               help="Known failures, one case id a line (# comments): they do not fail the run. Unknown ids are refused.")
 @click.option("--strict", is_flag=True, help="SHOULD failures, and stream-shape and wire findings, fail the run too "
                                              "(by default they are reported only).")
-@click.option("--profile", type=click.Choice(list(PROFILES)), default="project", show_default=True,
+@click.option("--profile", type=click.Choice(list(PROFILES)), default=DEFAULT_PROFILE, show_default=True,
               help="chapter: judge the rules of chapter 4 alone (findings that rest on a project decision or an "
                    "ignored request field fail no case); project: also this project's decisions, reported apart.")
 @click.option("--declare", "declared", multiple=True, type=click.Choice(list(DECISIONS)), metavar="DNN",
@@ -399,10 +399,10 @@ class Policy:
 def _run_declared(cases, policy: Policy, label: str, run) -> list:
     """Run the cases that rest on no declared decision (`run(todo, on_result)`) and grade every result
     under the policy's profile; the others are n/a with the decision's line, in the cases' order."""
-    from .properties.conformance.runner import CaseResult, Verdict, declared_reason, grade
+    from .properties.conformance.runner import CaseResult, Verdict, declared_on, declared_reason, grade
 
     declared = policy.grading.declared
-    own = {c.id: next(d for d in c.decisions if d in declared) for c in cases if set(c.decisions) & declared}
+    own = {c.id: d for c in cases if (d := declared_on(c, declared))}
     tick = Ticker(len(cases), label)
     skipped = {c.id: CaseResult(c, label, Verdict.SKIP, reason=declared_reason(own[c.id])) for c in cases if c.id in own}
     for r in skipped.values():

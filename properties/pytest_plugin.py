@@ -10,7 +10,10 @@ Options: `--decodespec-engine` (as `decodespec conform --engine`), `--decodespec
 `--decodespec-select PREFIX` (repeatable), `--decodespec-with-tests` (also collect the project's
 own tests: by default, with an engine given, only the conformance items are collected, so an
 engine's repository can run the plugin from its root without importing its test suite),
-`--decodespec-checkpoint DIR` (openai: the forced checkpoint served), `--decodespec-strict`.
+`--decodespec-checkpoint DIR` (openai: the forced checkpoint served), `--decodespec-strict`,
+`--decodespec-profile` and `--decodespec-declare DNN` (repeatable), as `decodespec conform`'s
+`--profile` and `--declare` (runner.PROFILES, decisions.DECISIONS; D69): each item's verdict is
+graded under them, and a case resting on a declared decision is skipped with the decision's line.
 A SKIP verdict becomes a pytest skip with its reason; FAIL and ERROR fail the item with the first
 violated invariant and the reproducer, except a SHOULD failure, which is an xfail unless strict:
 the items fail exactly where `decodespec conform` exits 1 (`runner.unexpected`). A misspelt or
@@ -26,8 +29,9 @@ import pytest
 
 from .conformance import CaseError, EngineSpecError, adapter_for, load_cases, run_case, select_cases
 from .conformance.cases import Case
+from .conformance.decisions import DECISIONS
 from .conformance.reports import reproducer
-from .conformance.runner import Verdict, counts
+from .conformance.runner import DEFAULT_PROFILE, PROFILES, Verdict, counts, declared_on, declared_reason, grade
 
 _ADAPTERS: dict[tuple[str, str | None, str | None], Any] = {}
 
@@ -46,6 +50,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="with --decodespec-engine, also collect the project's own tests (default: the cases only)")
     group.addoption("--decodespec-strict", action="store_true",
                     help="SHOULD failures fail their items too (by default they are xfail, as the CLI reports them)")
+    group.addoption("--decodespec-profile", choices=list(PROFILES), default=DEFAULT_PROFILE,
+                    help="as `decodespec conform --profile`: chapter judges the rules of chapter 4 alone; project "
+                         "(the default) also this project's decisions")
+    group.addoption("--decodespec-declare", action="append", default=[], choices=list(DECISIONS), metavar="DNN",
+                    help="as `decodespec conform --declare`: a decision the engine documents its own choice on; the "
+                         "cases resting on it are skipped with the reason (repeatable)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -60,7 +70,8 @@ class CaseItem(pytest.Item):
     """One case on the engine named by --decodespec-engine."""
 
     def __init__(self, *, case: Case, engine: str, model: str | None, checkpoint: str | None = None,
-                 timeout: float | None = None, strict: bool = False, **kw: Any) -> None:
+                 timeout: float | None = None, strict: bool = False, profile: str = DEFAULT_PROFILE,
+                 declared: frozenset[str] = frozenset(), **kw: Any) -> None:
         super().__init__(**kw)
         self.case = case
         self.engine = engine
@@ -68,6 +79,7 @@ class CaseItem(pytest.Item):
         self.checkpoint = checkpoint
         self.timeout = timeout
         self.strict = strict
+        self.profile, self.declared = profile, declared
         self.add_marker(pytest.mark.conformance)
 
     def _adapter(self) -> Any:
@@ -77,7 +89,9 @@ class CaseItem(pytest.Item):
         return _ADAPTERS[key]
 
     def runtest(self) -> None:
-        res = run_case(self._adapter(), self.case)
+        if own := declared_on(self.case, self.declared):
+            pytest.skip(declared_reason(own))
+        res = grade(run_case(self._adapter(), self.case), self.profile, self.declared)
         if res.verdict is Verdict.SKIP:
             pytest.skip(res.reason)
         if res.verdict is not Verdict.PASS:
@@ -119,10 +133,12 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     except (EngineSpecError, RuntimeError) as exc:  # RuntimeError: the HTTP adapter's ServerError
         raise pytest.UsageError(f"--decodespec-engine={engine}: {exc}") from None
     strict = config.getoption("--decodespec-strict")
+    profile, declared = config.getoption("--decodespec-profile"), frozenset(config.getoption("--decodespec-declare"))
     try:
         selected = select_cases(load_cases(), config.getoption("--decodespec-select"))
     except CaseError as exc:
         raise pytest.UsageError(f"--decodespec-select: {exc}") from None
     for case in selected:
         items.append(CaseItem.from_parent(session, name=f"{engine}::{case.id}", case=case, engine=engine, model=model,
-                                          checkpoint=checkpoint, timeout=timeout, strict=strict))
+                                          checkpoint=checkpoint, timeout=timeout, strict=strict, profile=profile,
+                                          declared=declared))

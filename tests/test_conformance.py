@@ -475,3 +475,33 @@ def test_expected_results_follow_the_engines_tokenizer_not_the_fixture():
     assert failed == {"detok/finish-tail/002", "detok/invalid/001"}, {c: results[c].failures for c in failed}
     for cid in ("detok/utf8-split/002", "detok/utf8-split/004", "stream/terminal-once/001"):
         assert results[cid].verdict is Verdict.PASS and results[cid].expected is not None, cid
+
+
+def test_pytest_plugin_grades_under_the_clis_profile_and_declared_decisions(tmp_path):
+    """D69: `--decodespec-profile` and `--decodespec-declare` are `conform`'s --profile and --declare
+    (runner.PROFILES, decisions.DECISIONS). A MUST case whose one finding rests on D34 (n's usage)
+    fails its item under the default profile, passes under `chapter`, is skipped with D34's line
+    when D34 is declared; an unknown decision is one usage error naming it."""
+    (tmp_path / "counts_one.py").write_text(
+        "from decodespec.properties.conformance.adapters.base import Outcome\n"
+        "from decodespec.properties.conformance.adapters.reference import ReferenceAdapter\n"
+        "from decodespec.properties.conformance.symptoms import finding\n"
+        "class CountsOne(ReferenceAdapter):\n"
+        "    def run(self, case):\n"
+        "        return Outcome(findings=(finding('count_low', \"one choice's count for 2 choices\"),), judged=True)\n"
+        "def make():\n    return CountsOne()\n")
+    base = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+            "--decodespec-engine=counts_one:make", "--decodespec-select=stop/n-choices/001", str(tmp_path)]
+    env = {**__import__("os").environ, "PYTHONPATH": str(tmp_path)}
+
+    def plugin(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*base, *extra], capture_output=True, text=True, env=env, timeout=120)
+
+    project = plugin()
+    assert project.returncode == 1 and "DIFFERS" in project.stdout, project.stdout[-800:]
+    assert plugin("--decodespec-profile=chapter").returncode == 0
+    declared = plugin("--decodespec-declare=D34")
+    assert declared.returncode == 0 and "1 skipped" in declared.stdout and "--declare D34" in declared.stdout, \
+        declared.stdout[-800:]
+    bogus = plugin("--decodespec-declare=D999")
+    assert bogus.returncode == 4 and "D999" in bogus.stderr, bogus.stderr[-800:]

@@ -54,6 +54,7 @@ PROFILES: Mapping[str, Mapping[str, Verdict]] = {
     "project": {CHAPTER_W: Verdict.FAIL, DECISION_W: Verdict.DIFFERS},
     "chapter": {CHAPTER_W: Verdict.FAIL},
 }
+DEFAULT_PROFILE = "project"
 _VERDICT_ORDER = (Verdict.FAIL, Verdict.DIFFERS, Verdict.PASS)
 
 
@@ -183,7 +184,7 @@ def judge(case: Case, outcome: Outcome, engine: str, caps: frozenset[str]) -> Ca
                             expected=expected))
 
 
-def grade(r: CaseResult, profile: str = "project", declared: frozenset[str] = frozenset()) -> CaseResult:
+def grade(r: CaseResult, profile: str = DEFAULT_PROFILE, declared: frozenset[str] = frozenset()) -> CaseResult:
     """The verdict of a judged result from its findings (PASS, FAIL or DIFFERS; SKIP and ERROR stay):
     the most severe one its findings' weights give under `profile` (PROFILES). `declared`: the
     decisions the engine declares its own; a case resting on one is n/a with the decision's line,
@@ -194,10 +195,15 @@ def grade(r: CaseResult, profile: str = "project", declared: frozenset[str] = fr
         raise ValueError(f"no such decision {', '.join(unknown)}: one of {', '.join(DECISIONS)}")
     if r.verdict in (Verdict.SKIP, Verdict.ERROR):
         return r
-    if own := [d for d in r.case.decisions if d in declared]:
-        return attrs.evolve(r, verdict=Verdict.SKIP, reason=declared_reason(own[0]))
+    if own := declared_on(r.case, declared):
+        return attrs.evolve(r, verdict=Verdict.SKIP, reason=declared_reason(own))
     given = {PROFILES[profile].get(weight(f, r.case, declared), Verdict.PASS) for f in r.failures}
     return attrs.evolve(r, verdict=next(v for v in _VERDICT_ORDER if v in given or v is Verdict.PASS))
+
+
+def declared_on(case: Case, declared: frozenset[str]) -> str | None:
+    """The first decision `case` rests on that the engine declares its own (None: none; D69)."""
+    return next((d for d in case.decisions if d in declared), None)
 
 
 def declared_reason(number: str) -> str:
