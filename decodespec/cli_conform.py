@@ -347,13 +347,15 @@ def _preset_hint(engine: str, files: tuple[Path, ...]) -> str:
 
 def _conform_preset(p, cases, every, checkpoints, llama_cpp, without, jobs, model, name, report_dir, timeouts,
                     policy, dry_run, console, t0) -> None:
-    """--preset: the engine found on PATH, the checkpoints its cases need (given, reused or built), their GGUF
+    """--preset: the decisions it declares added to --declare, the engine found on PATH, the checkpoints its cases need (given, reused or built), their GGUF
     files for a llama.cpp engine, then the launched run (presets.py)."""
     from .properties.conformance import presets as ps
 
     def echo(line: str) -> None:
         click.echo(f"conform --preset {p.name}: {line}", err=True)
 
+    policy = attrs.evolve(policy, grading=attrs.evolve(policy.grading,
+                                                       declared=policy.grading.declared | frozenset(p.declare)))
     path = ps.engine_path()
     if (why := p.missing(path)) is not None:
         raise click.BadParameter(why, param_hint="--preset")

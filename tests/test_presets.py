@@ -74,11 +74,35 @@ def test_extends_fills_in_the_parents_launch_and_the_tight_and_context_commands_
     ('[preset.x]\nengine="x"\ninstall="i"\nlaunch="x"\ncases="some"\n', "cases 'some'"),
     ('[preset.x]\nengine="x"\nlaunch="x"\ncases="all"\n', "has no install"),
     ('[preset.x]\nengine="x"\ninstall="i"\nlaunch="x"\ncases="all"\njobs="4"\n', "jobs must be a int"),
+    ('[preset.x]\nengine="x"\ninstall="i"\nlaunch="x"\ncases="all"\ndeclare=["D34", "D999"]\n',
+     "declare D999: no such decision"),
 ])
 def test_a_malformed_preset_is_one_error_naming_it(tmp_path, body, fragment):
     with pytest.raises(ps.PresetError) as err:
         ps.load_presets([_write(tmp_path, body)])
     assert fragment in str(err.value) and "more.toml" in str(err.value)
+
+
+def test_a_presets_declared_decisions_are_applied_as_declare(tmp_path, monkeypatch):
+    """D69: a preset's `declare` (the choices its engine documents) joins `--declare`: a case resting
+    on D34 is n/a with D34's line and never runs; the shipped presets declare nothing."""
+    from decodespec import cli_conform
+
+    assert all(p.declare == () for p in ps.load_presets().values())
+    extra = _write(tmp_path, '[preset.mine]\nextends="decodespec-serve"\ndeclare=["D34"]\n')
+    assert "declares D34" in ps.load_presets([extra])["mine"].describe()
+    seen = []
+    monkeypatch.setattr(cli_conform, "_conform_launched", lambda *a, **k: seen.append(a[10]))
+    monkeypatch.setenv("DECODESPEC_CACHE", str(tmp_path / "cache"))
+    res = CliRunner().invoke(main, ["conform", "--presets", str(extra), "--preset", "mine", "--select",
+                                    "stop/n-choices/001", "--declare", "D31", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    [policy] = seen
+    assert policy.grading.declared == {"D31", "D34"}
+    ran = []
+    [r] = cli_conform._run_declared(load_cases(["stop/n-choices/001"]), policy, "mine",
+                                    lambda todo, tick: ran.extend(todo) or [])
+    assert not ran and r.verdict.value == "SKIP" and "(--declare D34)" in r.reason
 
 
 def test_a_presets_file_adds_presets_and_replaces_by_name(tmp_path):

@@ -3,7 +3,8 @@
 The presets are data, presets.toml beside this module (its header documents the format; `--presets
 FILE` adds more in the same format). A preset names the engine's launch, context and tight commands
 (launch.run_launched starts one server per forced checkpoint with them), the GGUF conversion a
-llama.cpp engine needs, what the engine lacks (`without`), the cases it runs and its jobs. This
+llama.cpp engine needs, what the engine lacks (`without`), the choices its documentation states on
+this project's decisions (`declare`, applied as `--declare`, D69), the cases it runs and its jobs. This
 module reads and checks them, finds the engine's program on PATH (a missing one is one error naming
 what to install), and prepares the checkpoints a run serves: built once per set of cases
 (checkpoints.build_checkpoints, cached by the content of what decides them) and converted to GGUF
@@ -32,6 +33,7 @@ import attrs
 
 from .cases import CASES_DIR, Case, CaseKind
 from .chat_cases import chat_of
+from .decisions import DECISIONS
 from .without import WITHOUT
 
 FORMAT = 1
@@ -45,8 +47,8 @@ GGUF_FILES = {"f32": "model.gguf", "f16": "model-f16.gguf", "bf16": "model-bf16.
 # field -> (type, default); a field without a default is required (after `extends`)
 FIELDS: Mapping[str, tuple[type, Any]] = {
     "engine": (str, None), "install": (str, None), "launch": (str, None), "cases": (str, None),
-    "context": (str, ""), "tight": (str, ""), "gguf": (str, ""), "without": (list, []), "jobs": (int, 1),
-    "model": (str, ""), "aliases": (list, []), "note": (str, ""), "extends": (str, ""),
+    "context": (str, ""), "tight": (str, ""), "gguf": (str, ""), "without": (list, []), "declare": (list, []),
+    "jobs": (int, 1), "model": (str, ""), "aliases": (list, []), "note": (str, ""), "extends": (str, ""),
 }
 NOT_INHERITED = frozenset({"aliases", "extends"})
 # What launch.launched fills in per server, and what each command may use besides.
@@ -99,6 +101,7 @@ class Preset:
     tight: str
     gguf: str
     without: tuple[str, ...]
+    declare: tuple[str, ...]
     jobs: int
     model: str
     cases: str
@@ -139,6 +142,7 @@ class Preset:
         """A few lines for `conform --list-presets`."""
         lines = [f"{self.name}: {self.engine}; cases: {self.cases}" + (f"; without {', '.join(self.without)}"
                                                                        if self.without else "")
+                 + (f"; declares {', '.join(self.declare)}" if self.declare else "")
                  + (f"; GGUF {self.gguf}" if self.gguf else "") + (f" ({self.note})" if self.note else ""),
                  f"    launch:  {self.launch}"]
         lines += [f"    {kind}:{' ' * (8 - len(kind))}{cmd}" for kind, cmd in (("context", self.context),
@@ -214,6 +218,9 @@ def _preset(name: str, fields: Mapping[str, Any], path: Path) -> Preset:
         raise PresetError(f"{path}: preset {name}: cases {f['cases']!r}; one of {', '.join(CASE_SETS)}")
     if bad := sorted(set(f["without"]) - set(WITHOUT)):
         raise PresetError(f"{path}: preset {name}: without {', '.join(bad)}; known: {', '.join(WITHOUT)}")
+    if bad := sorted(set(f["declare"]) - set(DECISIONS)):
+        raise PresetError(f"{path}: preset {name}: declare {', '.join(bad)}: no such decision; known: "
+                          f"{', '.join(DECISIONS)}")
     if f["jobs"] < 1:
         raise PresetError(f"{path}: preset {name}: jobs must be 1 or more, not {f['jobs']}")
     return Preset(name=name, **{k: tuple(v) if isinstance(v, list) else v for k, v in f.items()})
