@@ -38,11 +38,13 @@ BUGS: Mapping[str, str] = {
 
 @attrs.frozen
 class Answer:
-    """One choice, as the frontend made it: the text (bytes), its stream deltas, the finish reason,
-    the tokens it counts (selected up to the end) and the tokens it reports."""
+    """One choice, as the frontend made it: the text (bytes), its stream deltas with the tokens
+    selected when each was released (`steps`), the finish reason, the tokens it counts (selected up
+    to the end) and the tokens it reports."""
 
     text: bytes
     deltas: tuple[bytes, ...]
+    steps: tuple[int, ...]
     finish_reason: str
     completion_tokens: int
     tokens: tuple[int, ...]
@@ -136,7 +138,7 @@ class Frontend:
         echo = head if req.echo else b""
         text_tokens = tokens[:-1] if ended in ("eos", "stop_sequence") and tokens else tokens
         stops = [s.encode() for s in req.stop]
-        sent, deltas = b"", []
+        sent, deltas, steps = b"", [], []
         out, reason, count = b"", "length" if ended in ("max_output_tokens", "context_limit") else "stop", len(tokens)
         for i in range(len(text_tokens)):
             text = self.tok.decode_bytes(prompt + list(text_tokens[:i + 1]), skip_special=skip)[len(head):]
@@ -149,6 +151,7 @@ class Frontend:
                 safe = safe[:len(safe) - _held(safe, stops)]
             if len(safe) > len(sent):
                 deltas.append(safe[len(sent):])
+                steps.append(i + 1)
                 sent = safe
         else:
             out = self.tok.decode_bytes(prompt + list(text_tokens), skip_special=skip)[len(head):]
@@ -157,9 +160,11 @@ class Frontend:
         shown, whole = _valid(echo + out)
         if shown.startswith(sent) and len(shown) > len(sent):
             deltas.append(shown[len(sent):])
+            steps.append(count)
         if "repeat_delta" in self.bugs and len(deltas) > 1:
             deltas.insert(2, deltas[1])
-        return Answer(shown, tuple(deltas), reason, count, tokens[:count],
+            steps.insert(2, steps[1])
+        return Answer(shown, tuple(deltas), tuple(steps), reason, count, tokens[:count],
                       error=None if whole else "decoding_error: the output is not UTF-8 text (D12)")
 
     def usage(self, parsed: Any, answers: Sequence[Answer]) -> dict[str, int]:
@@ -169,35 +174,53 @@ class Frontend:
         done = sum(a.completion_tokens for a in answers)
         return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
 
-    def choice(self, parsed: Any, a: Answer, index: int) -> dict[str, Any]:
-        """A non-streamed choice: its text, finish reason, and the per-token reports asked for."""
-        out: dict[str, Any] = {"index": index, "text": a.text.decode("utf-8", "replace"),
-                               "finish_reason": a.finish_reason, "logprobs": None}
+    def reports(self, parsed: Any, tokens: Sequence[int]) -> dict[str, Any]:
+        """The per-token reports asked for (logprobs, token ids) of `tokens`; none when not asked."""
+        out: dict[str, Any] = {}
         if parsed.logprobs is not None:
             out["logprobs"] = {"tokens": [token_text(self.tok, t, None if t in self.eos_ids else own_bytes(self.tok, t))
-                                          for t in a.tokens],
-                               "token_logprobs": [0.0] * len(a.tokens), "top_logprobs": None, "text_offset": None}
+                                          for t in tokens],
+                               "token_logprobs": [0.0] * len(tokens), "top_logprobs": None, "text_offset": None}
         if parsed.token_ids:
-            out["token_ids"] = list(a.tokens)
+            out["token_ids"] = list(tokens)
+        return out
+
+    def choice(self, parsed: Any, a: Answer, index: int) -> dict[str, Any]:
+        """A non-streamed choice: its text, finish reason, and the per-token reports asked for."""
+        return {"index": index, "text": a.text.decode("utf-8", "replace"), "finish_reason": a.finish_reason,
+                "logprobs": None, **self.reports(parsed, a.tokens)}
+
+    def delta(self, parsed: Any, index: int, data: bytes, tokens: Sequence[int], step: int) -> dict[str, Any]:
+        """A delta chunk's choice: its text and, where the stream asks for per-token reports, those of
+        `tokens` and how many tokens were selected when it was released."""
+        out = {"index": index, "text": data.decode("utf-8", "replace"), "finish_reason": None}
+        if parsed.reports_tokens:
+            out.update(self.reports(parsed, tokens), decodespec={"selected": step})
         return out
 
     def events(self, parsed: Any, answers: Sequence[Answer], cid: str) -> Iterator[str]:
-        """The SSE body: each choice's deltas, its finish chunk, the usage chunk when asked, [DONE]."""
+        """The SSE body: each choice's deltas, its finish chunk, the usage chunk when asked, [DONE].
+        A stream that asks for per-token reports gets, with each delta, the tokens selected since the
+        last one and how many were selected when it was released (`decodespec.selected`, as
+        decodespec serve says it, D59); the finish chunk reports the rest."""
         def chunk(choices: list[dict[str, Any]], **more: Any) -> str:
             return "data: " + json.dumps({"id": cid, "object": "text_completion", "model": self.name,
                                           "choices": choices, **more}) + "\n\n"
 
         for i, a in enumerate(answers):
-            deltas = list(a.deltas)
-            late = deltas.pop() if "late_delta" in self.bugs and deltas and a.error is None else None
-            for d in deltas:
-                yield chunk([{"index": i, "text": d.decode("utf-8", "replace"), "finish_reason": None}])
+            sent = list(zip(a.deltas, a.steps))
+            late = sent.pop() if "late_delta" in self.bugs and sent and a.error is None else None
+            shown = 0  # the tokens reported so far
+            for d, step in sent:
+                yield chunk([self.delta(parsed, i, d, a.tokens[shown:step], step)])
+                shown = max(shown, step)
             if a.error is not None:
                 yield f"data: {json.dumps(_failed(a).body())}\n\n"
                 return
-            yield chunk([{"index": i, "text": "", "finish_reason": a.finish_reason}])
+            yield chunk([{"index": i, "text": "", "finish_reason": a.finish_reason,
+                          **(self.reports(parsed, a.tokens[shown:]) if parsed.reports_tokens else {})}])
             if late is not None:
-                yield chunk([{"index": i, "text": late.decode("utf-8", "replace"), "finish_reason": None}])
+                yield chunk([self.delta(parsed, i, late[0], (), late[1])])
         if parsed.include_usage and "no_usage_chunk" not in self.bugs:
             yield chunk([], usage=self.usage(parsed, answers))
         yield "data: [DONE]\n\n"

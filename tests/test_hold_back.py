@@ -2,7 +2,8 @@
 stop is streamed once more asking for per-token reports (http_script.run_script, chat.run_chat), and
 judged from when each chunk went out in selected tokens: decodespec serve says it with every chunk
 of such a stream (`decodespec.selected`), so it passes every stop case with hold-back checked, not
-partial, on completions and on chat."""
+partial, on completions and on chat; an engine frontend that sends a stop's start before the stop
+is ruled out (tests/_frontend_kit.py, `no_hold_back`) is caught where only the timing shows it."""
 
 from __future__ import annotations
 
@@ -15,9 +16,13 @@ from decodespec.properties.conformance.chat_cases import chat_of
 from decodespec.properties.conformance.judgement import expected_for
 from decodespec.properties.conformance.chat import splits
 from decodespec.properties.conformance.checkpoints import build_group, group_of, http_blocker, with_chat
-from decodespec.properties.conformance.runner import Verdict, run_cases
+from decodespec.properties.conformance.runner import Verdict, run_cases, unexpected
+from decodespec.properties.conformance.symptoms import Severity, severity_of
 from decodespec.runtime.engine import Engine
 from decodespec.runtime.server import create_app
+
+pytest.importorskip("transformers")
+from _frontend_kit import TokenEngine, frontend_app  # noqa: E402
 
 NO_STOP = "detok/utf8-split/001"  # a byte_table case without stop strings: nothing to hold back
 
@@ -89,3 +94,23 @@ def test_one_stream_asks_for_reports_per_case_and_none_without_a_stop(serve):
         [res] = run_cases(adapter, load_cases([case_id]))
         assert res.verdict is Verdict.PASS, (res.reason, res.failures)
         assert len(adapter.streams) > 2 and sum(map(asks_reports, adapter.streams)) == want, adapter.streams
+
+
+@pytest.mark.parametrize("bugs", [(), ("no_hold_back",)])
+def test_a_frontend_that_sends_a_stop_prefix_early_is_caught_by_when_it_sent_it(serve, app_server, bugs):
+    """stop/hold-back/001: 'B' of 'AB' may begin 'BX' until 'CD' rules it out; a frontend that sends
+    'AB' at once ends with the right text, so only the timing shows it. Its stream asking for
+    reports says one token was selected when 'AB' went out: the case leads with stop_prefix_sent,
+    stream shape (it never fails a case alone, D69; --strict counts it). The frontend without the
+    bug passes with hold-back checked."""
+    ck, _ = serve("byte_table")
+    [res] = run_cases(OpenAIAdapter(app_server(frontend_app(TokenEngine(ck), bugs)), checkpoint=ck),
+                      load_cases(["stop/hold-back/001"]))
+    assert res.verdict is Verdict.PASS and not any(m.startswith("hold-back") for m in res.not_checked), res
+    if not bugs:
+        assert res.failures == () and not unexpected([res], strict=True)
+        return
+    lead = res.lead
+    assert (lead.symptom, severity_of(lead)) == ("stop_prefix_sent", Severity.STREAM_SHAPE), res.failures
+    assert "with 1 token(s) selected the stream asking for per-token reports had sent 2 bytes" in lead.message
+    assert unexpected([res], strict=True)
