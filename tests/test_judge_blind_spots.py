@@ -24,7 +24,7 @@ from decodespec.properties.conformance.checkpoints import TABLE_GROUP, build_gro
 from decodespec.properties.conformance.forced import PROBE_MAX
 from decodespec.properties.conformance.judgement import Observed, expected_of, judge_observed, stream_text
 from decodespec.properties.conformance.runner import Verdict, run_case, unexpected
-from decodespec.properties.conformance.script_check import Prefix, prompt_placed
+from decodespec.properties.conformance.script_check import Prefix, banned_eos, banned_eos_id, prompt_placed
 from decodespec.properties.conformance.symptoms import (CHAPTER_BASIS, FIELD_BASIS, Severity, basis_of, compare_count,
                                                         compare_text, severity_of)
 
@@ -225,6 +225,23 @@ def test_a_field_ignored_where_the_guard_masks_the_eos_is_named_by_the_field():
     assert [f.symptom for f in compare_text(bias, b"EXGH", "stream")] == ["bytes_replaced"]
 
 
+def test_a_guarded_eos_is_judged_banned_from_the_token_ids_first():
+    """D27, D66, D70: under ignore_eos the reference selects the scripted EOS as token 2 and goes on.
+    Token ids that have the EOS there passed it over, whatever text a frontend made of them (its
+    text is the case's to judge); ids with another token there banned it (the ERROR); text alone
+    still decides where no ids are shown."""
+    case, exp = _expected("finish/ignore-eos/001")
+    tok = case_tokenizer(case)
+    script = case_script(case, tok)
+    ref = reference_on(case, tok, case_prompt(case, tok), script).tokens
+    assert exp.guard_passed and ref[exp.eos_at - 1] == tok.eos_id
+    assert banned_eos_id(exp, script, ref, list(ref), tok) is None
+    other = next(t for t in script if t != tok.eos_id)
+    wrote = [*ref[:exp.eos_at - 1], other, *ref[exp.eos_at:]]
+    assert "did not pass over the guarded EOS at token 2" in banned_eos_id(exp, script, ref, wrote, tok)
+    assert banned_eos(exp, script, ref, exp.output[:1] + tok.token_bytes(other) + exp.output[1:]) is not None
+
+
 @pytest.mark.parametrize("sent,ids,prefix,as_text,want", [
     (5, 4, Prefix(0, False, "0"), False, "miscounted"),
     (4, 4, Prefix(0, False, "0"), False, None),
@@ -253,10 +270,10 @@ _STOP_CASES = ["stop/cross-token/001", "stop/overlap/002", "stop/include-stop/00
 
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(case_id=st.sampled_from(_STOP_CASES), cut=st.integers(0, 12), tail=st.binary(max_size=6),
-       repeat=st.booleans(), count=st.integers(-2, 12))
+       repeat=st.booleans(), count=st.integers(0, 12))
 def test_no_message_of_the_judge_prints_a_negative_count(case_id, cut, tail, repeat, count):
     """Whatever an engine sends (a prefix of the reference's text or of its script's, then any bytes,
-    a piece of it twice), every finding's message counts bytes and tokens as 0 or more."""
+    a piece of it twice, any token count), every count the judge works out and prints is 0 or more."""
     _, exp = _expected(case_id)
     base = exp.script_text[:cut] if cut <= len(exp.script_text) else exp.output + exp.script_text[:cut % 4]
     got = base + (base[-2:] if repeat else b"") + tail

@@ -127,9 +127,10 @@ def long_expected(a: LiveServer, case: Case) -> Expected:
 def left_long(a: LiveServer, case: Case, solo: Mapping[tuple[str, bool], Exchange]) -> tuple[str | None, list[Finding]]:
     """D27: the long program alone must follow its script, else nothing here can be judged: (the
     ERROR, []). Where its text differs, its tokens decide (script_check.deviation on a request of its
-    own with logprobs, token ids first, else its text): a run that left the script is that ERROR; one
-    that followed it sent other text for the script's tokens, the engine's own finding, named by
-    symptom (None, findings), and the load is judged as usual."""
+    own asking for token ids and logprobs: the ids first, else the logprobs, else its text, D70): a
+    run that left the script is that ERROR; one that followed it sent other text for the script's
+    tokens, the engine's own finding, named by symptom (None, findings), and the load is judged as
+    usual."""
     want = long_text(a, case)
     wrong = {stream: ex for (name, stream), ex in solo.items() if name == LONG and (ex.failed or ex.answer[1] != want)}
     if not wrong:
@@ -137,7 +138,9 @@ def left_long(a: LiveServer, case: Case, solo: Mapping[tuple[str, bool], Exchang
     for stream, ex in wrong.items():
         if ex.failed or ex.status != 200 or not isinstance(ex.answer[1], str):
             return _left(stream, None if ex.failed else ex.answer[1], want, ex), []
-    status, data, _ = a.post(PATH, long_body(a, case, logprobs=1), log=[])
+    status, data, _ = a.post(PATH, long_body(a, case, logprobs=1, return_token_ids=True), log=[])
+    if 400 <= status < 500:  # a server that does not know return_token_ids: logprobs alone
+        status, data, _ = a.post(PATH, long_body(a, case, logprobs=1), log=[])
     evidence = returned(first_choice(data)) if status == 200 else Returned()
     if evidence.text is None:
         stream, ex = next(iter(wrong.items()))
