@@ -54,18 +54,8 @@ LEADS = [
     ("llama-cpp-python", "detok/invalid/003", "past_limit", "at max_tokens=2: usage.completion_tokens is 4 with max_tokens 2"),
     ("llama-cpp-python", "detok/invalid/001", "past_limit", "at max_tokens=3: usage.completion_tokens is 4 with max_tokens 3"),
 ]
-# The leads that need the case's findings ordered most severe first (symptoms.by_severity) where
-# the report takes its lead (runner.judge); until then an empty chunk, stream shape, comes first.
-_BY_SEVERITY = {("vllm", "detok/replacement-char/001"), ("vllm", "detok/utf8-split/002"),
-                ("llama-server", "stop/cross-token/003"), ("llama-server", "stop/cross-token/004"),
-                ("llama-server", "stop/overlap/001"), ("llama-server", "stop/overlap/002"),
-                ("llama-server", "stop/n-choices/001")}
-
-
-@pytest.mark.parametrize(("engine", "case_id", "symptom", "words"), [
-    pytest.param(*lead, id=f"{lead[0]}:{lead[1]}", marks=pytest.mark.xfail(
-        tuple(lead[:2]) in _BY_SEVERITY, strict=True, reason="runner.judge does not yet order findings by severity"))
-    for lead in LEADS])
+@pytest.mark.parametrize(("engine", "case_id", "symptom", "words"),
+                         [pytest.param(*lead, id=f"{lead[0]}:{lead[1]}") for lead in LEADS])
 def test_a_recorded_failure_leads_with_what_the_engine_lost_or_got_wrong(engine, case_id, symptom, words):
     """§4.3-§4.10, D65: the case leads with the finding an engine author acts on, not an empty chunk."""
     res = _rejudge(engine, case_id)
@@ -127,7 +117,6 @@ def test_a_recorded_stream_asking_for_reports_is_judged_again_as_live(chunks, le
         assert severity_of(res.lead) is Severity.STREAM_SHAPE and "asking for per-token reports" in res.lead.message
 
 
-@pytest.mark.xfail(strict=True, reason="runner.judge does not yet hold every recorded stream to one terminal")
 def test_a_recorded_stream_without_its_terminal_fails_the_case_that_saw_it():
     """§4.7: llama-cpp-python's new stream after the disconnects ('O', then [DONE], no finish chunk)
     ends without its terminal; the request-life case that recorded it fails on it, in the main report
