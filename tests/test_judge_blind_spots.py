@@ -50,6 +50,7 @@ SPOTS = {
                            "fields_ignored", (FIELD_BASIS, "logit_bias")),
     "no_usage_chunk": (("finish/length/001", "stop/cross-token/001", "usage/eos/001"),
                        "usage_chunk", (FIELD_BASIS, "stream_options.include_usage")),
+    "n_ignored": (("stop/n-choices/001",), "choices_missing", (FIELD_BASIS, "n")),
 }
 # cases no switch above may fail: they show none of the bugs (no stop, no field, one delta or none to repeat)
 CONTROLS = {
@@ -59,6 +60,7 @@ CONTROLS = {
     "late_delta": (),
     "logit_bias_ignored": ("finish/length/001", "finish/min-tokens/003", "finish/ignore-eos/001"),
     "no_usage_chunk": (),
+    "n_ignored": ("finish/length/001", "stop/cross-token/001"),
 }
 
 
