@@ -66,3 +66,10 @@ def test_an_engine_answering_every_choice_but_losing_one_choices_bytes_fails() -
     assert r.verdict is Verdict.FAIL
     assert r.lead is not None and r.lead.symptom == "bytes_lost" and r.lead.message.startswith("choice 1:")
     assert r.basis(r.lead).chapter and "choices_missing" not in {f.symptom for f in r.failures}
+
+
+def test_a_chapter_finding_of_the_answered_choice_leads_the_ignored_n() -> None:
+    """§4.6: the one choice answered sends the stop 'CD'; that leads, the ignored n follows it."""
+    r = _judged({0: "ABCD"}, 2)
+    assert r.verdict is Verdict.FAIL and [f.symptom for f in r.failures][:1] == ["stop_sent"], r.failures
+    assert "choices_missing" in {f.symptom for f in r.failures}

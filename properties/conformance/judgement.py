@@ -110,17 +110,19 @@ def judge_choices(exp: Expected, status: int, data: Any, raw: str, st: Streamed,
                   reported: Streamed | None = None) -> tuple[list[Finding], list[str]]:
     """The findings and what was not checked for an answer of n > 1 choices (D34): each choice the
     engine answered is judged on its own against the reference (greedy choices of one prompt are
-    equal); a choice it answered nowhere is `n` ignored (compare_choices), not its bytes lost; the
-    token count is the answered choices' total."""
+    equal); a choice it answered nowhere is `n` ignored (compare_choices, after the answered
+    choices' findings, so a text finding on the chapter leads it), not its bytes lost; the token
+    count is the answered choices' total."""
     returned = returned_choices(status, data, st)
-    found = compare_choices(n, returned) if returned else []
     answered = sorted(returned) if returned else list(range(n))
     k = len(answered)
+    found: list[Finding] = []
     not_checked: list[str] = []
     for i in answered:
         f, missed = judge_observed(exp, observe(status, data, raw, st, i, n, reported))
         found += [attrs.evolve(x, message=f"choice {i}: {x.message}") for x in f]
         not_checked += [m for m in missed if m not in not_checked and not m.startswith("usage")]
+    found += compare_choices(n, returned) if returned else []  # after the answered choices' own: they lead a tie
     usage = data.get("usage") if isinstance(data, dict) else None
     total = token_count(usage, "completion_tokens") if status == 200 else None
     one = {exp.selected, exp.selected - 1} if exp.reason == "eos" else {exp.selected}  # D15: the EOS or not
