@@ -35,7 +35,7 @@ from rich.table import Table as RichTable
 from .checkout import default_diagrams_dir
 from .cli_paths import output_folder
 from .properties.conformance.decisions import DECISIONS
-from .properties.conformance.runner import DEFAULT_PROFILE, PROFILES
+from .properties.conformance.grading import DEFAULT_PROFILE, PROFILES
 from .properties.conformance.without import WITHOUT
 
 _STYLE = {"PASS": "green", "FAIL": "red", "DIFFERS": "yellow", "ERROR": "bold red", "SKIP": "dim"}

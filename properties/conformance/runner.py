@@ -11,7 +11,6 @@ declares as its own. A check the engine cannot observe is listed under `not_chec
 
 from __future__ import annotations
 
-import enum
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -26,35 +25,20 @@ from .cases import Case, CaseError, CaseKind, Grade, expect_to_json
 from .judgement import expected_of
 from .wire import unterminated
 from .decisions import DECISIONS, decision_line
+from .grading import CHAPTER_W, DECISION_W, DECLARED_W, DEFAULT_PROFILE, PROFILES, SHAPE_W, WIRE_W, Verdict
 from .symptoms import (WIRE, Basis, Expected, Severity, basis_of, by_severity, compare_reason, compare_split,
                        compare_stream, compare_text, finding, merge, severity_of)
 
 _REASON_VALUES = frozenset(r.value for r in FinishReason)
 
 
-class Verdict(enum.StrEnum):
-    PASS = "PASS"
-    FAIL = "FAIL"
-    DIFFERS = "DIFFERS"
-    SKIP = "SKIP"
-    ERROR = "ERROR"
-
-
-# What a finding weighs: by its severity, then (for text, ending and accounting) by its basis.
-CHAPTER_W, DECISION_W, SHAPE_W, WIRE_W, DECLARED_W = "chapter", "decision", "shape", "wire", "declared"
+# What a finding weighs: by its severity, then (for text, ending and accounting) by its basis (grading.py).
 _WEIGHT_BY_SEVERITY: Mapping[Severity, str | None] = {
     Severity.TEXT: None, Severity.ENDING: None, Severity.ACCOUNTING: None,
     Severity.STREAM_SHAPE: SHAPE_W, Severity.WIRE: WIRE_W,
 }
 _WEIGHT_BY_BASIS: Mapping[str, str] = {"chapter": CHAPTER_W, "decision": DECISION_W, "field_ignored": DECISION_W,
                                        "wire": WIRE_W}
-# The verdict each weight gives its case under a profile (a weight it does not list leaves PASS):
-# `project` (the default) judges the chapter and this project's decisions, `chapter` the chapter alone.
-PROFILES: Mapping[str, Mapping[str, Verdict]] = {
-    "project": {CHAPTER_W: Verdict.FAIL, DECISION_W: Verdict.DIFFERS},
-    "chapter": {CHAPTER_W: Verdict.FAIL},
-}
-DEFAULT_PROFILE = "project"
 _VERDICT_ORDER = (Verdict.FAIL, Verdict.DIFFERS, Verdict.PASS)
 
 
