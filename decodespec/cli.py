@@ -3,6 +3,7 @@
     decodespec spec validate [--file PATH]...   load and validate tables, print their sizes
     decodespec spec show NAME                   a table as Markdown (§4.1 ... §4.10 anchors per row)
     decodespec diagrams [--out DIR]             write DOT, SVG and Mermaid of the six machines
+    decodespec codegen [--check]                write the §4.3 step into runtime/runner.py
 """
 
 from __future__ import annotations
@@ -87,6 +88,23 @@ def diagrams(out: Path | None, formats: tuple[str, ...]) -> None:
         raise click.ClickException(str(exc)) from exc
     for path in written:
         click.echo(str(path))
+
+
+@main.command()
+@click.option("--check", is_flag=True, help="Write nothing; exit 1 when runtime/runner.py's step differs from what "
+                                            "would be written.")
+def codegen(check: bool) -> None:
+    """Write the step of §4.3 (check_point and select for every order of the lifecycle table's
+    [[step]] the loader accepts) into runtime/runner.py from the phases of runtime/stepgen.py."""
+    from .runtime import stepgen
+
+    if check:
+        if stepgen.current() != stepgen.block():
+            raise click.ClickException(f"{stepgen.RUNNER}: its step differs from runtime/stepgen.py's phases; "
+                                       "run `decodespec codegen`")
+        click.echo(f"{stepgen.RUNNER}: up to date")
+        return
+    click.echo(f"{stepgen.RUNNER}: {'written' if stepgen.write() else 'up to date'}")
 
 
 def to_markdown(table: Table) -> str:

@@ -15,137 +15,31 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ..machine import compiled
 from ..machine.actions import ActionError, Executor, Plan, run_phases
-from ..spec import FinishReason, load_spec
+from ..spec import FinishReason, Table, load_spec
 from ..spec.derived import model_resources, stream_resources, terminal_stream_event
-from .alignment import token_scores  # noqa: F401 (used by the STEP_CODE phase "choose")
+from .alignment import token_scores
 from .detokenizer import DecodingError, IncrementalDetokenizer
 from .errors import ModelError, RequestError
 from .events import EventKind, Trace
 from .faults import FaultAction, FaultPlan
+from .finish import Composed, finish_checks, request_guard
 from .ledger import ResourceLedger
 from .request import Request
 from .result import Result, Usage
 from .sampling import Sampler, SamplingParams
-from .stop import StopKind, StopMatcher, TokenStopMatcher  # noqa: F401 (StopKind: used by the STEP_CODE phases)
+from .stop import StopHit, StopKind, StopMatcher, TokenStopMatcher
 from .stream import OVERFLOW_ERROR, BackpressurePolicy, OrderedStream, StreamOverflow
 from .tokenizers import TokenizerError
 from .utf8_guard import Utf8Guard, guard_for
 
 _LIFECYCLE = load_spec("lifecycle")
-# The one implementation of each condition finish check the lifecycle table lists ([[finish_check]],
-# §4.3, DECISIONS D4): a condition over `select`'s locals (run, eos, safe: the bytes this token would
-# send, hit: a stop hit, t: tokens selected, token: y_t), and the request feature without which it
-# can never hold (None: always checked). A token check (`tokens = true`) needs no code: it holds when
-# y_t is one of the ids the request names for its event (`_token_check`). `finish_checker` runs
-# them all in the table's order.
-FINISH_CHECKS: dict[str, tuple[str, str | None]] = {
-    "eos": ("eos", None),
-    "content_interrupt": ("safe and run.request.content_policy(bytes(run.output), safe)", "policy"),
-    "stop_hit": ("hit is not None", "stops"),
-    "length": ("t >= run.request.max_output_tokens", None),
-    "context_full": ("run.cache.length + 1 >= run.model.context_limit", None),
-    # the text the decoder consumed: sent, sent now, withheld by the stop-id and stop matchers (D14,
-    # D23), the echoed prompt left out (D33)
-    "grammar_done": ("run.request.grammar.complete((run.output[run.echo_len:] + safe + run._unsent + "
-                     "run.stopper.held).decode('utf-8', 'replace'))", "grammar"),
-}
-FEATURES = ("policy", "stops", "grammar")
-# The one implementation of each guard of the table's [finish_guards] (D31): a condition over
-# (run, token, t) under which a check that lists it in `unless` does not hold, and the feature
-# without which it never holds. `finish_guard` runs them for the not-text tokens (EOS, a token
-# check's ids) before they would end the run: a guarded token is a token like any other.
-FINISH_GUARDS: dict[str, tuple[str, str]] = {
-    "ignore_eos": ("run.request.ignore_eos", "ignore_eos"),
-    "min_tokens": ("t <= run.request.min_tokens", "min_tokens"),
-}
-GUARD_FEATURES = tuple(feature for _, feature in FINISH_GUARDS.values())
-
-
-def finish_guard(checks: Sequence[Any], guards: Any, features: frozenset[str] = frozenset(GUARD_FEATURES)
-                 ) -> Callable[..., bool] | None:
-    """`guarded(run, token, t)`: does a guard of the not-text check `token` fires turn that check
-    off? Generated from the table's checks and [finish_guards] (`guards`) with the guards whose
-    feature the request lacks left out; None when no guard can hold. Its source is its docstring."""
-    unknown = [g for g in guards if g not in FINISH_GUARDS]
-    unused = [g for g in FINISH_GUARDS if g not in guards]
-    if unknown or unused:
-        raise RuntimeError(f"lifecycle finish guards and runtime/runner.FINISH_GUARDS differ: declared without an "
-                           f"implementation {unknown}, implemented but not declared {unused}")
-    body = ""
-    for c in checks:
-        held = [FINISH_GUARDS[g][0] for g in c.unless if FINISH_GUARDS[g][1] in features]
-        if held:
-            ids = "run.eos_ids" if c.event == "eos" else f"run.finish_ids[{c.event!r}]"
-            body += f"    if token in {ids}:\n        return bool({' or '.join(held)})\n"
-    if not body:
-        return None
-    source = f"def guarded(run, token, t):\n{body}    return False\n"
-    namespace: dict[str, Any] = {}
-    exec(compile(source, f"<{_LIFECYCLE.source} finish_guards>", "exec"), namespace)
-    guarded = namespace["guarded"]
-    guarded.__doc__ = source
-    return guarded
-
-
-def finish_checker(checks: Sequence[Any], features: frozenset[str] = frozenset(FEATURES)) -> Callable[..., str | None]:
-    """`winner(run, eos, safe, hit, t)`: the event of the first check in `checks` (the table's
-    FinishCheck list) that holds, or None. Generated from the list, with the checks whose feature
-    the request lacks left out (they cannot hold), so the per-token cost is one call with the
-    remaining checks inline (issue 8); its source is its docstring."""
-    order = [c.event for c in checks]
-    impl = {**FINISH_CHECKS, **{c.event: _token_check(c.event) for c in checks if c.tokens}}
-    unknown = [e for e in order if e not in impl]
-    unused = [e for e in FINISH_CHECKS if e not in order]
-    if unknown or unused:
-        raise RuntimeError(f"lifecycle finish checks and runtime/runner.FINISH_CHECKS differ: listed without an "
-                           f"implementation {unknown}, implemented but not listed {unused}")
-    body = "".join(f"    if {impl[e][0]}:\n        return {e!r}\n" for e in order
-                   if impl[e][1] is None or impl[e][1] in features)
-    source = f"def winner(run, eos, safe, hit, t, token):\n{body}    return None\n"
-    namespace: dict[str, Any] = {}
-    exec(compile(source, f"<{_LIFECYCLE.source} finish_check>", "exec"), namespace)
-    winner = namespace["winner"]
-    winner.__doc__ = source
-    return winner
-
-
-def _token_check(event: str) -> tuple[str, str]:
-    """A token check's condition and feature: y_t is one of the request's ids for `event`."""
-    return f"token in run.finish_ids[{event!r}]", f"tokens:{event}"
-
-
-# One checker (and guard) per set of request features, built from the table's list on first use.
-_WINNERS: dict[frozenset[str], Callable[..., str | None]] = {}
-_GUARDS: dict[frozenset[str], Callable[..., bool] | None] = {}
-
-
-def _guard_for(request: Request) -> Callable[..., bool] | None:
-    features = frozenset(f for f, present in zip(GUARD_FEATURES, (request.ignore_eos, request.min_tokens > 0))
-                         if present)
-    if not features:
-        return None
-    if features not in _GUARDS:
-        _GUARDS[features] = finish_guard(_LIFECYCLE.finish_checks, _LIFECYCLE.finish_guards, features)
-    return _GUARDS[features]
-
-
-def _winner_for(request: Request) -> Callable[..., str | None]:
-    features = frozenset([name for name, present in zip(FEATURES, (
-        request.content_policy is not None, bool(request.stop or request.stop_token_ids), request.grammar is not None))
-        if present] + [f"tokens:{event}" for event, _ in request.finish_tokens])
-    winner = _WINNERS.get(features)
-    if winner is None:
-        winner = _WINNERS[features] = finish_checker(_LIFECYCLE.finish_checks, features)
-    return winner
-
-
 _CONTENT_INTERRUPT = "content_interrupt"
 # (state, event) -> the finish reason the row fixes, straight from the table.
 _REASONS = {k: FinishReason(d.reason) for k, d in _LIFECYCLE.decisions.items() if d.reason}
@@ -181,6 +75,310 @@ _STREAM_SEND: dict[str, Callable[[OrderedStream, FinishReason, dict, str], int]]
     "fail": lambda s, reason, usage, err: s.fail(reason, usage, err),
 }
 _TERMINAL_SEND = {state: _STREAM_SEND[event] for state, event in terminal_stream_event().items()}
+
+
+# ---- the step of §4.3 in the order of the lifecycle table's [[step]] (DECISIONS D53) ----------
+# RequestRun.check_point runs check_cancel_or_deadline, RequestRun.select every other phase; the
+# functions of each order the loader accepts are below, written from runtime/stepgen.py.
+# ---- written by `decodespec codegen` from runtime/stepgen.py: edit the phases there, not below ----
+
+def _check_point_0(self: RequestRun) -> bool:
+    """check_cancel_or_deadline (§4.3): True when the run may go on selecting. Its phases:
+    observe_cancel, observe_deadline."""
+    # observe_cancel (§4.9): a cancel requested by now is observed: nothing more is selected
+    if self._cancel_requested:
+        self._observe_cancel()
+        return False
+    # observe_deadline (§4.9): a deadline passed by now (or an injected one) ends the run
+    if self._deadline_forced or (self.deadline_at is not None and self.clock() >= self.deadline_at):
+        self.trace.emit(EventKind.DEADLINE_EXCEEDED)
+        self.fire("deadline")
+        return False
+    return True
+
+
+def _check_point_1(self: RequestRun) -> bool:
+    """check_cancel_or_deadline (§4.3): True when the run may go on selecting. Its phases:
+    observe_deadline, observe_cancel."""
+    # observe_deadline (§4.9): a deadline passed by now (or an injected one) ends the run
+    if self._deadline_forced or (self.deadline_at is not None and self.clock() >= self.deadline_at):
+        self.trace.emit(EventKind.DEADLINE_EXCEEDED)
+        self.fire("deadline")
+        return False
+    # observe_cancel (§4.9): a cancel requested by now is observed: nothing more is selected
+    if self._cancel_requested:
+        self._observe_cancel()
+        return False
+    return True
+
+
+def _select_0(self: RequestRun, token: int | None = None) -> bool:
+    """Choose y_t (or take `token`, chosen by the caller from this run's logits) and run every other
+    phase of the step on it: True when y_t must be decoded next. Its phases: choose, consume,
+    push_bytes, stop, finish_checks, emit, decode."""
+    new = safe = b""
+    hit: StopHit | None = None
+    event: str | None = None
+    # choose (§4.3): y_t: only tokens that keep the output valid UTF-8 (D16; greedy with a stop refuses only
+    # the tokens that fail at once, D22); never an id the tokenizer cannot decode (D20). `token` given:
+    # chosen by the caller from this run's logits (the Engine's one argmax over a greedy batch)
+    guard = self.guard
+    if guard is not None:
+        remaining = Utf8Guard.UNBOUNDED if self.sampler.greedy and (
+            self.request.stop or self.token_stopper is not None) else min(
+            self.request.max_output_tokens - len(self.tokens), self.model.context_limit - self.cache.length) - 1
+        logits = guard.restrict(self.logits, self.detok.held, remaining)
+        if token is None or logits[token] == float("-inf"):
+            token = self.sampler.choose(logits)
+    elif self._undecodable is not None:
+        if token is None or self._undecodable[token]:
+            token = self.sampler.choose(self.logits.masked_fill(self._undecodable, float("-inf")))
+    elif token is None:
+        token = self.sampler.choose(self.logits)
+    if self.scores is not None:
+        self.scores.append(token_scores(self.logits, token, self.request.logprobs))
+    # consume (§4.2): y_t recorded and fired as `select`; a guard that turns the check of a not-text token
+    # off makes it a token like any other (D31)
+    tokens = self.tokens
+    tokens.append(token)
+    t = len(tokens)
+    if self.life.state not in _SELECT_QUIET:
+        self.fire("select")
+    eos = token in self.eos_ids
+    special = eos or token in self._not_text
+    checked: int | None = token
+    if special and self._guarded is not None and self._guarded(self, token, t):
+        eos = special = False
+        checked = None
+    trace = self.trace
+    trace.put((_TOKEN_SELECTED, trace.clock(), t, token, eos))
+    # push_bytes (§4.5): EOS and a token check's ids are not text: no bytes (D4); usage counts a token's
+    # bytes, held ones included, and a split character for each of its tokens (D7)
+    marks = self._byte_marks
+    if special:
+        marks.append(marks[-1] if marks else 0)
+    else:
+        try:
+            new = self._detok_push(token)
+        except DecodingError as exc:
+            self.error = f"decoding_error: {exc}"
+            marks.append(marks[-1] if marks else 0)
+            self.fire("decode_error")
+            return False
+        total = self._detok_total = self._detok_total + len(new)
+        marks.append(total + self.detok.held_bytes)
+    # stop (§4.6): the clock is read only when holding starts or ends; include_stop_str_in_output: the match
+    # ends the output (D33)
+    if not special:
+        if new:
+            safe, hit = self._stop_push(new)
+            if self.stopper.held:
+                if self._held_since is None:
+                    self._held_since = self.clock()
+            elif self._held_since is not None:
+                self._t["stop_buffer"] += self.clock() - self._held_since
+                self._held_since = None
+        if self.token_stopper is not None:
+            safe, hit = self._token_stop(token, safe, hit)
+        if hit is not None and self._stop_kept and hit.kind is StopKind.STRING:
+            safe += hit.stop.encode("utf-8")
+    # finish_checks (§4.3): the table's finish checks in its order (runtime/finish.py, D4): the event of the
+    # first that holds fires after the emit
+    event = self._winner(self, eos, safe, hit, t, checked)
+    # emit (§4.7): a chunk the content policy refused is never sent (D11); nothing to check: straight to the
+    # stream
+    if safe and event != _CONTENT_INTERRUPT:
+        if self._plain_send:
+            try:
+                self._put_delta(safe)
+            except StreamOverflow as exc:
+                return self._send_failed(exc.seq, str(exc))
+            self.output += safe
+        elif not self._send(safe):
+            return False
+    # decode (§4.4): the output ends at a match whichever check fixes the reason; after an interruption
+    # nothing is kept
+    if hit is not None and event != _CONTENT_INTERRUPT:
+        self._record_hit(hit)
+    if event is None:
+        return True
+    self.fire(event)
+    return False
+
+
+def _select_1(self: RequestRun, token: int | None = None) -> bool:
+    """Choose y_t (or take `token`, chosen by the caller from this run's logits) and run every other
+    phase of the step on it: True when y_t must be decoded next. Its phases: choose, consume,
+    push_bytes, stop, emit, finish_checks, decode."""
+    new = safe = b""
+    hit: StopHit | None = None
+    event: str | None = None
+    # choose (§4.3): y_t: only tokens that keep the output valid UTF-8 (D16; greedy with a stop refuses only
+    # the tokens that fail at once, D22); never an id the tokenizer cannot decode (D20). `token` given:
+    # chosen by the caller from this run's logits (the Engine's one argmax over a greedy batch)
+    guard = self.guard
+    if guard is not None:
+        remaining = Utf8Guard.UNBOUNDED if self.sampler.greedy and (
+            self.request.stop or self.token_stopper is not None) else min(
+            self.request.max_output_tokens - len(self.tokens), self.model.context_limit - self.cache.length) - 1
+        logits = guard.restrict(self.logits, self.detok.held, remaining)
+        if token is None or logits[token] == float("-inf"):
+            token = self.sampler.choose(logits)
+    elif self._undecodable is not None:
+        if token is None or self._undecodable[token]:
+            token = self.sampler.choose(self.logits.masked_fill(self._undecodable, float("-inf")))
+    elif token is None:
+        token = self.sampler.choose(self.logits)
+    if self.scores is not None:
+        self.scores.append(token_scores(self.logits, token, self.request.logprobs))
+    # consume (§4.2): y_t recorded and fired as `select`; a guard that turns the check of a not-text token
+    # off makes it a token like any other (D31)
+    tokens = self.tokens
+    tokens.append(token)
+    t = len(tokens)
+    if self.life.state not in _SELECT_QUIET:
+        self.fire("select")
+    eos = token in self.eos_ids
+    special = eos or token in self._not_text
+    checked: int | None = token
+    if special and self._guarded is not None and self._guarded(self, token, t):
+        eos = special = False
+        checked = None
+    trace = self.trace
+    trace.put((_TOKEN_SELECTED, trace.clock(), t, token, eos))
+    # push_bytes (§4.5): EOS and a token check's ids are not text: no bytes (D4); usage counts a token's
+    # bytes, held ones included, and a split character for each of its tokens (D7)
+    marks = self._byte_marks
+    if special:
+        marks.append(marks[-1] if marks else 0)
+    else:
+        try:
+            new = self._detok_push(token)
+        except DecodingError as exc:
+            self.error = f"decoding_error: {exc}"
+            marks.append(marks[-1] if marks else 0)
+            self.fire("decode_error")
+            return False
+        total = self._detok_total = self._detok_total + len(new)
+        marks.append(total + self.detok.held_bytes)
+    # stop (§4.6): the clock is read only when holding starts or ends; include_stop_str_in_output: the match
+    # ends the output (D33)
+    if not special:
+        if new:
+            safe, hit = self._stop_push(new)
+            if self.stopper.held:
+                if self._held_since is None:
+                    self._held_since = self.clock()
+            elif self._held_since is not None:
+                self._t["stop_buffer"] += self.clock() - self._held_since
+                self._held_since = None
+        if self.token_stopper is not None:
+            safe, hit = self._token_stop(token, safe, hit)
+        if hit is not None and self._stop_kept and hit.kind is StopKind.STRING:
+            safe += hit.stop.encode("utf-8")
+    # emit (§4.7): a chunk the content policy refused is never sent (D11); nothing to check: straight to the
+    # stream
+    if safe and event != _CONTENT_INTERRUPT:
+        if self._plain_send:
+            try:
+                self._put_delta(safe)
+            except StreamOverflow as exc:
+                return self._send_failed(exc.seq, str(exc))
+            self.output += safe
+        elif not self._send(safe):
+            return False
+    # finish_checks (§4.3): the table's finish checks in its order (runtime/finish.py, D4): the event of the
+    # first that holds fires after the emit
+    event = self._winner(self, eos, safe, hit, t, checked)
+    # decode (§4.4): the output ends at a match whichever check fixes the reason; after an interruption
+    # nothing is kept
+    if hit is not None and event != _CONTENT_INTERRUPT:
+        self._record_hit(hit)
+    if event is None:
+        return True
+    self.fire(event)
+    return False
+
+
+# Each order of the step's phases and its (check_point, select).
+_STEPS: dict[tuple[str, ...], tuple[Callable[[RequestRun], bool], Callable[..., bool]]] = {
+    ("observe_cancel", "observe_deadline", "choose", "consume", "push_bytes", "stop", "finish_checks", "emit",
+     "decode"): (_check_point_0, _select_0),
+    ("observe_cancel", "observe_deadline", "choose", "consume", "push_bytes", "stop", "emit", "finish_checks",
+     "decode"): (_check_point_0, _select_1),
+    ("observe_deadline", "observe_cancel", "choose", "consume", "push_bytes", "stop", "finish_checks", "emit",
+     "decode"): (_check_point_1, _select_0),
+    ("observe_deadline", "observe_cancel", "choose", "consume", "push_bytes", "stop", "emit", "finish_checks",
+     "decode"): (_check_point_1, _select_1),
+}
+
+
+def _shipped_finish_checks(run: RequestRun, eos: bool, safe: bytes, hit: StopHit | None, t: int,
+                           token: int | None) -> str | None:
+    """The event of the first of the shipped lifecycle table's finish checks that holds, or None:
+    runtime/finish.py's conditions inline, in the table's order: eos, tool_call, content_interrupt,
+    stop_hit, length, context_full, grammar_done."""
+    # eos (§4.6)
+    if eos:
+        return "eos"
+    # tool_call (§4.3)
+    if token in run.finish_ids["tool_call"]:
+        return "tool_call"
+    # content_interrupt (§4.10)
+    if (run.request.content_policy is not None
+            and safe != b""
+            and run.request.content_policy(bytes(run.output), safe)):
+        return "content_interrupt"
+    # stop_hit (§4.6)
+    if hit is not None:
+        return "stop_hit"
+    # length (§4.3)
+    if t >= run.request.max_output_tokens:
+        return "length"
+    # context_full (§4.3)
+    if run.cache.length + 1 >= run.model.context_limit:
+        return "context_full"
+    # grammar_done (§4.6)
+    if run.request.grammar is not None and run.request.grammar.complete(run.consumed_text(safe)):
+        return "grammar_done"
+    return None
+
+
+# The shipped table's finish checks as (event, token check?), in the order _shipped_finish_checks
+# runs them.
+_SHIPPED_CHECKS = (
+    ("eos", False), ("tool_call", True), ("content_interrupt", False), ("stop_hit", False), ("length", False),
+    ("context_full", False), ("grammar_done", False),
+)
+
+
+# ---- end of the code `decodespec codegen` writes ----
+
+
+def _step_of(table: Table) -> tuple[Callable[[RequestRun], bool], Callable[..., bool]]:
+    """(check_point, select) of `table`'s [[step]] order: the pair written above for it."""
+    order = tuple(p.phase for p in table.step)
+    if not order:
+        raise RuntimeError(f"{table.source}: declares no [[step]]; the runtime runs the loop's step from it")
+    step = _STEPS.get(order)
+    if step is None:
+        raise RuntimeError(f"{table.source}: no step runs the phases in the order {order}; after a change to "
+                           "STEP_NEEDS or runtime/stepgen.PHASES run `decodespec codegen`")
+    return step
+
+
+def _winner_of(table: Table) -> Callable[..., str | None]:
+    """`table`'s finish checks as one function: the one written above where its list is the shipped
+    one, else its checks one by one (finish.Composed)."""
+    checks = finish_checks(table.finish_checks)  # every listed check has its function, and each its entry
+    if tuple((c.event, c.tokens) for c in table.finish_checks) == _SHIPPED_CHECKS:
+        return _shipped_finish_checks
+    return Composed(checks)
+
+
+_CHECK_POINT, _SELECT = _step_of(_LIFECYCLE)
+_WINNER = _winner_of(_LIFECYCLE)
+_TOKEN_CHECKS = {c.event: frozenset[int]() for c in _LIFECYCLE.finish_checks if c.tokens}
 
 
 class RequestRun:
@@ -316,9 +514,10 @@ class RequestRun:
         self._stop_push = self.stopper.push
         self._may_overflow = self.stream.policy is not _PAUSE  # pause waits instead (§4.8)
         self._plain_send = self._plain()
-        self._winner = _winner_for(request)
-        self._guarded = _guard_for(request)
-        self.finish_ids = dict(request.finish_tokens)  # event -> the ids of its token finish check
+        self._winner = _WINNER
+        self._guarded = request_guard(_LIFECYCLE.finish_checks, _LIFECYCLE.finish_guards, request)
+        # event -> the ids of its token finish check, none where the request names none
+        self.finish_ids = {**_TOKEN_CHECKS, **dict(request.finish_tokens)}
         self._not_text = frozenset().union(*self.finish_ids.values())  # like EOS, never detokenized
         self.trace.emit(
             EventKind.REQUEST_CREATED,
@@ -417,6 +616,11 @@ class RequestRun:
 
     # ---- §4.3, phase by phase ---------------------------------------------------------------
 
+    # One step of the loop in the table's order: check_cancel_or_deadline, then select y_t and
+    # run every other phase on it (the functions above the class, written from runtime/stepgen.py).
+    check_point = _CHECK_POINT
+    select = _SELECT
+
     def admit(self) -> bool:
         """CREATED -> QUEUED, or a refusal (D9) or an early cancel (D2). True when queued."""
         if self._cancel_requested:
@@ -504,6 +708,11 @@ class RequestRun:
         n = _char_start(unsent, max(0, cap - sent))
         self._unsent = unsent[n:]
         return unsent[:n], None
+
+    def consumed_text(self, safe: bytes) -> str:
+        """The text the decoder consumed with `safe`, the bytes this token would send: sent, sent
+        now, withheld by the stop-id and stop matchers (D14, D23), the echoed prompt left out (D33)."""
+        return (self.output[self.echo_len:] + safe + self._unsent + self.stopper.held).decode("utf-8", "replace")
 
     def _record_hit(self, hit: Any) -> None:
         """stop.hit with the match's index and span (D3); the output ends at its start."""
@@ -758,157 +967,6 @@ _FAULTS: dict[FaultAction, Callable[[RequestRun, int], None]] = {
     FaultAction.TRANSPORT_ERROR: lambda run, step: None,  # checked before the send itself (_send)
     FaultAction.DISCONNECT: lambda run, step: run.disconnect(),
 }
-
-
-# ---- the step of §4.3, generated from the lifecycle table's [[step]] (DECISIONS D53) ----------
-# The code of each phase, over the locals the phases share (token, t, eos, special, checked, new,
-# safe, hit, event): `check_point` runs the two observe phases in the table's order, `select` the
-# others. Each is one function generated from the list, with the phases inline, so the per-token
-# cost is that of hand-written code (issue 8); its source is its docstring.
-STEP_CODE: dict[str, str] = {
-    "observe_cancel": """
-if self._cancel_requested:
-    self._observe_cancel()
-    return False
-""",
-    "observe_deadline": """
-if self._deadline_forced or (self.deadline_at is not None and self.clock() >= self.deadline_at):
-    self.trace.emit(EventKind.DEADLINE_EXCEEDED)
-    self.fire("deadline")
-    return False
-""",
-    # y_t: only tokens that keep the output valid UTF-8 (D16; greedy with a stop refuses only the
-    # tokens that fail at once, D22); never an id the tokenizer cannot decode (D20). `token` given:
-    # chosen by the caller from this run's logits (the Engine's one argmax over a greedy batch).
-    "choose": """
-guard = self.guard
-if guard is not None:
-    remaining = Utf8Guard.UNBOUNDED if self.sampler.greedy and (
-        self.request.stop or self.token_stopper is not None) else min(
-        self.request.max_output_tokens - len(self.tokens), self.model.context_limit - self.cache.length) - 1
-    logits = guard.restrict(self.logits, self.detok.held, remaining)
-    if token is None or logits[token] == float("-inf"):
-        token = self.sampler.choose(logits)
-elif self._undecodable is not None:
-    if token is None or self._undecodable[token]:
-        token = self.sampler.choose(self.logits.masked_fill(self._undecodable, float("-inf")))
-elif token is None:
-    token = self.sampler.choose(self.logits)
-if self.scores is not None:
-    self.scores.append(token_scores(self.logits, token, self.request.logprobs))
-""",
-    # a guard that turns the check of a not-text token off makes it a token like any other (D31)
-    "consume": """
-tokens = self.tokens
-tokens.append(token)
-t = len(tokens)
-if self.life.state not in _SELECT_QUIET:
-    self.fire("select")
-eos = token in self.eos_ids
-special = eos or token in self._not_text
-checked = token
-if special and self._guarded is not None and self._guarded(self, token, t):
-    eos = special = False
-    checked = None
-trace = self.trace
-trace.put((_TOKEN_SELECTED, trace.clock(), t, token, eos))
-""",
-    # EOS and a token check's ids are not text: no bytes (D4); usage counts a token's bytes, held
-    # ones included, and a split character for each of its tokens (D7)
-    "push_bytes": """
-marks = self._byte_marks
-if special:
-    marks.append(marks[-1] if marks else 0)
-else:
-    try:
-        new = self._detok_push(token)
-    except DecodingError as exc:
-        self.error = f"decoding_error: {exc}"
-        marks.append(marks[-1] if marks else 0)
-        self.fire("decode_error")
-        return False
-    total = self._detok_total = self._detok_total + len(new)
-    marks.append(total + self.detok.held_bytes)
-""",
-    # the clock is read only when holding starts or ends; include_stop_str_in_output: the match
-    # ends the output (D33)
-    "stop": """
-if not special:
-    if new:
-        safe, hit = self._stop_push(new)
-        if self.stopper.held:
-            if self._held_since is None:
-                self._held_since = self.clock()
-        elif self._held_since is not None:
-            self._t["stop_buffer"] += self.clock() - self._held_since
-            self._held_since = None
-    if self.token_stopper is not None:
-        safe, hit = self._token_stop(token, safe, hit)
-    if hit is not None and self._stop_kept and hit.kind is StopKind.STRING:
-        safe += hit.stop.encode("utf-8")
-""",
-    "finish_checks": """
-event = self._winner(self, eos, safe, hit, t, checked)
-""",
-    # a chunk the content policy refused is never sent (D11); nothing to check: straight to the stream
-    "emit": """
-if safe and event != _CONTENT_INTERRUPT:
-    if self._plain_send:
-        try:
-            self._put_delta(safe)
-        except StreamOverflow as exc:
-            return self._send_failed(exc.seq, str(exc))
-        self.output += safe
-    elif not self._send(safe):
-        return False
-""",
-    # the output ends at a match whichever check fixes the reason; after an interruption nothing is kept
-    "decode": """
-if hit is not None and event != _CONTENT_INTERRUPT:
-    self._record_hit(hit)
-if event is None:
-    return True
-self.fire(event)
-return False
-""",
-}
-_OBSERVE = ("observe_cancel", "observe_deadline")
-
-
-def step_functions(step: Sequence[Any]) -> tuple[Callable[..., bool], Callable[..., bool]]:
-    """(check_point, select) generated from a lifecycle table's [[step]] (its StepPhase list):
-    `check_point(run)` is check_cancel_or_deadline (§4.3), True when the run may go on selecting;
-    `select(run, token=None)` chooses y_t and runs every other phase on it, True when y_t must be
-    decoded next. Each phase's code is STEP_CODE's, checked both ways against the list."""
-    order = [p.phase for p in step]
-    if sorted(order) != sorted(STEP_CODE):
-        raise RuntimeError(f"lifecycle [[step]] and runtime/runner.STEP_CODE differ: listed {order}, "
-                           f"implemented {list(STEP_CODE)}")
-
-    def build(name: str, signature: str, phases: list[str], head: str, tail: str) -> Callable[..., bool]:
-        body = head + "".join(STEP_CODE[p] for p in phases) + tail
-        source = f"def {name}({signature}):\n" + "".join(f"    {line}\n" if line else "\n"
-                                                         for line in body.strip("\n").split("\n"))
-        namespace: dict[str, Any] = {}
-        exec(compile(source, f"<{_LIFECYCLE.source} step>", "exec"), globals(), namespace)
-        fn = namespace[name]
-        fn.__doc__ = source
-        return fn
-
-    check_point = build("check_point", "self", [p for p in order if p in _OBSERVE], "", "return True")
-    select = build("select", "self, token=None", [p for p in order if p not in _OBSERVE],
-                   'new, safe, hit, event = b"", b"", None, None\n', "")
-    return check_point, select
-
-
-def _install_step() -> None:
-    """RequestRun's check_point and select: the shipped (or DECODESPEC_SPEC_DIR's) table's step."""
-    if not _LIFECYCLE.step:
-        raise RuntimeError(f"{_LIFECYCLE.source}: declares no [[step]]; the runtime runs the loop's step from it")
-    RequestRun.check_point, RequestRun.select = step_functions(_LIFECYCLE.step)
-
-
-_install_step()
 
 
 # ---- the runtime's implementation of every lifecycle effect (machine/actions.py) -------------

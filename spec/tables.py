@@ -44,7 +44,7 @@ class FinishCheck:
     note: str = ""
     # A token check: it holds when the selected token is one the request names for this event
     # (Request.finish_tokens), a token that is not text (like EOS, never detokenized). Any other
-    # check is a condition implemented once in runtime/runner.FINISH_CHECKS.
+    # check is a condition implemented once in runtime/finish.FINISH_CHECKS.
     tokens: bool = False
     # The guards (the table's [finish_guards]) that turn this check off while one holds; only a
     # check whose token is not text (eos, a token check) may have them (DECISIONS D31).
@@ -54,7 +54,7 @@ class FinishCheck:
 @attrs.frozen
 class StepPhase:
     """One phase of the §4.3 loop's step (a lifecycle table's [[step]], in its order): the runtime
-    (runner.STEP_CODE) and the checker model (checker_model.Model) each run the phases in it."""
+    (runtime/stepgen.PHASES) and the checker model (checker_model.Model) each run the phases in it."""
 
     phase: str
     anchor: str

@@ -4,14 +4,18 @@ changes what the runtime reports, and token-id and string stops share one cut (i
 
 from __future__ import annotations
 
+import inspect
+import itertools
 import json
+from types import SimpleNamespace
 
 import pytest
 from _spec_kit import probe, spec_copy
 
 from decodespec.properties import check_trace
 from decodespec.runtime import ByteTableTokenizer, EventKind, Request, ScriptedModel, generate
-from decodespec.runtime.runner import FINISH_CHECKS, finish_checker
+from decodespec.runtime import runner, stepgen
+from decodespec.runtime.finish import FINISH_CHECKS, Composed, finish_checks
 from decodespec.spec import FinishReason, load_spec
 from decodespec.spec.loader import SPEC_DIR, SpecError, load_text
 
@@ -41,16 +45,50 @@ def test_every_listed_check_has_one_implementation_and_every_implementation_is_l
     listed = [c.event for c in load_spec("lifecycle").finish_checks if not c.tokens]  # token checks need no code
     assert sorted(listed) == sorted(FINISH_CHECKS)
     with pytest.raises(RuntimeError, match="implemented but not listed"):
-        finish_checker(load_spec("lifecycle").finish_checks[:-1])
+        finish_checks(load_spec("lifecycle").finish_checks[:-1])
 
 
-def test_the_checker_is_generated_from_the_list_in_its_order():
-    checks = load_spec("lifecycle").finish_checks
-    src = finish_checker(checks).__doc__
-    positions = [src.index(f"return {c.event!r}") for c in checks if not c.tokens]  # a request names their tokens
+def test_the_runtime_runs_the_checks_in_the_lists_order():
+    """The shipped list runs as one function with finish.py's conditions inline, in its order; any
+    other list runs its checks one by one in its own order."""
+    table = load_spec("lifecycle")
+    assert [event for event, _ in finish_checks(table.finish_checks)] == [c.event for c in table.finish_checks]
+    assert runner._winner_of(table) is runner._shipped_finish_checks
+    src = inspect.getsource(runner._shipped_finish_checks)
+    positions = [src.index(f'return "{c.event}"') for c in table.finish_checks]
     assert positions == sorted(positions)
-    reordered = finish_checker(checks[::-1]).__doc__
-    assert reordered.index("return 'grammar_done'") < reordered.index("return 'eos'")
+    length = next(c for c in table.finish_checks if c.event == "length")
+    assert stepgen.condition(length) == "t >= run.request.max_output_tokens" and stepgen.condition(length) in src
+    reordered = runner._winner_of(_lifecycle_with(_length_first))
+    assert isinstance(reordered, Composed) and [e for e, _ in reordered.checks][:2] == ["length", "eos"]
+
+
+class _Grammar:
+    def complete(self, text: str) -> bool:
+        return text.endswith("A")
+
+
+def _stub_run(policy, grammar, cache_length):
+    request = SimpleNamespace(content_policy=policy, grammar=grammar, max_output_tokens=3)
+    return SimpleNamespace(request=request, output=bytearray(b"x"), echo_len=0, finish_ids={"tool_call": frozenset({7})},
+                           cache=SimpleNamespace(length=cache_length), model=SimpleNamespace(context_limit=10),
+                           consumed_text=lambda safe: (b"x" + safe).decode())
+
+
+def test_the_inline_checks_and_the_checks_one_by_one_agree_on_every_input():
+    """The function written from finish.py and its checks composed in the same order pick the same
+    event for every combination of the step's locals and the request's features."""
+    composed = Composed(finish_checks(load_spec("lifecycle").finish_checks))
+    refuses_a = lambda sent, chunk: chunk == b"A"  # noqa: E731
+    seen = set()
+    for policy, grammar, cache_length in itertools.product((None, refuses_a), (None, _Grammar()), (1, 9)):
+        run = _stub_run(policy, grammar, cache_length)
+        for eos, safe, hit, t, token in itertools.product((False, True), (b"", b"A", b"B"), (None, "hit"), (1, 3),
+                                                         (None, 7, 8)):
+            want = composed(run, eos, safe, hit, t, token)
+            assert runner._shipped_finish_checks(run, eos, safe, hit, t, token) == want
+            seen.add(want)
+    assert seen == {None, *(c.event for c in load_spec("lifecycle").finish_checks)}
 
 
 @pytest.mark.parametrize(("entry", "problem"), [

@@ -16,7 +16,7 @@ from decodespec.machine.checker_model import Model, ModelConfig
 from decodespec.machine.diagrams import to_dot, to_mermaid
 from decodespec.properties import check_trace
 from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, generate
-from decodespec.runtime.runner import FINISH_GUARDS, finish_guard
+from decodespec.runtime.finish import FINISH_GUARDS, finish_guard
 from decodespec.spec import FinishReason, load_spec
 from decodespec.spec.loader import SPEC_DIR, SpecError, load_text
 
@@ -88,12 +88,12 @@ def test_the_runtime_and_the_model_implement_exactly_the_declared_guards():
         Model({"lifecycle": extra})
 
 
-def test_the_runtime_guard_is_generated_from_the_table_with_the_requests_features():
+def test_the_runtime_guard_is_composed_from_the_table_with_the_requests_features():
     checks, guards = load_spec("lifecycle").finish_checks, load_spec("lifecycle").finish_guards
     assert finish_guard(checks, guards, frozenset()) is None  # a plain request pays nothing
-    src = finish_guard(checks, guards).__doc__
-    assert "if token in run.eos_ids:" in src and "run.request.ignore_eos or t <= run.request.min_tokens" in src
-    assert "ignore_eos" not in finish_guard(checks, guards, frozenset({"min_tokens"})).__doc__
+    ignore_eos, min_tokens = FINISH_GUARDS["ignore_eos"][0], FINISH_GUARDS["min_tokens"][0]
+    assert finish_guard(checks, guards).rules == (("eos", (ignore_eos, min_tokens)),)
+    assert finish_guard(checks, guards, frozenset({"min_tokens"})).rules == (("eos", (min_tokens,)),)
 
 
 def test_the_runtime_follows_a_guard_taken_off_in_a_spec_copy(tmp_path):

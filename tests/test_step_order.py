@@ -1,18 +1,25 @@
-"""The order of one step of the §4.3 loop is the lifecycle table's [[step]] (DECISIONS D53, issue 27
-item 3): the loader refuses an order in which a phase comes before what it reads, the runtime's
-check_point and select are generated from the list, and a reordered copy of spec/ changes what the
-runtime returns and what the checker model explores alike."""
+"""The order of one step of the §4.3 loop is the lifecycle table's [[step]] (DECISIONS D53): the
+loader refuses an order in which a phase comes before what it reads, the runtime runs the
+check_point and select written for the table's order (runtime/stepgen.py writes one for every
+order the loader accepts into runtime/runner.py, as code a traceback can name), and a reordered
+copy of spec/ changes what the runtime returns and what the checker model explores alike."""
 
 from __future__ import annotations
 
+import inspect
+import traceback
+from pathlib import Path
+
 import pytest
 from _spec_kit import probe, spec_copy
+from click.testing import CliRunner
 from _step_kit import move_phase
 
 from decodespec.machine.checker_model import F_CANCEL, F_DEADLINE, F_LC, F_PC, P_TOP, Model
-from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, generate
+from decodespec.cli import main
+from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, generate, runner, stepgen
 from decodespec.runtime.faults import Fault, FaultPlan
-from decodespec.runtime.runner import STEP_CODE, RequestRun, step_functions
+from decodespec.runtime.runner import RequestRun
 from decodespec.spec import FinishReason, load_spec
 from decodespec.spec.loader import SPEC_DIR, SpecError, load_text
 from decodespec.spec.vocabulary import STEP_NEEDS
@@ -30,7 +37,7 @@ def test_the_shipped_step_is_the_order_of_the_reference_loop():
         "observe_cancel", "observe_deadline", "choose", "consume", "push_bytes", "stop", "finish_checks", "emit",
         "decode"]
     assert all(p.anchor.startswith("§4.") for p in load_spec("lifecycle").step)
-    assert set(STEP_CODE) == set(STEP_NEEDS)
+    assert set(stepgen.PHASES) == set(STEP_NEEDS)
 
 
 @pytest.mark.parametrize(("edit", "problem"), [
@@ -47,19 +54,67 @@ def test_a_step_out_of_order_is_refused_naming_the_phase(edit, problem):
         load_text(edit(_lifecycle()), "lifecycle.toml")
 
 
-def test_the_runtime_step_is_generated_from_the_list_in_its_order():
-    steps = load_spec("lifecycle").step
-    check_point, select = step_functions(steps)
-    assert RequestRun.select.__doc__ == select.__doc__ and RequestRun.check_point.__doc__ == check_point.__doc__
-    assert check_point.__doc__.index("_cancel_requested") < check_point.__doc__.index("_deadline_forced")
-    assert select.__doc__.index("self._winner(") < select.__doc__.index("self._put_delta(")
+def _order(table) -> tuple[str, ...]:
+    return tuple(p.phase for p in table.step)
+
+
+def test_the_runtime_runs_the_step_written_for_the_tables_order():
+    """check_point and select are the functions runner.py holds for the shipped order; a reordered
+    table gets the pair whose phases run in its order."""
+    shipped = load_spec("lifecycle")
+    assert (RequestRun.check_point, RequestRun.select) == runner._STEPS[_order(shipped)] == runner._step_of(shipped)
+    check_point, select = inspect.getsource(RequestRun.check_point), inspect.getsource(RequestRun.select)
+    assert check_point.index("_cancel_requested") < check_point.index("_deadline_forced")
+    assert select.index("self._winner(") < select.index("self._put_delta(")
     swapped = load_text(move_phase(move_phase(_lifecycle(), "observe_deadline", "observe_cancel"), "emit",
-                                   "finish_checks"), "lifecycle.toml").step
-    check_point, select = step_functions(swapped)
-    assert check_point.__doc__.index("_deadline_forced") < check_point.__doc__.index("_cancel_requested")
-    assert select.__doc__.index("self._put_delta(") < select.__doc__.index("self._winner(")
-    with pytest.raises(RuntimeError, match="STEP_CODE differ"):
-        step_functions(steps[:-1])
+                                   "finish_checks"), "lifecycle.toml")
+    check_point, select = (inspect.getsource(f) for f in runner._step_of(swapped))
+    assert check_point.index("_deadline_forced") < check_point.index("_cancel_requested")
+    assert select.index("self._put_delta(") < select.index("self._winner(")
+
+
+def test_every_order_the_loader_accepts_has_its_step_and_runner_holds_what_stepgen_writes():
+    """The block of runner.py between stepgen's marker lines is `stepgen.block()` (run `decodespec
+    codegen` after changing a phase or STEP_NEEDS): one pair for each order of STEP_NEEDS."""
+    assert stepgen.current() == stepgen.block()
+    out = CliRunner().invoke(main, ["codegen", "--check"])
+    assert out.exit_code == 0 and "up to date" in out.output, out.output
+    observe = stepgen.orders(stepgen.OBSERVE)
+    rest = stepgen.orders([p for p in STEP_NEEDS if p not in stepgen.OBSERVE])
+    assert set(runner._STEPS) == {(*a, *b) for a in observe for b in rest} and len(runner._STEPS) == 4
+    # a phase whose code changed, or a phase the code lacks, is a different block or a clear error
+    edited = {**stepgen.PHASES, "emit": stepgen.Phase("§4.7", "sent", "pass\n")}
+    assert stepgen.block(phases=edited) != stepgen.current()
+    with pytest.raises(ValueError, match="STEP_NEEDS and runtime/stepgen.PHASES differ"):
+        stepgen.block({**STEP_NEEDS, "flush": ("emit",)})
+    no_step = load_text(_lifecycle().replace("[[step]]\nphase", "[[step-x]]\nphase"), "lifecycle.toml")
+    with pytest.raises(RuntimeError, match="declares no \\[\\[step\\]\\]"):
+        runner._step_of(no_step)
+
+
+def test_a_failure_inside_the_step_names_runner_py_and_the_line():
+    """A check that raises (here the request's content policy) shows the step's frames as code: the
+    select written for the table's order and the shipped finish checks, in runner.py, each with the
+    line that was running."""
+    def policy(sent: bytes, chunk: bytes) -> bool:
+        raise RuntimeError("policy failed")
+
+    run = RequestRun(Request([1], max_output_tokens=3, content_policy=policy), model=ScriptedModel([2], vocab_size=6),
+                     tokenizer=TOK)
+    run.admit()
+    run.check_point()
+    run.begin_prefill()
+    run.end_prefill(*run.model.prefill([1]))
+    with pytest.raises(RuntimeError, match="policy failed") as caught:
+        run.select(2)
+    frames = {f.name: f for f in traceback.extract_tb(caught.value.__traceback__)}
+    lines = Path(runner.__file__).read_text(encoding="utf-8").splitlines()
+    for name, line in ((RequestRun.select.__name__, "event = self._winner(self, eos, safe, hit, t, checked)"),
+                       ("_shipped_finish_checks", "and run.request.content_policy(bytes(run.output), safe)):")):
+        frame = frames[name]
+        assert Path(frame.filename) == Path(runner.__file__) and frame.line == line, frame
+        assert lines[frame.lineno - 1].strip() == line
+    assert "policy" in frames  # and the policy's own frame below them
 
 
 def _both_pending() -> tuple[int, ...]:
