@@ -32,7 +32,8 @@ def test_an_exchange_that_is_no_http_request_gets_no_curl_line():
     for the HTTP exchanges only."""
     call = {"call": "complete", "request": {"prompt": [1, 2], "max_tokens": 3}, "answer": {"choices": []}}
     text = replay(_failed(CASES[0], [call, HTTP]))
-    assert text.count("curl ") == 1 and '"$URL/v1/completions"' in text
+    requests = [line for line in text.splitlines() if line.startswith("curl ")]
+    assert len(requests) == 1 and '"$URL/v1/completions"' in requests[0], text
 
 
 def test_a_case_the_writer_cannot_render_is_marked_and_the_report_is_written(tmp_path):
