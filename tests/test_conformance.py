@@ -292,11 +292,11 @@ def test_a_report_reruns_on_exactly_its_own_cases_and_a_stale_one_is_refused(tmp
 
 def test_a_python_adapter_plugs_in_as_module_factory(tmp_path, monkeypatch):
     """`--engine module:factory` loads an in-house adapter (here one wrapping the reference)."""
-    (tmp_path / "my_engine.py").write_text(
+    (tmp_path / "wrapped_reference.py").write_text(
         "from decodespec.properties.conformance.adapters.reference import ReferenceAdapter\n"
         "def make():\n    a = ReferenceAdapter()\n    a.name = 'my-engine'\n    return a\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    out = CliRunner().invoke(main, ["conform", "--engine", "my_engine:make", "--select", "stop/cross-token/001"])
+    out = CliRunner().invoke(main, ["conform", "--engine", "wrapped_reference:make", "--select", "stop/cross-token/001"])
     assert out.exit_code == 0, out.output
     assert "1 of 1 cases ran; no findings; 1 pass (100%)" in out.output
 

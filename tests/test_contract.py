@@ -139,13 +139,16 @@ def ckpts(tmp_path_factory):
 @pytest.fixture
 def engine(monkeypatch):
     """examples/my_engine.py importable as `my_engine:make`, over my_llm; its BUGS, to plant one."""
+    names = ("my_engine", "my_llm", "no_stream", "broken")
+    for name in names:  # a module of that name another test imported is not the example
+        monkeypatch.delitem(sys.modules, name, raising=False)
     monkeypatch.syspath_prepend(str(EXAMPLE.parent))
     monkeypatch.syspath_prepend(str(ENGINE.parent))
     import my_llm
 
     yield my_llm.BUGS
     my_llm.BUGS.clear()
-    for name in ("my_engine", "my_llm", "no_stream", "broken"):
+    for name in names:
         sys.modules.pop(name, None)
 
 
