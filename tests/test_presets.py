@@ -159,7 +159,9 @@ def test_a_missing_engine_fails_before_anything_is_built(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setenv("DECODESPEC_CACHE", str(tmp_path / "cache"))
     res = CliRunner().invoke(main, ["conform", "--preset", "vllm", "--select", "stop/cross-token/001"])
-    assert res.exit_code == 2 and "runs `vllm`, which is not on PATH. Install it: pip install vllm" in res.output
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2 and "runs `python -m vllm.entrypoints.openai.api_server`, which" in said, res.output
+    assert "cannot import. Install it: pip install vllm" in said, res.output
     assert not (tmp_path / "cache").exists()
 
 
