@@ -16,7 +16,8 @@ level at once over numpy arrays (every request's moves as flat arrays, a level's
 computed in blocks and deduplicated in a dense array of marks indexed by the free places and the
 rank of the request ids as a multiset), so the product costs a few array operations a block
 instead of Python bytecode a transition. Checked, in every state: the "state"
-and "both" invariants of spec/invariants.toml; that every run can reach its end (a non-terminal
+and "both" invariants of spec/invariants.toml (machine/checker_invariants.py on each request's
+state, checker_model.STEP_CHECKS on each step, SEARCH_CHECKS here); that every run can reach its end (a non-terminal
 state with no successor is a deadlock, one from which no end is reachable a livelock); and every
 sometimes-property has a witness. Each finding comes with the SHORTEST path (BFS parent pointers)
 as a replayable list of (request, machine, state, event) steps.
@@ -35,15 +36,27 @@ import numpy as np
 
 from ..spec import DecisionKind, Table
 from ..spec.invariants import load_invariants
+from .checker_invariants import STATE_CHECKS, state_violations
 from .checker_model import (
-    F_LC, F_PC, F_REASON, FAULTS, FINISH_GUARDS, MAX_REQUESTS, PC_NAMES, POOL_WITNESSES, REASONS, WITNESS_NEEDS,
-    WITNESSES, Model, ModelConfig, config_offers,
+    F_LC, F_PC, F_REASON, FAULTS, FINISH_GUARDS, MAX_REQUESTS, PC_NAMES, POOL_WITNESSES, REASONS, STEP_CHECKS,
+    WITNESS_NEEDS, WITNESSES, Model, ModelConfig, config_offers,
 )
 
 _MASK = (1 << 21) - 1  # request ids stay under 2M
 _MAX_INDEX = 1 << 31  # entries of the dense index of states seen (4 bytes each)
 _BLOCK = 1 << 16  # frontier states expanded at once (some 300k moves)
 _LIVENESS = "every_run_terminates"
+# What the product search checks itself, beside the state checks and what the steps report.
+SEARCH_CHECKS = {
+    _LIVENESS: "_Search.run and _liveness: a state with no successor (deadlock) or no way to an end (livelock)",
+    "release_exactly_once": "_Search._check_state: the free batch places plus the held ones are the slots",
+}
+
+
+def registry_mismatch() -> tuple[list[str], list[str]]:
+    """(state invariants the checker does not judge, names it judges that are no state invariant):
+    its state checks, its steps' reports and its search together, against spec/invariants.toml."""
+    return STATE_CHECKS.mismatch(elsewhere={*STEP_CHECKS, *SEARCH_CHECKS})
 
 
 @attrs.frozen
@@ -169,7 +182,7 @@ class _Local:
                 raise RuntimeError("model too large for the state encoding (over 2M distinct requests)")
             self.comps.append(comp)
             self.succ.append(None)
-            self.bad.append(self.model.state_violations(comp))
+            self.bad.append(state_violations(self.model, comp))
         return cid
 
     def successors(self, cid: int) -> list:
@@ -182,7 +195,7 @@ class _Local:
                 wit = tuple(self.model.witnesses(comp, post, step.fired)) if not step.dead else ()
                 lab = len(self.labels)
                 self.labels.append((cid, step.label, tuple(step.fired), wit))
-                for name, msg, _ in step.bad:
+                for name, msg in step.bad:
                     self.edge_bad_of.setdefault(cid, []).append(len(self.edge_bad))
                     self.edge_bad.append((cid, lab, step.needs_slot, name, msg))
                 if not step.dead:

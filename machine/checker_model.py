@@ -22,7 +22,7 @@ Every control step fires the table event the runtime would fire (runtime/runner.
 in the same order), so the tables decide: a table change changes the explored behaviour. A step
 that the table refuses ends that branch with a `refinement` violation. Edge checks (a transition
 that breaks an invariant) and witnesses (sometimes-properties) are attached to each local step;
-state checks are evaluated once per distinct request tuple (`Model.state_violations`).
+state checks are evaluated once per distinct request tuple (machine/checker_invariants.py).
 """
 
 from __future__ import annotations
@@ -178,6 +178,22 @@ class Tag:
     fault: bool = False
 
 
+# The invariants a model step reports as it happens (Step.violate), and where. The rest of the
+# checker's side: the state checks (machine/checker_invariants.py) and the search (checker.py).
+STEP_CHECKS = {
+    "refinement": "Step.fire: the loop fires an event the table refuses",
+    "terminal_irreversible": "Step.fire: a row leaves a terminal state",
+    "observed_cancel_ends_cancelled": "Step.lc: a terminal transition out of CANCEL_REQUESTED other than CANCELLED",
+    "transport_failure_reported_as_such": "Step.lc: a transport error ends the request with another reason",
+    "no_select_after_cancel_observed": "Step.lc: a selection in CANCEL_REQUESTED",
+    "no_select_while_draining": "Step.lc: a selection in DRAINING",
+    "nothing_after_stop_hit": "Step.lc and Model._send: a selection or a delta after the stop hit",
+    "release_exactly_once": "the free effect: a resource freed twice",
+    "refused_chunk_never_sent": "Model._interrupt: a step order that sends the chunk the content policy refuses",
+    "no_delta_after_terminal": "Model._send: a delta sent after the terminal event",
+}
+
+
 class Step:
     """One local transition under construction: the fields it changes and the events it fires."""
 
@@ -188,7 +204,7 @@ class Step:
         self.m = model
         self.f = list(comp)
         self.fired: list[tuple[str, str, str]] = []
-        self.bad: list[tuple[str, str, tuple[str, str, str] | None]] = []
+        self.bad: list[tuple[str, str]] = []  # (invariant, message): what this step breaks
         self.pool = 0
         self.needs_slot = False
         self.label = label
@@ -211,8 +227,14 @@ class Step:
             return run_phases(None, (), int, refused=lambda: self._refused(name, mach.states[s], event))
         target, is_row, reason, plan = entry
         if mach.terminal[s] and target != s:
-            self.bad.append(("terminal_irreversible", f"{name} left terminal state {mach.states[s]} on '{event}'", None))
+            self.violate("terminal_irreversible", f"{name} left terminal state {mach.states[s]} on '{event}'")
         return run_phases(plan, (self, field, target, reason), self._enter, (name, mach.states[s], event, field, target))
+
+    def violate(self, name: str, message: str) -> None:
+        """Report that this step breaks invariant `name` (one of STEP_CHECKS)."""
+        if name not in STEP_CHECKS:
+            raise KeyError(f"a model step reports '{name}', which STEP_CHECKS does not list")
+        self.bad.append((name, message))
 
     def _enter(self, name: str, state: str, event: str, field: int, target: int) -> int:
         """The state change of a fired step: recorded as fired, the machine's field set."""
@@ -222,7 +244,7 @@ class Step:
 
     def _refused(self, name: str, state: str, event: str) -> None:
         self.fired.append((name, state, event))
-        self.bad.append(("refinement", f"{name}: the loop fires '{event}' in {state} and the table refuses it", None))
+        self.violate("refinement", f"{name}: the loop fires '{event}' in {state} and the table refuses it")
         self.dead = True
 
     # ---- helpers the loop steps share -----------------------------------------------------
@@ -240,22 +262,22 @@ class Step:
         life = self.m.life
         if life.terminal[target] and not life.terminal[before]:
             if life.states[before] == "CANCEL_REQUESTED" and life.states[target] != "CANCELLED":
-                self.bad.append(("observed_cancel_ends_cancelled", f"a cancel was observed, then '{event}' ends "
-                                 f"{life.states[target]}", None))
+                self.violate("observed_cancel_ends_cancelled", f"a cancel was observed, then '{event}' ends "
+                             f"{life.states[target]}")
             if event == "transport_error" and REASONS[self.f[F_REASON]] != FinishReason.TRANSPORT_ERROR:
-                self.bad.append(("transport_failure_reported_as_such", f"a transport error ends {life.states[target]} "
-                                 f"with reason {REASONS[self.f[F_REASON]]}", None))
+                self.violate("transport_failure_reported_as_such", f"a transport error ends {life.states[target]} "
+                             f"with reason {REASONS[self.f[F_REASON]]}")
         return life.states[target]
 
     def _select_checks(self) -> None:
         f = self.f
         life = self.m.life.states[f[F_LC]]
         if life == "CANCEL_REQUESTED":
-            self.bad.append(("no_select_after_cancel_observed", "a token is selected after the cancel was observed", None))
+            self.violate("no_select_after_cancel_observed", "a token is selected after the cancel was observed")
         elif life == "DRAINING":
-            self.bad.append(("no_select_while_draining", "a token is selected in DRAINING", None))
+            self.violate("no_select_while_draining", "a token is selected in DRAINING")
         if REASONS[f[F_REASON]] == FinishReason.STOP_SEQUENCE or self.m.stop.states[f[F_SM]] in ("HIT", "DISCARDED"):
-            self.bad.append(("nothing_after_stop_hit", "a token is selected after the stop hit", None))
+            self.violate("nothing_after_stop_hit", "a token is selected after the stop hit")
 
     def release(self, kind: str) -> None:
         field = RES_FIELD[kind]
@@ -388,7 +410,7 @@ STREAM.abstracts("resume", "the OPEN state is the fact: the loop sends again")
 def _free(s: Step, field: int, target: int, reason: int) -> None:
     bit = 1 << (field - F_TH)
     if s.f[F_FREED] & bit:
-        s.bad.append(("release_exactly_once", f"{RESOURCE_KINDS[field - F_TH]} freed twice", None))
+        s.violate("release_exactly_once", f"{RESOURCE_KINDS[field - F_TH]} freed twice")
     s.f[F_FREED] |= bit
 
 
@@ -463,7 +485,7 @@ class Model:
         self._places = _places(self.seq)  # per sequence state: does it hold a batch place?
         # guards: per sequence state, the allowed events that would take a second place or give
         # back one it does not hold (what the Engine must be refused, as a second acquire is)
-        self._place_guards = tuple(
+        self.place_guards = tuple(
             tuple((e, "takes a second place" if self._places[i] else "gives back a place it does not hold")
                   for e, (_, _, _, plan) in self.seq.step[i].items()
                   if (plan.has("take_place") and self._places[i]) or (plan.has("give_place") and not self._places[i]))
@@ -761,8 +783,8 @@ class Model:
             # A [[step]] that emits before the finish checks (D53): the chunk goes out, then the
             # policy refuses it (P_INTERRUPT).
             if nonempty and s.passed and s.released:
-                s.bad.append(("refused_chunk_never_sent", "the chunk the content policy refuses is sent before "
-                              "the finish checks judge it", None))
+                s.violate("refused_chunk_never_sent", "the chunk the content policy refuses is sent before "
+                          "the finish checks judge it")
             s.out(nonempty, P_INTERRUPT)
             return
         self._interrupted(s)
@@ -820,9 +842,9 @@ class Model:
         if c[F_BUF] < self.config.buffer_cap or st != "OPEN":
             s = self._new(c, out, "loop: delta queued on the stream", Tag("delta"))
             if c[F_TERMS] or self.stream.terminal[c[F_ST]]:
-                s.bad.append(("no_delta_after_terminal", "a delta is sent after the terminal event", None))
+                s.violate("no_delta_after_terminal", "a delta is sent after the terminal event")
             if REASONS[c[F_REASON]] == FinishReason.STOP_SEQUENCE or self.stop.states[c[F_SM]] == "DISCARDED":
-                s.bad.append(("nothing_after_stop_hit", "a delta is sent after the stop hit", None))
+                s.violate("nothing_after_stop_hit", "a delta is sent after the stop hit")
             if s.fire("stream", "delta") is not None:  # the row's effect queues it (seq, unread)
                 s.f[F_PC] = c[F_RET]
                 if s.f[F_BUF] >= self.config.buffer_cap and self._policy_names[c[F_POLICY]] == "pause":
@@ -937,79 +959,6 @@ class Model:
             "lost_bytes": bool(c[F_LOST]),
             "guard": self.guard_field(c),
         }
-
-    def state_violations(self, c: tuple[int, ...]) -> list[tuple[str, str, tuple[str, str, str] | None]]:
-        """State invariants of one request (scope "state"/"both" in spec/invariants.toml).
-
-        A third item names a step the tables would allow from here although they must refuse it
-        (a guard: the tables are the runtime's last line of defence against a wrong producer).
-        """
-        bad: list[tuple[str, str, tuple[str, str, str] | None]] = []
-        life, st = self.life.states[c[F_LC]], self.stream.states[c[F_ST]]
-        life_end, st_end = self.life.terminal[c[F_LC]], self.stream.terminal[c[F_ST]]
-        reason = REASONS[c[F_REASON]]
-        if life_end and st_end and self.stream_end_of.get(life) != st:
-            bad.append(("terminal_exclusive", f"lifecycle {life} but stream {st}", None))
-        if life_end != st_end and c[F_PC] != P_NEW:
-            bad.append(("terminal_with_transition", f"lifecycle {life} and stream {st}: one terminal without the other", None))
-        if c[F_TERMS] > 1:
-            bad.append(("single_terminal_event", f"{c[F_TERMS]} terminal events", None))
-        if c[F_PC] == P_DONE and c[F_TERMS] != 1:
-            bad.append(("single_terminal_event", "the request ended without a terminal event", None))
-        held = [k for k, f in RES_FIELD.items() if self.res.states[c[f]] == "HELD"]
-        if c[F_PC] == P_DONE and held:
-            bad.append(("no_leak", f"{held} still held at the end", None))
-        unfreed = [k for k, f in RES_FIELD.items() if self.res.states[c[f]] == "RELEASED" and not c[F_FREED] >> (f - F_TH) & 1]
-        if unfreed:
-            bad.append(("no_leak", f"{unfreed} released without their free callback (the row's action frees nothing)", None))
-        if c[F_LOST] and life == "FINISHED":
-            bad.append(("detok_concat_equals_batch", "output bytes neither sent nor discarded by a row", None))
-        if life_end and set(held) & set(MODEL_KINDS):
-            bad.append(("model_released_before_terminal", f"{sorted(set(held) & set(MODEL_KINDS))} held in {life}", None))
-        if c[F_SEL] - c[F_DEC] not in (0, 1):
-            bad.append(("selected_minus_decoded_0_or_1", f"selected {c[F_SEL]}, decoded {c[F_DEC]}", None))
-        if c[F_KERNEL] == 2 and c[F_SEL] != c[F_DEC] + 1:
-            bad.append(("decode_after_selected", f"decode in flight with selected {c[F_SEL]}, decoded {c[F_DEC]}", None))
-        if life == "CANCELLED" and c[F_KERNEL]:
-            bad.append(("no_kernel_in_flight_at_cancelled", "CANCELLED with a kernel in flight", None))
-        if (life in ("CANCELLED", "CANCEL_REQUESTED") or reason == FinishReason.CANCELLED) and c[F_CANCEL] == 0:
-            bad.append(("cancelled_only_if_requested", f"{life} without a cancel request", None))
-        if c[F_DEADLINE] == 2 and reason == FinishReason.CANCELLED:
-            bad.append(("deadline_not_cancelled", "deadline observed, reason cancelled", None))
-        if reason == FinishReason.EOS and c[F_EOS] != 1:
-            bad.append(("transport_not_eos", "reason eos without an EOS token", None))
-        field = self.guard_field(c)
-        if reason == FinishReason.EOS and life_end and (field == "ignore_eos" or field == "min_tokens" and c[F_SEL] <= MIN_TOKENS):
-            bad.append(("eos_guards_respected", f"a request with {field} ended with eos on token {c[F_SEL]}", None))
-        if life_end and reason not in self.reasons_of_state.get(life, ()):
-            bad.append(("finish_reason_matches_state", f"{life} with reason {reason}", None))
-        limit = self.config.max_output_tokens
-        if c[F_SEL] > limit or (reason == FinishReason.MAX_OUTPUT_TOKENS and c[F_SEL] != limit):
-            bad.append(("length_respected", f"{c[F_SEL]} selected, limit {limit}, reason {reason}", None))
-        if c[F_BUF] > self.config.buffer_cap:
-            bad.append(("stream_bounded", f"{c[F_BUF]} unread deltas, cap {self.config.buffer_cap}", None))
-        # guards: what the tables must refuse in this state
-        if life_end:
-            for e, (t, *_) in self.life.step[c[F_LC]].items():
-                if t != c[F_LC]:
-                    bad.append(("terminal_irreversible", f"the lifecycle table lets '{e}' leave {life}", ("lifecycle", life, e)))
-                    break
-        if st_end and self.stream.step[c[F_ST]].get("delta", (0, False, 0, None))[1]:
-            bad.append(("no_delta_after_terminal", f"the stream table accepts a delta in {st}", ("stream", st, "delta")))
-        if held and "acquire" in self.res.step[self.res.i("HELD")]:
-            bad.append(("release_exactly_once", f"the resources table accepts a second 'acquire' of {held[0]} in HELD "
-                        "(a second acquire would need a second release)", ("resources", "HELD", "acquire")))
-        for e, what in self._place_guards[c[F_SQ]]:
-            where = self.seq.states[c[F_SQ]]
-            bad.append(("release_exactly_once", f"the sequence table lets '{e}' in {where}: it {what}",
-                        ("sequence", where, e)))
-        if life == "CANCEL_REQUESTED" and "select" in self.life.step[c[F_LC]]:
-            bad.append(("no_select_after_cancel_observed", "the lifecycle table accepts 'select' in CANCEL_REQUESTED",
-                        ("lifecycle", life, "select")))
-        if life == "DRAINING" and "select" in self.life.step[c[F_LC]]:
-            bad.append(("no_select_while_draining", "the lifecycle table accepts 'select' in DRAINING",
-                        ("lifecycle", life, "select")))
-        return bad
 
     def witnesses(self, pre: tuple[int, ...], post: tuple[int, ...], fired: list[tuple[str, str, str]]) -> list[str]:
         """The sometimes-properties (WITNESSES) that this local step demonstrates: those its fired
