@@ -38,9 +38,10 @@ from ..spec import DecisionKind, Table
 from ..spec.invariants import load_invariants
 from .checker_invariants import STATE_CHECKS, state_violations
 from .checker_model import (
-    F_LC, F_PC, F_REASON, FAULTS, FINISH_GUARDS, MAX_REQUESTS, PC_NAMES, POOL_WITNESSES, REASONS, STEP_CHECKS,
-    WITNESS_NEEDS, WITNESSES, Model, ModelConfig, config_offers,
+    FAULTS, FINISH_GUARDS, MAX_REQUESTS, POOL_WITNESSES, REASONS, STEP_CHECKS, WITNESS_NEEDS, WITNESSES, Model,
+    ModelConfig, config_offers,
 )
+from .checker_state import PC_NAMES, RequestState
 
 _MASK = (1 << 21) - 1  # request ids stay under 2M
 _MAX_INDEX = 1 << 31  # entries of the dense index of states seen (4 bytes each)
@@ -166,15 +167,15 @@ class _Local:
 
     def __init__(self, model: Model) -> None:
         self.model = model
-        self.ids: dict[tuple[int, ...], int] = {}
-        self.comps: list[tuple[int, ...]] = []
+        self.ids: dict[RequestState, int] = {}
+        self.comps: list[RequestState] = []
         self.succ: list[list | None] = []
         self.bad: list[list] = []  # state violations per request id
         self.labels: list[tuple[int, str, tuple, tuple[str, ...]]] = []  # (src id, label, fired, witnesses)
         self.edge_bad: list[tuple[int, int, bool, str, str]] = []  # (src, label, needs slot, name, message)
         self.edge_bad_of: dict[int, list[int]] = {}
 
-    def intern(self, comp: tuple[int, ...]) -> int:
+    def intern(self, comp: RequestState) -> int:
         cid = self.ids.get(comp)
         if cid is None:
             cid = self.ids[comp] = len(self.comps)
@@ -191,7 +192,7 @@ class _Local:
             out = self.succ[cid] = []
             comp = self.comps[cid]
             for step in self.model.expand(comp):
-                post = tuple(step.f)
+                post = step.post()
                 wit = tuple(self.model.witnesses(comp, post, step.fired)) if not step.dead else ()
                 lab = len(self.labels)
                 self.labels.append((cid, step.label, tuple(step.fired), wit))
@@ -467,7 +468,7 @@ class _Search:
             stuck = (en == 0) & ~done[cols].all(axis=0)
             if stuck.any() and _LIVENESS not in found:
                 s = int(frontier[stuck.argmax()])
-                pcs = ", ".join(PC_NAMES[comps[c][F_PC]] for c in self._comps(s))
+                pcs = ", ".join(PC_NAMES[comps[c].pc] for c in self._comps(s))
                 found[_LIVENESS] = (s, -1, f"deadlock: no successor (loop at {pcs})", None)
             if ebad or missing:
                 first = _first_holding(cols, pool > 0, n)
@@ -605,7 +606,7 @@ class _Search:
             ok[grow] = True
         if not ok.all():
             s = min(seen[~ok].tolist(), key=self._depth)
-            pcs = ", ".join(PC_NAMES[self.local.comps[c][F_PC]] for c in self._comps(s))
+            pcs = ", ".join(PC_NAMES[self.local.comps[c].pc] for c in self._comps(s))
             self.found.setdefault(_LIVENESS, (s, -1, f"livelock: no way to an end (loop at {pcs})", None))
 
     def _parent(self, s: int) -> tuple[int, int]:
@@ -692,8 +693,8 @@ class _Search:
             if succ and expanded[cid]:
                 for _, nx, *_ in succ:
                     c = comps[nx]
-                    if life.terminal[c[F_LC]] and REASONS[c[F_REASON]] is not None:
-                        reached.add(REASONS[c[F_REASON]].value)
+                    if life.terminal[c.lifecycle] and REASONS[c.reason] is not None:
+                        reached.add(REASONS[c.reason].value)
         return tuple(sorted(declared - reached))
 
     def _never_fired(self, expanded: np.ndarray, kind: DecisionKind) -> dict[str, tuple[tuple[str, str], ...]]:

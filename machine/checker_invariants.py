@@ -2,7 +2,7 @@
 judges in a request's state, registered by name in `STATE_CHECKS` (a spec.invariants.Registry,
 the kind that holds the trace monitors of properties/monitors.py).
 
-A check takes the model and one request tuple of machine/checker_model.py and returns its
+A check takes the model and one request (machine/checker_state.RequestState) and returns its
 violations as (message, guard) pairs; a guard names a step the tables would allow from this state
 although they must refuse it (the tables are the runtime's last line of defence against a wrong
 producer), and the counterexample ends with that step. machine/checker.py evaluates every check
@@ -18,19 +18,17 @@ from collections.abc import Callable, Sequence
 
 from ..spec import FinishReason
 from ..spec.invariants import Registry, Scope
-from .checker_model import (
-    F_BUF, F_CANCEL, F_DEADLINE, F_DEC, F_EOS, F_FREED, F_KERNEL, F_LC, F_LOST, F_PC, F_REASON, F_SEL, F_SQ, F_ST,
-    F_TERMS, F_TH, MIN_TOKENS, MODEL_KINDS, P_DONE, P_NEW, REASONS, RES_FIELD, Model,
-)
+from .checker_model import MIN_TOKENS, MODEL_KINDS, REASONS, Model
+from .checker_state import CANCEL, DEADLINE, EOS, KERNEL, PC, RES_FIELD, F, RequestState
 
 Guard = tuple[str, str, str]  # (machine, state, event): a step the tables must refuse
 Found = Sequence[tuple[str, Guard | None]]
-StateCheck = Callable[[Model, tuple[int, ...]], Found]
+StateCheck = Callable[[Model, RequestState], Found]
 STATE_CHECKS: Registry[StateCheck] = Registry("state check", Scope.STATE)
 _OK: Found = ()
 
 
-def _held(m: Model, c: tuple[int, ...]) -> list[str]:
+def _held(m: Model, c: RequestState) -> list[str]:
     """The resource kinds the request holds."""
     return [k for k, f in RES_FIELD.items() if m.res.states[c[f]] == "HELD"]
 
@@ -39,27 +37,27 @@ def _held(m: Model, c: tuple[int, ...]) -> list[str]:
 
 
 @STATE_CHECKS.register("terminal_exclusive")
-def _terminal_exclusive(m: Model, c: tuple[int, ...]) -> Found:
-    life, st = m.life.states[c[F_LC]], m.stream.states[c[F_ST]]
-    if m.life.terminal[c[F_LC]] and m.stream.terminal[c[F_ST]] and m.stream_end_of.get(life) != st:
+def _terminal_exclusive(m: Model, c: RequestState) -> Found:
+    life, st = m.life.states[c.lifecycle], m.stream.states[c.stream]
+    if m.life.terminal[c.lifecycle] and m.stream.terminal[c.stream] and m.stream_end_of.get(life) != st:
         return ((f"lifecycle {life} but stream {st}", None),)
     return _OK
 
 
 @STATE_CHECKS.register("terminal_with_transition")
-def _terminal_with_transition(m: Model, c: tuple[int, ...]) -> Found:
-    if m.life.terminal[c[F_LC]] != m.stream.terminal[c[F_ST]] and c[F_PC] != P_NEW:
-        life, st = m.life.states[c[F_LC]], m.stream.states[c[F_ST]]
+def _terminal_with_transition(m: Model, c: RequestState) -> Found:
+    if m.life.terminal[c.lifecycle] != m.stream.terminal[c.stream] and c.pc != PC.new:
+        life, st = m.life.states[c.lifecycle], m.stream.states[c.stream]
         return ((f"lifecycle {life} and stream {st}: one terminal without the other", None),)
     return _OK
 
 
 @STATE_CHECKS.register("single_terminal_event")
-def _single_terminal_event(m: Model, c: tuple[int, ...]) -> Found:
+def _single_terminal_event(m: Model, c: RequestState) -> Found:
     out = []
-    if c[F_TERMS] > 1:
-        out.append((f"{c[F_TERMS]} terminal events", None))
-    if c[F_PC] == P_DONE and c[F_TERMS] != 1:
+    if c.terminals > 1:
+        out.append((f"{c.terminals} terminal events", None))
+    if c.pc == PC.done and c.terminals != 1:
         out.append(("the request ended without a terminal event", None))
     return out
 
@@ -68,32 +66,32 @@ def _single_terminal_event(m: Model, c: tuple[int, ...]) -> Found:
 
 
 @STATE_CHECKS.register("no_leak")
-def _no_leak(m: Model, c: tuple[int, ...]) -> Found:
+def _no_leak(m: Model, c: RequestState) -> Found:
     out = []
     held = _held(m, c)
-    if c[F_PC] == P_DONE and held:
+    if c.pc == PC.done and held:
         out.append((f"{held} still held at the end", None))
-    unfreed = [k for k, f in RES_FIELD.items() if m.res.states[c[f]] == "RELEASED" and not c[F_FREED] >> (f - F_TH) & 1]
+    unfreed = [k for k, f in RES_FIELD.items() if m.res.states[c[f]] == "RELEASED" and not c.freed >> (f - F.trace_handle) & 1]
     if unfreed:
         out.append((f"{unfreed} released without their free callback (the row's action frees nothing)", None))
     return out
 
 
 @STATE_CHECKS.register("detok_concat_equals_batch")
-def _detok_concat_equals_batch(m: Model, c: tuple[int, ...]) -> Found:
-    """§4.5 in the model, which keeps no bytes: a finished request lost none (F_LOST: output bytes
+def _detok_concat_equals_batch(m: Model, c: RequestState) -> Found:
+    """§4.5 in the model, which keeps no bytes: a finished request lost none (RequestState.lost: output bytes
     that a row neither sent nor discarded)."""
-    if c[F_LOST] and m.life.states[c[F_LC]] == "FINISHED":
+    if c.lost and m.life.states[c.lifecycle] == "FINISHED":
         return (("output bytes neither sent nor discarded by a row", None),)
     return _OK
 
 
 @STATE_CHECKS.register("model_released_before_terminal")
-def _model_released_before_terminal(m: Model, c: tuple[int, ...]) -> Found:
-    if m.life.terminal[c[F_LC]]:
+def _model_released_before_terminal(m: Model, c: RequestState) -> Found:
+    if m.life.terminal[c.lifecycle]:
         kept = set(_held(m, c)) & set(MODEL_KINDS)
         if kept:
-            return ((f"{sorted(kept)} held in {m.life.states[c[F_LC]]}", None),)
+            return ((f"{sorted(kept)} held in {m.life.states[c.lifecycle]}", None),)
     return _OK
 
 
@@ -101,16 +99,16 @@ def _model_released_before_terminal(m: Model, c: tuple[int, ...]) -> Found:
 
 
 @STATE_CHECKS.register("selected_minus_decoded_0_or_1")
-def _selected_minus_decoded(m: Model, c: tuple[int, ...]) -> Found:
-    if c[F_SEL] - c[F_DEC] not in (0, 1):
-        return ((f"selected {c[F_SEL]}, decoded {c[F_DEC]}", None),)
+def _selected_minus_decoded(m: Model, c: RequestState) -> Found:
+    if c.selected - c.decoded not in (0, 1):
+        return ((f"selected {c.selected}, decoded {c.decoded}", None),)
     return _OK
 
 
 @STATE_CHECKS.register("decode_after_selected")
-def _decode_after_selected(m: Model, c: tuple[int, ...]) -> Found:
-    if c[F_KERNEL] == 2 and c[F_SEL] != c[F_DEC] + 1:
-        return ((f"decode in flight with selected {c[F_SEL]}, decoded {c[F_DEC]}", None),)
+def _decode_after_selected(m: Model, c: RequestState) -> Found:
+    if c.kernel == KERNEL.decode and c.selected != c.decoded + 1:
+        return ((f"decode in flight with selected {c.selected}, decoded {c.decoded}", None),)
     return _OK
 
 
@@ -118,23 +116,23 @@ def _decode_after_selected(m: Model, c: tuple[int, ...]) -> Found:
 
 
 @STATE_CHECKS.register("no_kernel_in_flight_at_cancelled")
-def _no_kernel_in_flight_at_cancelled(m: Model, c: tuple[int, ...]) -> Found:
-    if m.life.states[c[F_LC]] == "CANCELLED" and c[F_KERNEL]:
+def _no_kernel_in_flight_at_cancelled(m: Model, c: RequestState) -> Found:
+    if m.life.states[c.lifecycle] == "CANCELLED" and c.kernel:
         return (("CANCELLED with a kernel in flight", None),)
     return _OK
 
 
 @STATE_CHECKS.register("cancelled_only_if_requested")
-def _cancelled_only_if_requested(m: Model, c: tuple[int, ...]) -> Found:
-    life = m.life.states[c[F_LC]]
-    if (life in ("CANCELLED", "CANCEL_REQUESTED") or REASONS[c[F_REASON]] == FinishReason.CANCELLED) and c[F_CANCEL] == 0:
+def _cancelled_only_if_requested(m: Model, c: RequestState) -> Found:
+    life = m.life.states[c.lifecycle]
+    if (life in ("CANCELLED", "CANCEL_REQUESTED") or REASONS[c.reason] == FinishReason.CANCELLED) and c.cancel == CANCEL.none:
         return ((f"{life} without a cancel request", None),)
     return _OK
 
 
 @STATE_CHECKS.register("deadline_not_cancelled")
-def _deadline_not_cancelled(m: Model, c: tuple[int, ...]) -> Found:
-    if c[F_DEADLINE] == 2 and REASONS[c[F_REASON]] == FinishReason.CANCELLED:
+def _deadline_not_cancelled(m: Model, c: RequestState) -> Found:
+    if c.deadline == DEADLINE.observed and REASONS[c.reason] == FinishReason.CANCELLED:
         return (("deadline observed, reason cancelled", None),)
     return _OK
 
@@ -143,35 +141,35 @@ def _deadline_not_cancelled(m: Model, c: tuple[int, ...]) -> Found:
 
 
 @STATE_CHECKS.register("transport_not_eos")
-def _transport_not_eos(m: Model, c: tuple[int, ...]) -> Found:
-    if REASONS[c[F_REASON]] == FinishReason.EOS and c[F_EOS] != 1:
+def _transport_not_eos(m: Model, c: RequestState) -> Found:
+    if REASONS[c.reason] == FinishReason.EOS and c.eos != EOS.ended:
         return (("reason eos without an EOS token", None),)
     return _OK
 
 
 @STATE_CHECKS.register("eos_guards_respected")
-def _eos_guards_respected(m: Model, c: tuple[int, ...]) -> Found:
+def _eos_guards_respected(m: Model, c: RequestState) -> Found:
     """D31: the request's guard field as FINISH_GUARDS reads it, independently of the table's list."""
     field = m.guard_field(c)
-    if (REASONS[c[F_REASON]] == FinishReason.EOS and m.life.terminal[c[F_LC]]
-            and (field == "ignore_eos" or field == "min_tokens" and c[F_SEL] <= MIN_TOKENS)):
-        return ((f"a request with {field} ended with eos on token {c[F_SEL]}", None),)
+    if (REASONS[c.reason] == FinishReason.EOS and m.life.terminal[c.lifecycle]
+            and (field == "ignore_eos" or field == "min_tokens" and c.selected <= MIN_TOKENS)):
+        return ((f"a request with {field} ended with eos on token {c.selected}", None),)
     return _OK
 
 
 @STATE_CHECKS.register("finish_reason_matches_state")
-def _finish_reason_matches_state(m: Model, c: tuple[int, ...]) -> Found:
-    life, reason = m.life.states[c[F_LC]], REASONS[c[F_REASON]]
-    if m.life.terminal[c[F_LC]] and reason not in m.reasons_of_state.get(life, ()):
+def _finish_reason_matches_state(m: Model, c: RequestState) -> Found:
+    life, reason = m.life.states[c.lifecycle], REASONS[c.reason]
+    if m.life.terminal[c.lifecycle] and reason not in m.reasons_of_state.get(life, ()):
         return ((f"{life} with reason {reason}", None),)
     return _OK
 
 
 @STATE_CHECKS.register("length_respected")
-def _length_respected(m: Model, c: tuple[int, ...]) -> Found:
-    limit, reason = m.config.max_output_tokens, REASONS[c[F_REASON]]
-    if c[F_SEL] > limit or (reason == FinishReason.MAX_OUTPUT_TOKENS and c[F_SEL] != limit):
-        return ((f"{c[F_SEL]} selected, limit {limit}, reason {reason}", None),)
+def _length_respected(m: Model, c: RequestState) -> Found:
+    limit, reason = m.config.max_output_tokens, REASONS[c.reason]
+    if c.selected > limit or (reason == FinishReason.MAX_OUTPUT_TOKENS and c.selected != limit):
+        return ((f"{c.selected} selected, limit {limit}, reason {reason}", None),)
     return _OK
 
 
@@ -179,9 +177,9 @@ def _length_respected(m: Model, c: tuple[int, ...]) -> Found:
 
 
 @STATE_CHECKS.register("stream_bounded")
-def _stream_bounded(m: Model, c: tuple[int, ...]) -> Found:
-    if c[F_BUF] > m.config.buffer_cap:
-        return ((f"{c[F_BUF]} unread deltas, cap {m.config.buffer_cap}", None),)
+def _stream_bounded(m: Model, c: RequestState) -> Found:
+    if c.unread > m.config.buffer_cap:
+        return ((f"{c.unread} unread deltas, cap {m.config.buffer_cap}", None),)
     return _OK
 
 
@@ -189,51 +187,51 @@ def _stream_bounded(m: Model, c: tuple[int, ...]) -> Found:
 
 
 @STATE_CHECKS.register("terminal_irreversible")
-def _terminal_irreversible(m: Model, c: tuple[int, ...]) -> Found:
+def _terminal_irreversible(m: Model, c: RequestState) -> Found:
     """§4.1: the first event the lifecycle table lets leave a terminal state."""
-    if m.life.terminal[c[F_LC]]:
-        life = m.life.states[c[F_LC]]
-        for e, (t, *_) in m.life.step[c[F_LC]].items():
-            if t != c[F_LC]:
+    if m.life.terminal[c.lifecycle]:
+        life = m.life.states[c.lifecycle]
+        for e, (t, *_) in m.life.step[c.lifecycle].items():
+            if t != c.lifecycle:
                 return ((f"the lifecycle table lets '{e}' leave {life}", ("lifecycle", life, e)),)
     return _OK
 
 
 @STATE_CHECKS.register("no_delta_after_terminal")
-def _no_delta_after_terminal(m: Model, c: tuple[int, ...]) -> Found:
+def _no_delta_after_terminal(m: Model, c: RequestState) -> Found:
     """§4.7: a terminal stream whose table accepts a delta as a row."""
-    if m.stream.terminal[c[F_ST]] and m.stream.step[c[F_ST]].get("delta", (0, False, 0, None))[1]:
-        st = m.stream.states[c[F_ST]]
+    if m.stream.terminal[c.stream] and m.stream.step[c.stream].get("delta", (0, False, 0, None))[1]:
+        st = m.stream.states[c.stream]
         return ((f"the stream table accepts a delta in {st}", ("stream", st, "delta")),)
     return _OK
 
 
 @STATE_CHECKS.register("release_exactly_once")
-def _release_exactly_once(m: Model, c: tuple[int, ...]) -> Found:
+def _release_exactly_once(m: Model, c: RequestState) -> Found:
     """§4.10: a second acquire of a held resource, a place taken twice or given back unheld."""
     out: list[tuple[str, Guard | None]] = []
     held = _held(m, c)
     if held and "acquire" in m.res.step[m.res.i("HELD")]:
         out.append((f"the resources table accepts a second 'acquire' of {held[0]} in HELD "
                     "(a second acquire would need a second release)", ("resources", "HELD", "acquire")))
-    where = m.seq.states[c[F_SQ]]
-    for e, what in m.place_guards[c[F_SQ]]:
+    where = m.seq.states[c.sequence]
+    for e, what in m.place_guards[c.sequence]:
         out.append((f"the sequence table lets '{e}' in {where}: it {what}", ("sequence", where, e)))
     return out
 
 
 @STATE_CHECKS.register("no_select_after_cancel_observed")
-def _no_select_after_cancel_observed(m: Model, c: tuple[int, ...]) -> Found:
+def _no_select_after_cancel_observed(m: Model, c: RequestState) -> Found:
     """§4.9: CANCEL_REQUESTED accepts no selection."""
-    if m.life.states[c[F_LC]] == "CANCEL_REQUESTED" and "select" in m.life.step[c[F_LC]]:
+    if m.life.states[c.lifecycle] == "CANCEL_REQUESTED" and "select" in m.life.step[c.lifecycle]:
         return (("the lifecycle table accepts 'select' in CANCEL_REQUESTED", ("lifecycle", "CANCEL_REQUESTED", "select")),)
     return _OK
 
 
 @STATE_CHECKS.register("no_select_while_draining")
-def _no_select_while_draining(m: Model, c: tuple[int, ...]) -> Found:
+def _no_select_while_draining(m: Model, c: RequestState) -> Found:
     """§4.1: DRAINING accepts no selection."""
-    if m.life.states[c[F_LC]] == "DRAINING" and "select" in m.life.step[c[F_LC]]:
+    if m.life.states[c.lifecycle] == "DRAINING" and "select" in m.life.step[c.lifecycle]:
         return (("the lifecycle table accepts 'select' in DRAINING", ("lifecycle", "DRAINING", "select")),)
     return _OK
 
@@ -241,6 +239,6 @@ def _no_select_while_draining(m: Model, c: tuple[int, ...]) -> Found:
 _CHECKS = tuple(STATE_CHECKS.registered().items())
 
 
-def state_violations(m: Model, c: tuple[int, ...]) -> list[tuple[str, str, Guard | None]]:
-    """(invariant, message, guard) for every state check that one request tuple breaks."""
+def state_violations(m: Model, c: RequestState) -> list[tuple[str, str, Guard | None]]:
+    """(invariant, message, guard) for every state check that one request breaks."""
     return [(name, msg, guard) for name, check in _CHECKS for msg, guard in check(m, c)]

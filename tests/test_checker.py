@@ -291,7 +291,8 @@ def test_no_cancel_is_observed_inside_a_paused_send():
     lifecycle cancel, and the parked check point does."""
     from collections import deque
 
-    from decodespec.machine.checker_model import F_PC, F_ST, P_SEND, PARKED_CANCEL, Model
+    from decodespec.machine.checker_model import PARKED_CANCEL, Model
+    from decodespec.machine.checker_state import PC
 
     model = Model(config=ModelConfig(policies=("pause",)))
     seen = set(model.initial())
@@ -301,10 +302,10 @@ def test_no_cancel_is_observed_inside_a_paused_send():
         comp = todo.popleft()
         for step in model.expand(comp):
             cancels = [f for f in step.fired if f == ("lifecycle", "DECODING", "cancel")]
-            if comp[F_PC] == P_SEND and model.stream.states[comp[F_ST]] == "PAUSED":
+            if comp.pc == PC.sending and model.stream.states[comp.stream] == "PAUSED":
                 assert not cancels, (step.label, cancels)
             parked_cancels += step.label == PARKED_CANCEL and bool(cancels)
-            post = tuple(step.f)
+            post = step.post()
             if not step.dead and post not in seen:
                 seen.add(post)
                 todo.append(post)
