@@ -36,12 +36,12 @@ import numpy as np
 
 from ..spec import DecisionKind, Table
 from ..spec.invariants import load_invariants
-from .checker_invariants import STATE_CHECKS, state_violations
+from .checker_invariants import STATE_CHECKS, StateJudge
 from .checker_model import (
     FAULTS, FINISH_GUARDS, MAX_REQUESTS, POOL_WITNESSES, REASONS, STEP_CHECKS, WITNESS_NEEDS, WITNESSES, Model,
     ModelConfig, config_offers,
 )
-from .checker_state import PC_NAMES, RequestState
+from .checker_state import PC_NAMES, F
 
 _MASK = (1 << 21) - 1  # request ids stay under 2M
 _MAX_INDEX = 1 << 31  # entries of the dense index of states seen (4 bytes each)
@@ -163,19 +163,21 @@ class CheckReport:
 
 
 class _Local:
-    """Interned request tuples with their successors and checks, each computed once."""
+    """Interned requests (plain tuples of checker_state.RequestState's fields) with their
+    successors and checks, each computed once."""
 
     def __init__(self, model: Model) -> None:
         self.model = model
-        self.ids: dict[RequestState, int] = {}
-        self.comps: list[RequestState] = []
+        self.judge = StateJudge(model)
+        self.ids: dict[tuple[int, ...], int] = {}
+        self.comps: list[tuple[int, ...]] = []
         self.succ: list[list | None] = []
         self.bad: list[list] = []  # state violations per request id
         self.labels: list[tuple[int, str, tuple, tuple[str, ...]]] = []  # (src id, label, fired, witnesses)
         self.edge_bad: list[tuple[int, int, bool, str, str]] = []  # (src, label, needs slot, name, message)
         self.edge_bad_of: dict[int, list[int]] = {}
 
-    def intern(self, comp: RequestState) -> int:
+    def intern(self, comp: tuple[int, ...]) -> int:
         cid = self.ids.get(comp)
         if cid is None:
             cid = self.ids[comp] = len(self.comps)
@@ -183,7 +185,7 @@ class _Local:
                 raise RuntimeError("model too large for the state encoding (over 2M distinct requests)")
             self.comps.append(comp)
             self.succ.append(None)
-            self.bad.append(state_violations(self.model, comp))
+            self.bad.append(self.judge(comp))
         return cid
 
     def successors(self, cid: int) -> list:
@@ -192,8 +194,8 @@ class _Local:
             out = self.succ[cid] = []
             comp = self.comps[cid]
             for step in self.model.expand(comp):
-                post = step.post()
-                wit = tuple(self.model.witnesses(comp, post, step.fired)) if not step.dead else ()
+                post = tuple(step.f)
+                wit = tuple(self.model.witnesses(comp, step)) if not step.dead else ()
                 lab = len(self.labels)
                 self.labels.append((cid, step.label, tuple(step.fired), wit))
                 for name, msg in step.bad:
@@ -421,7 +423,7 @@ class _Search:
     def run(self) -> CheckReport:
         t0 = time.perf_counter()
         loc, model, n_req = self.local, self.model, self.requests
-        inits = [loc.intern(c) for c in model.initial()]
+        inits = [loc.intern(tuple(c)) for c in model.initial()]
         acyclic = self._prepass(inits)
         n = self._base = len(loc.comps)
         self._span = n ** n_req
@@ -468,7 +470,7 @@ class _Search:
             stuck = (en == 0) & ~done[cols].all(axis=0)
             if stuck.any() and _LIVENESS not in found:
                 s = int(frontier[stuck.argmax()])
-                pcs = ", ".join(PC_NAMES[comps[c].pc] for c in self._comps(s))
+                pcs = ", ".join(PC_NAMES[comps[c][F.pc]] for c in self._comps(s))
                 found[_LIVENESS] = (s, -1, f"deadlock: no successor (loop at {pcs})", None)
             if ebad or missing:
                 first = _first_holding(cols, pool > 0, n)
@@ -606,7 +608,7 @@ class _Search:
             ok[grow] = True
         if not ok.all():
             s = min(seen[~ok].tolist(), key=self._depth)
-            pcs = ", ".join(PC_NAMES[self.local.comps[c].pc] for c in self._comps(s))
+            pcs = ", ".join(PC_NAMES[self.local.comps[c][F.pc]] for c in self._comps(s))
             self.found.setdefault(_LIVENESS, (s, -1, f"livelock: no way to an end (loop at {pcs})", None))
 
     def _parent(self, s: int) -> tuple[int, int]:
@@ -693,8 +695,8 @@ class _Search:
             if succ and expanded[cid]:
                 for _, nx, *_ in succ:
                     c = comps[nx]
-                    if life.terminal[c.lifecycle] and REASONS[c.reason] is not None:
-                        reached.add(REASONS[c.reason].value)
+                    if life.terminal[c[F.lifecycle]] and REASONS[c[F.reason]] is not None:
+                        reached.add(REASONS[c[F.reason]].value)
         return tuple(sorted(declared - reached))
 
     def _never_fired(self, expanded: np.ndarray, kind: DecisionKind) -> dict[str, tuple[tuple[str, str], ...]]:

@@ -28,7 +28,7 @@ state checks are evaluated once per distinct request tuple (machine/checker_inva
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -38,7 +38,7 @@ from ..spec.vocabulary import STEP_NEEDS
 from .actions import Executor, run_phases
 from .checker_state import (
     CANCEL, DEADLINE, EOS, FIELD_OF, KERNEL, PC, PC_NAMES, READER, RES_FIELD, RESOURCE_KINDS, Cancel, Deadline, F, Kernel,
-    Reader, RequestState,
+    Judged, Reader, RequestState,
 )
 
 MACHINES = ("lifecycle", "stream", "resources", "stop_matcher", "detokenizer", "sequence")
@@ -514,7 +514,7 @@ class Model:
         return ([base._replace(policy=p) for p in range(len(self._policy_names))]
                 + [base._replace(guard=g) for g in range(1, len(self.config.guards) + 1)])
 
-    def guard_field(self, c: RequestState) -> str | None:
+    def guard_field(self, c: RequestState | Judged) -> str | None:
         """The guard field the request sets (RequestState.guard), if any."""
         return self.config.guards[c.guard - 1] if c.guard else None
 
@@ -523,28 +523,32 @@ class Model:
         field = self.guard_field(c)
         return field is not None and any(FINISH_GUARDS[g](field, t) for g in self.unless.get(check, ()))
 
-    def done(self, comp: RequestState) -> bool:
-        return comp.pc == PC.done
+    # What the product search asks of a request it keeps (a plain tuple of RequestState's fields).
 
-    def holds_slot(self, comp: RequestState) -> bool:
+    def done(self, comp: Sequence[int]) -> bool:
+        return comp[F.pc] == PC.done
+
+    def holds_slot(self, comp: Sequence[int]) -> bool:
         """Its sequence holds one of the batch's places (derived from the sequence table)."""
-        return self._places[comp.sequence]
+        return self._places[comp[F.sequence]]
 
-    def waits_for_slot(self, comp: RequestState) -> bool:
+    def waits_for_slot(self, comp: Sequence[int]) -> bool:
         """At the queue, nothing pending to observe: only a free slot lets it go on (§4.1 QUEUED)."""
-        return comp.pc == PC.queued and comp.cancel != CANCEL.requested and comp.deadline != DEADLINE.passed
+        return comp[F.pc] == PC.queued and comp[F.cancel] != CANCEL.requested and comp[F.deadline] != DEADLINE.passed
 
-    def used_slot(self, comp: RequestState) -> bool:
-        return self.res.states[comp.batch_slot] == "RELEASED" and not self._places[comp.sequence]
+    def used_slot(self, comp: Sequence[int]) -> bool:
+        return self.res.states[comp[F.batch_slot]] == "RELEASED" and not self._places[comp[F.sequence]]
 
     # ---- the transition relation -----------------------------------------------------------
 
-    def expand(self, comp: RequestState) -> list[Step]:
-        """Every successor step of one request: the loop's choices and the environment's."""
+    def expand(self, comp: Sequence[int]) -> list[Step]:
+        """Every successor step of one request (a RequestState or a plain tuple of its fields):
+        the loop's choices and the environment's."""
+        c = RequestState._make(comp)
         out: list[Step] = []
-        self._loop(comp, out)
-        self._environment(comp, out)
-        return [s for s in out if s.fired or s.f != list(comp)]
+        self._loop(c, out)
+        self._environment(c, out)
+        return [s for s in out if s.fired or s.f != list(c)]
 
     def _new(self, comp, out, label, tag: Tag) -> Step:
         s = Step(self, comp, label, tag)
@@ -914,9 +918,10 @@ class Model:
 
     # ---- what is checked ---------------------------------------------------------------------
 
-    def describe(self, c: RequestState) -> dict[str, object]:
-        """One request tuple as named values: every machine's state, where the loop is, and the
-        data (the state of a TLC trace)."""
+    def describe(self, comp: Sequence[int]) -> dict[str, object]:
+        """One request as named values: every machine's state, where the loop is, and the data
+        (the state of a TLC trace)."""
+        c = RequestState._make(comp)
         return {
             "pc": PC_NAMES[c.pc],
             "lifecycle": self.life.states[c.lifecycle],
@@ -937,13 +942,17 @@ class Model:
             "guard": self.guard_field(c),
         }
 
-    def witnesses(self, pre: RequestState, post: RequestState, fired: list[tuple[str, str, str]]) -> list[str]:
-        """The sometimes-properties (WITNESSES) that this local step demonstrates: those its fired
-        steps (or its change of lifecycle state) trigger whose predicate holds."""
-        triggers = dict.fromkeys(fired)  # in the order fired, once each
-        if pre.lifecycle != post.lifecycle:
+    def witnesses(self, pre: Sequence[int], step: Step) -> list[str]:
+        """The sometimes-properties (WITNESSES) that a local step from `pre` demonstrates: those
+        its fired steps (or its change of lifecycle state) trigger whose predicate holds."""
+        triggers = dict.fromkeys(step.fired)  # in the order fired, once each
+        if pre[F.lifecycle] != step.f[F.lifecycle]:
             triggers[None] = None
-        return [name for t in triggers for name, pred in _TRIGGERED.get(t, ()) if pred(self, pre, post)]
+        candidates = [(name, pred) for t in triggers for name, pred in _TRIGGERED.get(t, ())]
+        if not candidates:
+            return []
+        a, b = RequestState._make(pre), step.post()
+        return [name for name, pred in candidates if pred(self, a, b)]
 
 
 # The model's one implementation of each observe phase of the [[step]] (D53).

@@ -1,15 +1,18 @@
 """One request of the model checker's abstract model (machine/checker_model.py), as a record.
 
-`RequestState` is a NamedTuple of small ints: it hashes and compares as the plain tuple does, so the
-search interns requests as fast as before, and its fields are read by name (`c.lifecycle`). A step
-under construction (checker_model.Step) holds a list of the same fields and writes them through
-`F`, the record of each field's index (`f[F.selected] += 1`). The fields that are not a table's
-state index take the values the small tables below name (`PC.sending`, `CANCEL.observed`); their
-field names are what a counterexample prints (checker_model.Model.describe).
+`RequestState` is a NamedTuple of small ints, read by field name (`c.lifecycle`). The search keeps
+its requests as plain tuples of the same fields (equal, with the same hash; the garbage collector
+skips a tuple of ints, not a NamedTuple) and the model reads each as a RequestState. A step under
+construction (checker_model.Step) holds a list of the fields and writes them through `F`, the
+record of each field's index (`f[F.selected] += 1`). The fields that are not a table's state index
+take the values the small tables below name (`PC.sending`, `CANCEL.observed`); their field names are
+what a counterexample prints (checker_model.Model.describe). `Judged` is the part of a request
+the state checks read (machine/checker_invariants.py).
 """
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import NamedTuple
 
 
@@ -53,6 +56,37 @@ RESOURCE_KINDS = RequestState._fields[F.trace_handle:F.rng_state + 1]
 RES_FIELD = {kind: F.trace_handle + i for i, kind in enumerate(RESOURCE_KINDS)}
 # The control machines' fields (each resource kind has its own: RES_FIELD).
 FIELD_OF = {m: RequestState._fields.index(m) for m in ("lifecycle", "stream", "stop_matcher", "detokenizer", "sequence")}
+
+
+class Judged(NamedTuple):
+    """The fields of a request the state checks read, in RequestState's order: requests that agree
+    on them are judged once, and a check that reads another field fails (AttributeError) instead of
+    being judged on a field this key does not hold."""
+
+    pc: int
+    lifecycle: int
+    stream: int
+    trace_handle: int
+    stream_buffer: int
+    kv_cache: int
+    batch_slot: int
+    rng_state: int
+    selected: int
+    decoded: int
+    reason: int
+    cancel: int
+    deadline: int
+    kernel: int
+    unread: int
+    eos: int
+    terminals: int
+    freed: int
+    lost: int
+    sequence: int
+    guard: int
+
+
+judged_key = itemgetter(*(RequestState._fields.index(f) for f in Judged._fields))  # a request's Judged fields
 
 
 class Pc(NamedTuple):

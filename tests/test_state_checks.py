@@ -8,9 +8,9 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from decodespec.machine.checker_invariants import STATE_CHECKS, state_violations
+from decodespec.machine.checker_invariants import STATE_CHECKS, StateJudge
 from decodespec.machine.checker_model import REASONS, Model, ModelConfig
-from decodespec.machine.checker_state import CANCEL, DEADLINE, EOS, KERNEL, PC, RequestState
+from decodespec.machine.checker_state import CANCEL, DEADLINE, EOS, KERNEL, PC, Judged, RequestState
 from decodespec.spec import Decision, DecisionKind, FinishReason, load_spec
 
 
@@ -76,16 +76,29 @@ def test_each_state_check_flags_the_state_that_breaks_its_invariant(name):
     tables and a plain request a state check of a guard flags nothing (only the table's edit does)."""
     tables, config, changes = BROKEN[name]
     model = Model(tables, config)
-    found = state_violations(model, _state(model, **changes))
+    found = StateJudge(model)(_state(model, **changes))
     assert name in {n for n, _, _ in found}, found
     guards = [g for n, _, g in found if n == name and g is not None]
     if tables:
         assert guards, f"{name}: a guard names the step the edited table allows"
         plain = Model(config=config)
-        assert name not in {n for n, _, _ in state_violations(plain, _state(plain, **changes))}
+        assert name not in {n for n, _, _ in StateJudge(plain)(_state(plain, **changes))}
 
 
 def test_no_state_check_flags_an_initial_request():
     model = Model(config=ModelConfig(guards=("ignore_eos", "min_tokens")))
+    judge = StateJudge(model)
     for request in model.initial():
-        assert state_violations(model, request) == []
+        assert judge(request) == [] and judge(tuple(request)) == []
+
+
+def test_requests_that_differ_outside_the_judged_fields_are_judged_alike():
+    """The judged fields are RequestState's, in its order; a request judged once answers for every
+    request with the same judged fields (here: another stop matcher state and reader)."""
+    fields = RequestState._fields
+    assert [fields.index(f) for f in Judged._fields] == sorted(fields.index(f) for f in Judged._fields)
+    model = Model()
+    judge = StateJudge(model)
+    broken = _state(model, unread=2)
+    other = broken._replace(stop_matcher=model.stop.i("HOLDING"), reader=1)
+    assert judge(broken) is judge(other) and [n for n, _, _ in judge(other)] == ["stream_bounded"]
