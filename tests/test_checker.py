@@ -348,3 +348,22 @@ def test_ctrl_c_says_how_far_the_search_got_and_claims_nothing():
             proc.wait()
     assert proc.returncode == 130, out[-500:]
     assert "interrupted after" in out and "nothing is proved" in " ".join(out.split()) and "Traceback" not in out
+
+
+def test_the_search_pauses_the_cycle_collector_and_leaves_no_cycle():
+    """check() runs with the cycle collector paused and restores its setting; what the search made
+    holds no cycle, so pausing it leaves nothing for it to find."""
+    import gc
+
+    assert gc.isenabled()
+    gc.collect()
+    seen = []
+    check(requests=2, progress=lambda states, depth: seen.append(gc.isenabled()))
+    assert seen and not any(seen) and gc.isenabled()
+    assert gc.collect() == 0
+    gc.disable()
+    try:
+        check(requests=2)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
