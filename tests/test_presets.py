@@ -10,6 +10,7 @@ request-life case (§4.7-§4.10), a stdlib script that really replays it.
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import subprocess
@@ -92,7 +93,9 @@ def test_a_presets_declared_decisions_are_applied_as_declare(tmp_path, monkeypat
     extra = _write(tmp_path, '[preset.mine]\nextends="decodespec-serve"\ndeclare=["D34"]\n')
     assert "declares D34" in ps.load_presets([extra])["mine"].describe()
     seen = []
-    monkeypatch.setattr(cli_conform, "_conform_launched", lambda *a, **k: seen.append(a[10]))
+    launched = inspect.signature(cli_conform._conform_launched)
+    monkeypatch.setattr(cli_conform, "_conform_launched",
+                        lambda *a, **k: seen.append(launched.bind(*a, **k).arguments["policy"]))
     monkeypatch.setenv("DECODESPEC_CACHE", str(tmp_path / "cache"))
     res = CliRunner().invoke(main, ["conform", "--presets", str(extra), "--preset", "mine", "--select",
                                     "stop/n-choices/001", "--declare", "D31", "--dry-run"])
