@@ -14,10 +14,12 @@ default (machine/checker.default_config):
   with every byte outcome (~9.7M states).
 
 With `--baseline CHECKOUT` every configuration also runs on that checkout's checker (its own
-.venv, in a subprocess, on its own tables), round by round in turn with this one, and the ratio
-of the states/s is printed: the code before a change, side by side in one session (issue 26 item
-5). Where that checkout's tables differ, its state space does too: both sizes are printed, marked
-`*`, and the ratio is of rates over different spaces.
+.venv, on its own tables) and the ratio of the states/s is printed: the code before a change, side
+by side in one session. Then both checkers run in fresh interpreters, round by round, and the one
+that goes first alternates: a checker run again in one process reuses the memory its last run
+freed, and the first run of a round tends to be the slower, which would each favour one side.
+Where that checkout's tables differ, its state space does too: both sizes are printed, marked `*`,
+and the ratio is of rates over different spaces.
 
 Run: .venv/bin/python benchmarks/bench_checker.py [--rounds N] [--large] [--baseline CHECKOUT]
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 
 import attrs
@@ -44,35 +47,43 @@ LARGE = {
 }
 
 
-# Run in the baseline checkout's interpreter: one check, its figures as JSON.
-_BASELINE_RUN = """
+HERE = Path(__file__).resolve().parent.parent
+
+# Run in a checkout's own interpreter: one check, its figures as JSON.
+_CHECK_RUN = """
 import json, sys, attrs
 from decodespec.machine.checker import check, default_config
 req, slots, cfg = json.loads(sys.argv[1])
 r = check(requests=req, slots=slots, config=attrs.evolve(default_config(req), **cfg))
-print(json.dumps({"states": r.states, "transitions": r.transitions, "seconds": r.seconds}))
+print(json.dumps({"states": r.states, "transitions": r.transitions, "seconds": r.seconds, "max_depth": r.max_depth,
+                  "violations": len(r.violations), "missing_witnesses": len(r.missing_witnesses)}))
 """
 
 
-def _baseline(checkout: Path, requests: int, slots: int, config) -> dict:
-    """One check by the checker of another checkout (its .venv), with the same bounds."""
+def _check_in(checkout: Path, requests: int, slots: int, config) -> dict:
+    """One check by the checker of a checkout (its .venv; this one: this interpreter), in a fresh
+    interpreter, with these bounds."""
     changed = {k: v for k, v in attrs.asdict(config, recurse=False).items()
                if v != getattr(default_config(requests), k)}
-    return in_checkout(checkout, _BASELINE_RUN, json.dumps([requests, slots, changed]))
+    python = Path(sys.executable) if checkout == HERE else None
+    return in_checkout(checkout, _CHECK_RUN, json.dumps([requests, slots, changed]), python=python)
 
 
 def measure(requests: int, slots: int, config, rounds: int, baseline: Path | None = None) -> dict:
-    runs, base = [], []
-    for _ in range(rounds):  # in turn, so a change of load falls on both alike
-        runs.append(check(requests=requests, slots=slots, config=config))
-        if baseline is not None:
-            base.append(_baseline(baseline, requests, slots, config))
+    if baseline is None:
+        runs = [attrs.asdict(check(requests=requests, slots=slots, config=config), recurse=False)
+                for _ in range(rounds)]
+    else:
+        runs, base = [], []
+        for i in range(rounds):  # in turn, so a change of load falls on both alike
+            for side, checkout in ((runs, HERE), (base, baseline))[:: 1 if i % 2 == 0 else -1]:
+                side.append(_check_in(checkout, requests, slots, config))
     r = runs[0]
-    assert r.violations == () and r.missing_witnesses == (), "the shipped tables must pass"
-    seconds = statistics.median(x.seconds for x in runs)
-    out = {"states": r.states, "transitions": r.transitions, "depth": r.max_depth,
-           "seconds": seconds, "states_per_s": r.states / seconds}
-    if base:
+    assert not r["violations"] and not r["missing_witnesses"], "the shipped tables must pass"
+    seconds = statistics.median(x["seconds"] for x in runs)
+    out = {"states": r["states"], "transitions": r["transitions"], "depth": r["max_depth"],
+           "seconds": seconds, "states_per_s": r["states"] / seconds}
+    if baseline is not None:
         spaces = {(b["states"], b["transitions"]) for b in base}
         assert len(spaces) == 1, "the baseline explored different state spaces from round to round"
         b_states = base[0]["states"]
@@ -80,8 +91,8 @@ def measure(requests: int, slots: int, config, rounds: int, baseline: Path | Non
         # a baseline with other tables (an older checkout's spec) explores another space: the rates
         # are compared then, and `same_space` says so
         out |= {"baseline_states": b_states, "baseline_seconds": b_seconds,
-                "baseline_states_per_s": b_states / b_seconds, "same_space": spaces == {(r.states, r.transitions)},
-                "ours_over_baseline": (r.states / seconds) / (b_states / b_seconds)}
+                "baseline_states_per_s": b_states / b_seconds, "same_space": spaces == {(r["states"], r["transitions"])},
+                "ours_over_baseline": (r["states"] / seconds) / (b_states / b_seconds)}
     return out
 
 

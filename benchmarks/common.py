@@ -57,10 +57,11 @@ def ratio(num: Mapping[str, Any], den: Mapping[str, Any]) -> float:
     return num["median"] / den["median"]
 
 
-def in_checkout(checkout: Path, script: str, *args: str) -> Any:
-    """Run `script` (Python source) in another checkout with its own .venv, from its root, and
-    return the JSON its last line of output prints: the code before a change, for `--baseline`."""
-    python = checkout / ".venv/bin/python"
+def in_checkout(checkout: Path, script: str, *args: str, python: Path | None = None) -> Any:
+    """Run `script` (Python source) in another checkout with its own .venv (or `python`), from its
+    root, and return the JSON its last line of output prints: the code before a change, for
+    `--baseline`."""
+    python = python or checkout / ".venv/bin/python"
     if not python.is_file():
         raise SystemExit(f"--baseline {checkout}: no {python} (run `make setup` there)")
     done = subprocess.run([str(python), "-c", script, *args], cwd=checkout, check=True, capture_output=True, text=True)

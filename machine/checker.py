@@ -15,8 +15,10 @@ product state is one int (pool and the sorted request ids), and the search expan
 level at once over numpy arrays (every request's moves as flat arrays, a level's successors
 computed in blocks and deduplicated in a dense array of marks indexed by the free places and the
 rank of the request ids as a multiset), so the product costs a few array operations a block
-instead of Python bytecode a transition. Checked, in every state: the "state"
-and "both" invariants of spec/invariants.toml; that every run can reach its end (a non-terminal
+instead of Python bytecode a transition; the cycle collector is paused meanwhile (nothing the
+search makes holds a cycle). Checked, in every state: the "state" and "both" invariants of
+spec/invariants.toml (machine/checker_invariants.py on each request's state, checker_model.
+STEP_CHECKS on each step, SEARCH_CHECKS here); that every run can reach its end (a non-terminal
 state with no successor is a deadlock, one from which no end is reachable a livelock); and every
 sometimes-property has a witness. Each finding comes with the SHORTEST path (BFS parent pointers)
 as a replayable list of (request, machine, state, event) steps.
@@ -24,6 +26,8 @@ as a replayable list of (request, machine, state, event) steps.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 import math
 import time
@@ -35,15 +39,28 @@ import numpy as np
 
 from ..spec import DecisionKind, Table
 from ..spec.invariants import load_invariants
+from .checker_invariants import STATE_CHECKS, StateJudge
 from .checker_model import (
-    F_LC, F_PC, F_REASON, FAULTS, FINISH_GUARDS, MAX_REQUESTS, PC_NAMES, POOL_WITNESSES, REASONS, WITNESS_NEEDS,
-    WITNESSES, Model, ModelConfig, config_offers,
+    FAULTS, FINISH_GUARDS, MAX_REQUESTS, POOL_WITNESSES, REASONS, STEP_CHECKS, WITNESS_NEEDS, WITNESSES, Model,
+    ModelConfig, config_offers,
 )
+from .checker_state import PC_NAMES, F
 
 _MASK = (1 << 21) - 1  # request ids stay under 2M
 _MAX_INDEX = 1 << 31  # entries of the dense index of states seen (4 bytes each)
 _BLOCK = 1 << 16  # frontier states expanded at once (some 300k moves)
 _LIVENESS = "every_run_terminates"
+# What the product search checks itself, beside the state checks and what the steps report.
+SEARCH_CHECKS = {
+    _LIVENESS: "_Search.run and _liveness: a state with no successor (deadlock) or no way to an end (livelock)",
+    "release_exactly_once": "_Search._check_state: the free batch places plus the held ones are the slots",
+}
+
+
+def registry_mismatch() -> tuple[list[str], list[str]]:
+    """(state invariants the checker does not judge, names it judges that are no state invariant):
+    its state checks, its steps' reports and its search together, against spec/invariants.toml."""
+    return STATE_CHECKS.mismatch(elsewhere={*STEP_CHECKS, *SEARCH_CHECKS})
 
 
 @attrs.frozen
@@ -149,10 +166,12 @@ class CheckReport:
 
 
 class _Local:
-    """Interned request tuples with their successors and checks, each computed once."""
+    """Interned requests (plain tuples of checker_state.RequestState's fields) with their
+    successors and checks, each computed once."""
 
     def __init__(self, model: Model) -> None:
         self.model = model
+        self.judge = StateJudge(model)
         self.ids: dict[tuple[int, ...], int] = {}
         self.comps: list[tuple[int, ...]] = []
         self.succ: list[list | None] = []
@@ -169,7 +188,7 @@ class _Local:
                 raise RuntimeError("model too large for the state encoding (over 2M distinct requests)")
             self.comps.append(comp)
             self.succ.append(None)
-            self.bad.append(self.model.state_violations(comp))
+            self.bad.append(self.judge(comp))
         return cid
 
     def successors(self, cid: int) -> list:
@@ -179,10 +198,10 @@ class _Local:
             comp = self.comps[cid]
             for step in self.model.expand(comp):
                 post = tuple(step.f)
-                wit = tuple(self.model.witnesses(comp, post, step.fired)) if not step.dead else ()
+                wit = tuple(self.model.witnesses(comp, step)) if not step.dead else ()
                 lab = len(self.labels)
                 self.labels.append((cid, step.label, tuple(step.fired), wit))
-                for name, msg, _ in step.bad:
+                for name, msg in step.bad:
                     self.edge_bad_of.setdefault(cid, []).append(len(self.edge_bad))
                     self.edge_bad.append((cid, lab, step.needs_slot, name, msg))
                 if not step.dead:
@@ -374,7 +393,22 @@ def check(
     if config is None:
         config = default_config(requests)
     model = Model(tables, config)
-    return _Search(model, requests, slots, max_depth, progress).run()
+    with _cycle_collector_paused():
+        return _Search(model, requests, slots, max_depth, progress).run()
+
+
+@contextlib.contextmanager
+def _cycle_collector_paused() -> Iterator[None]:
+    """The search makes millions of small objects that hold no cycle (reference counting frees
+    each), and the cycle collector's passes over those it keeps cost as much time as the search
+    itself: the collector is paused while it runs, then left as it was."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 class _Search:
@@ -407,7 +441,7 @@ class _Search:
     def run(self) -> CheckReport:
         t0 = time.perf_counter()
         loc, model, n_req = self.local, self.model, self.requests
-        inits = [loc.intern(c) for c in model.initial()]
+        inits = [loc.intern(tuple(c)) for c in model.initial()]
         acyclic = self._prepass(inits)
         n = self._base = len(loc.comps)
         self._span = n ** n_req
@@ -454,7 +488,7 @@ class _Search:
             stuck = (en == 0) & ~done[cols].all(axis=0)
             if stuck.any() and _LIVENESS not in found:
                 s = int(frontier[stuck.argmax()])
-                pcs = ", ".join(PC_NAMES[comps[c][F_PC]] for c in self._comps(s))
+                pcs = ", ".join(PC_NAMES[comps[c][F.pc]] for c in self._comps(s))
                 found[_LIVENESS] = (s, -1, f"deadlock: no successor (loop at {pcs})", None)
             if ebad or missing:
                 first = _first_holding(cols, pool > 0, n)
@@ -592,7 +626,7 @@ class _Search:
             ok[grow] = True
         if not ok.all():
             s = min(seen[~ok].tolist(), key=self._depth)
-            pcs = ", ".join(PC_NAMES[self.local.comps[c][F_PC]] for c in self._comps(s))
+            pcs = ", ".join(PC_NAMES[self.local.comps[c][F.pc]] for c in self._comps(s))
             self.found.setdefault(_LIVENESS, (s, -1, f"livelock: no way to an end (loop at {pcs})", None))
 
     def _parent(self, s: int) -> tuple[int, int]:
@@ -679,8 +713,8 @@ class _Search:
             if succ and expanded[cid]:
                 for _, nx, *_ in succ:
                     c = comps[nx]
-                    if life.terminal[c[F_LC]] and REASONS[c[F_REASON]] is not None:
-                        reached.add(REASONS[c[F_REASON]].value)
+                    if life.terminal[c[F.lifecycle]] and REASONS[c[F.reason]] is not None:
+                        reached.add(REASONS[c[F.reason]].value)
         return tuple(sorted(declared - reached))
 
     def _never_fired(self, expanded: np.ndarray, kind: DecisionKind) -> dict[str, tuple[tuple[str, str], ...]]:

@@ -6,16 +6,8 @@ every event the table allows there (the scanner looks only for those tags; `call
 events, and `end` at any point. Every row's action runs through its effects on an abstract answer
 (each text piece a numbered label, each tag a named label) by this module's own executor, checked
 both ways against the table like the others (machine/actions.py). What the answer must be is said
-here independently of the rows, from the events alone (the intended meaning of D45-D47):
-
-- `pieces_once`: every text piece goes out exactly once, in one channel or inside a reported call;
-- `reasoning_is_bracketed`: a piece is reasoning exactly when the last think tag before it was an
-  opening one;
-- `order_kept`: each channel's pieces go out in the order they came (§4.7);
-- `think_tags_never_text`: a think tag that fired is no channel's text;
-- `calls_only_when_closed`: a call is reported only at a `call_close`, holding exactly the pieces
-  since its `call_open`; a call cut by `end` or closed bad is never reported;
-- `calls_end_as_calls`: the answer ends in ENDED_CALLS exactly when it holds a reported call.
+here independently of the rows, from the events alone (the intended meaning of D45-D47): the
+invariants of `INVARIANTS`, one function each, judge every ended sequence's answer.
 
 The shortest counterexample comes as a `checker.Counterexample` (steps on the channels machine).
 `tests/test_channels.py` seeds edits of the table that the loader accepts and this checker refuses.
@@ -24,6 +16,7 @@ The shortest counterexample comes as a `checker.Counterexample` (steps on the ch
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -33,10 +26,6 @@ from .actions import Executor, fire_with_effects
 from .checker import Counterexample
 from .compiled import compile_table
 
-INVARIANTS = {
-    "pieces_once": "§4.7", "reasoning_is_bracketed": "§4.7", "order_kept": "§4.7",
-    "think_tags_never_text": "§4.7", "calls_only_when_closed": "§4.7", "calls_end_as_calls": "§4.10",
-}
 TAGS = ("think_open", "think_close", "call_open", "call_close", "call_bad")
 
 
@@ -108,29 +97,55 @@ class ChannelsReport:
         return not self.violations and not self.rows_never_fired
 
 
-def _violations(events: list[tuple[str, str]], a: Answer, final: str, table: Table) -> list[tuple[str, str]]:
-    """The invariants above on one sequence's answer (`events`: (event, label) in order)."""
-    out = []
+Events = list[tuple[str, str]]  # (event, label) in order
+
+
+def _pieces(labels: list[str]) -> list[str]:
+    return [x for x in labels if x.startswith("p")]
+
+
+def _pieces_once(events: Events, a: Answer, final: str, table: Table) -> list[str]:
+    """Every text piece goes out exactly once, in one channel or inside a reported call (or the
+    call still open, while the output is not closed)."""
     texts = [lab for ev, lab in events if ev == "text"]
-    held_in_calls = [x for c in a.calls for x in c if x.startswith("p")]
-    emitted = [x for x in a.content + a.reasoning if x.startswith("p")] + held_in_calls
-    open_call = [x for x in a.call if x.startswith("p")] if not a.closed else []
+    emitted = _pieces(a.content + a.reasoning) + [x for c in a.calls for x in _pieces(list(c))]
+    open_call = _pieces(a.call) if not a.closed else []
     if sorted(emitted + open_call) != sorted(texts) or len(set(emitted)) != len(emitted):
-        out.append(("pieces_once", f"pieces sent {texts}; content {a.content}, reasoning {a.reasoning}, calls {a.calls}"))
+        return [f"pieces sent {texts}; content {a.content}, reasoning {a.reasoning}, calls {a.calls}"]
+    return []
+
+
+def _reasoning_is_bracketed(events: Events, a: Answer, final: str, table: Table) -> list[str]:
+    """A piece is reasoning exactly when the last think tag before it was an opening one."""
     think, want = False, []
     for ev, lab in events:
         think = True if ev == "think_open" else False if ev == "think_close" else think
         if ev == "text" and think:
             want.append(lab)
-    if [x for x in a.reasoning if x.startswith("p")] != want:
-        out.append(("reasoning_is_bracketed", f"reasoning {a.reasoning}; the pieces inside <think> were {want}"))
+    if _pieces(a.reasoning) != want:
+        return [f"reasoning {a.reasoning}; the pieces inside <think> were {want}"]
+    return []
+
+
+def _order_kept(events: Events, a: Answer, final: str, table: Table) -> list[str]:
+    """Each channel's pieces go out in the order they came (§4.7)."""
+    out = []
     for name, got in (("content", a.content), ("reasoning", a.reasoning)):
-        nums = [int(x[1:]) for x in got if x.startswith("p")]
+        nums = [int(x[1:]) for x in _pieces(got)]
         if nums != sorted(nums):
-            out.append(("order_kept", f"{name} {got} is out of order"))
+            out.append(f"{name} {got} is out of order")
+    return out
+
+
+def _think_tags_never_text(events: Events, a: Answer, final: str, table: Table) -> list[str]:
+    """A think tag that fired is no channel's text."""
     leaked = [x for x in a.content + a.reasoning if x.startswith("think_")]
-    if leaked:
-        out.append(("think_tags_never_text", f"the tag(s) {leaked} went out as text"))
+    return [f"the tag(s) {leaked} went out as text"] if leaked else []
+
+
+def _calls_only_when_closed(events: Events, a: Answer, final: str, table: Table) -> list[str]:
+    """A call is reported only at a `call_close`, holding exactly the pieces since its `call_open`;
+    a call cut by `end` or closed bad is never reported."""
     closed_calls, cur = [], None
     for ev, lab in events:
         if ev == "call_open":
@@ -142,10 +157,31 @@ def _violations(events: list[tuple[str, str]], a: Answer, final: str, table: Tab
                 closed_calls.append(tuple(cur))
             cur = None
     if a.calls != closed_calls:
-        out.append(("calls_only_when_closed", f"calls reported {a.calls}; the calls closed well were {closed_calls}"))
+        return [f"calls reported {a.calls}; the calls closed well were {closed_calls}"]
+    return []
+
+
+def _calls_end_as_calls(events: Events, a: Answer, final: str, table: Table) -> list[str]:
+    """The answer ends in ENDED_CALLS exactly when it holds a reported call."""
     if (final == "ENDED_CALLS") != bool(a.calls) and table.is_terminal(final):
-        out.append(("calls_end_as_calls", f"ended in {final} with {len(a.calls)} reported call(s)"))
-    return out
+        return [f"ended in {final} with {len(a.calls)} reported call(s)"]
+    return []
+
+
+# name -> (section, check of one ended sequence's answer: its messages, none when it holds)
+INVARIANTS: dict[str, tuple[str, Callable[[Events, Answer, str, Table], list[str]]]] = {
+    "pieces_once": ("§4.7", _pieces_once),
+    "reasoning_is_bracketed": ("§4.7", _reasoning_is_bracketed),
+    "order_kept": ("§4.7", _order_kept),
+    "think_tags_never_text": ("§4.7", _think_tags_never_text),
+    "calls_only_when_closed": ("§4.7", _calls_only_when_closed),
+    "calls_end_as_calls": ("§4.10", _calls_end_as_calls),
+}
+
+
+def _violations(events: Events, a: Answer, final: str, table: Table) -> list[tuple[str, str]]:
+    """(invariant, message) for every invariant one sequence's answer breaks."""
+    return [(name, msg) for name, (_, check) in INVARIANTS.items() for msg in check(events, a, final, table)]
 
 
 def check_channels(table: Table | None = None, *, max_texts: int = 3, max_tags: int = 4) -> ChannelsReport:
@@ -170,7 +206,7 @@ def check_channels(table: Table | None = None, *, max_texts: int = 3, max_tags: 
             for name, message in _violations(list(path), answer, state, table):
                 if name not in found:
                     steps = _steps(table, path)
-                    found[name] = Counterexample(name, INVARIANTS[name], message,
+                    found[name] = Counterexample(name, INVARIANTS[name][0], message,
                                                  tuple(ev if lab in ("", ev) else f"{ev} {lab}" for ev, lab in path),
                                                  tuple((0, "channels", s, e) for s, e in steps))
             continue

@@ -1,10 +1,11 @@
 """The abstract model the checker explores: one request of the §4.3 loop driven through the tables.
 
-A request is a tuple of small ints (the `F_*` fields): the loop's program counter (`P_*`, which
-line of generate() it is at), the state index of each control machine (lifecycle, stream, the five
-resources, stop matcher, detokenizer) and bounded data (tokens selected and decoded, deltas sent,
-finish reason, cancel/deadline progress, kernel in flight, backpressure policy, unread deltas,
-reader connection). `Model.expand(comp)` lists every successor: the loop's next step (with its
+A request is a record of small ints (machine/checker_state.RequestState): the loop's program counter
+(a value of PC: which line of generate() it is at), the state index of each control machine
+(lifecycle, stream, the five resources, stop matcher, detokenizer, sequence) and bounded data
+(tokens selected and decoded, deltas sent, finish reason, cancel/deadline progress, kernel in
+flight, backpressure policy, unread deltas, reader connection). A step under construction (`Step`)
+changes a list of its fields through their indices `F`. `Model.expand(comp)` lists every successor: the loop's next step (with its
 data-dependent choices: EOS or not, what the detokenizer and the stop matcher make of the bytes,
 which finish check fires, whether the content policy refuses a chunk) and the environment's
 injections (cancel, deadline, model error, decoding error, transport error, a slow or disconnected
@@ -22,12 +23,12 @@ Every control step fires the table event the runtime would fire (runtime/runner.
 in the same order), so the tables decide: a table change changes the explored behaviour. A step
 that the table refuses ends that branch with a `refinement` violation. Edge checks (a transition
 that breaks an invariant) and witnesses (sometimes-properties) are attached to each local step;
-state checks are evaluated once per distinct request tuple (`Model.state_violations`).
+state checks are evaluated once per distinct request tuple (machine/checker_invariants.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -35,43 +36,25 @@ from ..spec import DecisionKind, FinishReason, Table, load_spec
 from ..spec.derived import final_reasons, model_resources, stream_end_of, terminal_stream_event
 from ..spec.vocabulary import STEP_NEEDS
 from .actions import Executor, run_phases
+from .checker_state import (
+    CANCEL, DEADLINE, EOS, FIELD_OF, KERNEL, PC, PC_NAMES, READER, RES_FIELD, RESOURCE_KINDS, Cancel, Deadline, F, Kernel,
+    Judged, Reader, RequestState,
+)
 
 MACHINES = ("lifecycle", "stream", "resources", "stop_matcher", "detokenizer", "sequence")
-RESOURCE_KINDS = ("trace_handle", "stream_buffer", "kv_cache", "batch_slot", "rng_state")
 MODEL_KINDS = model_resources()
 REASONS = (None, *FinishReason)  # index 0: no reason fixed yet
-
-# Program counter: where in generate() (§4.3) the request is.
-(P_NEW, P_CREATED, P_QUEUED, P_PREFILL, P_TOP, P_CHECKS, P_DECODE, P_SEND, P_SAFE, P_DRAIN,
- P_DRAIN_HIT, P_FLUSH, P_DRAIN_END, P_CLOSE, P_DONE, P_INTERRUPT) = range(16)
-PC_NAMES = ("new", "created", "queued", "prefill_in_flight", "top_of_step", "finish_checks",
-            "decode_in_flight", "sending", "safe_point", "draining_finish", "draining_stop_hit",
-            "draining_flush", "draining_end", "closing", "done", "interrupt_after_emit")
 
 # A pause-policy producer whose reader is behind waits for it at the top of a step (the Engine
 # parks it there, runtime/engine.py); a cancel requested meanwhile is observed at this check point.
 PARKED_CANCEL = "loop: cancel observed at a check point while the producer is parked on its reader"
-
-# Fields of a request tuple.
-(F_PC, F_LC, F_ST, F_TH, F_SB, F_KV, F_BS, F_RNG, F_SM, F_DT, F_SEL, F_DEC, F_SEQ, F_REASON,
- F_CANCEL, F_DEADLINE, F_KERNEL, F_POLICY, F_BUF, F_CONN, F_RET, F_EOS, F_TERMS, F_FREED,
- F_LOST, F_SQ, F_PRE, F_GUARD) = range(28)
-N_FIELDS = 28
-RES_FIELD = dict(zip(RESOURCE_KINDS, (F_TH, F_SB, F_KV, F_BS, F_RNG)))
-FIELD_OF = {"lifecycle": F_LC, "stream": F_ST, "stop_matcher": F_SM, "detokenizer": F_DT, "sequence": F_SQ}
-# F_CANCEL: 0 none, 1 requested, 2 observed, 3 repeated; F_DEADLINE: 0, 1 passed, 2 observed;
-# F_KERNEL: 0 none, 1 prefill, 2 decode; F_CONN: 0 connected, 1 disconnected, 2 reconnected;
-# F_FREED: one bit per resource kind whose free callback ran; F_LOST: 1 once output bytes that
-# were neither sent nor discarded by a row went nowhere (the tables lost them); F_SQ: where the
-# Engine holds the sequence (spec/sequence.toml); F_PRE: how often the scheduler preempted it;
-# F_GUARD: which request field of a finish guard the request sets (0: none, i: ModelConfig.guards[i-1]).
 
 # What the stop matcher makes of a push's bytes, and whether safe bytes remain (all of them, or
 # only plain text when ModelConfig.byte_choices is off).
 _STOP_OUTCOMES = {True: (("clear", True), ("hold", True), ("hold", False), ("hit", True), ("hit", False)),
                   False: (("clear", True),)}
 
-# The loop's label of a finish check that wins at P_CHECKS.
+# The loop's label of a finish check that wins at PC.finish_checks.
 _CHECK_LABELS = {"stop_hit": "loop: stop hit: finish reason stop_sequence, tails discarded",
                  "length": "loop: max_output_tokens reached"}
 
@@ -84,7 +67,7 @@ FAULTS = ("cancel", "deadline", "model_error", "transport_error", "disconnect")
 MAX_REQUESTS = 3
 
 # The model's one implementation of each guard of the lifecycle table's [finish_guards] (D31):
-# does the guard hold for the t-th token of a request whose guard field is `field` (F_GUARD's name)?
+# does the guard hold for the t-th token of a request whose guard field is `field` (RequestState.guard's name)?
 # A min_tokens request asks for MIN_TOKENS tokens, so its first token cannot end it by EOS.
 MIN_TOKENS = 1
 FINISH_GUARDS = {
@@ -178,17 +161,33 @@ class Tag:
     fault: bool = False
 
 
+# The invariants a model step reports as it happens (Step.violate), and where. The rest of the
+# checker's side: the state checks (machine/checker_invariants.py) and the search (checker.py).
+STEP_CHECKS = {
+    "refinement": "Step.fire: the loop fires an event the table refuses",
+    "terminal_irreversible": "Step.fire: a row leaves a terminal state",
+    "observed_cancel_ends_cancelled": "Step.lc: a terminal transition out of CANCEL_REQUESTED other than CANCELLED",
+    "transport_failure_reported_as_such": "Step.lc: a transport error ends the request with another reason",
+    "no_select_after_cancel_observed": "Step.lc: a selection in CANCEL_REQUESTED",
+    "no_select_while_draining": "Step.lc: a selection in DRAINING",
+    "nothing_after_stop_hit": "Step.lc and Model._send: a selection or a delta after the stop hit",
+    "release_exactly_once": "the free effect: a resource freed twice",
+    "refused_chunk_never_sent": "Model._interrupt: a step order that sends the chunk the content policy refuses",
+    "no_delta_after_terminal": "Model._send: a delta sent after the terminal event",
+}
+
+
 class Step:
     """One local transition under construction: the fields it changes and the events it fires."""
 
     __slots__ = ("m", "f", "fired", "bad", "pool", "needs_slot", "label", "tag", "dead", "overflow",
                  "passed", "released", "held_out", "raised")
 
-    def __init__(self, model: Model, comp: tuple[int, ...], label: str, tag: Tag) -> None:
+    def __init__(self, model: Model, comp: RequestState, label: str, tag: Tag) -> None:
         self.m = model
-        self.f = list(comp)
+        self.f = list(comp)  # the request's fields, changed in place by index (F.pc, F.lifecycle, ...)
         self.fired: list[tuple[str, str, str]] = []
-        self.bad: list[tuple[str, str, tuple[str, str, str] | None]] = []
+        self.bad: list[tuple[str, str]] = []  # (invariant, message): what this step breaks
         self.pool = 0
         self.needs_slot = False
         self.label = label
@@ -205,14 +204,24 @@ class Step:
         mach = self.m.machines[machine]
         field = FIELD_OF[machine] if field is None else field
         s = self.f[field]
-        name = machine if machine != "resources" else f"resources[{RESOURCE_KINDS[field - F_TH]}]"
+        name = machine if machine != "resources" else f"resources[{RESOURCE_KINDS[field - F.trace_handle]}]"
         entry = mach.step[s].get(event)
         if entry is None:  # the refinement record: the one phase loop's `refused` hook
             return run_phases(None, (), int, refused=lambda: self._refused(name, mach.states[s], event))
         target, is_row, reason, plan = entry
         if mach.terminal[s] and target != s:
-            self.bad.append(("terminal_irreversible", f"{name} left terminal state {mach.states[s]} on '{event}'", None))
+            self.violate("terminal_irreversible", f"{name} left terminal state {mach.states[s]} on '{event}'")
         return run_phases(plan, (self, field, target, reason), self._enter, (name, mach.states[s], event, field, target))
+
+    def violate(self, name: str, message: str) -> None:
+        """Report that this step breaks invariant `name` (one of STEP_CHECKS)."""
+        if name not in STEP_CHECKS:
+            raise KeyError(f"a model step reports '{name}', which STEP_CHECKS does not list")
+        self.bad.append((name, message))
+
+    def post(self) -> RequestState:
+        """The request after this step."""
+        return RequestState._make(self.f)
 
     def _enter(self, name: str, state: str, event: str, field: int, target: int) -> int:
         """The state change of a fired step: recorded as fired, the machine's field set."""
@@ -222,7 +231,7 @@ class Step:
 
     def _refused(self, name: str, state: str, event: str) -> None:
         self.fired.append((name, state, event))
-        self.bad.append(("refinement", f"{name}: the loop fires '{event}' in {state} and the table refuses it", None))
+        self.violate("refinement", f"{name}: the loop fires '{event}' in {state} and the table refuses it")
         self.dead = True
 
     # ---- helpers the loop steps share -----------------------------------------------------
@@ -233,29 +242,29 @@ class Step:
         if event == "select":
             self._select_checks()
         self.overflow = overflow
-        before = self.f[F_LC]
+        before = self.f[F.lifecycle]
         target = self.fire("lifecycle", event)
         if target is None:
             return None
         life = self.m.life
         if life.terminal[target] and not life.terminal[before]:
             if life.states[before] == "CANCEL_REQUESTED" and life.states[target] != "CANCELLED":
-                self.bad.append(("observed_cancel_ends_cancelled", f"a cancel was observed, then '{event}' ends "
-                                 f"{life.states[target]}", None))
-            if event == "transport_error" and REASONS[self.f[F_REASON]] != FinishReason.TRANSPORT_ERROR:
-                self.bad.append(("transport_failure_reported_as_such", f"a transport error ends {life.states[target]} "
-                                 f"with reason {REASONS[self.f[F_REASON]]}", None))
+                self.violate("observed_cancel_ends_cancelled", f"a cancel was observed, then '{event}' ends "
+                             f"{life.states[target]}")
+            if event == "transport_error" and REASONS[self.f[F.reason]] != FinishReason.TRANSPORT_ERROR:
+                self.violate("transport_failure_reported_as_such", f"a transport error ends {life.states[target]} "
+                             f"with reason {REASONS[self.f[F.reason]]}")
         return life.states[target]
 
     def _select_checks(self) -> None:
         f = self.f
-        life = self.m.life.states[f[F_LC]]
+        life = self.m.life.states[f[F.lifecycle]]
         if life == "CANCEL_REQUESTED":
-            self.bad.append(("no_select_after_cancel_observed", "a token is selected after the cancel was observed", None))
+            self.violate("no_select_after_cancel_observed", "a token is selected after the cancel was observed")
         elif life == "DRAINING":
-            self.bad.append(("no_select_while_draining", "a token is selected in DRAINING", None))
-        if REASONS[f[F_REASON]] == FinishReason.STOP_SEQUENCE or self.m.stop.states[f[F_SM]] in ("HIT", "DISCARDED"):
-            self.bad.append(("nothing_after_stop_hit", "a token is selected after the stop hit", None))
+            self.violate("no_select_while_draining", "a token is selected in DRAINING")
+        if REASONS[f[F.reason]] == FinishReason.STOP_SEQUENCE or self.m.stop.states[f[F.stop_matcher]] in ("HIT", "DISCARDED"):
+            self.violate("nothing_after_stop_hit", "a token is selected after the stop hit")
 
     def release(self, kind: str) -> None:
         field = RES_FIELD[kind]
@@ -267,22 +276,22 @@ class Step:
 
     def send(self, ret: int) -> None:
         """emit_delta_if_nonempty: hand the safe bytes to the stream, then continue at `ret`."""
-        self.f[F_PC] = P_SEND
-        self.f[F_RET] = ret
+        self.f[F.pc] = PC.sending
+        self.f[F.ret] = ret
 
     def out(self, nonempty: bool, ret: int, gone: bool | None = None) -> None:
         """The step's bytes leave if the effects passed them on (`gone`; default: the detokenizer
         passed them and the stop matcher released them); bytes that neither went out nor were
-        dropped by a row are lost (F_LOST)."""
+        dropped by a row are lost (RequestState.lost)."""
         if gone is None:
             gone = self.passed and self.released
         if not nonempty:
-            self.f[F_PC] = ret
+            self.f[F.pc] = ret
         elif gone:
             self.send(ret)
         else:
-            self.f[F_LOST] = 1
-            self.f[F_PC] = ret
+            self.f[F.lost] = 1
+            self.f[F.pc] = ret
 
     def push(self, detok: str, stop: str | None) -> None:
         """One push through the detokenizer and (its bytes) the stop matcher."""
@@ -296,18 +305,18 @@ class Step:
         self.held_out = False
         self.fire("stop_matcher", "discard")
         if self.held_out:
-            self.send(self.f[F_PC])
+            self.send(self.f[F.pc])
 
     def after_lifecycle(self, state: str | None, *, default: int) -> None:
         """Where the loop goes once the table has answered (the runtime reads its state)."""
         if state is None or self.m.life.terminal[self.m.life.i(state)]:
-            return  # refused (branch dead) or terminal (terminal_event set P_CLOSE)
+            return  # refused (branch dead) or terminal (terminal_event set PC.closing)
         if state == "CANCEL_REQUESTED":
-            self.f[F_PC] = P_SAFE if self.f[F_KERNEL] == 0 else self.f[F_PC]
-        elif state == "DRAINING" and default in (P_TOP, P_CHECKS):
-            self.f[F_PC] = P_DRAIN
+            self.f[F.pc] = PC.safe_point if self.f[F.kernel] == KERNEL.none else self.f[F.pc]
+        elif state == "DRAINING" and default in (PC.top_of_step, PC.finish_checks):
+            self.f[F.pc] = PC.draining_finish
         else:
-            self.f[F_PC] = default
+            self.f[F.pc] = default
 
 
 # ---- the model's implementation of every effect (machine/actions.py) --------------------------
@@ -330,24 +339,24 @@ def _release_model(s: Step, field: int, target: int, reason: int) -> None:
 
 @LIFECYCLE.effect("fix_reason")
 def _fix_reason(s: Step, field: int, target: int, reason: int) -> None:
-    s.f[F_REASON] = reason
+    s.f[F.reason] = reason
 
 
 @LIFECYCLE.effect("emit_terminal")
 def _emit_terminal(s: Step, field: int, target: int, reason: int) -> None:
     state = s.m.life.states[target]
     s.fire("stream", "overflow" if s.overflow else s.m.stream_event_of.get(state, "fail"))
-    s.f[F_PC] = P_CLOSE
+    s.f[F.pc] = PC.closing
 
 
 @LIFECYCLE.effect("acquire_model")
 def _acquire_model(s: Step, field: int, target: int, reason: int) -> None:
     for kind in MODEL_KINDS:
         s.acquire(kind)
-    s.f[F_KERNEL] = 1
+    s.f[F.kernel] = KERNEL.prefill
 
 
-LIFECYCLE.abstracts("observe_cancel", "the loop's cancel progress (F_CANCEL) is the observation; "
+LIFECYCLE.abstracts("observe_cancel", "the loop's cancel progress (RequestState.cancel) is the observation; "
                     "its trace entry is checked by cancel_observed_after_requested")
 LIFECYCLE.abstracts("discard_result", "the model holds no logits; no_select_after_cancel_observed checks "
                     "that no token comes from a discarded result")
@@ -355,28 +364,28 @@ LIFECYCLE.abstracts("discard_result", "the model holds no logits; no_select_afte
 
 @STREAM.effect("queue_delta")
 def _queue_delta(s: Step, field: int, target: int, reason: int) -> None:
-    s.f[F_SEQ] += 1
-    s.f[F_BUF] += 1
+    s.f[F.seq] += 1
+    s.f[F.unread] += 1
 
 
 @STREAM.effect("queue_terminal")
 def _queue_terminal(s: Step, field: int, target: int, reason: int) -> None:
-    s.f[F_TERMS] += 1
+    s.f[F.terminals] += 1
 
 
 @STREAM.effect("replay")
 def _replay(s: Step, field: int, target: int, reason: int) -> None:
-    s.f[F_BUF] = 0
+    s.f[F.unread] = 0
 
 
 @STREAM.effect("detach")
 def _detach(s: Step, field: int, target: int, reason: int) -> None:
-    s.f[F_CONN] = 1
+    s.f[F.reader] = READER.disconnected
 
 
 @STREAM.effect("attach")
 def _attach(s: Step, field: int, target: int, reason: int) -> None:
-    s.f[F_CONN] = 2
+    s.f[F.reader] = READER.reconnected
 
 
 STREAM.abstracts("open", "response.start: the stream's OPEN state is the fact")
@@ -386,10 +395,10 @@ STREAM.abstracts("resume", "the OPEN state is the fact: the loop sends again")
 
 @RESOURCES.effect("free")
 def _free(s: Step, field: int, target: int, reason: int) -> None:
-    bit = 1 << (field - F_TH)
-    if s.f[F_FREED] & bit:
-        s.bad.append(("release_exactly_once", f"{RESOURCE_KINDS[field - F_TH]} freed twice", None))
-    s.f[F_FREED] |= bit
+    bit = 1 << (field - F.trace_handle)
+    if s.f[F.freed] & bit:
+        s.violate("release_exactly_once", f"{RESOURCE_KINDS[field - F.trace_handle]} freed twice")
+    s.f[F.freed] |= bit
 
 
 @STOP.effect("release_safe")
@@ -463,7 +472,7 @@ class Model:
         self._places = _places(self.seq)  # per sequence state: does it hold a batch place?
         # guards: per sequence state, the allowed events that would take a second place or give
         # back one it does not hold (what the Engine must be refused, as a second acquire is)
-        self._place_guards = tuple(
+        self.place_guards = tuple(
             tuple((e, "takes a second place" if self._places[i] else "gives back a place it does not hold")
                   for e, (_, _, _, plan) in self.seq.step[i].items()
                   if (plan.has("take_place") and self._places[i]) or (plan.has("give_place") and not self._places[i]))
@@ -494,169 +503,163 @@ class Model:
         self.observe_order = tuple(p for p in order if p in _OBSERVERS)
         self.emit_first = order.index("emit") < order.index("finish_checks")
 
-    def initial(self) -> list[tuple[int, ...]]:
+    def initial(self) -> list[RequestState]:
         """One initial request per backpressure policy."""
-        base = [0] * N_FIELDS
-        base[F_PC] = P_NEW
-        base[F_LC] = self.life.i(self.life.table.initial)
-        base[F_ST] = self.stream.i(self.stream.table.initial)
-        for f in RES_FIELD.values():
-            base[f] = self.res.i(self.res.table.initial)
-        base[F_SM] = self.stop.i(self.stop.table.initial)
-        base[F_DT] = self.detok.i(self.detok.table.initial)
-        base[F_SQ] = self.seq.i(self.seq.table.initial)
-        out = []
-        for p in range(len(self._policy_names)):  # plain requests first (machine/paths.py starts there)
-            base[F_POLICY] = p
-            out.append(tuple(base))
-        base[F_POLICY] = 0  # a guard changes what a token ends, not how the stream holds it: one policy
-        for g in range(1, len(self.config.guards) + 1):
-            base[F_GUARD] = g
-            out.append(tuple(base))
-        return out
+        base = RequestState(*(0,) * len(F))._replace(
+            pc=PC.new, lifecycle=self.life.i(self.life.table.initial), stream=self.stream.i(self.stream.table.initial),
+            stop_matcher=self.stop.i(self.stop.table.initial), detokenizer=self.detok.i(self.detok.table.initial),
+            sequence=self.seq.i(self.seq.table.initial), **dict.fromkeys(RESOURCE_KINDS, self.res.i(self.res.table.initial)))
+        # plain requests first (machine/paths.py starts there); a guard changes what a token ends,
+        # not how the stream holds it: one policy for those
+        return ([base._replace(policy=p) for p in range(len(self._policy_names))]
+                + [base._replace(guard=g) for g in range(1, len(self.config.guards) + 1)])
 
-    def guard_field(self, c: tuple[int, ...]) -> str | None:
-        """The guard field the request sets (F_GUARD), if any."""
-        return self.config.guards[c[F_GUARD] - 1] if c[F_GUARD] else None
+    def guard_field(self, c: RequestState | Judged) -> str | None:
+        """The guard field the request sets (RequestState.guard), if any."""
+        return self.config.guards[c.guard - 1] if c.guard else None
 
-    def guarded(self, check: str, c: tuple[int, ...], t: int) -> bool:
+    def guarded(self, check: str, c: RequestState, t: int) -> bool:
         """Does a guard the table lists for `check` turn it off for the t-th token (D31)?"""
         field = self.guard_field(c)
         return field is not None and any(FINISH_GUARDS[g](field, t) for g in self.unless.get(check, ()))
 
-    def done(self, comp: tuple[int, ...]) -> bool:
-        return comp[F_PC] == P_DONE
+    # What the product search asks of a request it keeps (a plain tuple of RequestState's fields).
 
-    def holds_slot(self, comp: tuple[int, ...]) -> bool:
+    def done(self, comp: Sequence[int]) -> bool:
+        return comp[F.pc] == PC.done
+
+    def holds_slot(self, comp: Sequence[int]) -> bool:
         """Its sequence holds one of the batch's places (derived from the sequence table)."""
-        return self._places[comp[F_SQ]]
+        return self._places[comp[F.sequence]]
 
-    def waits_for_slot(self, comp: tuple[int, ...]) -> bool:
+    def waits_for_slot(self, comp: Sequence[int]) -> bool:
         """At the queue, nothing pending to observe: only a free slot lets it go on (§4.1 QUEUED)."""
-        return comp[F_PC] == P_QUEUED and comp[F_CANCEL] != 1 and comp[F_DEADLINE] != 1
+        return comp[F.pc] == PC.queued and comp[F.cancel] != CANCEL.requested and comp[F.deadline] != DEADLINE.passed
 
-    def used_slot(self, comp: tuple[int, ...]) -> bool:
-        return self.res.states[comp[F_BS]] == "RELEASED" and not self._places[comp[F_SQ]]
+    def used_slot(self, comp: Sequence[int]) -> bool:
+        return self.res.states[comp[F.batch_slot]] == "RELEASED" and not self._places[comp[F.sequence]]
 
     # ---- the transition relation -----------------------------------------------------------
 
-    def expand(self, comp: tuple[int, ...]) -> list[Step]:
-        """Every successor step of one request: the loop's choices and the environment's."""
+    def expand(self, comp: Sequence[int]) -> list[Step]:
+        """Every successor step of one request (a RequestState or a plain tuple of its fields):
+        the loop's choices and the environment's."""
+        c = RequestState._make(comp)
         out: list[Step] = []
-        self._loop(comp, out)
-        self._environment(comp, out)
-        return [s for s in out if s.fired or s.f != list(comp)]
+        self._loop(c, out)
+        self._environment(c, out)
+        return [s for s in out if s.fired or s.f != list(c)]
 
     def _new(self, comp, out, label, tag: Tag) -> Step:
         s = Step(self, comp, label, tag)
         out.append(s)
         return s
 
-    def _loop(self, c: tuple[int, ...], out: list[Step]) -> None:
-        pc = c[F_PC]
-        if pc == P_NEW:
+    def _loop(self, c: RequestState, out: list[Step]) -> None:
+        pc = c.pc
+        if pc == PC.new:
             s = self._new(c, out, "loop: request created, stream resources acquired, response.start", Tag("start"))
             s.acquire("trace_handle")
             s.acquire("stream_buffer")
             s.fire("stream", "start")
-            s.f[F_PC] = P_CREATED
-        elif pc == P_CREATED:
-            if c[F_CANCEL] == 1:
+            s.f[F.pc] = PC.created
+        elif pc == PC.created:
+            if c.cancel == CANCEL.requested:
                 s = self._new(c, out, "loop: cancel observed before admission", Tag("observe", what="cancel", fault=True))
-                s.f[F_CANCEL] = 2
-                s.after_lifecycle(s.lc("cancel"), default=P_SAFE)
+                s.f[F.cancel] = CANCEL.observed
+                s.after_lifecycle(s.lc("cancel"), default=PC.safe_point)
                 return
             s = self._new(c, out, "loop: admitted (enqueue)", Tag("admit"))
-            s.after_lifecycle(s.lc("enqueue"), default=P_QUEUED)
+            s.after_lifecycle(s.lc("enqueue"), default=PC.queued)
             s = self._new(c, out, "loop: admission refused (prompt fills the context)", Tag("refuse"))
             s.lc("reject")
-        elif pc in (P_QUEUED, P_TOP):
+        elif pc in (PC.queued, PC.top_of_step):
             self._check_point(c, out, pc)
-        elif pc == P_PREFILL:
+        elif pc == PC.prefill_in_flight:
             self._kernel_end(c, out, "prefill_done", "prefill")
-        elif pc == P_DECODE:
+        elif pc == PC.decode_in_flight:
             self._kernel_end(c, out, "decode_done", "decode")
-        elif pc == P_CHECKS:
+        elif pc == PC.finish_checks:
             self._finish_checks(c, out)
-        elif pc == P_SEND:
+        elif pc == PC.sending:
             self._send(c, out)
-        elif pc == P_SAFE:
+        elif pc == PC.safe_point:
             s = self._new(c, out, "loop: safe point: tails discarded, model resources released, CANCELLED", Tag("safe_point"))
-            if not self.detok.terminal[c[F_DT]]:
+            if not self.detok.terminal[c.detokenizer]:
                 s.fire("detokenizer", "discard")
             s.lc("safe_point")
-        elif pc == P_DRAIN:
+        elif pc == PC.draining_finish:
             self._drain(c, out)
-        elif pc == P_DRAIN_HIT:
+        elif pc == PC.draining_stop_hit:
             s = self._new(c, out, "loop: stop hit in the drained tail", Tag("drain_hit"))
-            s.after_lifecycle(s.lc("stop_hit"), default=P_DRAIN_END)
+            s.after_lifecycle(s.lc("stop_hit"), default=PC.draining_end)
             s.discard_match()
-        elif pc == P_FLUSH:
+        elif pc == PC.draining_flush:
             s = self._new(c, out, "loop: flush the held suffix", Tag("flush"))
-            held = self.stop.states[c[F_SM]] == "HOLDING"
+            held = self.stop.states[c.stop_matcher] == "HOLDING"
             s.fire("stop_matcher", "flush")
-            s.out(held, P_DRAIN_END, s.held_out)
+            s.out(held, PC.draining_end, s.held_out)
             if held and self.config.finish_conditions:  # the policy refuses the flushed bytes (D23)
                 s = self._new(c, out, "loop: flush the held suffix, the content policy refuses it (not sent, D23)",
                               Tag("flush", interrupt=True, fault=True))
                 s.fire("stop_matcher", "flush")
-                s.after_lifecycle(s.lc("content_interrupt"), default=P_DRAIN_END)
+                s.after_lifecycle(s.lc("content_interrupt"), default=PC.draining_end)
             if "model_error" in self.config.faults:  # a content policy that raises on the flush (D20)
                 s = self._new(c, out, "environment: the request's own code raises on the flushed bytes",
                               Tag("drain_raises", fault=True))
                 s.lc("model_error")
-        elif pc == P_INTERRUPT:
+        elif pc == PC.interrupt_after_emit:
             self._interrupted(self._new(c, out, "loop: the content policy refuses the chunk already emitted",
                                         Tag("check", event="content_interrupt", interrupt=True, fault=True)))
-        elif pc == P_DRAIN_END:
+        elif pc == PC.draining_end:
             s = self._new(c, out, "loop: model resources released, FINISHED with the terminal event", Tag("complete"))
             s.lc("complete")
-        elif pc == P_CLOSE:
+        elif pc == PC.closing:
             s = self._new(c, out, "loop: stream resources released after the terminal event, the Engine drops it", Tag("close"))
             s.release("stream_buffer")
             s.release("trace_handle")
             s.fire("sequence", "drop")
-            s.f[F_PC] = P_DONE
+            s.f[F.pc] = PC.done
 
     def _check_point(self, c, out, pc) -> None:
         """check_cancel_or_deadline (QUEUED) and the top of a decode step (§4.3, §4.9): the observe
         phases in the table's [[step]] order; the first with something to observe is the step."""
         if any(_OBSERVERS[phase](self, c, out, pc) for phase in self.observe_order):
             return
-        if pc == P_QUEUED:
+        if pc == PC.queued:
             s = self._new(c, out, "loop: scheduled: prefill starts (slot, cache, RNG acquired)", Tag("schedule"))
             s.fire("sequence", "admit")
-            s.after_lifecycle(s.lc("schedule"), default=P_PREFILL)
+            s.after_lifecycle(s.lc("schedule"), default=PC.prefill_in_flight)
         else:
             self._schedule(c, out)
 
     def _observe_cancel(self, c, out, pc) -> bool:
-        if c[F_CANCEL] != 1:
+        if c.cancel != CANCEL.requested:
             return False
-        parked = pc == P_TOP and self.seq.states[c[F_SQ]] == "PARKED"
+        parked = pc == PC.top_of_step and self.seq.states[c.sequence] == "PARKED"
         s = self._new(c, out, PARKED_CANCEL if parked else "loop: cancel observed at a check point", Tag("observe", what="cancel", parked=parked, fault=True))
-        s.f[F_CANCEL] = 2
-        s.after_lifecycle(s.lc("cancel"), default=P_SAFE)
+        s.f[F.cancel] = CANCEL.observed
+        s.after_lifecycle(s.lc("cancel"), default=PC.safe_point)
         return True
 
     def _observe_deadline(self, c, out, pc) -> bool:
-        if c[F_DEADLINE] != 1:
+        if c.deadline != DEADLINE.passed:
             return False
         s = self._new(c, out, "loop: deadline observed at a check point", Tag("observe", what="deadline", fault=True))
-        s.f[F_DEADLINE] = 2
-        s.after_lifecycle(s.lc("deadline"), default=P_DRAIN)
+        s.f[F.deadline] = DEADLINE.observed
+        s.after_lifecycle(s.lc("deadline"), default=PC.draining_finish)
         return True
 
     def _schedule(self, c, out) -> None:
         """Between two steps the Engine decides where the sequence is (§4.4, §4.8): a resident one
         selects (or, behind its reader, is parked), a parked one waits for its reader, a swapped
         one is resumed when a place is free; any resident or parked one may be preempted."""
-        where = self.seq.states[c[F_SQ]]
-        if where in ("RESIDENT", "PARKED") and c[F_PRE] < self.config.preemptions:
+        where = self.seq.states[c.sequence]
+        if where in ("RESIDENT", "PARKED") and c.preempted < self.config.preemptions:
             s = self._new(c, out, "scheduler: preempted (cache swapped out, place given back)", Tag("preempt", fault=True))
             s.fire("sequence", "preempt")
-            s.f[F_PRE] += 1
-        paused = self.stream.states[c[F_ST]] == "PAUSED"
+            s.f[F.preempted] += 1
+        paused = self.stream.states[c.stream] == "PAUSED"
         if where == "SWAPPED":
             s = self._new(c, out, "scheduler: resumed (cache restored, a place taken)", Tag("resume", fault=True))
             s.fire("sequence", "resume")
@@ -696,45 +699,45 @@ class Model:
         """choose y_t; an EOS is not detokenized, any other token goes through the detokenizer
         and the stop matcher; then the table's finish checks (§4.3, §4.5, §4.6, D4): the content
         policy, where it wins, refuses the chunk before it is sent (D11)."""
-        limit = c[F_SEL] + 1 >= self.config.max_output_tokens
-        if self.guarded("eos", c, c[F_SEL] + 1):
+        limit = c.selected + 1 >= self.config.max_output_tokens
+        if self.guarded("eos", c, c.selected + 1):
             # A guard turns the EOS check off: EOS is a skipped special token (no bytes; kept as
             # text without skip_special_tokens, which the plain tokens below stand for), decoded
             # like any other, and the other checks decide (D31).
-            detok = "hold" if self.detok.states[c[F_DT]] == "PENDING" else "emit"
+            detok = "hold" if self.detok.states[c.detokenizer] == "PENDING" else "emit"
             s = self._push(c, out, f"loop: select EOS, its check turned off by {self.guard_field(c)}: a token with "
-                                   "no bytes", Tag("select", token="guarded_eos"), detok, None, P_CHECKS)
+                                   "no bytes", Tag("select", token="guarded_eos"), detok, None, PC.finish_checks)
             if s is not None:
-                s.f[F_EOS] = 2  # an EOS was selected and goes on as a token (F_EOS 1: one that ended the run)
-                s.out(False, P_CHECKS)
+                s.f[F.eos] = EOS.decoded
+                s.out(False, PC.finish_checks)
         else:
             for event in self._winners({"eos": True, "length": limit}, self._free(False)):
                 s = self._new(c, out, "loop: select EOS" if event == "eos" else f"loop: select EOS, {event} checked first", Tag("select", token="eos", event=event))
-                s.f[F_SEL] += 1
-                s.after_lifecycle(s.lc("select"), default=P_TOP)
-                s.f[F_EOS] = 1
-                s.after_lifecycle(s.lc(event), default=P_DRAIN)
+                s.f[F.selected] += 1
+                s.after_lifecycle(s.lc("select"), default=PC.top_of_step)
+                s.f[F.eos] = EOS.ended
+                s.after_lifecycle(s.lc(event), default=PC.draining_finish)
         for check in self.token_checks:  # a token that fires a token check is not text either (D4)
             for event in self._winners({check: True, "length": limit}, self._free(False), frozenset({"eos"})):
                 s = self._new(c, out, f"loop: select a {check} token" + ("" if event == check else f", {event} checked first"), Tag("select", token=check, event=event))
-                s.f[F_SEL] += 1
-                s.after_lifecycle(s.lc("select"), default=P_TOP)
-                s.after_lifecycle(s.lc(event), default=P_DRAIN)
+                s.f[F.selected] += 1
+                s.after_lifecycle(s.lc("select"), default=PC.top_of_step)
+                s.after_lifecycle(s.lc(event), default=PC.draining_finish)
         if self.config.byte_choices:
             s = self._push(c, out, "loop: select a token: detokenizer invalid", Tag("select", token="invalid"), "invalid", None)
             if s is not None:
-                self._invalid(s, P_CHECKS)
+                self._invalid(s, PC.finish_checks)
         outcomes = ([("loop: select a token: detokenizer hold", "hold", None, False)] if self.config.byte_choices else []) + [
             (f"loop: select a token: detokenizer emit, stop matcher {stop}, safe bytes "
              + ("non-empty" if nonempty else "empty"), "emit", stop, nonempty)
             for stop, nonempty in _STOP_OUTCOMES[self.config.byte_choices]]
         for label, push, stop, nonempty in outcomes:
             winners = self._winners({"stop_hit": stop == "hit", "length": limit}, self._free(nonempty), frozenset({"eos"}))
-            if any(w != "content_interrupt" for w in winners):  # the chunk is sent, P_CHECKS decides
+            if any(w != "content_interrupt" for w in winners):  # the chunk is sent, PC.finish_checks decides
                 tag = Tag("select", token="hold") if push == "hold" else Tag("select", token="push", stop=stop, safe=nonempty)
-                s = self._push(c, out, label, tag, push, stop, P_CHECKS)
+                s = self._push(c, out, label, tag, push, stop, PC.finish_checks)
                 if s is not None:
-                    s.out(nonempty, P_CHECKS)
+                    s.out(nonempty, PC.finish_checks)
             if "content_interrupt" in winners:
                 self._interrupt(c, out, label, stop, nonempty)
 
@@ -742,12 +745,12 @@ class Model:
         """A step that selects a token and pushes it through the detokenizer (and the stop
         matcher); it continues at `pc`. None when the table refused the selection."""
         s = self._new(c, out, label, tag)
-        s.f[F_SEL] += 1
+        s.f[F.selected] += 1
         if s.lc("select") is None:
             return None
         s.push(push, stop)
         if pc is not None:
-            s.f[F_PC] = pc
+            s.f[F.pc] = pc
         return s
 
     def _interrupt(self, c, out, label: str, stop: str, nonempty: bool) -> None:
@@ -759,73 +762,73 @@ class Model:
             return
         if self.emit_first:
             # A [[step]] that emits before the finish checks (D53): the chunk goes out, then the
-            # policy refuses it (P_INTERRUPT).
+            # policy refuses it (PC.interrupt_after_emit).
             if nonempty and s.passed and s.released:
-                s.bad.append(("refused_chunk_never_sent", "the chunk the content policy refuses is sent before "
-                              "the finish checks judge it", None))
-            s.out(nonempty, P_INTERRUPT)
+                s.violate("refused_chunk_never_sent", "the chunk the content policy refuses is sent before "
+                          "the finish checks judge it")
+            s.out(nonempty, PC.interrupt_after_emit)
             return
         self._interrupted(s)
 
     def _interrupted(self, s: Step) -> None:
         """content_interrupt fires: pending bytes (and a matched stop) are discarded, FINISHED follows."""
-        s.after_lifecycle(s.lc("content_interrupt"), default=P_DRAIN_END)
-        if not self.detok.terminal[s.f[F_DT]]:
+        s.after_lifecycle(s.lc("content_interrupt"), default=PC.draining_end)
+        if not self.detok.terminal[s.f[F.detokenizer]]:
             s.fire("detokenizer", "discard")
-        if self.stop.states[s.f[F_SM]] == "HIT":
+        if self.stop.states[s.f[F.stop_matcher]] == "HIT":
             s.discard_match()
 
     def _finish_checks(self, c, out) -> None:
         """After the token's delta: the rest of the table's finish checks (D4; EOS and the content
         policy were decided at the select). A stop that matched cuts the output whichever check
         wins the reason: the tails are discarded."""
-        hit = self.stop.states[c[F_SM]] == "HIT"
-        forced = {"stop_hit": hit, "length": c[F_SEL] >= self.config.max_output_tokens}
+        hit = self.stop.states[c.stop_matcher] == "HIT"
+        forced = {"stop_hit": hit, "length": c.selected >= self.config.max_output_tokens}
         free = self._free(False)
         for event in self._winners(forced, free, frozenset({"eos", "content_interrupt"})):
             if event is None:
                 s = self._new(c, out, "loop: no finish condition: decode starts", Tag("decode"))
-                s.f[F_KERNEL] = 2
-                s.f[F_PC] = P_DECODE
+                s.f[F.kernel] = KERNEL.decode
+                s.f[F.pc] = PC.decode_in_flight
                 continue
             s = self._new(c, out, _CHECK_LABELS.get(event, f"loop: {event}"), Tag("check", event=event))
             if not hit:
-                s.after_lifecycle(s.lc(event), default=P_DRAIN)
+                s.after_lifecycle(s.lc(event), default=PC.draining_finish)
                 continue
-            s.after_lifecycle(s.lc(event), default=P_DRAIN_END)
+            s.after_lifecycle(s.lc(event), default=PC.draining_end)
             s.discard_match()
-            if not self.detok.terminal[s.f[F_DT]]:
+            if not self.detok.terminal[s.f[F.detokenizer]]:
                 s.fire("detokenizer", "discard")
 
     def _kernel_end(self, c, out, done_event: str, what: str) -> None:
         s = self._new(c, out, f"device: {what} kernel completes", Tag("kernel_done", what=what))
-        s.f[F_KERNEL] = 0
+        s.f[F.kernel] = KERNEL.none
         if what == "decode":
-            s.f[F_DEC] += 1
-        s.after_lifecycle(s.lc(done_event), default=P_TOP)
+            s.f[F.decoded] += 1
+        s.after_lifecycle(s.lc(done_event), default=PC.top_of_step)
         if "model_error" not in self.config.faults:
             return
         s = self._new(c, out, f"environment: model error in the {what} kernel", Tag("model_error", what=what, fault=True))
-        s.f[F_KERNEL] = 0
-        s.after_lifecycle(s.lc("model_error"), default=P_TOP)
+        s.f[F.kernel] = KERNEL.none
+        s.after_lifecycle(s.lc("model_error"), default=PC.top_of_step)
 
     def _send(self, c, out) -> None:
         """A delta waits to be queued on the stream: transport failure, backpressure, or sent (§4.8)."""
-        st = self.stream.states[c[F_ST]]
+        st = self.stream.states[c.stream]
         if "transport_error" in self.config.faults:
             s = self._new(c, out, "environment: the send fails (transport error)", Tag("send_fails", fault=True))
             s.lc("transport_error")
         if st == "PAUSED":
             return  # the producer waits for the reader (pause policy)
-        if c[F_BUF] < self.config.buffer_cap or st != "OPEN":
+        if c.unread < self.config.buffer_cap or st != "OPEN":
             s = self._new(c, out, "loop: delta queued on the stream", Tag("delta"))
-            if c[F_TERMS] or self.stream.terminal[c[F_ST]]:
-                s.bad.append(("no_delta_after_terminal", "a delta is sent after the terminal event", None))
-            if REASONS[c[F_REASON]] == FinishReason.STOP_SEQUENCE or self.stop.states[c[F_SM]] == "DISCARDED":
-                s.bad.append(("nothing_after_stop_hit", "a delta is sent after the stop hit", None))
+            if c.terminals or self.stream.terminal[c.stream]:
+                s.violate("no_delta_after_terminal", "a delta is sent after the terminal event")
+            if REASONS[c.reason] == FinishReason.STOP_SEQUENCE or self.stop.states[c.stop_matcher] == "DISCARDED":
+                s.violate("nothing_after_stop_hit", "a delta is sent after the stop hit")
             if s.fire("stream", "delta") is not None:  # the row's effect queues it (seq, unread)
-                s.f[F_PC] = c[F_RET]
-                if s.f[F_BUF] >= self.config.buffer_cap and self._policy_names[c[F_POLICY]] == "pause":
+                s.f[F.pc] = c.ret
+                if s.f[F.unread] >= self.config.buffer_cap and self._policy_names[c.policy] == "pause":
                     s.fire("stream", "block")  # the buffer is at its cap: the producer pauses (§4.8)
         else:
             s = self._new(c, out, "loop: buffer full: overflow, FAILED with transport_error (D6)", Tag("overflow"))
@@ -833,20 +836,20 @@ class Model:
 
     def _drain(self, c, out) -> None:
         """DRAINING: text.finish(), its bytes through the stop matcher, else flush (§4.3)."""
-        dt = self.detok.states[c[F_DT]]
+        dt = self.detok.states[c.detokenizer]
         if dt != "PENDING":
             s = self._new(c, out, "loop: finish(): nothing pending", Tag("drain", what="nothing"))
-            if not self.detok.terminal[c[F_DT]]:
+            if not self.detok.terminal[c.detokenizer]:
                 s.fire("detokenizer", "finish")
-            s.f[F_PC] = P_FLUSH
+            s.f[F.pc] = PC.draining_flush
             return
         s = self._new(c, out, "loop: finish(): the tail is not valid text (decoding error)", Tag("drain", what="invalid"))
         s.push("finish_invalid", None)
-        self._invalid(s, P_FLUSH)
+        self._invalid(s, PC.draining_flush)
         for stop, nonempty in _STOP_OUTCOMES[True]:
             s = self._new(c, out, f"loop: finish(): tail, stop matcher {stop}, safe bytes {'non-empty' if nonempty else 'empty'}", Tag("drain", what="tail", stop=stop, safe=nonempty))
             s.push("finish", stop)
-            s.out(nonempty, P_DRAIN_HIT if stop == "hit" else P_FLUSH)
+            s.out(nonempty, PC.draining_stop_hit if stop == "hit" else PC.draining_flush)
 
     def _invalid(self, s: Step, ret: int) -> None:
         """Bytes that can never be text: the detokenizer's row raises and the request FAILS; a row
@@ -854,8 +857,8 @@ class Model:
         if s.raised:
             s.lc("decode_error")
         elif not s.dead:
-            s.f[F_LOST] = 1
-            s.f[F_PC] = ret
+            s.f[F.lost] = 1
+            s.f[F.pc] = ret
 
     def _environment(self, c, out) -> None:
         """Injections possible at any point: cancel, deadline, reader progress, disconnect (§4.7-§4.9),
@@ -863,50 +866,50 @@ class Model:
         a failing connection while a cancel is pending, a racing release, a scheduler parking a
         parked sequence or unparking a resident one): each is checked and counted as fired; one
         that changes nothing is no edge of the search (machine/checker.py)."""
-        life = self.life.states[c[F_LC]]
-        life_terminal = self.life.terminal[c[F_LC]]
+        life = self.life.states[c.lifecycle]
+        life_terminal = self.life.terminal[c.lifecycle]
         faults = self.config.faults
-        if c[F_CANCEL] == 0 and "cancel" in faults:
+        if c.cancel == CANCEL.none and "cancel" in faults:
             s = self._new(c, out, "environment: cancel requested", Tag("request", what="cancel"))
-            s.f[F_CANCEL] = 1
-        elif c[F_CANCEL] == 1 and c[F_PC] not in (P_CREATED, P_QUEUED, P_TOP) and (
-            c[F_KERNEL] or life == "DRAINING" or life_terminal
+            s.f[F.cancel] = CANCEL.requested
+        elif c.cancel == CANCEL.requested and c.pc not in (PC.created, PC.queued, PC.top_of_step) and (
+            c.kernel or life == "DRAINING" or life_terminal
         ):
             s = self._new(c, out, "scheduler: cancel observed while the loop is busy", Tag("observe_busy", what="cancel", fault=True))
-            s.f[F_CANCEL] = 2
-            s.after_lifecycle(s.lc("cancel"), default=c[F_PC])
-        elif c[F_CANCEL] == 2 and (life == "CANCEL_REQUESTED" or life_terminal):
+            s.f[F.cancel] = CANCEL.observed
+            s.after_lifecycle(s.lc("cancel"), default=c.pc)
+        elif c.cancel == CANCEL.observed and (life == "CANCEL_REQUESTED" or life_terminal):
             s = self._new(c, out, "environment: the cancel is repeated", Tag("repeat_cancel", fault=True))
             if not life_terminal:  # after the end the ignore row changes nothing: no new state
-                s.f[F_CANCEL] = 3
+                s.f[F.cancel] = CANCEL.repeated
             s.lc("cancel")
         if life == "CANCEL_REQUESTED" and "transport_error" in faults:
             s = self._new(c, out, "transport: the connection fails while the cancel is pending", Tag("transport_while_cancel", fault=True))
             s.lc("transport_error")
-        if life_terminal and self.res.states[c[F_KV]] == "RELEASED":
+        if life_terminal and self.res.states[c.kv_cache] == "RELEASED":
             s = self._new(c, out, "environment: a racing release of the KV cache", Tag("racing_release", fault=True))
-            s.fire("resources", "release", F_KV)
-        where = self.seq.states[c[F_SQ]]
-        if c[F_PC] == P_TOP and not life_terminal:
-            if where == "PARKED" and self.stream.states[c[F_ST]] == "PAUSED":
+            s.fire("resources", "release", F.kv_cache)
+        where = self.seq.states[c.sequence]
+        if c.pc == PC.top_of_step and not life_terminal:
+            if where == "PARKED" and self.stream.states[c.stream] == "PAUSED":
                 s = self._new(c, out, "scheduler: parks its parked sequence again", Tag("park_again", fault=True))
                 s.fire("sequence", "park")
-            elif where == "RESIDENT" and self.stream.states[c[F_ST]] == "OPEN":
+            elif where == "RESIDENT" and self.stream.states[c.stream] == "OPEN":
                 s = self._new(c, out, "scheduler: unparks a sequence that is not parked", Tag("unpark_idle", fault=True))
                 s.fire("sequence", "unpark")
-        if c[F_DEADLINE] == 0 and not life_terminal and "deadline" in faults:
+        if c.deadline == DEADLINE.none and not life_terminal and "deadline" in faults:
             s = self._new(c, out, "environment: deadline passes", Tag("request", what="deadline"))
-            s.f[F_DEADLINE] = 1
-        st = self.stream.states[c[F_ST]]
-        if c[F_BUF] and c[F_CONN] != 1:
+            s.f[F.deadline] = DEADLINE.passed
+        st = self.stream.states[c.stream]
+        if c.unread and c.reader != READER.disconnected:
             s = self._new(c, out, "reader: reads one delta", Tag("read", fault=True))
-            s.f[F_BUF] -= 1
+            s.f[F.unread] -= 1
             if st == "PAUSED":
                 s.fire("stream", "unblock")
-        if c[F_CONN] == 0 and st != "NEW" and "disconnect" in faults:
+        if c.reader == READER.connected and st != "NEW" and "disconnect" in faults:
             s = self._new(c, out, "transport: the client disconnects", Tag("disconnect", fault=True))
-            s.fire("stream", "disconnect")  # its row's effect: the reader is gone (F_CONN)
-        elif c[F_CONN] == 1:
+            s.fire("stream", "disconnect")  # its row's effect: the reader is gone (RequestState.reader)
+        elif c.reader == READER.disconnected:
             s = self._new(c, out, "transport: the client reconnects and replays from its last seq", Tag("reconnect", fault=True))
             s.fire("stream", "reconnect")
             s.fire("stream", "replay")  # the replayed deltas count as read (OrderedStream.replay)
@@ -915,109 +918,41 @@ class Model:
 
     # ---- what is checked ---------------------------------------------------------------------
 
-    def describe(self, c: tuple[int, ...]) -> dict[str, object]:
-        """One request tuple as named values: every machine's state, where the loop is, and the
-        data (the state of a TLC trace)."""
+    def describe(self, comp: Sequence[int]) -> dict[str, object]:
+        """One request as named values: every machine's state, where the loop is, and the data
+        (the state of a TLC trace)."""
+        c = RequestState._make(comp)
         return {
-            "pc": PC_NAMES[c[F_PC]],
-            "lifecycle": self.life.states[c[F_LC]],
-            "stream": self.stream.states[c[F_ST]],
-            "stop_matcher": self.stop.states[c[F_SM]],
-            "detokenizer": self.detok.states[c[F_DT]],
+            "pc": PC_NAMES[c.pc],
+            "lifecycle": self.life.states[c.lifecycle],
+            "stream": self.stream.states[c.stream],
+            "stop_matcher": self.stop.states[c.stop_matcher],
+            "detokenizer": self.detok.states[c.detokenizer],
             **{f"resources[{kind}]": self.res.states[c[field]] for kind, field in RES_FIELD.items()},
-            "selected": c[F_SEL], "decoded": c[F_DEC], "seq": c[F_SEQ], "unread": c[F_BUF],
-            "reason": None if REASONS[c[F_REASON]] is None else REASONS[c[F_REASON]].value,
-            "cancel": ("none", "requested", "observed", "repeated")[c[F_CANCEL]],
-            "deadline": ("none", "passed", "observed")[c[F_DEADLINE]],
-            "kernel": ("none", "prefill", "decode")[c[F_KERNEL]],
-            "policy": self._policy_names[c[F_POLICY]],
-            "reader": ("connected", "disconnected", "reconnected")[c[F_CONN]],
-            "sequence": self.seq.states[c[F_SQ]], "preempted": c[F_PRE],
-            "freed": [kind for kind, field in RES_FIELD.items() if c[F_FREED] >> (field - F_TH) & 1],
-            "lost_bytes": bool(c[F_LOST]),
+            "selected": c.selected, "decoded": c.decoded, "seq": c.seq, "unread": c.unread,
+            "reason": None if REASONS[c.reason] is None else REASONS[c.reason].value,
+            "cancel": Cancel._fields[c.cancel],
+            "deadline": Deadline._fields[c.deadline],
+            "kernel": Kernel._fields[c.kernel],
+            "policy": self._policy_names[c.policy],
+            "reader": Reader._fields[c.reader],
+            "sequence": self.seq.states[c.sequence], "preempted": c.preempted,
+            "freed": [kind for kind, field in RES_FIELD.items() if c.freed >> (field - F.trace_handle) & 1],
+            "lost_bytes": bool(c.lost),
             "guard": self.guard_field(c),
         }
 
-    def state_violations(self, c: tuple[int, ...]) -> list[tuple[str, str, tuple[str, str, str] | None]]:
-        """State invariants of one request (scope "state"/"both" in spec/invariants.toml).
-
-        A third item names a step the tables would allow from here although they must refuse it
-        (a guard: the tables are the runtime's last line of defence against a wrong producer).
-        """
-        bad: list[tuple[str, str, tuple[str, str, str] | None]] = []
-        life, st = self.life.states[c[F_LC]], self.stream.states[c[F_ST]]
-        life_end, st_end = self.life.terminal[c[F_LC]], self.stream.terminal[c[F_ST]]
-        reason = REASONS[c[F_REASON]]
-        if life_end and st_end and self.stream_end_of.get(life) != st:
-            bad.append(("terminal_exclusive", f"lifecycle {life} but stream {st}", None))
-        if life_end != st_end and c[F_PC] != P_NEW:
-            bad.append(("terminal_with_transition", f"lifecycle {life} and stream {st}: one terminal without the other", None))
-        if c[F_TERMS] > 1:
-            bad.append(("single_terminal_event", f"{c[F_TERMS]} terminal events", None))
-        if c[F_PC] == P_DONE and c[F_TERMS] != 1:
-            bad.append(("single_terminal_event", "the request ended without a terminal event", None))
-        held = [k for k, f in RES_FIELD.items() if self.res.states[c[f]] == "HELD"]
-        if c[F_PC] == P_DONE and held:
-            bad.append(("no_leak", f"{held} still held at the end", None))
-        unfreed = [k for k, f in RES_FIELD.items() if self.res.states[c[f]] == "RELEASED" and not c[F_FREED] >> (f - F_TH) & 1]
-        if unfreed:
-            bad.append(("no_leak", f"{unfreed} released without their free callback (the row's action frees nothing)", None))
-        if c[F_LOST] and life == "FINISHED":
-            bad.append(("detok_concat_equals_batch", "output bytes neither sent nor discarded by a row", None))
-        if life_end and set(held) & set(MODEL_KINDS):
-            bad.append(("model_released_before_terminal", f"{sorted(set(held) & set(MODEL_KINDS))} held in {life}", None))
-        if c[F_SEL] - c[F_DEC] not in (0, 1):
-            bad.append(("selected_minus_decoded_0_or_1", f"selected {c[F_SEL]}, decoded {c[F_DEC]}", None))
-        if c[F_KERNEL] == 2 and c[F_SEL] != c[F_DEC] + 1:
-            bad.append(("decode_after_selected", f"decode in flight with selected {c[F_SEL]}, decoded {c[F_DEC]}", None))
-        if life == "CANCELLED" and c[F_KERNEL]:
-            bad.append(("no_kernel_in_flight_at_cancelled", "CANCELLED with a kernel in flight", None))
-        if (life in ("CANCELLED", "CANCEL_REQUESTED") or reason == FinishReason.CANCELLED) and c[F_CANCEL] == 0:
-            bad.append(("cancelled_only_if_requested", f"{life} without a cancel request", None))
-        if c[F_DEADLINE] == 2 and reason == FinishReason.CANCELLED:
-            bad.append(("deadline_not_cancelled", "deadline observed, reason cancelled", None))
-        if reason == FinishReason.EOS and c[F_EOS] != 1:
-            bad.append(("transport_not_eos", "reason eos without an EOS token", None))
-        field = self.guard_field(c)
-        if reason == FinishReason.EOS and life_end and (field == "ignore_eos" or field == "min_tokens" and c[F_SEL] <= MIN_TOKENS):
-            bad.append(("eos_guards_respected", f"a request with {field} ended with eos on token {c[F_SEL]}", None))
-        if life_end and reason not in self.reasons_of_state.get(life, ()):
-            bad.append(("finish_reason_matches_state", f"{life} with reason {reason}", None))
-        limit = self.config.max_output_tokens
-        if c[F_SEL] > limit or (reason == FinishReason.MAX_OUTPUT_TOKENS and c[F_SEL] != limit):
-            bad.append(("length_respected", f"{c[F_SEL]} selected, limit {limit}, reason {reason}", None))
-        if c[F_BUF] > self.config.buffer_cap:
-            bad.append(("stream_bounded", f"{c[F_BUF]} unread deltas, cap {self.config.buffer_cap}", None))
-        # guards: what the tables must refuse in this state
-        if life_end:
-            for e, (t, *_) in self.life.step[c[F_LC]].items():
-                if t != c[F_LC]:
-                    bad.append(("terminal_irreversible", f"the lifecycle table lets '{e}' leave {life}", ("lifecycle", life, e)))
-                    break
-        if st_end and self.stream.step[c[F_ST]].get("delta", (0, False, 0, None))[1]:
-            bad.append(("no_delta_after_terminal", f"the stream table accepts a delta in {st}", ("stream", st, "delta")))
-        if held and "acquire" in self.res.step[self.res.i("HELD")]:
-            bad.append(("release_exactly_once", f"the resources table accepts a second 'acquire' of {held[0]} in HELD "
-                        "(a second acquire would need a second release)", ("resources", "HELD", "acquire")))
-        for e, what in self._place_guards[c[F_SQ]]:
-            where = self.seq.states[c[F_SQ]]
-            bad.append(("release_exactly_once", f"the sequence table lets '{e}' in {where}: it {what}",
-                        ("sequence", where, e)))
-        if life == "CANCEL_REQUESTED" and "select" in self.life.step[c[F_LC]]:
-            bad.append(("no_select_after_cancel_observed", "the lifecycle table accepts 'select' in CANCEL_REQUESTED",
-                        ("lifecycle", life, "select")))
-        if life == "DRAINING" and "select" in self.life.step[c[F_LC]]:
-            bad.append(("no_select_while_draining", "the lifecycle table accepts 'select' in DRAINING",
-                        ("lifecycle", life, "select")))
-        return bad
-
-    def witnesses(self, pre: tuple[int, ...], post: tuple[int, ...], fired: list[tuple[str, str, str]]) -> list[str]:
-        """The sometimes-properties (WITNESSES) that this local step demonstrates: those its fired
-        steps (or its change of lifecycle state) trigger whose predicate holds."""
-        triggers = dict.fromkeys(fired)  # in the order fired, once each
-        if pre[F_LC] != post[F_LC]:
+    def witnesses(self, pre: Sequence[int], step: Step) -> list[str]:
+        """The sometimes-properties (WITNESSES) that a local step from `pre` demonstrates: those
+        its fired steps (or its change of lifecycle state) trigger whose predicate holds."""
+        triggers = dict.fromkeys(step.fired)  # in the order fired, once each
+        if pre[F.lifecycle] != step.f[F.lifecycle]:
             triggers[None] = None
-        return [name for t in triggers for name, pred in _TRIGGERED.get(t, ()) if pred(self, pre, post)]
+        candidates = [(name, pred) for t in triggers for name, pred in _TRIGGERED.get(t, ())]
+        if not candidates:
+            return []
+        a, b = RequestState._make(pre), step.post()
+        return [name for name, pred in candidates if pred(self, a, b)]
 
 
 # The model's one implementation of each observe phase of the [[step]] (D53).
@@ -1042,7 +977,7 @@ def _places(seq: Machine) -> tuple[bool, ...]:
 
 
 def _ends(m: Model, post, state: str, *reasons: FinishReason) -> bool:
-    return m.life.states[post[F_LC]] == state and (not reasons or REASONS[post[F_REASON]] in reasons)
+    return m.life.states[post.lifecycle] == state and (not reasons or REASONS[post.reason] in reasons)
 
 
 def _always(m: Model, a, b) -> bool:
@@ -1052,11 +987,11 @@ def _always(m: Model, a, b) -> bool:
 # name -> (anchor, trigger step or None, predicate(model, pre, post)). A trigger is a table step
 # the local step must fire; None means the step must change the lifecycle state.
 WITNESSES = {
-    "cancel_wins_over_completion": ("§4.9", None, lambda m, a, b: _ends(m, b, "CANCELLED") and a[F_SEL] >= 1),
+    "cancel_wins_over_completion": ("§4.9", None, lambda m, a, b: _ends(m, b, "CANCELLED") and a.selected >= 1),
     "late_cancel_ignored_in_draining": ("§4.9", ("lifecycle", "DRAINING", "cancel"), _always),
-    "completion_wins_over_late_cancel": ("§4.9", None, lambda m, a, b: _ends(m, b, "FINISHED") and b[F_CANCEL] >= 2),
+    "completion_wins_over_late_cancel": ("§4.9", None, lambda m, a, b: _ends(m, b, "FINISHED") and b.cancel >= CANCEL.observed),
     "stop_at_last_allowed_token": (
-        "§4.3", ("lifecycle", "DECODING", "stop_hit"), lambda m, a, b: a[F_SEL] == m.config.max_output_tokens),
+        "§4.3", ("lifecycle", "DECODING", "stop_hit"), lambda m, a, b: a.selected == m.config.max_output_tokens),
     "deadline_ends_deadline_exceeded": (
         "§4.9", None, lambda m, a, b: _ends(m, b, "FINISHED", FinishReason.DEADLINE_EXCEEDED)),
     "deadline_while_queued": ("§4.9", ("lifecycle", "QUEUED", "deadline"), _always),
@@ -1068,22 +1003,22 @@ WITNESSES = {
     "model_error_fails": ("§4.1", None, lambda m, a, b: _ends(m, b, "FAILED", FinishReason.MODEL_ERROR)),
     "slow_reader_pauses_and_resumes": ("§4.8", ("stream", "PAUSED", "unblock"), _always),
     "buffer_overflow_fails": ("§4.8", ("stream", "OPEN", "overflow"), _always),
-    "reconnect_then_finish": ("§4.7", None, lambda m, a, b: _ends(m, b, "FINISHED") and b[F_CONN] == 2),
+    "reconnect_then_finish": ("§4.7", None, lambda m, a, b: _ends(m, b, "FINISHED") and b.reader == READER.reconnected),
     "cancel_during_prefill_discarded": ("§4.9", ("lifecycle", "CANCEL_REQUESTED", "prefill_done"), _always),
     "cancel_during_decode_discarded": ("§4.11", ("lifecycle", "CANCEL_REQUESTED", "decode_done"), _always),
-    "eos_on_first_token": ("§4.12", ("lifecycle", "DECODING", "eos"), lambda m, a, b: b[F_SEL] == 1 and not b[F_GUARD]),
+    "eos_on_first_token": ("§4.12", ("lifecycle", "DECODING", "eos"), lambda m, a, b: b.selected == 1 and not b.guard),
     # D31: an EOS whose check a guard turns off is decoded, and the request ends another way
     "guarded_eos_then_length": (
-        "§4.3", ("lifecycle", "DECODING", "length"), lambda m, a, b: m.guard_field(b) == "min_tokens" and b[F_EOS] == 2),
+        "§4.3", ("lifecycle", "DECODING", "length"), lambda m, a, b: m.guard_field(b) == "min_tokens" and b.eos == EOS.decoded),
     "ignored_eos_decoded": (
-        "§4.6", ("lifecycle", "DECODING", "decode_done"), lambda m, a, b: m.guard_field(b) == "ignore_eos" and b[F_EOS] == 2),
+        "§4.6", ("lifecycle", "DECODING", "decode_done"), lambda m, a, b: m.guard_field(b) == "ignore_eos" and b.eos == EOS.decoded),
     "admission_refused": ("§4.1", ("lifecycle", "CREATED", "reject"), _always),
     # D11: the policy sees the chunk before the send and before the length check
     "content_interrupt_on_last_allowed_token": (
         "§4.10", ("lifecycle", "DECODING", "content_interrupt"),
-        lambda m, a, b: b[F_SEL] == m.config.max_output_tokens and b[F_SEQ] == a[F_SEQ]),
+        lambda m, a, b: b.selected == m.config.max_output_tokens and b.seq == a.seq),
     "replay_resumes_paused_producer": (
-        "§4.7", ("stream", "PAUSED", "replay"), lambda m, a, b: m.stream.states[b[F_ST]] == "OPEN"),
+        "§4.7", ("stream", "PAUSED", "replay"), lambda m, a, b: m.stream.states[b.stream] == "OPEN"),
     # §4.8: the scheduler's moves (spec/sequence.toml)
     "preempted_then_resumed": ("§4.8", ("sequence", "SWAPPED", "resume"), _always),
     "parked_then_preempted": ("§4.8", ("sequence", "PARKED", "preempt"), _always),

@@ -21,11 +21,12 @@ from typing import Any
 import attrs
 
 from ..spec import Table
-from .checker_model import F_PC, F_POLICY, PC_NAMES, Model, ModelConfig, Step, Tag
+from .checker_model import Model, ModelConfig, Step, Tag
+from .checker_state import PC_NAMES, RequestState
 
 Target = tuple[str, ...]
 DEFAULT_CONFIG = ModelConfig(policies=("pause", "buffer", "fail"))  # max_output_tokens 2, cap 1
-Allow = Callable[[tuple[int, ...], Step], bool]
+Allow = Callable[[RequestState, Step], bool]
 
 def machine_of(name: str) -> str:
     """`resources[kv_cache]` -> `resources`: the table a fired step belongs to."""
@@ -105,7 +106,7 @@ def is_model_run(path: ModelPath, config: ModelConfig | None = None, tables: Map
     comps = {model.initial()[config.policies.index(path.policy)]}
     for ps in path.steps:
         comps = {
-            tuple(s.f) for c in comps if PC_NAMES[c[F_PC]] == ps.point
+            s.post() for c in comps if PC_NAMES[c.pc] == ps.point
             for s in model.expand(c) if not s.dead and s.tag == ps.tag and s.label == ps.label and tuple(s.fired) == ps.fired
         }
         if not comps:
@@ -119,17 +120,17 @@ class _Graph:
     def __init__(self, model: Model, allow: Allow | None) -> None:
         self.model = model
         self.init = model.initial()
-        self.depth: dict[tuple[int, ...], int] = dict.fromkeys(self.init, 0)
-        self.parent: dict[tuple[int, ...], tuple[tuple[int, ...], PathStep] | None] = dict.fromkeys(self.init)
-        self.edges: list[tuple[tuple[int, ...], PathStep, tuple[int, ...], tuple[Target, ...]]] = []
+        self.depth: dict[RequestState, int] = dict.fromkeys(self.init, 0)
+        self.parent: dict[RequestState, tuple[RequestState, PathStep] | None] = dict.fromkeys(self.init)
+        self.edges: list[tuple[RequestState, PathStep, RequestState, tuple[Target, ...]]] = []
         todo = deque(self.init)
         while todo:
             comp = todo.popleft()
             for step in model.expand(comp):
                 if step.dead or (allow is not None and not allow(comp, step)):
                     continue
-                post = tuple(step.f)
-                ps = PathStep(step.label, PC_NAMES[comp[F_PC]], tuple(step.fired), step.tag)
+                post = step.post()
+                ps = PathStep(step.label, PC_NAMES[comp.pc], tuple(step.fired), step.tag)
                 self.edges.append((comp, ps, post, self._targets(ps)))
                 if post not in self.depth:
                     self.depth[post] = self.depth[comp] + 1
@@ -148,11 +149,11 @@ class _Graph:
 
     def _to_done(self) -> None:
         """Backward BFS from the end states: distance to done and the first step on the way."""
-        back: dict[tuple[int, ...], list[tuple[tuple[int, ...], PathStep]]] = {}
+        back: dict[RequestState, list[tuple[RequestState, PathStep]]] = {}
         for src, ps, dst, _ in self.edges:
             back.setdefault(dst, []).append((src, ps))
         self.dist = {c: 0 for c in self.depth if self.model.done(c)}
-        self.next: dict[tuple[int, ...], tuple[PathStep, tuple[int, ...]]] = {}
+        self.next: dict[RequestState, tuple[PathStep, RequestState]] = {}
         todo = deque(self.dist)
         while todo:
             c = todo.popleft()
@@ -162,7 +163,7 @@ class _Graph:
                     self.next[src] = (ps, c)
                     todo.append(src)
 
-    def path(self, src: tuple[int, ...], ps: PathStep, dst: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[PathStep, ...]]:
+    def path(self, src: RequestState, ps: PathStep, dst: RequestState) -> tuple[RequestState, tuple[PathStep, ...]]:
         head: list[PathStep] = []
         c = src
         while self.parent[c] is not None:
@@ -197,7 +198,7 @@ def covering_paths(
     reachable = frozenset(full.targets())
     graph = full if allow is None else _Graph(model, allow)
     wanted = set(reachable if targets is None else targets)
-    best: dict[Target, tuple[int, tuple[int, ...], PathStep, tuple[int, ...]]] = {}
+    best: dict[Target, tuple[int, RequestState, PathStep, RequestState]] = {}
     for src, ps, dst, ts in graph.edges:
         if dst not in graph.dist:
             continue
@@ -213,7 +214,7 @@ def covering_paths(
         while graph.parent[start] is not None:
             start = graph.parent[start][0]
         assert model.done(end), f"path for {t} does not end"
-        paths[t] = ModelPath(t, policies[start[F_POLICY]], steps)
+        paths[t] = ModelPath(t, policies[start.policy], steps)
     return PathSet(
         config=config, paths=paths, reachable=reachable,
         unreached=frozenset(wanted - set(paths)), states=len(full.depth),

@@ -55,7 +55,7 @@ from typing import Any
 import attrs
 
 from ..machine import IllegalTransition, compiled
-from ..machine.checker_model import F_LC, Step
+from ..machine.checker_model import Step
 from ..machine.paths import ModelPath, PathSet, covering_paths, machine_of
 from ..runtime.detokenizer import DecodingError, IncrementalDetokenizer
 from ..runtime.engine import Engine
@@ -101,7 +101,7 @@ def tokenizer() -> ByteTableTokenizer:
 
 def _busy_cancel_outside_kernel(comp: tuple[int, ...], step: Step) -> bool:
     return step.tag.kind == "observe_busy" and \
-        step.m.life.states[comp[F_LC]] not in ("PREFILLING", "DECODING", "CANCEL_REQUESTED")
+        step.m.life.states[comp.lifecycle] not in ("PREFILLING", "DECODING", "CANCEL_REQUESTED")
 
 
 # name -> (predicate on a model step, reason). Each is a model step that neither driver of the

@@ -18,7 +18,7 @@ from ..machine import IllegalTransition, compiled
 from ..runtime.events import TERMINAL_KINDS, Event, EventKind
 from ..spec import FinishReason, load_spec
 from ..spec.derived import final_reasons, model_resources, stream_end_of
-from .invariants import MonitorFn, load_invariants, monitor, registered
+from .invariants import MONITORS, MonitorFn, load_invariants, monitor, registered
 
 K = EventKind
 _LIFECYCLE_TERMINAL = frozenset(load_spec("lifecycle").terminal)
@@ -908,6 +908,4 @@ def monitors() -> dict[str, MonitorFn]:
 
 def registry_mismatch() -> tuple[list[str], list[str]]:
     """(trace invariants without a monitor, monitors without a trace invariant in the TOML)."""
-    declared = {n for n, inv in load_invariants().items() if inv.on_traces}
-    registered_names = set(monitors())
-    return sorted(declared - registered_names), sorted(registered_names - declared)
+    return MONITORS.mismatch()

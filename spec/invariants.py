@@ -1,8 +1,8 @@
-"""The named invariants of chapter 4 (spec/invariants.toml): their loader, as plain data.
+"""The named invariants of chapter 4 (spec/invariants.toml): their loader, as plain data, and the
+registry that holds each invariant's one implementation per place it is checked.
 
-The model checker (machine/checker.py) reads them to know which invariants it checks in every
-state (scope "state" or "both"); properties/invariants.py registers one trace monitor per
-invariant of scope "trace" or "both".
+Each place is a `Registry` held against the declarations both ways, e.g. the trace monitors
+(properties/monitors.py, scope "trace" or "both").
 """
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from __future__ import annotations
 import enum
 import functools
 import tomllib
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
+from typing import Any, Generic, TypeVar
 
 import attrs
 
@@ -79,3 +81,42 @@ def load_invariants(path: str | Path | None = None) -> dict[str, Invariant]:
             entry["name"], entry["anchor"], entry["statement"], scope, tuple(entry.get("needs", ()))
         )
     return out
+
+
+Check = TypeVar("Check", bound=Callable[..., Any])
+
+
+class Registry(Generic[Check]):
+    """The one implementation of each invariant at one place: `place` (Scope.TRACE: the trace
+    monitors; Scope.STATE: the model checker's states) takes the invariants of that scope and of
+    "both"; `register(name)` is a decorator, and a second implementation of a name is an error."""
+
+    def __init__(self, what: str, place: Scope) -> None:
+        if place is Scope.BOTH:
+            raise ValueError("a registry's place is Scope.TRACE or Scope.STATE")
+        self.what = what
+        self.place = place
+        self._checks: dict[str, Check] = {}
+
+    def register(self, name: str) -> Callable[[Check], Check]:
+        """Register the one `what` of invariant `name` (a second registration raises, naming the first)."""
+
+        def add(fn: Check) -> Check:
+            if name in self._checks:
+                raise ValueError(f"invariant '{name}' already has a {self.what}: {self._checks[name].__qualname__}")
+            self._checks[name] = fn
+            return fn
+
+        return add
+
+    def registered(self) -> dict[str, Check]:
+        """The implementations registered so far, by invariant name, in registration order."""
+        return dict(self._checks)
+
+    def mismatch(self, elsewhere: Collection[str] = (),
+                 invariants: Mapping[str, Invariant] | None = None) -> tuple[list[str], list[str]]:
+        """(invariants of this place with no implementation, names implemented here that are no
+        invariant of this place); `elsewhere` names the ones this place checks by other means."""
+        declared = {n for n, inv in (invariants or load_invariants()).items() if inv.scope in (self.place, Scope.BOTH)}
+        here = set(self._checks) | set(elsewhere)
+        return sorted(declared - here), sorted(here - declared)

@@ -1,5 +1,7 @@
-"""spec/invariants.toml and the monitor registry agree both ways (issue 5 item 1): each trace
-invariant has exactly one registered monitor and each monitor names a declared invariant."""
+"""spec/invariants.toml and its registries agree both ways: each trace invariant has exactly one
+registered monitor and each monitor names a declared invariant; each state invariant is judged by
+the model checker (a registered state check, a step's report or the search) and each of those
+names a declared state invariant."""
 
 from __future__ import annotations
 
@@ -7,8 +9,12 @@ import re
 
 import pytest
 
-from decodespec.properties.invariants import InvariantSpecError, Scope, load_invariants, monitor
+from decodespec.machine import checker
+from decodespec.machine.checker_invariants import STATE_CHECKS
+from decodespec.machine.checker_model import STEP_CHECKS, Model
+from decodespec.properties.invariants import Invariant, InvariantSpecError, Scope, load_invariants, monitor
 from decodespec.properties.monitors import monitors, registry_mismatch
+from decodespec.spec.invariants import Registry
 
 SECTION = re.compile(r"^§4\.(?:[1-9]|1[0-2])$")
 
@@ -17,6 +23,42 @@ def test_every_trace_invariant_has_a_monitor_and_every_monitor_an_invariant():
     """No invariant without its one implementation, no implementation without its entry (§4.1-§4.12)."""
     missing, extra = registry_mismatch()
     assert missing == [] and extra == []
+
+
+def test_the_model_checker_judges_every_state_invariant_and_nothing_else():
+    """Each invariant of scope state/both (§4.1-§4.12) has a state check, a step's report or a search
+    check in the model checker, and each of those names such an invariant."""
+    assert checker.registry_mismatch() == ([], [])
+
+
+def test_a_registry_names_what_is_on_one_side_only():
+    """A declared invariant without an implementation is missing; an implementation whose invariant
+    is not declared (here: taken out of the declarations) is extra."""
+    elsewhere = {*STEP_CHECKS, *checker.SEARCH_CHECKS}
+    invs = load_invariants()
+    more = {**invs, "new_invariant": Invariant("new_invariant", "§4.1", "a new state invariant", Scope.STATE)}
+    assert STATE_CHECKS.mismatch(elsewhere, more) == (["new_invariant"], [])
+    fewer = {name: inv for name, inv in invs.items() if name != "stream_bounded"}
+    assert STATE_CHECKS.mismatch(elsewhere, fewer) == ([], ["stream_bounded"])
+
+
+def test_a_second_state_check_for_one_invariant_is_refused():
+    """Exactly one state check per invariant, as for the monitors."""
+    with pytest.raises(ValueError, match="'no_leak' already has a state check"):
+        STATE_CHECKS.register("no_leak")(lambda m, c: ())
+
+
+def test_a_registry_is_for_traces_or_for_states():
+    with pytest.raises(ValueError, match="Scope.TRACE or Scope.STATE"):
+        Registry("check", Scope.BOTH)
+
+
+def test_a_step_reporting_an_undeclared_invariant_is_refused():
+    """A model step names only the invariants STEP_CHECKS lists (a typo is an error, not a new name)."""
+    model = Model()
+    step = model.expand(model.initial()[0])[0]
+    with pytest.raises(KeyError, match="'no_such_invariant', which STEP_CHECKS does not list"):
+        step.violate("no_such_invariant", "a message")
 
 
 def test_entries_are_well_formed():

@@ -15,8 +15,9 @@ from _spec_kit import probe, spec_copy
 from click.testing import CliRunner
 from _step_kit import move_phase
 
-from decodespec.machine.checker_model import F_CANCEL, F_DEADLINE, F_LC, F_PC, P_TOP, Model
 from decodespec.cli import main
+from decodespec.machine.checker_model import Model
+from decodespec.machine.checker_state import CANCEL, DEADLINE, PC, RequestState
 from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, generate, runner, stepgen
 from decodespec.runtime.faults import Fault, FaultPlan
 from decodespec.runtime.runner import RequestRun
@@ -117,12 +118,11 @@ def test_a_failure_inside_the_step_names_runner_py_and_the_line():
     assert "policy" in frames  # and the policy's own frame below them
 
 
-def _both_pending() -> tuple[int, ...]:
+def _both_pending() -> RequestState:
     """A model state at the top of a step with a cancel requested and the deadline passed."""
-    model = Model()
-    comp = [0] * len(model.initial()[0])
-    comp[F_PC], comp[F_LC], comp[F_CANCEL], comp[F_DEADLINE] = P_TOP, model.life.i("DECODING"), 1, 1
-    return tuple(comp)
+    zero = RequestState(*(0,) * len(RequestState._fields))
+    return zero._replace(pc=PC.top_of_step, lifecycle=Model().life.i("DECODING"), cancel=CANCEL.requested,
+                         deadline=DEADLINE.passed)
 
 
 def _observed(tables=None) -> list[str]:
