@@ -86,7 +86,7 @@ from .runner import RequestRun
 from .stream import batched_wakes
 from ..machine import IllegalTransition, compiled
 from ..machine.actions import Executor, fire_with_effects
-from ..spec import FinishReason, load_spec
+from ..spec import FinishReason, Table, load_spec
 from .sampling import SamplingError, greedy_rows
 
 
@@ -207,6 +207,7 @@ class Engine:
         batch_invariant: bool = False,
         threads: int | None = None,
         pin_threads: bool = False,
+        lifecycle: Table | None = None,
     ) -> None:
         for name, value in (("max_batch", max_batch), ("max_queue", max_queue), ("max_retained", max_retained),
                             ("threads", 1 if threads is None else threads)):
@@ -241,6 +242,7 @@ class Engine:
         self.pin_threads = pin_threads  # each of them on a CPU of its own (D62)
         self.pinned: tuple[int, ...] = ()  # the CPUs they were pinned to, once the engine thread runs
         self.clock = clock
+        self.lifecycle = lifecycle  # the lifecycle table its requests follow (None: the spec directory's)
         self._budget = math.inf if cache_budget_tokens is None else cache_budget_tokens
         if not isinstance(batch_invariant, bool):
             raise ValueError(f"batch_invariant must be True or False, got {batch_invariant!r}")
@@ -290,6 +292,7 @@ class Engine:
             run = RequestRun(
                 request, model=self.model, tokenizer=self.tokenizer, faults=faults,
                 model_name=self.model_name, clock=self.clock, pause_timeout_s=self.detach_timeout_s,
+                lifecycle=self.lifecycle,
             )
             if run.admit():
                 stops = max((len(s.encode()) for s in request.stop), default=0)

@@ -1,7 +1,8 @@
 """One request's execution state across the loop of §4.3, shared by generate() and the Engine.
 
-The lifecycle's control state is the compiled `lifecycle` table: every transition is a `fire`
-of its event, and firing a row runs its action: the action's effects (lifecycle.toml [actions]),
+The lifecycle's control state is the run's compiled lifecycle table (a `Lifecycle`: the table
+the caller gives, else the spec directory's): every transition is a `fire` of its event, and
+firing a row runs its action: the action's effects (lifecycle.toml [actions]),
 each implemented once below (`LIFECYCLE`, machine/actions.py) and checked both ways against the
 table, e.g. `fail` is release_model, fix_reason, emit_terminal (§4.3, §4.10).
 The drivers (runtime/loop.py for one request, runtime/engine.py for a batch) call the phase methods
@@ -12,15 +13,17 @@ cancel (a flag observed at the safe points, §4.9).
 
 from __future__ import annotations
 
+import enum
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import attrs
 import torch
 
-from ..machine import compiled
+from ..machine import CompiledMachine, compile_table, compiled
 from ..machine.actions import ActionError, Executor, Plan, run_phases
 from ..spec import FinishReason, Table, load_spec
 from ..spec.derived import model_resources, stream_resources, terminal_stream_event
@@ -39,25 +42,7 @@ from .stream import OVERFLOW_ERROR, BackpressurePolicy, OrderedStream, StreamOve
 from .tokenizers import TokenizerError
 from .utf8_guard import Utf8Guard, guard_for
 
-_LIFECYCLE = load_spec("lifecycle")
 _CONTENT_INTERRUPT = "content_interrupt"
-# (state, event) -> the finish reason the row fixes, straight from the table.
-_REASONS = {k: FinishReason(d.reason) for k, d in _LIFECYCLE.decisions.items() if d.reason}
-_IGNORED = frozenset(k for k, d in _LIFECYCLE.decisions.items() if d.kind == "ignore")
-_DECODING = _LIFECYCLE.State["DECODING"]
-
-
-def _quiet(event: str, action: str) -> frozenset:
-    """The states where the table makes the per-token `event` a self-loop with `action`, an
-    action with no effects (lifecycle.toml [actions]; the caller records the token itself): select
-    and end_decode skip the fire there (issue 8) and fire, running the row's effects, elsewhere."""
-    if _LIFECYCLE.actions.get(action):
-        return frozenset()
-    return frozenset(s for s in compiled("lifecycle").self_loops(event, action) if (s.value, event) not in _REASONS)
-
-
-_SELECT_QUIET = _quiet("select", "record_selected")  # the action: token.selected in the trace
-_DECODE_DONE_QUIET = _quiet("decode_done", "record_decoded")  # decode.completed in the trace
 _TOKEN_SELECTED = EventKind.TOKEN_SELECTED.value  # per-token entries carry the plain string (events.py)
 _PAUSE = BackpressurePolicy.PAUSE
 _DECODE_STARTED = EventKind.DECODE_STARTED.value
@@ -74,7 +59,6 @@ _STREAM_SEND: dict[str, Callable[[OrderedStream, FinishReason, dict, str], int]]
     "cancel": lambda s, reason, usage, err: s.cancel(usage),
     "fail": lambda s, reason, usage, err: s.fail(reason, usage, err),
 }
-_TERMINAL_SEND = {state: _STREAM_SEND[event] for state, event in terminal_stream_event().items()}
 
 
 # ---- the step of §4.3 in the order of the lifecycle table's [[step]] (DECISIONS D53) ----------
@@ -142,7 +126,7 @@ def _select_0(self: RequestRun, token: int | None = None) -> bool:
     tokens = self.tokens
     tokens.append(token)
     t = len(tokens)
-    if self.life.state not in _SELECT_QUIET:
+    if self.life.state not in self._select_quiet:
         self.fire("select")
     eos = token in self.eos_ids
     special = eos or token in self._not_text
@@ -236,7 +220,7 @@ def _select_1(self: RequestRun, token: int | None = None) -> bool:
     tokens = self.tokens
     tokens.append(token)
     t = len(tokens)
-    if self.life.state not in _SELECT_QUIET:
+    if self.life.state not in self._select_quiet:
         self.fire("select")
     eos = token in self.eos_ids
     special = eos or token in self._not_text
@@ -376,9 +360,7 @@ def _winner_of(table: Table) -> Callable[..., str | None]:
     return Composed(checks)
 
 
-_CHECK_POINT, _SELECT = _step_of(_LIFECYCLE)
-_WINNER = _winner_of(_LIFECYCLE)
-_TOKEN_CHECKS = {c.event: frozenset[int]() for c in _LIFECYCLE.finish_checks if c.tokens}
+_CHECK_POINT, _SELECT = _step_of(load_spec("lifecycle"))  # RequestRun's; another table's: Lifecycle.run_type
 
 
 class RequestRun:
@@ -392,10 +374,16 @@ class RequestRun:
         "life", "logits", "model", "output", "prompt_ids", "reason", "request", "sampler", "scores",
         "stop_hit", "stopper", "stream", "token_stopper", "tokenizer", "tokens", "trace",
         "_byte_marks", "_cancel_claimed", "_cancel_fired", "_cancel_lock", "_cancel_requested",
-        "_created", "_deadline_forced", "_decode_s", "_deferred", "_detok_push", "_detok_total", "_faulty",
-        "_held_since", "_inline", "_kernel_fault", "_listeners", "_lock", "_may_overflow", "_not_text", "_overflow",
-        "_plain_send", "_poisoned", "_put_delta", "_stop_push", "_t", "_t0", "_undecodable", "_unsent", "_winner",
+        "_created", "_deadline_forced", "_decode_s", "_deferred", "_detok_push", "_detok_total", "_done_quiet",
+        "_faulty", "_held_since", "_inline", "_kernel_fault", "_lc", "_listeners", "_lock", "_may_overflow",
+        "_not_text", "_overflow", "_plain_send", "_poisoned", "_put_delta", "_select_quiet", "_stop_push", "_t",
+        "_t0", "_undecodable", "_unsent", "_winner",
     )
+
+    def __new__(cls, *args: Any, lifecycle: Table | None = None, **kwargs: Any) -> RequestRun:
+        """A run of a lifecycle table (default: the spec directory's) whose [[step]] order is another
+        than the class's is an instance of the subclass that runs that order (Lifecycle.run_type)."""
+        return object.__new__(cls if lifecycle is None else lifecycle_of(lifecycle).run_type(cls))
 
     def __init__(
         self,
@@ -407,7 +395,11 @@ class RequestRun:
         model_name: str = "",
         clock: Callable[[], float] = time.monotonic,
         pause_timeout_s: float | None = None,
+        lifecycle: Table | None = None,
     ) -> None:
+        lc = self._lc = _DEFAULT_LIFECYCLE if lifecycle is None else lifecycle_of(lifecycle)
+        # read per token: a slot each, where the Lifecycle's attribute would be two lookups
+        self._select_quiet, self._done_quiet = lc.select_quiet, lc.decode_done_quiet
         self.request = request
         self.model = model
         self.tokenizer = tokenizer
@@ -415,7 +407,7 @@ class RequestRun:
         self.clock = clock
         rid = request.request_id
         self.trace = Trace(rid, clock)
-        self.life = compiled("lifecycle").new()
+        self.life = lc.machine.new()
         self.ledger = ResourceLedger(rid, trace=self.trace)
         self.stream = OrderedStream(
             rid,
@@ -514,10 +506,10 @@ class RequestRun:
         self._stop_push = self.stopper.push
         self._may_overflow = self.stream.policy is not _PAUSE  # pause waits instead (§4.8)
         self._plain_send = self._plain()
-        self._winner = _WINNER
-        self._guarded = request_guard(_LIFECYCLE.finish_checks, _LIFECYCLE.finish_guards, request)
+        self._winner = lc.winner
+        self._guarded = request_guard(lc.table.finish_checks, lc.table.finish_guards, request)
         # event -> the ids of its token finish check, none where the request names none
-        self.finish_ids = {**_TOKEN_CHECKS, **dict(request.finish_tokens)}
+        self.finish_ids = {**lc.token_checks, **dict(request.finish_tokens)}
         self._not_text = frozenset().union(*self.finish_ids.values())  # like EOS, never detokenized
         self.trace.emit(
             EventKind.REQUEST_CREATED,
@@ -567,7 +559,7 @@ class RequestRun:
     @property
     def decoding(self) -> bool:
         """In DECODING: the loop of §4.3 goes on selecting (the drivers ask once per token)."""
-        return self.life.state is _DECODING
+        return self.life.state is self._lc.decoding
 
     def fire(self, event: str, **data: Any) -> str | None:
         """Fire a lifecycle event and run its row's action through the one phase loop
@@ -575,14 +567,14 @@ class RequestRun:
         trace entry (§4.12), the `after` effects. A row that ends the request runs in one critical
         section (transition_and_emit_terminal, §4.3)."""
         key = (self.life.state._value_, event)
-        plan = _PLANS.get(key)
+        plan = self._lc.plans.get(key)
         if plan is not None and (plan.before or plan.after):
             with self._lock:
                 return self._run(plan, key, data)
         return self._run(plan, key, data)
 
     def _run(self, plan: Plan | None, key: tuple[str, str], data: dict) -> str | None:
-        reason = _REASONS.get(key)
+        reason = self._lc.reasons.get(key)
 
         def entry(fired: tuple[str | None, Any]) -> None:
             action, after = fired
@@ -591,7 +583,7 @@ class RequestRun:
                     EventKind.LIFECYCLE, **{"from": key[0]}, to=after._value_, event=key[1],
                     action=action, reason=reason.value if reason else None, **data,
                 )
-            elif key in _IGNORED:
+            elif key in self._lc.ignored:
                 self.trace.emit(EventKind.LIFECYCLE_IGNORED, state=key[0], event=key[1], action=action)
 
         # a refused pair: the fire raises the table's IllegalTransition; nothing changed
@@ -768,7 +760,7 @@ class RequestRun:
         t = trace.clock()
         trace.put((_DECODE_COMPLETED, t, len(self.tokens), self.cache.length))
         self._decode_s += t - self._t0
-        if self.life.state in _DECODE_DONE_QUIET:
+        if self.life.state in self._done_quiet:
             self.logits = logits
             return
         self.logits = logits
@@ -1000,7 +992,7 @@ def _emit_terminal(run: RequestRun, key: tuple[str, str], reason: FinishReason |
     if run._overflow:
         run.stream.overflow()
     if not run.stream.closed:
-        send = _TERMINAL_SEND.get(run.state)
+        send = run._lc.terminal_send.get(run.state)
         if send is None:
             raise ActionError(f"lifecycle row {key}: emit_terminal in {run.state}, which is not a terminal state")
         send(run.stream, run.reason, run.usage().as_dict(), run.error)
@@ -1021,7 +1013,81 @@ def _discard_result(run: RequestRun, key: tuple[str, str], reason: FinishReason 
     run.logits = None
 
 
-_PLANS = LIFECYCLE.plans(_LIFECYCLE)
+
+
+def _quiet(table: Table, machine: CompiledMachine, reasons: Mapping[tuple[str, str], FinishReason], event: str,
+           action: str) -> frozenset[enum.Enum]:
+    """The states where `table` makes the per-token `event` a self-loop with `action`, an action
+    with no effects (lifecycle.toml [actions]; the caller records the token itself): select and
+    end_decode skip the fire there and fire, running the row's effects, elsewhere."""
+    if table.actions.get(action):
+        return frozenset()
+    return frozenset(s for s in machine.self_loops(event, action) if (s.value, event) not in reasons)
+
+
+@attrs.frozen(eq=False)
+class Lifecycle:
+    """A lifecycle table as RequestRun runs it (§4.1, §4.3): its compiled machine, each pair's plan
+    (the row's effects), finish reason and whether it is ignored, the states where the per-token
+    events change nothing, its step (check_point, select) for its [[step]] order, its finish checks
+    as one function, the events of its token checks and the stream call of each terminal state."""
+
+    table: Table
+    machine: CompiledMachine
+    plans: Mapping[tuple[str, str], Plan]
+    reasons: Mapping[tuple[str, str], FinishReason]
+    ignored: frozenset[tuple[str, str]]
+    decoding: enum.Enum
+    select_quiet: frozenset[enum.Enum]  # select's action: token.selected in the trace
+    decode_done_quiet: frozenset[enum.Enum]  # decode_done's: decode.completed in the trace
+    step: tuple[Callable[[RequestRun], bool], Callable[..., bool]]
+    winner: Callable[..., str | None]
+    token_checks: Mapping[str, frozenset[int]]  # event -> no ids: a request names its own
+    terminal_send: Mapping[str, Callable[[OrderedStream, FinishReason, dict, str], int]]
+
+    @classmethod
+    def of(cls, table: Table) -> Lifecycle:
+        machine = compiled(table.name) if table is load_spec(table.name) else compile_table(table)
+        reasons = {k: FinishReason(d.reason) for k, d in table.decisions.items() if d.reason}
+        return cls(
+            table, machine, LIFECYCLE.plans(table), reasons,
+            frozenset(k for k, d in table.decisions.items() if d.kind == "ignore"), table.State["DECODING"],
+            _quiet(table, machine, reasons, "select", "record_selected"),
+            _quiet(table, machine, reasons, "decode_done", "record_decoded"),
+            _step_of(table), _winner_of(table), {c.event: frozenset() for c in table.finish_checks if c.tokens},
+            {state: _STREAM_SEND[event] for state, event in terminal_stream_event(life=table).items()},
+        )
+
+    def run_type(self, base: type[RequestRun]) -> type[RequestRun]:
+        """`base`, or the subclass of it whose check_point and select run this table's step order."""
+        if (base.check_point, base.select) == self.step:
+            return base
+        key = (id(self), base)
+        kind = _RUN_TYPES.get(key)
+        if kind is None:
+            check_point, select = self.step
+            kind = _RUN_TYPES[key] = type(base.__name__, (base,), {
+                "__slots__": (), "__module__": base.__module__, "check_point": check_point, "select": select,
+                "__doc__": f"{base.__name__} of {self.table.source}, whose [[step]] order is another."})
+        return kind
+
+
+# One Lifecycle per table object, kept with the table (an id is not reused while the table lives).
+_LIFECYCLES: dict[int, Lifecycle] = {}
+_RUN_TYPES: dict[tuple[int, type[RequestRun]], type[RequestRun]] = {}
+
+
+def lifecycle_of(table: Table) -> Lifecycle:
+    """The Lifecycle of `table`, built once per table."""
+    lc = _LIFECYCLES.get(id(table))
+    if lc is None or lc.table is not table:
+        lc = _LIFECYCLES[id(table)] = Lifecycle.of(table)
+    return lc
+
+
+# What a run follows when its caller gives no table: the spec directory's (DECODESPEC_SPEC_DIR, else
+# the shipped spec/), built with the module.
+_DEFAULT_LIFECYCLE = lifecycle_of(load_spec("lifecycle"))
 
 # What is left to do after the loop, by the state the loop ended in (§4.3, after `while true`).
 _ENDINGS: dict[str, Callable[[RequestRun], None]] = {

@@ -82,7 +82,7 @@ if self.scores is not None:
 tokens = self.tokens
 tokens.append(token)
 t = len(tokens)
-if self.life.state not in _SELECT_QUIET:
+if self.life.state not in self._select_quiet:
     self.fire("select")
 eos = token in self.eos_ids
 special = eos or token in self._not_text

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 from _spec_kit import probe, spec_copy
+from _step_kit import move_check
 
 from decodespec.properties import check_trace
 from decodespec.runtime import ByteTableTokenizer, EventKind, Request, ScriptedModel, generate
@@ -31,9 +32,7 @@ def _run(script, **kw):
 
 def _length_first(text: str) -> str:
     """lifecycle.toml with the `length` finish check moved before `eos` (so before everything)."""
-    length = '[[finish_check]]\nevent = "length"\n'
-    block = text[text.index(length): text.index("[[finish_check]]", text.index(length) + 1)]
-    return text.replace(block, "").replace('[[finish_check]]\nevent = "eos"\n', block + '[[finish_check]]\nevent = "eos"\n', 1)
+    return move_check(text, "length", "eos")
 
 
 def _lifecycle_with(edit):
@@ -169,23 +168,18 @@ def test_every_eos_id_the_checkpoint_lists_ends_the_output(tmp_path):
     assert res.finish_reason is FinishReason.EOS and res.tokens == (1, 3)
 
 
-def test_a_permuted_list_in_a_copy_of_the_tables_changes_what_the_runtime_reports(tmp_path):
-    """Issue 16 item 1: move `length` before `stop_hit` and `eos` in a copy of spec/ only; the
-    runtime then reports max_output_tokens for a stop or an EOS on the last allowed token."""
-    copy = spec_copy(tmp_path, {"lifecycle.toml": _length_first})
-    lines = probe(copy, """
-        from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, generate
-        from decodespec.properties import check_trace
-        tok = ByteTableTokenizer({1: b"x", 2: b"A", 3: b"B", 5: b""}, eos_id=5)
-        for script, kw in (([2, 3], {"stop": ["AB"]}), ([2, 5], {})):
-            r = generate(Request([1], max_output_tokens=2, **kw), model=ScriptedModel(script, vocab_size=6), tokenizer=tok)
-            print(r.finish_reason.value, r.output, [v.invariant for v in check_trace(r.trace, tokenizer=tok)])
-    """)
-    # The runtime follows the permuted table; finish_reason_precedence (D4) is the one monitor that
-    # says the order is wrong (a stop and an EOS on the last allowed token reported as the length).
-    want = "['finish_reason_precedence']"
-    assert lines[:2] == [f"max_output_tokens b'' {want}", f"max_output_tokens b'A' {want}"], lines
-    # Unpermuted, the same two runs report the stop and the EOS.
+def test_a_permuted_list_changes_what_the_runtime_reports_beside_the_shipped_one():
+    """Move `length` before `stop_hit` and `eos` in an edited lifecycle table run beside the shipped
+    one: the runtime then reports max_output_tokens for a stop or an EOS on the last allowed token;
+    the shipped table, run after it, still reports the stop and the EOS."""
+    permuted = _lifecycle_with(_length_first)
+    tok = ByteTableTokenizer({1: b"x", 2: b"A", 3: b"B", 5: b""}, eos_id=5)
+    for script, kw, output in (([2, 3], {"stop": ["AB"]}, b""), ([2, 5], {}, b"A")):
+        r = generate(Request([1], max_output_tokens=2, **kw), model=ScriptedModel(script, vocab_size=6), tokenizer=tok,
+                     lifecycle=permuted)
+        # finish_reason_precedence (D4) is the one monitor that says the order is wrong
+        assert (r.finish_reason, r.output) == (FinishReason.MAX_OUTPUT_TOKENS, output)
+        assert [v.invariant for v in check_trace(r.trace, tokenizer=tok)] == ["finish_reason_precedence"]
     assert _run([2, 3], stop=["AB"], max_output_tokens=2).finish_reason is FinishReason.STOP_SEQUENCE
     assert _run([2, 5], max_output_tokens=2).finish_reason is FinishReason.EOS
 

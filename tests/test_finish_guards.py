@@ -8,7 +8,6 @@ the one-id stops until min_tokens, and a stop string still ends the run at any t
 from __future__ import annotations
 
 import pytest
-from _spec_kit import probe, spec_copy
 
 from decodespec.machine.checker import check
 from decodespec.machine.checker_model import FINISH_GUARDS as MODEL_GUARDS
@@ -96,17 +95,14 @@ def test_the_runtime_guard_is_composed_from_the_table_with_the_requests_features
     assert finish_guard(checks, guards, frozenset({"min_tokens"})).rules == (("eos", (min_tokens,)),)
 
 
-def test_the_runtime_follows_a_guard_taken_off_in_a_spec_copy(tmp_path):
-    """The table decides: with ignore_eos taken off the eos check, an ignore_eos request ends at EOS."""
-    copy = spec_copy(tmp_path, {"lifecycle.toml": lambda t: t.replace('unless = ["ignore_eos", "min_tokens"]',
-                                                                      'unless = ["min_tokens"]')})
-    lines = probe(copy, """
-        from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, generate
-        tok = ByteTableTokenizer({1: b"x", 2: b"A", 5: b""}, eos_id=5)
-        r = generate(Request([1], ignore_eos=True, max_output_tokens=4), model=ScriptedModel([2, 5, 2, 5], vocab_size=6), tokenizer=tok)
-        print(r.finish_reason.value, r.output)
-    """)
-    assert lines[0] == "eos b'A'"
+def test_the_runtime_follows_a_guard_taken_off_beside_the_shipped_table():
+    """The table decides: with ignore_eos taken off the eos check, an ignore_eos request ends at EOS;
+    under the shipped table, run after it, the same request goes on to its length."""
+    edited = load_text(LIFECYCLE.replace('unless = ["ignore_eos", "min_tokens"]', 'unless = ["min_tokens"]'),
+                       "lifecycle.toml")
+    r = generate(Request([1], ignore_eos=True, max_output_tokens=4), model=ScriptedModel([2, EOS, 2, EOS], vocab_size=10),
+                 tokenizer=TOK, lifecycle=edited)
+    assert (r.finish_reason, r.output) == (FinishReason.EOS, b"A")
     assert _run([2, EOS, 2, EOS], ignore_eos=True, max_output_tokens=4).finish_reason is FinishReason.MAX_OUTPUT_TOKENS
 
 

@@ -2,7 +2,7 @@
 loader refuses an order in which a phase comes before what it reads, the runtime runs the
 check_point and select written for the table's order (runtime/stepgen.py writes one for every
 order the loader accepts into runtime/runner.py, as code a traceback can name), and a reordered
-copy of spec/ changes what the runtime returns and what the checker model explores alike."""
+table changes what the runtime returns and what the checker model explores alike."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import traceback
 from pathlib import Path
 
 import pytest
-from _spec_kit import probe, spec_copy
 from click.testing import CliRunner
 from _step_kit import move_phase
 
@@ -135,35 +134,22 @@ _BOTH = [Fault("decode.completed", 1, "cancel"), Fault("decode.completed", 1, "d
 _INTERRUPT = {"content_policy": lambda sent, chunk: chunk == b"A"}
 
 
-def test_a_reordered_step_in_a_copy_of_the_tables_changes_the_runtime_and_the_checker(tmp_path):
-    """With the deadline observed before the cancel and the emit before the finish checks, in a
-    copy of spec/ only: a run whose cancel and deadline are pending at one check point ends
-    deadline_exceeded instead of cancelled, a chunk the content policy refuses is sent, and the
-    checker model observes the deadline first (the seeded-bug suite checks that the checker reports
-    the sent chunk: refused_chunk_never_sent)."""
-    edit = lambda t: move_phase(move_phase(t, "observe_deadline", "observe_cancel"), "emit", "finish_checks")  # noqa: E731
-    copy = spec_copy(tmp_path, {"lifecycle.toml": edit})
-    lines = probe(copy, """
-        from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, generate
-        from decodespec.runtime.faults import Fault, FaultPlan
-        from decodespec.machine.checker import check
-        tok = ByteTableTokenizer({1: b"x", 2: b"A", 3: b"B", 5: b""}, eos_id=5)
-        both = [Fault("decode.completed", 1, "cancel"), Fault("decode.completed", 1, "deadline")]
-        r = generate(Request([1], max_output_tokens=3), model=ScriptedModel([1, 1, 1], vocab_size=6), tokenizer=tok,
-                     faults=FaultPlan(both))
-        print(r.state.value, r.finish_reason.value)
-        r = generate(Request([1], max_output_tokens=3, content_policy=lambda sent, chunk: chunk == b"A"),
-                     model=ScriptedModel([1, 2, 3], vocab_size=6), tokenizer=tok)
-        print(r.finish_reason.value, r.output)
-    """)
-    assert lines[:2] == ["FINISHED deadline_exceeded", "content_interrupted b'xA'"], lines
-    # The shipped order: the cancel wins the check point, the refused chunk is never sent (D11).
-    r = generate(Request([1], max_output_tokens=3), model=ScriptedModel([1, 1, 1], vocab_size=6), tokenizer=TOK,
-                 faults=FaultPlan(_BOTH))
-    assert (r.state.value, r.finish_reason) == ("CANCELLED", FinishReason.CANCELLED)
-    r = generate(Request([1], max_output_tokens=3, **_INTERRUPT), model=ScriptedModel([1, 2, 3], vocab_size=6),
-                 tokenizer=TOK)
-    assert (r.finish_reason, r.output) == (FinishReason.CONTENT_INTERRUPTED, b"x")
+def test_a_reordered_step_changes_the_runtime_and_the_checker_beside_the_shipped_one():
+    """With the deadline observed before the cancel and the emit before the finish checks, in an
+    edited lifecycle table run beside the shipped one: a run whose cancel and deadline are pending at
+    one check point ends deadline_exceeded instead of cancelled, a chunk the content policy refuses
+    is sent, and the checker model observes the deadline first (the seeded-bug suite checks that
+    the checker reports the sent chunk: refused_chunk_never_sent). The shipped table, run after it,
+    is unchanged: the cancel wins the check point, the refused chunk is never sent (D11)."""
+    edited = load_text(move_phase(move_phase(_lifecycle(), "observe_deadline", "observe_cancel"), "emit",
+                                  "finish_checks"), "lifecycle.toml")
+    for table, want in ((edited, [("FINISHED", FinishReason.DEADLINE_EXCEEDED), b"xA"]),
+                        (None, [("CANCELLED", FinishReason.CANCELLED), b"x"])):
+        r = generate(Request([1], max_output_tokens=3), model=ScriptedModel([1, 1, 1], vocab_size=6), tokenizer=TOK,
+                     faults=FaultPlan(_BOTH), lifecycle=table)
+        interrupted = generate(Request([1], max_output_tokens=3, **_INTERRUPT),
+                               model=ScriptedModel([1, 2, 3], vocab_size=6), tokenizer=TOK, lifecycle=table)
+        assert interrupted.finish_reason is FinishReason.CONTENT_INTERRUPTED
+        assert [(r.state.value, r.finish_reason), interrupted.output] == want
     # The checker model runs the same list.
-    edited = {"lifecycle": load_text(edit(_lifecycle()), "lifecycle.toml")}
-    assert _observed() == ["cancel"] and _observed(edited) == ["deadline"]
+    assert _observed() == ["cancel"] and _observed({"lifecycle": edited}) == ["deadline"]
