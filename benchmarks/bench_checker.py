@@ -10,7 +10,7 @@ default (machine/checker.default_config):
   ~1.0M states), where the product search dominates: the figure to compare (TLC: roughly
   45k-65k distinct states/s on several cores);
 - with --large, once each: three requests sharing two places (spec/sequence.toml: preempt,
-  resume, cancel, deadline, errors; ~28M states, issue 26's bound: under 60 s) and two requests
+  resume, cancel, deadline, errors; ~28M states, to finish in under 60 s) and two requests
   with every byte outcome (~9.7M states).
 
 With `--baseline CHECKOUT` every configuration also runs on that checkout's checker (its own

@@ -1,4 +1,4 @@
-"""Forced checkpoints in float32, bfloat16 and float16 (issue 22): which programs follow their script.
+"""Forced checkpoints in float32, bfloat16 and float16 (D25): which programs follow their script.
 
     .venv/bin/python benchmarks/bench_forced_dtypes.py [--out DIR] [--attn sdpa eager]
 

@@ -1,4 +1,4 @@
-"""Framework cost per request-token, choose excluded (§4.3-§4.8; issue 8 "Must show").
+"""Framework cost per request-token, choose excluded (§4.3-§4.8; DESIGN "Performance").
 
 What the reference adds to every generated token: detokenizer (§4.5) + stop matcher with 10 stop
 strings (§4.6) + ordered stream with its reader (§4.7, §4.8) + lifecycle table (§4.1) + trace.
@@ -16,12 +16,13 @@ round:
   consumer thread draining it, as generate() with `stop_strings` and that streamer would.
 
 The stop strings never occur in the output but their beginnings often do, so the matcher holds
-bytes back on many tokens. Targets: ours < 5 µs per token; transformers / ours >= 50 (issue 8) and
->= 100 (issue 26 item 4, not met yet: see the README's benchmark section).
+bytes back on many tokens. Targets (`targets` in the output): ours < 5 µs per token; transformers /
+ours >= 50 and >= 100 (DECISIONS D67 says where the 100x one's bound lies; see the README's benchmark
+section).
 
 With `--baseline CHECKOUT` the same figures of another checkout (its .venv and its own
 benchmarks/bench_framework.py, one round a call in a subprocess) are taken in every round beside
-these: the code before a change, side by side in one session (issue 26 item 4).
+these: the code before a change, side by side in one session.
 
 Run: .venv/bin/python benchmarks/bench_framework.py [--rounds N] [--tokens N] [--layout lines|paragraphs]
      [--baseline CHECKOUT]
@@ -347,7 +348,7 @@ def main() -> None:
           f"{read['median']:.3f} µs/token, spread {read['spread_pct']:.0f}%)")
     print(f"  ours / floor          = {r['ours_over_floor']:.1f}")
     if "transformers_over_ours" in r:
-        print(f"  transformers / ours   = {r['transformers_over_ours']:.0f}  (targets >= 50, issue 8; >= 100, issue 26)")
+        print(f"  transformers / ours   = {r['transformers_over_ours']:.0f}  (targets >= 50 and >= 100, D67)")
     if "baseline" in r:
         b = r["baseline"]
         print(f"  baseline {b['checkout']}, in its own process each round: ours "

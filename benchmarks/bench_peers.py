@@ -1,13 +1,12 @@
-"""Servers side by side on one forced checkpoint: tokens/s at concurrency 1, 16 and 64 (issue 13 item 7).
+"""Servers side by side on one forced checkpoint: tokens/s at concurrency 1, 16 and 64.
 
 Every engine serves the same one-layer forced checkpoint (benchmarks/: a 128-token script, so each
 request's output is known and is checked), started on 127.0.0.1 by the command in
 scripts/peers/engines.py, and stopped by its PID at the end. Every server stays up through the run,
 but only the one measured runs: the others' process groups are stopped (SIGSTOP) for each
 measurement and continued after it. An idle vLLM's threads wake about 1500 times a second, each
-one taking a core from whoever is measured: on 2 cores, decodespec serve at 64 clients measured
-2123 tok/s beside an idle vLLM and 3581 beside a stopped one (medians of 5, interleaved). The run
-goes round by round: in each, every engine at each concurrency c, back to back, the order of
+one taking a core from whoever is measured (the README's benchmark section gives what that costs
+on 2 cores). The run goes round by round: in each, every engine at each concurrency c, back to back, the order of
 the engines turned by one each round. c client threads send non-streamed greedy requests of
 max_tokens 128 until 2c (at least 4) are done; the figure is completion tokens per second of wall
 time, an engine's best round in `c<c>` with every round in `all`. Ratios are decodespec serve's rate
@@ -20,9 +19,9 @@ apart and not in the rates. Read the ratios, not the absolute rates.
 
 `--baseline` also measures the `decodespec serve` of another checkout (its own .venv), in the same
 run, as `decodespec-serve@baseline` (the code before a change, side by side). The figures are
-written to `--out` with `serve_over_<peer>_c<c>`: decodespec serve's tokens/s over the peer's
-(issue 26 item 3), and printed as a Markdown table. An engine that is not installed
-(scripts/peers/<engine>.sh install) is reported as missing.
+written to `--out` with `serve_over_<peer>_c<c>`: decodespec serve's tokens/s over the peer's,
+and printed as a Markdown table. An engine that is not installed (scripts/peers/<engine>.sh
+install) is reported as missing.
 """
 
 from __future__ import annotations

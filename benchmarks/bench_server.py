@@ -10,7 +10,7 @@ buffer cap of CAP events:
   that sleep between SSE frames; reports wall time, peak RSS of the process and the largest unread
   buffer. (Between the server and a slow client the kernel's socket buffers hold some frames too.)
 
-- mixed (issue 14): MIXED concurrent HTTP streams whose readers are fast, slow, silent (connected
+- mixed: MIXED concurrent HTTP streams whose readers are fast, slow, silent (connected
   but not reading: the stall timeout frees their slots), leaving, resuming while the first
   connection is still open, or cancelling; three measured rounds, then one whose every trace is
   checked (check_trace, the per-reader deliveries included). Reports the throughput ratio to the

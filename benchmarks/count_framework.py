@@ -1,4 +1,4 @@
-"""Instructions per token of bench_framework's `ours` path, counted by valgrind (issue 26 item 4).
+"""Instructions per token of bench_framework's `ours` path, counted by valgrind.
 
 On a shared two-core machine bench_framework's timings spread 50-80 % from round to round, more
 than most changes to the token path are worth. An instruction count repeats to about 0.1 %.

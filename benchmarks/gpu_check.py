@@ -1,4 +1,4 @@
-"""GPU check (issue 8 item 3): cancels landing in flight, engine vs bare forward, KV bytes per token.
+"""GPU check: cancels landing in flight, engine vs bare forward, KV bytes per token.
 
 On a CUDA machine (under 5 minutes), three parts, one table:
 

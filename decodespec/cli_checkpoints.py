@@ -1,4 +1,5 @@
-"""`decodespec checkpoints`: compile the script cases into forced checkpoints for real engines (issue 13).
+"""`decodespec checkpoints`: compile the script cases into forced checkpoints for real engines
+(DESIGN "Black-box conformance").
 
     decodespec checkpoints build --out .cache/checkpoints        # one folder per tokenizer group
     decodespec checkpoints build --out DIR --select stop/ --no-prove

@@ -1,4 +1,4 @@
-"""`decodespec conform`: run the conformance cases against an engine and write its reports (issue 7).
+"""`decodespec conform`: run the conformance cases against an engine and write its reports.
 
     decodespec conform --engine reference
     decodespec conform --engine hf:.cache/peers/checkpoints --report reports/hf-generate

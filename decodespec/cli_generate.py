@@ -1,4 +1,4 @@
-"""`decodespec generate` and `decodespec experiment` (issue 4 item 7; §4.3, §4.11)."""
+"""`decodespec generate` and `decodespec experiment` (§4.3, §4.11)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`decodespec serve`: the OpenAI-compatible reference server on uvicorn (issue 6; §4.7-§4.10)."""
+"""`decodespec serve`: the OpenAI-compatible reference server on uvicorn (§4.7-§4.10)."""
 
 from __future__ import annotations
 
@@ -57,8 +57,10 @@ import click
               help="Serve with a context of this many positions, below the checkpoint's own (§4.3, D10: a run "
                    "ends with context_limit when no position is left for the next token).")
 @click.option("--strict", is_flag=True, default=False,
-              help="Accept only the request fields of before issue 28 (n = 1; no penalties, logit_bias, echo, "
-                   "best_of nor engine extensions): any other field is an unknown-field 400 (DECISIONS D30).")
+              help="Accept only the core request fields (model, prompt or messages, max_tokens, "
+                   "max_completion_tokens, temperature, top_p, stop, stop_token_ids, seed, logprobs, top_logprobs, "
+                   "stream, stream_options, user, utf8_guard) and n = 1: any other field (penalties, logit_bias, "
+                   "echo, best_of, an engine extension) is an unknown-field 400 (DECISIONS D30).")
 @click.option("--retain", "retain_s", type=click.FloatRange(min=0), default=60.0, show_default=True,
               help="Seconds a finished request stays available for replay (Last-Event-ID).")
 @click.option("--retain-count", "max_retained", type=click.IntRange(min=1), default=1024, show_default=True,

@@ -1,4 +1,4 @@
-"""Actions as effects: one registry per executor, checked both ways against the tables (issue 16).
+"""Actions as effects: one registry per executor, checked both ways against the tables (D17).
 
 A row names an action; the table's ``[actions]`` lists what the action does as effects, and its
 ``[effects]`` gives each effect a phase (spec/loader.py validates both). An *executor* (the

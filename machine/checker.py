@@ -1,4 +1,4 @@
-"""The explicit-state model checker (DESIGN, machine/ "check"; issue 5 item 2).
+"""The explicit-state model checker (DESIGN, machine/ "check").
 
 Breadth-first search over the product of one to three requests of the §4.3 loop (machine/
 checker_model.py: lifecycle, stream, five resources, stop matcher, detokenizer and the Engine's
@@ -114,7 +114,7 @@ def _fields(values: Mapping[str, Any]) -> str:
 
 @attrs.frozen
 class CheckReport:
-    """What one exhaustive run found (issue 5: states, transitions, depth, time, rows never fired)."""
+    """What one exhaustive run found: states, transitions, depth, time, rows never fired."""
 
     requests: int
     config: ModelConfig

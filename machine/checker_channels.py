@@ -1,4 +1,4 @@
-"""Model-check the chat answer's split (spec/channels.toml; §4.7, issue 25, DECISIONS D45-D47).
+"""Model-check the chat answer's split (spec/channels.toml; §4.7, DECISIONS D45-D47).
 
 Breadth-first over every sequence the scanner can produce: in each state the environment offers
 every event the table allows there (the scanner looks only for those tags; `call_close` and

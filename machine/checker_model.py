@@ -135,7 +135,7 @@ class Machine:
 
 @attrs.frozen
 class Tag:
-    """What a model step is, as data (issue 16 item 6): machine/paths.py and properties/
+    """What a model step is, as data: machine/paths.py and properties/
     model_derived.py read the tag; the label is for people.
 
     `kind`: start, admit, refuse, schedule, kernel_done, model_error, select, check, decode,

@@ -49,7 +49,7 @@ class CompiledMachine:
         """The states whose row for `event` leads back to the same state with `action`.
 
         There a fire changes nothing and returns that action, so a per-token caller that performs
-        the action itself may skip the call (issue 8): `if st.state not in loops: st.fire(event)`.
+        the action itself may skip the call: `if st.state not in loops: st.fire(event)`.
         The table decides where that holds; in every other state the caller fires as usual.
         """
         rows = [(s, self.table.decision(s, event)) for s in self.table.states]
@@ -72,7 +72,7 @@ class Stepper:
     """One running instance of a compiled table.
 
     `state` is the current state's Enum member, a plain attribute so that reading it on the
-    per-token path costs a slot load (issue 8); only `fire` changes it.
+    per-token path costs a slot load; only `fire` changes it.
     """
 
     __slots__ = ("_m", "_rows", "state")

@@ -1,4 +1,4 @@
-"""A covering set of model paths for model-derived tests (issue 5 item 4; §4.3 loop, §4.7-§4.9 faults).
+"""A covering set of model paths for model-derived tests (§4.3 loop, §4.7-§4.9 faults).
 
 The one-request model of machine/checker_model.py is explored breadth first. Each *target* is
 either a table decision that some step fires, keyed ``("row"|"ignore", machine, state, event)``

@@ -1,5 +1,5 @@
 """The chat answer's channels: content, reasoning_content and tool calls, split by spec/channels.toml
-(§4.7; issue 25, DECISIONS D45-D47).
+(§4.7; DECISIONS D45-D47).
 
 `Splitter.push(text)` takes the text the stream released (after the stop matcher, §4.6: stop
 strings see the whole output, reasoning included, D46) and returns the `Part`s that go out now;

@@ -52,7 +52,7 @@ __all__ = ["DecodingError", "IncrementalDetokenizer"]
 
 _INCOMPLETE = "unexpected end of data"  # CPython's reason for a valid but unfinished sequence
 # (text, bytes used) of the longest decodable prefix; with final=False an unfinished character at
-# the end is left over, not an error, so holding one costs no exception (issue 8).
+# the end is left over, not an error, so holding one costs no exception.
 _utf8_prefix = codecs.utf_8_decode
 _NOTHING: dict[int, bytes] = {}  # the fast table while the fast path is off; never written
 _WINDOW_PREFIX = 5  # prompt tokens kept as context by the window fallback
@@ -173,7 +173,7 @@ class IncrementalDetokenizer:
         if done < len(data):
             bad = _unfinished(data[done:])
             if bad is None:  # `data[done:]` is an unfinished character
-                if state in _HOLD_PLAIN:  # the row's effects, without the phase loop (issue 8)
+                if state in _HOLD_PLAIN:  # the row's effects, without the phase loop
                     self._fire("hold")
                     out = self._complete(data, done)
                     self._keep(data, done)
@@ -343,7 +343,7 @@ _PLANS = DETOK.plans(load_spec("detokenizer"))
 _FAST = frozenset(compiled("detokenizer").State[s] for (s, e), plan in _PLANS.items()
                   if e == "emit" and plan.effects == ("pass_complete",) and load_spec("detokenizer").decision(s, e).target == s)
 # Where a push's row runs exactly these effects, push runs them itself, without the phase loop's
-# ctx (the per-token cost of a split character, issue 8); any other action goes through `_move`.
+# ctx (the per-token cost of a split character); any other action goes through `_move`.
 _EMIT_PLAIN = frozenset(compiled("detokenizer").State[s] for (s, e), plan in _PLANS.items()
                         if e == "emit" and plan.effects == ("pass_complete",))
 _HOLD_PLAIN = frozenset(compiled("detokenizer").State[s] for (s, e), plan in _PLANS.items()

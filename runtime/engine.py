@@ -648,7 +648,7 @@ class Engine:
 
     def _parked(self, e: _Entry, now: float) -> bool:
         """A run held back by its slow reader (§4.8); True when it was failed: its reader detached for
-        `detach_timeout_s` (D5), or connected but not reading for `stall_timeout_s` (issue 14)."""
+        `detach_timeout_s` (D5), or connected but not reading for `stall_timeout_s` (D5)."""
         run = e.run
         if run.done:
             if e.seq.state is _PARKED:

@@ -52,7 +52,7 @@ class EventKind(enum.StrEnum):
 # and each function here names the values, in that order, when the Event is built. Flat and with
 # the kind as its plain string, the entry is one tuple of atomic values: nothing nested to allocate,
 # and the cyclic garbage collector stops tracking it at its first pass, so a long trace adds nothing
-# to the full collections, which with torch loaded cost about 0.1 s each (issue 8).
+# to the full collections, which with torch loaded are long (they walk all its objects).
 def _selected(e: tuple) -> dict[str, Any]:
     _, _, step, token, eos = e
     return {"step": step, "token": token, "eos": eos}
@@ -96,8 +96,8 @@ _new = tuple.__new__  # builds an Event from its fields without the named tuple'
 class Event(NamedTuple):
     """One trace entry. `data` is a plain mapping; `bytes` values serialise as latin-1 text.
 
-    An immutable named tuple rather than a frozen attrs class: several are made per token (issue
-    8), and a tuple is built in a third of the time a frozen attrs instance takes.
+    An immutable named tuple rather than a frozen attrs class: several are made per token,
+    and a tuple is built in a third of the time a frozen attrs instance takes.
     """
 
     kind: str
@@ -151,8 +151,8 @@ class Trace:
 
     An entry is a raw tuple: `(kind, t, data)` with `data` the keyword dict of `emit`, or for a
     kind of FIELDS `(kind.value, t, *values)`; `t` is a reading of `clock`.
-    `put(entry)` is the one writer: with no listener it *is* the list's C-level append (issue 8:
-    four events per token, the per-token path calls `put` itself). `list.append` is atomic under
+    `put(entry)` is the one writer: with no listener it *is* the list's C-level append
+    (four events per token: the per-token path calls `put` itself). `list.append` is atomic under
     the GIL, so a cancel logged from another thread takes its own position, and the position is
     the event's index: no lock on the hot path. `Event` objects are built when `events` is read.
     Listeners get the built event at once; they run outside any lock and may emit in turn.

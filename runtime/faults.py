@@ -1,4 +1,4 @@
-"""Fault injection at named points of the loop (issue 4; §4.9, §4.10, §4.12).
+"""Fault injection at named points of the loop (§4.9, §4.10, §4.12).
 
 A Fault fires when the trace records the event named by `point` for the given `step` (the `step`
 field of token/decode events, the `seq` of response.delta; prefill points take step 0).

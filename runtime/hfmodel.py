@@ -75,18 +75,15 @@ def _column_layer(base: type) -> type:
 def _room(n_columns: int) -> int:
     """The capacity made for `n_columns` columns: half as many again, at least 32 more. A step adds
     one column, so the buffers move once in n/2 steps, and the lean step reads the slack, masked
-    (D58): in process on the benchmark checkpoint at 64 rows, waves of the engine alternating with
-    the code before (a capacity that doubled, the columns read strided), 1.065x; a quarter more
-    moved the buffers so often that it lost (0.96x), doubling 1.08x."""
+    (D58 gives the measurements behind the growth)."""
     return n_columns + max(32, n_columns // 2)
 
 
 @attrs.define(eq=False)
 class _Spare:
     """Buffers the resident batch let go (moved when it grew, or gathered afresh), kept for its next
-    ones (D63). A new buffer of tens of MB is a page fault every 4 KB on first touch: about 250 k
-    faults a measurement of 128 requests at 64 rows, and beside another large process each fault
-    cost ten times as much (system time 2.6-5.4 s against 0.4-0.7). The largest `keep` are kept."""
+    ones (D63): a new buffer of tens of MB is a page fault every 4 KB on first touch, and beside
+    another large process each fault costs several times as much. The largest `keep` are kept."""
 
     keep: int = 4
     free: list[torch.Tensor] = attrs.field(factory=list)  # flat, largest first
@@ -118,7 +115,7 @@ class _Slots:
     when made and hold only finite values after (written keys and values, or zeros), so a masked
     key never turns a score into NaN, and the lean step (D58) may read every column of the
     capacity: a layer's rows are then one contiguous block, which the CPU's batched products read
-    faster than the same columns strided (the lean step at 64 rows: 1.2x). The capacity is what
+    faster than the same columns strided (D58). The capacity is what
     the longest row needs and half as much again (`_room`): the columns read past `column` are
     masked waste.
 

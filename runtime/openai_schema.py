@@ -13,13 +13,13 @@ field (`param`). Limits chosen here, documented in the OpenAPI document too:
 - Every field of OpenAI's completions and chat completions requests is in FIELDS (DECISIONS D30):
   implemented, accepted only at its neutral values (any other value is a 400 `unsupported_value`
   naming the field and the value), informational (no effect on a completion: `user`, ...), or
-  not reported (answered with null and named in the answer's X-Decodespec-Ignored header; no
-  field is, now). `logprobs` (completions: 0..5 alternatives; chat: `logprobs: true` with
+  not reported (answered with null and named in the answer's X-Decodespec-Ignored header; FIELDS
+  holds none of these). `logprobs` (completions: 0..5 alternatives; chat: `logprobs: true` with
   `top_logprobs` 0..20) and vLLM's `return_token_ids` are reported with the text they spell, chunk
   by chunk (DECISIONS D59, runtime/alignment.py, `report_fields`). The engine extensions of EXTENSIONS (vLLM's and SGLang's names:
   top_k, min_p, min_tokens, ignore_eos, repetition_penalty, ...) are accepted the same way. Any
   other field is a 400 `unknown_field`; `strict` (`decodespec serve --strict`) accepts only the
-  fields of STRICT_FIELDS, with n = 1, as before issue 28.
+  fields of STRICT_FIELDS, with n = 1 (D30).
 - `n` choices (and `best_of` candidates, the best n by the sum of their log-probabilities, not
   streamed) are separate requests of the engine, each with its own lifecycle, stream and finish
   reason (D34); the seed of choice i is seed + i.
@@ -237,7 +237,7 @@ EXTENSIONS = _fields(
     ("separate_reasoning", NEUTRAL, (True, False), "the model does not reason", "SGLang"),
     ("stream_reasoning", NEUTRAL, (True, False), "the model does not reason", "SGLang"),
 )
-# The fields accepted before issue 28, all that `strict` accepts (n = 1 only).
+# The strict request set: all that `strict` accepts (n = 1 only; D30).
 STRICT_FIELDS = {
     False: frozenset({"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop",
                       "stop_token_ids", "seed", "logprobs", "user", "utf8_guard", "prompt"}),

@@ -51,7 +51,7 @@ class Result:
     @property
     def events(self) -> tuple[Event, ...]:
         """The trace up to the end of the request. Its Events are built from the raw entries when
-        first read (issue 8: the trace is recorded, not formatted, on the per-token path)."""
+        first read (the trace is recorded, not formatted, on the per-token path)."""
         return tuple(self.trace.events[: self.trace_length])
 
     @property

@@ -367,7 +367,7 @@ class RequestRun:
     """The StepState of §4.2 plus lifecycle, stream, ledger and trace of one request."""
 
     # Slots: the per-token path reads a dozen of these per token, right after a model step has
-    # pushed them out of the CPU caches; a slot is one fixed offset, a dict entry a probe (issue 8).
+    # pushed them out of the CPU caches; a slot is one fixed offset, a dict entry a probe.
     __slots__ = (
         "cache", "clock", "deadline_at", "decoded", "detok", "echo_len", "eos_id", "eos_ids", "error", "faults",
         "finish_ids", "guard", "ledger", "_echo", "_guarded", "_stop_kept",
@@ -491,7 +491,7 @@ class RequestRun:
         self._overflow = False  # the terminal event is the stream's overflow (D6)
         self._created = clock()
         self._t = {"queue": 0.0, "prefill": 0.0, "stop_buffer": 0.0}
-        self._decode_s = 0.0  # the per-token sum of decode time, kept out of `_t` (issue 8)
+        self._decode_s = 0.0  # the per-token sum of decode time, kept out of `_t` (a float add on the per-token path)
         self._held_since: float | None = None
         self.deadline_at = self._created + request.deadline_s if request.deadline_s is not None else None
         self._listeners: list[Callable[[Any], None]] = []
@@ -501,7 +501,7 @@ class RequestRun:
         self._deferred: list[tuple[FaultAction, int]] | None = []
         if self._faulty:
             self.trace.subscribe(self._inject)
-        # Bound once: the per-token path calls these for every token (issue 8).
+        # Bound once: the per-token path calls these for every token.
         self._detok_push = self.detok.push
         self._stop_push = self.stopper.push
         self._may_overflow = self.stream.policy is not _PAUSE  # pause waits instead (§4.8)
@@ -916,7 +916,7 @@ class RequestRun:
             and not self._listeners
         )
 
-    # ---- fault injection (issue 4 item 5) ----------------------------------------------------
+    # ---- fault injection (§4.9, §4.10) -------------------------------------------------------
 
     def _poisoned_push(self, token: int) -> bytes:
         """The detokenizer's push where a decoding_error fault was injected for some step."""

@@ -14,7 +14,7 @@ A client that goes away is a transport fact (DECISIONS D5): `run.disconnect()`, 
 not a cancel; the request runs on, bounded by its stream policy, and a paused one fails with
 transport_error after the engine's `detach_timeout_s` unless a reader reconnects.
 
-Hostile and unlucky clients (issue 14): a request body is read up to `max_body_bytes` (413 past it,
+Hostile and unlucky clients: a request body is read up to `max_body_bytes` (413 past it,
 before any parsing), parsed and tokenized on a worker thread so the event loop keeps serving;
 browser-shaped requests (a CORS-safelisted content type such as text/plain, or an Origin not in
 `allowed_origins`) are refused, so a web page cannot drive the server; with `api_key` every route
@@ -212,7 +212,7 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
     non-streamed request whose client leaves is cancelled (nobody can ever read its answer). `utf8_guard`: which requests that
     do not say get the UTF-8 guard, a key of UTF8_GUARD_DEFAULTS (DECISIONS D16). `watchdog_s`: /health
     answers 503 "stalled" while one engine step has run longer (None: never; DECISIONS D21). `strict`:
-    only the request fields accepted before issue 28 (openai_schema.STRICT_FIELDS, D30). `max_readers`:
+    only the strict request set (openai_schema.STRICT_FIELDS, n = 1; D30). `max_readers`:
     open readers one request may have (the first stream and each /events resume; 429 past it, D5).
     `reasoning_parser`: chat answers split `<think>` sections into reasoning_content (D45);
     `tool_parser`: chat requests with tools get Hermes `<tool_call>` calls as tool_calls (D47)."""

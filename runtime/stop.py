@@ -367,7 +367,7 @@ class StopMatcher(_TableControl):
         n = len(data) - len(held)  # the held suffix may reach back into the old held bytes
         safe = (old + data[:n] if old else data[:n]) if n >= 0 else old[: len(old) + n]
         # fire and route by the row's effects unless it is a self-loop that releases the safe
-        # bytes and keeps the suffix (the fast path, derived from the table: issue 8)
+        # bytes and keeps the suffix (the fast path, derived from the table)
         if held:
             if self._st.state not in _HOLD_FAST:
                 safe, held = self._reroute("hold", _HOLD_ROUTES, _KEEP_SUFFIX, safe, held)

@@ -166,7 +166,7 @@ class OrderedStream:
     """
 
     # Slots: the engine reads these for every run at every step, just after the model has pushed
-    # them out of the CPU caches (issue 8).
+    # them out of the CPU caches.
     __slots__ = (
         "max_bytes", "max_events", "pause_timeout_s", "paused_s", "policy", "request_id",
         "_async_waiters", "_bulk_waiters", "_cond", "_connected", "_cursor", "_inline_max", "_lock", "_log", "_next_seq",
@@ -258,7 +258,7 @@ class OrderedStream:
                     self._wait_for_room(size)
             elif not self._within_cap(size):
                 raise StreamOverflow(self.request_id, self.overflow(), OVERFLOW_ERROR)
-            if self._st.state in _DELTA_FAST:  # the row is a self-loop that only queues (issue 8)
+            if self._st.state in _DELTA_FAST:  # the row is a self-loop that only queues
                 seq = self._queue(data)
             else:
                 seq = self._move("delta", data=data)
@@ -278,7 +278,7 @@ class OrderedStream:
         """
         if type(data) is bytes and 0 < len(data) <= self._inline_max:
             lock = self._lock
-            lock.acquire()  # a `with` costs half as much again on this path (issue 26)
+            lock.acquire()  # a `with` costs half as much again on this path
             try:
                 log = self._log
                 cursor = self._cursor
@@ -894,7 +894,7 @@ def _attach(st: OrderedStream, ctx: dict) -> None:
 
 _PLANS = STREAM.plans(load_spec("stream"))
 # Where a delta's row is a self-loop whose action only queues it, the per-delta paths queue it
-# without the fire (issue 8): derived from the table, so another action there goes through _move.
+# without the fire: derived from the table, so another action there goes through _move.
 _DELTA_FAST = frozenset(compiled("stream").State[s] for (s, e), plan in _PLANS.items()
                         if e == "delta" and plan.effects == ("queue_delta",) and load_spec("stream").decision(s, e).target == s)
 _OPEN_FAST = _OPEN in _DELTA_FAST

@@ -94,7 +94,7 @@ class DecodePlan:
     strip_byte: int | None = None
     strip_count: int = 0
     # The entries of `rest` that are whole UTF-8 on their own: with nothing pending, such a token
-    # is final as it is, with no check of its bytes (the detokenizer's fast path, issue 8). Built
+    # is final as it is, with no check of its bytes (the detokenizer's fast path). Built
     # with the plan, O(vocabulary): a tokenizer should build its plan once, as both here do.
     whole: Mapping[int, bytes] = attrs.field(init=False, repr=False, eq=False)
 

@@ -1,4 +1,4 @@
-"""The server under faults (issue 23, DECISIONS D20): 16 clean streams beside a stream whose logits
+"""The server under faults (DECISIONS D20): 16 clean streams beside a stream whose logits
 hold +inf, one whose argmax is an id the tokenizer cannot decode, one whose content policy raises,
 and a prompt holding an undecodable id; prints each outcome and the clean streams' times. With
 `clean`, the 16 streams alone (the ratio side by side). From the repository root:

@@ -1,4 +1,4 @@
-"""Facts every layer needs, derived from the tables once (issue 16: no layer keeps its own copy).
+"""Facts every layer needs, derived from the tables once (no layer keeps its own copy).
 
 - `model_resources()` / `stream_resources()`: resources.toml's `model_kinds`, and the other kinds
   in table order (released before / after the terminal event, §4.10).

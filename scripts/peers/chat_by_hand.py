@@ -1,6 +1,6 @@
 """Send chosen chat requests to a running server on a chat checkpoint and print the raw exchange
 (the non-streamed message, or each SSE delta with its finish_reason): how the failures of
-reports/vllm-chat/confirmed.md were confirmed by hand (issue 25).
+reports/vllm-chat/confirmed.md were confirmed by hand (D48).
 
     .venv/bin/python scripts/peers/chat_by_hand.py URL CHECKPOINT_FOLDER
     .venv/bin/python scripts/peers/chat_by_hand.py URL CHECKPOINT_FOLDER CASE_ID:MAX_TOKENS ...

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Two vLLM workers behind a router, as one peer (issue 24 item 7). Nothing is downloaded but PyPI
+# Two vLLM workers behind a router, as one peer. Nothing is downloaded but PyPI
 # packages (binary wheels of the Rust routers); the model is a local directory.
 #   scripts/peers/routers.sh install                       venv .cache/peers/routers/venv: vllm-router, smg
 #   scripts/peers/routers.sh serve ROUTER MODEL_DIR PORT [VLLM_FLAG...]

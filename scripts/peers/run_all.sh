@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerate reports/<engine>/{report.json,junit.xml,report.md,report.html} for every local peer,
-# then reports/matrix.{md,html} across them (issue 13 item 5). Nothing is downloaded but PyPI
+# then reports/matrix.{md,html} across them. Nothing is downloaded but PyPI
 # packages; every model and tokenizer is made here.
 #   reference           this project's generate() in process
 #   hf-generate         transformers generate (greedy, stop_strings, a streamer) on the forced checkpoints
