@@ -1,4 +1,4 @@
-"""Small real tokenizers, trained locally at test time (issue 3 item 5; §4.5).
+"""Small real tokenizers, trained locally at test time (§4.5).
 
 Each builder trains a tokenizer with the `tokenizers` library on the text below (ASCII prose,
 accented Latin, CJK, emoji, ZWJ sequences, combining marks), writes `tokenizer.json` under the
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-# Training text written for this project: prose plus the character classes of issue 3 item 5.
+# Training text written for this project: prose plus the character classes the docstring lists.
 CORPUS: tuple[str, ...] = (
     "The quick brown fox jumps over the lazy dog. Isn't it? It's fine, we're done!",
     "A stop string may span two or three tokens; the stream must hold it back.",

@@ -1,4 +1,4 @@
-"""Model-derived tests: each checker path becomes a concrete run of the runtime (issue 5 item 4).
+"""Model-derived tests: each checker path becomes a concrete run of the runtime.
 
 machine/paths.py gives one shortest model path per reachable table decision and fault point. A
 path is turned into a `ConcreteRun`:
@@ -765,7 +765,7 @@ def load_regressions(folder: str | Path) -> list[tuple[str, ConcreteRun]]:
 
 
 def save_regression(folder: str | Path, name: str, run: ConcreteRun) -> Path:
-    """Keep a counterexample found later as a regression case (issue 5 item 4)."""
+    """Keep a counterexample found later as a regression case."""
     p = Path(folder) / f"{name}.json"
     p.write_text(json.dumps(run.to_json(), indent=1) + "\n")
     return p

@@ -1,4 +1,4 @@
-"""pytest plugin: every conformance case as a test item (issue 7 item 3).
+"""pytest plugin: every conformance case as a test item.
 
     pytest -p decodespec --decodespec-engine=reference -n 2
 
@@ -59,7 +59,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "conformance: a decodespec conformance case (issue 7)")
+    config.addinivalue_line("markers", "conformance: a decodespec conformance case")
 
 
 class ConformanceFailure(Exception):

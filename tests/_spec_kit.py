@@ -1,4 +1,4 @@
-"""Copies of spec/ for tests that edit a table and run a fresh interpreter on it (issue 16)."""
+"""Copies of spec/ for tests that edit a table and run a fresh interpreter on it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Actions are effects, run through one registry by the runtime and by the checker model (issue 16
-item 2; machine/actions.py): every action a table names is declared with its effects, every
+"""Actions are effects, run through one registry by the runtime and by the checker model
+(machine/actions.py): every action a table names is declared with its effects, every
 effect has exactly one implementation per executor, and firing a row runs what its action says,
 so an edited action changes what the runtime does (§4.3, §4.10)."""
 
@@ -53,7 +53,7 @@ def test_each_executor_implements_exactly_the_effects_of_its_table(who, name):
 def test_the_model_says_why_it_abstracts_an_effect():
     """An effect the model does not represent is registered with what stands for it, and that holds:
     a state of its table that every row with the effect enters (PAUSED for `pause`), an invariant of
-    spec/invariants.toml, or a test file of this checkout (issue 27 item 5)."""
+    spec/invariants.toml, or a test file of this checkout."""
     invariants = load_invariants()
     for executor in checker_model.EXECUTORS.values():
         table = load_spec(executor.table)
@@ -95,7 +95,7 @@ def test_a_table_without_actions_is_refused_by_name():
 
 
 def test_a_row_naming_an_undeclared_action_is_refused_by_name():
-    """Issue 27 item 5: the loader refuses such a row; a Table built past it (attrs.evolve) is
+    """The loader refuses such a row; a Table built past it (attrs.evolve) is
     refused by the executor too, naming the row and the action, instead of running nothing."""
     import attrs
 
@@ -193,7 +193,7 @@ def test_a_changed_stop_matcher_action_changes_what_the_matcher_returns(tmp_path
 
 
 def test_a_changed_detokenizer_action_changes_what_the_runtime_returns(tmp_path):
-    """Issue 27 item 1 (§4.5): with the `hold` rows given `emit_bytes` (no hold_partial) in a copy
+    """§4.5: with the `hold` rows given `emit_bytes` (no hold_partial) in a copy
     of spec/, the first byte of a character split across two tokens is not held: the next push
     sees a lone continuation byte, which no later token can repair, and raises (D12), so generate()
     FAILS where the shipped table holds the byte and returns the character whole."""

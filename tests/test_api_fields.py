@@ -1,8 +1,8 @@
 """Every field of OpenAI's completions and chat completions requests, and the documented engine
-extensions, each tested (issue 28; DECISIONS D30-D34): accepted at its neutral value without
-changing the answer; a neutral-only field at another value refused with a 400 that names the field
-and the value as not supported (never "unknown"); each field issue 28 implements shown to act; an
-unknown field still refused; `--strict` keeps the fields of before. n choices and best_of (§4.7,
+extensions, each tested (DECISIONS D30-D34): accepted at its neutral value without changing the
+answer; a neutral-only field at another value refused with a 400 that names the field and the
+value as not supported (never "unknown"); each implemented field shown to act; an unknown field
+still refused; `--strict` accepts only the short list of STRICT_FIELDS. n choices and best_of (§4.7,
 §4.10): one request per choice, each with its own finish, ended when all have."""
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ REPORTED_VALUE = {"logprobs": {False: 2, True: True}, "top_logprobs": {True: 3}}
 @pytest.mark.parametrize("field", [(False, "logprobs"), (True, "logprobs"), (True, "top_logprobs")], ids=_ids)
 def test_logprobs_asked_for_are_reported(servers, field):
     """D59 (it supersedes D30's "not reported"): logprobs asked for are answered, one entry per
-    selected token, and nothing is named in the ignored header; no field is NOT_REPORTED now."""
+    selected token, and nothing is named in the ignored header; no field is NOT_REPORTED."""
     chat, name = field
     body = {name: REPORTED_VALUE[name][chat], **({"logprobs": True} if name == "top_logprobs" else {})}
     r = post(servers, chat, body)
@@ -128,7 +128,7 @@ def test_logprobs_asked_for_are_reported(servers, field):
     assert not _all(NOT_REPORTED)
 
 
-# ---- what each field issue 28 implements does ------------------------------------------------------
+# ---- what each implemented field does --------------------------------------------------------------
 
 
 def _run(servers, r):
@@ -195,8 +195,8 @@ def test_an_unknown_field_is_refused_as_unknown(servers):
         assert "/openapi.json" in err["message"]
 
 
-def test_strict_keeps_the_fields_of_before(servers):
-    """--strict: the fields issue 28 adds, even at neutral values, are unknown as they were; n = 1."""
+def test_strict_accepts_only_the_strict_fields(servers):
+    """--strict: every field outside STRICT_FIELDS, even at its neutral value, is unknown; n = 1 only."""
     for chat in (False, True):
         for name in sorted(set(FIELDS[chat]) - STRICT_FIELDS[chat]):
             r = post(servers, chat, {name: FIELDS[chat][name].neutral[0] if FIELDS[chat][name].neutral else None},

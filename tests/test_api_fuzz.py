@@ -123,7 +123,7 @@ hostile = st.one_of(
                                                                   HealthCheck.too_slow])
 @given(raw=hostile, chat=st.booleans())
 def test_hostile_bodies_never_5xx(http, raw, chat):
-    """Issue 14 item 5: lone surrogates anywhere, huge integers and deep nesting get a 400 naming the
+    """Lone surrogates anywhere, huge integers and deep nesting get a 400 naming the
     problem, never a 5xx, on both endpoints."""
     path = "/v1/chat/completions" if chat else "/v1/completions"
     resp = http.post(path, content=raw, headers={"content-type": "application/json"})

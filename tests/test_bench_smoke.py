@@ -1,4 +1,4 @@
-"""Smoke runs of the benchmarks (issue 8): each `run()` at a tiny size, so CI keeps them working.
+"""Smoke runs of the benchmarks: each `run()` at a tiny size, so CI keeps them working.
 
 These are not measurements and assert no timing: only that every benchmark runs, returns
 JSON-able figures, and that the correctness facts it reports hold (§4.5 streamed bytes equal the
@@ -36,7 +36,7 @@ def _quick(name: str) -> dict:
     "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in BENCHMARKS]
 )
 def test_benchmark_runs_quick_and_returns_json_figures(name):
-    """Issue 8: every benchmark's run() works at its QUICK size and its figures serialise."""
+    """Every benchmark's run() works at its QUICK size and its figures serialise."""
     figures = _quick(name)
     assert isinstance(figures, dict) and figures
     json.dumps(figures, default=str)
@@ -53,7 +53,7 @@ def test_framework_bench_streams_exactly_the_batch_decode():
 
 
 def test_the_instruction_counter_drives_every_request_through_the_whole_token_path(tmp_path):
-    """Issue 26: count_framework's child (what valgrind counts) takes each request through the
+    """count_framework's child (what valgrind counts) takes each request through the
     token path to its last id, and says how many ids a request has (the per-token divisor)."""
     done = subprocess.run([sys.executable, str(FOLDER / "count_framework.py"), "--child", "2", "--tokens", "60"],
                           capture_output=True, text=True, check=True)
@@ -80,7 +80,7 @@ def test_gpu_check_small_runs_on_cpu_with_no_problems():
 
 
 def test_cli_bench_writes_json_and_refuses_unknown_names(tmp_path):
-    """Issue 8: `decodespec bench NAME --quick --json FILE` prints a table and writes the figures;
+    """`decodespec bench NAME --quick --json FILE` prints a table and writes the figures;
     an unknown name is a usage error naming the known ones."""
     out = tmp_path / "bench.json"
     res = CliRunner().invoke(main, ["bench", "stop", "--quick", "--json", str(out)])

@@ -1,5 +1,5 @@
 """The chat answer's split into content, reasoning_content and tool calls is a table
-(spec/channels.toml; §4.7, issue 25, DECISIONS D45-D47): the runtime runs it, a split tag never
+(spec/channels.toml; §4.7, DECISIONS D45-D47): the runtime runs it, a split tag never
 leaks, the checker explores it, and a seeded edit of it is caught."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Script cases on /v1/chat/completions (issue 25; §4.3-§4.7, DECISIONS D45-D47): chat checkpoints
+"""Script cases on /v1/chat/completions (§4.3-§4.7, DECISIONS D45-D47): chat checkpoints
 carry a chat template (ChatML; one with a BOS and a generation prompt), their programs are placed by
 transformers' apply_chat_template and proved with transformers generate on the templated prompt,
 and `decodespec serve` with its parsers passes every chat case, reasoning and tool calls included."""

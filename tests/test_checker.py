@@ -58,7 +58,7 @@ def test_one_request_fires_every_row(one):
 
 
 def test_one_request_offers_every_ignored_event_where_it_can_arrive(one):
-    """Issue 16 item 4: every ignore row of every table is fired by some step (a cancel after the
+    """Every ignore row of every table is fired by some step (a cancel after the
     end, a racing release, a connection failing while a cancel is pending, the scheduler's idle
     park and unpark), so an ignore turned into a reject is a refinement violation, not unseen."""
     assert {m: pairs for m, pairs in one.ignores_never_fired.items() if pairs} == {}
@@ -84,7 +84,7 @@ def test_two_requests_share_one_slot():
 
 
 def test_three_requests_share_two_places_through_preemption_cancel_and_errors():
-    """Issue 16 item 5 (§4.4, §4.8, §4.10): three requests, two batch places, the scheduler free to
+    """§4.4, §4.8, §4.10: three requests, two batch places, the scheduler free to
     preempt, park and resume each one, a cancel or a model error at any point: every place is
     given back exactly once (the product's accounting, checked in every state) and every run ends;
     a swapped sequence is resumed, another waits for a place, and a cancelled one ends while
@@ -103,7 +103,7 @@ def test_three_requests_share_two_places_through_preemption_cancel_and_errors():
 
 
 def test_several_requests_reach_parked_sequences():
-    """Issue 23 (§4.8): under `parked_config` two requests on one place and three on two reach
+    """§4.8: under `parked_config` two requests on one place and three on two reach
     every parked move of the sequence table (park, unpark, a parked one preempted), with a slow
     reader's pause and resume as witnesses and no violation; the default configurations (one token)
     never park."""
@@ -210,7 +210,7 @@ def test_bad_model_bounds_are_refused():
 
 
 def test_cli_check_passes_on_the_shipped_tables():
-    """`decodespec check --json` exhausts the one-request model and exits 0 (issue 5 item 3)."""
+    """`decodespec check --json` exhausts the one-request model and exits 0."""
     import json
 
     from click.testing import CliRunner
@@ -323,7 +323,7 @@ def _cpu_seconds(pid: int) -> float:
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads a process's CPU time from /proc")
 def test_ctrl_c_says_how_far_the_search_got_and_claims_nothing():
-    """Issue 15: an interrupted check reports the states explored, proves nothing, exits 130."""
+    """An interrupted check reports the states explored, proves nothing, exits 130."""
     import signal
     import subprocess
     import sys

@@ -1,5 +1,5 @@
 """`decodespec generate`, `serve` and every command that writes end bad input with one specific
-error, before any work starts (issue 15 item 5): nothing is generated, no file is half-written, no
+error, before any work starts: nothing is generated, no file is half-written, no
 traceback."""
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def test_serve_logs_each_request_at_info_and_not_at_warning():
 
 @pytest.mark.slow
 def test_sigterm_ends_the_server_within_its_shutdown_bound():
-    """Issue 14 item 2: with a streaming client still connected and reading slowly (its connection
+    """D5: with a streaming client still connected and reading slowly (its connection
     open past the signal), SIGTERM ends the server within --shutdown-timeout plus slack."""
     import signal
     import threading

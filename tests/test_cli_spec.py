@@ -1,4 +1,4 @@
-"""`decodespec spec validate|show` and `decodespec diagrams` (issue 2, item 6)."""
+"""`decodespec spec validate|show` and `decodespec diagrams`."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def test_default_diagrams_dir_is_the_checkouts_diagrams_folder(tmp_path, repo_ro
 
 
 def test_python_dash_m_runs_the_cli() -> None:
-    """`python -m decodespec` is the same command line (packaging, issue 2 item 1)."""
+    """`python -m decodespec` is the same command line."""
     out = subprocess.run(
         [sys.executable, "-m", "decodespec", "--version"], capture_output=True, text=True, check=True
     )

@@ -1,9 +1,9 @@
-"""What real clients and routers send is answered (issue 28; DECISIONS D30): the request bodies of
+"""What real clients and routers send is answered (DECISIONS D30): the request bodies of
 the openai Python client, LangChain's OpenAI and ChatOpenAI, and vllm-router in front of a server,
 recorded offline (tests/fixtures/client_requests.json says how), each a 200 from `decodespec serve`
-with a well-formed answer (§4.7: a stream ends with its finish and one [DONE]). Before issue 28
-LangChain's completions were refused (frequency_penalty unknown) and so was every body vllm-router
-forwards (echo unknown)."""
+with a well-formed answer (§4.7: a stream ends with its finish and one [DONE]). LangChain's
+completions carry frequency_penalty; vllm-router adds echo to every completions body it forwards,
+and engine extensions (ignore_eos, no_stop_trim, return_hidden_states, ...) to every body."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The conformance suite (issue 7): cases, the reference adapter, a planted bug, CLI, reports, xdist."""
+"""The conformance suite: cases, the reference adapter, a planted bug, CLI, reports, xdist."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ class OneTokenStopMatcher:
 
 
 def test_cases_cover_sections_4_3_to_4_10_and_the_trace_invariants():
-    """Issue 7 item 1: at least 30 cases, anchors §4.3-§4.10, unique stable ids, both grades."""
+    """At least 30 cases, anchors §4.3-§4.10, unique stable ids, both grades."""
     cases = load_cases()
     assert len(cases) >= 30
     anchors = {c.anchor for c in cases}
@@ -75,7 +75,7 @@ def test_reference_passes_every_must_case(reference_results):
 
 
 def test_http_cases_are_skipped_with_a_reason_not_passed(reference_results):
-    """Issue 7 item 2: a case an engine cannot run is a SKIP with its reason, never a pass."""
+    """A case an engine cannot run is a SKIP with its reason, never a pass."""
     http = [r for r in reference_results if r.case.id.startswith("http/")]
     assert http and all(r.verdict is Verdict.SKIP and "HTTP" in r.reason for r in http)
 
@@ -92,7 +92,7 @@ def test_planted_one_token_stop_matcher_fails_with_the_invariant_named(monkeypat
 
 
 def test_cli_dry_run_lists_selected_cases_only():
-    """Issue 7 item 3: --dry-run lists the cases, --select filters by id prefix."""
+    """--dry-run lists the cases, --select filters by id prefix."""
     out = CliRunner().invoke(main, ["conform", "--engine", "reference", "--dry-run", "--select", "stop/overlap/"])
     assert out.exit_code == 0, out.output
     assert "stop/overlap/001" in out.output and "stop/overlap/003" in out.output
@@ -101,7 +101,7 @@ def test_cli_dry_run_lists_selected_cases_only():
 
 
 def test_cli_expect_file_tracks_known_failures(monkeypatch, tmp_path):
-    """Issue 7 item 3: a MUST failure exits 1; listed in --expect it is known, and the run exits 0."""
+    """A MUST failure exits 1; listed in --expect it is known, and the run exits 0."""
     monkeypatch.setattr(runner_module, "StopMatcher", OneTokenStopMatcher)
     args = ["conform", "--engine", "reference", "--select", "stop/cross-token/001"]
     assert CliRunner().invoke(main, args).exit_code == 1
@@ -113,7 +113,7 @@ def test_cli_expect_file_tracks_known_failures(monkeypatch, tmp_path):
 
 
 def test_reports_are_well_formed(reference_results, tmp_path):
-    """Issue 7 item 3: JSON, JUnit XML, Markdown and HTML per engine, one row per case."""
+    """JSON, JUnit XML, Markdown and HTML per engine, one row per case."""
     paths = write_reports(reference_results, "reference", tmp_path, diagrams_dir=REPO / "diagrams")
     assert [p.name for p in paths] == list(REPORT_FILES)
     data = json.loads((tmp_path / "report.json").read_text())
@@ -135,7 +135,7 @@ def test_reports_are_well_formed(reference_results, tmp_path):
 
 
 def test_report_json_follows_its_shipped_schema(reference_results, tmp_path, monkeypatch):
-    """Issue 15: report.json carries a version and validates against report.schema.json, a passing
+    """report.json carries a version and validates against report.schema.json, a passing
     run and a failing one (with reproducers) alike; a report missing a field does not."""
     jsonschema = pytest.importorskip("jsonschema")
     from decodespec.properties.conformance.reports import REPORT_VERSION, SCHEMA_PATH
@@ -155,7 +155,7 @@ def test_report_json_follows_its_shipped_schema(reference_results, tmp_path, mon
 
 
 def test_reports_lead_with_failures_grouped_by_section(monkeypatch, tmp_path):
-    """Issue 15: the headline gives the pass rate over what ran; failures come first, by section,
+    """The headline gives the pass rate over what ran; failures come first, by section,
     with the broken invariant's statement; passes follow; skips are folded with their reasons; the
     HTML embeds the diagram a failure names, so the page stands alone."""
     monkeypatch.setattr(runner_module, "StopMatcher", OneTokenStopMatcher)
@@ -226,7 +226,7 @@ def test_cli_refuses_an_expect_file_naming_no_case(tmp_path):
     ("no_such_module_xyz:make", "cannot import module"),
 ])
 def test_cli_bad_or_unreachable_engine_is_one_clear_error(engine, words):
-    """Issue 15: a misspelt or unreachable engine fails fast with one message (exit 2), no traceback,
+    """A misspelt or unreachable engine fails fast with one message (exit 2), no traceback,
     and no case is run or reported as a failure."""
     out = CliRunner().invoke(main, ["conform", "--engine", engine])
     assert out.exit_code == 2, out.output
@@ -239,8 +239,8 @@ def test_cli_bad_or_unreachable_engine_is_one_clear_error(engine, words):
     ('{"data": []}', "lists no model; pass --model"),
 ])
 def test_a_server_whose_model_list_cannot_name_the_model_is_one_clear_error(listing, words):
-    """Issue 15: /v1/models in another shape stops the run at once with one message (exit 2), where
-    every case ended in an ERROR whose reason was a Python AttributeError or KeyError."""
+    """/v1/models in another shape stops the run at once with one message (exit 2), not with every
+    case an ERROR whose reason is a Python AttributeError or KeyError."""
     from _engine_kit import answering
 
     with answering({"/v1/models": listing}) as url:
@@ -250,8 +250,8 @@ def test_a_server_whose_model_list_cannot_name_the_model_is_one_clear_error(list
 
 
 def test_a_selection_prefix_that_starts_no_case_is_refused_not_run_as_a_smaller_suite(tmp_path):
-    """Issue 15: with `--select stop/ --select finsh/` the typo is named and nothing runs (the CLI,
-    `checkpoints build` and the pytest plugin alike), where the run went on with stop/ alone and passed."""
+    """With `--select stop/ --select finsh/` the typo is named and nothing runs (the CLI,
+    `checkpoints build` and the pytest plugin alike): no run of stop/ alone that passes."""
     out = CliRunner().invoke(main, ["conform", "--engine", "reference", "--select", "stop/", "--select", "finsh/"])
     assert out.exit_code == 2 and "no case id starts with 'finsh/'" in out.output and "pass" not in out.output
     out = CliRunner().invoke(main, ["checkpoints", "build", "--select", "finsh/", "--out", str(tmp_path / "ck")])
@@ -342,7 +342,7 @@ def test_malformed_case_is_refused_with_the_field_named():
 
 
 def test_save_case_turns_a_trace_into_a_replayable_case(tmp_path):
-    """Issue 7 item 1: a counterexample trace becomes a new case file that runs (and passes) on the reference."""
+    """A counterexample trace becomes a new case file that runs (and passes) on the reference."""
     ref = run_cases(adapter_for("reference"), load_cases(["stop/cross-token/001"]))[0]
     assert ref.verdict is Verdict.PASS
     from decodespec.runtime.experiments import experiment_a
@@ -364,7 +364,7 @@ def test_save_case_turns_a_trace_into_a_replayable_case(tmp_path):
 
 @pytest.mark.slow
 def test_cases_shard_across_xdist_workers():
-    """Issue 7 item 3: the pytest plugin makes each case an item, and pytest-xdist runs them on 2 workers."""
+    """The pytest plugin makes each case an item, and pytest-xdist runs them on 2 workers."""
     cmd = [sys.executable, "-m", "pytest", "-p", "decodespec", "-n", "2",
            "--decodespec-engine=reference", "--decodespec-select=stop/",
            "--decodespec-select=finish/", "-v", "properties/cases"]
@@ -465,7 +465,7 @@ def test_openai_adapter_against_decodespec_serve():
 
 
 def test_expected_results_follow_the_engines_tokenizer_not_the_fixture():
-    """Issue 13 item 3: DecodeStream over the project's own byte-level tokenizer (not the fixture) is
+    """DecodeStream over the project's own byte-level tokenizer (not the fixture) is
     judged on the reference's answer for the same ids; only its real §4.5 faults remain (an invalid
     byte shown as U+FFFD, an incomplete tail lost), the cases whose text splits differently pass."""
     pytest.importorskip("tokenizers")

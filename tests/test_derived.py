@@ -1,4 +1,4 @@
-"""Facts derived from the tables once (spec/derived.py; issue 16 item 3): the resources the model
+"""Facts derived from the tables once (spec/derived.py): the resources the model
 holds, the stream event and state of each terminal, the reasons a run can end with in each
 terminal state. Every layer reads these; a table change moves them with no other edit."""
 
@@ -55,7 +55,7 @@ def test_terminal_events_must_name_every_terminal_state():
 
 
 def test_the_openai_mapping_covers_exactly_the_reasons_a_completion_ends_with():
-    """Issue 16: the wire finish_reason is data (spec/reasons.toml); every reason a run can end
+    """The wire finish_reason is data (spec/reasons.toml); every reason a run can end
     FINISHED with has one, and no reason that only ends a cancelled or failed run does."""
     from decodespec.spec.vocabulary import OPENAI_FINISH
 

@@ -188,7 +188,7 @@ def test_finish_twice_is_illegal_and_keeps_the_state(toks):
 
 
 def test_a_whole_token_passes_straight_through_only_with_nothing_pending(toks):
-    """Issue 8: a token whose bytes are whole UTF-8 is final as it is only in EMPTY; after an
+    """A token whose bytes are whole UTF-8 is final as it is only in EMPTY; after an
     unfinished lead byte the same token is checked with it, and here no continuation can repair it."""
     whole = toks["byte_table"].plan().whole
     d = IncrementalDetokenizer(toks["byte_table"])

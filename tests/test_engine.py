@@ -319,7 +319,7 @@ def test_detached_paused_request_fails_with_transport_error_after_the_timeout():
 
 
 def test_silent_connected_readers_cannot_hold_every_slot():
-    """Issue 14 item 2: two clients take both slots and stop reading (still connected): their runs
+    """§4.8: two clients take both slots and stop reading (still connected): their runs
     park, the longest wait shows in the stats, and after stall_timeout_s they fail with
     transport_error, freeing the slots, so the queued third request is answered."""
     clock = FakeClock()
@@ -531,7 +531,7 @@ def test_constructor_rejects_bad_settings():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_swap_restores_the_cache_bit_for_bit_in_every_dtype(dtype):
-    """§4.8 (issue 16): snapshot() to host memory and restore() give back the very bits."""
+    """§4.8: snapshot() to host memory and restore() give back the very bits."""
     import torch
 
     model = tiny_model().to(getattr(torch, dtype))
@@ -549,7 +549,7 @@ def test_swap_restores_the_cache_bit_for_bit_in_every_dtype(dtype):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("preemption", [None, "swap", "recompute"])
 def test_a_batch_invariant_engine_equals_generate_bit_for_bit(dtype, preemption):
-    """§4.4, §4.8 (issue 16): with batch_invariant every kernel call holds one sequence and
+    """§4.4, §4.8: with batch_invariant every kernel call holds one sequence and
     recompute replays the decodes, so batching and preemption change no token, in fp32 and bf16
     (where batched kernels round differently: the Engine's docstring states what holds without)."""
     import torch
@@ -573,7 +573,7 @@ def test_a_batch_invariant_engine_equals_generate_bit_for_bit(dtype, preemption)
 
 
 def test_the_engine_moves_sequences_only_along_the_sequence_table(monkeypatch):
-    """Issue 16 item 5 (§4.4, §4.8): queued, resident, parked, swapped and done are the states of
+    """§4.4, §4.8: queued, resident, parked, swapped and done are the states of
     spec/sequence.toml; with preemption and slow readers every entry ends DONE, and a second drop
     (the abort/finish race that double-frees elsewhere) is an IllegalTransition that changes nothing."""
     from decodespec.machine import IllegalTransition

@@ -96,7 +96,7 @@ def test_jsonl_round_trip_keeps_every_field():
 
 
 def test_a_per_token_entry_put_as_values_reads_as_the_same_event_as_emit():
-    """Issue 8: the per-token kinds are put as flat tuples of values (no mapping on the hot path); read
+    """The per-token kinds are put as flat tuples of values (no mapping on the hot path); read
     back, each is the Event `emit` with the same fields gives, listeners included."""
     seen: list[Event] = []
     fast, slow = Trace("r", clock=lambda: 7.0), Trace("r", clock=lambda: 7.0)
@@ -126,7 +126,7 @@ def test_put_notifies_only_once_someone_subscribed():
 
 
 def test_per_token_entries_leave_the_garbage_collector_at_its_first_pass():
-    """Issue 8: a per-token entry is one flat tuple of atomic values (its kind as a plain string),
+    """A per-token entry is one flat tuple of atomic values (its kind as a plain string),
     so one collection stops tracking it and a long trace adds nothing to later full collections."""
     from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, generate
 

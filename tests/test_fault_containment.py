@@ -1,4 +1,4 @@
-"""Fault containment (§4.10, DECISIONS D20, D21; issue 23): an exception raised by one request's
+"""Fault containment (§4.10, DECISIONS D20, D21): an exception raised by one request's
 own step (its sampler on +inf logits, an id its tokenizer cannot decode, a content policy that
 raises) ends that request FAILED with an error naming the cause while the engine serves the others;
 an engine that cannot go on ends every live request at once and says so."""
@@ -84,7 +84,7 @@ def test_sampling_logits_with_inf_is_a_named_error_not_an_index_error():
 
 
 def test_each_faulty_request_fails_alone_while_the_others_finish():
-    """Issue 23: +inf logits, a raising content policy and a raising grammar each end their own
+    """+inf logits, a raising content policy and a raising grammar each end their own
     request FAILED with model_error naming the cause; 6 other requests in the same batch finish."""
     engine = Engine(PoisonModel(tiny_model()), ascii_tokenizer())
     good = [engine.submit(Request(_prompt(6 + i), max_output_tokens=12, temperature=0.8, seed=i)) for i in range(6)]
@@ -168,7 +168,7 @@ def test_an_engine_that_cannot_go_on_ends_every_live_request_and_says_why(caplog
 
 
 def test_the_server_under_faults_keeps_serving_the_others():
-    """Issue 23 must-show: a stream with +inf logits, a prompt with an undecodable id and 16 other
+    """A stream with +inf logits, a prompt with an undecodable id and 16 other
     streams at once: the poisoned stream ends with an error event naming the cause, the bad prompt
     is a 400 JSON, and all 16 finish with [DONE]."""
     engine = Engine(PoisonModel(tiny_model()), ascii_tokenizer(), poll_s=0.001)

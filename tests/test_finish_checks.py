@@ -1,6 +1,6 @@
 """The finish checks of a selected token are the lifecycle table's ordered list (§4.3, §4.6, §4.10;
 DECISIONS D3, D4, D11): the runtime runs that list, a copy of the tables with the list permuted
-changes what the runtime reports, and token-id and string stops share one cut (issue 16)."""
+changes what the runtime reports, and token-id and string stops share one cut."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def test_a_stop_on_the_last_allowed_token_reports_the_stop():
 
 
 def test_a_token_id_stop_keeps_the_bytes_the_string_matcher_held():
-    """§4.6 (issue 16, finding): "A" is held as a possible start of the stop "AB"; the token-id
+    """§4.6: "A" is held as a possible start of the stop "AB"; the token-id
     stop Z ends the text after "A", so "A" is final and returned, not dropped."""
     res = _run([1, 2, 4, 1], stop=["AB"], stop_token_ids=[[4]], max_output_tokens=4)
     assert res.finish_reason is FinishReason.STOP_SEQUENCE and res.stop == (4,)
@@ -124,7 +124,7 @@ def test_a_token_id_stop_keeps_the_bytes_the_string_matcher_held():
 
 
 def test_a_partial_token_id_match_does_not_delay_a_complete_string_stop():
-    """§4.6 (issue 16, finding): the string matcher sees B at once; the stop "AB" ends the run on
+    """§4.6: the string matcher sees B at once; the stop "AB" ends the run on
     that token even though B might begin the stop ids [3, 9]."""
     res = _run([1, 2, 3, 9], stop=["AB"], stop_token_ids=[[3, 9]], max_output_tokens=4)
     assert res.stop == "AB" and len(res.tokens) == 3 and res.output == b"x"
@@ -185,7 +185,7 @@ def test_a_permuted_list_changes_what_the_runtime_reports_beside_the_shipped_one
 
 
 def test_the_checker_model_runs_the_same_list():
-    """Issue 16 item 1: with `length` first, the checker no longer finds a stop on the last allowed
+    """With `length` first, the checker finds no stop on the last allowed
     token: its witness goes missing, the report is not ok, and nothing else breaks."""
     from decodespec.machine.checker import check
 
@@ -196,7 +196,7 @@ def test_the_checker_model_runs_the_same_list():
 
 
 def test_a_new_finish_reason_needs_spec_files_only(tmp_path):
-    """Issue 16 item 4: declare `budget_exhausted` (OpenAI "length") in spec/reasons.toml and let
+    """Declare `budget_exhausted` (OpenAI "length") in spec/reasons.toml and let
     the length row fix it in spec/lifecycle.toml, in a copy of spec/ (2 files, no code). The
     runtime reports it, the monitors accept it, the server maps it, the checker and the diagrams
     follow."""
@@ -240,7 +240,7 @@ def _with_function_call(text: str) -> str:
 
 
 def test_a_new_event_and_reason_need_spec_files_only(tmp_path):
-    """Issue 16 item 4: a `function_call` event (a token finish check) with the reason
+    """A `function_call` event (a token finish check) with the reason
     `function_call` (OpenAI's older "function_call"), declared in a copy of spec/ only
     (lifecycle.toml and reasons.toml, no code): the runtime ends on the request's token without
     sending it, the monitors accept the trace, the server maps the reason, the checker explores the

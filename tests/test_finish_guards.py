@@ -1,4 +1,4 @@
-"""Finish-check guards (issue 28; §4.3, §4.6; DECISIONS D31): `ignore_eos` and `min_tokens` are
+"""Finish-check guards (§4.3, §4.6; DECISIONS D31): `ignore_eos` and `min_tokens` are
 declared in spec/lifecycle.toml ([finish_guards], named by the eos check's `unless`), validated
 by the loader, run by the runtime from the table (a guarded EOS is a token like any other: no
 bytes under skip_special_tokens, decoded, the loop goes on), implemented once more in the checker

@@ -1,4 +1,4 @@
-"""Forced-script checkpoints (issue 13): weights by construction, proof by transformers, and the
+"""Forced-script checkpoints: weights by construction, proof by transformers, and the
 script cases over HTTP against `decodespec serve` on them, with seeded bugs caught (§4.3-§4.7)."""
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def test_every_checkpoint_is_proved_by_transformers_generate_and_checked_in_ever
     """No engine is judged on an unproved checkpoint: every program (recipe included) and the prefix
     probe are followed exactly by transformers; every checkpoint's margins were checked with each
     dtype's rounding when it was built, and one is proved in float32, bfloat16 and float16 as engines
-    serve them (issue 22 item 2; `decodespec checkpoints build` proves all in all three)."""
+    serve them (`decodespec checkpoints build` proves all in all three)."""
     assert set(forced) == {TABLE_GROUP, "byte_level_bpe", "sentencepiece_byte_fallback", "wordpiece"}
     for ck in forced.values():
         assert RECIPE in ck.programs
@@ -127,7 +127,7 @@ def test_every_checkpoint_is_proved_by_transformers_generate_and_checked_in_ever
 
 
 def test_a_checkpoint_one_dtype_cannot_carry_is_refused_in_that_dtype(forced, tmp_path):
-    """Issue 22 item 2: a weight past float16's range (65504) in a head that matters nowhere else makes
+    """A weight past float16's range (65504) in a head that matters nowhere else makes
     float16's forward NaN; the margin check and the proof refuse it naming float16, and only it."""
     import json
     import shutil
@@ -183,7 +183,7 @@ def test_the_rounding_check_computes_what_transformers_computes_in_each_dtype(fo
 
 
 def test_a_script_as_long_as_the_context_is_followed_at_every_position_in_every_dtype():
-    """Issue 22 item 1: 509 scripted tokens (every position up to the 512-token context, tokens recurring
+    """509 scripted tokens (every position up to the 512-token context, tokens recurring
     with every kind of successor): transformers' greedy choice at every position is the script's next
     token in float32, bfloat16 and float16, with sdpa and with the eager path that rounds every score
     (one pass over the whole sequence: what greedy decoding computes while it is on script)."""
@@ -382,7 +382,7 @@ def test_black_box_cases_run_on_a_checkpoint_whose_chat_endpoint_takes_the_messa
 
 @pytest.mark.slow
 def test_a_context_limit_case_runs_on_a_server_started_with_that_context(forced, tmp_path):
-    """§4.3 (D10), issue 21 item 8: `decodespec conform --launch ... --launch-context ...` starts a
+    """§4.3 (D10): `decodespec conform --launch ... --launch-context ...` starts a
     second server with the case's context length for the context-limit case, which then runs (and
     passes on decodespec serve) instead of being n/a; without the context command it is n/a, saying why."""
     import sys

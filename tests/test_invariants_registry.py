@@ -73,7 +73,7 @@ def test_entries_are_well_formed():
 
 
 def test_required_invariants_are_declared():
-    """The invariants the issue names are all present (issue 5 item 1 list)."""
+    """The trace invariants the monitors and checker rely on by name are all declared."""
     required = {
         "terminal_exclusive", "terminal_irreversible", "start_first", "no_delta_after_terminal",
         "single_terminal_event", "terminal_after_all_deltas", "seq_strictly_increasing", "seq_contiguous",

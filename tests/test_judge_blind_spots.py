@@ -195,7 +195,7 @@ def test_text_past_the_reference_is_named_by_where_it_lies(extra, lead):
 
 
 def test_a_stream_that_repeats_a_delta_or_sends_one_after_its_finish_says_so():
-    """§4.5, §4.7: a delta sent twice in a row is named as such (no longer bytes 'added' past the
+    """§4.5, §4.7: a delta sent twice in a row is named as such (not as bytes 'added' past the
     stop), and a stream whose last delta came after its finish chunk leads with that, its text then
     the reference's; a delta repeated anywhere else, or late bytes that do not complete the text,
     leave the text's own findings."""

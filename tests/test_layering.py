@@ -78,8 +78,8 @@ def _import_graph() -> dict[str, set[str]]:
 
 
 def test_no_two_modules_import_each_other():
-    """Issue 27 item 5: an import circle (cli <-> cli_conform, adapters.openai <-> http_script,
-    invariants <-> monitors before) makes the import order matter; each module's imports lead away."""
+    """An import circle (such as cli <-> cli_conform or adapters.openai <-> http_script) makes the
+    import order matter; each module's imports lead away."""
     graph = _import_graph()
     assert {"cli", "checkout", "properties.monitors", "properties.conformance.http_script"} <= graph.keys()
     seen: dict[str, int] = {}  # 1: on the path being walked, 2: done

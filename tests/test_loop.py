@@ -112,7 +112,7 @@ def test_grammar_acceptance_completes():
 
 
 def test_grammar_waits_while_a_longer_match_is_still_possible():
-    """D14 (issue 16): "ab" matches ab(cd)? but "abcd" still could: the run goes on and completes
+    """D14: "ab" matches ab(cd)? but "abcd" still could: the run goes on and completes
     at "abcd", where nothing longer can match; the grammar sees this token's bytes."""
     res = run([10, 11, 12, 13], grammar=r"ab(cd)?", max_output_tokens=8)
     assert (res.finish_reason, res.output, res.usage.selected_tokens) == ("grammar_complete", b"abcd", 3)
@@ -253,7 +253,7 @@ def test_trace_round_trips_through_json_lines():
 
 def test_result_trace_ends_with_the_request_even_if_the_run_logs_more_later():
     """§4.12: a Result's events are the trace as it stood when the request ended (built when
-    read, issue 8): a cancel requested after the end is in the run's trace, not in the Result."""
+    read): a cancel requested after the end is in the run's trace, not in the Result."""
     seen = []
     res = generate(Request([1], max_output_tokens=2), model=ScriptedModel([10, 11], vocab_size=128),
                    tokenizer=tok(), on_run=seen.append)
@@ -266,7 +266,7 @@ def test_result_trace_ends_with_the_request_even_if_the_run_logs_more_later():
 @pytest.mark.parametrize("policy", ["pause", "buffer", "fail"])
 @pytest.mark.parametrize("read_inline", [True, False])
 def test_every_send_path_streams_the_same_deltas_and_output(policy, read_inline):
-    """§4.7: whether select hands a delta to the stream itself, read inline or not (issue 8), or
+    """§4.7: whether select hands a delta to the stream itself, read inline or not, or
     goes through the checks of `_send` (a listener, another policy), the deltas, the listener's
     view and the output are the same."""
     script = [10, 14, 15, 11, 17, 15, 12]
@@ -312,7 +312,7 @@ def test_timings_send_s_is_the_time_the_producer_waited_for_its_reader():
 def test_a_cancel_is_in_the_trace_before_the_driver_can_observe_it():
     """§4.9 (cancel_observed_after_requested across threads): while cancel() is still logging
     cancel.requested, a safe point on the driver does not see the cancel yet; once it has
-    returned, the next safe point does. Found by the soak test: the flag used to be set first."""
+    returned, the next safe point does: the flag is set only once the entry is logged."""
     from decodespec.runtime.runner import RequestRun
 
     run = RequestRun(Request([1], max_output_tokens=4), model=ScriptedModel([10] * 4, vocab_size=128),
@@ -342,7 +342,7 @@ def test_prompt_id_outside_the_tokenizer_is_refused_before_anything_starts():
 @pytest.mark.parametrize(("action", "state"), [("cancel", "CANCELLED"), ("deadline", "FINISHED"),
                                                ("disconnect", "FINISHED")])
 def test_an_asynchronous_fault_at_request_created_lands_once_the_request_exists(action, state):
-    """Issue 16 (§4.9, D5): a cancel, deadline or disconnect injected at request.created is
+    """§4.9, D5: a cancel, deadline or disconnect injected at request.created is
     delivered once the stream has started (the stream table accepts nothing before
     response.start); it never raises IllegalTransition out of generate()."""
     res = run([10, 11, 12], faults=FaultPlan([Fault("request.created", 0, action)]), max_output_tokens=3)
@@ -350,7 +350,7 @@ def test_an_asynchronous_fault_at_request_created_lands_once_the_request_exists(
 
 
 def test_a_character_split_across_tokens_counts_each_token_as_returned():
-    """D7 (issue 16): returned_tokens counts tokens at least one of whose bytes reached the client;
+    """D7: returned_tokens counts tokens at least one of whose bytes reached the client;
     both halves of 中 (e4 b8 | ad) did, though the first emitted nothing on its own."""
     res = run([14, 15, EOS], max_output_tokens=8)
     assert res.output == "中".encode() and res.usage.returned_tokens == 2 and res.usage.returned_bytes == 3

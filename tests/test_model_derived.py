@@ -1,4 +1,4 @@
-"""Model-derived tests (issue 5 item 4): checker paths replayed as concrete runs of generate().
+"""Model-derived tests: checker paths replayed as concrete runs of generate().
 
 machine/paths.py covers every decision and fault point the one-request model reaches (§4.3 loop,
 §4.7-§4.10 environment); properties/model_derived.py turns each path into a ScriptedModel script,
@@ -66,7 +66,7 @@ def test_every_derived_trace_keeps_every_invariant(outcomes):
 
 
 def test_every_reachable_row_is_covered_by_a_concrete_run(pathset, outcomes):
-    """Issue 5 'must show': every row of lifecycle, stream and resources that the model reaches is
+    """Every row of lifecycle, stream and resources that the model reaches is
     fired by at least one concrete run whose trace refines its path."""
     covered = set()
     for p, _, _, got in outcomes:
@@ -102,7 +102,7 @@ def test_model_only_list_is_exactly_what_the_runtime_cannot_reach(pathset):
 
 
 def test_every_fault_point_has_a_refining_run(pathset, outcomes):
-    """Issue 5 item 4: every realizable fault point of the model (cancel, deadline, model error,
+    """Every realizable fault point of the model (cancel, deadline, model error,
     transport error, reader, disconnect, reconnect at each loop point) has a path, and the FaultPlan
     actions used include every injectable kind (§4.9, §4.10)."""
     faults = {t for t in pathset.reachable if t[0] == "fault"}
@@ -176,8 +176,9 @@ def test_regression_path_is_still_a_run_of_the_model(case):
     assert is_model_run(run.path)
 
 
-def test_a_path_of_the_old_replay_is_no_longer_a_model_run():
-    """The model's replay used to leave a paused producer paused; that path is not a run any more."""
+def test_a_replay_that_leaves_a_paused_producer_paused_is_not_a_model_run():
+    """The regression path replay-resumes-paused without its unblock of the PAUSED stream (a replay
+    that leaves a paused producer paused) is not a run of the model."""
     (_, run), = [c for c in md.load_regressions(REGRESSIONS) if c[0] == "replay-resumes-paused"]
     old = attrs.evolve(run.path, steps=tuple(
         attrs.evolve(s, fired=tuple(f for f in s.fired if f != ("stream", "PAUSED", "unblock"))) for s in run.path.steps))
@@ -247,13 +248,13 @@ def test_replay_counts_as_read_and_resumes_a_paused_producer(pathset):
 
 
 def test_model_only_entries_are_the_cancels_no_driver_observes(pathset):
-    """Issue 5 item 4: what stays model-only is a cancel observed a second time or after the reason
+    """What stays model-only is a cancel observed a second time or after the reason
     is fixed (the ignore rows of D2, for other engines) and a stop completing in a drained tail
-    (issue 16: the reference's matcher sees every byte at once), the scheduler's preemptions
-    (issue 16: the Engine preempts by its own schedule; the multi-request checker covers them), and
+    (the reference's matcher sees every byte at once), the scheduler's preemptions
+    (the Engine preempts by its own schedule; the multi-request checker covers them), and
     two ignores the model offers wherever they can arrive though the reference never sends them (a
     racing second release, a connection failing while a cancel is pending), and a request's own code
-    raising on its flushed tail (issue 23: no fault plan names it; tests/test_engine.py drives it);
+    raising on its flushed tail (no fault plan names it; tests/test_engine.py drives it);
     nothing about content policy, replay or a parked producer (both drivers realise those)."""
     assert set(md.UNREALIZABLE) == {"repeated_cancel", "cancel_observed_without_kernel", "stop_in_drained_tail",
                                     "scheduler_preempts", "racing_release", "transport_while_cancel_pending",

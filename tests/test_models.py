@@ -215,7 +215,7 @@ def test_default_checkpoint_is_small_and_self_describing(default) -> None:
 
 
 def test_default_checkpoint_writes_readable_text(default) -> None:
-    """The default continues a story prompt with real words and a full stop (issue 4, part 2)."""
+    """The default continues a story prompt with real words and a full stop."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(ASSETS / "tokenizer.json"))

@@ -216,7 +216,7 @@ BROKEN = {
     "no_kernel_in_flight_at_cancelled": lambda: drop(cancel_run(), "decode.completed", 1),
     "cancel_observed_after_requested": lambda: drop(cancel_run(), "cancel.requested"),
     "cancelled_only_if_requested": lambda: drop(cancel_run(), "cancel.requested"),
-    # issue 27 item 4: the observed cancel ends FAILED; a token after DRAINING; a failed send as a model error
+    # the observed cancel ends FAILED; a token after DRAINING; a failed send as a model error
     "observed_cancel_ends_cancelled": lambda: edit(cancel_run(), "lifecycle.transition", match={"event": "safe_point"},
                                                    to="FAILED", event="model_error", reason="model_error"),
     "no_select_while_draining": lambda: insert_before(length_run(), "resource.released",
@@ -335,7 +335,7 @@ def _swap_delivered(reader, *entries):
     return change
 
 
-# Every way one reader's delivery can be wrong (issue 23), written by hand.
+# Every way one reader's delivery can be wrong, written by hand.
 @pytest.mark.parametrize(("change", "says"), [
     (_swap_delivered(1, got(1, 2, 2, 1, True)), "seq=2 where seq=1 was due (a gap)"),  # skips seq 1
     (_swap_delivered(1, got(1, 1, 2, 1, True)), "1 events for seq=1..2 (a gap)"),  # loses one inside
@@ -354,7 +354,7 @@ def _swap_delivered(reader, *entries):
     (lambda rows: rows + [opened(4, 1, after=0, resume=True)], "reader 4 neither got"),  # opened, never fed
 ])
 def test_reader_delivery_monitor_names_each_kind_of_wrong_delivery(change, says):
-    """§4.7 per reader (issue 23): a skipped or lost event, a duplicate, a live reader that misses
+    """§4.7 per reader: a skipped or lost event, a duplicate, a live reader that misses
     response.start or seq 0, anything after the terminal or after the reader left, a wrong terminal, an
     event never logged, a reader never opened, a delivery that stops without terminal or close."""
     found = [str(v) for v in check_trace(build(change(readers_run())), tokenizer=TOK)
@@ -372,7 +372,8 @@ def test_reader_delivery_monitor_names_each_kind_of_wrong_delivery(change, says)
     ("pause", 1, 99, False),  # a lone delta larger than max_bytes waits alone
 ])
 def test_stream_bounded_applies_the_caps_of_the_policy(policy, events, nbytes, flagged):
-    """D6 per policy (issue 23): main applied max_events to buffer runs and flagged correct ones."""
+    """D6 per policy: buffer bounds the unread bytes only, fail the unread events only, pause both
+    (a lone delta larger than max_bytes waits alone); a run within its policy's caps is not flagged."""
     rows = edit(edit(length_run(), "request.created", policy=policy, max_events=4, max_bytes=10),
                 "response.delta", unread_events=events, unread_bytes=nbytes)
     found = [v for v in check_trace(build(rows), tokenizer=TOK) if v.invariant == "stream_bounded"]

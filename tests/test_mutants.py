@@ -1,4 +1,4 @@
-"""The mutant matrix (issue 5 item 6): each seeded runtime bug of §4.12 is caught by the invariant
+"""The mutant matrix: each seeded runtime bug of §4.12 is caught by the invariant
 that names its failure, and the unmutated runtime passes every scenario."""
 
 from __future__ import annotations

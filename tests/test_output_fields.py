@@ -1,4 +1,4 @@
-"""What the output holds (issue 28; §4.5, §4.6; DECISIONS D33): include_stop_str_in_output ends the
+"""What the output holds (§4.5, §4.6; DECISIONS D33): include_stop_str_in_output ends the
 output with the winning stop string's own bytes, across tokens, and the bytes after it are still
 never sent; echo puts the prompt's bytes first by the batch decode's rules,
 a prompt ending inside a character completed by the output's first bytes, and a stop never matches

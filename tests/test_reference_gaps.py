@@ -1,4 +1,4 @@
-"""The reference keeps the rules it enforces on others (issue 23): a stop-id cut never splits a
+"""The reference keeps the rules it enforces on others: a stop-id cut never splits a
 UTF-8 character (§4.6, D24), the UTF-8 guard changes no greedy success and covers every byteless
 finish token (§4.5, D22), the content policy judges the bytes the drain flushes (§4.10, D11, D23),
 and the grammar sees the text the decoder consumed, withheld bytes included (§4.3, §4.6, D23)."""

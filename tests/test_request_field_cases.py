@@ -1,4 +1,4 @@
-"""The conformance cases of the termination fields (issue 28; §4.3, §4.5, §4.6; DECISIONS D31-D34):
+"""The conformance cases of the termination fields (§4.3, §4.5, §4.6; DECISIONS D31-D34):
 the reference produces what each case file expects, white-box engines that cannot take the
 fields say so (n/a), and on a forced checkpoint `decodespec serve`, sent each case's
 `inputs.request` in the body beside what http_script sends, answers exactly what the reference
@@ -22,7 +22,7 @@ def _field_cases():
 
 
 def test_every_termination_field_has_a_case():
-    """Issue 28 item 3: min_tokens before, at and after its count with EOS and a stop string,
+    """min_tokens before, at and after its count with EOS and a stop string,
     ignore_eos, n = 2 with a stop, include_stop_str_in_output, echo into a split character, logit_bias."""
     fields = {k for c in _field_cases() for k in c.inputs["request"]}
     assert {"min_tokens", "ignore_eos", "n", "include_stop_str_in_output", "echo", "logit_bias",

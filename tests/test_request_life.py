@@ -1,5 +1,5 @@
-"""The request's life over HTTP, black box, against decodespec serve on a forced checkpoint (issue 24;
-§4.7-§4.10): many requests at once come back exactly as alone, every stream under load ends with
+"""The request's life over HTTP, black box, against decodespec serve on a forced checkpoint
+(§4.7-§4.10): many requests at once come back exactly as alone, every stream under load ends with
 one terminal, a KV budget too small for the load preempts without changing an answer, abandoned
 streams free their places, and a cut stream resumes from its Last-Event-ID. Counts are the cases'
 own, made small where they only scale the load (the peers run them whole)."""
@@ -283,8 +283,7 @@ def test_each_black_box_recipe_cites_model_checked_properties_that_exist():
 
 def test_request_life_cases_run_one_at_a_time_after_the_others(ck, monkeypatch, tmp_path):
     """A launched run (`conform --launch -j N`) sends the request-life cases one at a time, after the
-    script cases: a load case timed beside other cases measures them (issue 24: batch/exact/001 was
-    an ERROR under -j 4)."""
+    script cases: a load case timed beside other cases would measure them, not the engine alone."""
     import contextlib
 
     from decodespec.properties.conformance import launch

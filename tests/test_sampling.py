@@ -195,7 +195,7 @@ def test_greedy_rows_leave_a_batch_of_the_wrong_shape_to_choose() -> None:
     assert greedy_rows(torch.zeros(2, V), other) == [0, None]  # only that row is left to choose()
 
 
-# ---- the request's shaping of the logits (issue 28; DECISIONS D32) ---------------------------------
+# ---- the request's shaping of the logits (DECISIONS D32) -------------------------------------------
 
 
 def _shaped_oracle(logits, history, prompt, *, bias=(), rep=1.0, freq=0.0, pres=0.0):

@@ -1,5 +1,5 @@
 """Forced checkpoints behind any prefix and under sampling defaults, and the check that an engine
-followed its script (issue 22 items 3-5; §4.3): transformers generate plays the engine."""
+followed its script (§4.3): transformers generate plays the engine."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def _programs(ck):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_prefix_before_the_prompt_moves_no_program(ck, models, dtype):
-    """§4.3 / issue 22 item 4: a BOS, or a template's three tokens, in front of the marker leave every
+    """§4.3: a BOS, or a template's three tokens, in front of the marker leave every
     program on its script: positions are read relative to the marker, in every dtype."""
     letters = ck.tokenizer.encode("abc")
     for prefix in ([ck.eos_id], letters):
@@ -50,7 +50,7 @@ def test_a_prefix_before_the_prompt_moves_no_program(ck, models, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_probe_tells_how_many_tokens_stand_before_the_prompt(ck, models, dtype):
-    """Issue 22 item 4: one request on the probe's marker tells the prefix (0..7 tokens exactly, 8 or
+    """One request on the probe's marker tells the prefix (0..7 tokens exactly, 8 or
     more as such) from its first output token, read as an id, as logprob bytes or from the text alone."""
     shifts = [0, 1, 2, 3, 5, 7, 8, 12]
     filler = ck.tokenizer.encode("<|im_start|>user\n")  # a template's opening, as ordinary tokens
@@ -85,7 +85,7 @@ def _one_weight_changed(ck, model, orig: int, other: int):
 
 
 def test_an_engine_that_leaves_the_script_is_named_at_the_token_where_it_left(ck, models):
-    """Issue 22 item 3: a model with one weight changed, run by transformers generate, leaves the
+    """A model with one weight changed, run by transformers generate, leaves the
     recipe's script; the check names the first token it changed and what it chose, from ids, from
     logprob bytes and from the text alone, and finds nothing to say about the unchanged model."""
     recipe = ck.programs[RECIPE]
@@ -169,7 +169,7 @@ class _Penalties:
     {"penalties": (-2.0, -1.0)},
 ])
 def test_server_sampling_defaults_within_the_margins_keep_every_program_on_script(ck, models, dtype, defaults):
-    """Issue 22 item 5: a repetition penalty of any size (the runner-up of a scripted token is at 0, of
+    """A repetition penalty of any size (the runner-up of a scripted token is at 0, of
     EOS too), OpenAI presence/frequency penalties in their whole range (|f| * a token's count < 29),
     top_k / top_p / min_p, and plain sampling at temperature 1 all leave every program on its
     script: the scripted token leads by 29 logits, EOS by 24."""

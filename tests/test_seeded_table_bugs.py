@@ -1,10 +1,10 @@
-"""Seeded table bugs (issue 16 item 4): small semantic edits of the tables that the loader accepts,
+"""Seeded table bugs: small semantic edits of the tables that the loader accepts,
 each of which the one-request checker must refuse (`decodespec check` exits 1), with a short
 counterexample where the bug is a reachable violation. Kinds: a changed reason, a changed target,
 an ignore made a reject and a reject made an ignore, a row given another action, an action given
 other effects (the model runs a row's action through machine/actions.py, as the runtime does), a
 new row the model never offers, a finish-check guard taken off (D31), the loop's step reordered
-(D53), and edits the invariants of issue 27 item 4 refuse (an observed cancel that ends FAILED, a
+(D53), and edits refused by invariants the chapter implies beyond single rows (an observed cancel that ends FAILED, a
 failed send reported as a model error, a selection while draining)."""
 
 from __future__ import annotations
@@ -120,7 +120,8 @@ SEEDED = {
         "sequence", '[[reject]]\nstate = "RESIDENT"\nevents = ["admit", "resume"]',
         '[[row]]\nstate = "RESIDENT"\nevent = "admit"\ntarget = "RESIDENT"\naction = "prefill"\nanchor = "§4.4"\n\n'
         '[[reject]]\nstate = "RESIDENT"\nevents = ["resume"]'), ("release_exactly_once", 6)),
-    # Issue 27 item 4: invariants the reference text implies and the spec lacked before.
+    # Invariants the chapter implies beyond single rows: an observed cancel ends CANCELLED, a failed
+    # send is reported as such, nothing is selected while draining.
     "ignore -> row: a model error after an observed cancel fails the request": (*_edit(
         "lifecycle", '[[ignore]]\nstate = "CANCEL_REQUESTED"\nevents = ["model_error", "transport_error"]',
         '[[row]]\nstate = "CANCEL_REQUESTED"\nevent = "model_error"\ntarget = "FAILED"\naction = "fail"\n'
@@ -136,7 +137,7 @@ SEEDED = {
         '[[ignore]]\nstate = "DRAINING"\nevents = ["select"]\n\n'
         '[[reject]]\nstate = "DRAINING"\nevents = ["enqueue", "reject", "schedule", "prefill_done", '),
         ("no_select_while_draining", 6)),
-    # Issue 27 item 3: the order of the loop's step is table data too.
+    # The order of the loop's step is table data too (D53).
     "step: the emit before the finish checks": (*_step_edit("emit", "finish_checks"), ("refused_chunk_never_sent", 10)),
     "new row: an event the model never offers": (*_new_row(), "unexplored"),
     # D31: a guard taken off the eos check (the loader accepts a guard no check names)
@@ -170,7 +171,7 @@ def test_the_shipped_tables_pass():
 
 
 def test_a_counterexample_gives_every_machine_state_at_every_step():
-    """Issue 16 item 8: as TLC does, the trace holds the state of every machine (and the loop's
+    """As TLC does, the trace holds the state of every machine (and the loop's
     data) before the first step and after each, in text (what changed) and JSON (everything)."""
     import json
 

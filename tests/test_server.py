@@ -286,7 +286,7 @@ def _check_delivery(ids: list[int], first: int) -> None:
 
 
 def test_a_resume_while_the_old_connection_is_open_gets_every_later_event(server):
-    """Issue 14 item 1 (DECISIONS D5): each connection reads through its own cursor. A client whose
+    """DECISIONS D5: each connection reads through its own cursor. A client whose
     first connection stalls (still open) resumes with Last-Event-ID: it gets every event after that
     id, then the terminal and [DONE]; the stalled connection, read later, still has its own
     complete view; neither sees a duplicate or a gap."""

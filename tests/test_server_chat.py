@@ -1,5 +1,5 @@
 """`decodespec serve` answers chat with reasoning_content and tool_calls in OpenAI's shapes, split
-by spec/channels.toml (§4.7; issue 25, DECISIONS D45-D47), streamed and not, agreeing."""
+by spec/channels.toml (§4.7; DECISIONS D45-D47), streamed and not, agreeing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Connections and auth of the reference server (issue 23; RFC 9112 §6.1, §9.6, RFC 9110 §11.1):
+"""Connections and auth of the reference server (RFC 9112 §6.1, §9.6, RFC 9110 §11.1):
 an answer sent before the body arrived closes the connection (no unsolicited second answer),
 Content-Length with Transfer-Encoding is refused and closed, the Bearer scheme is
 case-insensitive, an empty API key is a start-up error, and no key reaches a log line."""

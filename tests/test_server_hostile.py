@@ -1,4 +1,4 @@
-"""The server under hostile and unlucky clients (issue 14, items 3-5 and 8): no input gives a 5xx,
+"""The server under hostile and unlucky clients: no input gives a 5xx,
 error bodies stay small, bodies are capped before parsing, parsing never blocks the event loop,
 browser-shaped and unauthenticated requests are refused, ids cannot be guessed."""
 
@@ -146,9 +146,8 @@ def _until(predicate, bound_s: float = 20.0) -> bool:
 
 
 def test_an_abandoned_non_stream_request_is_cancelled():
-    """Issue 14 item 7 (finding): a non-streamed client that leaves can never get its answer (its id
-    was never sent), so the request is cancelled instead of running to its end. Issue 23: it waits
-    on the engine's state, not on sleeps: the client leaves once its request decodes, and the
+    """A non-streamed client that leaves can never get its answer (its id was never sent), so the
+    request is cancelled instead of running to its end. The test waits on the engine's state, not on sleeps: the client leaves once its request decodes, and the
     request (about 25 s of decoding) must end CANCELLED, however loaded the machine."""
     import socket
 
@@ -178,7 +177,7 @@ def test_on_disconnect_cancel_stops_a_dropped_stream():
 
 
 def test_a_body_that_never_arrives_is_a_408():
-    """Issue 14 item 8: a client that declares a body and sends part of it is answered 408 after the
+    """A client that declares a body and sends part of it is answered 408 after the
     body timeout instead of holding the connection."""
     import socket
 
@@ -195,7 +194,7 @@ def test_a_body_that_never_arrives_is_a_408():
 
 
 def test_headers_that_never_finish_are_a_408_and_the_socket_is_closed():
-    """Issue 14 item 8 (slowloris): a connection trickling its headers is answered 408 and closed
+    """Slowloris: a connection trickling its headers is answered 408 and closed
     after the header timeout; uvicorn alone resets its keep-alive bound on every byte."""
     import socket
 
@@ -220,7 +219,7 @@ def test_headers_that_never_finish_are_a_408_and_the_socket_is_closed():
 
 
 def test_a_non_stream_client_that_names_its_id_can_cancel_before_the_answer():
-    """Issue 14 item 6: the id is known before the body (the client's own X-Request-Id), so a
+    """The id is known before the body (the client's own X-Request-Id), so a
     non-streamed call can be cancelled from another connection; its answer is then the 409. The run
     cannot end first: ignore_eos keeps a sampled EOS (temperature defaults to 1) from ending it early."""
     engine = Engine(slow_model(delay_s=0.05), ascii_tokenizer(), poll_s=0.001)
@@ -267,7 +266,7 @@ def _lead_byte_server(**app_kw):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_decoding_failure_says_what_happened_and_how_to_avoid_it(stream):
-    """Issue 14 item 7: invalid output bytes (§4.5, D12) are a 422 output_not_utf8 naming the guard,
+    """Invalid output bytes (§4.5, D12) are a 422 output_not_utf8 naming the guard,
     not a generic 500 that clients retry; in a stream, the same error in its error event."""
     with _lead_byte_server() as url:
         body = {"model": MODEL, "prompt": [0], "max_tokens": 1, "temperature": 0, "stream": stream}
@@ -303,7 +302,7 @@ def test_the_utf8_guard_default_and_its_override(default, body, text):
 
 
 def test_shutdown_sends_every_open_stream_its_terminal_event_within_the_bound():
-    """Issue 14 item 2 (D5): at shutdown, requests still live after half of --shutdown-timeout are
+    """D5: at shutdown, requests still live after half of --shutdown-timeout are
     cancelled, so a client connected but not reading still receives `event: error` (cancelled)
     instead of a cut connection, and the server is down within the bound."""
     import socket
@@ -349,7 +348,7 @@ def test_shutdown_sends_every_open_stream_its_terminal_event_within_the_bound():
 
 
 def test_a_client_that_leaves_mid_body_is_dropped_without_an_error_log(caplog):
-    """Issue 14 item 8: a ClientDisconnect while the body is read is not a server error: nothing
+    """A ClientDisconnect while the body is read is not a server error: nothing
     at ERROR in any log, and the server goes on serving."""
     import logging
     import socket

@@ -1,4 +1,4 @@
-"""Several readers of one request (§4.7, §4.8, DECISIONS D5; issue 23): only the reader holding the
+"""Several readers of one request (§4.7, §4.8, DECISIONS D5): only the reader holding the
 primary role counts as the client for backpressure and --on-disconnect, a newer reader that leaves
 hands the role back to one still connected, a HEAD makes no reader, readers per request are capped,
 and a replay costs one trace entry, not one per event."""

@@ -172,7 +172,7 @@ def test_soak_over_http():
                     first = _ids_until(lines, r.randint(1, 4), seen)
                     if action == "cancel":
                         http.post(f"/v1/requests/{rid}/cancel")
-                    if action == "resume":  # a second reader while the first is still open (issue 14)
+                    if action == "resume":  # a second reader while the first is still open (D5)
                         after = first[-1] if first else None
                         headers = {} if after is None else {"Last-Event-ID": str(after)}
                         with http.stream("GET", f"/v1/requests/{rid}/events", headers=headers) as again:

@@ -177,7 +177,7 @@ ACTION_CASES = {
 
 @pytest.mark.parametrize("case", list(ACTION_CASES))
 def test_a_broken_action_declaration_is_refused_with_the_exact_message(case: str) -> None:
-    """Issue 16 item 2: a row's action is declared, as declared effects; a reason goes with an
+    """A row's action is declared, as declared effects; a reason goes with an
     effect that takes it, both ways."""
     text, message = ACTION_CASES[case]
     with pytest.raises(SpecError) as info:
@@ -236,7 +236,7 @@ def test_shipped_table_validates_and_decides_every_pair(name: str) -> None:
 
 
 def test_every_problem_of_a_table_is_reported_at_once() -> None:
-    """Issue 15: the CREATED rejections dropped leave many undecided pairs: the table is refused once,
+    """With the CREATED rejections dropped, many pairs are left undecided: the table is refused once,
     naming every one of them; a bad entry does not hide the next one either."""
     lifecycle = spec_path("lifecycle").read_text(encoding="utf-8")
     block = lifecycle[lifecycle.index('[[reject]]\nstate = "CREATED"'):]

@@ -1,4 +1,4 @@
-"""The stream as it comes over HTTP is read by the event-stream grammar (§4.7, issue 21's wire family).
+"""The stream as it comes over HTTP is read by the event-stream grammar (§4.7, DECISIONS D64).
 
 A line ends at CRLF, LF or CR and nowhere else; an event is its `data:` lines joined by LF,
 dispatched at a blank line. JSON carries U+2028, U+2029 and U+0085 unescaped (a server that writes

@@ -95,7 +95,7 @@ def test_compiled_machine_is_built_once_per_name() -> None:
 
 @pytest.mark.parametrize("name", ["lifecycle", "stop_matcher", "detokenizer", "stream", "resources"])
 def test_self_loops_are_exactly_the_states_where_a_fire_changes_nothing(name) -> None:
-    """Issue 8: a per-token caller skips the fire in `self_loops(event, action)`; that is sound only
+    """A per-token caller skips the fire in `self_loops(event, action)`; that is sound only
     if, in exactly those states, firing keeps the state and returns that action (every event and
     action of every shipped table, checked against a fresh stepper)."""
     m = compiled(name)
@@ -119,7 +119,7 @@ def test_self_loops_refuses_an_action_no_row_of_the_event_has() -> None:
 
 
 def test_state_is_kept_by_a_rejection_and_set_by_fire() -> None:
-    """The compiled stepper keeps its state as a plain slot (issue 8): a rejected fire leaves it,
+    """The compiled stepper keeps its state as a plain slot: a rejected fire leaves it,
     an accepted one sets it to the row's target."""
     st = compiled("stream").new()
     assert st.state.value == st.machine.table.initial

@@ -431,7 +431,7 @@ def test_token_matcher_matches_brute_force_oracle(seqs, ids):
 
 
 def test_a_stop_set_seen_before_is_not_checked_again_but_a_bad_one_always_is():
-    """Issue 8: building a matcher for a known stop set reuses its checked bytes; a bad entry is
+    """Building a matcher for a known stop set reuses its checked bytes; a bad entry is
     refused with its index every time, hashable or not."""
     from decodespec.runtime.stop import _encode_cached
 

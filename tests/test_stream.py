@@ -719,7 +719,7 @@ TestStreamMachine = StreamMachine.TestCase
 TestStreamMachine.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)
 
 
-# ---- the inline reader's deliver() (issue 8 hot path) -------------------------------------------
+# ---- the inline reader's deliver() (the per-token hot path) -------------------------------------
 
 
 def _inline_by_delta(s: OrderedStream, chunks: list[bytes]) -> list:

@@ -1,4 +1,4 @@
-"""A Hypothesis stateful test over the real loop on the embedded TinyLM (issue 5 item 5).
+"""A Hypothesis stateful test over the real loop on the embedded TinyLM.
 
 Random prompts, stop sets, limits, seeds, temperatures and fault plans; every trace is checked
 against every invariant of spec/invariants.toml. Two rules compare runs with each other: the same

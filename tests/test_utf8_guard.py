@@ -101,7 +101,7 @@ def embedded():
 
 
 def test_sampled_runs_on_the_embedded_model_never_fail_when_guarded(embedded):
-    """Issue 14 item 7: at temperature 1.5 unguarded runs fail on invalid UTF-8; guarded ones never do."""
+    """At temperature 1.5 unguarded runs fail on invalid UTF-8; guarded ones never do."""
     model, tok = embedded
     seeds = range(60)
 

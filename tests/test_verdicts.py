@@ -1,4 +1,4 @@
-"""Verdicts an engine author can act on (issue 21): findings by symptom, wire conventions apart.
+"""Verdicts an engine author can act on: findings by symptom, wire conventions apart.
 
 The fixtures are exchanges of real engines (vLLM 0.32 CPU, llama-server, llama-cpp-python,
 transformers serve) recorded in the committed reports and audited by hand against the seed: each

@@ -1,4 +1,4 @@
-"""Per-token reports against the text of each stream chunk (issue 25 item 6; §4.5-§4.7, DECISIONS D59).
+"""Per-token reports against the text of each stream chunk (§4.5-§4.7, DECISIONS D59).
 
 A case whose invariant is `stream_tokens_aligned` is sent once more, streamed, asking for what the
 engine can report per token: logprobs (completions: `logprobs: 1`; chat: `logprobs: true,

@@ -1,4 +1,4 @@
-"""Conformance cases as language-neutral JSON data (issue 7 item 1; §4.3-§4.10).
+"""Conformance cases as language-neutral JSON data (§4.3-§4.10).
 
 A case file holds one JSON object:
 

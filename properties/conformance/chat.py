@@ -1,4 +1,4 @@
-"""Script cases on /v1/chat/completions, judged with the same exactness as completions (issue 25).
+"""Script cases on /v1/chat/completions, judged with the same exactness as completions.
 
 A chat case is a script case with `inputs.chat` (`{"template": "chatml" | "bos", "reasoning": bool,
 "tools": bool}`): the case files under properties/cases/chat/ (reasoning sections, tool calls), and

@@ -1,4 +1,4 @@
-"""What a chat case is (issue 25): its settings, the chat templates its checkpoints carry, the tool
+"""What a chat case is: its settings, the chat templates its checkpoints carry, the tool
 the tool-call cases offer, and the chat variants of the completions script cases.
 
 Data only, below both the checkpoint builder (checkpoints.py places the templated prompts) and the

@@ -1,4 +1,4 @@
-"""Compile script cases into forced checkpoints that any engine can load (issue 13 items 1-3).
+"""Compile script cases into forced checkpoints that any engine can load.
 
 Cases are grouped by tokenizer: inline byte tables that agree on every shared id merge into one
 byte-level BPE tokenizer whose ids are the tables' own ids (so a case's script ids are the
@@ -48,7 +48,7 @@ MANIFEST = "decodespec-checkpoint.json"
 # cut their probes from, then EOS, so they need no natural-language model.
 RECIPE = "recipe"
 RECIPE_TEXT = "Once upon a time, a café in 東京 served tea; the end."
-# The long program (issue 24): a script of LONG_TOKENS plain ASCII tokens, then EOS, that the
+# The long program: a script of LONG_TOKENS plain ASCII tokens, then EOS, that the
 # request-life recipes (properties/conformance/life) stream, cut, resume and run side by side. Its
 # tokens repeat hundreds of times, so unlike every other program it holds under no frequency
 # penalty; and its proof costs more than the rest together, so a build for the script cases alone
@@ -70,7 +70,6 @@ _CHAR_OF_BYTE = {b: c for c, b in BYTE_LEVEL.items()}
 HTTP_BLOCKERS = {
     "faults": "it injects a fault inside the engine at a given step (cancel, deadline, model error, "
               "transport); an HTTP server offers no such hook",
-    # issue 28: until http_script forwards a case's inputs.request into the body
 }
 # Invariants a black box can show broken: through its text, its SSE deltas, finish_reason and usage.
 HTTP_OBSERVABLE = frozenset({

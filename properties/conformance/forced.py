@@ -1,5 +1,5 @@
 """Llama weights set by construction so that greedy decoding follows a script in float32, bfloat16
-and float16 (issues 13 and 22; §4.3).
+and float16 (§4.3).
 
 A `Program` is one case compiled for a real engine: its marker token, a shared anchor token, the
 case's prompt, and the scripted outputs. `forced_llama(programs, vocab_size, eos_id, anchor, probe)`

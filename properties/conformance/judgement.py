@@ -1,4 +1,4 @@
-"""One judgement for every engine that answers a script case: HTTP servers and Python APIs alike (issue 21).
+"""One judgement for every engine that answers a script case: HTTP servers and Python APIs alike.
 
 An engine's answer to one script case is an `Observed`: the non-streamed text, finish reason and
 token count, and the streamed chunks (every one, empty ones included) with their finish reasons.

@@ -1,4 +1,4 @@
-"""Run the HTTP cases against a server started per forced checkpoint (issue 13 item 5).
+"""Run the HTTP cases against a server started per forced checkpoint.
 
 `run_launched(cases, folders, command)` starts `command` once per checkpoint folder, with
 `{model}` (the folder), `{gguf}` (its GGUF file, `model.gguf` unless `gguf` names another), `{name}`
@@ -109,7 +109,7 @@ def run_launched(cases: Sequence[Case], folders: Sequence[Path], command: str, *
     """Every case, run on the server of the checkpoint it was compiled into (see module). A case
     with a context limit runs on a server of its own, started with `context_command` ({context}
     filled in as well); a case that asks for the tight server (`"server": "tight"`: concurrency
-    limited, KV budget too small for the load; issue 24) runs, one at a time, on one started with
+    limited, KV budget too small for the load) runs, one at a time, on one started with
     `tight_command`; without the command either is n/a with the reason. On every server the
     request-life cases (life.RECIPES: they load it and time it) run one at a time after the others,
     so no case runs beside them and none of them beside another. `timeout_s` bounds each server's

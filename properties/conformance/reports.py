@@ -1,4 +1,4 @@
-"""Conformance reports per engine: JSON, JUnit XML, Markdown and HTML (issues 7, 13, 15).
+"""Conformance reports per engine: JSON, JUnit XML, Markdown and HTML.
 
 Every format leads with what the run judged and what is wrong. A one-line headline says how many
 cases ran and why the rest did not (first of all when most could not: such a run judged nothing),

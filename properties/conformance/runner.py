@@ -1,4 +1,4 @@
-"""Run cases on an adapter and judge each Outcome against the case (issue 7 items 2-3).
+"""Run cases on an adapter and judge each Outcome against the case.
 
 Verdicts: PASS (no finding that weighs: none, or only stream-shape and wire ones, listed with it),
 FAIL (a rule of chapter 4 broken: text, ending or accounting findings resting on the chapter),

@@ -1,4 +1,4 @@
-"""Did the engine follow the forced script, and what did it put in front of the prompt? (issue 22; §4.3)
+"""Did the engine follow the forced script, and what did it put in front of the prompt? (§4.3)
 
 A forced checkpoint (forced.py) makes greedy decoding produce a case's script; an engine that
 decodes otherwise (half precision it cannot carry, a sampling default the request did not

@@ -1,7 +1,7 @@
 """What a script case needs of the server adapter it runs on (§4.3-§4.7 cases over HTTP).
 
 adapters/openai.OpenAIAdapter is one. http_script and chat type against this protocol and import
-no adapter, so the adapter may import them (no import circle, issue 27 item 5).
+no adapter, so the adapter may import them (no import circle).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class ScriptServer(Protocol):
 
 
 class LiveServer(ScriptServer, Protocol):
-    """The adapter's side of a request-life case (life/, issue 24): also its URL (requests go out
+    """The adapter's side of a request-life case (life/): also its URL (requests go out
     side by side on connections of their own), whether it was started tight (concurrency and KV
     budget limited), and which cases it cannot run."""
 

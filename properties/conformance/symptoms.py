@@ -1,4 +1,4 @@
-"""Findings by symptom: what an engine's answer got wrong, named by the invariant it breaks (issue 21).
+"""Findings by symptom: what an engine's answer got wrong, named by the invariant it breaks.
 
 A case exists to provoke one behaviour, but an engine can break something else on the way: it can
 miss a stop and run to its limit, replace a valid character, or count a token it should never have

@@ -1,4 +1,4 @@
-"""The OpenAI stream as it came over the wire: every SSE line kept, and its conventions checked (issue 21).
+"""The OpenAI stream as it came over the wire: every SSE line kept, and its conventions checked.
 
 `parse_sse(text)` reads a whole `text/event-stream` body into a `Streamed`: every event's data in
 order (empty chunks included: an empty delta is a finding, not noise), the SSE `id:` fields, [DONE]

@@ -97,7 +97,7 @@ REQUEST = "request."  # a case's `inputs.request` field F needs the capability "
 
 
 def request_needs(case: Case) -> frozenset[str]:
-    """The capabilities the case's `inputs.request` fields (OpenAI names, issue 28) need."""
+    """The capabilities the case's `inputs.request` fields (OpenAI names) need."""
     return frozenset(REQUEST + name for name in case.inputs.get("request", {}))
 
 
@@ -223,7 +223,7 @@ def reference_on(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[i
                  finish_tokens: Mapping[str, Sequence[int]] | None = None) -> Any:
     """The reference loop's Result for `case` over `tok`, forcing `script` after `prompt` (§4.3),
     with the case's stops, limits, context limit and faults, and its `inputs.request` fields
-    (OpenAI names -> values, issue 28) mapped as `decodespec serve` maps them
+    (OpenAI names -> values) mapped as `decodespec serve` maps them
     (openai_schema.request_options); `n` and `best_of` are judged per choice: every choice of a
     greedy case is this one run (DECISIONS D34). With request fields the scripted token leads by the
     forced checkpoint's logit (forced.LOGIT), so a logit_bias or a penalty acts on both alike.

@@ -759,4 +759,4 @@ RECIPES: dict[str, Callable[[OpenAIAdapter, Case], Outcome]] = {
                             stop_last_token, max_tokens_exact, eos_last_token, usage, bad_input,
                             max_tokens_zero, keep_alive)
 }
-RECIPES.update(LIFE_RECIPES)  # issue 24: the request's life (concurrency, disconnect, resumption)
+RECIPES.update(LIFE_RECIPES)  # the request's life (concurrency, disconnect, resumption)

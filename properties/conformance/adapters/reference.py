@@ -9,7 +9,7 @@ from .base import REQUEST, Outcome, case_prompt, case_script, case_tokenizer, mi
 CAPABILITIES = frozenset({
     "forced_script", "byte_table", "fixture_tokenizer", "stop_strings", "stop_token_ids", "faults",
     "eos", "length_limit", "context_limit", "trace", "stream", "finish_reason", "state", "usage", "errors",
-}) | {REQUEST + name for name in FIELDS[False]}  # every completions field decodespec serve knows (issue 28)
+}) | {REQUEST + name for name in FIELDS[False]}  # every completions field decodespec serve knows
 
 
 class ReferenceAdapter:

@@ -1,4 +1,4 @@
-"""The request's life over HTTP, black box: many at once, cut, resumed, preempted (issue 24; §4.7-§4.10).
+"""The request's life over HTTP, black box: many at once, cut, resumed, preempted (§4.7-§4.10).
 
 The other recipes send one request at a time and judge what comes back. These judge what happens
 around a request while it runs, on a forced checkpoint (so every answer is known exactly):

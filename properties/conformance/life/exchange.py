@@ -1,4 +1,4 @@
-"""Requests sent side by side, each with its raw answer and timings, and the engine's gauges (issue 24).
+"""Requests sent side by side, each with its raw answer and timings, and the engine's gauges.
 
 A `Job` is one request (path, body, streamed or not, where to cut a stream). `send` runs it once,
 never again on a failed connection (the failure is the answer: a finding, never a silent retry),

@@ -1,4 +1,4 @@
-"""The request-life recipes over HTTP, on a forced checkpoint (issue 24; §4.7-§4.10).
+"""The request-life recipes over HTTP, on a forced checkpoint (§4.7-§4.10).
 
 Every recipe runs the checkpoint's own programs, so every answer is known: the script cases
 compiled into it (mixed lengths, stops, limits, split characters) and the long program (480 tokens,
