@@ -17,8 +17,8 @@ round:
 
 The stop strings never occur in the output but their beginnings often do, so the matcher holds
 bytes back on many tokens. Targets (`targets` in the output): ours < 5 µs per token; transformers /
-ours >= 50 and >= 100 (DECISIONS D67 says where the 100x one's bound lies; see the README's benchmark
-section).
+ours >= 50 and >= 100 (DECISIONS D67 says where the 100x one's bound lies; docs/performance.md has the
+benchmarks).
 
 With `--baseline CHECKOUT` the same figures of another checkout (its .venv and its own
 benchmarks/bench_framework.py, one round a call in a subprocess) are taken in every round beside

@@ -5,8 +5,8 @@ request's output is known and is checked), started on 127.0.0.1 by the command i
 scripts/peers/engines.py, and stopped by its PID at the end. Every server stays up through the run,
 but only the one measured runs: the others' process groups are stopped (SIGSTOP) for each
 measurement and continued after it. An idle vLLM's threads wake about 1500 times a second, each
-one taking a core from whoever is measured (the README's benchmark section gives what that costs
-on 2 cores). The run goes round by round: in each, every engine at each concurrency c, back to back, the order of
+one taking a core from whoever is measured. The run goes round by round: in each, every engine at
+each concurrency c, back to back, the order of
 the engines turned by one each round. c client threads send non-streamed greedy requests of
 max_tokens 128 until 2c (at least 4) are done; the figure is completion tokens per second of wall
 time, an engine's best round in `c<c>` with every round in `all`. Ratios are decodespec serve's rate

@@ -3,9 +3,9 @@ plugged in through the contract alone, is judged on a whole set of forced checkp
 an HTTP engine is (§4.3-§4.10): the departure check (D27), the max_tokens sweep, the chat channels,
 the count rule for n > 1 and per-chunk token alignment (D59); what it does not show is not checked.
 
-The engine is examples/my_engine.py as written (the README's adapter) over tests/contract_engine/
-my_llm.py, a small greedy engine on transformers' Llama that imports nothing of decodespec; its
-`BUGS` break one behaviour at a time.
+The engine is examples/my_engine.py as written (the adapter docs/engine-authors.md shows) over
+tests/contract_engine/my_llm.py, a small greedy engine on transformers' Llama that imports nothing of
+decodespec; its `BUGS` break one behaviour at a time.
 """
 
 from __future__ import annotations
@@ -71,10 +71,10 @@ def test_the_engine_and_its_adapter_import_only_the_contract(path):
     assert all(names <= set(contract.__all__) for names in ours.values())
 
 
-def test_the_readme_shows_the_example_adapter_as_it_is():
-    """The README's adapter is examples/my_engine.py, character for character."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert f"```python\n{EXAMPLE.read_text(encoding='utf-8')}```" in readme
+def test_the_engine_authors_guide_shows_the_example_adapter_as_it_is():
+    """The adapter docs/engine-authors.md shows is examples/my_engine.py, character for character."""
+    guide = (REPO / "docs" / "engine-authors.md").read_text(encoding="utf-8")
+    assert f"```python\n{EXAMPLE.read_text(encoding='utf-8')}```" in guide
 
 
 class _Shown:
