@@ -399,9 +399,10 @@ class Policy:
 
 
 def _run_declared(cases, policy: Policy, label: str, run) -> list:
-    """Run the cases that rest on no declared decision (`run(todo, on_result)`) and grade every result
-    under the policy's profile; the others are n/a with the decision's line, in the cases' order."""
-    from .properties.conformance.runner import CaseResult, Verdict, declared_on, declared_reason, grade
+    """Run the cases that rest on no declared decision (`run(todo, on_result)`) and grade the results
+    as one run under the policy's profile (runner.grade_run: a field ignored engine-wide is one cause,
+    D71); the others are n/a with the decision's line, in the cases' order."""
+    from .properties.conformance.runner import CaseResult, Verdict, declared_on, declared_reason, grade_run
 
     declared = policy.grading.declared
     own = {c.id: d for c in cases if (d := declared_on(c, declared))}
@@ -409,8 +410,8 @@ def _run_declared(cases, policy: Policy, label: str, run) -> list:
     skipped = {c.id: CaseResult(c, label, Verdict.SKIP, reason=declared_reason(own[c.id])) for c in cases if c.id in own}
     for r in skipped.values():
         tick(r)
-    done = {r.case.id: grade(r, policy.grading.profile, declared)
-            for r in run([c for c in cases if c.id not in own], tick)}
+    done = {r.case.id: r for r in grade_run(run([c for c in cases if c.id not in own], tick),
+                                            policy.grading.profile, declared)}
     return [skipped.get(c.id) or done[c.id] for c in cases]
 
 

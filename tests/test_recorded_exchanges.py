@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import attrs
 import pytest
 from _engine_kit import answering
 
@@ -22,8 +23,8 @@ from decodespec.properties.conformance.replay import answers, main, rejudge
 from decodespec.properties.conformance.runner import Verdict, judge
 from decodespec.properties.conformance.symptoms import Severity, severity_of
 
-RECORDED = {(e["engine"], e["case"]): e["exchanges"] for e in json.loads(
-    (Path(__file__).parent / "fixtures" / "recorded_exchanges.json").read_text(encoding="utf-8"))["cases"]}
+FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "recorded_exchanges.json").read_text(encoding="utf-8"))["cases"]
+RECORDED = {(e["engine"], e["case"]): e["exchanges"] for e in FIXTURE}
 CASES = {c.id: c for c in load_cases()}
 
 
@@ -207,3 +208,104 @@ def test_a_context_limit_case_runs_only_on_the_context_the_engine_says_it_runs_w
     with answering({path: json.dumps(body) for path, body in served.items()}) as url:
         why = OpenAIAdapter(url, checkpoint=context_checkpoint, context=need).unsupported(case)
     assert (why is None) == runs and words in (why or ""), why
+
+
+# ---- a field ignored in the whole run (D71) ---------------------------------------------------------
+
+
+def _chat_run(entries):
+    """llama-cpp-python-chat's recorded cases as its report stored them (verdict, findings, exchanges),
+    read back as the regrade reads a report (chat variants cannot be judged again offline), graded as
+    one run."""
+    from decodespec.properties.conformance.checkpoints import with_chat
+    from decodespec.properties.conformance.regrade import result_of
+    from decodespec.properties.conformance.runner import grade_run
+
+    chat = {c.id: c for c in with_chat(load_cases())}
+    return grade_run([result_of({"id": e["case"], "verdict": e["verdict"], "failures": e["failures"],
+                                 "reproducer": {"exchanges": e["exchanges"]}}, chat[e["case"]], e["engine"], "project")
+                      for e in entries])
+
+
+USAGE_CHUNK_RUN = [e for e in FIXTURE if e["engine"] == "llama-cpp-python-chat"]
+
+
+def test_a_field_the_engine_ignored_in_every_case_is_one_cause_of_the_run_not_a_verdict_per_case():
+    """§4.10, D71: llama-cpp-python never sends the usage chunk stream_options.include_usage asks for.
+    Its recorded cases no longer DIFFER on that alone: they pass with the finding listed; the headline
+    names the field once with the cases that showed it and its basis, its cause is marked engine-wide;
+    chat/stop/multi-byte/002, which also lost text, still fails on the text."""
+    from decodespec.properties.conformance.engine_wide import ignored_engine_wide
+    from decodespec.properties.conformance.reports import causes, headline
+
+    results = _chat_run(USAGE_CHUNK_RUN)
+    [wide] = ignored_engine_wide(results)
+    assert (wide.field, len(wide.cases)) == ("stream_options.include_usage", len(USAGE_CHUNK_RUN)), wide
+    by = {r.case.id: r for r in results}
+    text = by.pop("chat/stop/multi-byte/002")
+    assert text.verdict is Verdict.FAIL and severity_of(text.lead) is Severity.TEXT, text.failures
+    assert "usage_chunk" in _symptoms(text)
+    assert {r.verdict for r in by.values()} == {Verdict.PASS}, [(r.case.id, r.verdict) for r in by.values()]
+    assert all("usage_chunk" in _symptoms(r) for r in by.values())
+    said = headline(results, "llama-cpp-python-chat")
+    assert said.count("stream_options.include_usage") == 1, said
+    assert f"engine-wide: field_ignored: stream_options.include_usage in all {len(USAGE_CHUNK_RUN)} cases" in said
+    [cause] = [c for c in causes(results) if c["symptom"] == "usage_chunk"]
+    assert cause.get("engine_wide") is True and cause["basis"]["kind"] == "field_ignored", cause
+
+
+def _with_usage_chunk(exchanges):
+    """The recording with its first stream asking for the usage chunk given one, as an engine that
+    honours the field sends it."""
+    out, done = [], False
+    for ex in exchanges:
+        body = (ex.get("request") or {}).get("body") or {}
+        if not done and "sse" in ex and (body.get("stream_options") or {}).get("include_usage"):
+            usage = {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+            ex = {**ex, "sse": ex["sse"].replace("data: [DONE]", f"data: {json.dumps(usage)}\n\ndata: [DONE]")}
+            done = True
+        out.append(ex)
+    return out
+
+
+@pytest.mark.parametrize("kept", [2, len(USAGE_CHUNK_RUN)])
+def test_a_field_is_engine_wide_only_when_enough_cases_show_it_and_none_honours_it(kept):
+    """D71: below MIN_CASES cases, or with one case whose stream sent the usage chunk (the field
+    works there), the finding weighs in each case as before: a usage-only case DIFFERS."""
+    from decodespec.properties.conformance.engine_wide import MIN_CASES, ignored_engine_wide
+
+    entries = USAGE_CHUNK_RUN[:kept]
+    if kept >= MIN_CASES:
+        entries = [{**entries[0], "failures": [], "verdict": "PASS",
+                    "exchanges": _with_usage_chunk(entries[0]["exchanges"])}, *entries[1:]]
+    results = _chat_run(entries)
+    assert ignored_engine_wide(results) == ()
+    assert results[1].verdict is Verdict.DIFFERS and _symptoms(results[1]) == ["usage_chunk"], results[1]
+
+
+# ---- hold-back from incomplete token reports (§4.6, D59) --------------------------------------------
+
+
+def test_hold_back_is_not_judged_from_token_reports_that_leave_out_selected_tokens():
+    """§4.6, D59: llama-server-chat's stream asking for per-token reports in chat/stop/overlap/003
+    reports 2 of the 4 tokens the run selects (the held and the stop's are never reported), so the
+    chunk 'a' cannot be placed after a number of selected tokens: hold-back is not checked, with the
+    reason, never a stop prefix sent early. With reports of every selected token the same chunks
+    would be judged (and show 'a' sent while it could begin 'aab')."""
+    from decodespec.properties.conformance.adapters.base import case_prompt, case_script, case_tokenizer
+    from decodespec.properties.conformance.http_script import expected_at
+    from decodespec.properties.conformance.symptoms import compare_held
+    from decodespec.properties.conformance.wire import parse_sse
+
+    *_, asked = RECORDED["llama-server-chat", "chat/stop/overlap/003"]
+    assert asked["request"]["body"]["logprobs"] is True
+    case = CASES["stop/overlap/003"]  # the chat variant's script, stop and limit
+    tok = case_tokenizer(case)
+    exp = expected_at(case, asked["request"]["body"]["max_tokens"], tok, case_prompt(case, tok), case_script(case, tok))
+    tl = parse_sse(asked["sse"], status=asked["status"]).timeline("the stream asking for per-token reports")
+    assert (tl.reported_in_all, exp.selected) == (2, 4)
+    found, missed = compare_held(exp, tl)
+    assert found == [] and missed == ["hold-back (the stream asking for per-token reports reports 2 of the 4 tokens "
+                                      "the run selects: the boundaries of the others are not on the wire, D59)"]
+    complete, _ = compare_held(exp, attrs.evolve(tl, reported_in_all=4))
+    assert [f.symptom for f in complete] == ["stop_prefix_sent"], complete

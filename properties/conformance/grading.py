@@ -18,6 +18,9 @@ class Verdict(enum.StrEnum):
 
 # What a finding weighs: by its severity, then (for text, ending and accounting) by its basis.
 CHAPTER_W, DECISION_W, SHAPE_W, WIRE_W, DECLARED_W = "chapter", "decision", "shape", "wire", "declared"
+# A finding resting only on fields the engine ignored in every case that could show it (D71): the
+# run states that cause once, so like a declared choice it weighs nothing in its case.
+ENGINE_WIDE_W = "engine_wide"
 # The verdict each weight gives its case under a profile (a weight it does not list leaves PASS):
 # `project` (the default) judges the chapter and this project's decisions, `chapter` the chapter alone.
 PROFILES: Mapping[str, Mapping[str, Verdict]] = {

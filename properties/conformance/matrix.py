@@ -52,8 +52,9 @@ def _count(rep: Mapping[str, Any]) -> str:
     s = rep["summary"]
     ran = s["total"] - s["SKIP"]
     found = ", ".join(f"{n} {_SEVERITY_WORDS[k]}" for k, n in s.get("findings", {}).items() if n) or "no findings"
-    return (f"{ran} of {s['total']} ran; {found}; {s['PASS']} pass, {s['FAIL']} fail, {s.get('DIFFERS', 0)} differ, "
-            f"{s['ERROR']} error")
+    wide = "".join(f"; engine-wide: field_ignored: {w['field']} ({w['cases']} cases)" for w in s.get("engine_wide", ()))
+    return (f"{ran} of {s['total']} ran; {found}{wide}; {s['PASS']} pass, {s['FAIL']} fail, {s.get('DIFFERS', 0)} "
+            f"differ, {s['ERROR']} error")
 
 
 def _basis_tag(f: Mapping[str, Any]) -> str:
@@ -73,10 +74,20 @@ def _symptom(c: Mapping[str, Any]) -> str:
     return (f"[{_SEVERITY_WORDS.get(sev, sev)}] " if sev else "") + what + (f" ({tag})" if tag else "")
 
 
-def _pass_mark(c: Mapping[str, Any]) -> str:
-    """What a pass with findings had: the most severe class among them ('stream-shape', 'wire', ...)."""
+def _pass_mark(c: Mapping[str, Any], wide: frozenset[str] = frozenset()) -> str:
+    """What a pass with findings had: the most severe class among them ('stream-shape', 'wire', ...),
+    as 'engine-wide: field_ignored: F' where that lead rests on a field ignored in the whole run (D71)."""
+    lead = (c.get("failures") or [{}])[0]
+    b = lead.get("basis") or {}
+    if b.get("kind") == "field_ignored" and set(str(b.get("ref", "")).split(", ")) <= wide:
+        return f"engine-wide: field_ignored: {b['ref']}"
     sev = c.get("lead_severity")
     return _SEVERITY_WORDS.get(sev, "wire") if c.get("failures") else ""
+
+
+def _wide(rep: Mapping[str, Any]) -> frozenset[str]:
+    """The fields a report states as ignored engine-wide (D71)."""
+    return frozenset(w["field"] for w in rep["summary"].get("engine_wide", ()))
 
 
 def to_markdown(reports: Mapping[str, Mapping[str, Any]]) -> str:
@@ -98,7 +109,7 @@ def to_markdown(reports: Mapping[str, Mapping[str, Any]]) -> str:
             elif c["verdict"] in ("FAIL", "ERROR", "DIFFERS"):
                 cells.append(f"**{c['verdict']}** {_symptom(c)}".strip())
             else:
-                mark = _pass_mark(c)
+                mark = _pass_mark(c, _wide(reports[e]))
                 cells.append("n/a" if c["verdict"] == "SKIP" else c["verdict"] + (f" ({mark})" if mark else ""))
         lines.append(f"| {anchor} | `{cid}` | {grade} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -125,7 +136,7 @@ def to_html(reports: Mapping[str, Mapping[str, Any]]) -> str:
             label = {"SKIP": "n/a"}.get(v, v)
             inv = (f"<br><small title='{e(c.get('first_violated_invariant') or '')}'>{e(_symptom(c))}</small>"
                    if v in ("FAIL", "ERROR", "DIFFERS") else
-                   f"<br><small>{e(_pass_mark(c))}</small>" if c.get("failures") else "")
+                   f"<br><small>{e(_pass_mark(c, _wide(reports[name])))}</small>" if c.get("failures") else "")
             link = f"{name}/report.html#{cid}" if v in ("FAIL", "ERROR", "DIFFERS") else f"{name}/report.html"
             cells.append(f"<td style='background:{_CELL[v]}' title='{e(tip)}'><a href='{e(link)}'>{label}</a>{inv}</td>")
         body.append(f"<tr><td><code>{e(cid)}</code></td><td>{grade}</td>{''.join(cells)}</tr>")

@@ -5,7 +5,8 @@
 
 A finding's severity and basis are table data (symptoms.SYMPTOMS, decisions.DECISIONS, a case's
 declared decisions), so they follow from each stored finding's symptom and its case; the verdict
-follows from them (runner.grade). Every stream the report recorded is held to §4.7's one terminal
+follows from them (runner.grade), and a field the engine ignored in the whole run is one cause of
+the run, not a verdict per case (runner.grade_run, D71). Every stream the report recorded is held to §4.7's one terminal
 again (wire.unterminated), the one judgement made from the stored exchanges. The report's four
 files are rewritten, and each says which run produced it and that it was re-graded, not re-run.
 """
@@ -24,7 +25,7 @@ from .adapters.base import Finding
 from .cases import Case, CaseError, load_cases
 from .checkpoints import with_chat
 from .reports import Grading, read_report, write_reports
-from .runner import PROFILES, CaseResult, Verdict, grade
+from .runner import PROFILES, CaseResult, Verdict, grade, grade_run
 from .symptoms import FIELD_BASIS, by_severity, merge
 from .wire import unterminated
 
@@ -77,7 +78,8 @@ def regrade(folder: Path, cases: Mapping[str, Case], profile: str | None = None)
     stored = data.get("grading") or {}
     profile = profile or stored.get("profile") or "project"
     engine = str(data.get("engine") or folder.name)
-    results = [result_of(c, cases[c["id"]], engine, profile) for c in data["cases"]]
+    results = grade_run([result_of(c, cases[c["id"]], engine, profile) for c in data["cases"]], profile,
+                        frozenset(stored.get("declared") or ()))
     run = data.get("generated", "an unknown date")
     first = stored.get("provenance", "")
     origin = first.split("; re-graded")[0] if first else f"Run of {run} (report version {data.get('version')})"

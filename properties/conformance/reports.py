@@ -36,10 +36,12 @@ from .adapters.base import Finding
 from .cases import CaseError, Grade
 from .contract import CONTRACT_VERSION
 from .decisions import decision_line
+from .engine_wide import ignored_engine_wide
 from . import replay_script as replay_script_module
 from .replay_script import FLOWS
 from .runner import CaseResult, Verdict
-from .symptoms import CHAT_STATEMENTS, SEVERITIES, WIRE_STATEMENTS, Basis, Severity, label, severity_of
+from .symptoms import (CHAT_STATEMENTS, FIELD_BASIS, SEVERITIES, WIRE_STATEMENTS, Basis, Severity, label,
+                       severity_of)
 
 REPORT_FILES = ("report.json", "junit.xml", "report.md", "report.html")
 REPORT_VERSION = 4
@@ -126,6 +128,11 @@ def basis_tag(b: Basis) -> str:
             "wire": "wire"}[b.kind]
 
 
+def _cause_tag(cause: Mapping[str, Any], b: Basis) -> str:
+    """A cause's basis for the causes table, 'engine-wide' added where the run states it once (D71)."""
+    return basis_tag(b) + (" (engine-wide: in every case that could show it)" if cause.get("engine_wide") else "")
+
+
 def finding_json(r: CaseResult, f: Finding) -> dict[str, Any]:
     """One finding as report.json keeps it: what was seen, its severity and what it rests on."""
     b = r.basis(f)
@@ -137,8 +144,9 @@ def causes(results: Sequence[CaseResult]) -> list[dict[str, Any]]:
     """The distinct causes of a run's findings: (severity, basis, invariant, symptom) with the cases
     they cover, most severe first; within a severity the chapter's before decisions, ignored fields
     and wire conventions, then the cause that leads the most cases (what to fix first), then the
-    most cases."""
+    most cases. A cause resting only on fields ignored engine-wide (D71) says so (`engine_wide`)."""
     by: dict[tuple[str, str, str, str, str], dict[str, Any]] = {}
+    wide = {w.field for w in ignored_engine_wide(results)}
     for r in results:
         for f in r.failures:
             b, sev = r.basis(f), severity_of(f)
@@ -147,6 +155,8 @@ def causes(results: Sequence[CaseResult]) -> list[dict[str, Any]]:
                                     "invariant": f.invariant, "symptom": f.symptom, "label": short(f),
                                     "family": f.family, "anchor": anchor_of(f.invariant),
                                     "statement": statement(f.invariant), "cases": [], "lead_in": []})
+            if b.kind == FIELD_BASIS and set(b.ref.split(", ")) <= wide:
+                c["engine_wide"] = True
             if r.case.id not in c["cases"]:
                 c["cases"].append(r.case.id)
             if r.lead is f and r.case.id not in c["lead_in"]:
@@ -222,6 +232,7 @@ def summary(results: Sequence[CaseResult], grading: Grading = Grading()) -> dict
         "on_decisions": sum(1 for r in results for f in r.failures if r.basis(f).kind in ("decision", "field_ignored")),
         "not_run": why, "partial_run": 2 * ran < len(results) - declined,
         "profile": grading.profile, "declared": sorted(grading.declared),
+        "engine_wide": [w.to_json() for w in ignored_engine_wide(results)],
     }
 
 
@@ -233,8 +244,9 @@ def _severity_counts(found: Mapping[str, int]) -> str:
 def headline(results: Sequence[CaseResult], engine: str, grading: Grading = Grading()) -> str:
     """One line, what a run judged first: `vllm: 76 of 85 cases ran; 25 text, 7 ending, 13 stream-shape
     findings (12 on a project decision or an ignored field); 57 pass (75%), 15 fail the chapter
-    (15 MUST, 0 SHOULD), 4 differ on a decision or an ignored field, 0 error; 9 n/a: ...`. A run in
-    which most cases could not run says so, and why, before anything else."""
+    (15 MUST, 0 SHOULD), 4 differ on a decision or an ignored field, 0 error; 9 n/a: ...`, a field
+    ignored engine-wide named once before the verdicts (D71). A run in which most cases could not run
+    says so, and why, before anything else."""
     s = summary(results, grading)
     why = ", ".join(f"{g['cases']} {g['why']}" for g in s["not_run"][:3])
     more = sum(g["cases"] for g in s["not_run"][3:])
@@ -247,14 +259,17 @@ def headline(results: Sequence[CaseResult], engine: str, grading: Grading = Grad
     pass_note = [f"{s['pass_rate']:.0%}"] if s["pass_rate"] is not None else []
     pass_note += [f"{s['partial']} partial"] if s["partial"] else []
     pass_note += [f"{noted} with only stream-shape or wire findings"
-                  + (" or decisions" if grading.profile == "chapter" else "")] if noted else []
+                  + (" or decisions" if grading.profile == "chapter" else "")
+                  + (" or the engine-wide ones" if s["engine_wide"] else "")] if noted else []
     must = sum(1 for r in results if r.verdict is Verdict.FAIL and r.case.grade is Grade.MUST)
     grades = f" ({must} MUST, {s['FAIL'] - must} SHOULD)" if s["FAIL"] else ""
     verdicts = (f"{s['PASS']} pass" + (f" ({', '.join(pass_note)})" if pass_note else "")
                 + f", {s['FAIL']} fail the chapter{grades}{apart}, {s['ERROR']} error")
     declared = f"; declared: {', '.join(s['declared'])}" if s["declared"] else ""
     na = f"; {s['SKIP']} n/a: {why}" if s["SKIP"] and not s["partial_run"] else ""
-    return f"{engine}: {ran}; {_severity_counts(s['findings'])}{decided}; {verdicts}{declared}{na}"
+    wide = "".join(f"; engine-wide: field_ignored: {w['field']} in all {w['cases']} cases that could show it "
+                   "(one cause, no case's verdict)" for w in s["engine_wide"])
+    return f"{engine}: {ran}; {_severity_counts(s['findings'])}{decided}{wide}; {verdicts}{declared}{na}"
 
 
 def section_key(anchor: str) -> int:
@@ -552,7 +567,7 @@ def _md_first_screen(results: Sequence[CaseResult]) -> list[str]:
               "| severity | symptom | basis | invariant | cases | lead in |", "|---|---|---|---|---|---|"]
     for c in found:
         b = Basis(c["basis"]["kind"], c["basis"]["ref"])
-        lines.append(f"| {SEVERITY_WORDS[Severity(c['severity'])]} | {_md_cell(c['label'])} | {_md_cell(basis_tag(b))} | "
+        lines.append(f"| {SEVERITY_WORDS[Severity(c['severity'])]} | {_md_cell(c['label'])} | {_md_cell(_cause_tag(c, b))} | "
                      f"{c['invariant']} | {len(c['cases'])}: {', '.join(f'`{i}`' for i in c['cases'])} | "
                      f"{len(c['lead_in'])} |")
     return lines + [""]
@@ -690,7 +705,7 @@ def to_html(results: Sequence[CaseResult], engine: str, *, diagrams_dir: Path | 
     if found:
         rows = "".join(
             f"<tr><td>{_badge(c['severity'])}</td><td>{e(c['label'])}</td>"
-            f"<td title='{e(c['basis']['text'])}'>{e(basis_tag(Basis(c['basis']['kind'], c['basis']['ref'])))}</td>"
+            f"<td title='{e(c['basis']['text'])}'>{e(_cause_tag(c, Basis(c['basis']['kind'], c['basis']['ref'])))}</td>"
             f"<td title='{e(c['statement'])}'>{e(c['invariant'])}</td>"
             f"<td>{len(c['cases'])}: {_links(c['cases'])}</td><td>{len(c['lead_in'])}</td></tr>" for c in found)
         parts.append(f"<h2>Causes ({len(found)})</h2><p>Each distinct thing the engine got wrong, most severe first, "

@@ -25,8 +25,10 @@ from .cases import Case, CaseError, CaseKind, Grade, expect_to_json
 from .judgement import expected_of
 from .wire import unterminated
 from .decisions import DECISIONS, decision_line
-from .grading import CHAPTER_W, DECISION_W, DECLARED_W, DEFAULT_PROFILE, PROFILES, SHAPE_W, WIRE_W, Verdict
-from .symptoms import (WIRE, Basis, Expected, Severity, basis_of, by_severity, compare_reason, compare_split,
+from .engine_wide import ignored_engine_wide
+from .grading import (CHAPTER_W, DECISION_W, DECLARED_W, DEFAULT_PROFILE, ENGINE_WIDE_W, PROFILES, SHAPE_W, WIRE_W,
+                      Verdict)
+from .symptoms import (FIELD_BASIS, WIRE, Basis, Expected, Severity, basis_of, by_severity, compare_reason, compare_split,
                        compare_stream, compare_text, finding, merge, severity_of)
 
 _REASON_VALUES = frozenset(r.value for r in FinishReason)
@@ -42,15 +44,18 @@ _WEIGHT_BY_BASIS: Mapping[str, str] = {"chapter": CHAPTER_W, "decision": DECISIO
 _VERDICT_ORDER = (Verdict.FAIL, Verdict.DIFFERS, Verdict.PASS)
 
 
-def weight(f: Finding, case: Case, declared: frozenset[str] = frozenset()) -> str:
+def weight(f: Finding, case: Case, declared: frozenset[str] = frozenset(), wide: frozenset[str] = frozenset()) -> str:
     """What finding `f` weighs in `case`: 'chapter', 'decision' (a decision or request fields with no
-    effect), 'shape', 'wire', or 'declared' (it rests on a decision the engine declares its own)."""
+    effect), 'shape', 'wire', 'declared' (it rests on a decision the engine declares its own), or
+    'engine_wide' (it rests only on fields of `wide`, ignored by the engine in the whole run, D71)."""
     by_severity_only = _WEIGHT_BY_SEVERITY[severity_of(f)]
     if by_severity_only is not None:
         return by_severity_only
     basis = basis_of(f, case)
     if basis.kind == "decision" and basis.ref in declared:
         return DECLARED_W
+    if basis.kind == FIELD_BASIS and set(basis.ref.split(", ")) <= wide:
+        return ENGINE_WIDE_W
     return _WEIGHT_BY_BASIS[basis.kind]
 
 
@@ -168,11 +173,13 @@ def judge(case: Case, outcome: Outcome, engine: str, caps: frozenset[str]) -> Ca
                             expected=expected))
 
 
-def grade(r: CaseResult, profile: str = DEFAULT_PROFILE, declared: frozenset[str] = frozenset()) -> CaseResult:
+def grade(r: CaseResult, profile: str = DEFAULT_PROFILE, declared: frozenset[str] = frozenset(),
+          wide: frozenset[str] = frozenset()) -> CaseResult:
     """The verdict of a judged result from its findings (PASS, FAIL or DIFFERS; SKIP and ERROR stay):
     the most severe one its findings' weights give under `profile` (PROFILES). `declared`: the
     decisions the engine declares its own; a case resting on one is n/a with the decision's line,
-    a finding resting on one elsewhere weighs nothing."""
+    a finding resting on one elsewhere weighs nothing. `wide`: the fields the engine ignored in the
+    whole run (engine_wide, D71); a finding resting only on them weighs nothing either."""
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}: one of {', '.join(PROFILES)}")
     if unknown := sorted(declared - set(DECISIONS)):
@@ -181,8 +188,17 @@ def grade(r: CaseResult, profile: str = DEFAULT_PROFILE, declared: frozenset[str
         return r
     if own := declared_on(r.case, declared):
         return attrs.evolve(r, verdict=Verdict.SKIP, reason=declared_reason(own))
-    given = {PROFILES[profile].get(weight(f, r.case, declared), Verdict.PASS) for f in r.failures}
+    given = {PROFILES[profile].get(weight(f, r.case, declared, wide), Verdict.PASS) for f in r.failures}
     return attrs.evolve(r, verdict=next(v for v in _VERDICT_ORDER if v in given or v is Verdict.PASS))
+
+
+def grade_run(results: Sequence[CaseResult], profile: str = DEFAULT_PROFILE,
+              declared: frozenset[str] = frozenset()) -> list[CaseResult]:
+    """Every result of one run graded (`grade`), with the fields the engine ignored engine-wide in
+    that run (engine_wide.ignored_engine_wide, D71) stated once by the reports instead of weighing
+    in each case."""
+    wide = frozenset(w.field for w in ignored_engine_wide(results))
+    return [grade(r, profile, declared, wide) for r in results]
 
 
 def declared_on(case: Case, declared: frozenset[str]) -> str | None:

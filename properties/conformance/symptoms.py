@@ -705,12 +705,14 @@ class Timeline:
     them (D59): each one's text; how many tokens the stream had reported through it (token ids or
     logprobs entries; None: a chunk with text reports none); and how many the engine says it had
     selected when the chunk went out (the reference's `decodespec.selected`, an in-process engine's
-    own trace; None: not said). `where` names the stream in findings."""
+    own trace; None: not said). `where` names the stream in findings; `reported_in_all` how many
+    tokens the whole stream reported, its finish chunk's too (None: as `reported`'s last)."""
 
     texts: tuple[bytes, ...]
     reported: tuple[int, ...] | None = None
     selected: tuple[int, ...] | None = None
     where: str = "the stream"
+    reported_in_all: int | None = None
 
     @property
     def shows_tokens(self) -> bool:
@@ -755,15 +757,21 @@ def compare_held(exp: Expected, tl: Timeline) -> tuple[list[Finding], list[str]]
     (`exp.released`); holding more is allowed. So hold-back is judged only where the stream shows
     when each chunk went out in selected tokens, never from the number of chunks: from the count the
     engine gives (`tl.selected`), else from its token reports where they are sent as tokens are
-    selected (`reports_per_step`). What the reference released after its last text token includes the
-    end's flush of held text."""
+    selected (`reports_per_step`), and only where they are complete: a stream that reports fewer
+    tokens than the run selected leaves the boundaries of the others unknown, so its reports count
+    no selection (D59). What the reference released after its last text token includes the end's
+    flush of held text."""
     if not exp.holds_back:
         return [], []
     sent = [sum(len(c) for c in tl.texts[:i + 1]) for i in range(len(tl.texts))]
+    shown = tl.reported_in_all if tl.reported_in_all is not None else (tl.reported or (0,))[-1]
     if tl.selected is not None:
         clock: Sequence[int] = tl.selected
     elif tl.reported is None:
         return [], ["hold-back (the engine reports no token boundaries with its chunks)"]
+    elif shown < exp.selected:
+        return [], [f"hold-back ({tl.where} reports {shown} of the {exp.selected} tokens the run selects: the "
+                    "boundaries of the others are not on the wire, D59)"]
     elif reports_per_step(exp, sent, tl.reported):
         clock = tl.reported
     else:

@@ -95,12 +95,14 @@ class Streamed:
     def timeline(self, where: str = "the stream") -> Timeline:
         """The chunks before the finish chunk, opening ones too, as hold-back reads them
         (symptoms.Timeline, named `where` in findings): their texts, the tokens reported through
-        each (token ids or logprobs entries, D59), and the tokens the engine had selected when each
-        went out where it says so (`decodespec.selected`, the reference's)."""
+        each (token ids or logprobs entries, D59), the tokens the whole stream reported (its finish
+        chunk's too), and the tokens the engine had selected when each went out where it says so
+        (`decodespec.selected`, the reference's)."""
         texts: list[bytes] = []
         reported: list[int] | None = []
         selected: list[int] | None = []
         n = said = 0
+        total = sum(reported_tokens(c) or 0 for c in self.choices())
         for choice in self.choices():
             if choice.get("finish_reason"):
                 break
@@ -116,7 +118,7 @@ class Streamed:
             reported = None if reported is None or (got is None and text) else [*reported, n]
             selected = None if selected is None or (clock is None and text) else [*selected, said]
         return Timeline(tuple(texts), tuple(reported) if reported is not None and n else None,
-                        tuple(selected) if selected is not None and said else None, where)
+                        tuple(selected) if selected is not None and said else None, where, total if n else None)
 
     @property
     def deltas(self) -> list[str]:

@@ -1,0 +1,123 @@
+"""Request fields an engine ignored in every case that could show it: one cause of the run, not a
+verdict per case (D71).
+
+A field an engine accepts and never honours (llama-cpp-python's stream_options.include_usage) shows
+in every case whose request sends it. Reported per case it would make each of them DIFFER on the
+same cause and hide what else the run found, so a run states it once: `ignored_engine_wide` finds
+such fields, the reports name each with the cases that showed it (reports.headline, causes), and
+runner.grade gives a finding resting only on them no weight, as a declared choice's (D69); the
+finding stays listed in its case.
+
+What a case shows of a field F, from its findings and its recorded exchanges:
+
+- ignored: a finding rests on F having had no effect (symptoms.basis_of: field_ignored naming F),
+  or a recorded exchange that sent F shows it ignored on the wire (SHOWN_ON_WIRE);
+- honoured: a recorded exchange that sent F shows it honoured on the wire; for a field the wire
+  cannot show alone (no SHOWN_ON_WIRE row), a case whose request sets F with no finding resting on
+  it (the judge compared the field's effect and found it);
+- nothing: otherwise (the stream was cut, the case never sent F).
+
+F is ignored engine-wide when at least MIN_CASES cases that ran show it ignored and none shows it
+honoured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from .grading import Verdict
+from .judgement import usage_chunk_missing
+from .symptoms import FIELD_BASIS, Basis, basis_of
+from .wire import parse_sse
+
+if TYPE_CHECKING:
+    from .runner import CaseResult
+
+MIN_CASES = 3  # D71: fewer cases are per-case findings, not a cause of the whole run
+
+
+def _usage_shown(exchange: Mapping[str, Any]) -> bool | None:
+    """A stream asked for its usage: True when it sent the usage chunk, False when it ended with its
+    terminal and without one (judgement.usage_chunk_missing), None when it could not show (cut, failed)."""
+    if "sse" not in exchange:
+        return None
+    st = parse_sse(exchange["sse"], status=int(exchange.get("status") or 0))
+    if usage_chunk_missing(st):
+        return False
+    return True if st.status == 200 and st.usage is not None else None
+
+
+# The fields whose effect one recorded exchange shows alone: field -> (the exchange) -> honoured?
+SHOWN_ON_WIRE: Mapping[str, Callable[[Mapping[str, Any]], bool | None]] = {
+    "stream_options.include_usage": _usage_shown,
+}
+
+
+def sent(body: Any, field: str) -> bool:
+    """Whether a request body sets `field` (a dotted path: 'stream_options.include_usage') to a
+    value other than null or false."""
+    for key in field.split("."):
+        if not isinstance(body, Mapping) or key not in body:
+            return False
+        body = body[key]
+    return body is not None and body is not False
+
+
+def fields_ignored(r: CaseResult) -> set[str]:
+    """The request fields the findings of `r` rest on having had no effect (basis field_ignored)."""
+    return {name for f in r.failures if (b := basis_of(f, r.case)).kind == FIELD_BASIS for name in b.ref.split(", ")}
+
+
+@attrs.frozen
+class IgnoredField:
+    """One field ignored engine-wide (D71): the cases that showed it ignored, in the run's order."""
+
+    field: str
+    cases: tuple[str, ...]
+
+    @property
+    def basis(self) -> Basis:
+        return Basis(FIELD_BASIS, self.field)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"field": self.field, "cases": len(self.cases), "basis": {"kind": FIELD_BASIS, "ref": self.field}}
+
+
+def _shown(r: CaseResult, field: str, found: set[str]) -> bool | None:
+    """What case `r` shows of `field`: False ignored, True honoured, None nothing (see module)."""
+    on_wire = SHOWN_ON_WIRE.get(field)
+    seen: list[bool | None] = []
+    if on_wire is not None:
+        for ex in (r.observed or {}).get("exchanges") or ():
+            if isinstance(ex, Mapping) and sent((ex.get("request") or {}).get("body"), field):
+                seen.append(on_wire(ex))
+    if field in found or False in seen:
+        return False
+    if True in seen:
+        return True
+    asked = field.split(".")[0] in ((r.case.inputs.get("request") or {}) if r.case is not None else {})
+    return True if on_wire is None and asked else None
+
+
+def ignored_engine_wide(results: Iterable[CaseResult]) -> tuple[IgnoredField, ...]:
+    """The fields ignored engine-wide in a run (D71), each with the cases that showed it ignored;
+    in the order the run first showed them. SKIP and ERROR results show nothing."""
+    ran: Sequence[CaseResult] = [r for r in results if r.verdict not in (Verdict.SKIP, Verdict.ERROR)]
+    found = {id(r): fields_ignored(r) for r in ran}
+    candidates: dict[str, None] = {}
+    for r in ran:
+        candidates.update(dict.fromkeys(sorted(found[id(r)])))
+        for ex in (r.observed or {}).get("exchanges") or ():
+            body = (ex.get("request") or {}).get("body") if isinstance(ex, Mapping) else None
+            candidates.update({f: None for f, on_wire in SHOWN_ON_WIRE.items()
+                               if sent(body, f) and on_wire(ex) is False})
+    out = []
+    for field in candidates:
+        shown = [(r.case.id, _shown(r, field, found[id(r)])) for r in ran]
+        ignored = tuple(cid for cid, s in shown if s is False)
+        if len(ignored) >= MIN_CASES and not any(s is True for _, s in shown):
+            out.append(IgnoredField(field, ignored))
+    return tuple(out)
