@@ -146,6 +146,19 @@ def test_an_answer_that_left_the_script_is_an_error_naming_where_not_a_failure()
     assert res.verdict is Verdict.ERROR and "guarded EOS at token 2: it wrote b'%'" in res.reason, res
 
 
+def test_an_answer_off_its_script_at_a_sweep_limit_is_an_error_naming_the_limit_not_a_text_finding():
+    """D27, §4.3: llama-server answered stop/overlap/001 at max_tokens 1 with 'E' (3 prompt tokens from
+    its cache) where the script's first token is 'a': the engine ran another prompt or model there,
+    so nothing of the case can be judged; the replay, as the live sweep, makes it an ERROR naming the
+    limit and the token, never 'bytes replaced'. The earlier recording, on script at every limit,
+    still leads with the held text never sent."""
+    res = _rejudge("llama-server@2026-12-04", "stop/overlap/001")
+    assert res.verdict is Verdict.ERROR and res.failures == (), res
+    assert res.reason.startswith("at max_tokens=1: the engine did not follow the forced script at token 1")
+    assert "it chose 'E'" in res.reason, res.reason
+    assert _rejudge("llama-server", "stop/overlap/001").lead.symptom == "held_not_released"
+
+
 def test_a_connection_the_recording_shows_sent_again_is_a_wire_finding():
     """A retried connection is never silent, replayed as live: llama-server dropped one stream of
     stop/cross-token/003 once, and the request was sent again."""

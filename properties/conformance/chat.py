@@ -362,4 +362,4 @@ def sweep_chat(a: ScriptServer, case: Case, info: Mapping[str, Any]) -> list[Fin
         return judge_chat(exp, observe_message(status, data), f"at max_tokens={k}, non-streamed answer") + \
             judge_chat(exp, observe_stream(st), f"at max_tokens={k}, stream")
 
-    return sweep_limits(a, case, served.max_tokens, PATH, at, judge)
+    return list(sweep_limits(a, case, served.max_tokens, PATH, at, judge).findings)

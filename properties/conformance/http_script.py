@@ -31,7 +31,7 @@ from .chat_cases import chat_of
 from .checkpoints import on_checkpoint
 from .judgement import expected_of, judge_choices, judge_observed, no_usage_chunk, observe, usage_chunk_missing
 from .script_check import Prefix, Returned, detect_prefix, left_script, prompt_placed
-from .script_server import ScriptServer, case_fields, not_observable, program_body, sweep_limits
+from .script_server import ScriptServer, Swept, case_fields, not_observable, program_body, sweep_limits
 from .symptoms import WIRE, Expected, finding, merge, run_on_first
 from .wire import Streamed, body_findings, choices_of, first_choice, logprob_pieces, token_count, token_ids, wire_findings
 
@@ -91,9 +91,20 @@ def judge_at(case: Case, k: int, exp: Expected, status: int, data: Any, raw: str
             for f in judge_exchange(at_limit(case, k), exp, status, data, raw, st)[0] if f.family != WIRE]
 
 
-def sweep(a: ScriptServer, case: Case) -> list[Finding]:
+def left_at(checkpoint: Any, case: Case, k: int, exp: Expected, status: int, data: Any) -> str | None:
+    """D27 at max_tokens k: where the non-streamed answer left its forced script
+    (script_check.left_script against the reference at that limit), else None."""
+    if status != 200 or not isinstance(data, dict):
+        return None
+    prog = checkpoint.programs[case.id]
+    at_k = at_limit(case, k)
+    ref = reference_on(at_k, checkpoint.tokenizer, list(prog.prompt), list(prog.script))
+    return left_script(checkpoint, at_k, exp, ref.tokens, [returned(c) for c in choices_of(data)])
+
+
+def sweep(a: ScriptServer, case: Case) -> Swept:
     """§4.3: the case at every other max_tokens (script_server.sweep_limits), each limit judged
-    against the reference at that limit (`judge_at`)."""
+    against the reference at that limit (`judge_at`), an answer off its script named (`left_at`)."""
     prog = a.checkpoint.programs[case.id]
     tok = a.checkpoint.tokenizer
     served = on_checkpoint(case, a.checkpoint)
@@ -102,7 +113,8 @@ def sweep(a: ScriptServer, case: Case) -> list[Finding]:
         exp = expected_at(served, k, tok, list(prog.prompt), list(prog.script))
         return None if exp is None else (exp, request_body(a, case, max_tokens=k))
 
-    return sweep_limits(a, case, served.max_tokens, PATH, at, functools.partial(judge_at, served))
+    return sweep_limits(a, case, served.max_tokens, PATH, at, functools.partial(judge_at, served),
+                        functools.partial(left_at, a.checkpoint, served))
 
 
 def run_script(a: ScriptServer, case: Case) -> Outcome:
@@ -143,7 +155,10 @@ def run_script(a: ScriptServer, case: Case) -> Outcome:
             return Outcome(skip=na, reference=exp.to_json())
         findings += more
     if a.sweep:
-        findings = run_on_first(findings + sweep(a, case))
+        swept = sweep(a, case)
+        if swept.left is not None:  # off its script at another limit: nothing of the case can be judged (D27)
+            return Outcome(abort=swept.left, reference=exp.to_json())
+        findings = run_on_first(findings + list(swept.findings))
     obs = observe(status, data, raw, st)
     return Outcome(
         output=obs.text, finish_reason=obs.finish_reason, chunks=obs.chunks, findings=tuple(findings),

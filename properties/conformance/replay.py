@@ -7,8 +7,8 @@ then both at each other max_tokens that failed (http_script.sweep). `rejudge(cas
 judges those answers again with today's judge, as run_script does live (http_script.judge_exchange
 at the served limit, judge_at at the others, a run past its limit first), against the reference on
 the case's own tokenizer: a forced checkpoint's ids are the case's (checkpoints.py), so no
-checkpoint is needed. An answer that left the forced script is an ERROR naming where (D27, D66:
-script_check.left_script), and a connection the recording shows sent again is a finding, as live.
+checkpoint is needed. An answer that left the forced script, at the served limit or another, is
+an ERROR naming where (D27, D66: script_check.left_script, http_script.left_at), and a connection the recording shows sent again is a finding, as live.
 The prefix probe was checked when the report was made; the limits the recording left out passed
 then and are listed as not checked.
 
@@ -34,7 +34,7 @@ from .alignment import aligned, asks_reports
 from .cases import Case, CaseError, CaseKind, load_cases
 from .chat_cases import chat_of
 from .forced import Program
-from .http_script import PATH, at_limit, expected_at, judge_at, judge_exchange, returned
+from .http_script import PATH, at_limit, expected_at, judge_at, judge_exchange, left_at, returned
 from .reports import read_report
 from .runner import CaseResult, Verdict, judge
 from .script_check import left_script
@@ -126,8 +126,12 @@ def rejudge(case: Case, exchanges: Sequence[Mapping[str, Any]], engine: str = "r
         return CaseResult(case, engine, Verdict.ERROR, reason=gone, observed={"exchanges": list(exchanges)})
     findings, not_checked = judge_exchange(at_limit(case, served), exp, *first, reported_stream(exchanges, served))
     for k, answer in rest:
-        if (exp_k := expected_at(case, k, tok, prompt, script)) is not None:
-            findings += judge_at(case, k, exp_k, *answer)
+        if (exp_k := expected_at(case, k, tok, prompt, script)) is None:
+            continue
+        if gone := left_at(script_of, case, k, exp_k, answer[0], answer[1]):
+            return CaseResult(case, engine, Verdict.ERROR, reason=f"at max_tokens={k}: {gone}",
+                              observed={"exchanges": list(exchanges)})
+        findings += judge_at(case, k, exp_k, *answer)
     left = sorted(set(range(1, len(script) + 1)) - set(got))
     if left:
         not_checked.append(f"max_tokens {left} (the recording keeps only the limits that failed when it was made)")

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import attrs
+
 from .adapters.base import Finding
 from .cases import STREAM_KINDS, Case
 from .checkpoints import Checkpoint
@@ -79,13 +81,26 @@ def case_fields(case: Case) -> dict[str, Any]:
     return {**out, **case.inputs.get("request", {})}
 
 
+@attrs.frozen
+class Swept:
+    """What the sweep saw: the findings at the limits it judged, and where an answer left its
+    forced script (`left`, naming the limit; None: none did). An answer off its script at any limit
+    makes the case an ERROR naming where, as at the served limit (D27), never a finding."""
+
+    findings: tuple[Finding, ...] = ()
+    left: str | None = None
+
+
 def sweep_limits(a: ScriptServer, case: Case, served: int, path: str,
                  at: Callable[[int], tuple[Any, dict[str, Any]] | None],
-                 judge: Callable[[int, Any, int, Any, str, Streamed], list[Finding]]) -> list[Finding]:
+                 judge: Callable[[int, Any, int, Any, str, Streamed], list[Finding]],
+                 left: Callable[[int, Any, int, Any], str | None] | None = None) -> Swept:
     """§4.3: the case again at every max_tokens up to its script's length but the `served` one (a
     tail bug can show only when the limit lands on one particular token). `at(k)` gives the
     reference's answer and the body at limit k (None: no valid request there); the body is sent
-    both ways, `judge` returns the findings, and the exchanges are kept only for a limit that fails."""
+    both ways; `left(k, expected, status, answer)` says where the non-streamed answer left the
+    script (D27: the sweep stops there), else `judge` returns the findings; the exchanges are kept
+    only for a limit that fails or left."""
     out: list[Finding] = []
     for k in range(1, len(a.checkpoint.programs[case.id].script) + 1):
         got = None if k == served else at(k)
@@ -95,8 +110,11 @@ def sweep_limits(a: ScriptServer, case: Case, served: int, path: str,
         log: list[dict[str, Any]] = []
         status, data, raw = a.post(path, {**body, "stream": False}, log)
         st = a.stream_body(path, {**body, "stream": True}, log=log)
+        if left is not None and (gone := left(k, exp, status, data)) is not None:
+            a.log_exchanges(log)
+            return Swept(tuple(out), f"at max_tokens={k}: {gone}")
         found = judge(k, exp, status, data, raw, st)
         if found:
             a.log_exchanges(log)
             out += found
-    return out
+    return Swept(tuple(out))
