@@ -2,13 +2,17 @@
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test diagrams bench
+.PHONY: setup demo lint test diagrams bench
 
 setup:
 	bash scripts/setup.sh
 
 demo: setup
 	$(BIN)/decodespec generate "Once upon a time" --stop "." --max-tokens 48
+
+# ruff and mypy under pyproject.toml's [tool.ruff] and [tool.mypy]; both must report nothing.
+lint: setup
+	$(BIN)/ruff check .
 
 test: setup
 	$(BIN)/pytest -n 2 -q

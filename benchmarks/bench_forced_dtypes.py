@@ -19,16 +19,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from decodespec.properties.conformance import load_cases  # noqa: E402
-from decodespec.properties.conformance.cases import parse_case  # noqa: E402
-from decodespec.properties.conformance.checkpoints import (  # noqa: E402
-    TABLE_GROUP, Checkpoint, build_checkpoints, build_group, proof_runs,
+from decodespec.properties.conformance import load_cases
+from decodespec.properties.conformance.cases import parse_case
+from decodespec.properties.conformance.checkpoints import (
+    TABLE_GROUP,
+    Checkpoint,
+    build_checkpoints,
+    build_group,
+    proof_runs,
 )
-from decodespec.properties.conformance.forced import CONTEXT, DTYPES  # noqa: E402
-from decodespec.properties.fixtures import CORPUS  # noqa: E402
+from decodespec.properties.conformance.forced import CONTEXT, DTYPES
+from decodespec.properties.fixtures import CORPUS
 
 LONG = "bench/forced-long/001"
 

@@ -43,10 +43,10 @@ import torch
 from common import in_checkout, interleaved, ratio, stat
 
 from decodespec.properties import fixtures
-from decodespec.spec import FinishReason
 from decodespec.runtime.request import Request
 from decodespec.runtime.runner import RequestRun
 from decodespec.runtime.tokenizers import HFTokenizer
+from decodespec.spec import FinishReason
 
 QUICK = {"rounds": 1, "n_tokens": 200}
 N_STOPS = 10

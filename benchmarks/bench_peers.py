@@ -47,9 +47,10 @@ from decodespec.properties.conformance.cases import parse_case
 from decodespec.properties.conformance.checkpoints import TABLE_GROUP, Checkpoint, build_group
 from decodespec.properties.conformance.launch import launched
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "peers"))
+from engines import ENGINES
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts" / "peers"))
-from engines import ENGINES  # noqa: E402
 
 TOKENS = 128
 CONCURRENCY = (1, 16, 64)

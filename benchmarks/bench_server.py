@@ -137,12 +137,12 @@ def http_part(model: TinyLM, tok: Any, n: int, tokens: int) -> dict[str, float]:
         body = {"model": eng.model_name, "prompt": f"Story {i}:", "max_tokens": tokens, "stream": True,
                 "temperature": 0}
         frames = 0
-        async with httpx.AsyncClient(base_url=base, timeout=120) as http:
-            async with http.stream("POST", "/v1/completions", json=body) as resp:
-                async for line in resp.aiter_lines():
-                    if line.startswith("data:"):
-                        frames += 1
-                        await asyncio.sleep(READ_DELAY_S)
+        async with (httpx.AsyncClient(base_url=base, timeout=120) as http,
+                    http.stream("POST", "/v1/completions", json=body) as resp):
+            async for line in resp.aiter_lines():
+                if line.startswith("data:"):
+                    frames += 1
+                    await asyncio.sleep(READ_DELAY_S)
         return frames
 
     async def all_clients(base: str) -> list[int]:

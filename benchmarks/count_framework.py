@@ -38,6 +38,7 @@ def child(runs: int, n_tokens: int) -> None:
     """`runs` requests of up to `n_tokens` ids each through the token path (what cachegrind
     counts); prints how many ids a request has (the corpus is cut at a character boundary)."""
     import bench_framework as bf
+
     from decodespec.properties import fixtures
     from decodespec.runtime.tokenizers import HFTokenizer
 

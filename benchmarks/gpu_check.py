@@ -102,7 +102,7 @@ def check_faults(model: TinyLM, steps: tuple[int, ...], threaded: int, seed: int
         runs: list[Any] = []
         delay = rng.uniform(0, 0.01)
 
-        def on_run(run: Any) -> None:
+        def on_run(run: Any, runs: list[Any] = runs, delay: float = delay) -> None:
             runs.append(run)
             watch(run)
             threading.Timer(delay, run.cancel).start()

@@ -17,7 +17,13 @@ from rich.table import Table as RichTable
 
 from . import __version__
 from .checkout import default_diagrams_dir
+from .cli_bench import bench
+from .cli_check import check
+from .cli_checkpoints import checkpoints
+from .cli_conform import conform
+from .cli_generate import experiment, generate
 from .cli_paths import output_folder
+from .cli_serve import serve
 from .spec import MACHINES, DecisionKind, SpecError, Table, load_file, load_spec
 
 
@@ -160,25 +166,11 @@ def _cell(value: object) -> str:
 
 
 # --- Commands of other modules -------------------------------------------------------------
-# One pair of lines per command, each importing from its own module decodespec/cli_<name>.py:
-#     from .cli_<name> import <command>  # noqa: E402
-#     main.add_command(<command>)
-# (generate, experiment, check, conform, serve, bench go here.)
-from .cli_generate import experiment, generate  # noqa: E402
-
+# Each lives in its own module decodespec/cli_<name>.py, imported above, and is added here.
 main.add_command(generate)
 main.add_command(experiment)
-from .cli_conform import conform  # noqa: E402
-
 main.add_command(conform)
-from .cli_serve import serve  # noqa: E402
-
 main.add_command(serve)
-from .cli_check import check  # noqa: E402
-
 main.add_command(check)
-from .cli_bench import bench  # noqa: E402
-from .cli_checkpoints import checkpoints  # noqa: E402
-
 main.add_command(bench)
 main.add_command(checkpoints)

@@ -34,10 +34,11 @@ def check_device(device: str) -> str:
 
 def load_model_and_tokenizer(path: str | None, device: str = "cpu"):
     """The embedded TinyLM (path None), a TinyLM folder, or a transformers checkpoint folder."""
+    from safetensors import SafetensorError
+
     from decodespec.runtime.models import HFModel, TinyLM
     from decodespec.runtime.tinylm import ASSETS, TinyLMConfig
     from decodespec.runtime.tokenizers import HFTokenizer
-    from safetensors import SafetensorError
 
     device = check_device(device)
     folder = ASSETS if path is None else Path(path)
@@ -84,8 +85,8 @@ def generate(prompt, stop, max_tokens, temperature, top_k, top_p, seed, model_pa
     """Stream a completion of PROMPT as it is produced, then print how it ended."""
     from decodespec.runtime import Request
     from decodespec.runtime import generate as run_generate
-    from decodespec.runtime.events import write_jsonl
     from decodespec.runtime.errors import RequestError
+    from decodespec.runtime.events import write_jsonl
 
     if prompt is None:
         if events_to not in (None, "-") and not events_to.endswith(_TRACE_SUFFIXES):

@@ -7,10 +7,19 @@ checkpoint (`decodespec checkpoints build --out ckpts`); the adapter sends every
 case's request and refuses, as n/a, one the engine does not take.
 """
 
-from decodespec.properties.conformance.contract import (Answer, Checkpoint, Choice, Chunk, Request, TokenReport,
-                                                         ToolCall, Unsupported, Usage)
-
 import my_llm
+
+from decodespec.properties.conformance.contract import (
+    Answer,
+    Checkpoint,
+    Choice,
+    Chunk,
+    Request,
+    TokenReport,
+    ToolCall,
+    Unsupported,
+    Usage,
+)
 
 TAKES = ("min_tokens", "ignore_eos", "logit_bias", "echo", "skip_special_tokens", "include_stop_str_in_output")
 CHAT = ("tools", "chat_template_kwargs")

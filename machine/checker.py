@@ -41,8 +41,17 @@ from ..spec import DecisionKind, Table
 from ..spec.invariants import load_invariants
 from .checker_invariants import STATE_CHECKS, StateJudge
 from .checker_model import (
-    FAULTS, FINISH_GUARDS, MAX_REQUESTS, POOL_WITNESSES, REASONS, STEP_CHECKS, WITNESS_NEEDS, WITNESSES, Model,
-    ModelConfig, config_offers,
+    FAULTS,
+    FINISH_GUARDS,
+    MAX_REQUESTS,
+    POOL_WITNESSES,
+    REASONS,
+    STEP_CHECKS,
+    WITNESS_NEEDS,
+    WITNESSES,
+    Model,
+    ModelConfig,
+    config_offers,
 )
 from .checker_state import PC_NAMES, F
 

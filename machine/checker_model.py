@@ -37,8 +37,23 @@ from ..spec.derived import final_reasons, model_resources, stream_end_of, termin
 from ..spec.vocabulary import STEP_NEEDS
 from .actions import Executor, run_phases
 from .checker_state import (
-    CANCEL, DEADLINE, EOS, FIELD_OF, KERNEL, PC, PC_NAMES, READER, RES_FIELD, RESOURCE_KINDS, Cancel, Deadline, F, Kernel,
-    Judged, Reader, RequestState,
+    CANCEL,
+    DEADLINE,
+    EOS,
+    FIELD_OF,
+    KERNEL,
+    PC,
+    PC_NAMES,
+    READER,
+    RES_FIELD,
+    RESOURCE_KINDS,
+    Cancel,
+    Deadline,
+    F,
+    Judged,
+    Kernel,
+    Reader,
+    RequestState,
 )
 
 MACHINES = ("lifecycle", "stream", "resources", "stop_matcher", "detokenizer", "sequence")

@@ -45,6 +45,7 @@ reachable in the model only through such steps.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import itertools
 import json
@@ -703,10 +704,8 @@ def project(events: Sequence[Event], extra: Iterable[tuple[int, str]] = ()) -> d
             st = steppers[machine] = compiled(machine_of(machine)).new()
         state = str(st.state)
         out.setdefault(machine, []).append((state, event))
-        try:
+        with contextlib.suppress(IllegalTransition):  # recorded as is: the comparison with the path shows it
             st.fire(event)
-        except IllegalTransition:
-            pass  # recorded as is: the comparison with the path shows it
 
     for e in events:
         while pending and pending[0][0] <= e.index:

@@ -273,9 +273,9 @@ def _terminal_with_transition(rt: RequestTrace):
         if e.kind == K.LIFECYCLE and e.data.get("to") in _LIFECYCLE_TERMINAL:
             if not any(n.kind in TERMINAL_KINDS for n in near) and (rt.complete or i + 1 < len(steps)):
                 yield e.index, f"transition to {e.data['to']} without its terminal event next to it"
-        elif e.kind in TERMINAL_KINDS:
-            if not any(n.kind == K.LIFECYCLE and n.data.get("to") in _LIFECYCLE_TERMINAL for n in near):
-                yield e.index, f"{e.kind} not next to a terminal lifecycle transition"
+        elif e.kind in TERMINAL_KINDS and not any(
+                n.kind == K.LIFECYCLE and n.data.get("to") in _LIFECYCLE_TERMINAL for n in near):
+            yield e.index, f"{e.kind} not next to a terminal lifecycle transition"
 
 
 @monitor("seq_strictly_increasing")
@@ -536,9 +536,8 @@ def _stop_earliest_wins(rt: RequestTrace):
 
 @monitor("stop_reason_requires_hit")
 def _stop_reason_requires_hit(rt: RequestTrace):
-    if rt.reason == FinishReason.STOP_SEQUENCE:
-        if not any(e.index < rt.terminal.index for e in rt.of(K.STOP_HIT)):
-            yield rt.terminal.index, "finish reason stop_sequence without a stop.hit"
+    if rt.reason == FinishReason.STOP_SEQUENCE and not any(e.index < rt.terminal.index for e in rt.of(K.STOP_HIT)):
+        yield rt.terminal.index, "finish reason stop_sequence without a stop.hit"
 
 
 @monitor("eos_not_emitted")

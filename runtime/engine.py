@@ -77,17 +77,17 @@ from typing import Any
 import attrs
 import torch
 
+from ..machine import IllegalTransition, compiled
+from ..machine.actions import Executor, fire_with_effects
+from ..spec import FinishReason, Table, load_spec
 from .affinity import pin_team
 from .errors import ModelError
 from .events import EventKind
 from .faults import FaultPlan
 from .request import Request
 from .runner import RequestRun
-from .stream import batched_wakes
-from ..machine import IllegalTransition, compiled
-from ..machine.actions import Executor, fire_with_effects
-from ..spec import FinishReason, Table, load_spec
 from .sampling import SamplingError, greedy_rows
+from .stream import batched_wakes
 
 
 class Preemption(enum.StrEnum):

@@ -175,7 +175,7 @@ def _free_effect(ledger: ResourceLedger, k: ResourceKind) -> None:
     if fn is not None:
         try:
             fn()
-        except Exception as exc:  # noqa: BLE001 - recorded as a background error (§4.10)
+        except Exception as exc:  # recorded as a background error (§4.10)
             ledger._record(k, LedgerProblem.FREE_FAILED, f"{type(exc).__name__}: {exc}")
 
 

@@ -66,7 +66,7 @@ def generate(
                 break
             tok = run.tokens[-1]
             try:
-                logits = run_kernel(run, lambda: model.decode_one([run.cache], [tok])[0], run.begin_decode, pool)
+                logits = run_kernel(run, lambda tok=tok: model.decode_one([run.cache], [tok])[0], run.begin_decode, pool)
             except ModelError as exc:
                 run.kernel_failed(exc)
                 break

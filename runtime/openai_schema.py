@@ -48,8 +48,8 @@ import attrs
 from ..spec import FinishReason
 from ..spec.vocabulary import OPENAI_FINISH
 from .errors import RequestError
-from .tokenizers import TokenizerError, own_bytes
 from .request import Request
+from .tokenizers import TokenizerError, own_bytes
 
 MAX_STOP_STRINGS = 4
 MAX_OUTPUT_TOKENS = 1 << 20  # a budget, not a promise: the context limit ends a run first (D10)
@@ -284,11 +284,11 @@ def _check_fields(body: Mapping[str, Any], chat: bool, strict: bool,
 ChatTemplate = Callable[[list[dict[str, str]], Mapping[str, Any]], str]
 
 
-def default_chat_template(messages: list[dict[str, str]], kwargs: Mapping[str, Any] = {}) -> str:  # noqa: B006
+def default_chat_template(messages: list[dict[str, str]], kwargs: Mapping[str, Any] = {}) -> str:
     return "".join(CHAT_TEMPLATE.format(role=m["role"], content=m["content"]) for m in messages) + "<|assistant|>\n"
 
 
-def compile_chat_template(source: str | None, tokens: Mapping[str, str] = {}) -> ChatTemplate:  # noqa: B006
+def compile_chat_template(source: str | None, tokens: Mapping[str, str] = {}) -> ChatTemplate:
     """A checkpoint's Jinja chat template as a renderer (sandboxed; add_generation_prompt set, its
     special tokens `tokens` (bos_token, eos_token) and the request's chat_template_kwargs given as
     transformers' apply_chat_template gives them), or the default one when there is none. A
@@ -303,7 +303,7 @@ def compile_chat_template(source: str | None, tokens: Mapping[str, str] = {}) ->
     except TemplateError as exc:
         raise ValueError(f"the checkpoint's chat_template does not compile: {exc}") from None
 
-    def render(messages: list[dict[str, str]], kwargs: Mapping[str, Any] = {}) -> str:  # noqa: B006
+    def render(messages: list[dict[str, str]], kwargs: Mapping[str, Any] = {}) -> str:
         try:
             return template.render(**{**tokens, **kwargs, "messages": messages, "add_generation_prompt": True})
         except TemplateError as exc:

@@ -161,9 +161,8 @@ def _check(inst: Request, attribute: attrs.Attribute, value: Any) -> None:
     elif name == "logprobs":
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 20):
             raise RequestError(name, f"must be an int in [0, 20] or None, got {value!r}")
-    elif name == "policy":
-        if value not in ("pause", "buffer", "fail"):
-            raise RequestError(name, f"must be one of pause, buffer, fail; got {value!r}")
+    elif name == "policy" and value not in ("pause", "buffer", "fail"):
+        raise RequestError(name, f"must be one of pause, buffer, fail; got {value!r}")
 
 
 _FLAGS = frozenset({"utf8_guard", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "echo",

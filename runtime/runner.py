@@ -13,6 +13,7 @@ cancel (a flag observed at the safe points, §4.9).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import threading
 import time
@@ -1134,10 +1135,8 @@ def undecodable_mask(tokenizer: Any, vocab_size: int, device: Any = "cpu") -> to
         mask = torch.zeros(vocab_size, dtype=torch.bool)
         mask[bad] = True
         mask = mask.to(device)
-    try:
+    with contextlib.suppress(TypeError):  # a tokenizer that takes no weak reference: computed again next time
         _UNDECODABLE[key] = (weakref.ref(tokenizer, lambda _ref, key=key: _UNDECODABLE.pop(key, None)), mask)
-    except TypeError:  # a tokenizer that takes no weak reference: computed again next time
-        pass
     return mask
 
 

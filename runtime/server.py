@@ -52,6 +52,7 @@ from .channels import Splitter, merged, tool_close_token, wire_finish
 from .engine import DuplicateRequest, Engine, EngineFailed, EngineStopped, QueueFull, UnknownRequest
 from .errors import RequestError
 from .openai_schema import (
+    UTF8_GUARD_DEFAULTS,
     ApiError,
     ParsedRequest,
     channel_delta,
@@ -59,15 +60,14 @@ from .openai_schema import (
     choice_body,
     choices_usage,
     chunk,
+    compile_chat_template,
     completion_body,
     finish_fields,
     openai_usage,
     openapi,
-    compile_chat_template,
     parse_completion,
     report_fields,
     terminal_error,
-    UTF8_GUARD_DEFAULTS,
 )
 from .runner import RequestRun
 from .stream import StreamEvent, StreamEventKind, StreamReader

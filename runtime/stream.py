@@ -258,10 +258,8 @@ class OrderedStream:
                     self._wait_for_room(size)
             elif not self._within_cap(size):
                 raise StreamOverflow(self.request_id, self.overflow(), OVERFLOW_ERROR)
-            if self._st.state in _DELTA_FAST:  # the row is a self-loop that only queues
-                seq = self._queue(data)
-            else:
-                seq = self._move("delta", data=data)
+            # a row that is a self-loop only queues
+            seq = self._queue(data) if self._st.state in _DELTA_FAST else self._move("delta", data=data)
             if pause and not self._has_room(1):
                 self._move("block")
             return seq

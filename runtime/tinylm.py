@@ -187,7 +187,7 @@ class TinyLM(PrefillOne, nn.Module):
     def _run(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Causal forward over [B, T] ids from position 0: hidden [B,T,D], K and V [B,T,L,Hkv,d]."""
         B, T = ids.shape
-        if T > self.context_limit:
+        if self.context_limit < T:
             raise CacheError(f"{T} tokens exceed the context limit {self.context_limit}")
         pos = torch.arange(T, device=ids.device).expand(B, T)
         allowed = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril().expand(B, T, T)
@@ -267,10 +267,10 @@ class TinyLM(PrefillOne, nn.Module):
             x = self.embed(ids)[:, None]  # [B,1,D]
             pos = lens[:, None]
             new_k, new_v = [], []
-            for l, blk in enumerate(self.blocks):
+            for layer, blk in enumerate(self.blocks):
                 q, k, v = self._qkv(blk, x, pos)
-                keys = torch.cat((past_k[:, :, l], k), dim=1)
-                vals = torch.cat((past_v[:, :, l], v), dim=1)
+                keys = torch.cat((past_k[:, :, layer], k), dim=1)
+                vals = torch.cat((past_v[:, :, layer], v), dim=1)
                 x = x + blk.wo(_attend(q, keys, vals, allowed))
                 x = x + blk.mlp(x)
                 new_k.append(k)

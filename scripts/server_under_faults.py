@@ -17,12 +17,12 @@ import attrs
 import httpx
 
 sys.path.insert(0, "tests")
-from _engine_kit import VOCAB, ascii_tokenizer, serve_in_thread, tiny_model  # noqa: E402
-from test_fault_containment import INF_LEN, PAD_LEN, PoisonModel, _boom_at, _prompt  # noqa: E402
+from _engine_kit import VOCAB, ascii_tokenizer, serve_in_thread, tiny_model
+from test_fault_containment import INF_LEN, PAD_LEN, PoisonModel, _boom_at, _prompt
 
-from decodespec.properties.conformance.wire import sse_lines  # noqa: E402
-from decodespec.runtime.engine import Engine  # noqa: E402
-from decodespec.runtime.server import create_app  # noqa: E402
+from decodespec.properties.conformance.wire import sse_lines
+from decodespec.runtime.engine import Engine
+from decodespec.runtime.server import create_app
 
 POLICY_LEN = 13  # the prompt length whose request gets a content policy that raises on its 2nd chunk
 

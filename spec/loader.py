@@ -16,7 +16,6 @@ from typing import Any
 from .tables import Decision, Effect, FinishCheck, FinishGuard, StepPhase, Table
 from .vocabulary import SPEC_DIR, STEP_NEEDS, DecisionKind, FinishReason
 
-
 MACHINES = ("lifecycle", "stop_matcher", "detokenizer", "stream", "resources", "sequence", "channels")
 _HEADER = ("name", "anchor", "spec_version", "initial", "terminal", "states", "events")
 _SECTIONS = {"row": DecisionKind.ROW, "ignore": DecisionKind.IGNORE, "reject": DecisionKind.REJECT}

@@ -10,7 +10,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-
 # The tables every layer loads: this package's, or a copy named by DECODESPEC_SPEC_DIR (a table
 # change tried end to end, runtime and checker included, before anyone edits the originals).
 SPEC_DIR = Path(os.environ.get("DECODESPEC_SPEC_DIR") or Path(__file__).resolve().parent)

@@ -15,7 +15,16 @@ from decodespec.machine import checker_model
 from decodespec.machine.actions import ActionError, Executor
 from decodespec.properties import check_trace
 from decodespec.runtime import (
-    ByteTableTokenizer, Request, ScriptedModel, detokenizer, engine, generate, ledger, runner, stop, stream,
+    ByteTableTokenizer,
+    Request,
+    ScriptedModel,
+    detokenizer,
+    engine,
+    generate,
+    ledger,
+    runner,
+    stop,
+    stream,
 )
 from decodespec.spec import MACHINES, load_spec, load_text
 from decodespec.spec.invariants import load_invariants

@@ -17,7 +17,12 @@ from _engine_kit import ascii_tokenizer, serve_in_thread, tiny_model
 from decodespec.properties import check_trace
 from decodespec.runtime.engine import Engine
 from decodespec.runtime.openai_schema import (
-    FIELDS, IMPLEMENTED, INFORMATIONAL, NEUTRAL, NOT_REPORTED, STRICT_FIELDS,
+    FIELDS,
+    IMPLEMENTED,
+    INFORMATIONAL,
+    NEUTRAL,
+    NOT_REPORTED,
+    STRICT_FIELDS,
 )
 from decodespec.runtime.server import IGNORED_HEADER, create_app
 

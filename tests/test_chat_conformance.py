@@ -9,15 +9,28 @@ import json
 
 import pytest
 
+from decodespec.properties.conformance.adapters.base import case_prompt, case_script, reference_on, table_tokenizer
 from decodespec.properties.conformance.adapters.openai import OpenAIAdapter
 from decodespec.properties.conformance.cases import load_cases
-from decodespec.properties.conformance.chat import ChatExpected, expected_chat, judge_chat, observe_message, observe_stream
+from decodespec.properties.conformance.chat import (
+    ChatExpected,
+    expected_chat,
+    judge_chat,
+    observe_message,
+    observe_stream,
+)
 from decodespec.properties.conformance.chat_cases import TEMPLATES
-from decodespec.properties.conformance.checkpoints import build_group, group_of, http_blocker, prove, served_context, with_chat
+from decodespec.properties.conformance.checkpoints import (
+    build_group,
+    group_of,
+    http_blocker,
+    prove,
+    served_context,
+    with_chat,
+)
 from decodespec.properties.conformance.reports import partial
 from decodespec.properties.conformance.runner import Verdict, run_cases
 from decodespec.properties.conformance.script_server import not_observable
-from decodespec.properties.conformance.adapters.base import case_prompt, case_script, reference_on, table_tokenizer
 from decodespec.properties.conformance.wire import parse_sse
 
 # The chapter's cases CI runs on chat (every HTTP-runnable one runs in `decodespec conform` on the

@@ -79,7 +79,7 @@ def test_two_requests_share_one_slot():
     assert report.missing_witnesses == ()
     assert set(POOL_WITNESSES) <= set(report.witnesses)
     wait = report.witnesses["request_waits_for_slot"]
-    assert any(label.startswith("r1: loop: scheduled") or label.startswith("r0: loop: scheduled") for label in wait.labels)
+    assert any(label.startswith(("r1: loop: scheduled", "r0: loop: scheduled")) for label in wait.labels)
     assert report.states > 100_000
 
 
@@ -315,8 +315,9 @@ def test_no_cancel_is_observed_inside_a_paused_send():
 def _cpu_seconds(pid: int) -> float:
     """User + system CPU seconds a running process has used so far (Linux /proc)."""
     import os
+    from pathlib import Path
 
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

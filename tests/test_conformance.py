@@ -13,13 +13,20 @@ from click.testing import CliRunner
 
 from decodespec.cli import main
 from decodespec.properties.conformance import (
-    CaseError, EngineSpecError, Grade, Verdict, adapter_for, load_cases, run_cases, save_case,
+    CaseError,
+    EngineSpecError,
+    Grade,
+    Verdict,
+    adapter_for,
+    load_cases,
+    run_cases,
+    save_case,
 )
 from decodespec.properties.conformance.cases import case_from_trace, parse_case
 from decodespec.properties.conformance.reports import REPORT_FILES, summary, write_reports
 from decodespec.properties.conformance.runner import read_expectations, unexpected
-from decodespec.runtime import stop as stop_module
 from decodespec.runtime import runner as runner_module
+from decodespec.runtime import stop as stop_module
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -8,7 +8,13 @@ import pytest
 
 from decodespec.machine.checker_model import Model
 from decodespec.spec import FinishReason, SpecError
-from decodespec.spec.derived import final_reasons, model_resources, stream_end_of, stream_resources, terminal_stream_event
+from decodespec.spec.derived import (
+    final_reasons,
+    model_resources,
+    stream_end_of,
+    stream_resources,
+    terminal_stream_event,
+)
 from decodespec.spec.loader import SPEC_DIR, load_text
 
 R = FinishReason

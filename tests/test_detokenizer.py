@@ -343,9 +343,7 @@ def id_sequences(draw, tok):
     for _ in range(draw(st.integers(0, 6))):
         how = draw(st.sampled_from(["encode", "bytes", "special", "random"]))
         text = draw(st.text(alphabet=_CHARS, max_size=6))
-        if how == "encode":
-            parts += tok.encode(text)
-        elif how == "bytes" and not isinstance(tok.plan(), type(None)) and tok.plan().kind == "WordPiece":
+        if how == "encode" or how == "bytes" and not isinstance(tok.plan(), type(None)) and tok.plan().kind == "WordPiece":
             parts += tok.encode(text)
         elif how == "bytes":
             parts += byte_ids(tok, text.encode())

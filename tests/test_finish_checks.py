@@ -14,8 +14,7 @@ from _spec_kit import probe, spec_copy
 from _step_kit import move_check
 
 from decodespec.properties import check_trace
-from decodespec.runtime import ByteTableTokenizer, EventKind, Request, ScriptedModel, generate
-from decodespec.runtime import runner, stepgen
+from decodespec.runtime import ByteTableTokenizer, EventKind, Request, ScriptedModel, generate, runner, stepgen
 from decodespec.runtime.finish import FINISH_CHECKS, Composed, finish_checks
 from decodespec.spec import FinishReason, load_spec
 from decodespec.spec.loader import SPEC_DIR, SpecError, load_text
@@ -78,7 +77,9 @@ def test_the_inline_checks_and_the_checks_one_by_one_agree_on_every_input():
     """The function written from finish.py and its checks composed in the same order pick the same
     event for every combination of the step's locals and the request's features."""
     composed = Composed(finish_checks(load_spec("lifecycle").finish_checks))
-    refuses_a = lambda sent, chunk: chunk == b"A"  # noqa: E731
+    def refuses_a(sent: bytes, chunk: bytes) -> bool:
+        return chunk == b"A"
+
     seen = set()
     for policy, grammar, cache_length in itertools.product((None, refuses_a), (None, _Grammar()), (1, 9)):
         run = _stub_run(policy, grammar, cache_length)

@@ -11,11 +11,19 @@ from decodespec.properties.conformance import CaseError, Verdict, load_cases, ru
 from decodespec.properties.conformance.adapters.openai import OpenAIAdapter
 from decodespec.properties.conformance.cases import CaseKind
 from decodespec.properties.conformance.checkpoints import (
-    FORMAT, MANIFEST, RECIPE, TABLE_GROUP, Checkpoint, build_checkpoints, byte_table_tokenizer, merged_table, prove,
+    FORMAT,
+    MANIFEST,
+    RECIPE,
+    TABLE_GROUP,
+    Checkpoint,
+    build_checkpoints,
+    byte_table_tokenizer,
+    merged_table,
+    prove,
     served_context,
 )
-from decodespec.properties.conformance.life import RECIPES as LIFE_RECIPES
 from decodespec.properties.conformance.forced import Program, ProgramError, check_margins, forced_llama
+from decodespec.properties.conformance.life import RECIPES as LIFE_RECIPES
 from decodespec.properties.conformance.runner import judge
 from decodespec.properties.mutants import MUTANTS
 

@@ -12,17 +12,17 @@ import pytest
 from decodespec.properties.conformance.adapters.openai import OpenAIAdapter
 from decodespec.properties.conformance.alignment import asks_reports
 from decodespec.properties.conformance.cases import CaseKind, load_cases
-from decodespec.properties.conformance.chat_cases import chat_of
-from decodespec.properties.conformance.judgement import expected_for
 from decodespec.properties.conformance.chat import splits
+from decodespec.properties.conformance.chat_cases import chat_of
 from decodespec.properties.conformance.checkpoints import build_group, group_of, http_blocker, with_chat
+from decodespec.properties.conformance.judgement import expected_for
 from decodespec.properties.conformance.runner import Verdict, run_cases, unexpected
 from decodespec.properties.conformance.symptoms import Severity, severity_of
 from decodespec.runtime.engine import Engine
 from decodespec.runtime.server import create_app
 
 pytest.importorskip("transformers")
-from _frontend_kit import TokenEngine, frontend_app  # noqa: E402
+from _frontend_kit import TokenEngine, frontend_app
 
 NO_STOP = "detok/utf8-split/001"  # a byte_table case without stop strings: nothing to hold back
 

@@ -25,11 +25,18 @@ from decodespec.properties.conformance.forced import PROBE_MAX
 from decodespec.properties.conformance.judgement import Observed, expected_of, judge_observed, stream_text
 from decodespec.properties.conformance.runner import Verdict, run_case, unexpected
 from decodespec.properties.conformance.script_check import Prefix, banned_eos, banned_eos_id, prompt_placed
-from decodespec.properties.conformance.symptoms import (CHAPTER_BASIS, FIELD_BASIS, Severity, basis_of, compare_count,
-                                                        compare_text, severity_of)
+from decodespec.properties.conformance.symptoms import (
+    CHAPTER_BASIS,
+    FIELD_BASIS,
+    Severity,
+    basis_of,
+    compare_count,
+    compare_text,
+    severity_of,
+)
 
 pytest.importorskip("transformers")
-from _frontend_kit import TokenEngine, frontend_app  # noqa: E402
+from _frontend_kit import TokenEngine, frontend_app
 
 CASES = {c.id: c for c in load_cases()}
 NEGATIVE = re.compile(r"(?<![\w.\-])-\d+ (?:byte|token|character|chunk)")

@@ -10,8 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from decodespec.properties.conformance.adapters.base import Outcome, case_prompt, case_script, case_tokenizer, \
-    reference_on
+from decodespec.properties.conformance.adapters.base import (
+    Outcome,
+    case_prompt,
+    case_script,
+    case_tokenizer,
+    reference_on,
+)
 from decodespec.properties.conformance.cases import load_cases
 from decodespec.properties.conformance.http_script import judge_exchange
 from decodespec.properties.conformance.judgement import expected_of

@@ -16,7 +16,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from _engine_kit import free_port, wait_until_serving
 
 REPO = Path(__file__).resolve().parent.parent

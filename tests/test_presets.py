@@ -279,7 +279,7 @@ def test_a_transformers_serve_reproducer_names_the_folder_it_builds():
 class _NoIdsHandler(BaseHTTPRequestHandler):
     """A stream with no SSE ids and no X-Request-Id: nothing can be resumed."""
 
-    def do_POST(self):  # noqa: N802 - http.server's name
+    def do_POST(self):  # http.server's name for the POST handler
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         chunks = [{"choices": [{"text": c, "finish_reason": None}]} for c in "abcdefghij"]
         chunks[-1]["choices"][0]["finish_reason"] = "length"

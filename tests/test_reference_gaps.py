@@ -5,7 +5,6 @@ and the grammar sees the text the decoder consumed, withheld bytes included (§4
 
 from __future__ import annotations
 
-
 from decodespec.properties import check_trace
 from decodespec.runtime import ByteTableTokenizer, Engine, Request, ScriptedModel, generate
 from decodespec.runtime.stream import StreamEventKind

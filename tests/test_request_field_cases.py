@@ -17,6 +17,7 @@ from decodespec.properties.conformance.checkpoints import TABLE_GROUP, build_gro
 from decodespec.properties.conformance.http_script import request_body
 from decodespec.runtime.openai_schema import OPENAI_FINISH
 
+
 def _field_cases():
     return [c for c in load_cases() if c.inputs.get("request")]
 
@@ -64,8 +65,8 @@ def test_an_engine_without_the_fields_is_na_naming_them():
 def served(tmp_path_factory, app_server):
     from decodespec.runtime.engine import Engine
     from decodespec.runtime.hfmodel import HFModel
-    from decodespec.runtime.tokenizers import HFTokenizer
     from decodespec.runtime.server import create_app
+    from decodespec.runtime.tokenizers import HFTokenizer
 
     cases = [c for c in _field_cases() if "table" in c.tokenizer_spec]
     ck = build_group(TABLE_GROUP, cases, tmp_path_factory.mktemp("forced") / TABLE_GROUP, long=False)

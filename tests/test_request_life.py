@@ -12,7 +12,13 @@ import pytest
 from decodespec.properties.conformance import load_cases
 from decodespec.properties.conformance.adapters.openai import OpenAIAdapter
 from decodespec.properties.conformance.checkpoints import (
-    LONG, LONG_TOKENS, TABLE_GROUP, build_group, generate_batch, group_of, http_blocker,
+    LONG,
+    LONG_TOKENS,
+    TABLE_GROUP,
+    build_group,
+    generate_batch,
+    group_of,
+    http_blocker,
 )
 from decodespec.properties.conformance.life import MODEL_CHECKED, RECIPES
 from decodespec.properties.conformance.life.exchange import Exchange, Job

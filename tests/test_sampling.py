@@ -109,7 +109,7 @@ def test_sampled_token_is_within_the_top_k_top_p_set(seed, temperature, top_k, t
     ids, _ = s.allowed(logits)
     must, may = _oracle_allowed(logits, temperature, top_k, top_p)
     assert must <= set(ids.tolist()) <= may
-    for i in range(5):
+    for _ in range(5):
         assert s.choose(logits) in set(ids.tolist())
 
 

@@ -7,7 +7,13 @@ import pytest
 
 from decodespec.properties.conformance import load_cases
 from decodespec.properties.conformance.checkpoints import (
-    RECIPE, TABLE_GROUP, build_group, generate_batch, group_of, http_blocker, proof_runs,
+    RECIPE,
+    TABLE_GROUP,
+    build_group,
+    generate_batch,
+    group_of,
+    http_blocker,
+    proof_runs,
 )
 from decodespec.properties.conformance.forced import DTYPES, PROBE_MAX
 from decodespec.properties.conformance.script_check import Returned, detect_prefix, deviation

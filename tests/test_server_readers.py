@@ -81,18 +81,17 @@ def test_a_head_on_the_events_of_a_request_makes_no_reader():
 def test_readers_per_request_are_capped():
     """D5: past `max_readers` open readers of one request a resume is a 429 naming the cap."""
     engine, app = _app(max_readers=2)
-    with serve_in_thread(app) as url:
-        with httpx.stream("POST", f"{url}/v1/completions", json=BODY, timeout=30) as first:
-            rid = first.headers["x-request-id"]
-            first_lines = first.iter_lines()  # kept: a dropped iterator closes its connection
-            next(first_lines)
-            with httpx.stream("GET", f"{url}/v1/requests/{rid}/events", timeout=30) as second:
-                second_lines = second.iter_lines()
-                next(second_lines)
-                third = httpx.get(f"{url}/v1/requests/{rid}/events", timeout=30)
-                assert third.status_code == 429, third.text
-                assert third.json()["error"]["code"] == "too_many_readers"
-            engine.cancel(rid)
+    with serve_in_thread(app) as url, httpx.stream("POST", f"{url}/v1/completions", json=BODY, timeout=30) as first:
+        rid = first.headers["x-request-id"]
+        first_lines = first.iter_lines()  # kept: a dropped iterator closes its connection
+        next(first_lines)
+        with httpx.stream("GET", f"{url}/v1/requests/{rid}/events", timeout=30) as second:
+            second_lines = second.iter_lines()
+            next(second_lines)
+            third = httpx.get(f"{url}/v1/requests/{rid}/events", timeout=30)
+            assert third.status_code == 429, third.text
+            assert third.json()["error"]["code"] == "too_many_readers"
+        engine.cancel(rid)
 
 
 def test_a_replay_costs_one_trace_entry_not_one_per_event():

@@ -12,8 +12,17 @@ import pytest
 from decodespec.properties.conformance.adapters.base import Finding
 from decodespec.properties.conformance.cases import CaseError, load_cases, parse_case
 from decodespec.properties.conformance.decisions import DECISIONS, decision_line
-from decodespec.properties.conformance.symptoms import (SEVERITIES, SYMPTOMS, Basis, Severity, _check_rows, basis_of,
-                                                        by_severity, finding, severity_of)
+from decodespec.properties.conformance.symptoms import (
+    SEVERITIES,
+    SYMPTOMS,
+    Basis,
+    Severity,
+    _check_rows,
+    basis_of,
+    by_severity,
+    finding,
+    severity_of,
+)
 from decodespec.spec.invariants import load_invariants
 
 CASES = {c.id: c for c in load_cases()}

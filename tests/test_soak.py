@@ -36,7 +36,7 @@ _FAULTS = (
 
 def _random_request(rng: random.Random, i: int) -> tuple[Request, FaultPlan, str]:
     """A request, its faults, and what its client does: read, read slowly, cancel or leave."""
-    kw: dict = dict(prompt="soak %d %s" % (i, "z" * rng.randrange(30)), max_output_tokens=rng.randint(1, 40),
+    kw: dict = dict(prompt=f"soak {i} {'z' * rng.randrange(30)}", max_output_tokens=rng.randint(1, 40),
                     temperature=rng.choice([0.0, 0.8]), seed=i, request_id=f"soak-{i}")
     if rng.random() < 0.2:
         kw["stop"] = [rng.choice(["a", "e ", "xy", "Q", "~~", "ab", "  "]) for _ in range(rng.randint(1, 3))]

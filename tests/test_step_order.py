@@ -11,8 +11,8 @@ import traceback
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from _step_kit import move_phase
+from click.testing import CliRunner
 
 from decodespec.cli import main
 from decodespec.machine.checker_model import Model

@@ -109,7 +109,7 @@ def test_hold_back_is_the_longest_prefix_suffix_not_a_fixed_window():
 def test_stop_ending_inside_a_multibyte_character():
     """§4.6: stops match UTF-8 bytes, so a stop may end halfway through "é" (0xC3 0xA9)."""
     m = StopMatcher([b"a\xc3"])
-    assert m.push("xa".encode()) == (b"x", None)
+    assert m.push(b"xa") == (b"x", None)
     out, hit = m.push("é!".encode())
     assert out == b"" and hit.stop == b"a\xc3" and (hit.start, hit.end) == (1, 3)
 

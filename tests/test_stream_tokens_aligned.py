@@ -14,7 +14,13 @@ import pytest
 
 from decodespec.properties.conformance.adapters.openai import OpenAIAdapter
 from decodespec.properties.conformance.alignment import (
-    INVARIANT, Want, chunk_reports, judge_alignment, message_report, run_alignment)
+    INVARIANT,
+    Want,
+    chunk_reports,
+    judge_alignment,
+    message_report,
+    run_alignment,
+)
 from decodespec.properties.conformance.cases import load_cases
 from decodespec.properties.conformance.checkpoints import build_group, group_of, http_blocker, with_chat
 from decodespec.properties.conformance.runner import Verdict, run_cases

@@ -11,8 +11,14 @@ from tokenizers import Regex, decoders
 
 from decodespec.properties import fixtures
 from decodespec.runtime.tokenizers import (
-    ByteTableTokenizer, HFTokenizer, TokenIdError, Tokenizer as TokenizerProtocol, TokenizerError,
+    ByteTableTokenizer,
+    HFTokenizer,
+    TokenIdError,
+    TokenizerError,
     TokenizerLoadError,
+)
+from decodespec.runtime.tokenizers import (
+    Tokenizer as TokenizerProtocol,
 )
 
 KINDS = tuple(fixtures.BUILDERS)

@@ -21,10 +21,18 @@ from decodespec.properties.conformance import load_cases
 from decodespec.properties.conformance.adapters.base import case_prompt, case_script, case_tokenizer, reference_on
 from decodespec.properties.conformance.alignment import chunk_reports, message_report
 from decodespec.properties.conformance.cases import CaseKind
-from decodespec.properties.conformance.checkpoints import with_chat
 from decodespec.properties.conformance.chat import (
-    ChatExpected, chat_reference, judge_answers, judge_chat, leading, observe_message, observe_stream, split_reference,
-    splits)
+    ChatExpected,
+    chat_reference,
+    judge_answers,
+    judge_chat,
+    leading,
+    observe_message,
+    observe_stream,
+    split_reference,
+    splits,
+)
+from decodespec.properties.conformance.checkpoints import with_chat
 from decodespec.properties.conformance.http_script import judge_exchange
 from decodespec.properties.conformance.judgement import Observed, expected_of, judge_observed, observe
 from decodespec.properties.conformance.script_check import banned_eos

@@ -73,7 +73,7 @@ def _patch(base: Any) -> None:
 
         try:
             tok = AutoTokenizer.from_pretrained(self.dir_model, local_files_only=True)
-        except Exception as e:  # noqa: BLE001 - a vocab the converter read but transformers cannot
+        except Exception as e:  # a vocab the converter read but transformers cannot
             log.warning("cannot load the HF tokenizer (%s); add_bos/add_eos left as the converter wrote them", e)
             return
         plain = tok("a b", add_special_tokens=False)["input_ids"]

@@ -25,8 +25,20 @@ from ...runtime.openai_schema import OPENAI_FINISH
 from ...runtime.result import Result
 from .adapters.base import Finding, reference_on
 from .cases import Case, CaseError
-from .symptoms import (Expected, Timeline, compare_choices, compare_count, compare_empty, compare_held, compare_reason,
-                       compare_stream, compare_text, finding, merge, whole_length)
+from .symptoms import (
+    Expected,
+    Timeline,
+    compare_choices,
+    compare_count,
+    compare_empty,
+    compare_held,
+    compare_reason,
+    compare_stream,
+    compare_text,
+    finding,
+    merge,
+    whole_length,
+)
 from .wire import Streamed, choices_of, token_count
 
 

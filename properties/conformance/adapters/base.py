@@ -19,8 +19,8 @@ import attrs
 from ....runtime.models import FORCED_LOGIT, ScriptedModel
 from ....runtime.tokenizers import ByteTableTokenizer, HFTokenizer
 from .. import cases as _cases
-from ..forced import LOGIT
 from ..cases import Case, CaseError
+from ..forced import LOGIT
 
 FIXTURE_DIR = Path(tempfile.gettempdir()) / "decodespec-conformance-fixtures"
 

@@ -18,7 +18,15 @@ from pathlib import Path
 
 from ....runtime.tokenizers import HFTokenizer
 from ..cases import Case
-from .base import Outcome, case_prompt, case_script, missing_capabilities, reference_expect, tokenizer_kind, unsupported_on
+from .base import (
+    Outcome,
+    case_prompt,
+    case_script,
+    missing_capabilities,
+    reference_expect,
+    tokenizer_kind,
+    unsupported_on,
+)
 
 CAPABILITIES = frozenset({"forced_script", "fixture_tokenizer", "length_limit", "stream", "errors"})
 

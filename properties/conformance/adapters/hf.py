@@ -24,7 +24,15 @@ from typing import Any
 
 from ....runtime.tokenizers import HFTokenizer
 from ..cases import Case
-from .base import Outcome, case_prompt, case_script, missing_capabilities, reference_expect, tokenizer_kind, unsupported_on
+from .base import (
+    Outcome,
+    case_prompt,
+    case_script,
+    missing_capabilities,
+    reference_expect,
+    tokenizer_kind,
+    unsupported_on,
+)
 
 CAPABILITIES = frozenset({"forced_script", "fixture_tokenizer", "stop_strings", "eos", "length_limit", "stream", "errors"})
 # On forced checkpoints the inline byte tables are compiled into a tokenizer.json too.

@@ -32,12 +32,24 @@ from ..judgement import no_usage_chunk, usage_chunk_missing
 from ..life import RECIPES as LIFE_RECIPES
 from ..script_check import prompt_placed
 from ..symptoms import Expected, compare_reason, compare_stream, compare_text, finding, merge
-from ..wire import (ANSWER, StreamOverrun, Streamed, Watch, body_ended, byte_values, feed, first_choice, shape_error,
-                    sse_lines, terminal_findings, token_count, trim_middle, whole_answer, wire_findings)
+from ..wire import (
+    ANSWER,
+    Streamed,
+    StreamOverrun,
+    Watch,
+    body_ended,
+    byte_values,
+    feed,
+    shape_error,
+    sse_lines,
+    terminal_findings,
+    token_count,
+    trim_middle,
+    whole_answer,
+    wire_findings,
+)
 from ..without import WITHOUT, lacking
 from .base import Finding, Outcome, missing_capabilities
-
-
 
 # Where a server says the context length it runs with (§4.3, D10): a path and the keys to the number
 # in its JSON answer, the first that answers wins. llama-server reports a slot's context after its own

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..cases import Case
 from ....runtime.openai_schema import FIELDS
+from ..cases import Case
 from .base import REQUEST, Outcome, case_prompt, case_script, case_tokenizer, missing_capabilities, reference_on
 
 CAPABILITIES = frozenset({

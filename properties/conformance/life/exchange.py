@@ -22,8 +22,18 @@ from typing import Any
 import attrs
 import httpx
 
-from ..wire import (StreamOverrun, Streamed, Watch, body_ended, feed, first_choice, sse_lines, token_count, trim_middle,
-                    whole_answer)
+from ..wire import (
+    Streamed,
+    StreamOverrun,
+    Watch,
+    body_ended,
+    feed,
+    first_choice,
+    sse_lines,
+    token_count,
+    trim_middle,
+    whole_answer,
+)
 
 _LINE = re.compile(r"^([A-Za-z_:][\w:]*)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN)\s*$")
 RUNNING = re.compile(r"running|processing|active_slots|in_flight|inflight")
