@@ -150,9 +150,9 @@ def test_a_checkpoint_one_dtype_cannot_carry_is_refused_in_that_dtype(forced, tm
     config = json.loads((folder / "config.json").read_text())
     state = load_file(folder / "model.safetensors")
     q = state["model.layers.0.self_attn.q_proj.weight"]
-    spare = config["num_attention_heads"] - 1  # heads are padded to a multiple of 8: this one reads nothing
-    assert not q[spare * 64:].any()
-    q[spare * 64, 0] = 1e5
+    d = config["head_dim"]
+    spare = next(h for h in range(config["num_attention_heads"]) if not q[h * d:(h + 1) * d].any())  # reads nothing
+    q[spare * d, 0] = 1e5
     save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
     numpy_state = {k: v.numpy() for k, v in state.items()}
     programs = list(ck.programs.values())
@@ -164,6 +164,77 @@ def test_a_checkpoint_one_dtype_cannot_carry_is_refused_in_that_dtype(forced, tm
     assert "followed exactly" in prove(bad, ("float32", "bfloat16"))
     with pytest.raises(ProofError, match="in float16: "):
         prove(bad)
+
+
+@pytest.mark.parametrize("vocab, n_programs", [(50, 1), (200, 70), (2000, 3)])
+def test_heads_times_head_dim_is_the_hidden_size_whatever_the_vocabulary_and_programs(vocab, n_programs):
+    """D25: a loader may take the head size as hidden / heads, so hidden = heads x head_dim with as many
+    key/value heads, for a small vocabulary (the heads set the width), many programs (three program
+    heads) and a large vocabulary (the vote dims set it, spare heads follow); head_dim is one vLLM's
+    CPU attention takes (scripts/peers/vllm.sh)."""
+    eos, anchor = 0, vocab - 1
+    programs = [Program(f"p{i}", vocab - 2 - i, [vocab - 2 - i, anchor], [1 + i % 9]) for i in range(n_programs)]
+    config, state = forced_llama(programs, vocab, eos, anchor)
+    hidden, heads, d = config["hidden_size"], config["num_attention_heads"], config["head_dim"]
+    assert heads * d == hidden and config["num_key_value_heads"] == heads and hidden % 64 == 0, config
+    assert d in (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+    assert state["model.layers.0.self_attn.q_proj.weight"].shape == (hidden, hidden)
+    assert state["model.layers.0.self_attn.o_proj.weight"].shape == (hidden, hidden)
+    assert hidden > vocab  # one vote dim per token besides
+
+
+def test_the_proof_loads_with_the_head_size_hidden_over_heads_and_refuses_other_shapes(tmp_path):
+    """`prove` loads a checkpoint as a loader that ignores `head_dim` does: twice the heads of the same
+    head_dim, as wide as hidden together (which transformers loads when told `head_dim`), are refused,
+    naming the shapes, before any program runs."""
+    import json
+    import re
+
+    import numpy as np
+    from safetensors.numpy import save_file
+    from transformers import AutoModelForCausalLM
+
+    from decodespec.properties.conformance.checkpoints import ProofError, load_llama
+
+    config, state = forced_llama([Program("a", 40, [40, ANCHOR, 1], [5, 6])], 50, 9, ANCHOR)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file(state, str(tmp_path / "model.safetensors"))
+    assert load_llama(tmp_path, "float32").config.head_dim == config["head_dim"]
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    for name in ("q", "k", "v"):  # as many heads again, reading and writing nothing
+        key = f"model.layers.0.self_attn.{name}_proj.weight"
+        state[key] = np.concatenate([state[key], np.zeros((hidden, hidden), np.float32)])
+    key = "model.layers.0.self_attn.o_proj.weight"
+    state[key] = np.concatenate([state[key], np.zeros((hidden, hidden), np.float32)], axis=1)
+    config = {**config, "num_attention_heads": 2 * heads, "num_key_value_heads": 2 * heads}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file(state, str(tmp_path / "model.safetensors"))
+    AutoModelForCausalLM.from_pretrained(tmp_path)  # told head_dim, transformers takes it
+    shapes = re.escape(f"({config['hidden_size']} / {config['num_attention_heads']})")
+    with pytest.raises(ProofError, match=f"takes the head size as hidden / heads {shapes} refuses its weights"):
+        load_llama(tmp_path, "float32")
+
+
+@pytest.mark.slow
+def test_every_built_checkpoint_is_followed_by_a_loader_that_derives_the_head_size(tmp_path):
+    """The README's portability claim (D25): every checkpoint `decodespec checkpoints build` writes (each
+    tokenizer group, its chat groups, the long program) has heads x head_dim = hidden, and transformers'
+    LlamaForCausalLM from its config without `head_dim` follows every program and the probe."""
+    import json
+
+    from decodespec.properties.conformance.checkpoints import LONG, checkpoint_folders
+
+    out = CliRunner().invoke(main, ["checkpoints", "build", "--out", str(tmp_path), "--no-prove"])
+    assert out.exit_code == 0, out.output
+    folders = checkpoint_folders(tmp_path)
+    assert len(folders) == 9, folders
+    for folder in folders:
+        config = json.loads((folder / "config.json").read_text())
+        assert config["num_attention_heads"] * config["head_dim"] == config["hidden_size"], (folder.name, config)
+        assert config["num_key_value_heads"] == config["num_attention_heads"]
+        ck = Checkpoint.load(folder)
+        assert LONG in ck.programs
+        assert "head size hidden / heads" in prove(ck, ("float32",))
 
 
 def test_the_rounding_check_computes_what_transformers_computes_in_each_dtype(forced):

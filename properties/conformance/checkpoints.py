@@ -15,7 +15,8 @@ marker, prompt ids and script ids; the anchor, the probe, and the margins measur
 manifest is the mapping from case to request; engines never see the case files.
 
 `prove(folder)` runs transformers `generate` greedily on every program of a checkpoint, and on the
-probe, in each dtype, and raises unless each yields its script exactly: no engine is judged on an
+probe, in each dtype, the model loaded with the head size taken as hidden / heads (as loaders that
+ignore `head_dim` do), and raises unless each yields its script exactly: no engine is judged on an
 unproved checkpoint.
 
 Expected results over HTTP come from the reference loop (`generate()` with `ScriptedModel`) on
@@ -478,23 +479,44 @@ def proof_runs(ckpt: Checkpoint) -> list[tuple[str, list[int], list[int]]]:
     return runs
 
 
+def load_llama(folder: Path, dtype: str) -> Any:
+    """transformers' LlamaForCausalLM in `dtype` from the checkpoint with config.json's `head_dim` left
+    out, so the head size is hidden / heads as loaders that ignore `head_dim` take it (D25); a
+    checkpoint whose heads x head_dim is not hidden is a ProofError naming the shapes."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config.pop("head_dim", None)
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    if hidden % heads:
+        raise ProofError(f"{folder.name}: hidden size {hidden} is not a multiple of its {heads} heads; a Llama "
+                         "loader that takes the head size as hidden / heads refuses it")
+    try:
+        model = LlamaForCausalLM.from_pretrained(folder, config=LlamaConfig(**config), dtype=getattr(torch, dtype))
+    except RuntimeError as exc:  # transformers' refusal of a weight whose shape differs from the config's
+        raise ProofError(f"{folder.name}: a Llama loader that takes the head size as hidden / heads ({hidden} / "
+                         f"{heads}) refuses its weights: {str(exc).splitlines()[0]}") from None
+    return model.eval()
+
+
 def prove(ckpt: Checkpoint, dtypes: Sequence[str] = DTYPES) -> str:
     """Greedy transformers `generate` in each dtype on every program must give its script, then EOS,
-    and the probe its echo of the prefix (none, a BOS).
+    and the probe its echo of the prefix (none, a BOS), the model loaded with the head size taken as
+    hidden / heads (`load_llama`).
 
     Returns a one-line account (programs, tokens, dtypes, transformers version); raises ProofError
-    naming the dtype and the first program that deviates, and where.
+    naming the dtype and the first program that deviates, and where, or the weights such a loader
+    refuses.
     """
-    import torch
     import transformers
-    from transformers import AutoModelForCausalLM
 
     runs = proof_runs(ckpt)
     # The long program generates alone: in one batch every run would be as long as it (on CPU in half
     # precision, several times the cost of everything else).
     batches = [b for b in ([r for r in runs if len(r[2]) <= SHORT_RUN], [r for r in runs if len(r[2]) > SHORT_RUN]) if b]
     for dtype in dtypes:
-        model = AutoModelForCausalLM.from_pretrained(ckpt.folder, dtype=getattr(torch, dtype)).eval()
+        model = load_llama(ckpt.folder, dtype)
         got = [ids for b in batches for ids in generate_batch(model, [prompt for _, prompt, _ in b],
                                                                max(len(want) for _, _, want in b), ckpt.eos_id)]
         for (name, _, want), ids in zip([r for b in batches for r in b], got):
@@ -504,4 +526,5 @@ def prove(ckpt: Checkpoint, dtypes: Sequence[str] = DTYPES) -> str:
                                  f"(first difference at output token {at + 1})")
     tokens = sum(len(want) for _, _, want in runs)
     return (f"{ckpt.group}: {len(ckpt.programs)} programs and the prefix probe, {tokens} tokens followed exactly by "
-            f"transformers {transformers.__version__} generate (greedy) in {', '.join(dtypes)}")
+            f"transformers {transformers.__version__} generate (greedy, head size hidden / heads) in "
+            f"{', '.join(dtypes)}")

@@ -20,23 +20,28 @@ comes close to itself, and every vote is one ramp against a fixed bias:
   one *vote* dim per vocabulary token. Ordinary tokens embed as the bias alone: the model never
   reads their identity. Attention outputs are written small (SCALE) so that they hardly move the
   RMS norms.
+- **Shape.** Heads are HEAD_DIM (32) wide and hidden = heads x HEAD_DIM, as a Llama loader that
+  derives the head size as hidden / heads (ignoring `head_dim`) assumes: hidden is the larger of the
+  residual's dims and the used heads' width, rounded up to ALIGN; spare heads attend to nothing
+  useful and write nothing, spare dims stay zero. 32 is the narrowest head vLLM's CPU attention
+  takes, and 24 heads of 32 fit in the hidden size that a vocabulary of a few hundred tokens needs
+  anyway. rope_theta is 2^16, so RoPE pair k turns 2^-k rad per token.
 - **Feature heads: where the marker is.** In each, ordinary tokens score SUPPRESS below the marker
-  and the anchor (through the RoPE pair that does not turn), so only those two count. The anchor scores
-  0; the marker scores AMPLITUDE * cos(m * theta + phase), m being the query's distance from the
-  marker, through one RoPE pair. The head returns sigmoid(score) - 1/2: a feature in (-0.4, 0.4)
-  that depends on m alone, whatever stands before the marker. Seven pairs (turning 2^0 down to 2^-8
-  rad per token, powers of two so that every angle is exact in any dtype) at two phases give 14
-  features.
+  and the anchor (through the slowest RoPE pair, which turns under 1/32 rad across REACH), so only
+  those two count. The anchor scores 0; the marker scores AMPLITUDE * cos(m * theta + phase), m
+  being the query's distance from the marker, through one RoPE pair. The head returns
+  sigmoid(score) - 1/2: a feature in (-0.4, 0.4) that depends on m alone, whatever stands before the
+  marker. Seven pairs (turning 2^0 down to 2^-8 rad per token, powers of two so that every angle is
+  exact in any dtype) at two phases give 14 features.
 - **Program heads.** The marker scores PROGRAM_SCORE over everything else, so the head copies which
   program runs (a one-hot over the programs), exactly, at every position.
 - **MLP: one ramp per scripted position.** The 14 features trace a curve in m on which every point
   is an extreme point (each pair's curve is convex), so for each scripted position t a hyperplane
   (the pairs' outward normals at t, weighted by PAIR_WEIGHTS) separates t from every other m in
-  1..REACH. The
-  neuron's gate is that linear form minus a fixed threshold halfway to the nearest other position,
-  minus a penalty unless its program runs, scaled so that it is +GATE at t and at most -GATE
-  elsewhere; `up` reads the bias and the down projection writes VOTE on the vote dim of the token
-  the script wants. Nothing is a difference of saturated activations.
+  1..REACH. The neuron's gate is that linear form minus a fixed threshold halfway to the nearest
+  other position, minus a penalty unless its program runs, scaled so that it is +GATE at t and at
+  most -GATE elsewhere; `up` reads the bias and the down projection writes VOTE on the vote dim of
+  the token the script wants. Nothing is a difference of saturated activations.
 - **lm_head.** Token t reads its vote dim (LOGIT where it fires); EOS also reads the bias, so where
   nothing votes (past a script's end, an unknown prompt) EOS wins by EOS_LOGIT, and every other
   token's vote dim negatively, so where one votes EOS sits below the unvoted tokens' 0. The runner-up
@@ -51,8 +56,8 @@ comes close to itself, and every vote is one ramp against a fixed bias:
 
 Limits. Relative positions 1..REACH (1024) are told apart, so a program's prompt plus script must
 fit CONTEXT (512); the vocabulary needs one hidden dim per token (the model grows with it); one
-checkpoint holds any number of programs (64 per program head). The prefix probe tells 0..7 tokens
-exactly. Weights and activations stay far inside float16's range (|x| < 1e3).
+checkpoint holds any number of programs (HEAD_DIM = 32 per program head). The prefix probe tells
+0..7 tokens exactly. Weights and activations stay far inside float16's range (|x| < 1e3).
 
 Margins are computed, not hoped for: `check_margins` runs the forward pass in float64 with each
 dtype's rounding applied to weights, every activation and the KV cache (`forward`), for every
@@ -70,15 +75,16 @@ from typing import Any
 import attrs
 import numpy as np
 
-HEAD_DIM = 64  # vLLM's CPU attention rejects 16; 64 is accepted everywhere tried
-ROPE_THETA = 2.0**32  # RoPE pair k turns by 2**-k rad per position: exact in every dtype, at every position
+HEAD_DIM = 32  # vLLM's CPU attention takes 32 (not 16); hidden = heads x HEAD_DIM, see Layout.hidden
+ROPE_THETA = 2.0**16  # RoPE pair k turns by 2**-k rad per position: exact in every dtype, at every position
+ALIGN = 64  # hidden and intermediate sizes are multiples of this
 CONTEXT = 512
 REACH = 2 * CONTEXT  # relative positions the position code separates (twice the context, for margin)
 # The RoPE pairs the feature heads read, and each one's weight in the position detector: chosen by a
 # search (greedy over pairs, then random over weights) for the widest worst-case separation over REACH.
 FEATURE_PAIRS = (0, 1, 2, 3, 4, 6, 8)
 PAIR_WEIGHTS = (1.0, 0.13, 0.08, 0.12, 0.14, 0.31, 0.44)
-QUIET_PAIR = 31  # turns 2**-31 rad per position: a constant score
+QUIET_PAIR = HEAD_DIM // 2 - 1  # turns 2**-15 rad per position: cos > 0.9995 over REACH, a constant score
 AMPLITUDE = 2.0  # the marker's score swing in a feature head (sigmoid(+-2) = 0.88 / 0.12)
 SUPPRESS = 30.0  # how far below the marker and anchor an ordinary token scores in a feature head
 PROGRAM_SCORE = 25.0  # the marker's score in a program head, over 0 for every other token
@@ -192,10 +198,13 @@ class Layout:
         return -(-self.n_programs // PROGRAMS_PER_HEAD)
 
     @property
+    def heads_used(self) -> int:
+        return self.n_features + self.n_program_heads + (PROBE_MAX if self.probe else 0)
+
+    @property
     def n_heads(self) -> int:
-        """The heads used, rounded up to a multiple of 8 (the rest attend to nothing useful and write nothing)."""
-        used = self.n_features + self.n_program_heads + (PROBE_MAX if self.probe else 0)
-        return -(-used // 8) * 8
+        """hidden / HEAD_DIM: the heads used, then spare ones that attend to nothing useful and write nothing."""
+        return self.hidden // HEAD_DIM
 
     def special(self, i: int) -> int:
         """Special token i's dim: markers 0..n-1, then the anchor (n), then the probe marker (n + 1)."""
@@ -216,9 +225,10 @@ class Layout:
 
     @property
     def hidden(self) -> int:
-        """Every dim, rounded up to a multiple of 64 and of the head count (transformers demands the latter)."""
-        step = math.lcm(HEAD_DIM, self.n_heads)
-        return -(-self.vote(self.vocab_size) // step) * step
+        """Every dim and every used head's width, rounded up to a multiple of ALIGN: heads x HEAD_DIM is
+        hidden, so a loader that derives the head size as hidden / heads (ignoring `head_dim`) gets
+        HEAD_DIM; the dims past the vote dims, if any, stay zero in every weight."""
+        return -(-max(self.vote(self.vocab_size), self.heads_used * HEAD_DIM) // ALIGN) * ALIGN
 
     def program_head(self, c: int) -> tuple[int, int]:
         """(head, value slot) carrying program c."""
@@ -367,7 +377,7 @@ def forced_llama(programs: Sequence[Program], vocab_size: int, eos_id: int, anch
             alpha[tok] = lam * (len(conds) + 1) / KAPPA
             alpha[0] = -lam * ((len(conds) - 1) / 2 + len(conds) + 1)
             neurons.append((alpha, echo))
-    inter = -(-max(len(neurons), 1) // HEAD_DIM) * HEAD_DIM
+    inter = -(-max(len(neurons), 1) // ALIGN) * ALIGN
     gate = np.zeros((inter, H))
     up = np.zeros((inter, H))
     down = np.zeros((H, inter))
