@@ -183,6 +183,36 @@ def test_the_replay_tool_prints_each_case_then_and_now(tmp_path, capsys):
     assert "no case stop/hold-back/009" in capsys.readouterr().err
 
 
+# ---- a disconnect judged from the engine's gauges, not from timing alone (§4.9, D72) -----------------
+
+# llama-server's http/lifecycle/disconnect/001 as its report measured it: 4 long streams cut after 8
+# deltas; the new streams' last start 1.02 s after the disconnect against a rest estimated at 0.08 s;
+# its running gauge back to its level 0.01 s after the disconnect.
+LLAMA_SERVER_DISCONNECT = {"slots": 4, "cut_at": 8, "bound_s": 10.0, "rest_s": 0.08, "freed_s": 0.01, "late": [],
+                           "reuse_s": 1.02, "gauges": ["llamacpp:requests_processing"],
+                           "told": ["no X-Request-Id: disconnect only"], "cuts": [8]}
+
+
+@pytest.mark.parametrize(("changed", "ran_on", "unchecked"), [
+    ({}, False, None),  # the gauge fell back at once: the work stopped, whatever the queue's timing
+    ({"freed_s": None}, True, None),  # the gauge stayed up and the places came back as late as the rest: ran on
+    ({"gauges": [], "freed_s": None}, False, "only timing shows it"),  # no gauge: timing alone decides nothing
+    ({"gauges": [], "freed_s": None, "reuse_s": 0.01}, False, None),  # the places came back at once
+    ({"freed_s": None, "reuse_s": 0.01}, False, "the engine's gauges as evidence"),
+])
+def test_a_disconnect_runs_on_only_where_the_gauges_and_the_timing_both_say_so(changed, ran_on, unchecked):
+    """§4.9, D72: whether an abandoned stream's work stopped is judged from the engine's running
+    gauges where it offers them; the new streams' start against the rest estimated from one stream
+    alone (which swings by 100x between runs) confirms a run-on but never decides one alone: without
+    a gauge a late start is not checked, with the reason. A gauge that stays up with a late start
+    still fails the case."""
+    from decodespec.properties.conformance.life.recipes import judge_abort
+
+    found, missed = judge_abort({**LLAMA_SERVER_DISCONNECT, **changed})
+    assert [f.symptom for f in found] == (["ran_on"] if ran_on else []), found
+    assert (missed == []) if unchecked is None else (unchecked in missed[0]), missed
+
+
 # ---- the context an engine runs with (§4.3, D10) ---------------------------------------------------
 
 

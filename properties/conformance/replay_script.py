@@ -116,10 +116,10 @@ def disconnect():
     print(f"{slots} long streams cut after {cut} deltas; new streams started after {starts} s "
           f"(bound {bound} s; the long stream's rest alone takes about {rest_s:.2f} s)")
     late = [s for s in starts if s is None or s > bound]
-    ran_on = CASE["recipe"] == "disconnect_abort" and not late and max(starts) >= 0.8 * rest_s
-    if ran_on:
-        print("the new streams waited about as long as the abandoned ones' rest: the disconnect did not stop the work")
-    return not late and not ran_on
+    if CASE["recipe"] == "disconnect_abort" and not late and max(starts) >= 0.8 * rest_s:
+        print("the new streams waited about as long as the abandoned ones' rest; timing alone does not decide "
+              "whether the work went on (the report reads the engine's running gauges for that, D72)")
+    return not late
 
 
 def resume():
