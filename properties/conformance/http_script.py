@@ -25,7 +25,7 @@ import attrs
 
 from .adapters.base import Finding, Outcome, reference_on
 from .alignment import aligned, run_alignment, stream_for_reports
-from .cases import STREAM_KINDS, Case, CaseError
+from .cases import Case, CaseError
 from .chat import run_chat
 from .chat_cases import chat_of
 from .checkpoints import on_checkpoint
@@ -33,9 +33,16 @@ from .judgement import expected_of, judge_choices, judge_observed, no_usage_chun
 from .script_check import Prefix, Returned, detect_prefix, left_script, prompt_placed
 from .script_server import ScriptServer, Swept, case_fields, not_observable, program_body, sweep_limits
 from .symptoms import WIRE, Expected, finding, merge, run_on_first
-from .wire import Streamed, body_findings, choices_of, first_choice, logprob_pieces, token_count, token_ids, wire_findings
-
-
+from .wire import (
+    Streamed,
+    body_findings,
+    choices_of,
+    first_choice,
+    logprob_pieces,
+    token_count,
+    token_ids,
+    wire_findings,
+)
 
 PATH = "/v1/completions"
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +83,7 @@ def regrade(folder: Path, cases: Mapping[str, Case], profile: str | None = None)
     run = data.get("generated", "an unknown date")
     first = stored.get("provenance", "")
     origin = first.split("; re-graded")[0] if first else f"Run of {run} (report version {data.get('version')})"
-    today = datetime.now(timezone.utc).date().isoformat()
+    today = datetime.now(UTC).date().isoformat()
     provenance = (f"{origin}; re-graded on {today} by `{SELF}` from its stored findings and exchanges (severity, "
                   "basis, the §4.7 terminal of every recorded stream); the engine was not run again")
     return write_reports(results, engine, folder, diagrams_dir=default_diagrams_dir(), wall_s=data.get("wall_seconds"),

@@ -25,23 +25,22 @@ import re
 import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import attrs
 
 from ...spec.invariants import load_invariants
+from . import replay_script as replay_script_module
 from .adapters.base import Finding
 from .cases import CaseError, Grade
 from .contract import CONTRACT_VERSION
 from .decisions import decision_line
 from .engine_wide import ignored_engine_wide
-from . import replay_script as replay_script_module
 from .replay_script import FLOWS
 from .runner import CaseResult, Verdict
-from .symptoms import (CHAT_STATEMENTS, FIELD_BASIS, SEVERITIES, WIRE_STATEMENTS, Basis, Severity, label,
-                       severity_of)
+from .symptoms import CHAT_STATEMENTS, FIELD_BASIS, SEVERITIES, WIRE_STATEMENTS, Basis, Severity, label, severity_of
 
 REPORT_FILES = ("report.json", "junit.xml", "report.md", "report.html")
 REPORT_VERSION = 4
@@ -475,7 +474,7 @@ def to_json(results: Sequence[CaseResult], engine: str, wall_s: float | None = N
         "version": REPORT_VERSION,
         "contract": CONTRACT_VERSION,  # the in-house adapter contract this judge speaks (contract.py)
         "engine": engine,
-        "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "generated": datetime.now(UTC).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "headline": headline(results, engine, grading),
         "grading": {"profile": grading.profile, "declared": sorted(grading.declared),

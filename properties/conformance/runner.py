@@ -22,14 +22,37 @@ from ...runtime.openai_schema import OPENAI_FINISH
 from ...spec import FinishReason
 from .adapters.base import Adapter, Finding, Outcome, case_prompt, case_script, case_tokenizer, reference_on
 from .cases import Case, CaseError, CaseKind, Grade, expect_to_json
-from .judgement import expected_of
-from .wire import unterminated
 from .decisions import DECISIONS, decision_line
 from .engine_wide import ignored_engine_wide
-from .grading import (CHAPTER_W, DECISION_W, DECLARED_W, DEFAULT_PROFILE, ENGINE_WIDE_W, PROFILES, SHAPE_W, WIRE_W,
-                      Verdict)
-from .symptoms import (FIELD_BASIS, WIRE, Basis, Expected, Severity, basis_of, by_severity, compare_reason, compare_split,
-                       compare_stream, compare_text, finding, merge, severity_of)
+from .grading import (
+    CHAPTER_W,
+    DECISION_W,
+    DECLARED_W,
+    DEFAULT_PROFILE,
+    ENGINE_WIDE_W,
+    PROFILES,
+    SHAPE_W,
+    WIRE_W,
+    Verdict,
+)
+from .judgement import expected_of
+from .symptoms import (
+    FIELD_BASIS,
+    WIRE,
+    Basis,
+    Expected,
+    Severity,
+    basis_of,
+    by_severity,
+    compare_reason,
+    compare_split,
+    compare_stream,
+    compare_text,
+    finding,
+    merge,
+    severity_of,
+)
+from .wire import unterminated
 
 _REASON_VALUES = frozenset(r.value for r in FinishReason)
 
