@@ -79,11 +79,34 @@ def test_a_hold_back_the_stream_cannot_show_is_not_a_finding(case_id):
     later in a chunk of its own, with no token reports in the stream: which tokens were selected when
     a chunk went out is not on the wire, so hold-back is not checked (and the result says so), never
     a stop prefix sent early. hold-back/001 and cross-token/003 had no other finding: they pass."""
-    res = _rejudge("llama-cpp-python", case_id)
+    res = _llama_cpp_python_run()[case_id]
     assert "stop_prefix_sent" not in _symptoms(res), res.failures
     assert any(m.startswith("hold-back (the engine reports no token boundaries") for m in res.not_checked), res.not_checked
-    if case_id in ("stop/hold-back/001", "stop/cross-token/003"):
-        assert res.verdict is Verdict.PASS and res.failures == (), res.failures
+    if case_id in ("stop/hold-back/001", "stop/cross-token/003"):  # only the usage chunk it never sends (D71)
+        assert res.verdict is Verdict.PASS and _symptoms(res) == ["usage_chunk"], res.failures
+
+
+def _llama_cpp_python_run():
+    """llama-cpp-python's recorded completions cases judged again and graded as one run (D71: the
+    usage chunk it never sends is one cause of the run)."""
+    from decodespec.properties.conformance.runner import grade_run
+
+    ids = [e["case"] for e in FIXTURE if e["engine"] == "llama-cpp-python" and not e["case"].startswith("http/")]
+    return {r.case.id: r for r in grade_run([_rejudge("llama-cpp-python", i) for i in ids])}
+
+
+def test_replayed_cases_that_ask_for_the_usage_chunk_show_it_missing_once_for_the_run():
+    """§4.10, D71: the replay judges the usage chunk the recorded stream asked for, as the live run
+    does: alone, each llama-cpp-python case DIFFERS on it; graded as the recorded run, it is one
+    engine-wide cause and the cases that lost text still fail on the text."""
+    from decodespec.properties.conformance.engine_wide import ignored_engine_wide
+
+    alone = _rejudge("llama-cpp-python", "stop/hold-back/001")
+    assert alone.verdict is Verdict.DIFFERS and _symptoms(alone) == ["usage_chunk"], alone.failures
+    run = _llama_cpp_python_run()
+    assert [w.field for w in ignored_engine_wide(run.values())] == ["stream_options.include_usage"]
+    assert run["detok/invalid/003"].verdict is Verdict.FAIL and run["detok/invalid/003"].lead.symptom == "past_limit"
+    assert Verdict.DIFFERS not in {r.verdict for r in run.values()}, {i: r.verdict for i, r in run.items()}
 
 
 def _asked_stream(chunks):
@@ -99,6 +122,13 @@ def _asked_stream(chunks):
     return {"request": {"path": "/v1/completions", "body": body}, "status": 200, "sse": sse}
 
 
+def _without_usage_chunk(exchanges):
+    """The recording with its requests no longer asking for the usage chunk (the field it ignores is
+    judged apart, D71)."""
+    return [{**ex, "request": {**ex["request"], "body": {k: v for k, v in ex["request"]["body"].items()
+                                                         if k != "stream_options"}}} for ex in exchanges]
+
+
 @pytest.mark.parametrize(("chunks", "lead"), [
     ([("AB", ["AB"]), ("CD", ["CD"])], None),  # llama-cpp-python's way: a held token goes out later with its text
     ([("AB", ["AB"]), ("", ["CD"]), ("CD", [])], "stop_prefix_sent"),  # reported as selected (vLLM's way)
@@ -109,7 +139,7 @@ def test_a_recorded_stream_asking_for_reports_is_judged_again_as_live(chunks, le
     'BX' out) leave hold-back not checked, never a finding: the case still passes. Reports sent as
     tokens are selected show 'AB' went out with one token selected: a stop prefix sent early, stream
     shape, which leads but does not fail the case."""
-    recorded = RECORDED["llama-cpp-python", "stop/hold-back/001"]
+    recorded = _without_usage_chunk(RECORDED["llama-cpp-python", "stop/hold-back/001"])
     res = rejudge(CASES["stop/hold-back/001"], [*recorded[:2], _asked_stream(chunks), *recorded[2:]], "replay")
     assert res.verdict is Verdict.PASS and (res.lead.symptom if res.lead else None) == lead, res.failures
     if lead is None:
@@ -174,7 +204,7 @@ def test_the_replay_tool_prints_each_case_then_and_now(tmp_path, capsys):
     report.write_text(json.dumps({"cases": [{
         "id": "stop/hold-back/001", "verdict": "FAIL",
         "failures": [{"symptom": "stop_prefix_sent", "message": "with token 1 the stream had sent 2 bytes"}],
-        "reproducer": {"exchanges": RECORDED["llama-cpp-python", "stop/hold-back/001"]}}]}))
+        "reproducer": {"exchanges": _without_usage_chunk(RECORDED["llama-cpp-python", "stop/hold-back/001"])}}]}))
     assert main([str(report), "--case", "stop/hold-back/001"]) == 0
     out = capsys.readouterr().out
     assert "stop/hold-back/001: FAIL (stop_prefix_sent: with token 1" in out and "now PASS (-)" in out, out

@@ -33,10 +33,11 @@ from .adapters.openai import retried_connections
 from .alignment import aligned, asks_reports
 from .cases import Case, CaseError, CaseKind, load_cases
 from .chat_cases import chat_of
+from .engine_wide import sent
 from .forced import Program
 from .http_script import PATH, at_limit, expected_at, judge_at, judge_exchange, left_at, returned
 from .reports import read_report
-from .runner import CaseResult, Verdict, judge
+from .runner import CaseResult, Verdict, grade_run, judge
 from .script_check import left_script
 from .symptoms import run_on_first
 from .wire import Streamed, choices_of, parse_sse
@@ -94,6 +95,14 @@ def reported_stream(exchanges: Sequence[Mapping[str, Any]], k: int) -> Streamed 
     return parse_sse(asked[-1]["sse"], status=asked[-1]["status"]) if asked else None
 
 
+def usage_asked(exchanges: Sequence[Mapping[str, Any]], k: int) -> bool:
+    """Whether the first stream at max_tokens `k` asked for its usage chunk (include_usage), as the
+    live run asks at the served limit."""
+    first = next((body for body, ex in _answered(exchanges)
+                  if body.get("stream") and "sse" in ex and body.get("max_tokens") == k), {})
+    return sent(first, "stream_options.include_usage")
+
+
 def replayable(case: Case) -> str | None:
     """Why `case`'s recorded exchanges cannot be judged again here, or None."""
     if case.kind is not CaseKind.SCRIPT:
@@ -124,7 +133,8 @@ def rejudge(case: Case, exchanges: Sequence[Mapping[str, Any]], engine: str = "r
     if status == 200 and (gone := left_script(script_of, at_limit(case, served), exp, reference_on(
             at_limit(case, served), tok, prompt, script).tokens, [returned(c) for c in choices_of(data)])):
         return CaseResult(case, engine, Verdict.ERROR, reason=gone, observed={"exchanges": list(exchanges)})
-    findings, not_checked = judge_exchange(at_limit(case, served), exp, *first, reported_stream(exchanges, served))
+    findings, not_checked = judge_exchange(at_limit(case, served), exp, *first, reported_stream(exchanges, served),
+                                           usage_asked=usage_asked(exchanges, served))
     for k, answer in rest:
         if (exp_k := expected_at(case, k, tok, prompt, script)) is None:
             continue
@@ -160,20 +170,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     known = {c.id: c for c in load_cases()}
     if bad := sorted(set(args.case) - {c["id"] for c in report["cases"]}):
         parser.error(f"the report has no case {', '.join(bad)}")
+    judged: list[tuple[str, CaseResult]] = []
     for entry in report["cases"]:
         exchanges = (entry.get("reproducer") or {}).get("exchanges")
         if (args.case and entry["id"] not in args.case) or not exchanges or entry["id"] not in known:
             continue
         first = (entry.get("failures") or [{}])[0]
-        was = _lead(first.get("symptom"), first.get("message") or entry.get("reason"))
+        was = f"{entry['id']}: {entry['verdict']} ({_lead(first.get('symptom'), first.get('message') or entry.get('reason'))})"
         try:
-            now = rejudge(known[entry["id"]], exchanges)
+            judged.append((was, rejudge(known[entry["id"]], exchanges)))
         except CaseError as exc:
-            print(f"{entry['verdict']} ({was}); not judged again: {exc}")
-            continue
+            print(f"{was}; not judged again: {exc}")
+    # the replayed cases graded as one run: a field ignored in all of them is one cause (D71)
+    for (was, _), now in zip(judged, grade_run([r for _, r in judged]), strict=True):
         lead = now.lead
-        print(f"{entry['id']}: {entry['verdict']} ({was})\n  now {now.verdict.value} "
-              f"({_lead(lead.symptom, lead.message) if lead else _lead(None, now.reason)})")
+        print(f"{was}\n  now {now.verdict.value} ({_lead(lead.symptom, lead.message) if lead else _lead(None, now.reason)})")
     return 0
 
 
