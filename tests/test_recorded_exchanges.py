@@ -19,7 +19,9 @@ from _engine_kit import answering
 
 from decodespec.properties.conformance import load_cases
 from decodespec.properties.conformance.adapters.base import Outcome
-from decodespec.properties.conformance.replay import answers, main, rejudge
+from decodespec.properties.conformance.adapters.recorded import Recording, Unrecorded
+from decodespec.properties.conformance.alignment import ask
+from decodespec.properties.conformance.replay import main, rejudge
 from decodespec.properties.conformance.runner import Verdict, judge
 from decodespec.properties.conformance.symptoms import Severity, severity_of
 
@@ -110,23 +112,16 @@ def test_replayed_cases_that_ask_for_the_usage_chunk_show_it_missing_once_for_th
 
 
 def _asked_stream(chunks):
-    """stop/hold-back/001's stream (max_tokens 2) asking for logprobs, as a completions server sends
-    it: `chunks` (text, the logprob tokens it reports), then the finish chunk."""
-    body = {**RECORDED["llama-cpp-python", "stop/hold-back/001"][1]["request"]["body"], "logprobs": 1}
-    del body["stream_options"]
+    """stop/hold-back/001's stream (max_tokens 2) asking for per-token reports (alignment.ask), as a
+    completions server without token ids sends it: `chunks` (text, the logprob tokens it reports),
+    then the finish chunk."""
+    body = ask(RECORDED["llama-cpp-python", "stop/hold-back/001"][1]["request"]["body"], chat=False)
     lines = [{"id": "c", "object": "text_completion", "choices": [{
         "index": 0, "text": text, "finish_reason": None,
         "logprobs": {"tokens": tokens, "token_logprobs": [0.0] * len(tokens)}}]} for text, tokens in chunks]
     lines.append({"id": "c", "object": "text_completion", "choices": [{"index": 0, "text": "", "finish_reason": "length"}]})
     sse = "".join(f"data: {json.dumps(x)}\n\n" for x in lines) + "data: [DONE]\n\n"
     return {"request": {"path": "/v1/completions", "body": body}, "status": 200, "sse": sse}
-
-
-def _without_usage_chunk(exchanges):
-    """The recording with its requests no longer asking for the usage chunk (the field it ignores is
-    judged apart, D71)."""
-    return [{**ex, "request": {**ex["request"], "body": {k: v for k, v in ex["request"]["body"].items()
-                                                         if k != "stream_options"}}} for ex in exchanges]
 
 
 @pytest.mark.parametrize(("chunks", "lead"), [
@@ -136,16 +131,17 @@ def _without_usage_chunk(exchanges):
 def test_a_recorded_stream_asking_for_reports_is_judged_again_as_live(chunks, lead):
     """§4.6, D59: the stream a case sends again asking for per-token reports is in the recording and
     replayed as live. llama-cpp-python's reports (each token with its text, released once 'CD' ruled
-    'BX' out) leave hold-back not checked, never a finding: the case still passes. Reports sent as
-    tokens are selected show 'AB' went out with one token selected: a stop prefix sent early, stream
-    shape, which leads but does not fail the case."""
-    recorded = _without_usage_chunk(RECORDED["llama-cpp-python", "stop/hold-back/001"])
+    'BX' out) leave hold-back not checked, never a finding. Reports sent as tokens are selected show
+    'AB' went out with one token selected: a stop prefix sent early, stream shape, which does not
+    change the verdict (the usage chunk the plain stream left out gives it either way, D71)."""
+    recorded = RECORDED["llama-cpp-python", "stop/hold-back/001"]
     res = rejudge(CASES["stop/hold-back/001"], [*recorded[:2], _asked_stream(chunks), *recorded[2:]], "replay")
-    assert res.verdict is Verdict.PASS and (res.lead.symptom if res.lead else None) == lead, res.failures
+    held = [f for f in res.failures if f.symptom != "usage_chunk"]
+    assert res.verdict is Verdict.DIFFERS and [f.symptom for f in held] == ([lead] if lead else []), res.failures
     if lead is None:
         assert any("hold-back" in m and "only with its text" in m for m in res.not_checked), res.not_checked
     else:
-        assert severity_of(res.lead) is Severity.STREAM_SHAPE and "asking for per-token reports" in res.lead.message
+        assert severity_of(held[0]) is Severity.STREAM_SHAPE and "asking for per-token reports" in held[0].message
 
 
 def test_a_recorded_stream_without_its_terminal_fails_the_case_that_saw_it():
@@ -159,10 +155,10 @@ def test_a_recorded_stream_without_its_terminal_fails_the_case_that_saw_it():
 
 
 def test_the_replay_judges_the_limits_the_recording_kept_and_says_which_it_did_not():
-    """The recording keeps the served limit and the limits that failed: those are judged, in the
-    order sent; the others are listed as not checked, so a replayed pass is partial."""
+    """The recording keeps the served limit and the limits that failed: those are judged; the
+    others are listed as not checked, so a replayed pass is partial."""
     exchanges = RECORDED["llama-server", "stop/cross-token/003"]
-    assert list(answers(exchanges)) == [18, 3, 4]
+    assert Recording(CASES["stop/cross-token/003"], exchanges).sweep == {18, 3, 4}
     res = _rejudge("llama-server", "stop/cross-token/003")
     left = [m for m in res.not_checked if m.startswith("max_tokens [")]
     assert left and "1, 2, 5," in left[0], res.not_checked
@@ -204,13 +200,62 @@ def test_the_replay_tool_prints_each_case_then_and_now(tmp_path, capsys):
     report.write_text(json.dumps({"cases": [{
         "id": "stop/hold-back/001", "verdict": "FAIL",
         "failures": [{"symptom": "stop_prefix_sent", "message": "with token 1 the stream had sent 2 bytes"}],
-        "reproducer": {"exchanges": _without_usage_chunk(RECORDED["llama-cpp-python", "stop/hold-back/001"])}}]}))
+        "reproducer": {"exchanges": RECORDED["llama-cpp-python", "stop/hold-back/001"]}}]}))
     assert main([str(report), "--case", "stop/hold-back/001"]) == 0
     out = capsys.readouterr().out
-    assert "stop/hold-back/001: FAIL (stop_prefix_sent: with token 1" in out and "now PASS (-)" in out, out
+    assert "stop/hold-back/001: FAIL (stop_prefix_sent: with token 1" in out and "now DIFFERS (usage_chunk: " in out, out
     with pytest.raises(SystemExit):
         main([str(report), "--case", "stop/hold-back/009"])
     assert "no case stop/hold-back/009" in capsys.readouterr().err
+
+
+# ---- run_script over a committed report's recording: the live judge, offline ------------------------
+
+REPORTS = Path(__file__).parents[1] / "reports"
+
+
+def _reported(engine: str, case_id: str) -> dict:
+    [entry] = [e for e in json.loads((REPORTS / engine / "report.json").read_text(encoding="utf-8"))["cases"]
+               if e["id"] == case_id]
+    return entry
+
+
+@pytest.mark.parametrize(("engine", "case_id"), [
+    ("vllm", "detok/utf8-split/002"),  # the '中' lost before a split character, at the sweep's limits
+    ("llama-server", "stop/cross-token/003"),  # held text never released; a connection sent again
+    ("llama-server", "stop/hold-back/001"),  # D59: hold-back judged on the stream asking for per-token reports
+    ("transformers-serve", "stop/cross-token/004"),  # D59: return_token_ids refused (422), logprobs alone
+])
+def test_run_script_over_a_recording_gives_the_verdict_and_findings_the_live_run_gave(engine, case_id):
+    """§4.3-§4.10: a committed report's recording, answered to http_script.run_script in place of the
+    engine (adapters/recorded.Recording), is judged in the live order: the same verdict and the same
+    findings, lead first, as the report made live (the limits the recording left out not checked).
+    Where the recording holds the stream asking for per-token reports, hold-back is judged on it."""
+    entry = _reported(engine, case_id)
+    res = rejudge(CASES[case_id], entry["reproducer"]["exchanges"], engine)
+    assert res.verdict.value == entry["verdict"], (res.verdict, res.failures)
+    assert [(f.symptom, f.message) for f in res.failures] == [(f["symptom"], f["message"]) for f in entry["failures"]]
+    if engine == "llama-server":
+        assert not any(m.startswith(("hold-back", "the stream at")) for m in res.not_checked), res.not_checked
+
+
+def test_a_request_the_recording_does_not_hold_is_an_error_naming_it():
+    """A recording answers only what it holds: run_script's stream at the served limit, cut from it
+    or recorded without asking for its usage chunk, is an Unrecorded error naming that request (never
+    an answer made up, never the engine's ERROR); a sweep limit cut from it is listed as not checked,
+    as one the recording never kept."""
+    exchanges = _reported("vllm", "detok/utf8-split/002")["reproducer"]["exchanges"]
+    served = [e for e in exchanges if e["request"]["body"]["max_tokens"] != 6 or not e["request"]["body"]["stream"]]
+    with pytest.raises(Unrecorded, match="no answer to POST /v1/completions max_tokens=6 streamed"):
+        rejudge(CASES["detok/utf8-split/002"], served)
+    # an answer to a stream that did not ask for its usage chunk cannot say whether one was honoured
+    unasked = [{**e, "request": {**e["request"], "body": {k: v for k, v in e["request"]["body"].items()
+                                                          if k != "stream_options"}}} for e in exchanges]
+    with pytest.raises(Unrecorded, match="max_tokens=6 streamed asking for stream_options.include_usage "):
+        rejudge(CASES["detok/utf8-split/002"], unasked)
+    swept = [e for e in exchanges if e["request"]["body"]["max_tokens"] != 2]
+    res = rejudge(CASES["detok/utf8-split/002"], swept)
+    assert any(m.startswith("max_tokens [2, 4] ") for m in res.not_checked), res.not_checked
 
 
 # ---- a disconnect judged from the engine's gauges, not from timing alone (§4.9, D72) -----------------

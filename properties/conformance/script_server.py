@@ -6,7 +6,7 @@ no adapter, so the adapter may import them (no import circle).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from typing import Any, Protocol
 
 import attrs
@@ -19,12 +19,16 @@ from .wire import Streamed
 
 
 class ScriptServer(Protocol):
-    """The adapter's side of a script case: its checkpoint, the model name, and the exchanges."""
+    """The adapter's side of a script case: its checkpoint, the model name, and the exchanges.
+    `sweep`: whether a case also runs at every other max_tokens (§4.3), or the limits the server
+    holds answers at (a recording keeps only those that failed: adapters/recorded.py)."""
 
     checkpoint: Checkpoint
     model: str
-    sweep: bool
     prompt_note: str
+
+    @property
+    def sweep(self) -> bool | Set[int]: ...
 
     def post(self, path: str, body: dict[str, Any], log: list[dict[str, Any]] | None = None) -> tuple[int, Any, str]: ...
 
@@ -100,10 +104,12 @@ def sweep_limits(a: ScriptServer, case: Case, served: int, path: str,
     reference's answer and the body at limit k (None: no valid request there); the body is sent
     both ways; `left(k, expected, status, answer)` says where the non-streamed answer left the
     script (D27: the sweep stops there), else `judge` returns the findings; the exchanges are kept
-    only for a limit that fails or left."""
+    only for a limit that fails or left.
+    A server whose `sweep` is a set of limits is asked at those alone."""
     out: list[Finding] = []
     for k in range(1, len(a.checkpoint.programs[case.id].script) + 1):
-        got = None if k == served else at(k)
+        held = not isinstance(a.sweep, Set) or k in a.sweep
+        got = at(k) if held and k != served else None
         if got is None:
             continue
         exp, body = got
