@@ -150,3 +150,24 @@ def test_a_request_life_recipe_holds_every_stream_the_server_ended_to_one_termin
     cut = Exchange(job, status=200, streamed=parse_sse(_DONE_NO_FINISH), cut=1.0)
     found = ended_alone([whole, bare, cut], "new stream", first=2)
     assert [(f.symptom, f.message.split(":")[0]) for f in found] == [("no_reason", "new stream 3")]
+
+
+def test_the_command_line_grades_its_results_as_one_run_with_a_field_ignored_engine_wide() -> None:
+    """D71: `decodespec conform` grades what it ran as one run (cli_conform._run_declared): a usage
+    chunk asked for and missing in every case is one cause, not a DIFFERS per case; a case that also
+    lost bytes still fails."""
+    from decodespec import cli_conform
+    from decodespec.properties.conformance.judgement import no_usage_chunk
+
+    ids = ["stop/cross-token/001", "stop/cross-token/002", "finish/length/001", "detok/replacement-char/001"]
+    outcomes = {i: (no_usage_chunk(), *((finding("bytes_lost", "lost"),) if i.startswith("detok") else ()))
+                for i in ids}
+
+    def run(todo, tick):  # type: ignore[no-untyped-def]
+        return [judge(c, Outcome(findings=outcomes[c.id], judged=True), "e", frozenset()) for c in todo]
+
+    policy = cli_conform.Policy(frozenset(), strict=False, partial_ok=False, grading=Grading())
+    got = {r.case.id: r.verdict for r in cli_conform._run_declared([CASES[i] for i in ids], policy, "e", run)}
+    assert got == {**{i: Verdict.PASS for i in ids[:3]}, "detok/replacement-char/001": Verdict.FAIL}, got
+    alone = judge(CASES[ids[0]], Outcome(findings=outcomes[ids[0]], judged=True), "e", frozenset())
+    assert alone.verdict is Verdict.DIFFERS
