@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import re
 import subprocess
 import sys
@@ -127,6 +128,23 @@ def test_the_peers_use_the_shipped_presets():
     for name in ("vllm", "llama-server-f16", "llama-cpp-python", "decodespec-serve", "transformers-serve"):
         assert ENGINES[name]["launch"].endswith(" " + presets[name].launch), name
         assert ENGINES[name]["tight"] == presets[name].tight and ENGINES[name]["gguf"] == presets[name].gguf
+
+
+@pytest.mark.parametrize("threads, fragment", [
+    ("", "LLAMA_ARG_THREADS=2 "), ("1", "LLAMA_ARG_THREADS=1 "),
+    ("0", "DECODESPEC_PEER_THREADS must be a positive integer of CPU threads, not '0'"),
+    ("two", "DECODESPEC_PEER_THREADS must be a positive integer of CPU threads, not 'two'"),
+])
+def test_the_llama_cpp_peers_threads_come_from_the_environment(threads, fragment):
+    """scripts/peers/engines.py: the llama.cpp engines' CPU threads are DECODESPEC_PEER_THREADS (2
+    when unset); a value that is not a positive integer is refused, naming it."""
+    env = {k: v for k, v in os.environ.items() if k != "DECODESPEC_PEER_THREADS"}
+    if threads:
+        env["DECODESPEC_PEER_THREADS"] = threads
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "peers" / "engines.py"), "llama-server", "launch"],
+                         capture_output=True, text=True, env=env, cwd=REPO)
+    assert fragment in run.stdout + run.stderr
+    assert (run.returncode == 0) == fragment.startswith("LLAMA_ARG_THREADS")
 
 
 # ---- finding the engine, and near misses ----------------------------------------------------------

@@ -8,13 +8,16 @@ A preset's own fields (launch, context, tight, gguf, without, jobs, model, cases
 ones: a local run differs only in where the engine's program comes from. LOCAL says, per engine,
 `install` (the idempotent command that installs it under .cache/peers/), `path` (the folder put first
 on PATH, so that the preset's `vllm`, `llama-server` or `python` is the cached one) and `env` (what
-the run adds: the CPU threads of this 2-core machine, llama-cpp-python's libraries). `launch` here is
+the run adds: the CPU threads of this 2-core machine, llama-cpp-python's libraries). The llama.cpp
+engines run on THREADS CPU threads: 2, or the environment's DECODESPEC_PEER_THREADS (on a machine
+shared with other work, 1 thread can be much faster than 2 under load). `launch` here is
 the preset's launch with those put in front, as benchmarks/bench_peers.py runs it; `llama_cpp` is the
 llama.cpp checkout whose converter writes the GGUF files.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -24,7 +27,17 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 
 PEERS = (ROOT / ".cache" / "peers").resolve()  # physical, as scripts/peers/*.sh name it
 LOCAL_PRESETS = ROOT / "scripts" / "peers" / "presets.toml"
-THREADS = 2
+
+
+def _threads() -> int:
+    """The llama.cpp engines' CPU threads: DECODESPEC_PEER_THREADS, else 2; anything but a positive integer is refused."""
+    raw = os.environ.get("DECODESPEC_PEER_THREADS", "2")
+    if not raw.isdigit() or int(raw) < 1:
+        sys.exit(f"DECODESPEC_PEER_THREADS must be a positive integer of CPU threads, not {raw!r}")
+    return int(raw)
+
+
+THREADS = _threads()
 _VLLM = {"install": "scripts/peers/vllm.sh install", "path": f"{PEERS}/vllm/venv/bin", "env": ""}
 _LLAMA_SERVER = {"install": "scripts/peers/llama_cpp.sh install", "path": f"{PEERS}/llama.cpp/build/bin",
                  "env": f"LLAMA_ARG_THREADS={THREADS}"}
