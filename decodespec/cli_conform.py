@@ -226,7 +226,7 @@ def conform(engine: str, preset: str | None, list_presets: bool, presets_files: 
                                  log_dir=Path(".cache/peers/logs") / (name or "launched"))
     if engine is None:
         raise click.UsageError("--engine is required (or --preset NAME, or --launch CMD with --checkpoint)")
-    from .properties.conformance.module_set import is_module_engine
+    from .properties.conformance.adapters import is_module_engine
 
     if checkpoints and is_module_engine(engine):  # an engine of your own: loaded once per checkpoint
         return _conform_module(cases, engine, _checkpoint_folders(checkpoints), jobs, name or report_name(engine),

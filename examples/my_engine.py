@@ -29,7 +29,8 @@ class MyEngine:
     name = "my-engine"
 
     def __init__(self, checkpoint: Checkpoint) -> None:
-        self.llm = my_llm.LLM(checkpoint.folder)
+        self.llm = my_llm.LLM(checkpoint.folder, max_model_len=checkpoint.context_length)
+        self.context_length = self.llm.max_model_len  # the context it runs with: the context-limit cases
 
     def _prompt(self, req: Request) -> list[int]:
         if not req.chat:
@@ -68,8 +69,10 @@ class MyEngine:
         for d in self.llm.generate_stream(ids, self._params(req), channels=req.chat,
                                           tools=bool(req.fields.get("tools"))):
             n += len(d.tokens)
+            calls = tuple(ToolCall(name, args, i) for i, name, args in d.tool_calls)
             yield Chunk(text=d.text, index=d.index, finish_reason=d.finish_reason, tokens=self._tokens(d.tokens),
-                        reasoning=d.reasoning, tool_calls=tuple(ToolCall(name, args, i) for i, name, args in d.tool_calls))
+                        reasoning=d.reasoning, tool_calls=calls,
+                        selected=d.selected)  # the ids selected since the last chunk: hold-back is judged
         yield Chunk(usage=Usage(len(ids), n))
 
 

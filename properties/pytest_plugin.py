@@ -10,7 +10,11 @@ Options: `--decodespec-engine` (as `decodespec conform --engine`), `--decodespec
 `--decodespec-select PREFIX` (repeatable), `--decodespec-with-tests` (also collect the project's
 own tests: by default, with an engine given, only the conformance items are collected, so an
 engine's repository can run the plugin from its root without importing its test suite),
-`--decodespec-checkpoint DIR` (openai: the forced checkpoint served), `--decodespec-strict`,
+`--decodespec-checkpoint DIR` (openai: the forced checkpoint served; an engine of your own,
+`module:factory`: a checkpoint or a whole set `decodespec checkpoints build` wrote, each case run on
+the engine the factory loads from its checkpoint, as `decodespec conform --engine module:factory
+--checkpoint SET` runs it: module_set.ModuleSet; items are ordered so each engine loads once, and
+the chat variants of the cases are collected too), `--decodespec-strict`,
 `--decodespec-profile` and `--decodespec-declare DNN` (repeatable), as `decodespec conform`'s
 `--profile` and `--declare` (runner.PROFILES, decisions.DECISIONS; D69): each item's verdict is
 graded under them, and a case resting on a declared decision is skipped with the decision's line.
@@ -23,17 +27,19 @@ unreachable engine is one usage error. Items are named by case id, so pytest-xdi
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
 
 from .conformance import CaseError, EngineSpecError, adapter_for, load_cases, run_case, select_cases
+from .conformance.adapters import is_module_engine
 from .conformance.cases import Case
 from .conformance.decisions import DECISIONS
 from .conformance.reports import reproducer
-from .conformance.runner import DEFAULT_PROFILE, PROFILES, Verdict, counts, declared_on, declared_reason, grade
-
-_ADAPTERS: dict[tuple[str, str | None, str | None], Any] = {}
+from .conformance.runner import (DEFAULT_PROFILE, PROFILES, CaseResult, Verdict, counts, declared_on, declared_reason,
+                                 grade)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -42,7 +48,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="reference | hf:PATH | decode-stream:TOKENIZER_JSON | openai:URL")
     group.addoption("--decodespec-model", default=None, help="model name for openai engines")
     group.addoption("--decodespec-checkpoint", default=None,
-                    help="openai engines: the forced checkpoint folder the server serves (its script cases run)")
+                    help="openai engines: the forced checkpoint folder the server serves (its script cases run); "
+                         "module:factory engines: a checkpoint or a set of them, the factory called per checkpoint")
     group.addoption("--decodespec-timeout", type=float, default=None,
                     help="openai engines: seconds to wait for a whole answer, or for a stream's next event (default 60)")
     group.addoption("--decodespec-select", action="append", default=[], help="case id prefix (repeatable)")
@@ -67,31 +74,23 @@ class ConformanceFailure(Exception):
 
 
 class CaseItem(pytest.Item):
-    """One case on the engine named by --decodespec-engine."""
+    """One case on the engine named by --decodespec-engine, run by `run` (the engine's adapter, or
+    the ModuleSet of an engine of your own on a checkpoint set)."""
 
-    def __init__(self, *, case: Case, engine: str, model: str | None, checkpoint: str | None = None,
-                 timeout: float | None = None, strict: bool = False, profile: str = DEFAULT_PROFILE,
-                 declared: frozenset[str] = frozenset(), **kw: Any) -> None:
+    def __init__(self, *, case: Case, engine: str, run: Callable[[Case], CaseResult], strict: bool = False,
+                 profile: str = DEFAULT_PROFILE, declared: frozenset[str] = frozenset(), **kw: Any) -> None:
         super().__init__(**kw)
         self.case = case
         self.engine = engine
-        self.model = model
-        self.checkpoint = checkpoint
-        self.timeout = timeout
+        self.run = run
         self.strict = strict
         self.profile, self.declared = profile, declared
         self.add_marker(pytest.mark.conformance)
 
-    def _adapter(self) -> Any:
-        key = (self.engine, self.model, self.checkpoint, self.timeout)
-        if key not in _ADAPTERS:
-            _ADAPTERS[key] = adapter_for(self.engine, model=self.model, checkpoint=self.checkpoint, timeout=self.timeout)
-        return _ADAPTERS[key]
-
     def runtest(self) -> None:
         if own := declared_on(self.case, self.declared):
             pytest.skip(declared_reason(own))
-        res = grade(run_case(self._adapter(), self.case), self.profile, self.declared)
+        res = grade(self.run(self.case), self.profile, self.declared)
         if res.verdict is Verdict.SKIP:
             pytest.skip(res.reason)
         if res.verdict is not Verdict.PASS:
@@ -125,20 +124,38 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     model = config.getoption("--decodespec-model")
     checkpoint = config.getoption("--decodespec-checkpoint")
     timeout = config.getoption("--decodespec-timeout")
+    every = load_cases()
     try:  # a misspelt or unreachable engine is one usage error, not one failure per case
-        adapter = _ADAPTERS[(engine, model, checkpoint, timeout)] = adapter_for(engine, model=model, checkpoint=checkpoint,
-                                                                                timeout=timeout)
-        if callable(getattr(adapter, "precheck", None)):
-            adapter.precheck()  # only HTTP adapters have one (httpx is imported with them)
-    except (EngineSpecError, RuntimeError) as exc:  # RuntimeError: the HTTP adapter's ServerError
+        run, order, every = _runner(engine, model, checkpoint, timeout, every)
+    except (EngineSpecError, CaseError, RuntimeError) as exc:  # RuntimeError: the HTTP adapter's ServerError
         raise pytest.UsageError(f"--decodespec-engine={engine}: {exc}") from None
     strict = config.getoption("--decodespec-strict")
     profile, declared = config.getoption("--decodespec-profile"), frozenset(config.getoption("--decodespec-declare"))
     try:
-        selected = select_cases(load_cases(), config.getoption("--decodespec-select"))
+        selected = select_cases(every, config.getoption("--decodespec-select"))
     except CaseError as exc:
         raise pytest.UsageError(f"--decodespec-select: {exc}") from None
-    for case in selected:
-        items.append(CaseItem.from_parent(session, name=f"{engine}::{case.id}", case=case, engine=engine, model=model,
-                                          checkpoint=checkpoint, timeout=timeout, strict=strict, profile=profile,
-                                          declared=declared))
+    for case in order(selected):
+        items.append(CaseItem.from_parent(session, name=f"{engine}::{case.id}", case=case, engine=engine, run=run,
+                                          strict=strict, profile=profile, declared=declared))
+
+
+def _runner(engine: str, model: str | None, checkpoint: str | None, timeout: float | None,
+            every: list[Case]) -> tuple[Callable[[Case], CaseResult], Callable[[list[Case]], list[Case]], list[Case]]:
+    """What runs a case on the engine, the order to collect the items in, and the cases to select
+    from: an engine of your own on checkpoints runs as a ModuleSet (its chat variants too, as
+    `decodespec conform --checkpoint` runs them); any other on its one adapter, prechecked."""
+    if checkpoint is not None and is_module_engine(engine):
+        from .conformance.checkpoints import MANIFEST, checkpoint_folders, with_chat
+        from .conformance.module_set import ModuleSet
+
+        folders = checkpoint_folders(checkpoint)
+        if not folders:
+            raise EngineSpecError(f"--decodespec-checkpoint={checkpoint} holds no forced checkpoint ({MANIFEST}; "
+                                  "`decodespec checkpoints build`)")
+        engines = ModuleSet(engine, folders)
+        return engines.run, engines.order, with_chat(every)
+    adapter = adapter_for(engine, model=model, checkpoint=checkpoint, timeout=timeout)
+    if callable(getattr(adapter, "precheck", None)):
+        adapter.precheck()  # only HTTP adapters have one (httpx is imported with them)
+    return partial(run_case, adapter), list, every

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -31,7 +33,8 @@ ENGINE = REPO / "tests" / "contract_engine" / "my_llm.py"
 # One case or two per tokenizer kind, each with its chat variants: every group of a full build.
 PICKED = ("stop/cross-token/001", "finish/length/001", "stop/n-choices/001", "stream/tokens-aligned/001",
           "finish/min-tokens/001", "stop/cross-token/002", "detok/leading-space/001", "detok/wordpiece/001",
-          "chat/reasoning/split-tags/001", "chat/tool-call/text-before/001")
+          "chat/reasoning/split-tags/001", "chat/tool-call/text-before/001", "finish/context-limit/001",
+          "stop/hold-back/001")
 
 
 def _public(path: Path) -> set[str]:
@@ -120,6 +123,47 @@ def test_a_request_becomes_a_call_and_its_answer_reads_as_the_api_shows_it():
         InHouseAdapter(type("E", (_Shown,), {"cannot": frozenset({"batch"})})(), checkpoint=None)
 
 
+def test_the_contract_records_each_version():
+    """A version step is recorded: the docstring's "Versions:" list ends with CONTRACT_VERSION, and
+    the optional fields of 1.1 default to "not said" (an engine of 1.0 runs unchanged)."""
+    listed = re.search(r"Versions: (.+?)\n- ", contract.__doc__ or "", re.S)
+    assert listed is not None
+    assert re.findall(r"(\d+\.\d+), ", listed.group(1))[-1] == contract.CONTRACT_VERSION == "1.1"
+    assert contract.Chunk("x").selected is None and contract.Checkpoint(Path("."), "g", 2).context_length is None
+
+
+class _Holds(_Shown):
+    """_Shown, its stream saying the ids selected before each chunk went out: 'h' goes out when
+    both tokens are selected (as if held for a stop 'hx')."""
+
+    def stream(self, req: contract.Request):
+        yield contract.Chunk("h", tokens=self.tokens[:1], selected=(5, 6))
+        yield contract.Chunk("i", finish_reason="stop", tokens=self.tokens[1:], selected=())
+        yield contract.Chunk(usage=contract.Usage(3, 2))
+
+
+def test_the_ids_selected_before_a_chunk_read_as_decodespec_serves_clock():
+    """D59: `Chunk.selected` reads as decodespec serve's `decodespec.selected` (the tokens selected
+    when the chunk went out, summed per choice), which hold-back is judged from; a stream that does
+    not say it shows no such clock."""
+    from decodespec.properties.conformance.adapters.inhouse import InHouseAdapter
+
+    body = {"model": "m", "prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0, "stream": True}
+    said = InHouseAdapter(_Holds(), checkpoint=None).stream_body("/v1/completions", body).timeline()
+    assert (said.texts, said.selected) == ((b"h",), (2,))
+    assert InHouseAdapter(_Shown(), checkpoint=None).stream_body("/v1/completions", body).timeline().selected is None
+
+
+@pytest.mark.parametrize("said", ["512", 0, True, 1.5])
+def test_a_context_length_that_is_no_positive_int_is_refused_by_name(said):
+    """Bad input: an engine's `context_length` is a positive int or None; anything else is refused
+    when the engine is loaded, naming the engine, the member and the value."""
+    from decodespec.properties.conformance.adapters.inhouse import InHouseAdapter
+
+    with pytest.raises(ValueError, match=rf"_Shown.context_length is {re.escape(repr(said))}; the contract wants"):
+        InHouseAdapter(type("_Shown", (_Shown,), {"context_length": said})(), checkpoint=None)
+
+
 def test_a_contract_factory_without_a_checkpoint_is_one_clear_error(engine):
     """The factory loads a forced checkpoint: without --checkpoint the run stops before any case
     (exit 2) saying so, rather than with the factory's TypeError."""
@@ -173,7 +217,9 @@ def test_the_example_adapter_runs_as_written_on_a_whole_set_in_one_run(ckpts, wh
     """One invocation loads the engine once per checkpoint and writes one report, which records the
     contract version: the cases of every group run, the engine's passes include the request fields
     it was sent (min_tokens, logit_bias, n), chat channels and per-chunk tokens, and its one kind of
-    failure (a leading space its decode drops: SHOULD) is the engine's own."""
+    failure (a leading space its decode drops: SHOULD) is the engine's own. The context-limit cases
+    run on the engine loaded with the context they need (D10), and hold-back is judged from the ids
+    each chunk says were selected before it went out (D59)."""
     run, report = whole
     assert run.exit_code == 0, run.output
     assert report["contract"] == contract.CONTRACT_VERSION
@@ -182,8 +228,10 @@ def test_the_example_adapter_runs_as_written_on_a_whole_set_in_one_run(ckpts, wh
     groups = {c["id"]: c for c in report["cases"]}
     for case in ("stop/cross-token/001", "finish/min-tokens/001", "stop/n-choices/001", "stream/tokens-aligned/001",
                  "chat/reasoning/split-tags/001", "chat/tool-call/text-before/001", "chat-bos/finish/length/001",
-                 "stop/cross-token/002", "chat/stop/cross-token/002"):
+                 "stop/cross-token/002", "chat/stop/cross-token/002", "finish/context-limit/001",
+                 "chat/finish/context-limit/001", "stop/hold-back/001", "chat-bos/stop/hold-back/001"):
         assert verdicts[case] == "PASS", groups[case]
+    assert not [c for c in report["cases"] if any("hold-back" in n for n in c["not_checked"])]
     assert {i for i, v in verdicts.items() if v == "FAIL"} == {
         "detok/leading-space/001", "chat/detok/leading-space/001", "detok/wordpiece/001", "chat/detok/wordpiece/001"}
     assert groups["detok/wordpiece/001"]["lead_symptom"] == "bytes left out mid-text"
@@ -198,6 +246,10 @@ PLANTED = {
     # the count of n choices and per-chunk tokens rest on decisions (D34, D59): they differ, not fail the chapter
     "n": ("stop/n-choices/001", Verdict.DIFFERS, "usage_consistent: usage.completion_tokens is 2, one choice's count"),
     "alignment": ("stream/tokens-aligned/001", Verdict.DIFFERS, "stream_tokens_aligned: "),
+    "context": ("chat/finish/context-limit/001", Verdict.FAIL, "script text past the context limit (D10"),
+    # a stop prefix sent early is a stream-shape finding (D69): listed with the pass, not failing it
+    "holdback": ("stop/hold-back/001", Verdict.PASS, "stop_prefix_held: with 1 token(s) selected the stream had "
+                                                     "sent 2 bytes; the reference still held b'B'"),
 }
 
 
@@ -213,12 +265,14 @@ def test_one_broken_behaviour_leads_its_case(ckpts, whole, engine, bug):
     """The case passes on the engine as it is (the whole run) and, with one behaviour broken, is
     judged by the check that behaviour concerns: an ERROR naming the position for a departure
     (D27), the sweep's limit (§4.3), the channel's tags (D45), the per-choice count (D34), the token
-    alignment (D59)."""
+    alignment (D59), tokens past the context the engine says it runs with (D10), a stop prefix sent
+    before the tokens that rule it out were selected (§4.6, from `Chunk.selected`)."""
     case, verdict, lead = PLANTED[bug]
-    assert {c["id"]: c["verdict"] for c in whole[1]["cases"]}[case] == "PASS"
+    passed = {c["id"]: c for c in whole[1]["cases"]}[case]
+    assert passed["verdict"] == "PASS" and not passed["lead_symptom"], passed
     engine.add(bug)
     res = _run(ckpts, case)[case]
-    assert res.verdict is verdict, (res.reason, res.failures)
+    assert res.verdict is verdict and res.lead is not None or verdict is Verdict.ERROR, (res.reason, res.failures)
     said = res.reason if verdict is Verdict.ERROR else f"{res.lead.invariant}: {res.lead.message}"
     assert lead in said, said
 
@@ -241,6 +295,65 @@ def test_what_the_engine_does_not_show_or_take_is_not_judged(ckpts, engine, monk
     assert "reports no logprobs or token ids with a stream" in got["stream/tokens-aligned/001"].reason
     assert got["finish/min-tokens/001"].verdict is Verdict.SKIP
     assert "cannot take the request: the request field(s) ['logit_bias']" in got["finish/min-tokens/001"].reason
+
+
+@pytest.mark.slow
+def test_without_its_context_length_or_selected_ids_the_engine_is_told_what_was_not_judged(ckpts, engine, monkeypatch):
+    """The optional fields of contract 1.1 left out: an engine that does not say the context it runs
+    with has its context-limit cases n/a naming where it would say it (D10, as a server that answers
+    no /props); a stream whose chunks do not say the ids selected before them, and whose token
+    reports go with their text, has hold-back listed as not checked with the reason (D59)."""
+    import my_engine
+
+    made = my_engine.make
+
+    class Mute:  # the example's engine, its context_length left out
+        name = "mute"
+
+        def __init__(self, checkpoint: contract.Checkpoint) -> None:
+            self.complete = made(checkpoint).complete
+
+    monkeypatch.setattr(my_engine, "make", Mute)
+    ctx = _run(ckpts, "finish/context-limit/001")["finish/context-limit/001"]
+    assert ctx.verdict is Verdict.SKIP and "mute does not say the context length it runs with (mute.context_length)" \
+        in ctx.reason, ctx.reason
+    monkeypatch.setattr(my_engine, "make", made)
+    monkeypatch.setattr(my_engine, "Chunk", lambda **kw: contract.Chunk(**{**kw, "selected": None}))
+    held = _run(ckpts, "stop/hold-back/001")["stop/hold-back/001"]
+    assert held.verdict is Verdict.PASS and held.not_checked == (
+        "hold-back (the engine reports each token only with its text, which does not show when a held token was "
+        "selected)",), held.not_checked
+
+
+@pytest.mark.slow
+def test_the_pytest_plugin_judges_a_module_engine_on_a_whole_set_in_one_session(ckpts, tmp_path):
+    """`pytest --decodespec-engine my_engine:make --decodespec-checkpoint SET` runs as `decodespec
+    conform` does with the same values (module_set.ModuleSet): the cases of every checkpoint of the
+    set in one session, chat variants too, the context-limit case on the engine loaded with its
+    context; the items ordered so that each engine (checkpoint, context length) loads once; a
+    SHOULD failure an xfail."""
+    (tmp_path / "conftest.py").write_text(  # counts the engine's loads, in the plugin's pytest process
+        "import os\nimport my_llm\nLOADS = []\nload = my_llm.LLM.__init__\n"
+        "def counted(self, folder, max_model_len=None):\n"
+        "    LOADS.append((os.path.basename(folder), max_model_len))\n"
+        "    load(self, folder, max_model_len)\n"
+        "my_llm.LLM.__init__ = counted\n"
+        "def pytest_terminal_summary(terminalreporter):\n"
+        "    terminalreporter.write_line(f'loads: {LOADS!r}')\n")
+    picked = ("stop/cross-token/001", "stop/cross-token/002", "finish/context-limit/001", "detok/leading-space/001")
+    ids = [i for i in ckpts[1] if i.endswith(picked)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (EXAMPLE.parent, ENGINE.parent, tmp_path)))}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+                          "--decodespec-engine=my_engine:make", f"--decodespec-checkpoint={ckpts[0]}",
+                          *(f"--decodespec-select={i}" for i in ids), str(tmp_path)],
+                         capture_output=True, text=True, env=env, timeout=600)
+    out = run.stdout
+    assert run.returncode == 0, out[-2000:] + run.stderr[-2000:]
+    xfailed = [i for i in ids if i.endswith("detok/leading-space/001")]
+    assert f"{len(ids) - len(xfailed)} passed, {len(xfailed)} xfailed" in out, out[-2000:]
+    loads = ast.literal_eval(out[out.index("loads: ") + len("loads: "):].splitlines()[0])
+    assert len(loads) == len(set(loads)), loads
+    assert len({folder for folder, _ in loads}) >= 3 and any(context for _, context in loads), loads
 
 
 @pytest.mark.slow

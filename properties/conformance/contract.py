@@ -7,9 +7,13 @@ TokenReport, ToolCall, Unsupported, Usage.
 
 - `CONTRACT_VERSION`: "MAJOR.MINOR". A MINOR step adds optional names or fields; a MAJOR one
   changes or removes one. Every report.json records the version it was judged under ("contract").
+  Versions: 1.0, the contract; 1.1, `Checkpoint.context_length` with `Engine.context_length` (the
+  context-limit cases, D10) and `Chunk.selected` (hold-back, D59).
 - `Checkpoint`: what the factory is given, one forced checkpoint to load (`folder`: a Llama
   checkpoint with config.json, model.safetensors, tokenizer.json and tokenizer_config.json, whose
-  chat template the chat cases use); `os.fspath(checkpoint)` is the folder.
+  chat template the chat cases use); `os.fspath(checkpoint)` is the folder. `context_length`: the
+  context (prompt and output positions) to load the engine with, for a case with a context limit;
+  None: the engine's own.
 - `Request`: one request of a case: the prompt's token ids (or, on chat, the messages), the limit,
   the stop strings and stop ids, the number of choices, whether logprobs are asked, and every
   other field of the case's request by its OpenAI name (`fields`).
@@ -17,7 +21,9 @@ TokenReport, ToolCall, Unsupported, Usage.
   `ToolCall`, `TokenReport`: what the engine shows. None (or an absent method) means "not shown":
   what it leaves unshown is listed as not checked, so a pass that needed it is partial.
 - `Engine`: the protocol: `complete(request) -> Answer`, `stream(request) -> Iterable[Chunk]`
-  (optional), `name`, and `cannot` (optional, a subset of `CANNOT`).
+  (optional), `name`, `cannot` (optional, a subset of `CANNOT`) and `context_length` (optional:
+  the context it runs with; a context-limit case is judged only where it says the one it was
+  loaded with, as a server says it in /props or max_model_len, D10).
 - `CANNOT`: what an engine may declare it cannot do, with what the judge then leaves out.
 - `Unsupported`: raised by `complete` or `stream` for a request the engine cannot take (a field,
   a chat request): the case is n/a with the exception's message.
@@ -32,9 +38,10 @@ finish reason and token count against the reference's (streamed and not), whethe
 followed the forced script (from the reported token ids, else their bytes, else the text: a departure
 is the case's ERROR naming the position, never a FAIL), the same case at every other `max_tokens`
 (`complete` and `stream` are called again, unless `cannot` holds "sweep"), the reasoning and
-tool-call channels on chat, the count rule for several choices (`n`), and each streamed chunk's
-token reports against its text. The OpenAI wire conventions (SSE framing, ids) are not judged: an
-in-house engine has no wire.
+tool-call channels on chat, the count rule for several choices (`n`), each streamed chunk's
+token reports against its text, and the hold-back of text that may begin a stop from the tokens
+selected when each chunk went out (`Chunk.selected`; without it hold-back is not checked, D59).
+The OpenAI wire conventions (SSE framing, ids) are not judged: an in-house engine has no wire.
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ import attrs
 __all__ = ["CANNOT", "CONTRACT_VERSION", "Answer", "Checkpoint", "Choice", "Chunk", "Engine", "Request",
            "TokenReport", "ToolCall", "Unsupported", "Usage"]
 
-CONTRACT_VERSION = "1.0"
+CONTRACT_VERSION = "1.1"
 
 # What an engine may declare it cannot do (`Engine.cannot`), and what the judge then leaves out.
 CANNOT: Mapping[str, str] = {
@@ -65,11 +72,14 @@ class Unsupported(Exception):
 
 @attrs.frozen
 class Checkpoint:
-    """One forced checkpoint for the factory to load: its folder, its group, its EOS token id."""
+    """One forced checkpoint for the factory to load: its folder, its group, its EOS token id, and
+    the context length to load it with (None: the engine's own; set for the context-limit cases,
+    whose run must end where that context is full: §4.3, D10)."""
 
     folder: Path
     group: str
     eos_token_id: int
+    context_length: int | None = None
 
     def __fspath__(self) -> str:
         return os.fspath(self.folder)
@@ -159,7 +169,11 @@ class Answer:
 class Chunk:
     """One streamed piece of choice `index`: the text it sends (on chat: content; `reasoning` and
     `tool_calls` pieces beside), the tokens it reports, the finish reason on the last. A chunk with
-    `usage` alone ends the stream with the counts; one with `error` is an error in the stream."""
+    `usage` alone ends the stream with the counts; one with `error` is an error in the stream.
+    `selected`: the ids of the tokens the engine selected since its previous chunk of this choice
+    went out, those whose text it holds included (None: not said). `tokens` are the tokens whose
+    text the chunk carries (D59); `selected` says when the chunk went out, from which hold-back
+    for a stop is judged (§4.6)."""
 
     text: str = ""
     index: int = 0
@@ -169,11 +183,14 @@ class Chunk:
     tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=tuple)
     usage: Usage | None = None
     error: str | None = None
+    selected: tuple[int, ...] | None = attrs.field(default=None, converter=_optional_tuple)
 
 
 class Engine(Protocol):
     """An in-house engine as the judge calls it. Besides `complete`, optional members:
     `stream(request) -> Iterable[Chunk]` (absent: as `cannot` holding "stream"), `name: str` (shown
-    in reports; default the class's name), `cannot: frozenset[str]` (a subset of CANNOT)."""
+    in reports; default the class's name), `cannot: frozenset[str]` (a subset of CANNOT),
+    `context_length: int` (the context it runs with; absent or None: not said, and the
+    context-limit cases are n/a, D10)."""
 
     def complete(self, request: Request) -> Answer: ...

@@ -2,23 +2,25 @@
 Python API (examples/my_engine.py adapts it to decodespec's adapter contract). It imports nothing
 of decodespec: tests/test_contract.py checks that.
 
-    llm = LLM("ckpts/byte_table")
+    llm = LLM("ckpts/byte_table", max_model_len=None)  # None: the config's max_position_embeddings
     out = llm.generate([5, 6, 7], SamplingParams(max_tokens=8, stop=["BCD"]))
     out.outputs[0].text, out.outputs[0].token_ids, out.outputs[0].finish_reason
-    for d in llm.generate_stream(ids, params): d.index, d.text, d.token_ids, d.finish_reason
+    for d in llm.generate_stream(ids, params): d.index, d.text, d.tokens, d.selected, d.finish_reason
     ids = llm.render_chat(messages, tools=...)     # then generate(ids, params, channels=True)
 
 Decoding is greedy over the model's logits (memoized by prefix, so a request repeated at another
 max_tokens costs nothing), with the usual request fields: stop strings (held back while they may
 still match, the earliest match cutting the text), stop token ids, min_tokens (masks EOS and the
-stop ids), ignore_eos, logit_bias, echo, skip_special_tokens, include_stop_str_in_output, n. With
+stop ids), ignore_eos, logit_bias, echo, skip_special_tokens, include_stop_str_in_output, n; a run
+ends with 'length' once prompt and output fill `max_model_len` positions. With
 `channels`, `<think>` sections go to `reasoning` and `<tool_call>{json}</tool_call>` to tool calls
 (a complete call ends the run with 'tool_calls'; a cut one stays content, tags and all).
 
 `BUGS` names behaviours to break, one per kind of finding (tests/test_contract.py plants them):
 "departure" (the runner-up token at the second step), "sweep" (a run cut at max_tokens 1 says
 'stop'), "channels" (think tags left in the content), "n" (usage counts one choice of several),
-"alignment" (a chunk's token ids sent with the next chunk).
+"alignment" (a chunk's token ids sent with the next chunk), "context" (the run goes on past
+`max_model_len`), "holdback" (text that may begin a stop string sent before it is ruled out).
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ class SamplingParams:
 @dataclasses.dataclass
 class Delta:
     """One streamed piece of output `index`: text (content), reasoning, whole tool calls (index,
-    name, arguments), the tokens selected since the last piece."""
+    name, arguments), the tokens whose text it carries, the ids of the tokens selected since the
+    last piece went out (its text held for a stop included)."""
 
     index: int
     text: str = ""
@@ -63,6 +66,7 @@ class Delta:
     tool_calls: list[tuple[int, str, str]] = dataclasses.field(default_factory=list)
     tokens: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # (id, logprob)
     finish_reason: str | None = None
+    selected: list[int] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -146,9 +150,10 @@ class Channels:
 class LLM:
     """A Llama checkpoint folder (config.json, model.safetensors, tokenizer.json, tokenizer_config.json)."""
 
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(self, folder: str | Path, max_model_len: int | None = None) -> None:
         self.folder = Path(folder)
         self.model = LlamaForCausalLM.from_pretrained(self.folder, torch_dtype=torch.float32).eval()
+        self.max_model_len = max_model_len or self.model.config.max_position_embeddings
         self.tokenizer = Tokenizer.from_file(str(self.folder / "tokenizer.json"))
         config = json.loads((self.folder / "tokenizer_config.json").read_text(encoding="utf-8"))
         self.eos_id = self.tokenizer.token_to_id(config["eos_token"])
@@ -214,7 +219,8 @@ class LLM:
         pending = Delta(index)
         late: list[tuple[int, float]] = []  # "alignment": the tokens owed to the next piece
         text, finish = None, "length"
-        for step in range(p.max_tokens):
+        room = p.max_tokens if "context" in BUGS else min(p.max_tokens, self.max_model_len - len(prompt))
+        for step in range(room):
             logits = self.logits(tuple(prompt + out)).clone()
             for tid, b in bias.items():
                 logits[tid] += b
@@ -224,6 +230,7 @@ class LLM:
             tid = int(ranked[1] if "departure" in BUGS and step == 1 else ranked[0])
             out.append(tid)
             pending.tokens.append((tid, float(torch.log_softmax(logits, -1)[tid])))
+            pending.selected.append(tid)
             if tid in ends and not (tid == self.eos_id and p.ignore_eos):
                 finish = "stop"
                 break
@@ -235,7 +242,8 @@ class LLM:
                 break
             if whole != full:
                 continue
-            keep = max((k for s in p.stop for k in range(1, len(s)) if full.endswith(s[:k])), default=0)
+            keep = max((k for s in p.stop for k in range(1, len(s)) if full.endswith(s[:k]) and "holdback" not in BUGS),
+                       default=0)
             if len(full) - keep > sent:
                 yield self._release(pending, full[sent:len(full) - keep], split, late)
                 sent = len(full) - keep

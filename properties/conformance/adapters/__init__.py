@@ -22,9 +22,11 @@ from typing import Any
 
 from .base import Adapter, Finding, Outcome
 
-__all__ = ["Adapter", "EngineLoadError", "EngineSpecError", "Finding", "Outcome", "adapter_for", "ENGINES"]
+__all__ = ["Adapter", "EngineLoadError", "EngineSpecError", "Finding", "Outcome", "adapter_for", "ENGINES",
+           "is_module_engine"]
 
 ENGINES = ("reference", "hf:PATH", "decode-stream:TOKENIZER_JSON", "openai:URL", "module:factory")
+BUILT_IN = tuple(e.partition(":")[0] for e in ENGINES[:-1])  # the --engine kinds that are no factory of yours
 ENTRY_POINTS = "decodespec.adapters"
 _MEMBERS = ("name", "capabilities", "unsupported", "run")
 
@@ -76,6 +78,11 @@ def adapter_for(spec: str, *, model: str | None = None, checkpoint: str | None =
     return built(factory, args, spec, ckpt)
 
 
+def is_module_engine(spec: str) -> bool:
+    """Whether an --engine value names a factory (`module:factory`, an entry point), not a built-in."""
+    return spec.partition(":")[0] not in BUILT_IN
+
+
 def factory_of(spec: str) -> tuple[Any, tuple[str, ...]]:
     """The factory an entry point or `module:factory` --engine value names, and its arguments (the
     entry point's ARG); an EngineSpecError when it names none."""
@@ -110,14 +117,15 @@ def _checkpoint(folder: str | None) -> Any:
         raise EngineSpecError(str(exc)) from None
 
 
-def built(factory: Any, args: tuple[str, ...], spec: str, ckpt: Any) -> Adapter:
+def built(factory: Any, args: tuple[str, ...], spec: str, ckpt: Any, context: int | None = None) -> Adapter:
     """The adapter of what `factory(*args, checkpoint=...)` returns for the forced checkpoint `ckpt`
-    (a checkpoints.Checkpoint; None: called without one): a contract.Engine runs as an
-    InHouseAdapter. A factory that raises is an EngineLoadError; one that returns neither an Engine
-    nor an adapter, an EngineSpecError naming what it lacks."""
+    (a checkpoints.Checkpoint; None: called without one), to be loaded with the context length
+    `context` (contract.Checkpoint.context_length): a contract.Engine runs as an InHouseAdapter.
+    A factory that raises is an EngineLoadError; one that returns neither an Engine nor an adapter,
+    an EngineSpecError naming what it lacks."""
     from .inhouse import InHouseAdapter, public_checkpoint
 
-    kw = {"checkpoint": public_checkpoint(ckpt)} if ckpt is not None else {}
+    kw = {"checkpoint": public_checkpoint(ckpt, context)} if ckpt is not None else {}
     if ckpt is None and _needs_checkpoint(factory):
         raise EngineSpecError(f"--engine {spec}: the factory loads a forced checkpoint; pass --checkpoint DIR "
                               "(`decodespec checkpoints build`)")
@@ -131,7 +139,7 @@ def built(factory: Any, args: tuple[str, ...], spec: str, ckpt: Any) -> Adapter:
             raise EngineSpecError(f"--engine {spec}: an in-house engine runs the script cases of forced checkpoints; "
                                   "pass --checkpoint DIR (`decodespec checkpoints build`)")
         try:
-            return InHouseAdapter(made, ckpt)
+            return InHouseAdapter(made, ckpt, context)
         except ValueError as exc:
             raise EngineSpecError(f"--engine {spec}: {exc}") from None
     missing = [m for m in _MEMBERS if not hasattr(made, m)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -113,6 +113,26 @@ def _capability_text(name: str) -> str:
     if name.startswith(REQUEST):
         return f"the request field {name[len(REQUEST):]}"
     return CAPABILITY_TEXT.get(name, name)
+
+
+def context_unmet(case: Case, need: int, started: int | None, running: Callable[[], tuple[int | None, str]], *,
+                  who: str, how: str, differs: str = "") -> str | None:
+    """Why a case with a context limit cannot be judged on an engine (§4.3, D10), or None. It needs
+    the engine started with the `need` positions the case's limit comes to on its checkpoint
+    (`started`; `how` says how to start it so), and the engine's own word that it runs with them:
+    `running()` gives the number it says (None: it says none) and where it says it. `who` names the
+    engine, `differs` says why a number said may differ from the one asked."""
+    if started != need:
+        return (f"it needs {who} started with a context length of {need} (the case's "
+                f"{case.inputs['context_limit']} and the program's marker and anchor; {how})")
+    said, where = running()
+    if said is None:
+        return (f"{who} does not say the context length it runs with ({where}), so whether the case's "
+                f"limit of {need} positions is where its runs end cannot be known")
+    if said != need:
+        return (f"{who} runs with a context of {said} positions ({where}), not the {need} it was "
+                f"started with{differs}: the case's limit is not where its runs end")
+    return None
 
 
 def unsupported_on(adapter: Adapter, case: Case, kind: str | None) -> str | None:

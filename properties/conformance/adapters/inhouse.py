@@ -4,10 +4,13 @@
 the HTTP runner would send becomes a contract.Request, the engine's Answer or Chunks are rendered
 as the API renders an answer and its stream (`answer_json`, `chunk_json`; the stream read back by
 wire.py's own parser), and http_script.run_script and chat.run_chat judge them with the functions
-that judge HTTP engines: the departure check (D27), the sweep (§4.3), channels, n > 1 and per-chunk
-token alignment (D59). What the engine leaves unshown (None fields, no `stream`) reads as absent
-from an answer, so the judge lists it as not checked. Findings of the "wire" family are dropped: the
-rendering is ours, the engine has no wire. Every call is recorded (`call`, `request`, what came back).
+that judge HTTP engines: the departure check (D27), the sweep (§4.3), channels, n > 1, per-chunk
+token alignment and hold-back (D59: `Chunk.selected` shown as decodespec serve's
+`decodespec.selected`), and the context-limit cases where the engine says it runs with the context
+it was loaded with (`Engine.context_length` read as a server's /props is, D10). What the engine
+leaves unshown (None fields, no `stream`) reads as absent from an answer, so the judge lists it as
+not checked. Findings of the "wire" family are dropped: the rendering is ours, the engine has no
+wire. Every call is recorded (`call`, `request`, what came back).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -27,7 +30,7 @@ from ..checkpoints import Checkpoint, digest, group_of, http_blocker, reference_
 from ..http_script import probe_prefix, run_script
 from ..symptoms import WIRE
 from ..wire import Streamed, body_ended, feed
-from .base import Finding, Outcome
+from .base import Finding, Outcome, context_unmet
 
 CHAT_PATH = "/v1/chat/completions"
 # Body fields that are the transport's, not the request's: the Request says them its own way.
@@ -40,9 +43,10 @@ def _transport(f: Finding) -> bool:
     return bool(f.fields) and all(name.split(".")[0] in _TRANSPORT for name in f.fields)
 
 
-def public_checkpoint(ck: Checkpoint) -> contract.Checkpoint:
-    """What a factory is given of a forced checkpoint (contract.Checkpoint)."""
-    return contract.Checkpoint(folder=ck.folder, group=ck.group, eos_token_id=ck.eos_id)
+def public_checkpoint(ck: Checkpoint, context: int | None = None) -> contract.Checkpoint:
+    """What a factory is given of a forced checkpoint (contract.Checkpoint), to load with the
+    context length `context` (None: the engine's own)."""
+    return contract.Checkpoint(folder=ck.folder, group=ck.group, eos_token_id=ck.eos_id, context_length=context)
 
 
 def request_of(body: Mapping[str, Any]) -> contract.Request:
@@ -103,8 +107,10 @@ def answer_json(answer: contract.Answer, chat: bool) -> dict[str, Any]:
     return {"object": "chat.completion" if chat else "text_completion", "choices": choices, **_usage_json(answer.usage)}
 
 
-def chunk_json(chunk: contract.Chunk, chat: bool) -> dict[str, Any]:
-    """One Chunk as the API's stream chunk: a usage chunk (no choices) when it carries counts alone."""
+def chunk_json(chunk: contract.Chunk, chat: bool, selected: int | None = None) -> dict[str, Any]:
+    """One Chunk as the API's stream chunk: a usage chunk (no choices) when it carries counts alone.
+    `selected`: the tokens its choice had selected when it went out (`Chunk.selected` summed), shown
+    as decodespec serve shows it (`decodespec.selected`, D59)."""
     if chunk.error is not None:
         return {"error": {"message": chunk.error}}
     alone = not (chunk.text or chunk.reasoning or chunk.tool_calls or chunk.finish_reason or chunk.tokens)
@@ -121,9 +127,10 @@ def chunk_json(chunk: contract.Chunk, chat: bool) -> dict[str, Any]:
         shown: dict[str, Any] = {"delta": delta}
     else:
         shown = {"text": chunk.text}
+    clock = {} if selected is None else {"decodespec": {"selected": selected}}
     return {"object": "chat.completion.chunk" if chat else "text_completion",
             "choices": [{"index": chunk.index, **shown, "finish_reason": chunk.finish_reason,
-                         **_tokens_json(chunk.tokens)}], **_usage_json(chunk.usage)}
+                         **_tokens_json(chunk.tokens), **clock}], **_usage_json(chunk.usage)}
 
 
 def _shape(value: Any, kind: type, engine: str, method: str) -> Any:
@@ -132,12 +139,34 @@ def _shape(value: Any, kind: type, engine: str, method: str) -> Any:
     return value
 
 
+def _stream_json(chunks: Iterable[contract.Chunk], chat: bool, engine: str) -> list[dict[str, Any]]:
+    """An engine's chunks as the API's stream chunks, each choice's `selected` ids counted as they
+    accumulate (chunk_json)."""
+    counts: dict[int, int] = {}
+    out = []
+    for c in chunks:
+        _shape(c, contract.Chunk, engine, "stream")
+        if c.selected is not None:
+            counts[c.index] = counts.get(c.index, 0) + len(c.selected)
+        out.append(chunk_json(c, chat, None if c.selected is None else counts[c.index]))
+    return out
+
+
+def _context_length(engine: Any, name: str) -> int | None:
+    """The context an engine says it runs with (`Engine.context_length`), None where it says none;
+    a ValueError for anything but a positive int."""
+    said = getattr(engine, "context_length", None)
+    if said is not None and (isinstance(said, bool) or not isinstance(said, int) or said < 1):
+        raise ValueError(f"{name}.context_length is {said!r}; the contract wants a positive int (None: not said)")
+    return said
+
+
 class InHouseAdapter:
     """The script cases compiled into one forced checkpoint, run on an in-house engine (see module)."""
 
     capabilities: frozenset[str] = frozenset()  # what it runs is said by `unsupported`: the checkpoint's cases
 
-    def __init__(self, engine: Any, checkpoint: Checkpoint) -> None:
+    def __init__(self, engine: Any, checkpoint: Checkpoint, context: int | None = None) -> None:
         self.engine = engine
         self.name = str(getattr(engine, "name", type(engine).__name__))
         cannot = frozenset(getattr(engine, "cannot", frozenset()))
@@ -146,6 +175,8 @@ class InHouseAdapter:
                              f"{', '.join(contract.CANNOT)}")
         self.cannot = cannot if callable(getattr(engine, "stream", None)) else cannot | {"stream"}
         self.checkpoint = checkpoint
+        self.context = context  # the context length the factory was asked to load with (Checkpoint.context_length)
+        self.context_length = _context_length(engine, self.name)
         self.model = self.name
         self.sweep = "sweep" not in self.cannot
         self.prompt_note = ""
@@ -159,12 +190,18 @@ class InHouseAdapter:
             return f"not compiled into a forced checkpoint: {blocker}"
         if case.id not in self.checkpoint.programs:
             return f"compiled into the {group_of(case)} checkpoint; this engine loaded {self.checkpoint.group}"
-        if (need := served_context(case, self.checkpoint)) is not None:
-            return (f"it needs the engine loaded with a context length of {need}; contract "
-                    f"{contract.CONTRACT_VERSION} sets none")
+        if (need := served_context(case, self.checkpoint)) is not None and (why := context_unmet(
+                case, need, self.context, self.running_context, who=self.name,
+                how="a run over a checkpoint set loads it so: decodespec conform --engine MODULE:FACTORY --checkpoint "
+                    "DIR")):
+            return why
         if chat_of(case) is not None and "chat" in self.cannot:
             return f"{self.name} declares it cannot take chat requests"
         return None
+
+    def running_context(self) -> tuple[int | None, str]:
+        """The context length the engine says it runs with, and where it says it (D10)."""
+        return self.context_length, f"{self.name}.context_length"
 
     def about(self) -> dict[str, Any]:
         """The engine as a reproducer names it: its name, the contract and the checkpoint's hash."""
@@ -206,8 +243,7 @@ class InHouseAdapter:
             return out
         request = request_of(body)
         t0 = time.perf_counter()
-        sent = [chunk_json(_shape(c, contract.Chunk, self.name, "stream"), chat=path == CHAT_PATH)
-                for c in self.engine.stream(request)]
+        sent = _stream_json(self.engine.stream(request), path == CHAT_PATH, self.name)
         out.status = 200
         for data in [*(json.dumps(c, ensure_ascii=False) for c in sent), "[DONE]"]:
             feed(out, f"data: {data}")

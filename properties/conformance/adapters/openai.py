@@ -49,7 +49,7 @@ from ..wire import (
     wire_findings,
 )
 from ..without import WITHOUT, lacking
-from .base import Finding, Outcome, missing_capabilities
+from .base import Finding, Outcome, context_unmet, missing_capabilities
 
 # Where a server says the context length it runs with (§4.3, D10): a path and the keys to the number
 # in its JSON answer, the first that answers wins. llama-server reports a slot's context after its own
@@ -148,19 +148,10 @@ class OpenAIAdapter:
         if why := lacking(case, self.without):
             return why
         if (need := served_context(case, self.checkpoint)) is not None:
-            if self.context != need:
-                return (f"it needs the server started with a context length of {need} (the case's "
-                        f"{case.inputs['context_limit']} and the program's marker and anchor; decodespec conform "
-                        "--launch-context CMD; a preset's `context` command does it: decodespec conform "
-                        "--list-presets)")
-            running, where = self.running_context()
-            if running is None:
-                return (f"the server does not say the context length it runs with ({where}), so whether the case's "
-                        f"limit of {need} positions is where its runs end cannot be known")
-            if running != need:
-                return (f"the server runs with a context of {running} positions ({where}), not the {need} it was "
-                        f"started with (llama.cpp rounds a context up to a multiple of 256): the case's limit is not "
-                        "where its runs end")
+            return context_unmet(case, need, self.context, self.running_context, who="the server",
+                                 how="decodespec conform --launch-context CMD; a preset's `context` command does it: "
+                                     "decodespec conform --list-presets",
+                                 differs=" (llama.cpp rounds a context up to a multiple of 256)")
         return None
 
     def running_context(self) -> tuple[int | None, str]:
