@@ -38,8 +38,16 @@ from .conformance.adapters import is_module_engine
 from .conformance.cases import Case
 from .conformance.decisions import DECISIONS
 from .conformance.reports import reproducer
-from .conformance.runner import (DEFAULT_PROFILE, PROFILES, CaseResult, Verdict, counts, declared_on, declared_reason,
-                                 grade)
+from .conformance.runner import (
+    DEFAULT_PROFILE,
+    PROFILES,
+    CaseResult,
+    Verdict,
+    counts,
+    declared_on,
+    declared_reason,
+    grade,
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
