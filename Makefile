@@ -13,6 +13,7 @@ demo: setup
 # ruff and mypy under pyproject.toml's [tool.ruff] and [tool.mypy]; both must report nothing.
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/python scripts/typecheck.py
 
 test: setup
 	$(BIN)/pytest -n 2 -q

@@ -54,6 +54,8 @@ def load_file(path: Path) -> ModuleType:
     if folder not in sys.path:
         sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location(f"decodespec_bench_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise click.ClickException(f"{path}: not a Python file that can be imported")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

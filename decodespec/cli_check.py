@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import click
@@ -62,8 +62,12 @@ def check(requests, slots, max_depth, max_tokens, policies, table_files, as_json
     channels = tables.pop("channels", None)  # checked on its own (machine/checker_channels.py)
     config = None
     if max_tokens is not None or policies:
-        config = attrs.evolve(default_config(requests), **({"max_output_tokens": max_tokens} if max_tokens else {}),
-                              **({"policies": tuple(policies)} if policies else {}))
+        changes: dict[str, Any] = {}
+        if max_tokens:
+            changes["max_output_tokens"] = max_tokens
+        if policies:
+            changes["policies"] = tuple(policies)
+        config = attrs.evolve(default_config(requests), **changes)
     if witness is not None and draw_dir is None:
         raise click.BadParameter("needs --draw DIR to draw into", param_hint="--witness")
     err = Console(stderr=True)

@@ -200,7 +200,7 @@ def conform(engine: str, preset: str | None, list_presets: bool, presets_files: 
     from .properties.conformance.adapters.openai import ServerError
     from .properties.conformance.runner import read_expectations
 
-    known = frozenset()
+    known: frozenset[str] = frozenset()
     if expect_file is not None:
         try:
             known = read_expectations(expect_file.read_text(encoding="utf-8"), known=(c.id for c in every))

@@ -33,14 +33,14 @@ def _refusal(path: Path, folder: bool) -> str | None:
     return None
 
 
-def output_folder(ctx: click.Context, param: click.Parameter, value: Path | str | None) -> Path | str | None:
+def output_folder(ctx: click.Context, param: click.Parameter | None, value: Path | str | None) -> Path | str | None:
     """A folder the command writes into (made later, with its parents)."""
     if value is not None and (why := _refusal(Path(value), folder=True)) is not None:
         raise click.BadParameter(why)
     return value
 
 
-def output_file(ctx: click.Context, param: click.Parameter, value: Path | str | None) -> Path | str | None:
+def output_file(ctx: click.Context, param: click.Parameter | None, value: Path | str | None) -> Path | str | None:
     """A file the command writes at its end."""
     if value is not None and (why := _refusal(Path(value), folder=False)) is not None:
         raise click.BadParameter(why)

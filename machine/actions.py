@@ -91,9 +91,13 @@ def run_phases(
 def fire_with_effects(stepper: _Stepper, plans: Mapping[tuple[str, str], Plan], event: str, *args: Any) -> Plan:
     """Fire `event` on `stepper` and run its row's effects by phase (`run_phases`), each as
     `fn(*args)`; returns the plan. A refused event raises the table's IllegalTransition and runs
-    nothing."""
-    plan = plans.get((stepper.state._value_, event))
+    nothing; an event the stepper took that `plans` has no plan for (plans of another table) is
+    an ActionError."""
+    state = stepper.state._value_
+    plan = plans.get((state, event))
     run_phases(plan, args, stepper.fire, (event,))
+    if plan is None:
+        raise ActionError(f"({state}, {event}) fired, but the plans given have none for it (plans of another table?)")
     return plan
 
 

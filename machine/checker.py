@@ -27,6 +27,7 @@ as a replayable list of (request, machine, state, event) steps.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import itertools
 import math
@@ -227,9 +228,15 @@ class _Moves:
     with its free places, a dense index of the states seen (_Seen), a sixth of n^3 for three."""
 
     def __init__(self, loc: _Local, hold: list[int], requests: int) -> None:
-        nx, dp, check, off, n_free, n_both = [], [], [], [], [], []
+        nx: list[int] = []
+        dp: list[int] = []
+        check: list[bool] = []
+        off: list[int] = []
+        n_free: list[int] = []
+        n_both: list[int] = []
         for c, succ in enumerate(loc.succ):
-            free, slot = [], []
+            free: list[tuple[int, int, int]] = []
+            slot: list[tuple[int, int, int]] = []
             for _, y, d, need, _ in succ or ():
                 if y != c or d:  # a step that changes nothing is no edge (see _prepass)
                     (slot if need else free).append((y, d, d + hold[y] - hold[c]))
@@ -252,7 +259,7 @@ class _Moves:
 
     def index(self, rows: Iterable[np.ndarray]) -> np.ndarray:
         """The multiset rank of each column of ascending request ids (rows)."""
-        return sum((rank[row] for rank, row in zip(self.rank, rows)), start=np.int64(0))
+        return functools.reduce(np.add, (rank[row] for rank, row in zip(self.rank, rows)))
 
     def expand(self, frontier: np.ndarray, pool: np.ndarray, cols: np.ndarray,
                base: int) -> tuple[np.ndarray, Iterator[tuple[np.ndarray, ...]]]:
@@ -466,7 +473,7 @@ class _Search:
         waits, used = np.array(self._waits, dtype=bool), np.array(self._used, dtype=bool)
         witness_edges: dict[int, list] = {}
         for c in range(n):
-            for lab, _, _, need, wit in loc.succ[c]:
+            for lab, _, _, need, wit in loc.successors(c):
                 if wit:
                     witness_edges.setdefault(c, []).append((lab, need, wit))
         ebad = {c: [loc.edge_bad[k] for k in ks] for c, ks in loc.edge_bad_of.items()}
@@ -578,7 +585,7 @@ class _Search:
                     todo.append(nx)
         indeg = [0] * len(loc.comps)
         for c in range(len(loc.comps)):
-            for _, nx, dp, _, _ in loc.succ[c]:
+            for _, nx, dp, _, _ in loc.successors(c):
                 if nx != c or dp:
                     indeg[nx] += 1
         ready = [c for c in range(len(loc.comps)) if indeg[c] == 0]
@@ -586,7 +593,7 @@ class _Search:
         while ready:
             c = ready.pop()
             ordered += 1
-            for _, nx, dp, _, _ in loc.succ[c]:
+            for _, nx, dp, _, _ in loc.successors(c):
                 if nx == c and not dp:
                     continue
                 indeg[nx] -= 1
@@ -708,7 +715,7 @@ class _Search:
         pool, target = self._pool(prev), sorted(self._comps(cur))
         for who, x in enumerate(ids):
             rest = ids[:who] + ids[who + 1:]
-            for lab, nx, dp, need, _ in self.local.succ[x]:
+            for lab, nx, dp, need, _ in self.local.successors(x):
                 if (pool or not need) and pool + dp == self._pool(cur) and sorted(rest + [nx]) == target:
                     return lab, who, nx
         raise AssertionError("no step links two states of a BFS chain")

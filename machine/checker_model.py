@@ -504,10 +504,10 @@ class Model:
         self.token_checks = tuple(c.event for c in self.life.table.finish_checks if c.tokens)
         # The guards the table gives each check (D31), each run through FINISH_GUARDS, checked both ways.
         declared = self.life.table.finish_guards
-        unknown, unused = [g for g in declared if g not in FINISH_GUARDS], [g for g in FINISH_GUARDS if g not in declared]
-        if unknown or unused:
+        undone, unused = [g for g in declared if g not in FINISH_GUARDS], [g for g in FINISH_GUARDS if g not in declared]
+        if undone or unused:
             raise ValueError(f"lifecycle finish guards and the checker model's FINISH_GUARDS differ: declared without an "
-                             f"implementation {unknown}, implemented but not declared {unused}")
+                             f"implementation {undone}, implemented but not declared {unused}")
         self.unless = {c.event: c.unless for c in self.life.table.finish_checks}
         # The order of the loop's step (the table's [[step]], D53): which observation comes first at
         # a check point, and whether a token's bytes are emitted before the finish checks judge them.
@@ -768,7 +768,7 @@ class Model:
             s.f[F.pc] = pc
         return s
 
-    def _interrupt(self, c, out, label: str, stop: str, nonempty: bool) -> None:
+    def _interrupt(self, c, out, label: str, stop: str | None, nonempty: bool) -> None:
         """The content policy sees the safe chunk before it is sent and refuses it (D11): the
         chunk is never sent, pending bytes (and a matched stop) are discarded, FINISHED follows."""
         s = self._push(c, out, f"{label}, content policy interrupts (chunk not sent, D11)",
@@ -960,7 +960,7 @@ class Model:
     def witnesses(self, pre: Sequence[int], step: Step) -> list[str]:
         """The sometimes-properties (WITNESSES) that a local step from `pre` demonstrates: those
         its fired steps (or its change of lifecycle state) trigger whose predicate holds."""
-        triggers = dict.fromkeys(step.fired)  # in the order fired, once each
+        triggers: dict[tuple[str, str, str] | None, None] = dict.fromkeys(step.fired)  # in the order fired, once each
         if pre[F.lifecycle] != step.f[F.lifecycle]:
             triggers[None] = None
         candidates = [(name, pred) for t in triggers for name, pred in _TRIGGERED.get(t, ())]
@@ -978,7 +978,9 @@ def _places(seq: Machine) -> tuple[bool, ...]:
     """Per state of the sequence table: does a sequence there hold a batch place? The places its
     rows' effects take and give back, counted along the table from the initial state (first
     count found; a table whose counts disagree is caught by the product's slot accounting)."""
-    take = {(d.state, d.event): sum((x == "take_place") - (x == "give_place") for x in seq.table.actions.get(d.action, ()))
+    actions = seq.table.actions
+    take = {(d.state, d.event): sum(int(x == "take_place") - int(x == "give_place")
+                                    for x in (actions.get(d.action, ()) if d.action else ()))
             for d in seq.table.rows}
     held = {seq.table.initial: 0}
     todo = [seq.table.initial]

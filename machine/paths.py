@@ -139,7 +139,7 @@ class _Graph:
         self._to_done()
 
     def _targets(self, ps: PathStep) -> tuple[Target, ...]:
-        out = []
+        out: list[Target] = []
         for m, s, e in ps.fired:
             name = machine_of(m)
             out.append((self.model.tables[name].decision(s, e).kind.value, name, s, e))
@@ -166,8 +166,8 @@ class _Graph:
     def path(self, src: RequestState, ps: PathStep, dst: RequestState) -> tuple[RequestState, tuple[PathStep, ...]]:
         head: list[PathStep] = []
         c = src
-        while self.parent[c] is not None:
-            c, step = self.parent[c]
+        while (link := self.parent[c]) is not None:
+            c, step = link
             head.append(step)
         head.reverse()
         tail = [ps]
@@ -211,8 +211,8 @@ def covering_paths(
     for t, (_, src, ps, dst) in sorted(best.items()):
         end, steps = graph.path(src, ps, dst)
         start = src
-        while graph.parent[start] is not None:
-            start = graph.parent[start][0]
+        while (link := graph.parent[start]) is not None:
+            start = link[0]
         assert model.done(end), f"path for {t} does not end"
         paths[t] = ModelPath(t, policies[start.policy], steps)
     return PathSet(

@@ -22,6 +22,9 @@ from .compiled import IllegalTransition
 class _Model:
     """The object `transitions` decorates with the state attribute and trigger methods."""
 
+    state: enum.StrEnum  # a member of the table's State
+    trigger: Callable[..., bool]
+
 
 class TransitionsMachine:
     """One instance of `table` driven by a ``transitions.Machine`` (or LockedMachine if `locked`)."""

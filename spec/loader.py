@@ -49,7 +49,8 @@ class _Problems:
     """Collects SpecErrors of one table so the loader can report them all at once."""
 
     def __init__(self, source: str) -> None:
-        self.source, self.found = source, []
+        self.source = source
+        self.found: list[tuple[str, str]] = []
 
     def add(self, exc: SpecError) -> None:
         self.found.extend(exc.problems)
@@ -126,13 +127,13 @@ def build_table(data: dict[str, Any], source: str) -> Table:
                 except SpecError as exc:
                     problems.add(exc)
                     continue
-                key = (d.state, d.event)
-                if key in decisions:
-                    first = decisions[key].where
+                pair = (d.state, d.event)
+                if pair in decisions:
+                    first = decisions[pair].where
                     problems.add(SpecError(
                         source, where, f"duplicate pair ({d.state}, {d.event}), first decided in {first}"))
                     continue
-                decisions[key] = d
+                decisions[pair] = d
     problems.raise_any()
 
     for s in states:

@@ -110,8 +110,7 @@ class Table:
 
     def __attrs_post_init__(self) -> None:
         camel = "".join(p.capitalize() for p in self.name.split("_"))
-        state_enum = enum.StrEnum(f"{camel}State", [(s, s) for s in self.states])
-        object.__setattr__(self, "State", state_enum)
+        object.__setattr__(self, "State", enum.StrEnum(f"{camel}State", [(s, s) for s in self.states]))
 
     def decision(self, state: str, event: str) -> Decision:
         return self.decisions[(str(state), event)]

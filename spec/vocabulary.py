@@ -8,7 +8,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 # The tables every layer loads: this package's, or a copy named by DECODESPEC_SPEC_DIR (a table
 # change tried end to end, runtime and checker included, before anyone edits the originals).
@@ -26,9 +26,27 @@ def _reasons() -> list[dict[str, Any]]:
 
 
 REASON_ENTRIES = tuple(_reasons())
-# The finish reasons of §4.10, declared in spec/reasons.toml; a row's `reason` must be one of them.
-FinishReason = enum.StrEnum("FinishReason", [(e["name"].upper(), e["name"]) for e in REASON_ENTRIES])
-FinishReason.__doc__ = "The finish reasons of §4.10 (spec/reasons.toml); a row's `reason` must be one of them."
+if TYPE_CHECKING:
+    # What a type checker sees: the members of the shipped spec/reasons.toml, one per [[reason]]
+    # (tests/test_spec_validation.py holds the two equal). At run time the class is built from
+    # the tables loaded, which may be an edited copy (DECODESPEC_SPEC_DIR).
+    class FinishReason(enum.StrEnum):
+        """The finish reasons of §4.10 (spec/reasons.toml); a row's `reason` must be one of them."""
+
+        EOS = "eos"
+        STOP_SEQUENCE = "stop_sequence"
+        GRAMMAR_COMPLETE = "grammar_complete"
+        TOOL_CALLS = "tool_calls"
+        MAX_OUTPUT_TOKENS = "max_output_tokens"
+        CONTEXT_LIMIT = "context_limit"
+        CANCELLED = "cancelled"
+        DEADLINE_EXCEEDED = "deadline_exceeded"
+        CONTENT_INTERRUPTED = "content_interrupted"
+        MODEL_ERROR = "model_error"
+        TRANSPORT_ERROR = "transport_error"
+else:
+    FinishReason = enum.StrEnum("FinishReason", [(e["name"].upper(), e["name"]) for e in REASON_ENTRIES])
+    FinishReason.__doc__ = "The finish reasons of §4.10 (spec/reasons.toml); a row's `reason` must be one of them."
 # FinishReason -> the OpenAI wire finish_reason of a completion that ends with it.
 OPENAI_FINISH: Mapping[FinishReason, str] = {FinishReason(e["name"]): e["openai"] for e in REASON_ENTRIES if "openai" in e}
 
