@@ -81,7 +81,7 @@ def serve(host, port, model_path, device, policy, max_batch, threads, pin_thread
     import logging
 
     from decodespec.runtime.engine import Engine
-    from decodespec.runtime.server import create_app, reference_server, uvicorn_config
+    from decodespec.runtime.server import ServerConfig, create_app, reference_server, uvicorn_config
 
     from .cli_generate import load_model_and_tokenizer
 
@@ -105,10 +105,11 @@ def serve(host, port, model_path, device, policy, max_batch, threads, pin_thread
                     preemption=preemption, detach_timeout_s=detach_timeout_s, stall_timeout_s=stall_timeout_s,
                     retain_s=retain_s, max_retained=max_retained, batch_invariant=batch_invariant, threads=threads,
                     pin_threads=pin_threads)
-    app = create_app(engine, policy=policy, api_key=api_key, allowed_origins=frozenset(allowed_origins),
-                     max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s, on_disconnect=on_disconnect,
-                     utf8_guard=utf8_guard, watchdog_s=watchdog_s, strict=strict, max_readers=max_readers,
-                     reasoning_parser=reasoning_parser == "think", tool_parser=tool_call_parser == "hermes")
+    app = create_app(engine, ServerConfig(
+        policy=policy, api_key=api_key, allowed_origins=frozenset(allowed_origins), max_body_bytes=max_body_bytes,
+        body_timeout_s=body_timeout_s, on_disconnect=on_disconnect, utf8_guard=utf8_guard, watchdog_s=watchdog_s,
+        strict=strict, max_readers=max_readers, reasoning_parser=reasoning_parser == "think",
+        tool_parser=tool_call_parser == "hermes"))
     logging.basicConfig(format="%(levelname)s:     %(name)s: %(message)s")  # the server's own lines (fields not acted on)
     logging.getLogger("decodespec").setLevel(log_level.upper())
     click.echo(f"decodespec serve: model {engine.model_name!r} on http://{host}:{port}/v1 (policy {policy})", err=True)

@@ -26,7 +26,6 @@ read is dropped quietly.
 from __future__ import annotations
 
 import asyncio
-import codecs
 import collections
 import contextlib
 import hmac
@@ -34,7 +33,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import attrs
@@ -47,32 +46,28 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from ..spec import FinishReason
-from .alignment import Releaser
-from .channels import Splitter, merged, tool_close_token, wire_finish
+from .channels import merged, tool_close_token, wire_finish
 from .engine import DuplicateRequest, Engine, EngineFailed, EngineStopped, QueueFull, UnknownRequest
 from .errors import RequestError
 from .openai_schema import (
     UTF8_GUARD_DEFAULTS,
     ApiError,
     ParsedRequest,
-    channel_delta,
     chat_message,
     choice_body,
     choices_usage,
-    chunk,
     compile_chat_template,
     completion_body,
     finish_fields,
     openai_usage,
     openapi,
     parse_completion,
-    report_fields,
     terminal_error,
 )
 from .runner import RequestRun
+from .sse import SSE_HEADERS, Renderer, collect, follow, follow_choices, whole_report
 from .stream import StreamEvent, StreamEventKind, StreamReader
 
-_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _SEQ = re.compile(r"[0-9]{1,18}")
 MAX_BODY_BYTES = 4 << 20  # 4 MiB: far above any prompt that fits a context, far below a memory problem
 RETRY_AFTER_S = 1  # what a 429 (queue full) tells the client to wait
@@ -109,209 +104,209 @@ def _error(exc: ApiError, request_id: str | None = None) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
-def _sse(data: Any, *, seq: int | str | None = None, event: str | None = None) -> bytes:
-    head = (f"id: {seq}\n" if seq is not None else "") + (f"event: {event}\n" if event else "")
-    body = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    return f"{head}data: {body}\n\n".encode()
+def _rate_limited(message: str, code: str) -> JSONResponse:
+    """A 429 that says when to retry."""
+    return JSONResponse(ApiError(429, message, code=code, type="rate_limit_error").body(), status_code=429,
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
-def splitter_for(parsed: ParsedRequest | None) -> Splitter | None:
-    """The channel split of a chat answer whose server parses reasoning or tool calls (D45-D47)."""
-    if parsed is None or not parsed.chat or not (parsed.reasoning or parsed.tools):
-        return None
-    return Splitter(reasoning=parsed.reasoning, tools=parsed.tools)
+def _event_stream(frames: AsyncIterator[bytes], headers: dict[str, str]) -> StreamingResponse:
+    return StreamingResponse(frames, media_type="text/event-stream", headers=headers | SSE_HEADERS)
 
 
-class _Renderer:
-    """Turns one request's stream events into SSE frames (one renderer per HTTP response)."""
-
-    def __init__(self, run: RequestRun, parsed: ParsedRequest | None, model: str, created: int, *,
-                 cid: str | None = None, choice: bool = False) -> None:
-        """`choice`: one choice of an n > 1 stream (D34): its frames carry `id: <index>.<seq>`, and
-        the usage and [DONE] come once, after every choice has ended (_follow_choices)."""
-        self.run, self.parsed, self.model, self.created = run, parsed, model, created
-        self.cid = cid or f"cmpl-{run.request.request_id}"
-        self.choice = choice
-        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
-        self.split = splitter_for(parsed)
-        # Per-token entries (logprobs, token ids) go with the chunk whose text they spell (D59); a
-        # chat delta the split holds back sends no chunk, and its entries wait for the next one.
-        self.releaser = Releaser(run) if parsed is not None and parsed.reports_tokens else None
-        self._pending: list[Any] = []
-
-    def _report(self, entries: list[Any], seq: int | None = None) -> dict[str, Any] | None:
-        """The chunk's per-token fields; for a delta (`seq`), also how many tokens the run had
-        selected when it released it (`decodespec.selected`, the timeline hold-back is judged by)."""
-        entries, self._pending = self._pending + entries, []
-        if self.releaser is None:
-            return None
-        out = report_fields(self.parsed, entries, self.run.tokenizer)
-        return out if seq is None else {**out, "decodespec": {"selected": self.releaser.selected(seq)}}
-
-    def resumed(self) -> None:
-        """A reader that resumes after Last-Event-ID begins mid-stream: it reports no per-token
-        entries (the chunks before it, which it does not see, hold their share)."""
-        self.releaser = None
-
-    def call_id(self, index: int) -> str:
-        return f"call_{self.run.request.request_id}_{index}"
-
-    def _id(self, seq: int | None) -> int | str | None:
-        return f"{self.parsed.index}.{seq}" if self.choice and seq is not None else seq
-
-    def frames(self, ev: StreamEvent) -> list[bytes]:
-        p = self.parsed
-        if ev.kind is StreamEventKind.START:
-            return [_sse(chunk(p, self.cid, self.created, self.model, role=True, text=None if p.chat else ""))]
-        if ev.kind is StreamEventKind.DELTA:
-            text = self._utf8.decode(ev.data)
-            entries = self.releaser.delta(ev.data) if self.releaser is not None else []
-            if self.split is not None:  # a chat answer in channels (D45-D47): a held tag prefix sends nothing yet
-                delta = channel_delta(merged(self.split.push(text)), self.call_id)
-                if not delta:
-                    self._pending += entries
-                    return []
-                return [_sse(chunk(p, self.cid, self.created, self.model, delta=delta,
-                                   report=self._report(entries, ev.seq)), seq=self._id(ev.seq))]
-            return [_sse(chunk(p, self.cid, self.created, self.model, text=text, report=self._report(entries, ev.seq)),
-                         seq=self._id(ev.seq))]
-        if ev.kind is StreamEventKind.COMPLETED:
-            tail = self._utf8.decode(b"", final=True)
-            reason, detail = finish_fields(ev.finish_reason, self.run.result().stop)
-            report = self._report(self.releaser.finish() if self.releaser is not None else [])
-            if self.split is not None:
-                parts = self.split.push(tail) + self.split.finish(ev.finish_reason is FinishReason.TOOL_CALLS)
-                last = chunk(p, self.cid, self.created, self.model, delta=channel_delta(merged(parts), self.call_id),
-                             finish=(wire_finish(reason, self.split), detail), report=report)
-            else:
-                last = chunk(p, self.cid, self.created, self.model, text=tail or None, finish=(reason, detail),
-                             report=report)
-            out = [_sse(last, seq=self._id(ev.seq))]
-            if self.choice:
-                return out
-            if p.include_usage:
-                out.append(_sse(chunk(p, self.cid, self.created, self.model, usage=openai_usage(ev.usage))))
-            return out + [_sse("[DONE]")]
-        err = terminal_error(ev.finish_reason, ev.error, self.run.request.request_id).body()
-        err["error"]["decodespec"] = {"finish_reason": ev.finish_reason.value, "error": ev.error,
-                                      "usage": ev.usage, "index": p.index}
-        return [_sse(err, seq=self._id(ev.seq), event="error")]
-
-
-def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "pause",
-               max_buffer_events: int = 256, manage_engine: bool = True, api_key: str | None = None,
-               allowed_origins: frozenset[str] = frozenset(), max_body_bytes: int = MAX_BODY_BYTES,
-               body_timeout_s: float = 30.0, on_disconnect: str = "continue", utf8_guard: str = "sampled",
-               watchdog_s: float | None = 60.0, strict: bool = False, max_readers: int = 8,
-               reasoning_parser: bool = False, tool_parser: bool = False) -> Starlette:
-    """The ASGI app. With `manage_engine` the app starts the engine thread at startup and stops it
-    (every live request cancelled) at shutdown. `api_key`, `allowed_origins`, `max_body_bytes`: see
-    the module docstring. `body_timeout_s`: a body not fully received by then is a 408.
-    `on_disconnect` ("continue", DECISIONS D5's default, or "cancel"): what a streaming request's
-    disconnect does, and a non-streamed one's whose client chose its X-Request-Id; any other
-    non-streamed request whose client leaves is cancelled (nobody can ever read its answer). `utf8_guard`: which requests that
-    do not say get the UTF-8 guard, a key of UTF8_GUARD_DEFAULTS (DECISIONS D16). `watchdog_s`: /health
-    answers 503 "stalled" while one engine step has run longer (None: never; DECISIONS D21). `strict`:
-    only the strict request set (openai_schema.STRICT_FIELDS, n = 1; D30). `max_readers`:
-    open readers one request may have (the first stream and each /events resume; 429 past it, D5).
-    `reasoning_parser`: chat answers split `<think>` sections into reasoning_content (D45);
-    `tool_parser`: chat requests with tools get Hermes `<tool_call>` calls as tool_calls (D47)."""
-    if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
+def _api_key(instance: Any, attribute: Any, value: str | None) -> None:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
         raise ValueError("api_key must be None (no authentication) or a non-empty string")
-    if isinstance(max_readers, bool) or not isinstance(max_readers, int) or max_readers < 1:
-        raise ValueError(f"max_readers must be an int >= 1, got {max_readers!r}")
-    if on_disconnect not in ("continue", "cancel"):
-        raise ValueError(f"on_disconnect must be 'continue' or 'cancel', got {on_disconnect!r}")
-    if utf8_guard not in UTF8_GUARD_DEFAULTS:
-        raise ValueError(f"utf8_guard must be one of {', '.join(UTF8_GUARD_DEFAULTS)}, got {utf8_guard!r}")
-    name = model_name or engine.model_name
-    vocab_size = engine.model.vocab_size
-    schema = openapi(name)
-    chat_template = compile_chat_template(getattr(engine.tokenizer, "chat_template", None),
-                                          getattr(engine.tokenizer, "template_tokens", {}))
-    tool_close = tool_close_token(engine.tokenizer, vocab_size) if tool_parser else None
-    views: collections.OrderedDict[str, ParsedRequest] = collections.OrderedDict()  # reconnect shape
-    groups: collections.OrderedDict[str, list[str]] = collections.OrderedDict()  # n > 1: the choices' ids (D34)
 
-    def parse(raw: bytes, chat: bool, request_id: str | None) -> ParsedRequest:
-        return parse_completion(raw, chat=chat, model_name=name, context_limit=engine.context_limit,
-                                vocab_size=vocab_size, tokenizer=engine.tokenizer, policy=policy,
-                                max_buffer_events=max_buffer_events, chat_template=chat_template,
-                                utf8_guard=utf8_guard, request_id=request_id, strict=strict,
-                                reasoning=reasoning_parser, tool_parser=tool_parser, tool_close_id=tool_close)
 
-    def recorded(run: RequestRun) -> None:
+def _max_readers(instance: Any, attribute: Any, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"max_readers must be an int >= 1, got {value!r}")
+
+
+def _on_disconnect(instance: Any, attribute: Any, value: str) -> None:
+    if value not in _ON_DISCONNECT:
+        raise ValueError(f"on_disconnect must be 'continue' or 'cancel', got {value!r}")
+
+
+def _utf8_guard(instance: Any, attribute: Any, value: str) -> None:
+    if value not in UTF8_GUARD_DEFAULTS:
+        raise ValueError(f"utf8_guard must be one of {', '.join(UTF8_GUARD_DEFAULTS)}, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class ServerConfig:
+    """How the app serves its engine (`decodespec serve`'s flags); a bad value is a ValueError
+    naming it. The module docstring says what the refusals (`api_key`, `allowed_origins`,
+    `max_body_bytes`) do."""
+
+    model_name: str | None = None  # the model's name in answers and /v1/models (None: the engine's)
+    policy: str = "pause"  # the stream policy of a request that names none (§4.8)
+    max_buffer_events: int = 256  # the stream's buffer, in events (§4.8)
+    manage_engine: bool = True  # the app starts the engine thread, and stops it (every live request cancelled)
+    api_key: str | None = attrs.field(default=None, validator=_api_key)
+    allowed_origins: frozenset[str] = frozenset()
+    max_body_bytes: int = MAX_BODY_BYTES
+    body_timeout_s: float = 30.0  # a body not fully received by then is a 408
+    # What a streaming request's disconnect does, and a non-streamed one's whose client chose its
+    # X-Request-Id: "continue" (D5's default: recorded, the request runs on) or "cancel". Any other
+    # non-streamed request whose client leaves is cancelled (nobody can ever read its answer).
+    on_disconnect: str = attrs.field(default="continue", validator=_on_disconnect)
+    # Which requests that do not say get the UTF-8 guard: a key of UTF8_GUARD_DEFAULTS (D16).
+    utf8_guard: str = attrs.field(default="sampled", validator=_utf8_guard)
+    # /health answers 503 "stalled" while one engine step has run longer (None: never; D21).
+    watchdog_s: float | None = 60.0
+    strict: bool = False  # only the strict request set (openai_schema.STRICT_FIELDS, n = 1; D30)
+    # Open readers one request may have (the first stream and each /events resume; 429 past it, D5).
+    max_readers: int = attrs.field(default=8, validator=_max_readers)
+    reasoning_parser: bool = False  # chat answers split `<think>` sections into reasoning_content (D45)
+    tool_parser: bool = False  # chat requests with tools get Hermes `<tool_call>` calls as tool_calls (D47)
+
+
+def _guard(config: ServerConfig, request: HttpRequest) -> None:
+    """Auth, then framing, origin and content type: a refusal names what is wrong (_Refused)."""
+    if config.api_key is not None and request.url.path not in _OPEN_PATHS:
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        # The scheme is case-insensitive (RFC 9110 §11.1); the key is compared in constant time.
+        if not (scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), config.api_key.encode())):
+            raise _Refused(ApiError(401, "a valid API key is required: Authorization: Bearer KEY",
+                                    code="invalid_api_key", type="authentication_error"),
+                           {"WWW-Authenticate": "Bearer"})
+    if "content-length" in request.headers and "transfer-encoding" in request.headers:
+        # RFC 9112 §6.1: a message with both may be an attempt at request smuggling; refused and closed.
+        raise _Refused(ApiError(400, "a request may not carry both Content-Length and Transfer-Encoding",
+                                code="invalid_framing"), {"Connection": "close"})
+    origin = request.headers.get("origin")
+    if origin is not None and origin not in config.allowed_origins:
+        raise _Refused(ApiError(403, f"Origin {origin[:80]!r} is not allowed (this server serves no browser "
+                                     "pages; start it with allowed origins to permit one)", code="origin_refused"))
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if request.method == "POST" and ctype in _BROWSER_TYPES:
+        raise _Refused(ApiError(415, f"Content-Type {ctype} is refused; send application/json",
+                                code="unsupported_media_type"))
+
+
+Handler = Callable[[HttpRequest], Awaitable[Response]]
+
+
+class _Api:
+    """The routes' handlers over one engine: what they share is the configuration, the shape of
+    each retained request (a reconnect renders as the request asked) and the choices' ids of each
+    n > 1 request (D34)."""
+
+    def __init__(self, engine: Engine, config: ServerConfig) -> None:
+        self.engine, self.config = engine, config
+        self.name: str = config.model_name or engine.model_name
+        self.schema = openapi(self.name)
+        self.chat_template = compile_chat_template(getattr(engine.tokenizer, "chat_template", None),
+                                                   getattr(engine.tokenizer, "template_tokens", {}))
+        vocab_size = engine.model.vocab_size
+        self.parse_options = dict(
+            model_name=self.name, context_limit=engine.context_limit, vocab_size=vocab_size,
+            tokenizer=engine.tokenizer, policy=config.policy, max_buffer_events=config.max_buffer_events,
+            chat_template=self.chat_template, utf8_guard=config.utf8_guard, strict=config.strict,
+            reasoning=config.reasoning_parser, tool_parser=config.tool_parser,
+            tool_close_id=tool_close_token(engine.tokenizer, vocab_size) if config.tool_parser else None)
+        self.views: collections.OrderedDict[str, ParsedRequest] = collections.OrderedDict()
+        self.groups: collections.OrderedDict[str, list[str]] = collections.OrderedDict()
+
+    def routes(self) -> list[Route]:
+        endpoints: list[tuple[str, Handler, list[str]]] = [
+            ("/v1/completions", self.text_completions, ["POST"]),
+            ("/v1/chat/completions", self.chat_completions, ["POST"]),
+            ("/v1/requests/{request_id}/events", self.events, ["GET"]),
+            ("/v1/requests/{request_id}/cancel", self.cancel, ["POST"]),
+            ("/v1/models", self.models, ["GET"]),
+            ("/metrics", self.metrics, ["GET"]),
+            ("/health", self.health, ["GET"]),
+            ("/openapi.json", self.openapi_json, ["GET"]),
+        ]
+        return [Route(path, self.guarded(handler), methods=methods) for path, handler, methods in endpoints]
+
+    def guarded(self, handler: Handler) -> Handler:
+        async def run(request: HttpRequest) -> Response:
+            try:
+                _guard(self.config, request)
+                return await handler(request)
+            except _Refused as exc:
+                return JSONResponse(exc.error.body(), status_code=exc.error.status, headers=exc.headers)
+
+        return run
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        if self.config.manage_engine:
+            self.engine.start()
+        try:
+            yield
+        finally:
+            if self.config.manage_engine:
+                self.engine.stop()
+
+    # ---- what a client leaving does (D5) --------------------------------------------------
+
+    def gone(self, run: RequestRun) -> None:
+        """The client of a stream, or of an answer it named, left: as `on_disconnect` says."""
+        _ON_DISCONNECT[self.config.on_disconnect](self, run)
+
+    def recorded(self, run: RequestRun) -> None:
         """A streaming client left: recorded (D5), and the request runs on."""
         run.disconnect()
 
-    gone = _cancelled(engine) if on_disconnect == "cancel" else recorded
+    def abandoned(self, run: RequestRun) -> None:
+        """A disconnect that also cancels: the answer can never be delivered (D5)."""
+        run.disconnect()
+        with contextlib.suppress(UnknownRequest):
+            self.engine.cancel(run.request.request_id, source="disconnect")
 
-    def guard(request: HttpRequest) -> None:
-        """Auth, then origin and content type: a refusal names what is wrong (_Refused)."""
-        if api_key is not None and request.url.path not in _OPEN_PATHS:
-            scheme, _, given = request.headers.get("authorization", "").partition(" ")
-            # The scheme is case-insensitive (RFC 9110 §11.1); the key is compared in constant time.
-            if not (scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), api_key.encode())):
-                raise _Refused(ApiError(401, "a valid API key is required: Authorization: Bearer KEY",
-                                        code="invalid_api_key", type="authentication_error"),
-                               {"WWW-Authenticate": "Bearer"})
-        if "content-length" in request.headers and "transfer-encoding" in request.headers:
-            # RFC 9112 §6.1: a message with both may be an attempt at request smuggling; refused and closed.
-            raise _Refused(ApiError(400, "a request may not carry both Content-Length and Transfer-Encoding",
-                                    code="invalid_framing"), {"Connection": "close"})
-        origin = request.headers.get("origin")
-        if origin is not None and origin not in allowed_origins:
-            raise _Refused(ApiError(403, f"Origin {origin[:80]!r} is not allowed (this server serves no browser "
-                                         "pages; start it with allowed origins to permit one)", code="origin_refused"))
-        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if request.method == "POST" and ctype in _BROWSER_TYPES:
-            raise _Refused(ApiError(415, f"Content-Type {ctype} is refused; send application/json",
-                                    code="unsupported_media_type"))
+    # ---- completions ---------------------------------------------------------------------
 
-    async def completions(request: HttpRequest, chat: bool) -> Response:
+    async def text_completions(self, request: HttpRequest) -> Response:
+        return await self.completions(request, chat=False)
+
+    async def chat_completions(self, request: HttpRequest) -> Response:
+        return await self.completions(request, chat=True)
+
+    async def read_request(self, request: HttpRequest, chat: bool) -> ParsedRequest | Response:
+        """The body read (bounded in size and time) and parsed on a worker thread (tokenizing a long
+        prompt never blocks the loop), or the response that refuses it."""
+        config = self.config
         try:
-            raw = await asyncio.wait_for(_read_body(request, max_body_bytes), body_timeout_s)
+            raw = await asyncio.wait_for(_read_body(request, config.max_body_bytes), config.body_timeout_s)
         except ClientDisconnect:  # the client left while sending: nothing to answer, nothing to log
             return Response(status_code=400)
         except TimeoutError:
-            return _error(ApiError(408, f"the body was not received within {body_timeout_s:g} s", code="body_timeout"))
+            return _error(ApiError(408, f"the body was not received within {config.body_timeout_s:g} s",
+                                   code="body_timeout"))
         try:
-            # Tokenizing a long prompt never blocks the loop.
-            parsed = await run_in_threadpool(parse, raw, chat, request.headers.get("x-request-id"))
+            parsed = await run_in_threadpool(self.parse, raw, chat, request.headers.get("x-request-id"))
         except ApiError as exc:
             return _error(exc)
         if parsed.ignored:
             _LOG.info("request %s: %s accepted and not acted on (%s)", parsed.request.request_id,
                       ", ".join(parsed.ignored), IGNORED_HEADER)
+        return parsed
+
+    def parse(self, raw: bytes, chat: bool, request_id: str | None) -> ParsedRequest:
+        return parse_completion(raw, chat=chat, request_id=request_id, **self.parse_options)
+
+    async def completions(self, request: HttpRequest, chat: bool) -> Response:
+        parsed = await self.read_request(request, chat)
+        if isinstance(parsed, Response):
+            return parsed
         if parsed.best_of > 1:
-            return await choices(request, parsed)
+            return await self.choices(request, parsed)
         try:
-            run = engine.submit(parsed.request)
-        except QueueFull as exc:
-            return JSONResponse(ApiError(429, str(exc), code="queue_full", type="rate_limit_error").body(),
-                                status_code=429, headers={"Retry-After": str(RETRY_AFTER_S)})
-        except EngineStopped as exc:
-            code = "engine_failed" if isinstance(exc, EngineFailed) else "shutting_down"
-            return _error(ApiError(503, str(exc), code=code, type="server_error"))
-        except RequestError as exc:  # a prompt id the tokenizer cannot decode, say (D20)
-            return _error(ApiError(400, str(exc), param=exc.field, code="invalid_value"))
-        except DuplicateRequest as exc:
-            return _error(ApiError(409, str(exc), param="X-Request-Id", code="request_id_in_use"))
+            run = self.engine.submit(parsed.request)
+        except (QueueFull, EngineStopped, RequestError, DuplicateRequest) as exc:
+            return _submit_refused(exc)
         rid = parsed.request.request_id
-        retain(rid, parsed)
-        renderer = _Renderer(run, parsed, name, int(time.time()))
+        self.retain(rid, parsed)
+        renderer = Renderer(run, parsed, self.name, int(time.time()))
         headers = {"X-Request-Id": rid, **_ignored(parsed)}
         if parsed.stream:
-            return StreamingResponse(_follow(run, renderer, run.stream.reader, on_gone=gone),
-                                     media_type="text/event-stream", headers=headers | _SSE_HEADERS)
-        # A client that named its id can come back for the answer (/events): its disconnect follows
-        # on_disconnect like a stream's. Nobody else can ever read this answer: it is cancelled.
-        named = "x-request-id" in request.headers
-        watch = asyncio.ensure_future(_watch_disconnect(request, [run], gone if named else _cancelled(engine)))
-        try:
-            text, last = await _collect(run)
-        finally:
-            watch.cancel()
+            return _event_stream(follow(run, renderer, run.stream.reader, on_gone=self.gone), headers)
+        ((text, last),) = await self.answers(request, [run])
         if last is None or last.kind is not StreamEventKind.COMPLETED:
             return _error(terminal_error(last.finish_reason, last.error, rid), rid)
         answer = text.decode("utf-8", "replace")
@@ -321,18 +316,36 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
             parts = renderer.split.push(answer) + renderer.split.finish(last.finish_reason is FinishReason.TOOL_CALLS)
             message = chat_message(merged(parts), renderer.call_id, reasoning=parsed.reasoning)
             reason = wire_finish(reason, renderer.split)
-        body = completion_body(parsed, renderer.cid, renderer.created, name, answer, (reason, detail),
+        body = completion_body(parsed, renderer.cid, renderer.created, self.name, answer, (reason, detail),
                                openai_usage(last.usage), message=message, report=whole_report(run, parsed, text))
         return JSONResponse(body, headers=headers)
 
-    def retain(rid: str, parsed: ParsedRequest) -> None:
-        views[rid] = parsed
-        while len(views) > engine.max_retained + engine.max_queue + engine.max_batch:
-            views.popitem(last=False)
+    async def answers(self, request: HttpRequest, runs: list[RequestRun]) -> list[tuple[bytes, StreamEvent | None]]:
+        """The whole answers of a response that is not streamed. A client that named its id can come
+        back for the answer (/events): its disconnect follows on_disconnect like a stream's. Nobody
+        else can ever read this answer: it is cancelled."""
+        on_gone = self.gone if "x-request-id" in request.headers else self.abandoned
+        watch = asyncio.ensure_future(_watch_disconnect(request, runs, on_gone))
+        try:
+            return list(await asyncio.gather(*(collect(run) for run in runs)))
+        finally:
+            watch.cancel()
 
-    async def choices(request: HttpRequest, parsed: ParsedRequest) -> Response:
+    def retain(self, rid: str, parsed: ParsedRequest) -> None:
+        self.views[rid] = parsed
+        while len(self.views) > self.retained_max:
+            self.views.popitem(last=False)
+
+    @property
+    def retained_max(self) -> int:
+        """Requests whose shape (views) or choices (groups) are kept: as many as the engine keeps."""
+        engine = self.engine
+        return engine.max_retained + engine.max_queue + engine.max_batch
+
+    async def choices(self, request: HttpRequest, parsed: ParsedRequest) -> Response:
         """n choices, or the best n of best_of candidates (D34): one engine request each, with its
         own lifecycle, stream and finish reason; the answer is complete when every one has ended."""
+        engine = self.engine
         rid = parsed.request.request_id
         runs: list[RequestRun] = []
         try:
@@ -343,29 +356,23 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
                 with contextlib.suppress(UnknownRequest):
                     engine.cancel(run.request.request_id, source="refused")
             if isinstance(exc, QueueFull):
-                return JSONResponse(ApiError(429, str(exc), code="queue_full", type="rate_limit_error").body(),
-                                    status_code=429, headers={"Retry-After": str(RETRY_AFTER_S)})
+                return _rate_limited(str(exc), "queue_full")
             if isinstance(exc, EngineStopped):
                 return _error(ApiError(503, str(exc), code="shutting_down", type="server_error"))
             return _error(ApiError(409, str(exc), param="X-Request-Id", code="request_id_in_use"))
-        groups[rid] = [run.request.request_id for run in runs]
-        while len(groups) > engine.max_retained + engine.max_queue + engine.max_batch:
-            groups.popitem(last=False)
+        self.groups[rid] = [run.request.request_id for run in runs]
+        while len(self.groups) > self.retained_max:
+            self.groups.popitem(last=False)
         shapes = [attrs.evolve(parsed, index=i) for i in range(len(runs))]
         for run, shape in zip(runs, shapes):
-            retain(run.request.request_id, shape)
+            self.retain(run.request.request_id, shape)
         created, cid = int(time.time()), f"cmpl-{rid}"
         headers = {"X-Request-Id": rid, **_ignored(parsed)}
         if parsed.stream:
-            renderers = [_Renderer(run, shape, name, created, cid=cid, choice=True) for run, shape in zip(runs, shapes)]
-            return StreamingResponse(_follow_choices(runs, renderers, parsed, on_gone=gone),
-                                     media_type="text/event-stream", headers=headers | _SSE_HEADERS)
-        named = "x-request-id" in request.headers
-        watch = asyncio.ensure_future(_watch_disconnect(request, runs, gone if named else _cancelled(engine)))
-        try:
-            answers = await asyncio.gather(*(_collect(run) for run in runs))
-        finally:
-            watch.cancel()
+            renderers = [Renderer(run, shape, self.name, created, cid=cid, choice=True)
+                         for run, shape in zip(runs, shapes)]
+            return _event_stream(follow_choices(runs, renderers, parsed, on_gone=self.gone), headers)
+        answers = await self.answers(request, runs)
         for run, (_, last) in zip(runs, answers):
             if last is None or last.kind is not StreamEventKind.COMPLETED:
                 return _error(terminal_error(last.finish_reason, last.error, run.request.request_id), rid)
@@ -376,17 +383,19 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
         reports = [whole_report(runs[i], parsed, answers[i][0]) for i in order]
         usage = choices_usage([last.usage for _, last in answers])
         more = tuple(choice_body(parsed, k, text, finish, report=reports[k]) for k, (text, finish) in enumerate(done) if k)
-        return JSONResponse(completion_body(parsed, cid, created, name, *done[0], usage, more=more, report=reports[0]),
-                            headers=headers)
+        return JSONResponse(completion_body(parsed, cid, created, self.name, *done[0], usage, more=more,
+                                            report=reports[0]), headers=headers)
 
-    async def events(request: HttpRequest) -> Response:
+    # ---- one request: resume and cancel (D5) ----------------------------------------------
+
+    async def events(self, request: HttpRequest) -> Response:
         rid = request.path_params["request_id"]
-        if rid in groups:
-            return _error(ApiError(409, f"request {rid} has {len(groups[rid])} choices, each its own stream: resume "
-                                        f"one at /v1/requests/{rid}.<index>/events", param="request_id",
+        if rid in self.groups:
+            return _error(ApiError(409, f"request {rid} has {len(self.groups[rid])} choices, each its own stream: "
+                                        f"resume one at /v1/requests/{rid}.<index>/events", param="request_id",
                                    code="request_has_choices"))
         try:
-            run = engine.get(rid)
+            run = self.engine.get(rid)
         except UnknownRequest as exc:
             return _error(ApiError(404, str(exc), param="request_id", code="request_not_found"))
         last = request.headers.get("last-event-id")
@@ -400,12 +409,11 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
         if refusal is not None:  # an id this server never sent cannot be the client's last (D5)
             return _error(ApiError(400, f"Last-Event-ID {after} for request {rid}: {refusal}", param="Last-Event-ID",
                                    code="invalid_value"))
+        max_readers = self.config.max_readers
         if run.stream.open_readers >= max_readers:
-            return JSONResponse(ApiError(429, f"request {rid} already has {max_readers} readers (the most one request "
-                                              "may have); close one first", code="too_many_readers",
-                                         type="rate_limit_error").body(),
-                                status_code=429, headers={"Retry-After": str(RETRY_AFTER_S)})
-        parsed = views.get(rid) or ParsedRequest(request=run.request, chat=False, stream=True, include_usage=True)
+            return _rate_limited(f"request {rid} already has {max_readers} readers (the most one request may "
+                                 "have); close one first", "too_many_readers")
+        parsed = self.views.get(rid) or ParsedRequest(request=run.request, chat=False, stream=True, include_usage=True)
 
         def resume() -> StreamReader:
             # Made once the body is sent (a HEAD never makes one): this connection reads through
@@ -414,34 +422,38 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
             run.stream.reconnect()
             return run.stream.reader(after, resume=True)
 
-        renderer = _Renderer(run, parsed, name, int(time.time()))
+        renderer = Renderer(run, parsed, self.name, int(time.time()))
         if after is not None:
             renderer.resumed()
-        return StreamingResponse(_follow(run, renderer, resume, skip_start=after is not None, on_gone=gone),
-                                 media_type="text/event-stream", headers={"X-Request-Id": rid} | _SSE_HEADERS)
+        return _event_stream(follow(run, renderer, resume, skip_start=after is not None, on_gone=self.gone),
+                             {"X-Request-Id": rid})
 
-    async def cancel(request: HttpRequest) -> Response:
+    async def cancel(self, request: HttpRequest) -> Response:
+        engine = self.engine
         rid = request.path_params["request_id"]
-        if rid in groups:  # every choice of an n > 1 request (D34)
-            accepted = [engine.cancel(c) for c in groups[rid]]
-            states = [engine.get(c).state for c in groups[rid]]
+        if rid in self.groups:  # every choice of an n > 1 request (D34)
+            accepted = [engine.cancel(c) for c in self.groups[rid]]
+            states = [engine.get(c).state for c in self.groups[rid]]
             return JSONResponse({"id": rid, "cancelled": any(accepted), "state": states})
         try:
-            accepted = engine.cancel(rid)
+            one = engine.cancel(rid)
             run = engine.get(rid)
         except UnknownRequest as exc:
             return _error(ApiError(404, str(exc), param="request_id", code="request_not_found"))
-        return JSONResponse({"id": rid, "cancelled": accepted, "state": run.state})
+        return JSONResponse({"id": rid, "cancelled": one, "state": run.state})
 
-    async def models(request: HttpRequest) -> Response:
+    # ---- the server ----------------------------------------------------------------------
+
+    async def models(self, request: HttpRequest) -> Response:
         # max_model_len: the context the model runs with (§4.3, D10), named as vLLM names it
-        return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "decodespec",
-                                                         "max_model_len": engine.context_limit}]})
+        return JSONResponse({"object": "list", "data": [{"id": self.name, "object": "model", "owned_by": "decodespec",
+                                                         "max_model_len": self.engine.context_limit}]})
 
-    async def metrics(request: HttpRequest) -> Response:
-        return PlainTextResponse(prometheus_text(engine), media_type="text/plain; version=0.0.4")
+    async def metrics(self, request: HttpRequest) -> Response:
+        return PlainTextResponse(prometheus_text(self.engine), media_type="text/plain; version=0.0.4")
 
-    async def health(request: HttpRequest) -> Response:
+    async def health(self, request: HttpRequest) -> Response:
+        engine, watchdog_s = self.engine, self.config.watchdog_s
         if engine.failure is not None:
             return JSONResponse({"status": "failed", "error": repr(engine.failure)}, status_code=503)
         running = engine.step_running_s
@@ -449,49 +461,38 @@ def create_app(engine: Engine, *, model_name: str | None = None, policy: str = "
             return JSONResponse({"status": "stalled", "step_running_s": round(running, 3),
                                  "error": f"the engine's step has run for {running:.1f} s (bound {watchdog_s:g} s)"},
                                 status_code=503)
-        return JSONResponse({"status": "ok", "model": name, "step_running_s": round(running, 3)})
+        return JSONResponse({"status": "ok", "model": self.name, "step_running_s": round(running, 3)})
 
-    async def openapi_json(request: HttpRequest) -> Response:
-        return JSONResponse(schema)
+    async def openapi_json(self, request: HttpRequest) -> Response:
+        return JSONResponse(self.schema)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        if manage_engine:
-            engine.start()
-        try:
-            yield
-        finally:
-            if manage_engine:
-                engine.stop()
 
-    async def text_completions(request: HttpRequest) -> Response:
-        return await completions(request, chat=False)
+# What a client leaving does, by ServerConfig.on_disconnect (D5).
+_ON_DISCONNECT: dict[str, Callable[[_Api, RequestRun], None]] = {"continue": _Api.recorded, "cancel": _Api.abandoned}
 
-    async def chat_completions(request: HttpRequest) -> Response:
-        return await completions(request, chat=True)
 
-    endpoints = [
-        ("/v1/completions", text_completions, ["POST"]),
-        ("/v1/chat/completions", chat_completions, ["POST"]),
-        ("/v1/requests/{request_id}/events", events, ["GET"]),
-        ("/v1/requests/{request_id}/cancel", cancel, ["POST"]),
-        ("/v1/models", models, ["GET"]),
-        ("/metrics", metrics, ["GET"]),
-        ("/health", health, ["GET"]),
-        ("/openapi.json", openapi_json, ["GET"]),
-    ]
-    routes = [Route(path, _guarded(handler, guard), methods=methods) for path, handler, methods in endpoints]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
+def _submit_refused(exc: Exception) -> JSONResponse:
+    """The answer to a request the engine refused at submit."""
+    if isinstance(exc, QueueFull):
+        return _rate_limited(str(exc), "queue_full")
+    if isinstance(exc, EngineStopped):
+        code = "engine_failed" if isinstance(exc, EngineFailed) else "shutting_down"
+        return _error(ApiError(503, str(exc), code=code, type="server_error"))
+    if isinstance(exc, RequestError):  # a prompt id the tokenizer cannot decode, say (D20)
+        return _error(ApiError(400, str(exc), param=exc.field, code="invalid_value"))
+    return _error(ApiError(409, str(exc), param="X-Request-Id", code="request_id_in_use"))
+
+
+def create_app(engine: Engine, config: ServerConfig | None = None, **options: Any) -> Starlette:
+    """The ASGI app over `engine`, configured by `config` or by ServerConfig's fields as keywords.
+    With `manage_engine` the app starts the engine thread at startup and stops it (every live
+    request cancelled) at shutdown."""
+    if config is not None and options:
+        raise TypeError(f"create_app takes a ServerConfig or its fields as keywords, not both ({sorted(options)})")
+    api = _Api(engine, config or ServerConfig(**options))
+    app = Starlette(routes=api.routes(), lifespan=api.lifespan, exception_handlers={HTTPException: _http_error})
     app.state.engine = engine
     return app
-
-
-def whole_report(run: RequestRun, parsed: ParsedRequest, output: bytes) -> dict[str, Any] | None:
-    """A non-stream choice's per-token fields: every selected token, in order (D59)."""
-    if not parsed.reports_tokens:
-        return None
-    releaser = Releaser(run)
-    return report_fields(parsed, releaser.delta(output) + releaser.finish(), run.tokenizer)
 
 
 def _ignored(parsed: ParsedRequest) -> dict[str, str]:
@@ -499,108 +500,11 @@ def _ignored(parsed: ParsedRequest) -> dict[str, str]:
     return {IGNORED_HEADER: ", ".join(parsed.ignored)} if parsed.ignored else {}
 
 
-async def _collect(run: RequestRun) -> tuple[bytes, StreamEvent | None]:
-    """A whole answer (a response that is not streamed): its bytes and its terminal event, read
-    in batches (StreamReader.abatch, D61); the reader is closed however the read ends."""
-    text, last = bytearray(), None
-    reader = run.stream.reader()
-    try:
-        while events := await reader.abatch():
-            for ev in events:
-                if ev.kind is StreamEventKind.DELTA:
-                    text += ev.data
-            last = events[-1]
-    finally:
-        reader.close()
-    return bytes(text), last
-
-
-async def _follow_choices(runs: list[RequestRun], renderers: list[_Renderer], parsed: ParsedRequest, *,
-                          on_gone: Callable[[RequestRun], None]) -> AsyncIterator[bytes]:
-    """The SSE frames of n choices as they come (D34): each choice's frames in its own order, with
-    its own finish chunk or error event; once all have ended, the usage (include_usage) and [DONE]
-    when every choice completed. A client that leaves early leaves every choice (on_gone)."""
-    queue: asyncio.Queue[tuple[int, list[bytes] | None]] = asyncio.Queue()
-    readers = [run.stream.reader() for run in runs]
-    ends: dict[int, StreamEvent] = {}
-
-    async def pump(i: int) -> None:
-        while (ev := await readers[i].aget()) is not None:
-            await queue.put((i, renderers[i].frames(ev)))
-            if ev.terminal:
-                ends[i] = ev
-                break
-        await queue.put((i, None))
-
-    tasks = [asyncio.ensure_future(pump(i)) for i in range(len(runs))]
-    open_ = len(runs)
-    try:
-        while open_:
-            i, frames = await queue.get()
-            if frames is None:
-                open_ -= 1
-                continue
-            for frame in frames:
-                yield frame
-        if len(ends) == len(runs) and all(e.kind is StreamEventKind.COMPLETED for e in ends.values()):
-            if parsed.include_usage:
-                usage = choices_usage([ends[i].usage for i in range(len(runs))])
-                yield _sse(chunk(parsed, renderers[0].cid, renderers[0].created, renderers[0].model, usage=usage))
-            yield _sse("[DONE]")
-    finally:
-        for t in tasks:
-            t.cancel()
-        for i, (run, reader) in enumerate(zip(runs, readers)):  # each reader leaves, as in _follow
-            if reader.close() and i not in ends and not run.stream.closed:
-                on_gone(run)
-
-
-def _guarded(handler, guard):
-    async def run(request: HttpRequest) -> Response:
-        try:
-            guard(request)
-            return await handler(request)
-        except _Refused as exc:
-            return JSONResponse(exc.error.body(), status_code=exc.error.status, headers=exc.headers)
-
-    return run
-
-
 async def _http_error(request: HttpRequest, exc: Exception) -> Response:
     """Routing errors (unknown path, wrong method) in the same JSON error shape."""
     status = getattr(exc, "status_code", 500)
     return _error(ApiError(status, f"{request.method} {request.url.path}: {getattr(exc, 'detail', exc)}",
                            code="not_found" if status == 404 else "invalid_request"))
-
-
-async def _follow(run: RequestRun, renderer: _Renderer, open_reader: Callable[[], StreamReader], *,
-                  skip_start: bool = False, on_gone: Callable[[RequestRun], None]) -> AsyncIterator[bytes]:
-    """SSE frames of every event the reader `open_reader()` makes gets, up to the terminal one
-    (`skip_start`: the client already has the start frame). The reader closes when the response
-    ends; leaving early while it holds the primary role and no other reader is left to take it
-    calls `on_gone` (the client is gone: a disconnect, D5)."""
-    reader = open_reader()
-    ended = False
-    try:
-        while not ended and (ev := await reader.aget()) is not None:
-            ended = ev.terminal
-            if skip_start and ev.kind is StreamEventKind.START:
-                continue
-            for frame in renderer.frames(ev):
-                yield frame
-    finally:
-        if reader.close() and not ended:
-            on_gone(run)
-
-
-def _cancelled(engine: Engine) -> Callable[[RequestRun], None]:
-    """A disconnect that also cancels: the answer can never be delivered (D5)."""
-    def gone(run: RequestRun) -> None:
-        run.disconnect()
-        with contextlib.suppress(UnknownRequest):
-            engine.cancel(run.request.request_id, source="disconnect")
-
-    return gone
 
 
 async def _watch_disconnect(request: HttpRequest, runs: Sequence[RequestRun], on_gone: Callable[[RequestRun], None]
