@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import codecs
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ..machine import compiled
 from ..machine.actions import Executor, run_phases
@@ -54,7 +54,7 @@ _INCOMPLETE = "unexpected end of data"  # CPython's reason for a valid but unfin
 # (text, bytes used) of the longest decodable prefix; with final=False an unfinished character at
 # the end is left over, not an error, so holding one costs no exception.
 _utf8_prefix = codecs.utf_8_decode
-_NOTHING: dict[int, bytes] = {}  # the fast table while the fast path is off; never written
+_NOTHING: Mapping[int, bytes] = {}  # the fast table while the fast path is off; never written
 _WINDOW_PREFIX = 5  # prompt tokens kept as context by the window fallback
 
 
@@ -110,6 +110,12 @@ class IncrementalDetokenizer:
         # Output bytes held back (`pending`'s length, kept as a plain int for the per-token path;
         # always 0 on the window path, which holds tokens, not bytes).
         self.held_bytes = 0
+        self._cur: Mapping[int, bytes]
+        self._rest: Mapping[int, bytes]
+        self._skipped: frozenset[int]
+        self._window: _Window | None
+        self._whole: Mapping[int, bytes] | None
+        self._fast: Mapping[int, bytes]
         plan = tokenizer.plan(skip_special=skip_special)
         if plan is None:
             self._cur = self._rest = {}  # every push takes the window path
@@ -222,7 +228,7 @@ class IncrementalDetokenizer:
             self._ctl.state in _FAST and not self._pending and not self._strip_left
             and self._cur is self._rest and self._whole is not None
         )
-        self._fast = self._whole if steady else _NOTHING
+        self._fast = self._whole if steady and self._whole is not None else _NOTHING
 
     def _resolve(self, token_id: int, chunk: bytes | None) -> bytes | None:
         """The slow cases: an int-like id, a skipped special token (None), the leading-space rule."""
@@ -251,7 +257,9 @@ class IncrementalDetokenizer:
         tid = check_token_id(token_id, self._tok.vocab_size)
         if self._ctl.terminal:
             self._fire("emit")  # raises: closed, nothing changed
-        out, held = self._window.push(tid)  # the window holds tokens, not bytes: nothing pending here
+        window = self._window
+        assert window is not None, "the window path runs only for a tokenizer without a decode plan"
+        out, held = window.push(tid)  # the window holds tokens, not bytes: nothing pending here
         return self._move("hold" if held else "emit", {"data": out, "cut": len(out)})
 
     # -- the end of the output -----------------------------------------------------------------

@@ -220,16 +220,16 @@ class Engine:
         if stall_timeout_s is not None and (isinstance(stall_timeout_s, bool) or not isinstance(stall_timeout_s, (int, float))
                                             or stall_timeout_s < 0):
             raise ValueError(f"stall_timeout_s must be None or a number of seconds >= 0, got {stall_timeout_s!r}")
-        for name, value in (("detach_timeout_s", detach_timeout_s), ("retain_s", retain_s), ("poll_s", poll_s)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
+        for name, seconds in (("detach_timeout_s", detach_timeout_s), ("retain_s", retain_s), ("poll_s", poll_s)):
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
+                raise ValueError(f"{name} must be a number of seconds >= 0, got {seconds!r}")
         try:
             self.preemption = Preemption(preemption)
         except ValueError:
             raise ValueError(f"preemption must be 'swap' or 'recompute', got {preemption!r}") from None
         self.model = model
         self.tokenizer = tokenizer
-        self.model_name = model_name or getattr(model, "name", type(model).__name__)
+        self.model_name = model_name or str(getattr(model, "name", type(model).__name__))
         self.max_batch = max_batch
         self.max_queue = max_queue
         self.cache_budget_tokens = cache_budget_tokens
@@ -665,7 +665,7 @@ class Engine:
                 e.detached_since = now
             since, limit, what = e.detached_since, self.detach_timeout_s, "detach_timeout"
             why = f"reader detached and the stream paused for {limit} s"
-        if limit is None or now - since < limit or run.state not in ("DECODING", "DRAINING"):
+        if limit is None or since is None or now - since < limit or run.state not in ("DECODING", "DRAINING"):
             return False
         run.transport_failed(why, what)
         return True

@@ -102,7 +102,8 @@ class Event(NamedTuple):
 
     kind: str
     request_id: str
-    index: int
+    # the entry's position in its trace; the field shadows tuple.index, which nothing calls on an Event
+    index: int  # type: ignore[assignment]
     t: float
     data: Mapping[str, Any] = _NO_DATA
 

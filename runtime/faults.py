@@ -71,14 +71,15 @@ class Fault:
             raise ValueError(f"fault action {self.action.value!r} can only be injected at {', '.join(where)}, not {self.point!r}")
 
 
+def _fault_tuple(faults: Iterable[Fault]) -> tuple[Fault, ...]:
+    return tuple(faults)
+
+
 @attrs.frozen
 class FaultPlan:
     """A set of faults for one request; `at(point, step)` lists those that fire there."""
 
-    faults: tuple[Fault, ...] = attrs.field(converter=tuple, factory=tuple)
-
-    def __init__(self, faults: Iterable[Fault] = ()) -> None:
-        self.__attrs_init__(tuple(faults))
+    faults: tuple[Fault, ...] = attrs.field(converter=_fault_tuple, factory=tuple)
 
     def at(self, point: str, step: int) -> tuple[FaultAction, ...]:
         return tuple(f.action for f in self.faults if f.point == point and f.step == step)

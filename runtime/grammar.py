@@ -59,11 +59,12 @@ class DFAGrammar:
     edges: Mapping[tuple[str, str], str]
 
     def complete(self, text: str) -> bool:
-        state: str | None = self.start
+        state = self.start
         for ch in text:
-            state = self.edges.get((state, ch))
-            if state is None:
+            nxt = self.edges.get((state, ch))
+            if nxt is None:
                 return False
+            state = nxt
         return state in self.accept and not any(src == state for src, _ in self.edges)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 import threading
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -28,10 +29,22 @@ from ..machine.actions import Executor, fire_with_effects
 from ..spec import load_spec
 from .events import EventKind, Trace
 
-ResourceKind = enum.StrEnum(
-    "ResourceKind", [(k.upper(), k) for k in load_spec("resources").params["kinds"]]
-)
-ResourceKind.__doc__ = "The resources of a request (§4.10), in release order (spec/resources.toml `kinds`)."
+if TYPE_CHECKING:
+    # What a type checker sees: the shipped spec/resources.toml `kinds` (tests/test_typed_enums.py
+    # holds the two equal); at run time the members are the loaded table's.
+    class ResourceKind(enum.StrEnum):
+        """The resources of a request (§4.10), in release order (spec/resources.toml `kinds`)."""
+
+        KV_CACHE = "kv_cache"
+        BATCH_SLOT = "batch_slot"
+        RNG_STATE = "rng_state"
+        STREAM_BUFFER = "stream_buffer"
+        TRACE_HANDLE = "trace_handle"
+else:
+    ResourceKind = enum.StrEnum(
+        "ResourceKind", [(k.upper(), k) for k in load_spec("resources").params["kinds"]]
+    )
+    ResourceKind.__doc__ = "The resources of a request (§4.10), in release order (spec/resources.toml `kinds`)."
 
 FreeFn = Callable[[], None]
 

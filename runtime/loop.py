@@ -57,6 +57,11 @@ def generate(
             run.kernel_failed(exc)
             return run.finish()
         run.end_prefill(logits, cache)
+
+        def decode_selected() -> Any:
+            """The model's step on the token just selected (the last of the run's tokens)."""
+            return model.decode_one([run.cache], [run.tokens[-1]])[0]
+
         while run.state == "DECODING" and run.check_point():
             try:
                 if not run.select():
@@ -64,9 +69,8 @@ def generate(
             except Exception as exc:  # its sampler, tokenizer, policy or grammar raised (D20)
                 run.crashed(exc, "selecting a token")
                 break
-            tok = run.tokens[-1]
             try:
-                logits = run_kernel(run, lambda tok=tok: model.decode_one([run.cache], [tok])[0], run.begin_decode, pool)
+                logits = run_kernel(run, decode_selected, run.begin_decode, pool)
             except ModelError as exc:
                 run.kernel_failed(exc)
                 break

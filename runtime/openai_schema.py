@@ -66,7 +66,7 @@ UTF8_GUARD_DEFAULTS: Mapping[str, Callable[[float], bool]] = {
 CHAT_TEMPLATE = "<|{role}|>\n{content}\n"  # each message; then "<|assistant|>\n" opens the reply
 CHAT_ROLES = ("system", "developer", "user", "assistant")
 # Message fields a client may send at their neutral value (OpenAI's assistant message shape).
-_MESSAGE_NEUTRAL = {"tool_calls": ((), []), "function_call": ((),), "refusal": ((),), "audio": ((),)}
+_MESSAGE_NEUTRAL: dict[str, tuple[Any, ...]] = {"tool_calls": ((), []), "function_call": ((),), "refusal": ((),), "audio": ((),)}
 
 # Request fields named in errors by their OpenAI name.
 _PARAM = {"max_output_tokens": "max_tokens"}
@@ -148,8 +148,10 @@ class ParsedRequest:
     def choice(self, i: int) -> Request:
         """Choice (or candidate) i of an n > 1 request: its own id and, with a seed, seed + i (D34)."""
         req = self.request
-        return attrs.evolve(req, request_id=f"{req.request_id}.{i}", seed=None if req.seed is None else req.seed + i,
-                            score=self.best_of > self.n)
+        # Request's own __init__ takes every field but the prompt as **kw, so the attrs plugin
+        # types evolve() without them; evolve passes them on as Request accepts them.
+        return attrs.evolve(req, request_id=f"{req.request_id}.{i}",  # type: ignore[call-arg]
+                            seed=None if req.seed is None else req.seed + i, score=self.best_of > self.n)
 
 
 MAX_N = 16  # choices (n) or candidates (best_of) of one request
@@ -174,7 +176,7 @@ def _fields(*specs: tuple) -> dict[str, Field]:
     return {name: Field(name, *rest) for name, *rest in specs}
 
 
-_BOTH = (
+_BOTH: tuple[tuple[Any, ...], ...] = (
     ("model", IMPLEMENTED), ("max_tokens", IMPLEMENTED), ("temperature", IMPLEMENTED), ("top_p", IMPLEMENTED),
     ("n", IMPLEMENTED, (1,), "each choice its own request (D34)"), ("stream", IMPLEMENTED),
     ("stream_options", IMPLEMENTED), ("stop", IMPLEMENTED), ("seed", IMPLEMENTED, (), "choice i uses seed + i"),
@@ -741,8 +743,8 @@ def chunk(parsed: ParsedRequest, cid: str, created: int, model: str, *, text: st
         choices[0].update(report)
     if finish is not None:
         choices[0]["finish_reason"], choices[0]["decodespec"] = finish
-    out = {"id": cid, "object": "chat.completion.chunk" if parsed.chat else "text_completion", "created": created,
-           "model": model, "choices": choices}
+    out: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk" if parsed.chat else "text_completion",
+                           "created": created, "model": model, "choices": choices}
     if usage is not None:
         out["usage"] = usage
     return out

@@ -1136,7 +1136,7 @@ def undecodable_mask(tokenizer: Any, vocab_size: int, device: Any = "cpu") -> to
         mask[bad] = True
         mask = mask.to(device)
     with contextlib.suppress(TypeError):  # a tokenizer that takes no weak reference: computed again next time
-        _UNDECODABLE[key] = (weakref.ref(tokenizer, lambda _ref, key=key: _UNDECODABLE.pop(key, None)), mask)
+        _UNDECODABLE[key] = (weakref.ref(tokenizer, lambda _ref: _UNDECODABLE.pop(key, None)), mask)
     return mask
 
 

@@ -134,7 +134,7 @@ class Sampler:
         bad = [t for t, _ in params.logit_bias if t >= vocab_size]
         if bad:
             raise SamplingError(f"logit_bias names token {bad[0]}, outside the vocabulary (0..{vocab_size - 1})")
-        self._bias = None
+        self._bias: tuple[torch.Tensor, torch.Tensor] | None = None
         self.vocab_size = vocab_size
         self.device = torch.device(device)
         self.seed = params.seed if params.seed is not None else secrets.randbits(63)

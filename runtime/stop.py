@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import functools
 import operator
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -74,14 +74,14 @@ class _Trie:
     first configured stop equal to n's string, or -1; n's string is ``stops[via[n]][:depth[n]]``.
     Nodes are numbered breadth first, so a node's failure target always has a smaller number."""
 
-    children: list[dict[Hashable, int]]
+    children: list[dict[int, int]]
     own: list[int]
     depth: list[int]
     via: list[int]
 
 
-def _trie(stops: Sequence[Sequence[Hashable]]) -> _Trie:
-    children: list[dict[Hashable, int]] = [{}]
+def _trie(stops: Sequence[Sequence[int]]) -> _Trie:
+    children: list[dict[int, int]] = [{}]
     depth, via, own = [0], [-1], [-1]
     for i, stop in enumerate(stops):
         node = 0
@@ -108,7 +108,7 @@ def _bfs(trie: _Trie) -> list[int]:
     return order
 
 
-def _held_prefixes(stops: Sequence[Sequence[Hashable]], trie: _Trie, empty: Any) -> tuple:
+def _held_prefixes(stops: Sequence[Sequence[int]], trie: _Trie, empty: Any) -> tuple:
     return tuple(stops[v][:d] if v >= 0 else empty for v, d in zip(trie.via, trie.depth))
 
 
@@ -301,9 +301,9 @@ class _TableControl:
         its row's action sends the candidates: (what goes out, what stays held), indices into
         (safe, held, match, nothing) (_ROUTES, derived from the effects below)."""
         st = self._st
-        route = _ROUTES.get((st.state._value_, event))
+        state = st.state._value_
         st.fire(event)
-        return route
+        return _ROUTES[(state, event)]
 
 
 class StopMatcher(_TableControl):
@@ -404,11 +404,13 @@ class StopMatcher(_TableControl):
         self.held = candidates[keep]
         return candidates[out]
 
-    def _reroute(self, event: str, routes: dict, plain: tuple[int, int], safe: bytes, held: bytes) -> tuple[bytes, bytes]:
+    def _reroute(self, event: str, routes: dict[Any, tuple[int, int]], plain: tuple[int, int], safe: bytes,
+                 held: bytes) -> tuple[bytes, bytes]:
         """A push off the fast path: fire `event` (raises, changing nothing, when the table refuses
         it) and route (safe, held) as its row's effects say (`plain`: as the fast path does)."""
-        route = routes.get(self._st.state)
+        state = self._st.state
         self._st.fire(event)
+        route = routes[state]
         if route == plain:
             return safe, held
         candidates = (safe, held, b"", b"")
@@ -542,7 +544,7 @@ _ROUTES = _routes()
 _RELEASE, _KEEP_SUFFIX = (SAFE, NOTHING), (SAFE, HELD)  # what emit_safe and emit_safe_hold_suffix route
 
 
-def _push_routes(event: str, plain: tuple[int, int]) -> tuple[dict, frozenset]:
+def _push_routes(event: str, plain: tuple[int, int]) -> tuple[dict[Any, tuple[int, int]], frozenset]:
     """Per state, the route of a push `event`; and the states whose row is a self-loop routing as
     `plain` (the fast path)."""
     table, states = load_spec("stop_matcher"), compiled("stop_matcher").State

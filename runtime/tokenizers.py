@@ -483,7 +483,10 @@ class HFTokenizer:
         return plan.rest[tid]
 
     def id_to_token(self, token_id: int) -> str:
-        return self._tok.id_to_token(check_token_id(token_id, self.vocab_size))
+        piece = self._tok.id_to_token(check_token_id(token_id, self.vocab_size))
+        if piece is None:
+            raise TokenizerError(f"token id {token_id} has no piece in the tokenizer's vocabulary")
+        return piece
 
     @property
     def backend(self):

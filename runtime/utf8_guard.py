@@ -135,6 +135,6 @@ def guard_for(plan: DecodePlan, vocab_size: int, eos_ids: frozenset[int]) -> Utf
     entry = _GUARDS.get(key)
     if entry is None or entry[0]() is not plan:
         guard = Utf8Guard(plan, vocab_size, eos_ids)
-        _GUARDS[key] = (weakref.ref(plan, lambda _ref, key=key: _GUARDS.pop(key, None)), guard)
+        _GUARDS[key] = (weakref.ref(plan, lambda _ref: _GUARDS.pop(key, None)), guard)
         return guard
     return entry[1]

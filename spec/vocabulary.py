@@ -28,7 +28,7 @@ def _reasons() -> list[dict[str, Any]]:
 REASON_ENTRIES = tuple(_reasons())
 if TYPE_CHECKING:
     # What a type checker sees: the members of the shipped spec/reasons.toml, one per [[reason]]
-    # (tests/test_spec_validation.py holds the two equal). At run time the class is built from
+    # (tests/test_typed_enums.py holds the two equal). At run time the class is built from
     # the tables loaded, which may be an edited copy (DECODESPEC_SPEC_DIR).
     class FinishReason(enum.StrEnum):
         """The finish reasons of §4.10 (spec/reasons.toml); a row's `reason` must be one of them."""

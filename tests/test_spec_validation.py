@@ -6,13 +6,9 @@ Each case edits one small valid table (A -go-> B -end-> Z) and asserts the full 
 
 from __future__ import annotations
 
-import ast
-import tomllib
-from pathlib import Path
-
 import pytest
 
-from decodespec.spec import MACHINES, SpecError, load_file, load_spec, load_text, spec_path, vocabulary
+from decodespec.spec import MACHINES, SpecError, load_file, load_spec, load_text, spec_path
 
 SOURCE = "toy.toml"
 TOY = """\
@@ -257,23 +253,3 @@ def test_every_problem_of_a_table_is_reported_at_once() -> None:
     text = str(info.value)
     assert "unknown target 'LIMBO'" in text and "unknown finish reason 'bored'" in text
 
-
-def _typed_members(module: ast.Module, name: str) -> list[tuple[str, str]]:
-    """(member, value) of the class `name` declared under `if TYPE_CHECKING:` in `module`."""
-    for node in module.body:
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
-            for cls in node.body:
-                if isinstance(cls, ast.ClassDef) and cls.name == name:
-                    return [(a.targets[0].id, a.value.value) for a in cls.body
-                            if isinstance(a, ast.Assign) and isinstance(a.targets[0], ast.Name)
-                            and isinstance(a.value, ast.Constant)]
-    raise AssertionError(f"no class {name} under `if TYPE_CHECKING:` in spec/vocabulary.py")
-
-
-def test_the_finish_reasons_a_type_checker_sees_are_the_shipped_reasons_table() -> None:
-    """FinishReason is built from spec/reasons.toml at run time (§4.10); the class a type checker
-    reads in its place has one member per shipped [[reason]], named and valued alike, in order."""
-    folder = Path(vocabulary.__file__).resolve().parent
-    typed = _typed_members(ast.parse((folder / "vocabulary.py").read_text(encoding="utf-8")), "FinishReason")
-    shipped = tomllib.loads((folder / "reasons.toml").read_text(encoding="utf-8"))["reason"]
-    assert typed == [(e["name"].upper(), e["name"]) for e in shipped]
