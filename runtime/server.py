@@ -298,7 +298,7 @@ class _Api:
             return await self.choices(request, parsed)
         try:
             run = self.engine.submit(parsed.request)
-        except (QueueFull, EngineStopped, RequestError, DuplicateRequest) as exc:
+        except _SUBMIT_REFUSALS as exc:
             return _submit_refused(exc)
         rid = parsed.request.request_id
         self.retain(rid, parsed)
@@ -351,15 +351,11 @@ class _Api:
         try:
             for i in range(parsed.best_of):
                 runs.append(engine.submit(parsed.choice(i)))
-        except (QueueFull, EngineStopped, DuplicateRequest) as exc:
+        except _SUBMIT_REFUSALS as exc:  # the choices already submitted are cancelled
             for run in runs:
                 with contextlib.suppress(UnknownRequest):
                     engine.cancel(run.request.request_id, source="refused")
-            if isinstance(exc, QueueFull):
-                return _rate_limited(str(exc), "queue_full")
-            if isinstance(exc, EngineStopped):
-                return _error(ApiError(503, str(exc), code="shutting_down", type="server_error"))
-            return _error(ApiError(409, str(exc), param="X-Request-Id", code="request_id_in_use"))
+            return _submit_refused(exc)
         self.groups[rid] = [run.request.request_id for run in runs]
         while len(self.groups) > self.retained_max:
             self.groups.popitem(last=False)
@@ -471,8 +467,11 @@ class _Api:
 _ON_DISCONNECT: dict[str, Callable[[_Api, RequestRun], None]] = {"continue": _Api.recorded, "cancel": _Api.abandoned}
 
 
+_SUBMIT_REFUSALS = (QueueFull, EngineStopped, RequestError, DuplicateRequest)
+
+
 def _submit_refused(exc: Exception) -> JSONResponse:
-    """The answer to a request the engine refused at submit."""
+    """The answer to a request the engine refused at submit (one of _SUBMIT_REFUSALS)."""
     if isinstance(exc, QueueFull):
         return _rate_limited(str(exc), "queue_full")
     if isinstance(exc, EngineStopped):

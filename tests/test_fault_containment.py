@@ -198,14 +198,18 @@ def test_the_server_under_faults_keeps_serving_the_others():
 
 
 def test_a_failed_engine_makes_health_503_and_new_requests_503_json():
-    """D21: after the engine failed, /health says so and a completion is a 503 JSON error."""
+    """D21: after the engine failed, /health says so and a completion, of one choice or of n (D34),
+    is a 503 JSON error that says the engine failed."""
     engine = Engine(tiny_model(), ascii_tokenizer(), poll_s=0.001)
     with serve_in_thread(create_app(engine, model_name="tiny")) as url:
         engine.failure = _Bookkeeping("gone")
         h = httpx.get(f"{url}/health")
         r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2}, timeout=30)
+        n = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2, "n": 2},
+                       timeout=30)
     assert h.status_code == 503 and h.json()["status"] == "failed"
     assert r.status_code == 503 and r.json()["error"]["code"] == "engine_failed"
+    assert n.status_code == 503 and n.json()["error"]["code"] == "engine_failed", n.text
 
 
 def test_the_reference_server_shuts_down_when_its_engine_fails():
