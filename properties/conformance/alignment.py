@@ -82,7 +82,8 @@ def chunk_reports(st: Streamed) -> list[ChunkReport]:
             text = "".join(t for t in (d.get("reasoning_content") or d.get("reasoning"), d.get("content"))
                            if isinstance(t, str))
         else:
-            text = choice.get("text") if isinstance(choice.get("text"), str) else ""
+            given = choice.get("text")
+            text = given if isinstance(given, str) else ""
         out.append(ChunkReport(text.encode("utf-8"), token_ids(choice), logprob_pieces(choice.get("logprobs")),
                                bool(choice.get("finish_reason"))))
     return out

@@ -294,9 +294,9 @@ def expect_to_json(e: Expect) -> dict[str, Any]:
 
 def _dump(case: Case) -> dict[str, Any]:
     exp = expect_to_json(case.expect)
-    out = {"id": case.id, "anchor": case.anchor, "grade": case.grade.value, "invariant": case.invariant,
-           "diagram": case.diagram, "description": case.description, "kind": case.kind.value,
-           "inputs": dict(case.inputs), "expect": exp}
+    out: dict[str, Any] = {"id": case.id, "anchor": case.anchor, "grade": case.grade.value,
+                           "invariant": case.invariant, "diagram": case.diagram, "description": case.description,
+                           "kind": case.kind.value, "inputs": dict(case.inputs), "expect": exp}
     if case.recipe:
         out["recipe"] = case.recipe
     if case.decisions:

@@ -23,6 +23,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -140,13 +141,14 @@ def run_launched(cases: Sequence[Case], folders: Sequence[Path], command: str, *
                 continue
             suffix = "-tight" if context == TIGHT else "" if context is None else f"-context-{context}"
             log = log_dir / f"{ck.group}{suffix}.log"
+            timeout: dict[str, Any] = {} if read_timeout is None else {"timeout": read_timeout}
             try:
                 with launched(cmd, ck, log, timeout_s=timeout_s, gguf=gguf, env=env) as url:
                     name = model.format(model=ck.folder, name=ck.group) if model else None
                     adapter = OpenAIAdapter(url, model=name, checkpoint=ck, without=without,
                                             launch=cmd.replace("{gguf}", f"{{model}}/{gguf}"),
                                             context=None if context == TIGHT else context, tight=context == TIGHT,
-                                            **({} if read_timeout is None else {"timeout": read_timeout}))
+                                            **timeout)
                     side = [c for c in todo if c.recipe not in LIFE_RECIPES and context != TIGHT]
                     alone = [c for c in todo if c not in side]
                     for r in [*run_cases(adapter, side, jobs=jobs, on_result=on_result),

@@ -223,7 +223,8 @@ def _preset(name: str, fields: Mapping[str, Any], path: Path) -> Preset:
                           f"{', '.join(DECISIONS)}")
     if f["jobs"] < 1:
         raise PresetError(f"{path}: preset {name}: jobs must be 1 or more, not {f['jobs']}")
-    return Preset(name=name, **{k: tuple(v) if isinstance(v, list) else v for k, v in f.items()})
+    values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in f.items()}
+    return Preset(name=name, **values)
 
 
 def load_presets(extra: Iterable[Path] = ()) -> dict[str, Preset]:

@@ -323,8 +323,9 @@ def first_choice(data: Any) -> dict[str, Any]:
 def token_ids(choice: Any) -> tuple[int, ...] | None:
     """A choice's `token_ids` (vLLM's extension), None where absent or not a list of ids."""
     value = choice.get("token_ids") if isinstance(choice, dict) else None
-    ok = isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
-    return tuple(value) if ok else None
+    if isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        return tuple(value)
+    return None
 
 
 def token_count(usage: Any, field: str) -> int | None:

@@ -72,8 +72,8 @@ def adapter_for(spec: str, *, model: str | None = None, checkpoint: str | None =
     if kind == "openai":
         from .openai import OpenAIAdapter
 
-        return OpenAIAdapter(arg, model=model, checkpoint=ckpt, without=without,
-                             **({} if timeout is None else {"timeout": timeout}))
+        read_timeout: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+        return OpenAIAdapter(arg, model=model, checkpoint=ckpt, without=without, **read_timeout)
     factory, args = factory_of(spec)
     return built(factory, args, spec, ckpt)
 

@@ -123,7 +123,7 @@ def send(c: httpx.Client, job: Job) -> Exchange:
                 ex.data = None
             return ex
         st = ex.streamed = Streamed()
-        body = {"json": dict(job.body)} if job.method == "POST" else {}
+        body: dict[str, Any] = {"json": dict(job.body)} if job.method == "POST" else {}
         with c.stream(job.method, job.path, headers=dict(job.headers), **body) as r:
             ex.status, ex.headers = r.status_code, dict(r.headers)
             st.status = r.status_code
