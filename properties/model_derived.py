@@ -57,6 +57,7 @@ import attrs
 
 from ..machine import IllegalTransition, compiled
 from ..machine.checker_model import Step
+from ..machine.checker_state import RequestState
 from ..machine.paths import ModelPath, PathSet, covering_paths, machine_of
 from ..runtime.detokenizer import DecodingError, IncrementalDetokenizer
 from ..runtime.engine import Engine
@@ -100,7 +101,7 @@ def tokenizer() -> ByteTableTokenizer:
 # ---------------------------------------------------------------- what no driver does
 
 
-def _busy_cancel_outside_kernel(comp: tuple[int, ...], step: Step) -> bool:
+def _busy_cancel_outside_kernel(comp: RequestState, step: Step) -> bool:
     return step.tag.kind == "observe_busy" and \
         step.m.life.states[comp.lifecycle] not in ("PREFILLING", "DECODING", "CANCEL_REQUESTED")
 
@@ -218,7 +219,7 @@ def engine_differs(path: ModelPath) -> list[str]:
     return [name for name, (pred, _) in ENGINE_DIFFERENCES.items() if pred(path)]
 
 
-def allow(comp: tuple[int, ...], step: Step) -> bool:
+def allow(comp: RequestState, step: Step) -> bool:
     """The model steps a concrete run (generate() or the Engine) can reproduce (see UNREALIZABLE)."""
     return not any(pred(comp, step) for pred, _ in UNREALIZABLE.values())
 
