@@ -421,12 +421,13 @@ class Engine:
             e.run.cancel("shutdown" if failure is None else "engine_failed")
         for e in entries:
             run = e.run
+            where = run.driver_states
             try:
-                if failure is not None and run.state in ("PREFILLING", "DECODING", "DRAINING"):
+                if failure is not None and run.state in where.model_work:
                     run.kernel_failed(ModelError(failure))
-                if run.state in ("QUEUED", "DECODING"):
+                if run.state in where.safe_point:  # the cancel (or a deadline) is observed
                     run.check_point()
-                if run.state == "DRAINING" and self._blocked(e):
+                if run.state in where.draining and self._blocked(e):
                     run.transport_failed("the engine stopped before the reader took the rest")
                 run.end()
                 self._drop(e)
@@ -561,7 +562,7 @@ class Engine:
                 run.kernel_failed(ModelError(f"{type(out).__name__}: {out}"))
             else:
                 run.end_prefill(*out)
-            if run.state != "DECODING":
+            if not run.decoding:
                 self._settle(e)
 
     def _prefill_alone(self, prompt: list[int]) -> Any:
@@ -634,9 +635,10 @@ class Engine:
         """end() a run that reached the end of its loop and can send its tail; True when it
         is done (and dropped). A DRAINING run whose reader is behind waits (§4.8)."""
         run = e.run
-        if run.state == "CANCEL_REQUESTED":
+        where = run.driver_states
+        if run.state in where.cancel_observed:
             run.end()
-        elif run.state == "DRAINING" and not self._blocked(e):
+        elif run.state in where.draining and not self._blocked(e):
             try:
                 run.end()
             except Exception as exc:  # its tail's checks raised (a content policy on the flush, D20)
@@ -665,7 +667,7 @@ class Engine:
                 e.detached_since = now
             since, limit, what = e.detached_since, self.detach_timeout_s, "detach_timeout"
             why = f"reader detached and the stream paused for {limit} s"
-        if limit is None or since is None or now - since < limit or run.state not in ("DECODING", "DRAINING"):
+        if limit is None or since is None or now - since < limit or run.state not in run.driver_states.transport:
             return False
         run.transport_failed(why, what)
         return True
@@ -675,7 +677,7 @@ class Engine:
         if self._budget == math.inf or not ready:
             return ready
         in_use = sum(e.run.cache.length for e in self._resident)
-        decoding = [e for e in self._resident if e.run.state == "DECODING"]
+        decoding = [e for e in self._resident if e.run.decoding]
         while len(decoding) > 1 and in_use + len(ready) > self._budget:
             victim = decoding.pop()  # never the earliest: it always makes progress
             in_use -= victim.run.cache.length

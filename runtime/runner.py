@@ -27,7 +27,7 @@ import torch
 from ..machine import CompiledMachine, compile_table, compiled
 from ..machine.actions import ActionError, Executor, Plan, run_phases
 from ..spec import FinishReason, Table, load_spec
-from ..spec.derived import model_resources, stream_resources, terminal_stream_event
+from ..spec.derived import DriverStates, driver_states, model_resources, stream_resources, terminal_stream_event
 from .alignment import token_scores
 from .detokenizer import DecodingError, IncrementalDetokenizer
 from .errors import ModelError, RequestError
@@ -558,6 +558,11 @@ class RequestRun:
         return self.life.terminal
 
     @property
+    def driver_states(self) -> DriverStates:
+        """The states of this run's lifecycle table the drivers branch on (spec.derived.driver_states)."""
+        return self._lc.driver_states
+
+    @property
     def decoding(self) -> bool:
         """In DECODING: the loop of §4.3 goes on selecting (the drivers ask once per token)."""
         return self.life.state is self._lc.decoding
@@ -775,7 +780,7 @@ class RequestRun:
     def end(self) -> None:
         """After the loop: the safe point of a cancel, or DRAINING and the one terminal (§4.3).
         The Engine calls this; its clients build a Result only when they ask for one."""
-        ending = _ENDINGS.get(self.state)
+        ending = self._lc.endings.get(self.state)
         if ending is not None:  # a terminal state has nothing left to do
             ending(self)
 
@@ -1016,6 +1021,13 @@ def _discard_result(run: RequestRun, key: tuple[str, str], reason: FinishReason 
 
 
 
+def _endings(where: DriverStates) -> Mapping[str, Callable[[RequestRun], None]]:
+    """What is left to do after the loop, by the state the loop ended in (§4.3, after `while true`):
+    a cancel observed reaches its safe point; a draining run sends its tail and finishes."""
+    return {**dict.fromkeys(where.cancel_observed, RequestRun._cancel_at_safe_point),
+                   **dict.fromkeys(where.draining, RequestRun._drain)}
+
+
 def _quiet(table: Table, machine: CompiledMachine, reasons: Mapping[tuple[str, str], FinishReason], event: str,
            action: str) -> frozenset[enum.Enum]:
     """The states where `table` makes the per-token `event` a self-loop with `action`, an action
@@ -1045,6 +1057,10 @@ class Lifecycle:
     winner: Callable[..., str | None]
     token_checks: Mapping[str, frozenset[int]]  # event -> no ids: a request names its own
     terminal_send: Mapping[str, Callable[[OrderedStream, FinishReason, dict, str], int]]
+    driver_states: DriverStates  # the states the drivers branch on (spec.derived.driver_states)
+    # what end() does, by the state the loop ended in (_endings)
+    endings: Mapping[str, Callable[[RequestRun], None]] = attrs.field(
+        default=attrs.Factory(lambda lc: _endings(lc.driver_states), takes_self=True))
 
     @classmethod
     def of(cls, table: Table) -> Lifecycle:
@@ -1057,6 +1073,7 @@ class Lifecycle:
             _quiet(table, machine, reasons, "decode_done", "record_decoded"),
             _step_of(table), _winner_of(table), {c.event: frozenset() for c in table.finish_checks if c.tokens},
             {state: _STREAM_SEND[event] for state, event in terminal_stream_event(life=table).items()},
+            driver_states(table),
         )
 
     def run_type(self, base: type[RequestRun]) -> type[RequestRun]:
@@ -1090,11 +1107,6 @@ def lifecycle_of(table: Table) -> Lifecycle:
 # the shipped spec/), built with the module.
 _DEFAULT_LIFECYCLE = lifecycle_of(load_spec("lifecycle"))
 
-# What is left to do after the loop, by the state the loop ended in (§4.3, after `while true`).
-_ENDINGS: dict[str, Callable[[RequestRun], None]] = {
-    "CANCEL_REQUESTED": RequestRun._cancel_at_safe_point,
-    "DRAINING": RequestRun._drain,
-}
 
 
 def _char_start(data: bytes, n: int) -> int:

@@ -7,6 +7,8 @@
 - `final_reasons()`: per lifecycle terminal state, the finish reasons a run can end there with:
   the reason of the last row on any path that fixes one (§4.10). Found by search over the table,
   so a new row or reason changes it with no edit anywhere else.
+- `driver_states()`: the lifecycle states the drivers (the Engine's scheduler and shutdown, a run's
+  end) branch on, each set the states where the table has a row for the events that say it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from __future__ import annotations
 import functools
 from collections import deque
 from collections.abc import Mapping
+from typing import Any
+
+import attrs
 
 from .loader import SpecError, load_spec
 from .tables import Table
@@ -80,3 +85,39 @@ def final_reasons(life: Table | None = None) -> Mapping[str, frozenset[FinishRea
                 seen.add(nxt)
                 queue.append(nxt)
     return {s: frozenset(r) for s, r in out.items()}
+
+
+def _where(events: tuple[str, ...], means: str) -> Any:
+    """A DriverStates field: the states where every one of `events` is a row (what `means`)."""
+    return attrs.field(metadata={"events": events, "means": means})
+
+
+@attrs.frozen
+class DriverStates:
+    """Sets of lifecycle states the drivers branch on, each found from the table's rows (§4.3,
+    §4.9, §4.10): an edited table moves them with no edit in the Engine."""
+
+    safe_point: frozenset[str] = _where(("cancel", "deadline"),
+                                        "check_cancel_or_deadline runs there (§4.3): a cancel or a deadline is observed")
+    model_work: frozenset[str] = _where(("model_error",), "a failed kernel ends the run FAILED (§4.10)")
+    transport: frozenset[str] = _where(("transport_error",), "a reader that gave up ends the run FAILED (D5)")
+    draining: frozenset[str] = _where(("complete",), "the loop has ended: the tail is sent, then the run finishes (§4.3)")
+    cancel_observed: frozenset[str] = _where(("safe_point",), "a cancel was observed: the safe point ends the run (§4.9)")
+
+
+def driver_states(life: Table | None = None) -> DriverStates:
+    """The DriverStates of `life` (default: the spec directory's lifecycle table). A set no state
+    fills, or an event the table does not have, is a SpecError naming the set and its events."""
+    life = life or load_spec("lifecycle")
+    found: dict[str, frozenset[str]] = {}
+    for field in attrs.fields(DriverStates):
+        events, means = field.metadata["events"], field.metadata["means"]
+        unknown = [e for e in events if e not in life.events]
+        if unknown:
+            raise SpecError(life.source, f"driver states {field.name}", f"{unknown} are not events of the table")
+        found[field.name] = frozenset(s for s in life.states
+                                      if all(life.decision(s, e).kind is DecisionKind.ROW for e in events))
+        if not found[field.name]:
+            raise SpecError(life.source, f"driver states {field.name}",
+                            f"no state has a row for {' and '.join(events)}; the drivers need one: {means}")
+    return DriverStates(**found)

@@ -4,11 +4,18 @@ terminal state. Every layer reads these; a table change moves them with no other
 
 from __future__ import annotations
 
+import re
+
+import attrs
 import pytest
+from _engine_kit import ascii_tokenizer, tiny_model
 
 from decodespec.machine.checker_model import Model
+from decodespec.runtime import Request
+from decodespec.runtime.engine import Engine
 from decodespec.spec import FinishReason, SpecError
 from decodespec.spec.derived import (
+    driver_states,
     final_reasons,
     model_resources,
     stream_end_of,
@@ -68,3 +75,53 @@ def test_the_openai_mapping_covers_exactly_the_reasons_a_completion_ends_with():
     finished = final_reasons()["FINISHED"]
     assert set(OPENAI_FINISH) == set(finished)
     assert set(OPENAI_FINISH.values()) <= {"stop", "length", "content_filter", "tool_calls", "function_call"}
+
+
+def test_the_driver_states_are_the_states_the_engine_branched_on():
+    """§4.3, §4.9, §4.10: the sets the Engine's scheduler and shutdown read, found from the rows,
+    are the states it named by hand: the safe points QUEUED and DECODING, model work in
+    PREFILLING, DECODING and DRAINING, a reader's failure in DECODING and DRAINING, the tail in
+    DRAINING, the safe point of an observed cancel in CANCEL_REQUESTED."""
+    assert attrs.asdict(driver_states()) == {
+        "safe_point": {"QUEUED", "DECODING"},
+        "model_work": {"PREFILLING", "DECODING", "DRAINING"},
+        "transport": {"DECODING", "DRAINING"},
+        "draining": {"DRAINING"},
+        "cancel_observed": {"CANCEL_REQUESTED"},
+    }
+
+
+_PREFILL_REJECTS = '"safe_point", "complete", "decode_error", "transport_error"]'
+_PREFILL_TRANSPORT = '''"safe_point", "complete", "decode_error"]
+note = "no token can be chosen before prefill completes"
+
+[[row]]
+state = "PREFILLING"
+event = "transport_error"
+target = "FAILED"
+action = "fail"
+reason = "transport_error"
+anchor = "§4.10"
+'''
+
+
+def test_an_edited_table_moves_the_driver_states_and_the_engines_runs_follow_it():
+    """A transport_error row in PREFILLING puts PREFILLING among the states where a reader's failure
+    ends the run, and an Engine given that table hands its runs the edited sets."""
+    edited = _lifecycle(lambda t: t.replace(_PREFILL_REJECTS + "\nnote = \"no token can be chosen before prefill "
+                                            "completes; deadlines are only observed at loop check points "
+                                            "(DECISIONS D1)\"", _PREFILL_TRANSPORT, 1))
+    assert driver_states(edited).transport == {"PREFILLING", "DECODING", "DRAINING"}
+    assert driver_states(edited).safe_point == driver_states().safe_point
+    engine = Engine(tiny_model(), ascii_tokenizer(), lifecycle=edited)
+    run = engine.submit(Request("hi", max_output_tokens=2))
+    assert run.driver_states == driver_states(edited) != driver_states()
+
+
+def test_a_driver_state_no_state_fills_is_refused_by_name():
+    """A table with no model_error row leaves the Engine no way to end a run whose kernel failed
+    (§4.10): refused, naming the set and the event."""
+    edited = _lifecycle(lambda t: re.sub(r'\[\[row\]\]\nstate = "(\w+)"\nevent = "model_error"\n(?:\w+ = .*\n)*',
+                                         r'[[reject]]\nstate = "\1"\nevents = ["model_error"]\n', t))
+    with pytest.raises(SpecError, match="driver states model_work: no state has a row for model_error"):
+        driver_states(edited)
