@@ -222,10 +222,14 @@ def append_token(caches: Sequence[KVCache], keys: Sequence[torch.Tensor], values
         c.writes += 1
 
 
+class _PrefillsBatches(Protocol):
+    def prefill_batch(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[KVCache]]: ...
+
+
 class PrefillOne:
     """`prefill(prompt)` as a batch of one, for models whose real kernel is `prefill_batch`."""
 
-    def prefill(self, prompt_ids: Sequence[int]) -> tuple[torch.Tensor, KVCache]:
+    def prefill(self: _PrefillsBatches, prompt_ids: Sequence[int]) -> tuple[torch.Tensor, KVCache]:
         """Process the prompt x[1:m]: next-token logits [V] and a cache of length m (§4.2)."""
         logits, caches = self.prefill_batch([prompt_ids])
         return logits[0], caches[0]

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import torch
@@ -126,6 +126,9 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Te
 class TinyLM(PrefillOne, nn.Module):
     """A small Llama-style causal LM behind the `Model` protocol (§4.4). CPU or CUDA via `device`."""
 
+    rope_cos: torch.Tensor  # buffers (register_buffer): [context_limit, head_dim / 2]
+    rope_sin: torch.Tensor
+
     def __init__(self, config: TinyLMConfig, device: str | torch.device = "cpu", *, name: str = "tinylm") -> None:
         super().__init__()
         self.config = config
@@ -174,6 +177,10 @@ class TinyLM(PrefillOne, nn.Module):
         h = self.norm(h)
         return h @ self.embed.weight.T if self.lm_head is None else self.lm_head(h)
 
+    def _blocks(self) -> Iterable[_Block]:
+        """The layers in order (`blocks` holds them as an nn.ModuleList, which types its items as Module)."""
+        return cast("Iterable[_Block]", self.blocks)
+
     def _qkv(self, blk: _Block, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, ...]:
         c = self.config
         B, T, _ = x.shape
@@ -193,7 +200,7 @@ class TinyLM(PrefillOne, nn.Module):
         allowed = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril().expand(B, T, T)
         x = self.embed(ids)
         ks, vs = [], []
-        for blk in self.blocks:
+        for blk in self._blocks():
             q, k, v = self._qkv(blk, x, pos)
             x = x + blk.wo(_attend(q, k, v, allowed))
             x = x + blk.mlp(x)
@@ -267,7 +274,7 @@ class TinyLM(PrefillOne, nn.Module):
             x = self.embed(ids)[:, None]  # [B,1,D]
             pos = lens[:, None]
             new_k, new_v = [], []
-            for layer, blk in enumerate(self.blocks):
+            for layer, blk in enumerate(self._blocks()):
                 q, k, v = self._qkv(blk, x, pos)
                 keys = torch.cat((past_k[:, :, layer], k), dim=1)
                 vals = torch.cat((past_v[:, :, layer], v), dim=1)
