@@ -36,7 +36,8 @@ def _packed(linear: torch.nn.Linear) -> Callable[[torch.Tensor], torch.Tensor]:
     """`linear` as a function of its input: on a weight packed for oneDNN on the CPU, else plain."""
     weight, bias = linear.weight.detach(), None if linear.bias is None else linear.bias.detach()
     ops = getattr(torch.ops, "mkldnn", None)
-    if weight.device.type == "cpu" and torch.backends.mkldnn.is_available() and hasattr(ops, "_linear_pointwise"):
+    if (ops is not None and weight.device.type == "cpu" and torch.backends.mkldnn.is_available()
+            and hasattr(ops, "_linear_pointwise")):
         try:
             packed = ops._reorder_linear_weight(weight, 16)
         except RuntimeError:  # a dtype oneDNN does not pack here: the plain call
@@ -64,7 +65,8 @@ class _Layer:
 def unsupported(model: Any) -> str | None:
     """Why `model` (a transformers causal LM) has no lean step, or None when it has one."""
     cfg = model.config
-    layer_class = FAMILIES.get(getattr(cfg, "model_type", None))
+    model_type = getattr(cfg, "model_type", None)
+    layer_class = FAMILIES.get(model_type) if isinstance(model_type, str) else None
     if layer_class is None:
         return f"model_type {getattr(cfg, 'model_type', None)!r} is not one of {sorted(FAMILIES)}"
     if getattr(cfg, "sliding_window", None) is not None and getattr(cfg, "use_sliding_window", True):
@@ -78,6 +80,15 @@ def unsupported(model: Any) -> str | None:
     if any(hasattr(layer.self_attn, "q_norm") for layer in layers):
         return "per-head q/k norms"
     return None
+
+
+def _layer(layer: Any) -> _Layer:
+    """One decoder layer's norms, its projections packed (`_packed`), its activation and scaling."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return _Layer(layer.input_layernorm, layer.post_attention_layernorm,
+                  q=_packed(attn.q_proj), k=_packed(attn.k_proj), v=_packed(attn.v_proj), o=_packed(attn.o_proj),
+                  gate=_packed(mlp.gate_proj), up=_packed(mlp.up_proj), down=_packed(mlp.down_proj),
+                  act=mlp.act_fn, scaling=float(attn.scaling))
 
 
 class LeanDecoder:
@@ -94,13 +105,7 @@ class LeanDecoder:
         first = inner.layers[0].self_attn
         self._rope = sys.modules[type(first).__module__].apply_rotary_pos_emb
         self._head_dim: int = first.head_dim
-        self._layers = [
-            _Layer(layer.input_layernorm, layer.post_attention_layernorm,
-                   *(_packed(getattr(layer.self_attn, p)) for p in ("q_proj", "k_proj", "v_proj", "o_proj")),
-                   *(_packed(getattr(layer.mlp, p)) for p in ("gate_proj", "up_proj", "down_proj")),
-                   layer.mlp.act_fn, float(layer.self_attn.scaling))
-            for layer in inner.layers
-        ]
+        self._layers = [_layer(layer) for layer in inner.layers]
 
     def step(self, ids: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
              column: int, visible: torch.Tensor) -> torch.Tensor:
