@@ -1,4 +1,4 @@
-"""Model checker throughput: distinct states per second of `decodespec check` (DESIGN, Performance).
+"""Model checker throughput: distinct states per second of `decodespec check` (docs/performance.md).
 
 Configurations, each exhausted several times (median reported), with the bounds `check` uses by
 default (machine/checker.default_config):

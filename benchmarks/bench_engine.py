@@ -1,4 +1,4 @@
-"""Engine tokens/s against a bare loop of the same model forward (§4.4; DESIGN "Performance").
+"""Engine tokens/s against a bare loop of the same model forward (§4.4; docs/performance.md).
 
 For batch sizes 1, 8, 32 and 64, the same B prompts produce the same number of tokens two ways:
 - bare: `prefill_batch`, then STEPS x (`decode_one` over the batch + greedy argmax): no semantics;

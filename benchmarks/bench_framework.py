@@ -1,4 +1,4 @@
-"""Framework cost per request-token, choose excluded (§4.3-§4.8; DESIGN "Performance").
+"""Framework cost per request-token, choose excluded (§4.3-§4.8; docs/performance.md).
 
 What the reference adds to every generated token: detokenizer (§4.5) + stop matcher with 10 stop
 strings (§4.6) + ordered stream with its reader (§4.7, §4.8) + lifecycle table (§4.1) + trace.

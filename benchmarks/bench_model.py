@@ -1,4 +1,4 @@
-"""TinyLM decode_one over an active batch vs a bare loop of batch-1 calls (§4.4; DESIGN "Performance").
+"""TinyLM decode_one over an active batch vs a bare loop of batch-1 calls (§4.4; docs/performance.md).
 
 For batch sizes 1..64, B sequences with different prompt lengths (8..40 tokens) are prefilled,
 then STEPS decode steps run two ways on copies of the same caches: one `decode_one` over the whole

@@ -1,4 +1,4 @@
-"""Concurrent streams with slow readers: peak memory against the cap (§4.8; DESIGN "Performance").
+"""Concurrent streams with slow readers: peak memory against the cap (§4.8; docs/performance.md).
 
 Two parts, each for N concurrent requests (N = 8, 32, 128) of TOKENS tokens, pause policy with a
 buffer cap of CAP events:

@@ -1,4 +1,4 @@
-"""Compiled stepper against the `transitions` backend on the same random walk (DESIGN).
+"""Compiled stepper against the `transitions` backend on the same random walk (docs/performance.md).
 
 The walk is precomputed from the table: from the current state a uniformly random allowed event
 (rows and ignores), and a restart at the initial state whenever a terminal state is reached (a

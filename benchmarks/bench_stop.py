@@ -1,4 +1,4 @@
-"""Stop matching per token with 1 .. 1024 stop strings (§4.6; DESIGN "Performance").
+"""Stop matching per token with 1 .. 1024 stop strings (§4.6; docs/performance.md).
 
 One realistic byte stream (2000 tokens of 1-6 bytes of English-like text) is pushed through
 StopMatcher for stop sets of different sizes. The stops are random strings of the same alphabet,

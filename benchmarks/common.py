@@ -1,4 +1,4 @@
-"""Timing helpers shared by the benchmarks (DESIGN "Performance").
+"""Timing helpers shared by the benchmarks (docs/performance.md).
 
 Contenders are timed side by side: every round runs each of them once, in the same order, so a
 change of load on the machine falls on all of them alike. A figure is the median over rounds with

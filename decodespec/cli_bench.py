@@ -1,4 +1,4 @@
-"""`decodespec bench`: run the benchmarks of benchmarks/ and print their figures (DESIGN "Performance").
+"""`decodespec bench`: run the benchmarks of benchmarks/ and print their figures (docs/performance.md).
 
 Each benchmark is a file `benchmarks/bench_<name>.py` with `run(...) -> dict`; it times its
 contenders side by side (several rounds, medians with spreads; benchmarks/common.py). The folder

@@ -1,4 +1,4 @@
-"""`decodespec check`: model-check the tables (machine/checker.py; DESIGN's third user).
+"""`decodespec check`: model-check the tables (machine/checker.py; docs/concepts.md, "How it is checked").
 
 Exit status: 0 when there is no violation and every sometimes-property has a witness, 1 otherwise.
 `--table FILE` replaces the shipped table of the same name by a modified one (a researcher's change

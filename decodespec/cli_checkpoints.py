@@ -1,5 +1,5 @@
 """`decodespec checkpoints`: compile the script cases into forced checkpoints for real engines
-(DESIGN "Black-box conformance").
+(docs/checkpoints.md).
 
     decodespec checkpoints build --out .cache/checkpoints        # one folder per tokenizer group
     decodespec checkpoints build --out DIR --select stop/ --no-prove

@@ -1,4 +1,4 @@
-"""The explicit-state model checker (DESIGN, machine/ "check").
+"""The explicit-state model checker (docs/concepts.md, "How it is checked"; D51: a BFS a level at a time).
 
 Breadth-first search over the product of one to three requests of the §4.3 loop (machine/
 checker_model.py: lifecycle, stream, five resources, stop matcher, detokenizer and the Engine's

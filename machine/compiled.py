@@ -1,4 +1,4 @@
-"""The compiled stepper: a table becomes dict dispatch, cheap enough for every token (DESIGN).
+"""The compiled stepper: a table becomes dict dispatch, cheap enough for every token (docs/concepts.md, "The runtime").
 
 `fire(event)` returns ``(action, new_state)`` precomputed per row (no allocation per step), or
 raises IllegalTransition naming machine, state and event; on a rejection the state is unchanged

@@ -1,4 +1,4 @@
-"""Diagrams generated from a table (DESIGN, machine/): deterministic DOT, SVG through graphviz.
+"""Diagrams generated from a table (docs/concepts.md, "The diagrams"): deterministic DOT, SVG through graphviz.
 
 States are nodes in the table's declaration order, drawn top to bottom so that the figure stays
 legible at a page's width; terminal states are drawn double (§4.1: terminal states are exclusive

@@ -1,4 +1,4 @@
-"""The same table run by the `transitions` library (DESIGN, machine/), for users of its callbacks.
+"""The same table run by the `transitions` library (docs/concepts.md, "How it is checked"), for users of its callbacks.
 
 Each row becomes a transition whose `after` callback records the row's action; each ignore is
 an internal transition (``dest=None``); a rejection is simply absent, so the library itself

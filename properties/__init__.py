@@ -1,4 +1,4 @@
-"""Trace monitors and invariants (DESIGN, properties/): `check_trace(events) -> list[Violation]`."""
+"""Trace monitors and invariants (docs/concepts.md): `check_trace(events) -> list[Violation]`."""
 
 from .monitors import Violation, check_trace
 

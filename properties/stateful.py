@@ -1,6 +1,6 @@
 """Tests generated from a table: a Hypothesis state machine and an exhaustive pair check.
 
-The table is the oracle (DESIGN, properties/). For every (state, event) pair the implementation
+The table is the oracle (docs/concepts.md, "How it is checked"). For every (state, event) pair the implementation
 must do what the table decides: a row or an ignore returns the entry's action and moves to its
 target (an ignore stays put), a rejection raises IllegalTransition and leaves the state alone
 (§4.1: terminal states are irreversible, so every row out of them is a rejection).

@@ -1,4 +1,4 @@
-"""The reference engine (DESIGN, runtime/). Names load lazily so `import decodespec.runtime`
+"""The reference engine (docs/concepts.md, "The runtime"). Names load lazily so `import decodespec.runtime`
 does not pull in torch until a model is used."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The trace: one Event per observable step of a request (DESIGN, "The trace"; §4.12 last part).
+"""The trace: one Event per observable step of a request (§4.12 last part).
 
 Kinds are fixed (EventKind); `data` holds the fields each kind documents. A Trace hands out the
 per-request index and a monotonic time; serialisation to JSON Lines happens off the hot path.

@@ -320,16 +320,16 @@ def parse_completion(raw: bytes, *, chat: bool, model_name: str, context_limit: 
                      chat_template: ChatTemplate = default_chat_template, utf8_guard: str = "sampled",
                      request_id: str | None = None, strict: bool = False, reasoning: bool = False,
                      tool_parser: bool = False, tool_close_id: int | None = None) -> ParsedRequest:
-    """Validate a /v1/completions (chat False) or /v1/chat/completions body into a Request.
+    """Validate a /v1/completions (chat False) or /v1/chat/completions body into a ParsedRequest
+    (its Request and how to answer it); bad input is an ApiError naming the field (D9).
 
-    `reasoning`: the server splits think tags into reasoning_content (D45); `tool_close_id`: the
-    `tool_parser`: the server parses Hermes tool calls of a chat request with tools (D47);
-    `tool_close_id`: its `</tool_call>` token, if the vocabulary has one, which then ends the turn
-    (the lifecycle's tool_call token check).
-
-    `utf8_guard` is the server's default for a body without the field (UTF8_GUARD_DEFAULTS, D16);
-    `request_id` the client's own id (the X-Request-Id header), checked against CLIENT_ID;
-    `strict` accepts only STRICT_FIELDS (D30)."""
+    `policy` and `max_buffer_events`: the stream of a request that names none (§4.8). `utf8_guard`:
+    the server's default for a body without the field (UTF8_GUARD_DEFAULTS, D16). `request_id`: the
+    client's own id (the X-Request-Id header), checked against CLIENT_ID. `strict`: only
+    STRICT_FIELDS (D30). `reasoning`: the server splits think tags into reasoning_content (D45).
+    `tool_parser`: the server parses Hermes tool calls of a chat request with tools (D47), and
+    `tool_close_id` is their `</tool_call>` token, if the vocabulary has one, which then ends the
+    turn (the lifecycle's tool_call token check)."""
     if request_id is not None and not CLIENT_ID.fullmatch(request_id):
         raise _bad("X-Request-Id", f"must be 16 to 128 characters from A-Z a-z 0-9 . _ : - (an id the client "
                                    f"made unguessable), got {_short(request_id)!r}", "invalid_request_id")

@@ -171,7 +171,7 @@ _FLAGS = frozenset({"utf8_guard", "ignore_eos", "include_stop_str_in_output", "s
 
 @attrs.frozen(kw_only=True, init=False)
 class Request:
-    """What the client asked for (DESIGN "Public API"); immutable once built."""
+    """What the client asked for (docs/concepts.md, "Using it as a library"); immutable once built."""
 
     prompt: str | tuple[int, ...] = attrs.field(converter=_prompt)
     stop: tuple[str, ...] = attrs.field(default=(), converter=_stops)

@@ -1,4 +1,5 @@
-"""What generate() returns (DESIGN "Public API"; usage as DECISIONS D7 defines it)."""
+"""What generate() returns (docs/concepts.md, "Using it as a library"; usage as D7 defines it:
+selected, processed and returned tokens)."""
 
 from __future__ import annotations
 

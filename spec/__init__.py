@@ -1,4 +1,5 @@
-"""The tables: the single source of truth (DESIGN, spec/). Imports nothing else of decodespec."""
+"""The tables: the single source of truth (docs/concepts.md, "The tables come first"). Imports
+nothing else of decodespec."""
 
 from .loader import MACHINES, SpecError, load_file, load_spec, load_text, spec_path
 from .tables import Decision, Table

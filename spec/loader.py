@@ -1,8 +1,8 @@
 """Load a table from TOML and refuse a broken one with an error naming file, entry and problem.
 
-Validation classes (DESIGN, spec/): unknown target, unreachable state, non-terminal state that
-cannot reach a terminal, undeclared event (or state), row out of a terminal state, duplicate
-pair, undecided pair; plus a reason outside the ten of §4.10.
+Validation classes (docs/concepts.md, "The tables come first"): unknown target, unreachable
+state, non-terminal state that cannot reach a terminal, undeclared event (or state), row out of a
+terminal state, duplicate pair, undecided pair; plus a reason outside the ten of §4.10.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ OPENAI_FINISH: Mapping[FinishReason, str] = {FinishReason(e["name"]): e["openai"
 
 
 class DecisionKind(enum.StrEnum):
-    """How a (state, event) pair is decided (DESIGN: a row, an ignore or a rejection)."""
+    """How a (state, event) pair is decided (a row, an ignore or a rejection)."""
 
     ROW = "row"
     IGNORE = "ignore"

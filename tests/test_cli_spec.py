@@ -32,7 +32,7 @@ def test_validate_passes_on_the_shipped_tables() -> None:
 
 
 def test_validate_file_reports_the_exact_error_and_fails(tmp_path) -> None:
-    """A broken table exits 1 with the loader's message naming file, entry and problem (DESIGN, spec/)."""
+    """A broken table exits 1 with the loader's message naming file, entry and problem."""
     path = tmp_path / "x.toml"
     path.write_text(BROKEN, encoding="utf-8")
     result = _run("spec", "validate", "--file", str(path))
@@ -41,7 +41,7 @@ def test_validate_file_reports_the_exact_error_and_fails(tmp_path) -> None:
 
 
 def test_validate_file_accepts_a_valid_table_file(repo_root) -> None:
-    """Any table file can be checked before it replaces a shipped one (DESIGN: researchers' use)."""
+    """Any table file can be checked before it replaces a shipped one, before anyone writes engine code."""
     result = _run("spec", "validate", "--file", str(repo_root / "spec" / "stream.toml"))
     assert result.exit_code == 0 and result.stdout.endswith("1 table(s) valid\n")
 
@@ -73,7 +73,7 @@ def test_show_refuses_an_unknown_machine() -> None:
 
 
 def test_diagrams_writes_dot_svg_and_mermaid_for_the_five_machines(tmp_path, repo_root) -> None:
-    """`decodespec diagrams --out DIR` writes what is committed in diagrams/ (DESIGN, diagrams/): each
+    """`decodespec diagrams --out DIR` writes what is committed in diagrams/: each
     machine as DOT, SVG and Mermaid, and the lifecycle's views (one per terminal state) as DOT and SVG."""
     result = _run("diagrams", "--out", str(tmp_path))
     assert result.exit_code == 0

@@ -1,4 +1,4 @@
-"""Diagrams are generated from the tables and kept in step with them (DESIGN, machine/ and diagrams/)."""
+"""Diagrams are generated from the tables and kept in step with them (docs/concepts.md, "The diagrams")."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def test_committed_dot_matches_the_table(name: str, repo_root) -> None:
 
 @pytest.mark.parametrize("name", MACHINES)
 def test_committed_svg_exists(name: str, repo_root) -> None:
-    """Each of the five machines has a rendered SVG a person can open (DESIGN, diagrams/)."""
+    """Each of the five machines has a rendered SVG a person can open (docs/concepts.md, "The diagrams")."""
     svg = (repo_root / "diagrams" / f"{name}.svg").read_text(encoding="utf-8")
     assert "<svg" in svg and f">{load_spec(name).initial}</text>" in svg
 
@@ -134,7 +134,7 @@ def test_highlighted_ignore_is_drawn_as_a_dashed_loop() -> None:
 
 
 def test_highlight_with_unknown_names_is_refused() -> None:
-    """A path must use the table's own states and events (DESIGN, machine/)."""
+    """A path must use the table's own states and events."""
     with pytest.raises(ValueError, match=r"^highlight step 2: lifecycle has no event 'go'$"):
         to_dot(load_spec("lifecycle"), highlight=[("CREATED", "enqueue"), ("QUEUED", "go")])
     with pytest.raises(ValueError, match=r"^highlight step 1: lifecycle has no state 'IDLE'$"):
@@ -142,7 +142,7 @@ def test_highlight_with_unknown_names_is_refused() -> None:
 
 
 def test_render_refuses_unknown_formats(tmp_path) -> None:
-    """Only DOT, SVG and Mermaid are produced (DESIGN, diagrams/)."""
+    """Only DOT, SVG and Mermaid are produced (docs/concepts.md, "The diagrams")."""
     with pytest.raises(ValueError, match=r"unknown diagram format\(s\) \['png'\]"):
         render(load_spec("resources"), tmp_path, formats=("svg", "png"))
 

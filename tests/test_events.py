@@ -1,4 +1,4 @@
-"""The trace (runtime/events.py; DESIGN "The trace", §4.12): raw entries recorded without a lock on
+"""The trace (runtime/events.py; §4.12): raw entries recorded without a lock on
 the hot path, Events built when read, indices equal to positions even across threads."""
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def test_a_listener_may_emit_and_its_event_follows():
 
 
 def test_jsonl_round_trip_keeps_every_field():
-    """Traces serialise to JSON Lines (DESIGN) and read back equal, bytes included."""
+    """Traces serialise to JSON Lines and read back equal, bytes included."""
     tr = Trace("r1", clock=lambda: 0.5)
     tr.emit(EventKind.RESPONSE_DELTA, seq=0, bytes=b"\xe4\xb8\xad", unread_events=1, unread_bytes=3)
     tr.emit(EventKind.LIFECYCLE, **{"from": "DECODING"}, to="DRAINING", event="eos", action=None, reason="eos")

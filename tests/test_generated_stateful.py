@@ -1,4 +1,4 @@
-"""Generated tests (DESIGN, properties/): both backends follow every table, and the tests have teeth.
+"""Generated tests (docs/concepts.md, "How it is checked"): both backends follow every table, and the tests have teeth.
 
 Each table is its own oracle: the stateful walk and the exhaustive pair check are generated from
 its rows (§4.1 lifecycle, §4.6 stop matcher, §4.5 detokenizer, §4.7/§4.8 stream, §4.10 resources).

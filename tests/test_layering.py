@@ -1,4 +1,4 @@
-"""Data flows one way: spec -> machine -> runtime -> properties (DESIGN, "Layout").
+"""Data flows one way: spec -> machine -> runtime -> properties (docs/concepts.md, "Layout and layering").
 
 Each layer may import only the layers before it; a module that reaches forward is named here.
 """

@@ -1,4 +1,5 @@
-"""The loader refuses every class of broken table with an exact message (DESIGN, spec/; §4.1).
+"""The loader refuses every class of broken table with an exact message (§4.1; docs/concepts.md,
+"The tables come first").
 
 Each case edits one small valid table (A -go-> B -end-> Z) and asserts the full error text
 "<source>: <where>: <problem>".
@@ -198,7 +199,7 @@ def test_the_toy_table_itself_is_valid() -> None:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_broken_table_is_refused_with_the_exact_message(case: str) -> None:
-    """Every validation class names the source, the entry and the problem (DESIGN, spec/; §4.1)."""
+    """Every validation class names the source, the entry and the problem (§4.1)."""
     text, message = CASES[case]
     with pytest.raises(SpecError) as info:
         load_text(text, source=SOURCE)
@@ -208,7 +209,7 @@ def test_broken_table_is_refused_with_the_exact_message(case: str) -> None:
 
 
 def test_load_file_names_the_file_in_the_error(tmp_path) -> None:
-    """A table loaded from disk is reported under its path (DESIGN, spec/)."""
+    """A table loaded from disk is reported under its path."""
     path = tmp_path / "broken.toml"
     path.write_text(CASES["missing header key"][0], encoding="utf-8")
     with pytest.raises(SpecError, match=r"^.*broken\.toml: header: missing key 'initial'$") as info:
@@ -217,7 +218,7 @@ def test_load_file_names_the_file_in_the_error(tmp_path) -> None:
 
 
 def test_unknown_machine_name_is_refused() -> None:
-    """Only the six shipped machines have packaged tables (DESIGN, spec/)."""
+    """Only the six shipped machines have packaged tables."""
     with pytest.raises(SpecError) as info:
         load_spec("scheduler")
     assert str(info.value) == (

@@ -1,4 +1,4 @@
-"""The stepper API, the same for the compiled stepper and the `transitions` backend (DESIGN, machine/)."""
+"""The stepper API, the same for the compiled stepper and the `transitions` backend."""
 
 from __future__ import annotations
 
@@ -80,14 +80,14 @@ def test_a_full_lifecycle_ends_in_exactly_one_terminal_state(new) -> None:
 
 
 def test_new_positions_at_any_state_and_instances_are_independent(new) -> None:
-    """Instances share no control state (DESIGN: no global state)."""
+    """Instances share no control state (no state is global)."""
     a, b = new("stream"), new("stream", "PAUSED")
     a.fire("start")
     assert (a.state, b.state) == ("OPEN", "PAUSED")
 
 
 def test_compiled_machine_is_built_once_per_name() -> None:
-    """`compiled(name)` caches; `compile_table` builds a fresh machine from any table (DESIGN)."""
+    """`compiled(name)` caches; `compile_table` builds a fresh machine from any table."""
     assert compiled("stream") is compiled("stream")
     assert compile_table(load_spec("stream")) is not compiled("stream")
     assert repr(compiled("stream").new()) == "<Stepper stream at NEW>"
