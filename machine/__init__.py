@@ -1,5 +1,6 @@
 """Everything generated from a table: compiled stepper, transitions backend, diagrams, checker."""
 
-from .compiled import CompiledMachine, IllegalTransition, Stepper, compile_table, compiled
+from .compiled import CompiledMachine, IllegalTransition, Stepper, compile_table, compiled, compiled_of, per_table
 
-__all__ = ["CompiledMachine", "IllegalTransition", "Stepper", "compile_table", "compiled"]
+__all__ = ["CompiledMachine", "IllegalTransition", "Stepper", "compile_table", "compiled", "compiled_of",
+           "per_table"]

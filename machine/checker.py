@@ -38,7 +38,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ..spec import DecisionKind, Table
+from ..spec import DecisionKind, Spec, Table
 from ..spec.invariants import load_invariants
 from .checker_invariants import STATE_CHECKS, StateJudge
 from .checker_model import (
@@ -390,7 +390,7 @@ def parked_config(requests: int) -> ModelConfig:
 def check(
     requests: int = 1,
     max_depth: int | None = None,
-    tables: Mapping[str, Table] | None = None,
+    tables: Spec | Mapping[str, Table] | None = None,
     *,
     config: ModelConfig | None = None,
     slots: int = 1,
@@ -398,7 +398,8 @@ def check(
 ) -> CheckReport:
     """Exhaust the model of `requests` (1 to 3) requests sharing `slots` batch places.
 
-    `tables` replaces shipped tables by name (e.g. {"lifecycle": modified}); `config` bounds the
+    `tables`: a Spec, or tables by name that replace the spec directory's (e.g. {"lifecycle":
+    modified}); `config` bounds the
     data (default: `default_config(requests)`). `max_depth` stops the search there (then liveness
     is not judged).
     """

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from ..spec import DecisionKind, FinishReason, Table, load_spec
+from ..spec import DecisionKind, FinishReason, Spec, Table, load_spec
 from ..spec.derived import final_reasons, model_resources, stream_end_of, terminal_stream_event
 from ..spec.vocabulary import STEP_NEEDS
 from .actions import Executor, run_phases
@@ -470,8 +470,8 @@ DETOK.abstracts("drop_pending", "dropping is passing nothing on: DISCARDED says 
 class Model:
     """The local (one-request) transition relation over request tuples, for a set of tables."""
 
-    def __init__(self, tables: Mapping[str, Table] | None = None, config: ModelConfig | None = None) -> None:
-        tables = dict(tables or {})
+    def __init__(self, tables: Spec | Mapping[str, Table] | None = None, config: ModelConfig | None = None) -> None:
+        tables = dict(tables.tables if isinstance(tables, Spec) else tables or {})
         unknown = set(tables) - set(MACHINES)
         if unknown:
             raise ValueError(f"unknown machine(s) {sorted(unknown)}; the checker uses {MACHINES}")

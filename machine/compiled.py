@@ -8,8 +8,12 @@ raises IllegalTransition naming machine, state and event; on a rejection the sta
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
+from typing import TypeVar
 
 from ..spec import DecisionKind, Table, load_spec
+
+T = TypeVar("T")
 
 
 class IllegalTransition(RuntimeError):
@@ -106,18 +110,30 @@ class Stepper:
         return f"<Stepper {self._m.name} at {self.state.value}>"
 
 
-_CACHE: dict[str, CompiledMachine] = {}
+def per_table(build: Callable[[Table], T]) -> Callable[[Table], T]:
+    """`build`, run once per table object: what a table compiles to (its machine, the plans and fast
+    paths a runtime class derives from it) is made when a run first takes that table and shared by
+    every later run of it. The table is kept with its result, so its id is not reused meanwhile."""
+    cache: dict[int, tuple[Table, T]] = {}
+
+    def of(table: Table) -> T:
+        hit = cache.get(id(table))
+        if hit is None or hit[0] is not table:
+            hit = cache[id(table)] = (table, build(table))
+        return hit[1]
+
+    return of
 
 
 def compile_table(table: Table) -> CompiledMachine:
-    """Compile any Table (a shipped one or one loaded from a file)."""
+    """Compile any Table (a shipped one or one loaded from a file), afresh."""
     return CompiledMachine(table)
 
 
-def compiled(name: str) -> CompiledMachine:
-    """The compiled machine of a shipped table, built once per process."""
-    m = _CACHE.get(name)
-    if m is None:
-        m = _CACHE[name] = CompiledMachine(load_spec(name))
-    return m
+compiled_of = per_table(CompiledMachine)
+compiled_of.__doc__ = "The CompiledMachine of any Table (a shipped one or an edited copy), built once per table."
 
+
+def compiled(name: str) -> CompiledMachine:
+    """The compiled machine of the spec directory's table `name` (`load_spec`)."""
+    return compiled_of(load_spec(name))

@@ -9,25 +9,21 @@ loop emits it (briefs: the trace contract); `refinement` replays the run through
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
 
-from ..machine import IllegalTransition, compiled
+from ..machine import CompiledMachine, IllegalTransition, compiled_of
 from ..runtime.events import TERMINAL_KINDS, Event, EventKind
-from ..spec import FinishReason, load_spec
-from ..spec.derived import final_reasons, model_resources, stream_end_of
+from ..spec import FinishReason, Spec, default_spec
+from ..spec.derived import final_reasons, model_resources_of, stream_end_of
 from .invariants import MONITORS, MonitorFn, load_invariants, monitor, registered
 
 K = EventKind
-_LIFECYCLE_TERMINAL = frozenset(load_spec("lifecycle").terminal)
-_MODEL_RESOURCES = model_resources()
 # Events another thread (or the fault injector) may log between two steps of the loop.
 _ASYNC_KINDS = frozenset({K.CANCEL_REQUESTED, K.TRANSPORT, K.FAULT_INJECTED, K.READER_OPENED, K.DELIVERED})
-# The trace kind of each terminal lifecycle state: "response." + the stream state its event reaches.
-_TERMINAL_STATE = {K(f"response.{end.lower()}"): state for state, end in stream_end_of().items()}
-_REASONS_OF_STATE = final_reasons()
 _OVERFLOW_MARK = "overflow"
 
 
@@ -47,10 +43,42 @@ class Violation:
         return f"{rid}{self.invariant} ({self.anchor}) at {where}: {self.message}"
 
 
-class RequestTrace:
-    """One request's events with the facts several monitors share, computed once."""
+@attrs.frozen(eq=False)
+class TraceTables:
+    """What the monitors read from a spec's tables (§4.1, §4.7, §4.10): the compiled lifecycle,
+    stream and resources machines the refinement replays, the resource kinds and those released
+    before the terminal event, the terminal lifecycle states, the terminal lifecycle state of each
+    terminal trace kind ("response." + the stream state its event reaches) and the finish reasons
+    a run can end with in each terminal state."""
 
-    def __init__(self, events: Sequence[Event], *, tokenizer: Any = None, complete: bool = True) -> None:
+    life: CompiledMachine
+    stream: CompiledMachine
+    resources: CompiledMachine
+    kinds: frozenset[str]
+    model_resources: tuple[str, ...]
+    life_terminal: frozenset[str]
+    terminal_state: Mapping[str, str]
+    reasons_of_state: Mapping[str, frozenset[FinishReason]]
+
+    @classmethod
+    def of(cls, spec: Spec) -> TraceTables:
+        life, stream, res = spec["lifecycle"], spec["stream"], spec["resources"]
+        return cls(compiled_of(life), compiled_of(stream), compiled_of(res), frozenset(res.params["kinds"]),
+                   model_resources_of(res), frozenset(life.terminal),
+                   {K(f"response.{end.lower()}"): state for state, end in stream_end_of(life, stream).items()},
+                   final_reasons(life))
+
+
+trace_tables = functools.cache(TraceTables.of)  # per Spec (a Spec is hashed by identity)
+
+
+class RequestTrace:
+    """One request's events with the facts several monitors share, computed once; `spec`: the
+    tables the run followed (default: the spec directory's)."""
+
+    def __init__(self, events: Sequence[Event], *, tokenizer: Any = None, complete: bool = True,
+                 spec: Spec | None = None) -> None:
+        self.tables = trace_tables(spec or default_spec())
         self.events = list(events)
         self.tokenizer = tokenizer
         self.complete = complete
@@ -89,8 +117,10 @@ class RequestTrace:
         return (e for e in self.events if e.kind in kinds)
 
 
-def check_trace(events: Iterable[Event], *, tokenizer: Any = None, complete: bool = True) -> list[Violation]:
-    """Every invariant on every request of `events`; [] when the trace conforms.
+def check_trace(events: Iterable[Event], *, tokenizer: Any = None, complete: bool = True,
+                spec: Spec | None = None) -> list[Violation]:
+    """Every invariant on every request of `events`, judged by the tables of `spec` (the ones the
+    run followed; default: the spec directory's); [] when the trace conforms.
 
     `complete=False` checks a prefix (a run still going): end-of-trace obligations (one terminal
     event, nothing leaked) are not checked. Invariants that `need` something not given (e.g. a
@@ -105,7 +135,7 @@ def check_trace(events: Iterable[Event], *, tokenizer: Any = None, complete: boo
     run = [(name, fn) for name, fn in monitors().items() if name not in skipped(tokenizer=tokenizer)]
     out: list[Violation] = []
     for rid, evs in by_request.items():
-        rt = RequestTrace(evs, tokenizer=tokenizer, complete=complete)
+        rt = RequestTrace(evs, tokenizer=tokenizer, complete=complete, spec=spec)
         for name, fn in run:
             anchor = invariants[name].anchor
             out.extend(Violation(name, anchor, idx, msg, rid) for idx, msg in fn(rt))
@@ -141,13 +171,13 @@ def _usage(data: Mapping[str, Any]) -> Mapping[str, Any]:
 def _terminal_exclusive(rt: RequestTrace):
     first = None
     for e in rt.of(K.LIFECYCLE):
-        if e.data.get("to") in _LIFECYCLE_TERMINAL:
+        if e.data.get("to") in rt.tables.life_terminal:
             if first is None:
                 first = e
             else:
                 yield e.index, f"second terminal state {e.data['to']} after {first.data['to']}"
     if first is not None and rt.terminal is not None:
-        expected = _TERMINAL_STATE[K(rt.terminal.kind)]
+        expected = rt.tables.terminal_state[K(rt.terminal.kind)]
         if first.data["to"] != expected:
             yield rt.terminal.index, f"terminal event {rt.terminal.kind} but the lifecycle ended {first.data['to']}"
 
@@ -155,17 +185,17 @@ def _terminal_exclusive(rt: RequestTrace):
 @monitor("terminal_irreversible")
 def _terminal_irreversible(rt: RequestTrace):
     for e in rt.of(K.LIFECYCLE):
-        if e.data.get("from") in _LIFECYCLE_TERMINAL:
+        if e.data.get("from") in rt.tables.life_terminal:
             yield e.index, f"transition out of terminal state {e.data['from']} on '{e.data.get('event')}'"
 
 
 @monitor("refinement")
 def _refinement(rt: RequestTrace):
     """Replay lifecycle, stream and per-kind resource steps through their compiled tables."""
-    life = compiled("lifecycle").new()
-    stream = compiled("stream").new()
-    res_machine = compiled("resources")
-    kinds = set(load_spec("resources").params["kinds"])
+    life = rt.tables.life.new()
+    stream = rt.tables.stream.new()
+    res_machine = rt.tables.resources
+    kinds = rt.tables.kinds
     resources: dict[str, Any] = {}
     broken: set[str] = set()
 
@@ -270,11 +300,11 @@ def _terminal_with_transition(rt: RequestTrace):
     steps = [e for e in rt.events if e.kind not in _ASYNC_KINDS]
     for i, e in enumerate(steps):
         near = steps[max(0, i - 1): i] + steps[i + 1: i + 2]
-        if e.kind == K.LIFECYCLE and e.data.get("to") in _LIFECYCLE_TERMINAL:
+        if e.kind == K.LIFECYCLE and e.data.get("to") in rt.tables.life_terminal:
             if not any(n.kind in TERMINAL_KINDS for n in near) and (rt.complete or i + 1 < len(steps)):
                 yield e.index, f"transition to {e.data['to']} without its terminal event next to it"
         elif e.kind in TERMINAL_KINDS and not any(
-                n.kind == K.LIFECYCLE and n.data.get("to") in _LIFECYCLE_TERMINAL for n in near):
+                n.kind == K.LIFECYCLE and n.data.get("to") in rt.tables.life_terminal for n in near):
             yield e.index, f"{e.kind} not next to a terminal lifecycle transition"
 
 
@@ -428,11 +458,11 @@ def _model_released_before_terminal(rt: RequestTrace):
     held: set[str] = set()
     for e in rt.events:
         kind = e.data.get("resource")
-        if e.kind == K.RESOURCE_ACQUIRED and kind in _MODEL_RESOURCES:
+        if e.kind == K.RESOURCE_ACQUIRED and kind in rt.tables.model_resources:
             held.add(kind)
         elif e.kind == K.RESOURCE_RELEASED:
             held.discard(kind)
-        elif e.kind == K.LIFECYCLE and e.data.get("to") in _LIFECYCLE_TERMINAL and held:
+        elif e.kind == K.LIFECYCLE and e.data.get("to") in rt.tables.life_terminal and held:
             yield e.index, f"{sorted(held)} still held at the transition to {e.data['to']}"
 
 
@@ -678,7 +708,7 @@ def _observed_cancel_ends_cancelled(rt: RequestTrace):
     for e in rt.of(K.LIFECYCLE):
         if e.data.get("to") == "CANCEL_REQUESTED":
             observed = observed or e
-        elif observed is not None and e.data.get("to") in _LIFECYCLE_TERMINAL and e.data.get("to") != "CANCELLED":
+        elif observed is not None and e.data.get("to") in rt.tables.life_terminal and e.data.get("to") != "CANCELLED":
             yield e.index, (f"the cancel observed at event {observed.index} did not take effect: "
                             f"'{e.data.get('event')}' ends {e.data.get('to')}")
 
@@ -696,7 +726,7 @@ def _no_select_while_draining(rt: RequestTrace):
 @monitor("transport_failure_reported_as_such")
 def _transport_failure_reported_as_such(rt: RequestTrace):
     for e in rt.of(K.LIFECYCLE):
-        if (e.data.get("event") == "transport_error" and e.data.get("to") in _LIFECYCLE_TERMINAL
+        if (e.data.get("event") == "transport_error" and e.data.get("to") in rt.tables.life_terminal
                 and _value(e.data.get("reason")) != FinishReason.TRANSPORT_ERROR):
             yield e.index, f"a transport error ends {e.data.get('to')} with reason {e.data.get('reason')}"
 
@@ -731,9 +761,9 @@ def _transport_not_eos(rt: RequestTrace):
 @monitor("finish_reason_matches_state")
 def _finish_reason_matches_state(rt: RequestTrace):
     for e in rt.terminals:
-        state = _TERMINAL_STATE[K(e.kind)]
+        state = rt.tables.terminal_state[K(e.kind)]
         reason = _value(e.data.get("finish_reason"))
-        if reason not in _REASONS_OF_STATE[state]:
+        if reason not in rt.tables.reasons_of_state[state]:
             yield e.index, f"{e.kind} ({state}) with finish reason {reason!r}"
 
 

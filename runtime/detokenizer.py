@@ -28,24 +28,27 @@ with prefix/read offsets); it is exact for the usual decoders but, unlike the ta
 tell a genuine trailing U+FFFD from a split character, so it holds one until the next token and
 treats it as invalid at `finish()`.
 
-Control state lives in `compiled("detokenizer")` (spec/detokenizer.toml): every push fires
-`emit`, `hold` or `invalid`; finish fires `finish` or `finish_invalid`; discard fires `discard`.
+Control state lives in the detokenizer's table (spec/detokenizer.toml, or the one it is given;
+DetokRules): every push fires `emit`, `hold` or `invalid`; finish fires `finish` or `finish_invalid`; discard fires `discard`.
 Each fire runs its row's action as effects (`DETOK` below: pass_complete, hold_partial, raise_error,
 pass_tail, drop_pending; machine/actions.py), so a changed action changes the bytes a push returns,
 as it changes what the checker model explores; the fast path is armed only where the table's
-`emit` is a self-loop that only passes bytes on (`_FAST`). A push after the detokenizer closed is an
+`emit` is a self-loop that only passes bytes on (`DetokRules.fast`). A push after the detokenizer closed is an
 IllegalTransition and changes nothing.
 """
 
 from __future__ import annotations
 
 import codecs
+import enum
 import functools
 from collections.abc import Mapping, Sequence
 
-from ..machine import compiled
-from ..machine.actions import Executor, run_phases
-from ..spec import load_spec
+import attrs
+
+from ..machine import CompiledMachine, compiled_of, per_table
+from ..machine.actions import Executor, Plan, run_phases
+from ..spec import Table, default_spec
 from .tokenizers import TokenIdError, Tokenizer, check_token_id, check_tokenizer, is_utf8
 
 __all__ = ["DecodingError", "IncrementalDetokenizer"]
@@ -96,14 +99,19 @@ class IncrementalDetokenizer:
     __slots__ = (
         "_tok", "_skip", "_ctl", "_fire", "_cur", "_rest", "_skipped", "_strip_byte", "_strip_left",
         "_pending", "_hidden", "_window", "_whole", "_fast", "held_bytes",
+        "_rules", "_steady", "_emit_plain", "_hold_plain",
     )
 
-    def __init__(self, tokenizer: Tokenizer, *, prompt_ids: Sequence[int] = (), skip_special: bool = True) -> None:
+    def __init__(self, tokenizer: Tokenizer, *, prompt_ids: Sequence[int] = (), skip_special: bool = True,
+                 table: Table | None = None) -> None:
         check_tokenizer(tokenizer)
         prompt = [check_token_id(t, tokenizer.vocab_size) for t in prompt_ids]
         self._tok = tokenizer
         self._skip = skip_special
-        self._ctl = compiled("detokenizer").new()
+        rules = self._rules = detok_rules(table or default_spec()["detokenizer"])
+        # read per token: a slot each
+        self._steady, self._emit_plain, self._hold_plain = rules.fast, rules.emit_plain, rules.hold_plain
+        self._ctl = rules.machine.new()
         self._fire = self._ctl.fire
         self._pending = b""  # held bytes; the first `_hidden` of them belong to the prompt
         self._hidden = 0
@@ -179,7 +187,7 @@ class IncrementalDetokenizer:
         if done < len(data):
             bad = _unfinished(data[done:])
             if bad is None:  # `data[done:]` is an unfinished character
-                if state in _HOLD_PLAIN:  # the row's effects, without the phase loop
+                if state in self._hold_plain:  # the row's effects, without the phase loop
                     self._fire("hold")
                     out = self._complete(data, done)
                     self._keep(data, done)
@@ -187,7 +195,7 @@ class IncrementalDetokenizer:
                     return out
                 return self._move("hold", {"data": data, "cut": done})
             return self._invalid(data, done + bad[0], done + bad[1], bad[2])
-        if state in _EMIT_PLAIN:
+        if state in self._emit_plain:
             self._fire("emit")
             out = self._complete(data, done)
             self._sync()
@@ -213,7 +221,7 @@ class IncrementalDetokenizer:
         bytes at hand, complete up to `cut` (a push), or the tail (finish); `why`, what is wrong
         with invalid bytes. Returns the bytes the effects passed on; raises the DecodingError an
         effect made; a refused event (after the end) raises IllegalTransition and changes nothing."""
-        run_phases(_PLANS.get((self._ctl.state._value_, event)), (self, ctx), self._fire, (event,))
+        run_phases(self._rules.plans.get((self._ctl.state._value_, event)), (self, ctx), self._fire, (event,))
         self._sync()
         error = ctx.get("error")
         if error is not None:
@@ -222,10 +230,10 @@ class IncrementalDetokenizer:
 
     def _sync(self) -> None:
         """Arm the fast path of `push` exactly where it is exact: a state whose `emit` row is a
-        self-loop that only passes the bytes on (`_FAST`, derived from the table), nothing pending,
+        self-loop that only passes the bytes on (`DetokRules.fast`, derived from the table), nothing pending,
         past the first-token and strip rules."""
         steady = (
-            self._ctl.state in _FAST and not self._pending and not self._strip_left
+            self._ctl.state in self._steady and not self._pending and not self._strip_left
             and self._cur is self._rest and self._whole is not None
         )
         self._fast = self._whole if steady and self._whole is not None else _NOTHING
@@ -345,17 +353,34 @@ def _drop_pending(d: IncrementalDetokenizer, ctx: dict) -> None:
         d._window.clear()
 
 
-_PLANS = DETOK.plans(load_spec("detokenizer"))
-# Where `emit` is a self-loop that only passes the bytes on, a whole token in it is final as it is:
-# the fast path of `push` (derived from the table, so another action there goes through `_move`).
-_FAST = frozenset(compiled("detokenizer").State[s] for (s, e), plan in _PLANS.items()
-                  if e == "emit" and plan.effects == ("pass_complete",) and load_spec("detokenizer").decision(s, e).target == s)
-# Where a push's row runs exactly these effects, push runs them itself, without the phase loop's
-# ctx (the per-token cost of a split character); any other action goes through `_move`.
-_EMIT_PLAIN = frozenset(compiled("detokenizer").State[s] for (s, e), plan in _PLANS.items()
-                        if e == "emit" and plan.effects == ("pass_complete",))
-_HOLD_PLAIN = frozenset(compiled("detokenizer").State[s] for (s, e), plan in _PLANS.items()
-                        if e == "hold" and plan.effects == ("pass_complete", "hold_partial"))
+@attrs.frozen(eq=False)
+class DetokRules:
+    """A detokenizer table as IncrementalDetokenizer runs it (§4.5): its machine, each pair's plan,
+    and the fast paths of `push` derived from the rows. `fast`: where `emit` is a self-loop that
+    only passes the bytes on, so a whole token there is final as it is. `emit_plain`, `hold_plain`:
+    where a push's row runs exactly pass_complete (and hold_partial), which push runs itself,
+    without the phase loop's ctx (the per-token cost of a split character); any other action there
+    goes through `_move`."""
+
+    machine: CompiledMachine
+    plans: Mapping[tuple[str, str], Plan]
+    fast: frozenset[enum.Enum]
+    emit_plain: frozenset[enum.Enum]
+    hold_plain: frozenset[enum.Enum]
+
+    @classmethod
+    def of(cls, table: Table) -> DetokRules:
+        machine, plans = compiled_of(table), DETOK.plans(table)
+
+        def states(event: str, effects: tuple[str, ...], loop: bool = False) -> frozenset[enum.Enum]:
+            return frozenset(machine.State[s] for (s, e), plan in plans.items() if e == event and plan.effects == effects
+                             and (not loop or table.decision(s, e).target == s))
+
+        return cls(machine, plans, states("emit", ("pass_complete",), loop=True), states("emit", ("pass_complete",)),
+                   states("hold", ("pass_complete", "hold_partial")))
+
+
+detok_rules = per_table(DetokRules.of)
 
 
 class _Window:

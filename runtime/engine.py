@@ -77,9 +77,9 @@ from typing import Any
 import attrs
 import torch
 
-from ..machine import IllegalTransition, compiled
+from ..machine import IllegalTransition, compiled_of, per_table
 from ..machine.actions import Executor, fire_with_effects
-from ..spec import FinishReason, Table, load_spec
+from ..spec import FinishReason, Spec, Table, default_spec
 from .affinity import pin_team
 from .errors import ModelError
 from .events import EventKind
@@ -149,11 +149,6 @@ _DELTA_SLACK = 64
 _LOG = logging.getLogger("decodespec.engine")
 
 
-_SEQUENCE = compiled("sequence")
-_SWAPPED = _SEQUENCE.State["SWAPPED"]
-_PARKED = _SEQUENCE.State["PARKED"]
-
-
 @attrs.define(eq=False, slots=True)
 class _Entry:
     """The Engine's bookkeeping for one live run (driver thread only, except `order`). Where the
@@ -164,7 +159,7 @@ class _Entry:
     run: RequestRun
     order: int
     headroom: int
-    seq: Any = attrs.field(factory=_SEQUENCE.new)
+    seq: Any  # a stepper of the Engine's sequence table
     snapshot: Any = None  # CacheSnapshot while swapped out
     detached_since: float | None = None
     parked_since: float | None = None  # when its reader last let it run (connected or not)
@@ -174,7 +169,7 @@ class _Entry:
 
     @property
     def swapped(self) -> bool:
-        return self.seq.state is _SWAPPED
+        return self.seq.state == "SWAPPED"
 
 
 def _need(e: _Entry) -> int:
@@ -207,6 +202,7 @@ class Engine:
         batch_invariant: bool = False,
         threads: int | None = None,
         pin_threads: bool = False,
+        spec: Spec | None = None,
         lifecycle: Table | None = None,
     ) -> None:
         for name, value in (("max_batch", max_batch), ("max_queue", max_queue), ("max_retained", max_retained),
@@ -242,7 +238,11 @@ class Engine:
         self.pin_threads = pin_threads  # each of them on a CPU of its own (D62)
         self.pinned: tuple[int, ...] = ()  # the CPUs they were pinned to, once the engine thread runs
         self.clock = clock
-        self.lifecycle = lifecycle  # the lifecycle table its requests follow (None: the spec directory's)
+        # the tables its requests follow (default: the spec directory's); `lifecycle` in place of the spec's
+        spec = spec or default_spec()
+        self.spec = spec = spec.replace(lifecycle) if lifecycle is not None else spec
+        self._sequence, self._seq_plans = compiled_of(spec["sequence"]), _seq_plans_of(spec["sequence"])
+        self._parked_state = self._sequence.State["PARKED"]
         self._budget = math.inf if cache_budget_tokens is None else cache_budget_tokens
         if not isinstance(batch_invariant, bool):
             raise ValueError(f"batch_invariant must be True or False, got {batch_invariant!r}")
@@ -292,11 +292,11 @@ class Engine:
             run = RequestRun(
                 request, model=self.model, tokenizer=self.tokenizer, faults=faults,
                 model_name=self.model_name, clock=self.clock, pause_timeout_s=self.detach_timeout_s,
-                lifecycle=self.lifecycle,
+                spec=self.spec,
             )
             if run.admit():
                 stops = max((len(s.encode()) for s in request.stop), default=0)
-                entry = _Entry(run, next(self._order), headroom=stops + _DELTA_SLACK)
+                entry = _Entry(run, next(self._order), headroom=stops + _DELTA_SLACK, seq=self._sequence.new())
                 self._queue.append(entry)
                 self._live[rid] = entry
             else:
@@ -582,7 +582,7 @@ class Engine:
     def _move(self, e: _Entry, event: str) -> None:
         """Move the sequence along spec/sequence.toml: fire `event` and run its row's effects (the
         Engine's SEQUENCE executor below); a move the table refuses changes nothing."""
-        fire_with_effects(e.seq, _SEQ_PLANS, event, self, e)
+        fire_with_effects(e.seq, self._seq_plans, event, self, e)
 
     # ---- phase 3: the decode step (§4.4) -------------------------------------------------
 
@@ -596,7 +596,7 @@ class Engine:
             decoding = run.decoding
             if decoding and run.check_point():
                 if not run.stream.would_wait(e.headroom):  # the common case (_blocked): to select
-                    if e.seq.state is _PARKED:
+                    if e.seq.state is self._parked_state:
                         self._move(e, "unpark")
                     ready.append(e)
                     continue
@@ -605,7 +605,7 @@ class Engine:
             if self._blocked(e):
                 moved = self._parked(e, now) or moved
             elif run.decoding:
-                if e.seq.state is _PARKED:
+                if e.seq.state is self._parked_state:
                     self._move(e, "unpark")
                 ready.append(e)
             moved = self._settle(e) or moved
@@ -653,10 +653,10 @@ class Engine:
         `detach_timeout_s` (D5), or connected but not reading for `stall_timeout_s` (D5)."""
         run = e.run
         if run.done:
-            if e.seq.state is _PARKED:
+            if e.seq.state is self._parked_state:
                 self._move(e, "unpark")
             return False
-        if e.seq.state is not _PARKED:
+        if e.seq.state is not self._parked_state:
             self._move(e, "park")
         if run.stream.connected:
             e.detached_since = None
@@ -859,4 +859,4 @@ def _forget(eng: Engine, e: _Entry) -> None:
             eng._record_done(e.run)
 
 
-_SEQ_PLANS = SEQUENCE.plans(load_spec("sequence"))
+_seq_plans_of = per_table(SEQUENCE.plans)

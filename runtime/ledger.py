@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from ..machine import Stepper, compiled
+from ..machine import Stepper, compiled_of, per_table
 from ..machine.actions import Executor, fire_with_effects
-from ..spec import load_spec
+from ..spec import Table, default_spec, load_spec
 from .events import EventKind, Trace
 
 if TYPE_CHECKING:
@@ -80,7 +80,8 @@ def resource_kind(kind: str | ResourceKind) -> ResourceKind:
 
 
 class ResourceLedger:
-    """Acquire/release bookkeeping for one request, one `resources` stepper per kind (§4.10)."""
+    """Acquire/release bookkeeping for one request, one stepper of its `resources` table (default:
+    the spec directory's) per kind (§4.10)."""
 
     def __init__(
         self,
@@ -88,11 +89,13 @@ class ResourceLedger:
         *,
         trace: Trace | None = None,
         on_free: Mapping[str | ResourceKind, FreeFn] | None = None,
+        table: Table | None = None,
     ) -> None:
         self.request_id = request_id
         self._trace = trace
         self._lock = threading.RLock()  # RLock: a free callback may read the ledger
-        machine = compiled("resources")
+        table = table or default_spec()["resources"]
+        machine, self._plans = compiled_of(table), _plans_of(table)
         self._steppers: dict[ResourceKind, Stepper] = {k: machine.new() for k in ResourceKind}
         self._free: dict[ResourceKind, FreeFn] = {
             resource_kind(k): fn for k, fn in (on_free or {}).items()
@@ -122,7 +125,7 @@ class ResourceLedger:
         k = resource_kind(kind)
         with self._lock:
             # the row's action: `free` runs the callback; never acquired: IllegalTransition
-            plan = fire_with_effects(self._steppers[k], _PLANS, "release", self, k)
+            plan = fire_with_effects(self._steppers[k], self._plans, "release", self, k)
             if not plan.has("free"):
                 self._record(k, LedgerProblem.DOUBLE_RELEASE)
                 return False
@@ -192,4 +195,4 @@ def _free_effect(ledger: ResourceLedger, k: ResourceKind) -> None:
             ledger._record(k, LedgerProblem.FREE_FAILED, f"{type(exc).__name__}: {exc}")
 
 
-_PLANS = RESOURCES.plans(load_spec("resources"))
+_plans_of = per_table(RESOURCES.plans)

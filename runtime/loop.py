@@ -10,7 +10,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..spec import Table
+from ..spec import Spec, Table
 from .errors import ModelError
 from .faults import FaultPlan
 from .request import Request
@@ -27,6 +27,7 @@ def generate(
     on_delta: Callable[[bytes], None] | None = None,
     on_run: Callable[[RequestRun], None] | None = None,
     read_inline: bool = True,
+    spec: Spec | None = None,
     lifecycle: Table | None = None,
 ) -> Result:
     """Run one request to its terminal state and return the Result with its full trace.
@@ -35,12 +36,13 @@ def generate(
     loop starts (to subscribe to its trace or to cancel it from another thread).
     With `read_inline` False nobody reads the stream while the loop runs, so its backpressure
     policy decides what happens at the cap (§4.8): `buffer`/`fail` overflow, `pause` parks until
-    the stream's pause timeout. `lifecycle`: the lifecycle table the run follows (default: the spec
-    directory's, spec/ or DECODESPEC_SPEC_DIR).
+    the stream's pause timeout. `spec`: the tables the run follows (default: the spec directory's,
+    spec/ or DECODESPEC_SPEC_DIR); `lifecycle`: a lifecycle table in place of the spec's.
     """
     if not isinstance(request, Request):
         raise TypeError(f"generate() takes a Request, got {type(request).__name__}")
-    run = RequestRun(request, model=model, tokenizer=tokenizer, faults=faults, lifecycle=lifecycle)
+    run = RequestRun(request, model=model, tokenizer=tokenizer, faults=faults, spec=spec,
+                     lifecycle=lifecycle)
     if on_delta is not None:
         run.on_delta(on_delta)
     if on_run is not None:

@@ -24,9 +24,9 @@ from typing import Any
 import attrs
 import torch
 
-from ..machine import CompiledMachine, compile_table, compiled
+from ..machine import CompiledMachine, compiled_of, per_table
 from ..machine.actions import ActionError, Executor, Plan, run_phases
-from ..spec import FinishReason, Table, load_spec
+from ..spec import FinishReason, Spec, Table, default_spec, load_spec
 from ..spec.derived import DriverStates, driver_states, model_resources, stream_resources, terminal_stream_event
 from .alignment import token_scores
 from .detokenizer import DecodingError, IncrementalDetokenizer
@@ -372,7 +372,7 @@ class RequestRun:
     __slots__ = (
         "cache", "clock", "deadline_at", "decoded", "detok", "echo_len", "eos_id", "eos_ids", "error", "faults",
         "finish_ids", "guard", "ledger", "_echo", "_guarded", "_stop_kept",
-        "life", "logits", "model", "output", "prompt_ids", "reason", "request", "sampler", "scores",
+        "life", "logits", "model", "output", "prompt_ids", "reason", "request", "sampler", "scores", "spec",
         "stop_hit", "stopper", "stream", "token_stopper", "tokenizer", "tokens", "trace",
         "_byte_marks", "_cancel_claimed", "_cancel_fired", "_cancel_lock", "_cancel_requested",
         "_created", "_deadline_forced", "_decode_s", "_deferred", "_detok_push", "_detok_total", "_done_quiet",
@@ -381,10 +381,12 @@ class RequestRun:
         "_t0", "_undecodable", "_unsent", "_winner",
     )
 
-    def __new__(cls, *args: Any, lifecycle: Table | None = None, **kwargs: Any) -> RequestRun:
-        """A run of a lifecycle table (default: the spec directory's) whose [[step]] order is another
-        than the class's is an instance of the subclass that runs that order (Lifecycle.run_type)."""
-        return object.__new__(cls if lifecycle is None else lifecycle_of(lifecycle).run_type(cls))
+    def __new__(cls, *args: Any, spec: Spec | None = None, lifecycle: Table | None = None, **kwargs: Any) -> RequestRun:
+        """A run of a lifecycle table (default: the spec's, else the spec directory's) whose [[step]]
+        order is another than the class's is an instance of the subclass that runs that order
+        (Lifecycle.run_type)."""
+        table = lifecycle or (spec["lifecycle"] if spec is not None else None)
+        return object.__new__(cls if table is None else lifecycle_of(table).run_type(cls))
 
     def __init__(
         self,
@@ -396,9 +398,13 @@ class RequestRun:
         model_name: str = "",
         clock: Callable[[], float] = time.monotonic,
         pause_timeout_s: float | None = None,
+        spec: Spec | None = None,
         lifecycle: Table | None = None,
     ) -> None:
-        lc = self._lc = _DEFAULT_LIFECYCLE if lifecycle is None else lifecycle_of(lifecycle)
+        # the tables this run follows (§4.1-§4.8): `spec`'s, else the spec directory's; `lifecycle`
+        # in place of the spec's lifecycle table
+        spec = self.spec = spec or default_spec()
+        lc = self._lc = lifecycle_of(lifecycle or spec["lifecycle"])
         # read per token: a slot each, where the Lifecycle's attribute would be two lookups
         self._select_quiet, self._done_quiet = lc.select_quiet, lc.decode_done_quiet
         self.request = request
@@ -409,7 +415,7 @@ class RequestRun:
         rid = request.request_id
         self.trace = Trace(rid, clock)
         self.life = lc.machine.new()
-        self.ledger = ResourceLedger(rid, trace=self.trace)
+        self.ledger = ResourceLedger(rid, trace=self.trace, table=spec["resources"])
         self.stream = OrderedStream(
             rid,
             policy=request.policy,
@@ -418,6 +424,7 @@ class RequestRun:
             pause_timeout_s=pause_timeout_s,
             usage_provider=lambda: self.usage().as_dict(),
             trace=self.trace,
+            table=spec["stream"],
         )
         self.prompt_ids: list[int] = (
             tokenizer.encode(request.prompt) if isinstance(request.prompt, str) else list(request.prompt)
@@ -431,7 +438,7 @@ class RequestRun:
         self.eos_ids: frozenset[int] = getattr(tokenizer, "eos_ids", None) or frozenset(
             () if self.eos_id is None else (self.eos_id,))
         self.detok = IncrementalDetokenizer(tokenizer, prompt_ids=self.prompt_ids,
-                                            skip_special=request.skip_special_tokens)
+                                            skip_special=request.skip_special_tokens, table=spec["detokenizer"])
         # echo: the prompt's bytes, by the batch decode's rules (D12), are the output's first delta;
         # a prompt that ends inside a character is completed by the output's first bytes (D33).
         self._echo = (tokenizer.decode_bytes(self.prompt_ids, skip_special=request.skip_special_tokens)
@@ -447,8 +454,9 @@ class RequestRun:
             # Every byteless end (EOS, a token check's ids) waits for the character to finish (D22).
             ends = self.eos_ids.union(*(ids for _, ids in request.finish_tokens))
             self.guard = guard_for(plan, model.vocab_size, frozenset(ends))
-        self.stopper = StopMatcher(request.stop)
-        self.token_stopper = TokenStopMatcher(request.stop_token_ids) if request.stop_token_ids else None
+        self.stopper = StopMatcher(request.stop, table=spec["stop_matcher"])
+        self.token_stopper = (TokenStopMatcher(request.stop_token_ids, table=spec["stop_matcher"])
+                              if request.stop_token_ids else None)
         self._unsent = b""  # bytes the stop matcher released that a partial stop-id match withholds
         # Ids the model may score but the tokenizer cannot decode are never chosen (D20); the
         # guard already refuses them.
@@ -1064,7 +1072,7 @@ class Lifecycle:
 
     @classmethod
     def of(cls, table: Table) -> Lifecycle:
-        machine = compiled(table.name) if table is load_spec(table.name) else compile_table(table)
+        machine = compiled_of(table)
         reasons = {k: FinishReason(d.reason) for k, d in table.decisions.items() if d.reason}
         return cls(
             table, machine, LIFECYCLE.plans(table), reasons,
@@ -1090,23 +1098,8 @@ class Lifecycle:
         return kind
 
 
-# One Lifecycle per table object, kept with the table (an id is not reused while the table lives).
-_LIFECYCLES: dict[int, Lifecycle] = {}
 _RUN_TYPES: dict[tuple[int, type[RequestRun]], type[RequestRun]] = {}
-
-
-def lifecycle_of(table: Table) -> Lifecycle:
-    """The Lifecycle of `table`, built once per table."""
-    lc = _LIFECYCLES.get(id(table))
-    if lc is None or lc.table is not table:
-        lc = _LIFECYCLES[id(table)] = Lifecycle.of(table)
-    return lc
-
-
-# What a run follows when its caller gives no table: the spec directory's (DECODESPEC_SPEC_DIR, else
-# the shipped spec/), built with the module.
-_DEFAULT_LIFECYCLE = lifecycle_of(load_spec("lifecycle"))
-
+lifecycle_of = per_table(Lifecycle.of)  # the Lifecycle of a table, built once per table
 
 
 def _char_start(data: bytes, n: int) -> int:

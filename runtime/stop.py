@@ -24,18 +24,17 @@ from __future__ import annotations
 import enum
 import functools
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
-from ..machine import compiled
+from ..machine import CompiledMachine, compiled_of, per_table
 from ..machine.actions import Executor
-from ..spec import load_spec
+from ..spec import Table, default_spec
 
 __all__ = ["StopHit", "StopKind", "StopMatcher", "TokenStopMatcher"]
 
-RULE_VERSION: int = load_spec("stop_matcher").params["stop_rule_version"]
 DEFAULT_MAX_STOPS = 4096
 # The transition table has (total stop bytes + 1) x (distinct bytes + 1) entries: bound it.
 DEFAULT_MAX_STOP_BYTES = 1 << 16
@@ -61,7 +60,7 @@ class StopHit:
     index: int
     start: int
     end: int
-    rule_version: int = RULE_VERSION
+    rule_version: int  # the table's stop_rule_version
     kind: StopKind = StopKind.STRING
 
 
@@ -278,12 +277,15 @@ def _token_id(value: Any, name: str) -> int:
 
 
 class _TableControl:
-    """What both matchers share: the ``stop_matcher`` stepper and the absorbing first hit."""
+    """What both matchers share: the ``stop_matcher`` stepper of their table (`table`, default the
+    spec directory's) and the absorbing first hit."""
 
-    __slots__ = ("_st", "_hit")
+    __slots__ = ("_st", "_hit", "_rules", "_clear_fast", "_hold_fast")
 
-    def __init__(self) -> None:
-        self._st = compiled("stop_matcher").new()
+    def __init__(self, table: Table | None) -> None:
+        rules = self._rules = stop_rules(table or default_spec()["stop_matcher"])
+        self._st = rules.machine.new()
+        self._clear_fast, self._hold_fast = rules.clear_fast, rules.hold_fast  # read per token: a slot each
         self._hit: StopHit | None = None
 
     @property
@@ -299,11 +301,11 @@ class _TableControl:
     def _route(self, event: str) -> tuple[int, int]:
         """Fire `event` (raises, changing nothing, when the table refuses it) and return where
         its row's action sends the candidates: (what goes out, what stays held), indices into
-        (safe, held, match, nothing) (_ROUTES, derived from the effects below)."""
+        (safe, held, match, nothing) (StopRules.routes, derived from the effects below)."""
         st = self._st
         state = st.state._value_
         st.fire(event)
-        return _ROUTES[(state, event)]
+        return self._rules.routes[(state, event)]
 
 
 class StopMatcher(_TableControl):
@@ -327,6 +329,7 @@ class StopMatcher(_TableControl):
         *,
         max_stops: int = DEFAULT_MAX_STOPS,
         max_stop_bytes: int = DEFAULT_MAX_STOP_BYTES,
+        table: Table | None = None,
     ) -> None:
         _check_list(stops, "stops", "str or bytes", max_stops)
         _check_limit("max_stop_bytes", max_stop_bytes)
@@ -336,7 +339,7 @@ class StopMatcher(_TableControl):
             raise ValueError(
                 f"stops: {total} bytes in all, more than max_stop_bytes={max_stop_bytes}"
             )
-        super().__init__()
+        super().__init__(table)
         self._stops = tuple(stops)
         self._auto = auto = _byte_automaton(encoded)
         self._delta, self._classes, self._stride = auto.delta, auto.classes, auto.stride
@@ -369,10 +372,10 @@ class StopMatcher(_TableControl):
         # fire and route by the row's effects unless it is a self-loop that releases the safe
         # bytes and keeps the suffix (the fast path, derived from the table)
         if held:
-            if self._st.state not in _HOLD_FAST:
-                safe, held = self._reroute("hold", _HOLD_ROUTES, _KEEP_SUFFIX, safe, held)
-        elif self._st.state not in _CLEAR_FAST:
-            safe, held = self._reroute("clear", _CLEAR_ROUTES, _RELEASE, safe, held)
+            if self._st.state not in self._hold_fast:
+                safe, held = self._reroute("hold", self._rules.hold_routes, _KEEP_SUFFIX, safe, held)
+        elif self._st.state not in self._clear_fast:
+            safe, held = self._reroute("clear", self._rules.clear_routes, _RELEASE, safe, held)
         self._s = s
         self._pos += len(data)
         self.held = held
@@ -385,7 +388,7 @@ class StopMatcher(_TableControl):
             at += 1
         end = self._pos + at
         start = end - self._auto.lengths[index]
-        hit = StopHit(self._stops[index], index, start, end, RULE_VERSION, StopKind.STRING)
+        hit = StopHit(self._stops[index], index, start, end, self._rules.rule_version, StopKind.STRING)
         out, keep = self._route("hit")
         base = self._pos - len(self.held)
         buf = self.held + data
@@ -436,11 +439,11 @@ class TokenStopMatcher(_TableControl):
     __slots__ = ("_seqs", "_auto", "_root", "_rows", "_s", "_pos")
 
     def __init__(
-        self, sequences: Sequence[Sequence[int]], *, max_stops: int = DEFAULT_MAX_STOPS
+        self, sequences: Sequence[Sequence[int]], *, max_stops: int = DEFAULT_MAX_STOPS, table: Table | None = None
     ) -> None:
         _check_list(sequences, "sequences", "token-id sequences", max_stops)
         seqs = tuple(_token_sequence(i, s) for i, s in enumerate(sequences))
-        super().__init__()
+        super().__init__(table)
         self._seqs = seqs
         self._auto = _token_automaton(seqs)
         self._root, self._rows = self._auto.root, self._auto.rows
@@ -467,11 +470,11 @@ class TokenStopMatcher(_TableControl):
             index = ~s
             end = self._pos + 1
             stop = self._seqs[index]
-            hit = StopHit(stop, index, end - len(stop), end, RULE_VERSION, StopKind.TOKEN_IDS)
+            hit = StopHit(stop, index, end - len(stop), end, self._rules.rule_version, StopKind.TOKEN_IDS)
             self._route("hit")  # the ids' text is the caller's: only the hit and its place count here
             self._s, self._pos, self._hit = 0, end, hit
             return hit
-        if self._st.state not in (_HOLD_FAST if s else _CLEAR_FAST):
+        if self._st.state not in (self._hold_fast if s else self._clear_fast):
             _, keep = self._route("hold" if s else "clear")
             s = (0, s, 0, 0)[keep]  # a row that keeps no suffix forgets the partial match
         self._s = s
@@ -528,9 +531,14 @@ def _drop_held(r: dict) -> None:
     r["keep"] = NOTHING
 
 
-def _routes() -> dict[tuple[str, str], tuple[int, int]]:
+# Where a push's row is a self-loop that releases the safe bytes (and, holding, keeps the suffix)
+# the matchers skip the fire and the routing: the per-token fast path, derived from the table.
+_RELEASE, _KEEP_SUFFIX = (SAFE, NOTHING), (SAFE, HELD)  # what emit_safe and emit_safe_hold_suffix route
+
+
+def _routes(table: Table) -> dict[tuple[str, str], tuple[int, int]]:
     out = {}
-    for key, plan in STOP.plans(load_spec("stop_matcher")).items():
+    for key, plan in STOP.plans(table).items():
         r = {"out": NOTHING, "keep": HELD if key[1] == "discard" else NOTHING}  # a discard keeps what no effect drops
         for fn in plan.before + plan.with_ + plan.after:
             fn(r)
@@ -538,19 +546,31 @@ def _routes() -> dict[tuple[str, str], tuple[int, int]]:
     return out
 
 
-_ROUTES = _routes()
-# Where a push's row is a self-loop that releases the safe bytes (and, holding, keeps the suffix)
-# the matchers skip the fire and the routing: the per-token fast path, derived from the table.
-_RELEASE, _KEEP_SUFFIX = (SAFE, NOTHING), (SAFE, HELD)  # what emit_safe and emit_safe_hold_suffix route
+@attrs.frozen(eq=False)
+class StopRules:
+    """A stop_matcher table as the matchers run it (§4.6): its machine, each row's route, per state
+    the route of a push event and the states of its fast path (a self-loop routing as `plain`),
+    and its stop_rule_version (DECISIONS, after §4.6), which every hit carries."""
+
+    machine: CompiledMachine
+    routes: Mapping[tuple[str, str], tuple[int, int]]
+    clear_routes: Mapping[enum.Enum, tuple[int, int]]
+    clear_fast: frozenset[enum.Enum]
+    hold_routes: Mapping[enum.Enum, tuple[int, int]]
+    hold_fast: frozenset[enum.Enum]
+    rule_version: int
+
+    @classmethod
+    def of(cls, table: Table) -> StopRules:
+        machine, routes = compiled_of(table), _routes(table)
+
+        def push(event: str, plain: tuple[int, int]) -> tuple[dict, frozenset]:
+            by_state = {machine.State[s]: r for (s, e), r in routes.items() if e == event}
+            return by_state, frozenset(st for st, r in by_state.items()
+                                       if r == plain and table.decision(st.value, event).target == st.value)
+
+        return cls(machine, routes, *push("clear", _RELEASE), *push("hold", _KEEP_SUFFIX),
+                   table.params["stop_rule_version"])
 
 
-def _push_routes(event: str, plain: tuple[int, int]) -> tuple[dict[Any, tuple[int, int]], frozenset]:
-    """Per state, the route of a push `event`; and the states whose row is a self-loop routing as
-    `plain` (the fast path)."""
-    table, states = load_spec("stop_matcher"), compiled("stop_matcher").State
-    routes = {states[s]: r for (s, e), r in _ROUTES.items() if e == event}
-    return routes, frozenset(st for st, r in routes.items() if r == plain and table.decision(st.value, event).target == st.value)
-
-
-_CLEAR_ROUTES, _CLEAR_FAST = _push_routes("clear", _RELEASE)
-_HOLD_ROUTES, _HOLD_FAST = _push_routes("hold", _KEEP_SUFFIX)
+stop_rules = per_table(StopRules.of)

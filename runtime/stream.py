@@ -31,14 +31,14 @@ import enum
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ..machine import compiled
-from ..machine.actions import ActionError, Executor, run_phases
-from ..spec import FinishReason, load_spec
+from ..machine import CompiledMachine, compiled_of, per_table
+from ..machine.actions import ActionError, Executor, Plan, run_phases
+from ..spec import FinishReason, Table, default_spec, load_spec
 from .events import EventKind, Trace
 
 if TYPE_CHECKING:
@@ -58,7 +58,6 @@ else:
 
 OVERFLOW_ERROR = "stream buffer overflow"
 _PAUSE_POLICY = BackpressurePolicy.PAUSE
-_OPEN = compiled("stream").State["OPEN"]
 _RESPONSE_DELTA = EventKind.RESPONSE_DELTA.value  # a per-token entry carries the plain string (events.py)
 _Waiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]
 _BATCH = threading.local()  # .waiters: the asyncio readers woken inside this thread's open batch
@@ -181,7 +180,7 @@ class OrderedStream:
         "max_bytes", "max_events", "pause_timeout_s", "paused_s", "policy", "request_id",
         "_async_waiters", "_bulk_waiters", "_cond", "_connected", "_cursor", "_inline_max", "_lock", "_log", "_next_seq",
         "_open", "_pending", "_primary", "_readers", "_sleepers", "_st", "_trace", "_unread_bytes", "_unread_events",
-        "_usage_provider",
+        "_usage_provider", "_rules", "_st_open", "_delta_fast", "_inline_open",
     )
 
     def __init__(
@@ -194,6 +193,7 @@ class OrderedStream:
         pause_timeout_s: float | None = None,
         usage_provider: Callable[[], Any] | None = None,
         trace: Trace | None = None,
+        table: Table | None = None,
     ) -> None:
         try:
             self.policy = BackpressurePolicy(policy)
@@ -208,7 +208,10 @@ class OrderedStream:
         self.pause_timeout_s = pause_timeout_s
         self._usage_provider = usage_provider
         self._trace = trace
-        self._st = compiled("stream").new()
+        rules = self._rules = stream_rules(table or default_spec()["stream"])
+        self._st = rules.machine.new()
+        # read per delta: a slot each
+        self._st_open, self._delta_fast, self._inline_open = rules.open, rules.delta_fast, rules.inline_open
         self._lock = threading.RLock()  # `with self._lock` on the per-delta paths: a C-level enter
         self._cond = threading.Condition(self._lock)
         # Every event, retained for replay. A delta is kept as its (seq, data) pair and becomes a
@@ -264,12 +267,12 @@ class OrderedStream:
             size = len(data)
             pause = self.policy is _PAUSE_POLICY
             if pause:
-                if self._st.state is not _OPEN or not self._has_room(size):
+                if self._st.state is not self._st_open or not self._has_room(size):
                     self._wait_for_room(size)
             elif not self._within_cap(size):
                 raise StreamOverflow(self.request_id, self.overflow(), OVERFLOW_ERROR)
             # a row that is a self-loop only queues
-            seq = self._queue(data) if self._st.state in _DELTA_FAST else self._move("delta", data=data)
+            seq = self._queue(data) if self._st.state in self._delta_fast else self._move("delta", data=data)
             if pause and not self._has_room(1):
                 self._move("block")
             return seq
@@ -279,7 +282,7 @@ class OrderedStream:
         delta is sent and taken at once, and every earlier unread event is taken with it.
 
         When nothing is unread, the delta fits (`_inline_max`), the table's `delta` row only
-        queues it (`_DELTA_FAST`) and no other reader waits, this is one critical section: the
+        queues it (`StreamRules.delta_fast`) and no other reader waits, this is one critical section: the
         delta is logged and traced as `_queue` does (`_log_delta`), the one unread event at that
         moment (with the cursor at the end of the log nothing else is unread), and the cursor
         passes it, so the unread counts stay 0. Otherwise it is `delta()` followed by reads.
@@ -290,7 +293,7 @@ class OrderedStream:
             try:
                 log = self._log
                 cursor = self._cursor
-                if (_OPEN_FAST and cursor == len(log) and self._st.state is _OPEN
+                if (cursor == len(log) and self._st.state is self._inline_open
                         and not (self._sleepers or self._async_waiters or self._bulk_waiters)):
                     seq = self._log_delta(data, 1, len(data))  # nothing else is unread
                     self._cursor = cursor + 1
@@ -334,7 +337,7 @@ class OrderedStream:
         """
         if self.policy is not _PAUSE_POLICY:
             return False
-        if self._st.state is not _OPEN:
+        if self._st.state is not self._st_open:
             return True
         unread = self._unread_bytes
         return unread > 0 and unread + size > self.max_bytes
@@ -566,7 +569,7 @@ class OrderedStream:
                                "which this call does not carry")
 
         # a refused pair: the fire raises the table's IllegalTransition
-        run_phases(_PLANS.get(key), (self, ctx), self._st.fire, (event,), error=missing)
+        run_phases(self._rules.plans.get(key), (self, ctx), self._st.fire, (event,), error=missing)
         return ctx.get("seq")
 
     def _queue(self, data: bytes) -> int:
@@ -805,7 +808,7 @@ class StreamReader:
         st = self.stream
 
         def ready() -> tuple[list[StreamEvent] | None, bool]:
-            if st._st.state is _OPEN and not st._half_full():  # ended, paused or past OPEN: read now
+            if st._st.state is st._st_open and not st._half_full():  # ended, paused or past OPEN: read now
                 return None, False
             got: list[StreamEvent] = []
             while True:
@@ -900,9 +903,26 @@ def _attach(st: OrderedStream, ctx: dict) -> None:
         st._trace.emit(EventKind.TRANSPORT, what="reconnect")
 
 
-_PLANS = STREAM.plans(load_spec("stream"))
-# Where a delta's row is a self-loop whose action only queues it, the per-delta paths queue it
-# without the fire: derived from the table, so another action there goes through _move.
-_DELTA_FAST = frozenset(compiled("stream").State[s] for (s, e), plan in _PLANS.items()
-                        if e == "delta" and plan.effects == ("queue_delta",) and load_spec("stream").decision(s, e).target == s)
-_OPEN_FAST = _OPEN in _DELTA_FAST
+@attrs.frozen(eq=False)
+class StreamRules:
+    """A stream table as OrderedStream runs it (§4.7, §4.8): its machine, each pair's plan, its
+    OPEN state, and where a delta's row is a self-loop whose action only queues it (`delta_fast`):
+    there the per-delta paths queue it without the fire, so another action goes through `_move`.
+    `inline_open`: OPEN when it is such a state (`deliver`'s one critical section), else None."""
+
+    machine: CompiledMachine
+    plans: Mapping[tuple[str, str], Plan]
+    open: enum.Enum
+    delta_fast: frozenset[enum.Enum]
+    inline_open: enum.Enum | None
+
+    @classmethod
+    def of(cls, table: Table) -> StreamRules:
+        machine, plans = compiled_of(table), STREAM.plans(table)
+        fast = frozenset(machine.State[s] for (s, e), plan in plans.items()
+                         if e == "delta" and plan.effects == ("queue_delta",) and table.decision(s, e).target == s)
+        open_ = machine.State["OPEN"]
+        return cls(machine, plans, open_, fast, open_ if open_ in fast else None)
+
+
+stream_rules = per_table(StreamRules.of)

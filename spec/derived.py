@@ -27,7 +27,11 @@ from .vocabulary import DecisionKind, FinishReason
 
 @functools.cache
 def model_resources() -> tuple[str, ...]:
-    table = load_spec("resources")
+    return model_resources_of(load_spec("resources"))
+
+
+def model_resources_of(table: Table) -> tuple[str, ...]:
+    """`table`'s (a resources table's) `model_kinds`."""
     kinds, model = table.params["kinds"], table.params.get("model_kinds", ())
     unknown = [k for k in model if k not in kinds]
     if unknown:

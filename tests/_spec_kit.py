@@ -1,4 +1,5 @@
-"""Copies of spec/ for tests that edit a table and run a fresh interpreter on it."""
+"""Edited tables for tests: a Spec with some tables edited (run in process, beside the shipped
+one), and copies of spec/ for the edits a process fixes at import (a new finish reason)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,20 @@ import textwrap
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from decodespec.spec import Spec, default_spec, load_text, spec_path
 from decodespec.spec.loader import SPEC_DIR
+
+
+def edited_spec(edits: Mapping[str, Callable[[str], str]]) -> Spec:
+    """The spec directory's tables with `edits` (machine name -> function of its TOML text) applied;
+    each edited table must differ from the shipped one (an edit that matched nothing is an error)."""
+    tables = []
+    for name, edit in edits.items():
+        text = spec_path(name).read_text(encoding="utf-8")
+        changed = edit(text)
+        assert changed != text, f"the edit of {name}.toml changed nothing"
+        tables.append(load_text(changed, f"{name}.toml (edited)"))
+    return default_spec().replace(*tables)
 
 
 def spec_copy(tmp_path: Path, edits: Mapping[str, Callable[[str], str]]) -> Path:

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from _spec_kit import probe, spec_copy
+from _spec_kit import edited_spec
 
 from decodespec.machine import checker_model
 from decodespec.machine.actions import ActionError, Executor
@@ -26,7 +26,7 @@ from decodespec.runtime import (
     stop,
     stream,
 )
-from decodespec.spec import MACHINES, load_spec, load_text
+from decodespec.spec import MACHINES, Spec, Table, load_spec, load_text
 from decodespec.spec.invariants import load_invariants
 from decodespec.spec.loader import SPEC_DIR
 
@@ -117,114 +117,109 @@ def test_a_row_naming_an_undeclared_action_is_refused_by_name():
                                "action 'shred', which its [actions] does not declare")
 
 
-def test_a_changed_action_changes_what_the_runtime_does(tmp_path):
-    """§4.3: with the drain's `complete` row given the action `admit` (no effects) in a copy of
-    spec/, the runtime enters FINISHED without releasing or emitting anything, and the monitors
-    say so; with the shipped table the same run is clean."""
+def test_a_changed_action_changes_what_the_runtime_does():
+    """§4.3: with the drain's `complete` row given the action `admit` (no effects) in an edited
+    spec, the runtime enters FINISHED without releasing or emitting anything, and the monitors
+    judging by that spec say so; with the shipped tables the same run, in the same process, is clean."""
     old = 'event = "complete"\ntarget = "FINISHED"\naction = "release_and_emit_terminal"'
-    copy = spec_copy(tmp_path, {"lifecycle.toml": lambda t: t.replace(old, old.replace("release_and_emit_terminal", "admit"))})
-    assert probe(copy, """
-        from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, generate
-        from decodespec.properties import check_trace
-        tok = ByteTableTokenizer({1: b"x", 2: b"A", 5: b""}, eos_id=5)
-        r = generate(Request([1], max_output_tokens=2), model=ScriptedModel([2, 5], vocab_size=6), tokenizer=tok)
-        print(r.state, " ".join(sorted({v.invariant for v in check_trace(r.trace, tokenizer=tok)})))
-    """)[0] == "FINISHED model_released_before_terminal no_leak single_terminal_event terminal_with_transition"
+    spec = edited_spec({"lifecycle": lambda t: t.replace(old, old.replace("release_and_emit_terminal", "admit"))})
     tok = ByteTableTokenizer({1: b"x", 2: b"A", 5: b""}, eos_id=5)
-    r = generate(Request([1], max_output_tokens=2), model=ScriptedModel([2, 5], vocab_size=6), tokenizer=tok)
-    assert (r.state, check_trace(r.trace, tokenizer=tok)) == ("FINISHED", [])
+
+    def run(spec: Spec | None = None) -> tuple:
+        r = generate(Request([1], max_output_tokens=2), model=ScriptedModel([2, 5], vocab_size=6), tokenizer=tok,
+                     spec=spec)
+        return r.state, sorted({v.invariant for v in check_trace(r.trace, tokenizer=tok, spec=spec)})
+
+    assert run(spec=spec) == ("FINISHED", ["model_released_before_terminal", "no_leak", "single_terminal_event",
+                                           "terminal_with_transition"])
+    assert run() == ("FINISHED", [])
 
 
-def test_a_changed_sequence_action_changes_what_the_engine_does(tmp_path):
+def test_a_changed_sequence_action_changes_what_the_engine_does():
     """§4.4: with a finished resident sequence's `drop` given the action `forget` (its place is
-    not given back) in a copy of spec/, the Engine keeps the finished run in its batch and drops it
+    not given back) in an edited spec, the Engine keeps the finished run in its batch and drops it
     again on the next step, which the table refuses by name; with the shipped table both runs end."""
+    from _engine_kit import ascii_tokenizer, tiny_model
+
+    from decodespec.machine import IllegalTransition
+
     old = 'state = "RESIDENT"\nevent = "drop"\ntarget = "DONE"\naction = "leave_batch"'
-    copy = spec_copy(tmp_path, {"sequence.toml": lambda t: t.replace(old, old.replace("leave_batch", "forget"))})
-    source = """
-        import sys
-        sys.path.insert(0, "tests")
-        from _engine_kit import ascii_tokenizer, tiny_model
-        from decodespec.machine import IllegalTransition
-        from decodespec.runtime import Request
-        from decodespec.runtime.engine import Engine
-        eng = Engine(tiny_model(), ascii_tokenizer(), max_batch=1)
+    spec = edited_spec({"sequence": lambda t: t.replace(old, old.replace("leave_batch", "forget"))})
+
+    def run(spec: Spec | None = None) -> list[str]:
+        eng = engine.Engine(tiny_model(), ascii_tokenizer(), max_batch=1, spec=spec)
         runs = [eng.submit(Request("ab", max_output_tokens=3)) for _ in range(2)]
         try:
             eng.run_until_idle(max_steps=300)
         except IllegalTransition as exc:
-            print("refused:", exc)
-        print(" ".join(r.state for r in runs))
-    """
-    lines = probe(copy, source)
-    assert lines[0].startswith("refused: sequence: event 'drop' is not allowed in state DONE"), lines
-    assert probe(SPEC_DIR, source)[0] == "FINISHED FINISHED"
+            return [f"refused: {exc}"]
+        return [r.state for r in runs]
+
+    assert run(spec=spec)[0].startswith("refused: sequence: event 'drop' is not allowed in state DONE")
+    assert run() == ["FINISHED", "FINISHED"]
 
 
-def test_a_changed_stream_action_changes_what_the_stream_does(tmp_path):
-    """§4.7: with the open stream's `disconnect` given the action `attach_reader` in a copy of
-    spec/, a disconnect leaves the stream connected (and traced as a reconnect); an effect whose
+def test_a_changed_stream_action_changes_what_the_stream_does():
+    """§4.7: with the open stream's `disconnect` given the action `attach_reader` in an edited
+    table, a disconnect leaves the stream connected (and traced as a reconnect); an effect whose
     input the call does not carry is refused by name (a `complete` given `emit_delta`)."""
     detach = 'state = "OPEN"\nevents = ["disconnect"]\naction = "detach_reader"'
     complete = 'state = "OPEN"\nevent = "complete"\ntarget = "COMPLETED"\naction = "emit_terminal"'
-    copy = spec_copy(tmp_path, {"stream.toml": lambda t: t.replace(detach, detach.replace("detach_reader", "attach_reader"))
-                                .replace(complete, complete.replace("emit_terminal", "emit_delta"))})
-    source = """
-        from decodespec.machine.actions import ActionError
-        from decodespec.runtime.stream import OrderedStream
-        s = OrderedStream("r1")
+    table = edited_spec({"stream": lambda t: t.replace(detach, detach.replace("detach_reader", "attach_reader"))
+                         .replace(complete, complete.replace("emit_terminal", "emit_delta"))})["stream"]
+
+    def run(table: Table | None = None) -> list:
+        s = stream.OrderedStream("r1", table=table)
         s.start()
         s.disconnect()
-        print(s.connected)
         try:
             s.complete("eos")
         except ActionError as exc:
-            print(exc)
-    """
-    lines = probe(copy, source)
-    assert lines[0] == "True" and lines[1] == (
-        "stream row (OPEN, complete): effect queue_delta needs 'data', which this call does not carry"), lines
-    assert probe(SPEC_DIR, source)[:2] == ["False", ""]
+            return [s.connected, str(exc)]
+        return [s.connected, ""]
+
+    assert run(table=table) == [True, "stream row (OPEN, complete): effect queue_delta needs 'data', which this call "
+                                      "does not carry"]
+    assert run() == [False, ""]
 
 
-def test_a_changed_stop_matcher_action_changes_what_the_matcher_returns(tmp_path):
-    """§4.3, §4.6: with the holding matcher's `flush` given the action `discard_from_match` in a
-    copy of spec/, the held suffix is dropped at the end instead of sent; shipped, it is sent."""
+def test_a_changed_stop_matcher_action_changes_what_the_matcher_returns():
+    """§4.3, §4.6: with the holding matcher's `flush` given the action `discard_from_match` in an
+    edited table, the held suffix is dropped at the end instead of sent; shipped, it is sent."""
     flush = 'state = "HOLDING"\nevent = "flush"\ntarget = "FLUSHED"\naction = "emit_held"'
-    copy = spec_copy(tmp_path, {"stop_matcher.toml": lambda t: t.replace(flush, flush.replace("emit_held", "discard_from_match"))})
-    source = """
-        from decodespec.runtime.stop import StopMatcher
-        m = StopMatcher(["AB"])
-        print(m.push(b"xA"), m.flush())
-    """
-    assert probe(copy, source)[0] == "(b'x', None) b''"
-    assert probe(SPEC_DIR, source)[0] == "(b'x', None) b'A'"
+    table = edited_spec({"stop_matcher": lambda t: t.replace(flush, flush.replace("emit_held", "discard_from_match"))})[
+        "stop_matcher"]
+
+    def run(table: Table | None = None) -> tuple:
+        m = stop.StopMatcher(["AB"], table=table)
+        return m.push(b"xA"), m.flush()
+
+    assert run(table=table) == ((b"x", None), b"")
+    assert run() == ((b"x", None), b"A")
 
 
-def test_a_changed_detokenizer_action_changes_what_the_runtime_returns(tmp_path):
-    """§4.5: with the `hold` rows given `emit_bytes` (no hold_partial) in a copy
-    of spec/, the first byte of a character split across two tokens is not held: the next push
-    sees a lone continuation byte, which no later token can repair, and raises (D12), so generate()
-    FAILS where the shipped table holds the byte and returns the character whole."""
+def test_a_changed_detokenizer_action_changes_what_the_runtime_returns():
+    """§4.5: with the `hold` rows given `emit_bytes` (no hold_partial) in an edited spec, the
+    first byte of a character split across two tokens is not held: the next push sees a lone
+    continuation byte, which no later token can repair, and raises (D12), so generate() FAILS
+    where the shipped table holds the byte and returns the character whole."""
     old = 'event = "hold"\ntarget = "PENDING"\naction = "emit_complete_hold_rest"'
     assert (SPEC_DIR / "detokenizer.toml").read_text(encoding="utf-8").count(old) == 2
-    copy = spec_copy(tmp_path, {"detokenizer.toml": lambda t: t.replace(old, old.replace("emit_complete_hold_rest",
-                                                                                          "emit_bytes"))})
-    script = """
-        from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, generate
-        from decodespec.runtime.detokenizer import IncrementalDetokenizer
-        tok = ByteTableTokenizer({1: b"x", 2: b"\\xc3", 3: b"\\xa9y", 5: b""}, eos_id=5)
-        d, out = IncrementalDetokenizer(tok), []
+    spec = edited_spec({"detokenizer": lambda t: t.replace(old, old.replace("emit_complete_hold_rest", "emit_bytes"))})
+    tok = ByteTableTokenizer({1: b"x", 2: b"\xc3", 3: b"\xa9y", 5: b""}, eos_id=5)
+
+    def run(spec: Spec | None = None) -> list:
+        d, out = detokenizer.IncrementalDetokenizer(tok, table=spec["detokenizer"] if spec else None), []
         try:
             for t in (1, 2, 3):
                 out.append(d.push(t))
         except Exception as exc:
             out.append(type(exc).__name__)
-        print(out, d.state.value)
-        r = generate(Request([1], max_output_tokens=3), model=ScriptedModel([1, 2, 3], vocab_size=6), tokenizer=tok)
-        print(r.state.value, r.output, r.error)
-    """
-    assert probe(SPEC_DIR, script)[:2] == ["[b'x', b'', b'\\xc3\\xa9y'] EMPTY", "FINISHED b'x\\xc3\\xa9y' None"]
-    edited = probe(copy, script)
-    assert edited[0] == "[b'x', b'', 'DecodingError'] FAILED", edited
-    assert edited[1].startswith("FAILED b'x' decoding_error: invalid UTF-8 in the output: a9"), edited
+        r = generate(Request([1], max_output_tokens=3), model=ScriptedModel([1, 2, 3], vocab_size=6), tokenizer=tok,
+                     spec=spec)
+        return [out, d.state.value, r.state.value, r.output, r.error and str(r.error)]
+
+    assert run() == [[b"x", b"", b"\xc3\xa9y"], "EMPTY", "FINISHED", b"x\xc3\xa9y", None]
+    edited = run(spec=spec)
+    assert edited[:4] == [[b"x", b"", "DecodingError"], "FAILED", "FAILED", b"x"], edited
+    assert edited[4].startswith("decoding_error: invalid UTF-8 in the output: a9"), edited
