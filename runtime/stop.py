@@ -407,7 +407,7 @@ class StopMatcher(_TableControl):
         self.held = candidates[keep]
         return candidates[out]
 
-    def _reroute(self, event: str, routes: dict[Any, tuple[int, int]], plain: tuple[int, int], safe: bytes,
+    def _reroute(self, event: str, routes: Mapping[Any, tuple[int, int]], plain: tuple[int, int], safe: bytes,
                  held: bytes) -> tuple[bytes, bytes]:
         """A push off the fast path: fire `event` (raises, changing nothing, when the table refuses
         it) and route (safe, held) as its row's effects say (`plain`: as the fast path does)."""
