@@ -27,6 +27,7 @@ import attrs
 from ..machine import Stepper, compiled_of, per_table
 from ..machine.actions import Executor, fire_with_effects
 from ..spec import Table, default_spec, load_spec
+from ..spec.derived import model_resources_of, stream_resources_of
 from .events import EventKind, Trace
 
 if TYPE_CHECKING:
@@ -96,6 +97,8 @@ class ResourceLedger:
         self._lock = threading.RLock()  # RLock: a free callback may read the ledger
         table = table or default_spec()["resources"]
         machine, self._plans = compiled_of(table), _plans_of(table)
+        # the kinds the model holds, released before the terminal event, and the rest (§4.10)
+        self.model_kinds, self.stream_kinds = _split_of(table)
         self._steppers: dict[ResourceKind, Stepper] = {k: machine.new() for k in ResourceKind}
         self._free: dict[ResourceKind, FreeFn] = {
             resource_kind(k): fn for k, fn in (on_free or {}).items()
@@ -196,3 +199,4 @@ def _free_effect(ledger: ResourceLedger, k: ResourceKind) -> None:
 
 
 _plans_of = per_table(RESOURCES.plans)
+_split_of = per_table(lambda table: (model_resources_of(table), stream_resources_of(table)))

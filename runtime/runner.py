@@ -27,7 +27,7 @@ import torch
 from ..machine import CompiledMachine, compiled_of, per_table
 from ..machine.actions import ActionError, Executor, Plan, run_phases
 from ..spec import FinishReason, Spec, Table, default_spec, load_spec
-from ..spec.derived import DriverStates, driver_states, model_resources, stream_resources, terminal_stream_event
+from ..spec.derived import DriverStates, driver_states, terminal_stream_event
 from .alignment import token_scores
 from .detokenizer import DecodingError, IncrementalDetokenizer
 from .errors import ModelError, RequestError
@@ -48,8 +48,6 @@ _TOKEN_SELECTED = EventKind.TOKEN_SELECTED.value  # per-token entries carry the 
 _PAUSE = BackpressurePolicy.PAUSE
 _DECODE_STARTED = EventKind.DECODE_STARTED.value
 _DECODE_COMPLETED = EventKind.DECODE_COMPLETED.value
-_MODEL_RESOURCES = model_resources()  # released before the terminal event, the rest after (§4.10)
-_STREAM_RESOURCES = stream_resources()
 # After these reasons the detokenizer tail lies past the end of the output: it is discarded,
 # finish() is not called (§4.3, DECISIONS D11). Every other reason drains with finish().
 _DISCARD_TAIL = frozenset({FinishReason.STOP_SEQUENCE, FinishReason.CONTENT_INTERRUPTED})
@@ -982,7 +980,7 @@ LIFECYCLE = Executor("lifecycle", "the runtime (runner.RequestRun)")
 
 @LIFECYCLE.effect("release_model")
 def _release_model(run: RequestRun, key: tuple[str, str], reason: FinishReason | None) -> None:
-    for kind in _MODEL_RESOURCES:
+    for kind in run.ledger.model_kinds:
         if run.ledger.state(kind) == "HELD":
             run.ledger.release(kind)
 
@@ -1010,7 +1008,7 @@ def _emit_terminal(run: RequestRun, key: tuple[str, str], reason: FinishReason |
         if send is None:
             raise ActionError(f"lifecycle row {key}: emit_terminal in {run.state}, which is not a terminal state")
         send(run.stream, run.reason, run.usage().as_dict(), run.error)
-    for kind in _STREAM_RESOURCES:
+    for kind in run.ledger.stream_kinds:
         run.ledger.release(kind)
     run.trace.emit(EventKind.TIMINGS, **{f"{k}_s": v for k, v in run._t.items()}, decode_s=run._decode_s,
                    send_s=run.stream.paused_s)
@@ -1018,7 +1016,7 @@ def _emit_terminal(run: RequestRun, key: tuple[str, str], reason: FinishReason |
 
 @LIFECYCLE.effect("acquire_model")
 def _acquire_model(run: RequestRun, key: tuple[str, str], reason: FinishReason | None) -> None:
-    for kind in _MODEL_RESOURCES:
+    for kind in run.ledger.model_kinds:
         run.ledger.acquire(kind, run._freer(kind))
 
 

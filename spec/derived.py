@@ -41,7 +41,13 @@ def model_resources_of(table: Table) -> tuple[str, ...]:
 
 @functools.cache
 def stream_resources() -> tuple[str, ...]:
-    return tuple(k for k in load_spec("resources").params["kinds"] if k not in model_resources())
+    return stream_resources_of(load_spec("resources"))
+
+
+def stream_resources_of(table: Table) -> tuple[str, ...]:
+    """`table`'s (a resources table's) kinds that are not model kinds, in table order."""
+    model = model_resources_of(table)
+    return tuple(k for k in table.params["kinds"] if k not in model)
 
 
 def terminal_stream_event(life: Table | None = None, stream: Table | None = None) -> Mapping[str, str]:
