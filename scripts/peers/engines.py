@@ -48,9 +48,9 @@ _DECODESPEC = {"install": "", "path": f"{ROOT}/.venv/bin", "env": ""}
 _ROUTER = {"install": "scripts/peers/routers.sh install", "path": "", "env": ""}
 LOCAL: dict[str, dict[str, str]] = {
     "decodespec-serve": _DECODESPEC, "decodespec-serve-chat": _DECODESPEC,
-    "vllm": _VLLM, "vllm-fp16": _VLLM, "vllm-bf16": _VLLM, "vllm-chat": _VLLM,
+    "vllm": _VLLM, "vllm-fp16": _VLLM, "vllm-bf16": _VLLM, "vllm-chat": _VLLM, "vllm-align": _VLLM,
     "llama-server": _LLAMA_SERVER, "llama-server-f16": _LLAMA_SERVER, "llama-server-bf16": _LLAMA_SERVER,
-    "llama-server-chat": _LLAMA_SERVER, "llama-cpp-python": _LLAMA_PYTHON, "llama-cpp-python-chat": _LLAMA_PYTHON,
+    "llama-server-chat": _LLAMA_SERVER, "llama-server-align": _LLAMA_SERVER, "llama-cpp-python": _LLAMA_PYTHON, "llama-cpp-python-chat": _LLAMA_PYTHON,
     "transformers-serve": {"install": ".venv/bin/pip install -q -e .[peers]", "path": f"{ROOT}/.venv/bin", "env": ""},
     "vllm-router": _ROUTER, "smg": _ROUTER,
 }
