@@ -80,6 +80,7 @@ import torch
 from ..machine import IllegalTransition, compiled_of, per_table
 from ..machine.actions import Executor, fire_with_effects
 from ..spec import FinishReason, Spec, Table, default_spec
+from ..spec.derived import sequence_states
 from .affinity import pin_team
 from .errors import ModelError
 from .events import EventKind
@@ -167,18 +168,6 @@ class _Entry:
     chosen: int | None = None
     chosen_from: Any = None
 
-    @property
-    def swapped(self) -> bool:
-        return self.seq.state == "SWAPPED"
-
-
-def _need(e: _Entry) -> int:
-    """Cache tokens the run will hold once resident, plus its next decode."""
-    run = e.run
-    if e.swapped:
-        return len(run.prompt_ids) + run.decoded + 1
-    return len(run.prompt_ids) + 1
-
 
 class Engine:
     """Continuous batching with the semantics of `generate()` (§4.3, §4.4, §4.8, §4.9)."""
@@ -242,7 +231,10 @@ class Engine:
         spec = spec or default_spec()
         self.spec = spec = spec.replace(lifecycle) if lifecycle is not None else spec
         self._sequence, self._seq_plans = compiled_of(spec["sequence"]), _seq_plans_of(spec["sequence"])
-        self._parked_state = self._sequence.State["PARKED"]
+        # where a sequence is held back by its reader, and where it is swapped out (sequence.toml's rows)
+        where = sequence_states(spec["sequence"])
+        self._parked_states = frozenset(self._sequence.State[s] for s in where.parked)
+        self._swapped_states = frozenset(self._sequence.State[s] for s in where.swapped)
         self._budget = math.inf if cache_budget_tokens is None else cache_budget_tokens
         if not isinstance(batch_invariant, bool):
             raise ValueError(f"batch_invariant must be True or False, got {batch_invariant!r}")
@@ -516,7 +508,7 @@ class Engine:
         growth = len(self._resident)
         chosen: list[_Entry] = []
         for e in waiting:
-            need = _need(e)
+            need = self._need(e)
             busy = self._resident or chosen
             if slots <= 0 or (busy and in_use + need + growth > self._budget):
                 break
@@ -526,17 +518,27 @@ class Engine:
             slots -= 1
         if not chosen:
             return False
-        fresh = [e for e in chosen if not e.swapped]
+        fresh = [e for e in chosen if not self._swapped_out(e)]
         if fresh:
             with self._lock:
                 taken = set(map(id, fresh))
                 self._queue = collections.deque(e for e in self._queue if id(e) not in taken)
             self._prefill(fresh)
         for e in chosen:
-            if e.swapped:
+            if self._swapped_out(e):
                 self._resume(e)
         self._resident.sort(key=lambda e: e.order)
         return True
+
+    def _swapped_out(self, e: _Entry) -> bool:
+        return e.seq.state in self._swapped_states
+
+    def _need(self, e: _Entry) -> int:
+        """Cache tokens the run will hold once resident, plus its next decode."""
+        run = e.run
+        if self._swapped_out(e):
+            return len(run.prompt_ids) + run.decoded + 1
+        return len(run.prompt_ids) + 1
 
     def _prefill(self, entries: list[_Entry]) -> None:
         """QUEUED -> PREFILLING -> DECODING for `entries`, one batched prefill kernel (§4.3)."""
@@ -596,7 +598,7 @@ class Engine:
             decoding = run.decoding
             if decoding and run.check_point():
                 if not run.stream.would_wait(e.headroom):  # the common case (_blocked): to select
-                    if e.seq.state is self._parked_state:
+                    if e.seq.state in self._parked_states:
                         self._move(e, "unpark")
                     ready.append(e)
                     continue
@@ -605,7 +607,7 @@ class Engine:
             if self._blocked(e):
                 moved = self._parked(e, now) or moved
             elif run.decoding:
-                if e.seq.state is self._parked_state:
+                if e.seq.state in self._parked_states:
                     self._move(e, "unpark")
                 ready.append(e)
             moved = self._settle(e) or moved
@@ -653,10 +655,10 @@ class Engine:
         `detach_timeout_s` (D5), or connected but not reading for `stall_timeout_s` (D5)."""
         run = e.run
         if run.done:
-            if e.seq.state is self._parked_state:
+            if e.seq.state in self._parked_states:
                 self._move(e, "unpark")
             return False
-        if e.seq.state is not self._parked_state:
+        if e.seq.state not in self._parked_states:
             self._move(e, "park")
         if run.stream.connected:
             e.detached_since = None

@@ -8,7 +8,8 @@
   the reason of the last row on any path that fixes one (§4.10). Found by search over the table,
   so a new row or reason changes it with no edit anywhere else.
 - `driver_states()`: the lifecycle states the drivers (the Engine's scheduler and shutdown, a run's
-  end) branch on, each set the states where the table has a row for the events that say it.
+  end) branch on, each set the states where the table has a row for the events that say it;
+  `sequence_states()`: the same for where the Engine holds a sequence (spec/sequence.toml).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import functools
 from collections import deque
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -98,7 +99,8 @@ def final_reasons(life: Table | None = None) -> Mapping[str, frozenset[FinishRea
 
 
 def _where(events: tuple[str, ...], means: str) -> Any:
-    """A DriverStates field: the states where every one of `events` is a row (what `means`)."""
+    """A field of DriverStates or SequenceStates: the states where every one of `events` is a row
+    (what `means`)."""
     return attrs.field(metadata={"events": events, "means": means})
 
 
@@ -115,19 +117,40 @@ class DriverStates:
     cancel_observed: frozenset[str] = _where(("safe_point",), "a cancel was observed: the safe point ends the run (§4.9)")
 
 
+@attrs.frozen
+class SequenceStates:
+    """Sets of sequence states the Engine's scheduler branches on, each found from the rows of
+    spec/sequence.toml (§4.4, §4.8)."""
+
+    parked: frozenset[str] = _where(("unpark",), "held back by its reader, it goes on when the reader catches up (§4.8)")
+    swapped: frozenset[str] = _where(("resume",), "out of the batch, its cache given back, it comes back by resuming (§4.8)")
+
+
 def driver_states(life: Table | None = None) -> DriverStates:
     """The DriverStates of `life` (default: the spec directory's lifecycle table). A set no state
     fills, or an event the table does not have, is a SpecError naming the set and its events."""
-    life = life or load_spec("lifecycle")
+    return _states_where(DriverStates, life or load_spec("lifecycle"), "driver states")
+
+
+def sequence_states(sequence: Table | None = None) -> SequenceStates:
+    """The SequenceStates of `sequence` (default: the spec directory's sequence table), refused as
+    driver_states refuses."""
+    return _states_where(SequenceStates, sequence or load_spec("sequence"), "sequence states")
+
+
+_States = TypeVar("_States", DriverStates, SequenceStates)
+
+
+def _states_where(cls: type[_States], table: Table, what: str) -> _States:
     found: dict[str, frozenset[str]] = {}
-    for field in attrs.fields(DriverStates):
+    for field in attrs.fields(cls):
         events, means = field.metadata["events"], field.metadata["means"]
-        unknown = [e for e in events if e not in life.events]
+        unknown = [e for e in events if e not in table.events]
         if unknown:
-            raise SpecError(life.source, f"driver states {field.name}", f"{unknown} are not events of the table")
-        found[field.name] = frozenset(s for s in life.states
-                                      if all(life.decision(s, e).kind is DecisionKind.ROW for e in events))
+            raise SpecError(table.source, f"{what} {field.name}", f"{unknown} are not events of the table")
+        found[field.name] = frozenset(s for s in table.states
+                                      if all(table.decision(s, e).kind is DecisionKind.ROW for e in events))
         if not found[field.name]:
-            raise SpecError(life.source, f"driver states {field.name}",
+            raise SpecError(table.source, f"{what} {field.name}",
                             f"no state has a row for {' and '.join(events)}; the drivers need one: {means}")
-    return DriverStates(**found)
+    return cls(**found)

@@ -13,11 +13,12 @@ from _engine_kit import ascii_tokenizer, tiny_model
 from decodespec.machine.checker_model import Model
 from decodespec.runtime import Request
 from decodespec.runtime.engine import Engine
-from decodespec.spec import FinishReason, SpecError
+from decodespec.spec import FinishReason, SpecError, default_spec
 from decodespec.spec.derived import (
     driver_states,
     final_reasons,
     model_resources,
+    sequence_states,
     stream_end_of,
     stream_resources,
     terminal_stream_event,
@@ -125,3 +126,17 @@ def test_a_driver_state_no_state_fills_is_refused_by_name():
                                          r'[[reject]]\nstate = "\1"\nevents = ["model_error"]\n', t))
     with pytest.raises(SpecError, match="driver states model_work: no state has a row for model_error"):
         driver_states(edited)
+
+
+def test_the_sequence_states_are_the_states_the_engine_branched_on_and_move_with_the_table():
+    """§4.8: a parked sequence is where unpark is a row, a swapped-out one where resume is; a copy
+    of spec/sequence.toml that lets a swapped-out sequence unpark moves SWAPPED into the parked set."""
+    assert attrs.asdict(sequence_states()) == {"parked": {"PARKED"}, "swapped": {"SWAPPED"}}
+    text = (SPEC_DIR / "sequence.toml").read_text(encoding="utf-8")
+    edited = load_text(text.replace('state = "SWAPPED"\nevents = ["admit", "park", "unpark", "preempt"]',
+                                    'state = "SWAPPED"\nevents = ["admit", "park", "preempt"]', 1)
+                       + '\n[[row]]\nstate = "SWAPPED"\nevent = "unpark"\ntarget = "RESIDENT"\n'
+                         'action = "restore_cache"\nanchor = "§4.8"\n', "sequence.toml")
+    assert sequence_states(edited).parked == {"PARKED", "SWAPPED"}
+    engine = Engine(tiny_model(), ascii_tokenizer(), spec=default_spec().replace(edited))
+    assert {s.value for s in engine._parked_states} == {"PARKED", "SWAPPED"}

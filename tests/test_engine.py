@@ -621,10 +621,10 @@ def test_a_swapped_run_that_must_drain_waits_for_a_free_place():
     eng._prefill([ex])
     y._deadline_forced = True  # the deadline passes while y is swapped out
     eng._waiting_safe_points()
-    assert (len(eng._resident), ey.swapped, y.state) == (1, True, "DRAINING")
+    assert (len(eng._resident), eng._swapped_out(ey), y.state) == (1, True, "DRAINING")
     for _ in range(2000):  # y's reader never reads: x finishes, then y resumes into the free place
         if x.done:
             break
         eng.step()
     eng._admit()
-    assert x.done and not ey.swapped and len(eng._resident) <= eng.max_batch
+    assert x.done and not eng._swapped_out(ey) and len(eng._resident) <= eng.max_batch
