@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 from ..spec import FinishReason
 from ..spec.invariants import Registry, Scope
-from .checker_model import MIN_TOKENS, MODEL_KINDS, REASONS, Model
+from .checker_model import MIN_TOKENS, REASONS, Model
 from .checker_state import CANCEL, DEADLINE, EOS, KERNEL, PC, RESOURCE_KINDS, Judged, judged_key
 
 Guard = tuple[str, str, str]  # (machine, state, event): a step the tables must refuse
@@ -91,7 +91,7 @@ def _detok_concat_equals_batch(m: Model, c: Judged) -> Found:
 @STATE_CHECKS.register("model_released_before_terminal")
 def _model_released_before_terminal(m: Model, c: Judged) -> Found:
     if m.life.terminal[c.lifecycle]:
-        kept = set(_held(m, c)) & set(MODEL_KINDS)
+        kept = set(_held(m, c)) & set(m.model_kinds)
         if kept:
             return ((f"{sorted(kept)} held in {m.life.states[c.lifecycle]}", None),)
     return _OK

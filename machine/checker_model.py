@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 from ..spec import DecisionKind, FinishReason, Spec, Table, load_spec
-from ..spec.derived import final_reasons, model_resources, stream_end_of, terminal_stream_event
+from ..spec.derived import final_reasons, model_resources_of, stream_end_of, terminal_stream_event
 from ..spec.vocabulary import STEP_NEEDS
 from .actions import Executor, run_phases
 from .checker_state import (
@@ -57,7 +57,6 @@ from .checker_state import (
 )
 
 MACHINES = ("lifecycle", "stream", "resources", "stop_matcher", "detokenizer", "sequence")
-MODEL_KINDS = model_resources()
 REASONS = (None, *FinishReason)  # index 0: no reason fixed yet
 
 # A pause-policy producer whose reader is behind waits for it at the top of a step (the Engine
@@ -348,7 +347,7 @@ EXECUTORS = {x.table: x for x in (LIFECYCLE, STREAM, RESOURCES, STOP, DETOK, SEQ
 
 @LIFECYCLE.effect("release_model")
 def _release_model(s: Step, field: int, target: int, reason: int) -> None:
-    for kind in MODEL_KINDS:
+    for kind in s.m.model_kinds:
         s.release(kind)
 
 
@@ -366,7 +365,7 @@ def _emit_terminal(s: Step, field: int, target: int, reason: int) -> None:
 
 @LIFECYCLE.effect("acquire_model")
 def _acquire_model(s: Step, field: int, target: int, reason: int) -> None:
-    for kind in MODEL_KINDS:
+    for kind in s.m.model_kinds:
         s.acquire(kind)
     s.f[F.kernel] = KERNEL.prefill
 
@@ -471,7 +470,7 @@ class Model:
     """The local (one-request) transition relation over request tuples, for a set of tables."""
 
     def __init__(self, tables: Spec | Mapping[str, Table] | None = None, config: ModelConfig | None = None) -> None:
-        tables = dict(tables.tables if isinstance(tables, Spec) else tables or {})
+        tables = {n: tables[n] for n in MACHINES} if isinstance(tables, Spec) else dict(tables or {})
         unknown = set(tables) - set(MACHINES)
         if unknown:
             raise ValueError(f"unknown machine(s) {sorted(unknown)}; the checker uses {MACHINES}")
@@ -498,6 +497,7 @@ class Model:
         life, stream = self.tables["lifecycle"], self.tables["stream"]
         self.stream_event_of = terminal_stream_event(life, stream)
         self.stream_end_of = stream_end_of(life, stream)
+        self.model_kinds = model_resources_of(self.tables["resources"])  # released before the terminal event (§4.10)
         self.reasons_of_state = final_reasons(life)
         # The lifecycle table's finish checks, in its order (D4): the loop below runs this list.
         self.finish_order = tuple(c.event for c in self.life.table.finish_checks)

@@ -73,3 +73,20 @@ def test_a_spec_without_every_machine_or_with_a_misnamed_table_is_refused_by_nam
         Spec({**tables, "stream": load_spec("stop_matcher")}, "swapped")
     with pytest.raises(SpecError, match="no such machine 'streams'"):
         default_spec()["streams"]
+
+
+def test_the_ledger_and_the_checker_release_the_model_kinds_of_their_own_resources_table():
+    """§4.10: the kinds released before the terminal event are the resources table's model_kinds,
+    of the spec a run or a check is given, beside the spec directory's in the same process."""
+    from decodespec.machine.checker_model import Model
+    from decodespec.runtime.ledger import ResourceLedger
+
+    shipped = 'model_kinds = ["kv_cache", "batch_slot", "rng_state"]'
+    spec = edited_spec({"resources": lambda t: t.replace(shipped, 'model_kinds = ["kv_cache", "batch_slot"]')})
+    edited, plain = ResourceLedger("r", table=spec["resources"]), ResourceLedger("r")
+    assert (edited.model_kinds, edited.stream_kinds) == (("kv_cache", "batch_slot"),
+                                                         ("rng_state", "stream_buffer", "trace_handle"))
+    assert (plain.model_kinds, plain.stream_kinds) == (("kv_cache", "batch_slot", "rng_state"),
+                                                       ("stream_buffer", "trace_handle"))
+    assert (Model(spec).model_kinds, Model().model_kinds) == (edited.model_kinds, plain.model_kinds)
+    assert Model(spec).tables["resources"] is spec["resources"]
