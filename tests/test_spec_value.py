@@ -90,3 +90,22 @@ def test_the_ledger_and_the_checker_release_the_model_kinds_of_their_own_resourc
                                                        ("stream_buffer", "trace_handle"))
     assert (Model(spec).model_kinds, Model().model_kinds) == (edited.model_kinds, plain.model_kinds)
     assert Model(spec).tables["resources"] is spec["resources"]
+
+
+def test_the_server_serves_the_spec_of_its_engine_beside_a_server_of_the_shipped_one():
+    """§4.6 over HTTP: two servers in one process, one whose Engine runs the edited stop table;
+    the same completion ends "xA" on the shipped one and "x" on the edited one."""
+    import httpx
+    from _engine_kit import serve_in_thread
+
+    from decodespec.runtime.server import create_app
+
+    def served(spec: Spec | None) -> str:
+        app = create_app(Engine(ScriptedModel([1, 2], vocab_size=6), TOK, spec=spec), model_name="scripted")
+        with serve_in_thread(app) as base:
+            r = httpx.post(f"{base}/v1/completions", json={"model": "scripted", "prompt": [1], "max_tokens": 2,
+                                                            "stop": ["AB"], "temperature": 0}, timeout=30)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+
+    assert (served(None), served(DROPS_HELD)) == ("xA", "x")
