@@ -65,7 +65,7 @@ from .openai_schema import (
     terminal_error,
 )
 from .runner import RequestRun
-from .sse import SSE_HEADERS, Renderer, collect, follow, follow_choices, whole_report
+from .sse import SSE_HEADERS, Renderer, collect, finish_reason, follow, follow_choices, whole_report
 from .stream import StreamEvent, StreamEventKind, StreamReader
 
 _SEQ = re.compile(r"[0-9]{1,18}")
@@ -307,20 +307,21 @@ class _Api:
         if parsed.stream:
             return _event_stream(follow(run, renderer, run.stream.reader, on_gone=self.gone), headers)
         ((text, last),) = await self.answers(request, [run])
-        if last is None or last.kind is not StreamEventKind.COMPLETED:
-            return _error(terminal_error(last.finish_reason, last.error, rid), rid)
+        ended = finish_reason(last)
+        if last.kind is not StreamEventKind.COMPLETED:
+            return _error(terminal_error(ended, last.error, rid), rid)
         answer = text.decode("utf-8", "replace")
-        reason, detail = finish_fields(last.finish_reason, run.result().stop)
+        reason, detail = finish_fields(ended, run.result().stop)
         message = None
         if renderer.split is not None:  # the chat answer's channels (D45-D47)
-            parts = renderer.split.push(answer) + renderer.split.finish(last.finish_reason is FinishReason.TOOL_CALLS)
+            parts = renderer.split.push(answer) + renderer.split.finish(ended is FinishReason.TOOL_CALLS)
             message = chat_message(merged(parts), renderer.call_id, reasoning=parsed.reasoning)
             reason = wire_finish(reason, renderer.split)
         body = completion_body(parsed, renderer.cid, renderer.created, self.name, answer, (reason, detail),
                                openai_usage(last.usage), message=message, report=whole_report(run, parsed, text))
         return JSONResponse(body, headers=headers)
 
-    async def answers(self, request: HttpRequest, runs: list[RequestRun]) -> list[tuple[bytes, StreamEvent | None]]:
+    async def answers(self, request: HttpRequest, runs: list[RequestRun]) -> list[tuple[bytes, StreamEvent]]:
         """The whole answers of a response that is not streamed. A client that named its id can come
         back for the answer (/events): its disconnect follows on_disconnect like a stream's. Nobody
         else can ever read this answer: it is cancelled."""
@@ -370,11 +371,11 @@ class _Api:
             return _event_stream(follow_choices(runs, renderers, parsed, on_gone=self.gone), headers)
         answers = await self.answers(request, runs)
         for run, (_, last) in zip(runs, answers):
-            if last is None or last.kind is not StreamEventKind.COMPLETED:
-                return _error(terminal_error(last.finish_reason, last.error, run.request.request_id), rid)
+            if last.kind is not StreamEventKind.COMPLETED:
+                return _error(terminal_error(finish_reason(last), last.error, run.request.request_id), rid)
         order = sorted(range(len(runs)), key=lambda i: -runs[i].sampler.logprob_sum)[: parsed.n] \
             if parsed.best_of > parsed.n else list(range(parsed.n))
-        done = [(answers[i][0].decode("utf-8", "replace"), finish_fields(answers[i][1].finish_reason,
+        done = [(answers[i][0].decode("utf-8", "replace"), finish_fields(finish_reason(answers[i][1]),
                                                                          runs[i].result().stop)) for i in order]
         reports = [whole_report(runs[i], parsed, answers[i][0]) for i in order]
         usage = choices_usage([last.usage for _, last in answers])

@@ -98,15 +98,16 @@ class Renderer:
                     self._pending += entries
                     return []
                 return [sse(chunk(p, self.cid, self.created, self.model, delta=delta,
-                                   report=self._report(entries, ev.seq)), seq=self._id(ev.seq))]
+                                  report=self._report(entries, ev.seq)), seq=self._id(ev.seq))]
             return [sse(chunk(p, self.cid, self.created, self.model, text=text, report=self._report(entries, ev.seq)),
-                         seq=self._id(ev.seq))]
+                        seq=self._id(ev.seq))]
+        ended = finish_reason(ev)
         if ev.kind is StreamEventKind.COMPLETED:
             tail = self._utf8.decode(b"", final=True)
-            reason, detail = finish_fields(ev.finish_reason, self.run.result().stop)
+            reason, detail = finish_fields(ended, self.run.result().stop)
             report = self._report(self.releaser.finish() if self.releaser is not None else [])
             if self.split is not None:
-                parts = self.split.push(tail) + self.split.finish(ev.finish_reason is FinishReason.TOOL_CALLS)
+                parts = self.split.push(tail) + self.split.finish(ended is FinishReason.TOOL_CALLS)
                 last = chunk(p, self.cid, self.created, self.model, delta=channel_delta(merged(parts), self.call_id),
                              finish=(wire_finish(reason, self.split), detail), report=report)
             else:
@@ -118,8 +119,8 @@ class Renderer:
             if p.include_usage:
                 out.append(sse(chunk(p, self.cid, self.created, self.model, usage=openai_usage(ev.usage))))
             return out + [sse("[DONE]")]
-        err = terminal_error(ev.finish_reason, ev.error, self.run.request.request_id).body()
-        err["error"]["decodespec"] = {"finish_reason": ev.finish_reason.value, "error": ev.error,
+        err = terminal_error(ended, ev.error, self.run.request.request_id).body()
+        err["error"]["decodespec"] = {"finish_reason": ended.value, "error": ev.error,
                                       "usage": ev.usage, "index": p.index}
         return [sse(err, seq=self._id(ev.seq), event="error")]
 
@@ -132,7 +133,14 @@ def whole_report(run: RequestRun, parsed: ParsedRequest, output: bytes) -> dict[
     return report_fields(parsed, releaser.delta(output) + releaser.finish(), run.tokenizer)
 
 
-async def collect(run: RequestRun) -> tuple[bytes, StreamEvent | None]:
+def finish_reason(ev: StreamEvent) -> FinishReason:
+    """A terminal event's finish reason (§4.10: each terminal event carries one)."""
+    if ev.finish_reason is None:
+        raise ValueError(f"a {ev.kind} stream event without a finish reason (request {ev.request_id})")
+    return ev.finish_reason
+
+
+async def collect(run: RequestRun) -> tuple[bytes, StreamEvent]:
     """A whole answer (a response that is not streamed): its bytes and its terminal event, read
     in batches (StreamReader.abatch, D61); the reader is closed however the read ends."""
     text, last = bytearray(), None
@@ -145,6 +153,8 @@ async def collect(run: RequestRun) -> tuple[bytes, StreamEvent | None]:
             last = events[-1]
     finally:
         reader.close()
+    if last is None or not last.terminal:  # §4.7: a stream ends with exactly one terminal event
+        raise RuntimeError(f"the stream of request {run.request.request_id} ended without a terminal event")
     return bytes(text), last
 
 
