@@ -28,13 +28,13 @@ with prefix/read offsets); it is exact for the usual decoders but, unlike the ta
 tell a genuine trailing U+FFFD from a split character, so it holds one until the next token and
 treats it as invalid at `finish()`.
 
-Control state lives in the detokenizer's table (spec/detokenizer.toml, or the one it is given;
-DetokRules): every push fires `emit`, `hold` or `invalid`; finish fires `finish` or `finish_invalid`; discard fires `discard`.
-Each fire runs its row's action as effects (`DETOK` below: pass_complete, hold_partial, raise_error,
-pass_tail, drop_pending; machine/actions.py), so a changed action changes the bytes a push returns,
-as it changes what the checker model explores; the fast path is armed only where the table's
-`emit` is a self-loop that only passes bytes on (`DetokRules.fast`). A push after the detokenizer closed is an
-IllegalTransition and changes nothing.
+Control state lives in a stepper of the detokenizer's table (spec/detokenizer.toml, or the table
+it is given; DetokRules): every push fires `emit`, `hold` or `invalid`; finish fires `finish` or
+`finish_invalid`; discard fires `discard`. Each fire runs its row's action as effects (`DETOK`
+below: pass_complete, hold_partial, raise_error, pass_tail, drop_pending; machine/actions.py), so a
+changed action changes the bytes a push returns, as it changes what the checker model explores; the
+fast path is armed only where the table's `emit` is a self-loop that only passes bytes on
+(`DetokRules.fast`). A push after the detokenizer closed is an IllegalTransition and changes nothing.
 """
 
 from __future__ import annotations
@@ -230,8 +230,8 @@ class IncrementalDetokenizer:
 
     def _sync(self) -> None:
         """Arm the fast path of `push` exactly where it is exact: a state whose `emit` row is a
-        self-loop that only passes the bytes on (`DetokRules.fast`, derived from the table), nothing pending,
-        past the first-token and strip rules."""
+        self-loop that only passes the bytes on (`DetokRules.fast`, derived from the table), nothing
+        pending, past the first-token and strip rules."""
         steady = (
             self._ctl.state in self._steady and not self._pending and not self._strip_left
             and self._cur is self._rest and self._whole is not None

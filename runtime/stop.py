@@ -316,7 +316,8 @@ class StopMatcher(_TableControl):
     holds the match and everything pushed after it, which are never returned and are dropped by
     ``discard_from_first_match`` (§4.3). ``flush`` ends the output without a hit and returns the
     held bytes (flush_safe_suffix, §4.3). ``max_stops`` and ``max_stop_bytes`` (the stops' UTF-8
-    bytes together) bound the size of the automaton a request can make the server build.
+    bytes together) bound the size of the automaton a request can make the server build. `table`:
+    the stop_matcher table it follows (default: the spec directory's; StopRules).
     """
 
     __slots__ = (

@@ -171,7 +171,8 @@ class OrderedStream:
     `pause_timeout_s` (pause policy only): a producer that has waited that long for the reader fails
     the stream with transport_error and gets StreamOverflow (DECISIONS D5: a parked request whose
     reader is gone ends; None waits for ever). `usage_provider` gives the usage of an overflow's
-    failed event, which the producer does not pass.
+    failed event, which the producer does not pass. `table`: the stream table it follows (default:
+    the spec directory's; StreamRules).
     """
 
     # Slots: the engine reads these for every run at every step, just after the model has pushed
