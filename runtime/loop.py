@@ -64,7 +64,7 @@ def generate(
             """The model's step on the token just selected (the last of the run's tokens)."""
             return model.decode_one([run.cache], [run.tokens[-1]])[0]
 
-        while run.state == "DECODING" and run.check_point():
+        while run.decoding and run.check_point():
             try:
                 if not run.select():
                     break

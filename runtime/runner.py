@@ -1072,14 +1072,16 @@ class Lifecycle:
     def of(cls, table: Table) -> Lifecycle:
         machine = compiled_of(table)
         reasons = {k: FinishReason(d.reason) for k, d in table.decisions.items() if d.reason}
+        where = driver_states(table)
+        (decoding,) = where.selecting
         return cls(
             table, machine, LIFECYCLE.plans(table), reasons,
-            frozenset(k for k, d in table.decisions.items() if d.kind == "ignore"), table.State["DECODING"],
+            frozenset(k for k, d in table.decisions.items() if d.kind == "ignore"), table.State[decoding],
             _quiet(table, machine, reasons, "select", "record_selected"),
             _quiet(table, machine, reasons, "decode_done", "record_decoded"),
             _step_of(table), _winner_of(table), {c.event: frozenset() for c in table.finish_checks if c.tokens},
             {state: _STREAM_SEND[event] for state, event in terminal_stream_event(life=table).items()},
-            driver_states(table),
+            where,
         )
 
     def run_type(self, base: type[RequestRun]) -> type[RequestRun]:

@@ -109,6 +109,7 @@ class DriverStates:
     """Sets of lifecycle states the drivers branch on, each found from the table's rows (§4.3,
     §4.9, §4.10): an edited table moves them with no edit in the Engine."""
 
+    selecting: frozenset[str] = _where(("select",), "the loop of §4.3 goes on selecting tokens (one state: DECODING)")
     safe_point: frozenset[str] = _where(("cancel", "deadline"),
                                         "check_cancel_or_deadline runs there (§4.3): a cancel or a deadline is observed")
     model_work: frozenset[str] = _where(("model_error",), "a failed kernel ends the run FAILED (§4.10)")
@@ -128,8 +129,14 @@ class SequenceStates:
 
 def driver_states(life: Table | None = None) -> DriverStates:
     """The DriverStates of `life` (default: the spec directory's lifecycle table). A set no state
-    fills, or an event the table does not have, is a SpecError naming the set and its events."""
-    return _states_where(DriverStates, life or load_spec("lifecycle"), "driver states")
+    fills, an event the table does not have, or a loop that selects in more than one state is a
+    SpecError naming the set and its events."""
+    life = life or load_spec("lifecycle")
+    found = _states_where(DriverStates, life, "driver states")
+    if len(found.selecting) != 1:
+        raise SpecError(life.source, "driver states selecting",
+                        f"the loop selects in one state; select is a row in {sorted(found.selecting)}")
+    return found
 
 
 def sequence_states(sequence: Table | None = None) -> SequenceStates:

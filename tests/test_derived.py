@@ -84,6 +84,7 @@ def test_the_driver_states_are_the_states_the_engine_branched_on():
     PREFILLING, DECODING and DRAINING, a reader's failure in DECODING and DRAINING, the tail in
     DRAINING, the safe point of an observed cancel in CANCEL_REQUESTED."""
     assert attrs.asdict(driver_states()) == {
+        "selecting": {"DECODING"},
         "safe_point": {"QUEUED", "DECODING"},
         "model_work": {"PREFILLING", "DECODING", "DRAINING"},
         "transport": {"DECODING", "DRAINING"},
@@ -140,3 +141,16 @@ def test_the_sequence_states_are_the_states_the_engine_branched_on_and_move_with
     assert sequence_states(edited).parked == {"PARKED", "SWAPPED"}
     engine = Engine(tiny_model(), ascii_tokenizer(), spec=default_spec().replace(edited))
     assert {s.value for s in engine._parked_states} == {"PARKED", "SWAPPED"}
+
+
+def test_a_loop_that_selects_in_two_states_is_refused():
+    """§4.3: the loop selects in one state (the Engine and generate() ask `decoding` once a token);
+    a select row in DRAINING too is refused, naming both."""
+    edited = _lifecycle(lambda t: t.replace('events = ["enqueue", "reject", "schedule", "prefill_done", "select", '
+                                            '"decode_done", "eos",\n          "length"',
+                                            'events = ["enqueue", "reject", "schedule", "prefill_done", '
+                                            '"decode_done", "eos",\n          "length"', 1)
+                        + '\n[[row]]\nstate = "DRAINING"\nevent = "select"\ntarget = "DRAINING"\n'
+                          'action = "record_selected"\nanchor = "§4.2"\n')
+    with pytest.raises(SpecError, match=r"the loop selects in one state; select is a row in \['DECODING', 'DRAINING'\]"):
+        driver_states(edited)
