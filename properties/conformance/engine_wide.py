@@ -24,17 +24,32 @@ honoured.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 
+from .adapters.base import Finding
+from .cases import Case
 from .grading import Verdict
 from .judgement import usage_chunk_missing
 from .symptoms import FIELD_BASIS, Basis, basis_of
 from .wire import parse_sse
 
-if TYPE_CHECKING:
-    from .runner import CaseResult
+
+class JudgedCase(Protocol):
+    """What this module reads of a judged case (runner.CaseResult): its case, verdict, findings and
+    the recorded exchanges in `observed`. A protocol, so the runner, which grades through this
+    module, is not imported back."""
+
+    @property
+    def case(self) -> Case: ...
+    @property
+    def verdict(self) -> Verdict: ...
+    @property
+    def failures(self) -> tuple[Finding, ...]: ...
+    @property
+    def observed(self) -> Mapping[str, Any]: ...
+
 
 MIN_CASES = 3  # D71: fewer cases are per-case findings, not a cause of the whole run
 
@@ -66,7 +81,7 @@ def sent(body: Any, field: str) -> bool:
     return body is not None and body is not False
 
 
-def fields_ignored(r: CaseResult) -> set[str]:
+def fields_ignored(r: JudgedCase) -> set[str]:
     """The request fields the findings of `r` rest on having had no effect (basis field_ignored)."""
     return {name for f in r.failures if (b := basis_of(f, r.case)).kind == FIELD_BASIS for name in b.ref.split(", ")}
 
@@ -86,7 +101,7 @@ class IgnoredField:
         return {"field": self.field, "cases": len(self.cases), "basis": {"kind": FIELD_BASIS, "ref": self.field}}
 
 
-def _shown(r: CaseResult, field: str, found: set[str]) -> bool | None:
+def _shown(r: JudgedCase, field: str, found: set[str]) -> bool | None:
     """What case `r` shows of `field`: False ignored, True honoured, None nothing (see module)."""
     on_wire = SHOWN_ON_WIRE.get(field)
     seen: list[bool | None] = []
@@ -102,10 +117,10 @@ def _shown(r: CaseResult, field: str, found: set[str]) -> bool | None:
     return True if on_wire is None and asked else None
 
 
-def ignored_engine_wide(results: Iterable[CaseResult]) -> tuple[IgnoredField, ...]:
+def ignored_engine_wide(results: Iterable[JudgedCase]) -> tuple[IgnoredField, ...]:
     """The fields ignored engine-wide in a run (D71), each with the cases that showed it ignored;
     in the order the run first showed them. SKIP and ERROR results show nothing."""
-    ran: Sequence[CaseResult] = [r for r in results if r.verdict not in (Verdict.SKIP, Verdict.ERROR)]
+    ran: Sequence[JudgedCase] = [r for r in results if r.verdict not in (Verdict.SKIP, Verdict.ERROR)]
     found = {id(r): fields_ignored(r) for r in ran}
     candidates: dict[str, None] = {}
     for r in ran:
