@@ -27,7 +27,7 @@ import attrs
 from ..machine import Stepper, compiled_of, per_table
 from ..machine.actions import Executor, fire_with_effects
 from ..spec import Table, default_spec, load_spec
-from ..spec.derived import model_resources_of, stream_resources_of
+from ..spec.derived import model_resources_of, resource_states, stream_resources_of
 from .events import EventKind, Trace
 
 if TYPE_CHECKING:
@@ -99,6 +99,7 @@ class ResourceLedger:
         machine, self._plans = compiled_of(table), _plans_of(table)
         # the kinds the model holds, released before the terminal event, and the rest (§4.10)
         self.model_kinds, self.stream_kinds = _split_of(table)
+        self._held = _held_of(table)  # the states where a kind is held: its release frees it
         self._steppers: dict[ResourceKind, Stepper] = {k: machine.new() for k in ResourceKind}
         self._free: dict[ResourceKind, FreeFn] = {
             resource_kind(k): fn for k, fn in (on_free or {}).items()
@@ -160,7 +161,7 @@ class ResourceLedger:
     @property
     def held(self) -> list[ResourceKind]:
         with self._lock:
-            return [k for k, st in self._steppers.items() if st.state == "HELD"]
+            return [k for k, st in self._steppers.items() if st.state in self._held]
 
     @property
     def violations(self) -> list[LedgerViolation]:
@@ -200,3 +201,4 @@ def _free_effect(ledger: ResourceLedger, k: ResourceKind) -> None:
 
 _plans_of = per_table(RESOURCES.plans)
 _split_of = per_table(lambda table: (model_resources_of(table), stream_resources_of(table)))
+_held_of = per_table(lambda table: resource_states(table).held)

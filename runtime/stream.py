@@ -38,7 +38,8 @@ import attrs
 
 from ..machine import CompiledMachine, compiled_of, per_table
 from ..machine.actions import ActionError, Executor, Plan, run_phases
-from ..spec import FinishReason, Table, default_spec, load_spec
+from ..spec import FinishReason, SpecError, Table, default_spec, load_spec
+from ..spec.derived import stream_states
 from .events import EventKind, Trace
 
 if TYPE_CHECKING:
@@ -102,11 +103,6 @@ class StreamEventKind(enum.StrEnum):
     FAILED = "failed"
 
 
-_TERMINAL_KIND = {
-    "COMPLETED": StreamEventKind.COMPLETED,
-    "CANCELLED": StreamEventKind.CANCELLED,
-    "FAILED": StreamEventKind.FAILED,
-}
 _TRACE_KIND = {  # the trace event of each terminal stream event
     StreamEventKind.COMPLETED: EventKind.RESPONSE_COMPLETED,
     StreamEventKind.CANCELLED: EventKind.RESPONSE_CANCELLED,
@@ -181,7 +177,7 @@ class OrderedStream:
         "max_bytes", "max_events", "pause_timeout_s", "paused_s", "policy", "request_id",
         "_async_waiters", "_bulk_waiters", "_cond", "_connected", "_cursor", "_inline_max", "_lock", "_log", "_next_seq",
         "_open", "_pending", "_primary", "_readers", "_sleepers", "_st", "_trace", "_unread_bytes", "_unread_events",
-        "_usage_provider", "_rules", "_st_open", "_delta_fast", "_inline_open",
+        "_usage_provider", "_rules", "_st_open", "_st_paused", "_delta_fast", "_inline_open",
     )
 
     def __init__(
@@ -212,7 +208,8 @@ class OrderedStream:
         rules = self._rules = stream_rules(table or default_spec()["stream"])
         self._st = rules.machine.new()
         # read per delta: a slot each
-        self._st_open, self._delta_fast, self._inline_open = rules.open, rules.delta_fast, rules.inline_open
+        self._st_open, self._st_paused = rules.open, rules.paused
+        self._delta_fast, self._inline_open = rules.delta_fast, rules.inline_open
         self._lock = threading.RLock()  # `with self._lock` on the per-delta paths: a C-level enter
         self._cond = threading.Condition(self._lock)
         # Every event, retained for replay. A delta is kept as its (seq, data) pair and becomes a
@@ -262,7 +259,7 @@ class OrderedStream:
             data = bytes(data)  # a private copy: the log must not change under the reader
         with self._lock:
             if not data:
-                if self._st.state != "PAUSED" and not self._st.allows("delta"):
+                if self._st.state not in self._st_paused and not self._st.allows("delta"):
                     self._st.fire("delta")  # raises the table's IllegalTransition
                 return None
             size = len(data)
@@ -327,7 +324,7 @@ class OrderedStream:
     def would_block(self) -> bool:
         """True while a pause-policy producer would wait: the engine skips this request's decode."""
         with self._cond:
-            return self._st.state == "PAUSED"
+            return self._st.state in self._st_paused
 
     def would_wait(self, size: int) -> bool:
         """Producer side (§4.8): would a pause-policy send wait for the reader now? True when the
@@ -347,7 +344,7 @@ class OrderedStream:
     def writable(self) -> bool:
         """True when a delta would be accepted now without waiting (started, open, not paused)."""
         with self._cond:
-            return self._st.state == "OPEN"
+            return self._st.state is self._st_open
 
     # ---- consumer side -------------------------------------------------------------------
 
@@ -593,11 +590,11 @@ class OrderedStream:
             trace.put((_RESPONSE_DELTA, trace.clock(), seq, data, events, nbytes))
         return seq
 
-    def _terminate(self, state: str, reason: FinishReason, usage: Any, error: str | None) -> int:
+    def _terminate(self, state: enum.Enum, reason: FinishReason, usage: Any, error: str | None) -> int:
         """Queue the one terminal event of `state` (same critical section as its transition)."""
         seq = self._next_seq
         self._next_seq += 1
-        kind = _TERMINAL_KIND[state]
+        kind = self._rules.terminal_kind[state]
         data: dict[str, Any] = {"seq": seq, "finish_reason": reason.value, "usage": usage}
         if kind is StreamEventKind.FAILED:
             data["error"] = error or ""
@@ -653,15 +650,15 @@ class OrderedStream:
 
     def _wait_for_room(self, size: int) -> None:
         """Pause policy: block (table `block`) until the reader makes room (`unblock`)."""
-        if self._st.state == "OPEN" and not self._has_room(size):
+        if self._st.state is self._st_open and not self._has_room(size):
             self._move("block")
-        if self._st.state != "PAUSED":
+        if self._st.state not in self._st_paused:
             return
         paused_at = time.monotonic()
         deadline = None if self.pause_timeout_s is None else paused_at + self.pause_timeout_s
         self._pending = size
         try:
-            while self._st.state == "PAUSED":
+            while self._st.state in self._st_paused:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     error = f"reader stalled: producer paused for {self.pause_timeout_s} s"
@@ -690,7 +687,7 @@ class OrderedStream:
 
     def _after_read(self) -> None:
         """The reader made room: resume a paused producer once its pending delta fits."""
-        if self._st.state == "PAUSED" and self._has_room(max(self._pending, 1)):
+        if self._st.state in self._st_paused and self._has_room(max(self._pending, 1)):
             self._move("unblock")
 
     def _drained(self) -> bool:
@@ -871,10 +868,10 @@ def _queue_delta(st: OrderedStream, ctx: dict) -> None:
 
 @STREAM.effect("queue_terminal")
 def _queue_terminal(st: OrderedStream, ctx: dict) -> None:
-    ctx["seq"] = st._terminate(st._st.state._value_, ctx["reason"], ctx["usage"], ctx["error"])
+    ctx["seq"] = st._terminate(st._st.state, ctx["reason"], ctx["usage"], ctx["error"])
 
 
-STREAM.abstracts("pause", "PAUSED is the fact: a pause-policy delta() waits while the stream is in it")
+STREAM.abstracts("pause", "the paused state is the fact: a pause-policy delta() waits while the stream is in it")
 
 
 @STREAM.effect("resume")
@@ -907,23 +904,40 @@ def _attach(st: OrderedStream, ctx: dict) -> None:
 @attrs.frozen(eq=False)
 class StreamRules:
     """A stream table as OrderedStream runs it (§4.7, §4.8): its machine, each pair's plan, its
-    OPEN state, and where a delta's row is a self-loop whose action only queues it (`delta_fast`):
-    there the per-delta paths queue it without the fire, so another action goes through `_move`.
-    `inline_open`: OPEN when it is such a state (`deliver`'s one critical section), else None."""
+    open state (the one where a delta is a row, `stream_states().sending`), its paused states
+    (where `unblock` is a row: a pause-policy producer waits there), and where a delta's row is a
+    self-loop whose action only queues it (`delta_fast`): there the per-delta paths queue it
+    without the fire, so another action goes through `_move`. `inline_open`: the open state when
+    it is such a state (`deliver`'s one critical section), else None. `terminal_kind`: the §4.7
+    terminal event each terminal state queues, the one its name names (COMPLETED: completed);
+    a terminal state no such event names is a SpecError."""
 
     machine: CompiledMachine
     plans: Mapping[tuple[str, str], Plan]
     open: enum.Enum
+    paused: frozenset[enum.Enum]
     delta_fast: frozenset[enum.Enum]
     inline_open: enum.Enum | None
+    terminal_kind: Mapping[enum.Enum, StreamEventKind]
 
     @classmethod
     def of(cls, table: Table) -> StreamRules:
-        machine, plans = compiled_of(table), STREAM.plans(table)
+        machine, plans, where = compiled_of(table), STREAM.plans(table), stream_states(table)
         fast = frozenset(machine.State[s] for (s, e), plan in plans.items()
                          if e == "delta" and plan.effects == ("queue_delta",) and table.decision(s, e).target == s)
-        open_ = machine.State["OPEN"]
-        return cls(machine, plans, open_, fast, open_ if open_ in fast else None)
+        (sending,) = where.sending
+        open_ = machine.State[sending]
+        return cls(machine, plans, open_, frozenset(machine.State[s] for s in where.paused), fast,
+                   open_ if open_ in fast else None, {machine.State[s]: _terminal_kind(table, s) for s in table.terminal})
+
+
+def _terminal_kind(table: Table, state: str) -> StreamEventKind:
+    """The §4.7 terminal event a terminal stream state queues: the one its name names."""
+    kind = next((k for k in _TRACE_KIND if k.value == state.lower()), None)
+    if kind is None:
+        raise SpecError(table.source, f"terminal state {state}",
+                        f"names no terminal event of §4.7 ({', '.join(_TRACE_KIND)})")
+    return kind
 
 
 stream_rules = per_table(StreamRules.of)

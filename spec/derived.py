@@ -9,7 +9,9 @@
   so a new row or reason changes it with no edit anywhere else.
 - `driver_states()`: the lifecycle states the drivers (the Engine's scheduler and shutdown, a run's
   end) branch on, each set the states where the table has a row for the events that say it;
-  `sequence_states()`: the same for where the Engine holds a sequence (spec/sequence.toml).
+  `sequence_states()`: the same for where the Engine holds a sequence (spec/sequence.toml);
+  `stream_states()`: where the ordered stream sends and where its producer waits (spec/stream.toml);
+  `resource_states()`: where a resource of the ledger is held (spec/resources.toml).
 """
 
 from __future__ import annotations
@@ -98,10 +100,11 @@ def final_reasons(life: Table | None = None) -> Mapping[str, frozenset[FinishRea
     return {s: frozenset(r) for s, r in out.items()}
 
 
-def _where(events: tuple[str, ...], means: str) -> Any:
-    """A field of DriverStates or SequenceStates: the states where every one of `events` is a row
-    (what `means`)."""
-    return attrs.field(metadata={"events": events, "means": means})
+def _where(events: tuple[str, ...], means: str, one: str | None = None) -> Any:
+    """A field of a states class (DriverStates, SequenceStates, StreamStates, ResourceStates): the
+    states where every one of `events` is a row (what `means`); `one`, when given, says why the
+    set must be a single state."""
+    return attrs.field(metadata={"events": events, "means": means, "one": one})
 
 
 @attrs.frozen
@@ -109,7 +112,8 @@ class DriverStates:
     """Sets of lifecycle states the drivers branch on, each found from the table's rows (§4.3,
     §4.9, §4.10): an edited table moves them with no edit in the Engine."""
 
-    selecting: frozenset[str] = _where(("select",), "the loop of §4.3 goes on selecting tokens (one state: DECODING)")
+    selecting: frozenset[str] = _where(("select",), "the loop of §4.3 goes on selecting tokens (DECODING)",
+                                       one="the loop selects in one state")
     safe_point: frozenset[str] = _where(("cancel", "deadline"),
                                         "check_cancel_or_deadline runs there (§4.3): a cancel or a deadline is observed")
     model_work: frozenset[str] = _where(("model_error",), "a failed kernel ends the run FAILED (§4.10)")
@@ -127,16 +131,28 @@ class SequenceStates:
     swapped: frozenset[str] = _where(("resume",), "out of the batch, its cache given back, it comes back by resuming (§4.8)")
 
 
+@attrs.frozen
+class StreamStates:
+    """Sets of stream states OrderedStream branches on, each found from the rows of
+    spec/stream.toml (§4.7, §4.8)."""
+
+    sending: frozenset[str] = _where(("delta",), "a producer's delta is taken there (OPEN, §4.7)",
+                                     one="the stream takes deltas in one state")
+    paused: frozenset[str] = _where(("unblock",), "a pause-policy producer waits there for its reader (§4.8)")
+
+
+@attrs.frozen
+class ResourceStates:
+    """The resource states the ledger branches on, found from the rows of spec/resources.toml (§4.10)."""
+
+    held: frozenset[str] = _where(("release",), "a resource is held: its one release frees it (§4.10)")
+
+
 def driver_states(life: Table | None = None) -> DriverStates:
     """The DriverStates of `life` (default: the spec directory's lifecycle table). A set no state
     fills, an event the table does not have, or a loop that selects in more than one state is a
     SpecError naming the set and its events."""
-    life = life or load_spec("lifecycle")
-    found = _states_where(DriverStates, life, "driver states")
-    if len(found.selecting) != 1:
-        raise SpecError(life.source, "driver states selecting",
-                        f"the loop selects in one state; select is a row in {sorted(found.selecting)}")
-    return found
+    return _states_where(DriverStates, life or load_spec("lifecycle"), "driver states")
 
 
 def sequence_states(sequence: Table | None = None) -> SequenceStates:
@@ -145,7 +161,19 @@ def sequence_states(sequence: Table | None = None) -> SequenceStates:
     return _states_where(SequenceStates, sequence or load_spec("sequence"), "sequence states")
 
 
-_States = TypeVar("_States", DriverStates, SequenceStates)
+def stream_states(stream: Table | None = None) -> StreamStates:
+    """The StreamStates of `stream` (default: the spec directory's stream table), refused as
+    driver_states refuses (a stream that takes deltas in more than one state too)."""
+    return _states_where(StreamStates, stream or load_spec("stream"), "stream states")
+
+
+def resource_states(resources: Table | None = None) -> ResourceStates:
+    """The ResourceStates of `resources` (default: the spec directory's resources table), refused
+    as driver_states refuses."""
+    return _states_where(ResourceStates, resources or load_spec("resources"), "resource states")
+
+
+_States = TypeVar("_States", DriverStates, SequenceStates, StreamStates, ResourceStates)
 
 
 def _states_where(cls: type[_States], table: Table, what: str) -> _States:
@@ -160,4 +188,8 @@ def _states_where(cls: type[_States], table: Table, what: str) -> _States:
         if not found[field.name]:
             raise SpecError(table.source, f"{what} {field.name}",
                             f"no state has a row for {' and '.join(events)}; the drivers need one: {means}")
+        one = field.metadata["one"]
+        if one is not None and len(found[field.name]) != 1:
+            raise SpecError(table.source, f"{what} {field.name}",
+                            f"{one}; {' and '.join(events)} is a row in {sorted(found[field.name])}")
     return cls(**found)

@@ -13,14 +13,18 @@ from _engine_kit import ascii_tokenizer, tiny_model
 from decodespec.machine.checker_model import Model
 from decodespec.runtime import Request
 from decodespec.runtime.engine import Engine
+from decodespec.runtime.ledger import ResourceLedger
+from decodespec.runtime.stream import OrderedStream
 from decodespec.spec import FinishReason, SpecError, default_spec
 from decodespec.spec.derived import (
     driver_states,
     final_reasons,
     model_resources,
+    resource_states,
     sequence_states,
     stream_end_of,
     stream_resources,
+    stream_states,
     terminal_stream_event,
 )
 from decodespec.spec.loader import SPEC_DIR, load_text
@@ -28,8 +32,13 @@ from decodespec.spec.loader import SPEC_DIR, load_text
 R = FinishReason
 
 
+def _table(name, edit=lambda t: t):
+    """The shipped spec/<name>.toml with `edit` applied to its text."""
+    return load_text(edit((SPEC_DIR / f"{name}.toml").read_text(encoding="utf-8")), f"{name}.toml")
+
+
 def _lifecycle(edit=lambda t: t):
-    return load_text(edit((SPEC_DIR / "lifecycle.toml").read_text(encoding="utf-8")), "lifecycle.toml")
+    return _table("lifecycle", edit)
 
 
 def test_the_reasons_of_each_terminal_state_follow_from_the_rows():
@@ -154,3 +163,52 @@ def test_a_loop_that_selects_in_two_states_is_refused():
                           'action = "record_selected"\nanchor = "§4.2"\n')
     with pytest.raises(SpecError, match=r"the loop selects in one state; select is a row in \['DECODING', 'DRAINING'\]"):
         driver_states(edited)
+
+
+def test_the_stream_and_resource_states_are_the_states_the_code_named():
+    """§4.7, §4.8, §4.10: the ordered stream takes deltas in OPEN and its producer waits in PAUSED;
+    the ledger's resource is held in HELD: the states the stream and the ledger named by hand."""
+    assert attrs.asdict(stream_states()) == {"sending": {"OPEN"}, "paused": {"PAUSED"}}
+    assert attrs.asdict(resource_states()) == {"held": {"HELD"}}
+
+
+def test_renamed_stream_states_move_the_sets_and_the_stream_follows_them():
+    """§4.8: with OPEN called STREAMING and PAUSED called WAITING, a pause-policy stream of that table
+    is writable when started, would block at its cap, and goes on once its reader made room."""
+    edited = _table("stream", lambda t: t.replace('"OPEN"', '"STREAMING"').replace('"PAUSED"', '"WAITING"'))
+    assert attrs.asdict(stream_states(edited)) == {"sending": {"STREAMING"}, "paused": {"WAITING"}}
+    s = OrderedStream("r", max_events=2, table=edited)
+    s.start()
+    assert s.writable and not s.would_block()
+    s.delta(b"a")
+    s.delta(b"b")  # the cap is reached: the table's block row
+    assert s.state == "WAITING" and s.would_block() and not s.writable
+    assert [ev.kind for ev in (s.get(timeout=0), s.get(timeout=0))] == ["start", "delta"]
+    assert s.state == "STREAMING" and s.writable
+
+
+def test_a_renamed_held_state_is_what_the_ledger_counts_as_held():
+    """§4.10: with HELD called TAKEN, an acquired kind is held (and leaks at close) under that name."""
+    edited = _table("resources", lambda t: t.replace('"HELD"', '"TAKEN"'))
+    assert resource_states(edited).held == {"TAKEN"}
+    ledger = ResourceLedger("r", table=edited)
+    ledger.acquire("kv_cache")
+    assert ledger.held == ["kv_cache"] and ledger.close() == ["kv_cache"]
+
+
+def test_a_stream_table_without_what_the_stream_branches_on_is_refused():
+    """A stream table where no state resumes the producer (no unblock row) or where deltas are taken in
+    two states is a SpecError naming the set; so is a terminal state no §4.7 terminal event names."""
+    no_unblock = _table("stream", lambda t: t.replace(
+        '[[row]]\nstate = "PAUSED"\nevent = "unblock"\ntarget = "OPEN"\naction = "resume_producer"',
+        '[[ignore]]\nstate = "PAUSED"\nevents = ["unblock"]\naction = "resume_producer"', 1))
+    with pytest.raises(SpecError, match="stream states paused.*no state has a row for unblock"):
+        stream_states(no_unblock)
+    two_senders = _table("stream", lambda t: t.replace(
+        'events = ["start", "delta", "block", "overflow"]', 'events = ["start", "block", "overflow"]', 1)
+        + '\n[[row]]\nstate = "PAUSED"\nevent = "delta"\ntarget = "PAUSED"\naction = "emit_delta"\nanchor = "§4.7"\n')
+    with pytest.raises(SpecError, match=r"takes deltas in one state; delta is a row in \['OPEN', 'PAUSED'\]"):
+        stream_states(two_senders)
+    renamed_end = _table("stream", lambda t: t.replace('"COMPLETED"', '"DONE"'))
+    with pytest.raises(SpecError, match="terminal state DONE.*names no terminal event of §4.7"):
+        OrderedStream("r", table=renamed_end)
