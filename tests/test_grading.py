@@ -171,3 +171,22 @@ def test_the_command_line_grades_its_results_as_one_run_with_a_field_ignored_eng
     assert got == {**{i: Verdict.PASS for i in ids[:3]}, "detok/replacement-char/001": Verdict.FAIL}, got
     alone = judge(CASES[ids[0]], Outcome(findings=outcomes[ids[0]], judged=True), "e", frozenset())
     assert alone.verdict is Verdict.DIFFERS
+
+
+def test_a_field_is_engine_wide_on_enough_base_cases_a_case_under_two_chat_templates_counting_once() -> None:
+    """D71: MIN_CASES counts base cases. chat/<id> and chat-bos/<id> send one request under two
+    templates: two base cases shown under both (four cases) are not enough; three base cases are."""
+    from decodespec.properties.conformance.checkpoints import with_chat
+    from decodespec.properties.conformance.engine_wide import MIN_CASES, ignored_engine_wide
+    from decodespec.properties.conformance.judgement import no_usage_chunk
+
+    chat = {c.id: c for c in with_chat(load_cases())}
+    bases = ["finish/length/001", "usage/eos/001", "detok/replacement-char/001"]
+
+    def run(ids: list[str]) -> list:  # type: ignore[type-arg]
+        return [judge(chat[i], Outcome(findings=(no_usage_chunk(),), judged=True), "e", frozenset()) for i in ids]
+
+    twins = run([f"{template}/{b}" for b in bases[:2] for template in ("chat", "chat-bos")])
+    assert len(bases[:2]) < MIN_CASES <= len(twins) and ignored_engine_wide(twins) == ()
+    [wide] = ignored_engine_wide(run([f"chat/{b}" for b in bases]))
+    assert (wide.field, len(wide.cases)) == ("stream_options.include_usage", 3), wide

@@ -401,6 +401,32 @@ def test_a_field_is_engine_wide_only_when_enough_cases_show_it_and_none_honours_
     assert results[1].verdict is Verdict.DIFFERS and _symptoms(results[1]) == ["usage_chunk"], results[1]
 
 
+def test_the_headline_the_cause_and_the_summary_count_the_same_cases_of_a_field_ignored_engine_wide():
+    """§4.10, D71: one run states one count for one cause. chat/stop/multi-byte/002's stream ended
+    without the usage chunk it asked for; stored by a judge that never said so (its finding left
+    out), the regrade finds it from the recorded stream, so the headline, the engine-wide cause and
+    summary.engine_wide each count every case whose stream showed it."""
+    from decodespec.properties.conformance.reports import causes, headline, summary
+
+    text_case = "chat/stop/multi-byte/002"
+    entries = [{**e, "failures": [f for f in e["failures"] if f["symptom"] != "usage_chunk"]}
+               if e["case"] == text_case else e for e in USAGE_CHUNK_RUN]
+    results = _chat_run(entries)
+    [cause] = [c for c in causes(results) if c["symptom"] == "usage_chunk"]
+    [wide] = summary(results)["engine_wide"]
+    said = headline(results, "llama-cpp-python-chat")
+    assert text_case in cause["cases"] and cause.get("engine_wide") is True, cause
+    assert len(cause["cases"]) == wide["cases"] == len(USAGE_CHUNK_RUN), (cause["cases"], wide)
+    assert f"stream_options.include_usage in all {len(USAGE_CHUNK_RUN)} cases" in said, said
+
+
+@pytest.mark.parametrize("case_id", ["detok/invalid/001", "detok/invalid/003"])
+def test_a_stream_without_the_usage_chunk_it_asked_for_is_a_finding_where_the_reference_fails_too(case_id):
+    """§4.10, D71: the reference ends detok/invalid FAILED, llama-cpp-python finishes normally and
+    its stream, asked for its usage, sends none: the field had no effect there as anywhere."""
+    assert "usage_chunk" in _symptoms(_rejudge("llama-cpp-python", case_id))
+
+
 # ---- hold-back from incomplete token reports (§4.6, D59) --------------------------------------------
 
 

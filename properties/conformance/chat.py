@@ -295,7 +295,7 @@ def judge_answers(exp: ChatExpected, text: Expected | None, answers: tuple[int, 
         return (findings + judge_chat(exp, whole, "non-streamed answer", content=False)
                 + judge_chat(exp, streamed, "stream", content=False)), missed
     findings = judge_chat(exp, whole, "non-streamed answer") + judge_chat(exp, streamed, "stream")
-    if usage_asked and exp.finish_reason and usage_chunk_missing(answers[3]):
+    if usage_asked and usage_chunk_missing(answers[3]):
         findings.append(no_usage_chunk())
     if whole is not None and streamed is not None and (whole.content, whole.reasoning) != (streamed.content,
                                                                                          streamed.reasoning):

@@ -10,15 +10,18 @@ finding stays listed in its case.
 
 What a case shows of a field F, from its findings and its recorded exchanges:
 
-- ignored: a finding rests on F having had no effect (symptoms.basis_of: field_ignored naming F),
-  or a recorded exchange that sent F shows it ignored on the wire (SHOWN_ON_WIRE);
+- ignored: a finding rests on F having had no effect (symptoms.basis_of: field_ignored naming F).
+  The findings alone say it, so the headline, the cause and the summary count the same cases; a
+  field one exchange shows (SHOWN_ON_WIRE) gets its finding from the judge in every stream that
+  shows it ignored, and from `wire_findings` where a stored report is re-graded;
 - honoured: a recorded exchange that sent F shows it honoured on the wire; for a field the wire
   cannot show alone (no SHOWN_ON_WIRE row), a case whose request sets F with no finding resting on
   it (the judge compared the field's effect and found it);
 - nothing: otherwise (the stream was cut, the case never sent F).
 
-F is ignored engine-wide when at least MIN_CASES cases that ran show it ignored and none shows it
-honoured.
+F is ignored engine-wide when at least MIN_CASES base cases that ran show it ignored and none shows
+it honoured; a case's chat variants (`chat/<id>`, `chat-bos/<id>`) are one base case, `<id>`, for
+they send the same request under two templates.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ import attrs
 
 from .adapters.base import Finding
 from .cases import Case
+from .chat_cases import chat_of
 from .grading import Verdict
-from .judgement import usage_chunk_missing
+from .judgement import no_usage_chunk, usage_chunk_missing
 from .symptoms import FIELD_BASIS, Basis, basis_of
 from .wire import parse_sse
 
@@ -51,7 +55,7 @@ class JudgedCase(Protocol):
     def observed(self) -> Mapping[str, Any]: ...
 
 
-MIN_CASES = 3  # D71: fewer cases are per-case findings, not a cause of the whole run
+MIN_CASES = 3  # D71: fewer base cases are per-case findings, not a cause of the whole run
 
 
 def _usage_shown(exchange: Mapping[str, Any]) -> bool | None:
@@ -65,9 +69,18 @@ def _usage_shown(exchange: Mapping[str, Any]) -> bool | None:
     return True if st.status == 200 and st.usage is not None else None
 
 
-# The fields whose effect one recorded exchange shows alone: field -> (the exchange) -> honoured?
-SHOWN_ON_WIRE: Mapping[str, Callable[[Mapping[str, Any]], bool | None]] = {
-    "stream_options.include_usage": _usage_shown,
+@attrs.frozen
+class OnWire:
+    """How one recorded exchange that sent a field shows it: `shown` (True honoured, False ignored,
+    None nothing) and `finding`, the judge's finding for a stream that ignored it."""
+
+    shown: Callable[[Mapping[str, Any]], bool | None]
+    finding: Callable[[], Finding]
+
+
+# The fields whose effect one recorded exchange shows alone.
+SHOWN_ON_WIRE: Mapping[str, OnWire] = {
+    "stream_options.include_usage": OnWire(_usage_shown, no_usage_chunk),
 }
 
 
@@ -101,20 +114,31 @@ class IgnoredField:
         return {"field": self.field, "cases": len(self.cases), "basis": {"kind": FIELD_BASIS, "ref": self.field}}
 
 
+def wire_findings(exchanges: Iterable[Mapping[str, Any]]) -> list[Finding]:
+    """The findings recorded exchanges give of the fields they show alone (SHOWN_ON_WIRE): one per
+    field that an exchange which sent it shows ignored. The regrade derives them from a stored
+    report's exchanges as the judge found them in the live run."""
+    sent_by = [(ex, (ex.get("request") or {}).get("body")) for ex in exchanges if isinstance(ex, Mapping)]
+    return [row.finding() for field, row in SHOWN_ON_WIRE.items()
+            if any(sent(body, field) and row.shown(ex) is False for ex, body in sent_by)]
+
+
+def base_case(case: Case) -> str:
+    """The base case a case counts as (D71's MIN_CASES): a chat case is the id after its template's
+    prefix, so `chat/<id>` and `chat-bos/<id>`, one request under two templates, are one case."""
+    return case.id.partition("/")[2] if chat_of(case) is not None else case.id
+
+
 def _shown(r: JudgedCase, field: str, found: set[str]) -> bool | None:
     """What case `r` shows of `field`: False ignored, True honoured, None nothing (see module)."""
-    on_wire = SHOWN_ON_WIRE.get(field)
-    seen: list[bool | None] = []
-    if on_wire is not None:
-        for ex in (r.observed or {}).get("exchanges") or ():
-            if isinstance(ex, Mapping) and sent((ex.get("request") or {}).get("body"), field):
-                seen.append(on_wire(ex))
-    if field in found or False in seen:
+    if field in found:
         return False
-    if True in seen:
-        return True
+    on_wire = SHOWN_ON_WIRE.get(field)
+    if on_wire is not None:
+        return True if any(sent((ex.get("request") or {}).get("body"), field) and on_wire.shown(ex)
+                           for ex in (r.observed or {}).get("exchanges") or () if isinstance(ex, Mapping)) else None
     asked = field.split(".")[0] in ((r.case.inputs.get("request") or {}) if r.case is not None else {})
-    return True if on_wire is None and asked else None
+    return True if asked else None
 
 
 def ignored_engine_wide(results: Iterable[JudgedCase]) -> tuple[IgnoredField, ...]:
@@ -125,14 +149,11 @@ def ignored_engine_wide(results: Iterable[JudgedCase]) -> tuple[IgnoredField, ..
     candidates: dict[str, None] = {}
     for r in ran:
         candidates.update(dict.fromkeys(sorted(found[id(r)])))
-        for ex in (r.observed or {}).get("exchanges") or ():
-            body = (ex.get("request") or {}).get("body") if isinstance(ex, Mapping) else None
-            candidates.update({f: None for f, on_wire in SHOWN_ON_WIRE.items()
-                               if sent(body, f) and on_wire(ex) is False})
     out = []
     for field in candidates:
-        shown = [(r.case.id, _shown(r, field, found[id(r)])) for r in ran]
-        ignored = tuple(cid for cid, s in shown if s is False)
-        if len(ignored) >= MIN_CASES and not any(s is True for _, s in shown):
+        shown = [(r.case, _shown(r, field, found[id(r)])) for r in ran]
+        ignored = tuple(case.id for case, s in shown if s is False)
+        bases = {base_case(case) for case, s in shown if s is False}
+        if len(bases) >= MIN_CASES and not any(s is True for _, s in shown):
             out.append(IgnoredField(field, ignored))
     return tuple(out)

@@ -289,12 +289,12 @@ def judge_observed(exp: Expected, obs: Observed, *, delta_split: bool = True) ->
             f += compare_count(exp, n)
         if obs.stream_completion_tokens is not None and not early:  # the usage chunk counts the same tokens
             f += [attrs.evolve(x, message=f"stream: {x.message}") for x in compare_count(exp, obs.stream_completion_tokens)]
-        elif obs.usage_chunk is False:
-            f.append(no_usage_chunk())
     elif obs.text is not None and obs.finish_reason in ("stop", "length") and not any(x.symptom in ("invalid_sent", "invalid_dropped") for x in f):
         f.append(finding("tail_dropped", f"the server finished with {obs.finish_reason!r} and text {obs.text!r}, "
                                          f"dropping the bytes no continuation completes; the reference sends the same "
                                          f"text and ends the run FAILED there ({exp.error})"))
+    if obs.usage_chunk is False:  # a stream that ended with its terminal, wherever the reference ends (D71)
+        f.append(no_usage_chunk())
     if obs.chunks is not None and delta_split:
         f += compare_empty(obs.chunks)
         held, missed = compare_held(exp, obs.timeline or Timeline(obs.chunks))

@@ -7,7 +7,8 @@ A finding's severity and basis are table data (symptoms.SYMPTOMS, decisions.DECI
 declared decisions), so they follow from each stored finding's symptom and its case; the verdict
 follows from them (runner.grade), and a field the engine ignored in the whole run is one cause of
 the run, not a verdict per case (runner.grade_run, D71). Every stream the report recorded is held to §4.7's one terminal
-again (wire.unterminated), the one judgement made from the stored exchanges. The report's four
+again (wire.unterminated), and one that ignored a field the wire shows alone (stream_options.include_usage) gets
+its finding (engine_wide.wire_findings): the two judgements made from the stored exchanges. The report's four
 files are rewritten, and each says which run produced it and that it was re-graded, not re-run.
 """
 
@@ -24,6 +25,7 @@ from ...checkout import default_diagrams_dir
 from .adapters.base import Finding
 from .cases import Case, CaseError, load_cases
 from .checkpoints import with_chat
+from .engine_wide import wire_findings
 from .reports import Grading, read_report, write_reports
 from .runner import PROFILES, CaseResult, Verdict, grade, grade_run
 from .symptoms import FIELD_BASIS, by_severity, merge
@@ -51,7 +53,7 @@ def _fields(stored: Mapping[str, Any]) -> tuple[str, ...]:
 
 def result_of(entry: Mapping[str, Any], case: Case, engine: str, profile: str) -> CaseResult:
     """One stored case entry as a CaseResult, re-graded: its findings (and a recorded stream without
-    its terminal), most severe first; SKIP and ERROR as stored."""
+    its terminal or ignoring a field it sent, D71), most severe first; SKIP and ERROR as stored."""
     seen = _observed(entry)
     kept = entry.get("reproducer") or {}
     found = [Finding(f["invariant"], f["message"], symptom=f.get("symptom", ""), family=f.get("family", "semantics"),
@@ -59,7 +61,8 @@ def result_of(entry: Mapping[str, Any], case: Case, engine: str, profile: str) -
     verdict = Verdict(entry["verdict"])
     if verdict not in (Verdict.SKIP, Verdict.ERROR):
         have = {f.symptom for f in found}
-        found += [f for f in unterminated(seen.get("exchanges") or []) if f.symptom not in have]
+        kept_exchanges = seen.get("exchanges") or []
+        found += [f for f in unterminated(kept_exchanges) + wire_findings(kept_exchanges) if f.symptom not in have]
     res = CaseResult(case, engine, verdict if verdict in (Verdict.SKIP, Verdict.ERROR) else Verdict.PASS,
                      tuple(by_severity(merge(found))), tuple(entry.get("not_checked") or ()), reason=entry.get("reason", ""),
                      observed=seen, seconds=float(entry.get("seconds") or 0.0),
