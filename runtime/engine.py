@@ -441,7 +441,9 @@ class Engine:
         torch.set_num_threads(threads)
         if self.pin_threads:
             self.pinned = pin_team(threads)
-            _LOG.info("engine thread and its OpenMP workers pinned to CPUs %s", self.pinned or "(none: see D62)")
+            _LOG.info("engine thread and its OpenMP workers pinned to CPUs %s", self.pinned or (
+                "(none: one thread, fewer CPUs than threads, no /proc, or a team not exactly threads - 1 new "
+                "threads; D62 pins nothing on a guess)"))
         try:
             while not self._halt.is_set():
                 self._wake.clear()

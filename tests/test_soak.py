@@ -40,7 +40,7 @@ def _random_request(rng: random.Random, i: int) -> tuple[Request, FaultPlan, str
                     temperature=rng.choice([0.0, 0.8]), seed=i, request_id=f"soak-{i}")
     if rng.random() < 0.2:
         kw["stop"] = [rng.choice(["a", "e ", "xy", "Q", "~~", "ab", "  "]) for _ in range(rng.randint(1, 3))]
-        kw["include_stop_str_in_output"] = rng.random() < 0.3  # D33
+        kw["include_stop_str_in_output"] = rng.random() < 0.3  # D33: the output ends with the winning stop's bytes
     # what the output holds and what ends it (D31, D33, D4, D59): each in some requests, together in a few
     if rng.random() < 0.2:
         kw["echo"] = True
