@@ -164,6 +164,33 @@ def test_a_context_length_that_is_no_positive_int_is_refused_by_name(said):
         InHouseAdapter(type("_Shown", (_Shown,), {"context_length": said})(), checkpoint=None)
 
 
+def test_a_bad_context_length_is_an_error_of_that_checkpoints_cases_and_the_run_goes_on(engine, tmp_path,
+                                                                                         monkeypatch):
+    """D68: an engine loaded on one checkpoint that says a context length that is no positive int
+    failed that load: the cases of that checkpoint are ERRORs naming the engine and the value, the
+    other checkpoints' cases run; the run is not stopped as a wrong --engine value."""
+    import my_engine
+
+    made = my_engine.make
+
+    def make(checkpoint: contract.Checkpoint):  # type: ignore[no-untyped-def]
+        got = made(checkpoint)
+        if checkpoint.group.endswith("-chatml"):
+            got.context_length = -1
+        return got
+
+    monkeypatch.setattr(my_engine, "make", make)
+    build_checkpoints([c for c in load_cases() if c.id == "stop/cross-token/001"], tmp_path, long=False)
+    ids = ("stop/cross-token/001", "chat/stop/cross-token/001", "chat-bos/stop/cross-token/001")
+    wanted = [c for c in with_chat(load_cases()) if c.id in ids]
+    got = {r.case.id: r for r in run_module_set(wanted, checkpoint_folders(tmp_path), "my_engine:make")}
+    bad = got.pop("chat/stop/cross-token/001")
+    assert bad.verdict is Verdict.ERROR, bad
+    assert "my-engine.context_length is -1; the contract wants a positive int" in bad.reason, bad.reason
+    assert {i: r.verdict for i, r in got.items()} == {"stop/cross-token/001": Verdict.PASS,
+                                                      "chat-bos/stop/cross-token/001": Verdict.PASS}, got
+
+
 def test_a_contract_factory_without_a_checkpoint_is_one_clear_error(engine):
     """The factory loads a forced checkpoint: without --checkpoint the run stops before any case
     (exit 2) saying so, rather than with the factory's TypeError."""

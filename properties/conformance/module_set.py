@@ -4,8 +4,9 @@ As `--launch` starts a server per checkpoint, a ModuleSet calls the factory once
 folder (`checkpoint=`, a contract.Checkpoint) and runs on it the cases compiled into it; a case
 with a context limit runs on the engine loaded again with the context length it needs
 (`Checkpoint.context_length`, D10), as `--launch-context` starts a server of its own. A factory
-that raises on a checkpoint makes every case it was to run an ERROR carrying what it raised (the
-run fails), never n/a; a case that no checkpoint of the set holds is n/a with the reason.
+that raises on a checkpoint, or an engine that says a context length the contract cannot take,
+makes every case it was to run an ERROR carrying what went wrong (the run fails, the other
+checkpoints' cases run), never n/a; a case that no checkpoint of the set holds is n/a with the reason.
 `run_module_set` runs a list of cases for one report (`decodespec conform`); the pytest plugin runs
 a ModuleSet one case at a time, its items in `order`.
 """
@@ -53,7 +54,7 @@ class ModuleSet:
         return sorted(cases, key=key)
 
     def engine(self, place: Place) -> Adapter | str:
-        """The engine loaded for `place`, or the message of the EngineLoadError its factory raised
+        """The engine loaded for `place`, or the message of the EngineLoadError its load raised
         (kept: a factory that failed on a place is not called again for it)."""
         if self._loaded is None or self._loaded[0] != place:
             self._loaded = None

@@ -5,8 +5,9 @@ or an engine of your own: `module:factory`, or the name of an entry point in the
 A factory of your own follows the adapter contract (contract.py, its one public module): called
 with `checkpoint=` (a contract.Checkpoint) for each forced checkpoint, it returns a contract.Engine,
 which runs as an InHouseAdapter (adapters/inhouse.py: judged as HTTP engines are). A factory that
-raises is an EngineLoadError (an ERROR of that checkpoint's cases, never n/a). `module` is imported
-with the current folder on sys.path. A factory may also return an object with this package's
+raises, or whose engine says a context length that is no positive int, is an EngineLoadError (an
+ERROR of that checkpoint's cases, never n/a). `module` is imported with the current folder on
+sys.path. A factory may also return an object with this package's
 internal Adapter members (`name`, `capabilities`, `unsupported(case)`, `run(case) -> Outcome`);
 those are not part of the contract and may change without a version step.
 """
@@ -121,18 +122,19 @@ def built(factory: Any, args: tuple[str, ...], spec: str, ckpt: Any, context: in
     """The adapter of what `factory(*args, checkpoint=...)` returns for the forced checkpoint `ckpt`
     (a checkpoints.Checkpoint; None: called without one), to be loaded with the context length
     `context` (contract.Checkpoint.context_length): a contract.Engine runs as an InHouseAdapter.
-    A factory that raises is an EngineLoadError; one that returns neither an Engine nor an adapter,
-    an EngineSpecError naming what it lacks."""
-    from .inhouse import InHouseAdapter, public_checkpoint
+    A factory that raises, or an engine that says a context length the contract cannot take, is an
+    EngineLoadError; one that returns neither an Engine nor an adapter, an EngineSpecError naming
+    what it lacks."""
+    from .inhouse import ContextLengthError, InHouseAdapter, public_checkpoint
 
     kw = {"checkpoint": public_checkpoint(ckpt, context)} if ckpt is not None else {}
     if ckpt is None and _needs_checkpoint(factory):
         raise EngineSpecError(f"--engine {spec}: the factory loads a forced checkpoint; pass --checkpoint DIR "
                               "(`decodespec checkpoints build`)")
+    on = f" on checkpoint {ckpt.group}" if ckpt is not None else ""
     try:
         made = factory(*args, **kw)
     except Exception as exc:  # a third-party factory: its failure is the engine's load failure, said plainly
-        on = f" on checkpoint {ckpt.group}" if ckpt is not None else ""
         raise EngineLoadError(f"--engine {spec}: the factory raised{on}: {type(exc).__name__}: {exc}") from None
     if callable(getattr(made, "complete", None)):
         if ckpt is None:
@@ -140,6 +142,8 @@ def built(factory: Any, args: tuple[str, ...], spec: str, ckpt: Any, context: in
                                   "pass --checkpoint DIR (`decodespec checkpoints build`)")
         try:
             return InHouseAdapter(made, ckpt, context)
+        except ContextLengthError as exc:  # what this load says, not how the engine was named
+            raise EngineLoadError(f"--engine {spec}: the engine loaded{on}: {exc}") from None
         except ValueError as exc:
             raise EngineSpecError(f"--engine {spec}: {exc}") from None
     missing = [m for m in _MEMBERS if not hasattr(made, m)]

@@ -152,12 +152,18 @@ def _stream_json(chunks: Iterable[contract.Chunk], chat: bool, engine: str) -> l
     return out
 
 
+class ContextLengthError(ValueError):
+    """A loaded engine says a context length the contract cannot take: that load failed, an ERROR of
+    the cases it was to run (D68), not a wrong --engine value."""
+
+
 def _context_length(engine: Any, name: str) -> int | None:
     """The context an engine says it runs with (`Engine.context_length`), None where it says none;
-    a ValueError for anything but a positive int."""
+    a ContextLengthError naming the engine and the value for anything but a positive int."""
     said = getattr(engine, "context_length", None)
     if said is not None and (isinstance(said, bool) or not isinstance(said, int) or said < 1):
-        raise ValueError(f"{name}.context_length is {said!r}; the contract wants a positive int (None: not said)")
+        raise ContextLengthError(f"{name}.context_length is {said!r}; the contract wants a positive int "
+                                 "(None: not said)")
     return said
 
 
