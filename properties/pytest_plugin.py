@@ -22,6 +22,14 @@ A SKIP verdict becomes a pytest skip with its reason; FAIL and ERROR fail the it
 violated invariant and the reproducer, except a SHOULD failure, which is an xfail unless strict:
 the items fail exactly where `decodespec conform` exits 1 (`runner.unexpected`). A misspelt or
 unreachable engine is one usage error. Items are named by case id, so pytest-xdist can shard them.
+
+An item is judged alone, so it cannot know that a field the engine ignored in it is ignored in every
+case that could show it. At the session's end the items' results (each kept as report.json keeps a
+case, on the item's call report, which pytest-xdist carries to the controller) are graded again as one run
+(`RunGrading`: regrade.result_of, runner.grade_run): a field ignored engine-wide is stated once in
+the terminal summary, as the report's headline states it (D71), with the failed items that fail only
+on it, and when those are all the failures the session's exit status is the run's, 0, as
+`decodespec conform`'s. The items still show their own verdicts; nothing is reordered or run again.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from .conformance import CaseError, EngineSpecError, adapter_for, load_cases, ru
 from .conformance.adapters import is_module_engine
 from .conformance.cases import Case
 from .conformance.decisions import DECISIONS
-from .conformance.reports import reproducer
+from .conformance.reports import case_json, reproducer
 from .conformance.runner import (
     DEFAULT_PROFILE,
     PROFILES,
@@ -75,6 +83,60 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "conformance: a decodespec conformance case")
+    if config.getoption("--decodespec-engine", None) and not hasattr(config, "workerinput"):  # the controller
+        config.pluginmanager.register(RunGrading(config), "decodespec-run-grading")
+
+
+RESULT = "decodespec_result"  # the call report's attribute holding the item's case as report.json keeps it
+
+
+class RunGrading:
+    """The items' results graded as one run at the session's end (see module; D71)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.entries: dict[str, dict[str, Any]] = {}  # nodeid -> its case as report.json keeps it
+        self.failed: set[str] = set()
+        self.lines: list[str] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.failed:
+            self.failed.add(report.nodeid)
+        if report.when == "call" and getattr(report, RESULT, None) is not None:
+            self.entries[report.nodeid] = getattr(report, RESULT)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        from .conformance.checkpoints import with_chat
+        from .conformance.engine_wide import ignored_engine_wide
+        from .conformance.regrade import result_of
+        from .conformance.reports import engine_wide_line
+        from .conformance.runner import grade_run
+        from .conformance.symptoms import FIELD_BASIS
+
+        if not any(f["basis"]["kind"] == FIELD_BASIS for e in self.entries.values() for f in e["failures"]):
+            return  # only a finding resting on an ignored field can make one engine-wide
+        opt = self.config.getoption
+        engine, profile = opt("--decodespec-engine"), opt("--decodespec-profile")
+        cases = {c.id: c for c in with_chat(load_cases())}
+        alone = [result_of(e, cases[e["id"]], engine, profile) for e in self.entries.values()]
+        if not (wide := ignored_engine_wide(alone)):
+            return
+        run = dict(zip(self.entries, grade_run(alone, profile, frozenset(opt("--decodespec-declare")))))
+        now_pass = sorted(n for n in self.failed & run.keys() if not counts(run[n], strict=opt("--decodespec-strict")))
+        self.lines = [engine_wide_line(w.to_json()) for w in wide]
+        if now_pass:
+            self.lines.append(f"graded as one run, as `decodespec conform` grades it, {len(now_pass)} failed item(s) "
+                              f"fail only on it: {', '.join(run[n].case.id for n in now_pass)}")
+        if now_pass and exitstatus == pytest.ExitCode.TESTS_FAILED and self.failed <= set(now_pass):
+            session.exitstatus = pytest.ExitCode.OK
+            self.lines.append("no other item failed: the exit status is the run's, 0")
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.lines:
+            terminalreporter.section("decodespec: the items graded as one run (D71)")
+            for line in self.lines:
+                terminalreporter.write_line(line)
 
 
 class ConformanceFailure(Exception):
@@ -93,12 +155,14 @@ class CaseItem(pytest.Item):
         self.run = run
         self.strict = strict
         self.profile, self.declared = profile, declared
+        self.result: dict[str, Any] | None = None  # the case as report.json keeps it, once run
         self.add_marker(pytest.mark.conformance)
 
     def runtest(self) -> None:
         if own := declared_on(self.case, self.declared):
             pytest.skip(declared_reason(own))
         res = grade(self.run(self.case), self.profile, self.declared)
+        self.result = case_json(res)  # graded with the others at the session's end (RunGrading)
         if res.verdict is Verdict.SKIP:
             pytest.skip(res.reason)
         if res.verdict is not Verdict.PASS:
@@ -116,6 +180,15 @@ class CaseItem(pytest.Item):
 
     def reportinfo(self) -> tuple[Any, int, str]:
         return self.case.path or "", 0, f"conformance {self.case.id}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A case item's call report carries its result (RESULT), for RunGrading on the controller."""
+    report = yield
+    if isinstance(item, CaseItem) and call.when == "call":
+        setattr(report, RESULT, item.result)
+    return report
 
 
 def pytest_ignore_collect(collection_path: Any, config: pytest.Config) -> bool | None:

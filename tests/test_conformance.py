@@ -512,3 +512,40 @@ def test_pytest_plugin_grades_under_the_clis_profile_and_declared_decisions(tmp_
         declared.stdout[-800:]
     bogus = plugin("--decodespec-declare=D999")
     assert bogus.returncode == 4 and "D999" in bogus.stderr, bogus.stderr[-800:]
+
+
+def test_pytest_plugin_grades_its_items_as_one_run_at_the_end(tmp_path):
+    """D71: each item is judged alone, so a usage chunk the engine never sends fails every MUST item
+    it shows in (DIFFERS); at the session's end the items are graded as one run, as `decodespec
+    conform` grades them: the field is stated once in the summary, and when the items that failed
+    only on it are all the failures, the exit status is the run's (0). An item that also lost bytes
+    still fails the session; two cases are not enough to make a field engine-wide."""
+    (tmp_path / "no_usage.py").write_text(
+        "from decodespec.properties.conformance.adapters.base import Outcome\n"
+        "from decodespec.properties.conformance.adapters.reference import ReferenceAdapter\n"
+        "from decodespec.properties.conformance.judgement import no_usage_chunk\n"
+        "from decodespec.properties.conformance.symptoms import finding\n"
+        "class NoUsage(ReferenceAdapter):\n"
+        "    def run(self, case):\n"
+        "        lost = (finding('bytes_lost', 'lost'),) if case.id.startswith('detok/') else ()\n"
+        "        return Outcome(findings=(no_usage_chunk(), *lost), judged=True)\n"
+        "def make():\n    return NoUsage()\n")
+    usage_only = ("stop/cross-token/001", "stop/cross-token/002", "finish/length/001")
+    env = {**__import__("os").environ, "PYTHONPATH": str(tmp_path)}
+
+    def plugin(*ids: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
+                               str(tmp_path), "--decodespec-engine=no_usage:make",
+                               *(f"--decodespec-select={i}" for i in ids), str(tmp_path)],
+                              capture_output=True, text=True, env=env, timeout=120)
+
+    said = "engine-wide: field_ignored: stream_options.include_usage in all {} cases that could show it"
+    run = plugin(*usage_only)
+    out = " ".join(run.stdout.split())
+    assert run.returncode == 0 and "3 failed" in out and said.format(3) in out, run.stdout[-1500:]
+    lost = plugin(*usage_only, "detok/replacement-char/001")
+    out = " ".join(lost.stdout.split())
+    assert lost.returncode == 1 and said.format(4) in out, lost.stdout[-1500:]
+    assert "3 failed item(s) fail only on it: finish/length/001, stop/cross-token/001, stop/cross-token/002" in out, out
+    two = plugin(*usage_only[:2])
+    assert two.returncode == 1 and "engine-wide" not in two.stdout, two.stdout[-1500:]

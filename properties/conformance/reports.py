@@ -240,6 +240,12 @@ def _severity_counts(found: Mapping[str, int]) -> str:
     return ", ".join(said) + (" finding" if sum(found.values()) == 1 else " findings") if said else "no findings"
 
 
+def engine_wide_line(wide: Mapping[str, Any]) -> str:
+    """A field ignored engine-wide (summary's `engine_wide` entry, D71) as the headline states it."""
+    return (f"engine-wide: field_ignored: {wide['field']} in all {wide['cases']} cases that could show it "
+            "(one cause, no case's verdict)")
+
+
 def headline(results: Sequence[CaseResult], engine: str, grading: Grading = Grading()) -> str:
     """One line, what a run judged first: `vllm: 76 of 85 cases ran; 25 text, 7 ending, 13 stream-shape
     findings (12 on a project decision or an ignored field); 57 pass (75%), 15 fail the chapter
@@ -266,8 +272,7 @@ def headline(results: Sequence[CaseResult], engine: str, grading: Grading = Grad
                 + f", {s['FAIL']} fail the chapter{grades}{apart}, {s['ERROR']} error")
     declared = f"; declared: {', '.join(s['declared'])}" if s["declared"] else ""
     na = f"; {s['SKIP']} n/a: {why}" if s["SKIP"] and not s["partial_run"] else ""
-    wide = "".join(f"; engine-wide: field_ignored: {w['field']} in all {w['cases']} cases that could show it "
-                   "(one cause, no case's verdict)" for w in s["engine_wide"])
+    wide = "".join(f"; {engine_wide_line(w)}" for w in s["engine_wide"])
     return f"{engine}: {ran}; {_severity_counts(s['findings'])}{decided}{wide}; {verdicts}{declared}{na}"
 
 
@@ -450,7 +455,8 @@ def evidence(r: CaseResult) -> dict[str, Any]:
     return {k: r.observed[k] for k in ("output", "chunks", "finish_reason", "state") if r.observed.get(k) is not None}
 
 
-def _case_json(r: CaseResult) -> dict[str, Any]:
+def case_json(r: CaseResult) -> dict[str, Any]:
+    """One case as report.json keeps it (regrade.result_of reads it back)."""
     lead = r.lead
     return {
         "id": r.case.id, "anchor": r.case.anchor, "grade": r.case.grade.value,
@@ -482,7 +488,7 @@ def to_json(results: Sequence[CaseResult], engine: str, wall_s: float | None = N
         "summary": summary(results, grading),
         "causes": causes(results),
         **({"wall_seconds": round(wall_s, 1)} if wall_s is not None else {}),
-        "cases": [_case_json(r) for r in results],
+        "cases": [case_json(r) for r in results],
     }
 
 
