@@ -15,7 +15,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/python scripts/typecheck.py
 
-test: setup
+test: lint
 	$(BIN)/pytest -n 2 -q
 
 diagrams: setup

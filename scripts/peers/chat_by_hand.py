@@ -18,7 +18,8 @@ from decodespec.properties.conformance.chat_cases import TOOLS
 from decodespec.properties.conformance.wire import sse_lines
 
 url, folder = sys.argv[1], sys.argv[2]
-man = json.load(open(f"{folder}/decodespec-checkpoint.json"))
+with open(f"{folder}/decodespec-checkpoint.json") as f:
+    man = json.load(f)
 model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
 def ask(cid, stream, **kw):
     msg = man["chat"][cid]["message"]
