@@ -431,11 +431,11 @@ def compare_text(exp: Expected, got: bytes, where: str, *, cut_right: bool = Fal
         out.append(ignored)
     elif not hit:
         p = first_difference(got, want)
-        if ignored := _fields_ignored(exp, got):
-            out.append(finding("fields_ignored", f"field_ignored: {', '.join(ignored)}: the {where} is the reference's "
-                                                 f"answer to the request without {' or '.join(ignored)}: from byte {p} it "
+        if fields := _fields_ignored(exp, got):
+            out.append(finding("fields_ignored", f"field_ignored: {', '.join(fields)}: the {where} is the reference's "
+                                                 f"answer to the request without {' or '.join(fields)}: from byte {p} it "
                                                  f"has {_show(got[p:])}, where the reference, applying it, has "
-                                                 f"{_show(want[p:])} (D66)", fields=tuple(ignored)))
+                                                 f"{_show(want[p:])} (D66)", fields=tuple(fields)))
         elif not exp.echo_len and got[:p + 1] == exp.script_text[:p + 1] != want[:p + 1]:
             out.append(finding("fields_ignored", f"the {where} follows the script where the request's fields make the "
                                                  f"reference leave it: from byte {p} it has {_show(got[p:])}, where the "
