@@ -1,8 +1,7 @@
 """The ordered stream of one request (§4.7) with its bounded buffer (§4.8).
 
 Control state lives in a `stream` stepper (spec/stream.toml); this module does the data work:
-numbering, the retained log, the unread-buffer accounting and the waking of readers. Each
-connection's reader, and which reader is primary, are in runtime/readers.py.
+numbering, the retained log, the unread-buffer accounting and the waking of readers.
 
 Invariants (checked by tests/test_stream.py):
 - §4.7 rule 1: delta seq numbers are 0, 1, 2, ... with no gap; the terminal event takes the next one.
@@ -42,7 +41,6 @@ from ..machine.actions import ActionError, Executor, Plan, run_phases
 from ..spec import FinishReason, SpecError, Table, default_spec, load_spec
 from ..spec.derived import stream_states
 from .events import EventKind, Trace
-from .readers import Readers, StreamReader, seq_of
 
 if TYPE_CHECKING:
     # What a type checker sees: the shipped spec/stream.toml `policies` (tests/test_typed_enums.py
@@ -178,7 +176,7 @@ class OrderedStream:
     __slots__ = (
         "max_bytes", "max_events", "pause_timeout_s", "paused_s", "policy", "request_id",
         "_async_waiters", "_bulk_waiters", "_cond", "_connected", "_cursor", "_inline_max", "_lock", "_log", "_next_seq",
-        "_pending", "_readers", "_sleepers", "_st", "_trace", "_unread_bytes", "_unread_events",
+        "_open", "_pending", "_primary", "_readers", "_sleepers", "_st", "_trace", "_unread_bytes", "_unread_events",
         "_usage_provider", "_rules", "_st_open", "_st_paused", "_delta_fast", "_inline_open",
     )
 
@@ -218,7 +216,9 @@ class OrderedStream:
         # StreamEvent when read (`_event`): a producer that reads inline never builds one.
         self._log: list[StreamEvent | tuple[int, bytes]] = []
         self._cursor = 0  # index in _log of the (primary) reader's next unread event
-        self._readers = Readers()  # the readers open and the primary one, whose reads backpressure counts
+        self._primary: StreamReader | None = None  # the reader whose reads backpressure counts
+        self._readers = 0  # readers made so far (each one's number)
+        self._open: list[StreamReader] = []  # readers not closed, oldest first (the primary role's heirs)
         self._unread_events = 0  # unread deltas (the terminal has its own slot)
         self._unread_bytes = 0
         self._pending = 0  # size of the delta a paused producer is waiting to send
@@ -434,12 +434,29 @@ class OrderedStream:
                 start = self._resume(after_seq)
                 if start == len(self._log) and self._st.terminal and self._log:
                     start = len(self._log) - 1  # the terminal event again: the client sees the end
-            return self._readers.add(self, start, after_seq, resume)
+            number = self._readers
+            self._readers = number + 1
+            r = StreamReader(self, start, number, after_seq, resume)
+            self._primary = r
+            self._open.append(r)
+            return r
 
     @property
     def open_readers(self) -> int:
         """Readers made and not yet closed (the server caps them per request)."""
-        return len(self._readers.open)
+        return len(self._open)
+
+    def _leave(self, r: StreamReader) -> bool:
+        """A reader closed (lock held): when it was the primary one, the newest reader still open
+        takes the role (its reads count from the producer's cursor on). True when it was the
+        primary one and no reader is left: the client is gone (a disconnect, D5)."""
+        if r not in self._open:
+            return False
+        self._open.remove(r)
+        if r is not self._primary:
+            return False
+        self._primary = self._open[-1] if self._open else None
+        return self._primary is None
 
     def resume_refusal(self, after_seq: int | None) -> str | None:
         """Why a resume after `after_seq` is refused, or None: on a stream still open, a seq not
@@ -458,10 +475,14 @@ class OrderedStream:
         """The `replay` row (lock held): everything logged counts as read, a paused producer may
         resume; returns the log index of the first event with seq > `after_seq` (None: 0)."""
         start = 0 if after_seq is None else next(
-            (i for i, e in enumerate(self._log) if (seq := seq_of(e)) is not None and seq > after_seq),
+            (i for i, e in enumerate(self._log) if self._seq_of(e) is not None and self._seq_of(e) > after_seq),
             len(self._log))
         self._move("replay")
         return start
+
+    @staticmethod
+    def _seq_of(entry: StreamEvent | tuple[int, bytes]) -> int | None:
+        return entry[0] if type(entry) is tuple else entry.seq
 
     def _take_for(self, r: StreamReader) -> StreamEvent | None:
         """The reader's next event (lock held); the primary reader's reads count as the stream's."""
@@ -469,7 +490,7 @@ class OrderedStream:
             return None
         entry = self._log[r.index]
         r.index += 1
-        if r is self._readers.primary and r.index > self._cursor:
+        if r is self._primary and r.index > self._cursor:
             self._cursor = r.index
             if type(entry) is tuple:
                 self._unread_events -= 1
@@ -706,6 +727,97 @@ class OrderedStream:
 
     def __repr__(self) -> str:
         return f"<OrderedStream {self.request_id} {self._st.state.value} next_seq={self._next_seq}>"
+
+
+class StreamReader:
+    """One reader's cursor over an OrderedStream's log (`OrderedStream.reader`): each HTTP connection
+    of a request reads through its own, so a reconnect never steals events from, nor loses events
+    to, a connection that is still open. Each reader is numbered (`number`, 0 the first) and, on a
+    traced stream, records `stream.reader_opened` and one `stream.delivered` per event handed out:
+    the per-reader delivery trace the §4.7 monitor `reader_delivery_complete` checks."""
+
+    __slots__ = ("stream", "index", "number", "_run")
+
+    def __init__(self, stream: OrderedStream, index: int, number: int, after_seq: int | None, resume: bool) -> None:
+        self.stream, self.index, self.number = stream, index, number
+        self._run: list[Any] | None = None  # [first seq, last seq, count] handed out since the last record
+        if stream._trace is not None:
+            log = stream._log
+            first = stream._seq_of(log[index]) if index < len(log) else stream._next_seq
+            stream._trace.emit(EventKind.READER_OPENED, reader=number, after=after_seq, resume=resume, first=first)
+
+    @property
+    def primary(self) -> bool:
+        return self.stream._primary is self
+
+    def _next(self) -> tuple[StreamEvent | None, bool]:
+        st = self.stream
+        ev = st._take_for(self)
+        if ev is not None:
+            if st._trace is not None:
+                run = self._run
+                if run is None:
+                    self._run = [ev.seq, ev.seq, 1]
+                else:
+                    run[1] = ev.seq
+                    run[2] += 1
+            if ev.terminal:  # done: it leaves the readers that may hold the primary role
+                if st._trace is not None:
+                    self._record(terminal=True)
+                st._leave(self)
+            return ev, False
+        return None, st._st.terminal and self.index >= len(st._log)
+
+    def _record(self, *, terminal: bool = False, closed: bool = False) -> None:
+        """One stream.delivered entry for the events handed out since the last one (first, last,
+        count): a reader's deliveries cost one trace entry, not one per event (D5)."""
+        run, self._run = self._run, None
+        if run is not None or closed:
+            first, last, count = run or (None, None, 0)
+            self.stream._trace.emit(EventKind.DELIVERED, reader=self.number, first=first, seq=last, count=count,
+                                    terminal=terminal, closed=closed)
+
+    def close(self) -> bool:
+        """This reader leaves (its connection closed). True when it held the primary role and no
+        reader is left to take it: the client is gone (D5). Closing twice changes nothing."""
+        st = self.stream
+        with st._cond:
+            if self not in st._open:
+                return False
+            if st._trace is not None:
+                self._record(closed=True)
+            return st._leave(self)
+
+    async def aget(self) -> StreamEvent | None:
+        """The next event for this reader (None once it has had the terminal one); never blocks the loop."""
+        return await self.stream._await(self._next)
+
+    async def __aiter__(self) -> AsyncIterator[StreamEvent]:
+        while (ev := await self.aget()) is not None:
+            yield ev
+            if ev.terminal:
+                return
+
+    async def abatch(self) -> list[StreamEvent]:
+        """For a reader of the whole answer (a response that is not streamed): every event this
+        reader can take, once the stream has ended or its unread deltas reach half a cap; empty
+        once the terminal event was had. Its task is woken a few times per request, not once per
+        token (D61); the producer still never waits for it before a cap (§4.8)."""
+        st = self.stream
+
+        def ready() -> tuple[list[StreamEvent] | None, bool]:
+            if st._st.state is st._st_open and not st._half_full():  # ended, paused or past OPEN: read now
+                return None, False
+            got: list[StreamEvent] = []
+            while True:
+                ev, done = self._next()
+                if ev is None:
+                    return got or None, done
+                got.append(ev)
+                if ev.terminal:
+                    return got, True
+
+        return await st._await(ready, bulk=True) or []
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
