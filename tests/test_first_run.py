@@ -65,3 +65,18 @@ def test_cases_an_engine_declines_do_not_make_a_run_partial() -> None:
     unreached = [CaseResult(c, "e", Verdict.SKIP, reason="a script case runs over HTTP only on a forced checkpoint")
                  if "D3" in c.decisions else r for c, r in zip(cases, results)]
     assert summary(unreached)["partial_run"] is True
+
+
+def test_why_cases_did_not_run_agrees_with_their_count() -> None:
+    """The headline's n/a reasons read as sentences: '1 needs ...', '2 need ...', '1 is ...'; a reason
+    no row knows is given as the engine's own words, unchanged."""
+    cases = load_cases(["stop/overlap/"])[:4]
+    reasons = ["a script case runs over HTTP only on a forced checkpoint",
+               "a script case runs over HTTP only on a forced checkpoint",
+               "its program is compiled into the byte_table checkpoint",
+               "the server runs with a context of 256 positions"]
+    results = [CaseResult(c, "e", Verdict.SKIP, reason=why) for c, why in zip(cases, reasons)]
+    said = {g["why"]: g["cases"] for g in summary(results)["not_run"]}
+    assert said == {"need this project's forced checkpoints (see `decodespec conform --preset`)": 2,
+                    "is compiled into a checkpoint this run did not serve": 1,
+                    "the server runs with a context of 256 positions": 1}

@@ -181,7 +181,7 @@ _NOT_RUN: tuple[tuple[str, str, bool], ...] = (
     ("compiled into the forced checkpoints", "are not compiled into the checkpoints served", False),
     ("compiled into the ", "are compiled into a checkpoint this run did not serve", False),
     ("cannot run over HTTP", "check what a black box cannot show (internal events, faults, token-id stops)", False),
-    ("context length of", "need the server started at their context length (--launch-context)", False),
+    ("context length of", "need a server started at the case's own context length (--launch-context)", False),
     ("concurrency limited", "need the tight server (--launch-tight)", False),
     ("refuses the request field", "use a request field the server refuses", False),
     ("prompt tokens of", "need a prompt the server places as the checkpoint does", False),
@@ -189,17 +189,24 @@ _NOT_RUN: tuple[tuple[str, str, bool], ...] = (
 )
 
 
+def _agreeing(why: str, cases: int) -> str:
+    """A _NOT_RUN phrase (its verb first, plural) with the verb agreeing with `cases`."""
+    verb, _, rest = why.partition(" ")
+    return why if cases != 1 else f"{'is' if verb == 'are' else verb + 's'} {rest}"
+
+
 def not_run(results: Sequence[CaseResult]) -> list[dict[str, Any]]:
     """The n/a cases by why, most cases first: [{'why', 'cases', 'declared'}]. A reason no row of
     _NOT_RUN knows is its own group, in its first clause."""
-    groups: dict[tuple[str, bool], int] = {}
+    groups: dict[tuple[str, bool, bool], int] = {}
     for r in results:
         if r.verdict is Verdict.SKIP:
             row = next((row for row in _NOT_RUN if row[0] in r.reason), None)
-            key = (row[1], row[2]) if row else (r.reason.split(":")[0].split(" (")[0][:80] or "no reason given", False)
+            key = ((row[1], row[2], True) if row else
+                   (r.reason.split(":")[0].split(" (")[0][:80] or "no reason given", False, False))
             groups[key] = groups.get(key, 0) + 1
-    return [{"why": why, "cases": n, "declared": declared}
-            for (why, declared), n in sorted(groups.items(), key=lambda kv: -kv[1])]
+    return [{"why": _agreeing(why, n) if known else why, "cases": n, "declared": declared}
+            for (why, declared, known), n in sorted(groups.items(), key=lambda kv: -kv[1])]
 
 
 def findings_by_severity(results: Iterable[CaseResult]) -> dict[str, int]:
