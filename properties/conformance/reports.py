@@ -1,9 +1,11 @@
 """Conformance reports per engine: JSON, JUnit XML, Markdown and HTML.
 
-Every format leads with what the run judged and what is wrong. A one-line headline says how many
-cases ran and why the rest did not (first of all when most could not: such a run judged nothing),
-the findings counted by severity (symptoms.SEVERITIES: text, ending, accounting, stream shape,
-wire) and the verdicts; then the findings by severity and the causes, most severe first, each with
+Every format leads with what the run judged and what is wrong. A line names what was run (the
+engine's recorded version, the checkpoints served and their hashes, when, the launch commands). A
+one-line headline says how many cases ran and why the rest did not (first of all when most could
+not: such a run judged nothing), the findings counted by severity (symptoms.SEVERITIES: text,
+ending, accounting, stream shape, wire) and the verdicts; then the findings by severity, split by
+their basis, the error cases with their reason, and the causes, most severe first, each with
 its basis: a rule of chapter 4 with its section and statement, a project decision with what common
 engines do instead (decisions.DECISIONS), a request field that had no effect, or a wire convention.
 The cases that fail the chapter come next, grouped by section (h2spec's tree), with their findings,
@@ -40,7 +42,19 @@ from .decisions import decision_line
 from .engine_wide import ignored_engine_wide
 from .replay_script import FLOWS
 from .runner import CaseResult, Verdict
-from .symptoms import CHAT_STATEMENTS, FIELD_BASIS, SEVERITIES, WIRE_STATEMENTS, Basis, Severity, label, severity_of
+from .symptoms import (
+    CHAPTER_BASIS,
+    CHAT_STATEMENTS,
+    DECISION_BASIS,
+    FIELD_BASIS,
+    SEVERITIES,
+    WIRE_BASIS,
+    WIRE_STATEMENTS,
+    Basis,
+    Severity,
+    label,
+    severity_of,
+)
 
 REPORT_FILES = ("report.json", "junit.xml", "report.md", "report.html")
 REPORT_VERSION = 4
@@ -553,22 +567,57 @@ def _pass_note(r: CaseResult) -> str:
     return "; ".join(notes)
 
 
-def _severity_table(results: Sequence[CaseResult]) -> list[tuple[str, int, int, int, int]]:
-    """Per severity: (word, findings, on the chapter, on a decision or an ignored field, cases it leads)."""
+def _severity_table(results: Sequence[CaseResult]) -> list[tuple[str, int, int, int, int, int]]:
+    """Per severity: (word, findings, on the chapter, on a decision or an ignored field, on a wire
+    convention, cases it leads); the three bases add up to the findings (symptoms.basis_of)."""
     rows = []
     for sev in SEVERITIES:
-        found = [(r, f) for r in results for f in r.failures if severity_of(f) is sev]
-        chapter = sum(1 for r, f in found if r.basis(f).kind == "chapter")
-        decided = sum(1 for r, f in found if r.basis(f).kind in ("decision", "field_ignored"))
+        kinds = Counter(r.basis(f).kind for r in results for f in r.failures if severity_of(f) is sev)
         leads = sum(1 for r in results if r.lead is not None and severity_of(r.lead) is sev)
-        rows.append((SEVERITY_WORDS[sev], len(found), chapter, decided, leads))
+        rows.append((SEVERITY_WORDS[sev], sum(kinds.values()), kinds[CHAPTER_BASIS],
+                     kinds[DECISION_BASIS] + kinds[FIELD_BASIS], kinds[WIRE_BASIS], leads))
     return rows
 
 
+_SEVERITY_HEAD = ("severity", "findings", "on the chapter", "on a decision or an ignored field",
+                  "on a wire convention (OpenAI API)", "cases it leads")
+
+
+def _gist(reason: str, most: int = 200) -> str:
+    """A reason's first sentence, at most `most` characters (an error case's line on the first screen)."""
+    first = reason.split(". ")[0].strip() or "no reason given"
+    return first if len(first) <= most else first[:most - 1].rstrip() + "…"
+
+
+def errors(results: Iterable[CaseResult]) -> list[CaseResult]:
+    """The cases whose run failed before they could be judged (ERROR), by id."""
+    return sorted((r for r in results if r.verdict is Verdict.ERROR), key=lambda r: r.case.id)
+
+
+def run_line(results: Sequence[CaseResult], engine: str, generated: str | None = None) -> str:
+    """What was run, from what the cases recorded of their server: the engine and its version, the
+    checkpoints served (group and the first 12 hex digits of their sha256), when, and the launch
+    commands (they name the weights' file and dtype). What no case recorded is said to be missing."""
+    servers = [s for r in results if isinstance(s := r.observed.get("server"), Mapping) and s]
+    versions = sorted({str(s["version"]) for s in servers if s.get("version")})
+    cks = sorted({(str(ck.get("group")), str(ck.get("sha256", ""))[:12])
+                  for s in servers if isinstance(ck := s.get("checkpoint"), Mapping)})
+    launches = sorted({str(s["launch"]) for s in servers if s.get("launch")})
+    said = [f"engine {engine}" + (f" {', '.join(versions)}" if versions else
+                                  " (version not recorded)" if servers else "")]
+    said += [f"checkpoints {', '.join(f'{g} (sha256 {h}…)' for g, h in cks)}"] if cks else []
+    said += [f"generated {generated}"] if generated else []
+    said += [f"launched as {'; '.join(f'`{x}`' for x in launches)}"] if launches else []
+    return ", ".join(said)
+
+
 def _md_first_screen(results: Sequence[CaseResult]) -> list[str]:
-    lines = ["| severity | findings | on the chapter | on a decision or an ignored field | cases it leads |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {w} | {n} | {c} | {d} | {lead} |" for w, n, c, d, lead in _severity_table(results)]
+    lines = [f"| {' | '.join(_SEVERITY_HEAD)} |", "|---" * len(_SEVERITY_HEAD) + "|"]
+    lines += [f"| {' | '.join(str(x) for x in row)} |" for row in _severity_table(results)]
+    failed_to_run = errors(results)
+    if failed_to_run:
+        lines += ["", f"**Errors ({len(failed_to_run)})**, cases that could not be judged:", ""]
+        lines += [f"- `{r.case.id}`: {_md_cell(_gist(r.reason))}" for r in failed_to_run]
     found = causes(results)
     if not found:
         return lines + [""]
@@ -610,12 +659,13 @@ def _md_case(r: CaseResult) -> list[str]:
                     json.dumps(rep, ensure_ascii=False, indent=1), "```", "", "</details>", ""]
 
 
-def to_markdown(results: Sequence[CaseResult], engine: str, grading: Grading = Grading()) -> str:
+def to_markdown(results: Sequence[CaseResult], engine: str, grading: Grading = Grading(),
+                generated: str | None = None) -> str:
     failed = [r for r in results if r.failed]
     differs = [r for r in results if r.verdict is Verdict.DIFFERS]
     passed = [r for r in results if r.verdict is Verdict.PASS]
     skipped = [r for r in results if r.verdict is Verdict.SKIP]
-    lines = [f"# Conformance report: `{engine}`", ""]
+    lines = [f"# Conformance report: `{engine}`", "", run_line(results, engine, generated), ""]
     lines += [f"*{grading.provenance}*", ""] if grading.provenance else []
     lines += [f"**{headline(results, engine, grading)}**", ""]
     lines += _md_first_screen(results)
@@ -655,7 +705,8 @@ _CSS = ("body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-co
         ".sev{display:inline-block;min-width:6.5em;padding:0 .4em;border-radius:3px;font-size:12px;font-weight:bold;"
         "color:#fff;text-align:center}.sev-text{background:#b22}.sev-ending{background:#c60}"
         ".sev-accounting{background:#a80}.sev-stream_shape{background:#679}.sev-wire{background:#888}"
-        ".basis{color:#335;font-size:13px}.diagram svg{max-width:100%;height:auto}")
+        ".basis{color:#335;font-size:13px}.diagram svg{max-width:100%;height:auto}.run{color:#333;font-size:14px}"
+        ".errors{border-left:6px solid #c33;background:#fbb;padding:.2em .8em;margin:.5em 0}")
 
 
 def _svg(diagrams_dir: Path | None, name: str) -> str | None:
@@ -663,6 +714,11 @@ def _svg(diagrams_dir: Path | None, name: str) -> str | None:
         return None
     text = (diagrams_dir / f"{name}.svg").read_text(encoding="utf-8")
     return text[text.find("<svg"):] if "<svg" in text else None
+
+
+def _code_spans(text: str) -> str:
+    """Markdown's `code` spans of an escaped text as HTML <code>."""
+    return re.sub(r"`([^`]*)`", r"<code>\1</code>", text)
 
 
 def _links(ids: Sequence[str]) -> str:
@@ -696,7 +752,7 @@ def _html_case(r: CaseResult, embedded: Mapping[str, str]) -> str:
 
 
 def to_html(results: Sequence[CaseResult], engine: str, *, diagrams_dir: Path | None = None,
-            grading: Grading = Grading()) -> str:
+            grading: Grading = Grading(), generated: str | None = None) -> str:
     e = html.escape
     failed = [r for r in results if r.failed]
     differs = [r for r in results if r.verdict is Verdict.DIFFERS]
@@ -707,12 +763,19 @@ def to_html(results: Sequence[CaseResult], engine: str, *, diagrams_dir: Path | 
     tone = "warn" if s["partial_run"] else "bad" if failed else "warn" if differs else "good"
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>decodespec conformance: {e(engine)}</title>"
              f"<style>{_CSS}</style></head><body><h1>Conformance report: {e(engine)}</h1>",
+             f"<p class='run'>{_code_spans(e(run_line(results, engine, generated)))}</p>",
              f"<p class='provenance'>{e(grading.provenance)}</p>" if grading.provenance else "",
              f"<p class='headline {tone}'>{e(headline(results, engine, grading))}</p>"]
-    rows = "".join(f"<tr><td>{_badge(sev)}</td><td>{n}</td><td>{c}</td><td>{d}</td><td>{lead}</td></tr>"
-                   for sev, (_, n, c, d, lead) in zip(SEVERITIES, _severity_table(results)))
-    parts.append("<table><tr><th>severity</th><th>findings</th><th>on the chapter</th><th>on a decision or an ignored "
-                 f"field</th><th>cases it leads</th></tr>{rows}</table>")
+    rows = "".join(f"<tr><td>{_badge(sev)}</td>" + "".join(f"<td>{x}</td>" for x in row[1:]) + "</tr>"
+                   for sev, row in zip(SEVERITIES, _severity_table(results)))
+    head = "".join(f"<th>{e(h)}</th>" for h in _SEVERITY_HEAD)
+    parts.append(f"<table class='severities'><tr>{head}</tr>{rows}</table>")
+    failed_to_run = errors(results)
+    if failed_to_run:
+        items = "".join(f"<li><a href='#{e(r.case.id)}'>{e(r.case.id)}</a>: {e(_gist(r.reason))}</li>"
+                        for r in failed_to_run)
+        parts.append(f"<div class='errors'><b>Errors ({len(failed_to_run)})</b>, cases that could not be judged:"
+                     f"<ul>{items}</ul></div>")
     found = causes(results)
     if found:
         rows = "".join(
@@ -766,8 +829,8 @@ def write_reports(results: Sequence[CaseResult], engine: str, out_dir: str | Pat
     texts = {
         "report.json": json.dumps(data, ensure_ascii=False, indent=1) + "\n",
         "junit.xml": to_junit(results, engine, grading),
-        "report.md": to_markdown(results, engine, grading),
-        "report.html": to_html(results, engine, diagrams_dir=ddir, grading=grading),
+        "report.md": to_markdown(results, engine, grading, data["generated"]),
+        "report.html": to_html(results, engine, diagrams_dir=ddir, grading=grading, generated=data["generated"]),
     }
     paths = []
     for name in REPORT_FILES:
