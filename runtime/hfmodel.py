@@ -144,8 +144,9 @@ class _Slots:
         if n != cache.length - start:
             raise CacheError(f"row {b} holds {n} owed tokens, its cache owes {cache.length - start}")
         at = slice(first, first + n) if cols[-1] - first == n - 1 else torch.tensor(cols, device=self.keys.device)
-        cache.k[start : cache.length] = self.keys[:, b, :, at].permute(2, 0, 1, 3)
-        cache.v[start : cache.length] = self.values[:, b, :, at].permute(2, 0, 1, 3)
+        k, v = cache.buffers()
+        k[start : cache.length] = self.keys[:, b, :, at].permute(2, 0, 1, 3)
+        v[start : cache.length] = self.values[:, b, :, at].permute(2, 0, 1, 3)
 
     def settle(self, b: int | None = None) -> None:
         """Row b's cache (every row's, None) is paid what it is owed from here; columns owed to a
@@ -204,13 +205,14 @@ class _Slots:
             return None
         for i, b in zip(joining, spare):
             order[i] = b
+        placed = [b for b in order if b is not None]  # every cache has its row now
         column = max([self.column, *(caches[i].length for i in joining)])
         longest = max(c.length for c in caches)
-        if max(order) + 1 > 2 * len(caches) + 2 or column > 2 * longest + 16:
+        if max(placed) + 1 > 2 * len(caches) + 2 or column > 2 * longest + 16:
             return None
         for i, b in zip(joining, spare):
             self._write(b, caches[i])
-        return order
+        return placed
 
     def _write(self, b: int, cache: KVCache) -> None:
         """Row b := the cache, from column 0 (its other columns keep the finite values they hold,
@@ -258,7 +260,9 @@ class HFModel(PrefillOne):
         from transformers import AutoModelForCausalLM, DynamicCache
         from transformers.cache_utils import DynamicLayer
 
-        self.model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).to(device).eval()
+        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
+        # transformers wraps PreTrainedModel.to in a decorator whose declared call has no `self`
+        self.model = model.to(device).eval()  # type: ignore[arg-type]
         self._new_cache = DynamicCache
         self._layer = _column_layer(DynamicLayer)
         self._slots: _Slots | None = None
@@ -341,7 +345,7 @@ class HFModel(PrefillOne):
         computed alone: its cache in the only row, without gaps (then no mask is needed)."""
         slots, self._slots = self._slots, None  # dropped first: a failed call leaves nothing stale
         order = slots.place(caches) if slots is not None else None
-        if order is None or (len(caches) == 1 and (order != [0] or slots.column != caches[0].length)):
+        if slots is None or order is None or (len(caches) == 1 and (order != [0] or slots.column != caches[0].length)):
             if slots is not None:
                 slots.release()  # every cache it owes is paid before its buffers are kept for reuse
             return _Slots.gather(caches, self._spare), list(range(len(caches)))

@@ -129,9 +129,16 @@ class KVCache:
         v = torch.empty(shape, dtype=self.dtype, device=self.device)
         stored = self.length - self.owed
         if stored:
-            k[:stored] = self.k[:stored]
-            v[:stored] = self.v[:stored]
+            old_k, old_v = self.buffers()
+            k[:stored] = old_k[:stored]
+            v[:stored] = old_v[:stored]
         self.k, self.v = k, v
+
+    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K and V tensors; a cache that holds tokens (after `_grow`) has both."""
+        if self.k is None or self.v is None:
+            raise CacheError("KV cache has no tensors: nothing was reserved or it was freed")
+        return self.k, self.v
 
     def owe(self, n_tokens: int, writer: Callable[[KVCache, int], None]) -> None:
         """Count `n_tokens` new tokens whose K/V `writer` holds and will write (D61); a debt to
@@ -150,6 +157,8 @@ class KVCache:
         if not self.owed:
             return
         writer, n = self.writer, self.owed
+        if writer is None:
+            raise CacheError(f"KV cache owes {n} tokens but names no writer for them")
         self._grow(self.length)
         self.owed, self.writer = 0, None
         writer(self, self.length - n)
@@ -164,8 +173,9 @@ class KVCache:
             )
         n = k.shape[0]
         self.reserve(n)  # settles what is owed first
-        self.k[self.length : self.length + n] = k
-        self.v[self.length : self.length + n] = v
+        k_buf, v_buf = self.buffers()
+        k_buf[self.length : self.length + n] = k
+        v_buf[self.length : self.length + n] = v
         self.length += n
         self.writes += 1
 
@@ -173,7 +183,8 @@ class KVCache:
         """Views of the written part, [length, L, H_kv, d_h] each."""
         self._check_live()
         self.settle()
-        return self.k[: self.length], self.v[: self.length]
+        k, v = self.buffers()
+        return k[: self.length], v[: self.length]
 
     def snapshot(self) -> CacheSnapshot:
         """Copy the written part to CPU (the cache stays usable)."""
@@ -215,8 +226,9 @@ def append_token(caches: Sequence[KVCache], keys: Sequence[torch.Tensor], values
             raise CacheError(f"K/V must have shape [{', '.join(map(str, expected))}], got "
                              f"{tuple(k.shape)} and {tuple(v.shape)}")
         c.reserve(1)
-    torch._foreach_copy_([c.k[c.length] for c in caches], list(keys))
-    torch._foreach_copy_([c.v[c.length] for c in caches], list(values))
+    buffers = [c.buffers() for c in caches]
+    torch._foreach_copy_([k[c.length] for c, (k, _) in zip(caches, buffers)], list(keys))
+    torch._foreach_copy_([v[c.length] for c, (_, v) in zip(caches, buffers)], list(values))
     for c in caches:
         c.length += 1
         c.writes += 1

@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, final
 
 import attrs
 
@@ -115,6 +115,7 @@ def _event_kind(value: str | StreamEventKind) -> StreamEventKind:
     return value if type(value) is StreamEventKind else StreamEventKind(value)
 
 
+@final  # the log tells a delta pair from an event by `type(entry) is StreamEvent`
 @attrs.frozen
 class StreamEvent:
     """One event a reader receives (§4.7): start (seq None), delta (bytes) or the terminal one."""
@@ -293,7 +294,7 @@ class OrderedStream:
                 cursor = self._cursor
                 if (cursor == len(log) and self._st.state is self._inline_open
                         and not (self._sleepers or self._async_waiters or self._bulk_waiters)):
-                    seq = self._log_delta(data, 1, len(data))  # nothing else is unread
+                    seq: int | None = self._log_delta(data, 1, len(data))  # nothing else is unread
                     self._cursor = cursor + 1
                     return seq
             finally:
@@ -475,14 +476,14 @@ class OrderedStream:
         """The `replay` row (lock held): everything logged counts as read, a paused producer may
         resume; returns the log index of the first event with seq > `after_seq` (None: 0)."""
         start = 0 if after_seq is None else next(
-            (i for i, e in enumerate(self._log) if self._seq_of(e) is not None and self._seq_of(e) > after_seq),
+            (i for i, e in enumerate(self._log) if (seq := self._seq_of(e)) is not None and seq > after_seq),
             len(self._log))
         self._move("replay")
         return start
 
     @staticmethod
     def _seq_of(entry: StreamEvent | tuple[int, bytes]) -> int | None:
-        return entry[0] if type(entry) is tuple else entry.seq
+        return entry.seq if type(entry) is StreamEvent else entry[0]
 
     def _take_for(self, r: StreamReader) -> StreamEvent | None:
         """The reader's next event (lock held); the primary reader's reads count as the stream's."""
@@ -492,7 +493,7 @@ class OrderedStream:
         r.index += 1
         if r is self._primary and r.index > self._cursor:
             self._cursor = r.index
-            if type(entry) is tuple:
+            if type(entry) is not StreamEvent:  # a delta
                 self._unread_events -= 1
                 self._unread_bytes -= len(entry[1])
                 self._after_read()
@@ -611,9 +612,9 @@ class OrderedStream:
 
     def _event(self, entry: StreamEvent | tuple[int, bytes]) -> StreamEvent:
         """The StreamEvent of a log entry (a delta is logged as its (seq, data) pair)."""
-        if type(entry) is tuple:
-            return StreamEvent(StreamEventKind.DELTA, entry[0], entry[1], request_id=self.request_id)
-        return entry
+        if type(entry) is StreamEvent:
+            return entry
+        return StreamEvent(StreamEventKind.DELTA, entry[0], entry[1], request_id=self.request_id)
 
     def overflow(self) -> int:
         """A delta did not fit (§4.8 buffer/fail policy): fire the table's `overflow` row and queue
@@ -678,12 +679,12 @@ class OrderedStream:
             return None
         entry = self._log[self._cursor]
         self._cursor += 1
-        if type(entry) is tuple:  # a delta
-            self._unread_events -= 1
-            self._unread_bytes -= len(entry[1])
-            self._after_read()
-            return self._event(entry)
-        return entry
+        if type(entry) is StreamEvent:
+            return entry
+        self._unread_events -= 1  # a delta
+        self._unread_bytes -= len(entry[1])
+        self._after_read()
+        return self._event(entry)
 
     def _after_read(self) -> None:
         """The reader made room: resume a paused producer once its pending delta fits."""
@@ -774,8 +775,10 @@ class StreamReader:
         run, self._run = self._run, None
         if run is not None or closed:
             first, last, count = run or (None, None, 0)
-            self.stream._trace.emit(EventKind.DELIVERED, reader=self.number, first=first, seq=last, count=count,
-                                    terminal=terminal, closed=closed)
+            trace = self.stream._trace
+            assert trace is not None, "a reader records its deliveries only on a traced stream"
+            trace.emit(EventKind.DELIVERED, reader=self.number, first=first, seq=last, count=count,
+                       terminal=terminal, closed=closed)
 
     def close(self) -> bool:
         """This reader leaves (its connection closed). True when it held the primary role and no
