@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -45,6 +45,9 @@ from .conformance import CaseError, EngineSpecError, adapter_for, load_cases, ru
 from .conformance.adapters import is_module_engine
 from .conformance.cases import Case
 from .conformance.decisions import DECISIONS
+
+if TYPE_CHECKING:
+    from _pytest._code.code import TerminalRepr
 from .conformance.reports import case_json, reproducer
 from .conformance.runner import (
     DEFAULT_PROFILE,
@@ -173,7 +176,7 @@ class CaseItem(pytest.Item):
             lines += ["reproducer:", json.dumps(reproducer(res), ensure_ascii=False, indent=1)]
             raise ConformanceFailure("\n".join(lines))
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str | TerminalRepr:
         if isinstance(excinfo.value, ConformanceFailure):
             return str(excinfo.value)
         return super().repr_failure(excinfo)

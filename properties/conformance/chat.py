@@ -111,7 +111,7 @@ class ChatObserved:
 
     content: str | None
     reasoning: str | None
-    calls: tuple[tuple[str, Any], ...] | None
+    calls: tuple[tuple[str | None, Any], ...] | None  # a call may come without a name
     finish_reason: str | None
     completion_tokens: int | None
     prompt_tokens: int | None
@@ -120,7 +120,7 @@ class ChatObserved:
     odd_arguments: tuple[str, ...] = ()  # calls whose function.arguments came as something else than text
 
 
-def _calls(raw: Any) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...], tuple[str, ...]]:
+def _calls(raw: Any) -> tuple[tuple[tuple[str | None, Any], ...], tuple[str, ...], tuple[str, ...]]:
     """A message's tool calls as (name, arguments) pairs, the calls whose arguments are not the
     JSON text the API gives (an object is compared as the value it is, and named), and the calls
     whose argument text is not whole JSON (half a call)."""
@@ -176,7 +176,9 @@ def observe_stream(st: Streamed) -> ChatObserved | None:
     beside the new one send the same text under both, once."""
     if st.status != 200:
         return None
-    content, reasoning, leaks = [], [], []
+    content: list[str] = []
+    reasoning: list[str] = []
+    leaks: list[tuple[str, str]] = []
     calls: dict[int, list[Any]] = {}
     for choice in st.choices():
         d = choice.get("delta") or {}
@@ -307,6 +309,9 @@ def judge_answers(exp: ChatExpected, text: Expected | None, answers: tuple[int, 
 
 def run_chat(a: ScriptServer, case: Case) -> Outcome:
     """Send a chat case both ways and judge each channel against the reference (see module)."""
+    chat = chat_of(case)
+    if chat is None:
+        raise ValueError(f"run_chat: case {case.id} has no inputs.chat: it is not a chat case")
     prog = a.checkpoint.programs[case.id]
     info = a.checkpoint.chat.get(case.id)
     if info is None:
@@ -317,7 +322,7 @@ def run_chat(a: ScriptServer, case: Case) -> Outcome:
     exp = split_reference(served, res)
     body = request_body(a, case, info["message"], served.max_tokens)
     status, data, raw = a.post(PATH, {**body, "stream": False})
-    if 400 <= status < 500 and (case.inputs.get("request") or chat_of(case).get("tools")):
+    if 400 <= status < 500 and (case.inputs.get("request") or chat.get("tools")):
         return Outcome(skip=f"the server refuses the request's fields: {raw[:240]!r}")
     st = a.stream_body(PATH, {**body, "stream": True, "stream_options": {"include_usage": True}})
     whole, streamed = observe_message(status, data), observe_stream(st)
@@ -337,9 +342,9 @@ def run_chat(a: ScriptServer, case: Case) -> Outcome:
         if na:
             return Outcome(skip=na, reference=exp.to_json())
         findings += more
-    if chat_of(case).get("sweep"):
+    if chat.get("sweep"):
         findings += sweep_chat(a, case, info)
-    return Outcome(output=(whole.content.encode() if whole else None), finish_reason=whole.finish_reason if whole else None,
+    return Outcome(output=(whole.content.encode() if whole and whole.content is not None else None), finish_reason=whole.finish_reason if whole else None,
                    findings=tuple(leading(merge(findings)) + wire_findings(st)
                                   + body_findings(status, data, raw)),
                    judged=True, reference=exp.to_json(),

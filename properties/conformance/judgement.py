@@ -93,10 +93,11 @@ def observe(status: int, data: Any, raw: str, st: Streamed, index: int = 0, n: i
     if isinstance(choice.get("message"), dict):  # a chat message's null content is no text
         text = choice["message"].get("content")
         text = "" if text is None else text
-    ok = status == 200 and isinstance(text, str)
+    body = text.encode() if status == 200 and isinstance(text, str) else None
+    ok = body is not None
     count = token_count(usage, "completion_tokens")
     return Observed(
-        text=text.encode() if ok else None, finish_reason=choice.get("finish_reason") if ok else None,
+        text=body, finish_reason=choice.get("finish_reason") if ok else None,
         completion_tokens=count if status == 200 and n == 1 else None,
         stream_completion_tokens=token_count(st.usage, "completion_tokens") if st.status == 200 and n == 1 else None,
         chunks=tuple(t.encode() for t in st.texts) if st.status == 200 else None,
@@ -213,12 +214,12 @@ def stream_text(exp: Expected, chunks: Sequence[bytes], late: Sequence[bytes] = 
         if not compare_text(exp, text + b"".join(late), where):
             text += b"".join(late)
     again = next((i for i in range(len(chunks) - 1) if chunks[i] and chunks[i] == chunks[i + 1]
-                  and not compare_text(exp, b"".join(chunks[:i + 1] + chunks[i + 2:]), where)), None)
+                  and not compare_text(exp, b"".join(chunks[:i + 1]) + b"".join(chunks[i + 2:]), where)), None)
     if again is not None:
         found.append(finding("bytes_repeated", f"the {where} sends delta {again + 1} {chunks[again]!r} again as delta "
                                                f"{again + 2}, the same bytes twice; without the repeat it is the "
                                                f"reference's text {exp.output!r}"))
-        text = b"".join(chunks[:again + 1] + chunks[again + 2:])
+        text = b"".join(chunks[:again + 1]) + b"".join(chunks[again + 2:])
     return found, text
 
 

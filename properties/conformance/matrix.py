@@ -81,8 +81,7 @@ def _pass_mark(c: Mapping[str, Any], wide: frozenset[str] = frozenset()) -> str:
     b = lead.get("basis") or {}
     if b.get("kind") == "field_ignored" and set(str(b.get("ref", "")).split(", ")) <= wide:
         return f"engine-wide: field_ignored: {b['ref']}"
-    sev = c.get("lead_severity")
-    return _SEVERITY_WORDS.get(sev, "wire") if c.get("failures") else ""
+    return _SEVERITY_WORDS.get(c.get("lead_severity") or "", "wire") if c.get("failures") else ""
 
 
 def _wide(rep: Mapping[str, Any]) -> frozenset[str]:

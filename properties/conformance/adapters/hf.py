@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ....runtime.tokenizers import HFTokenizer
 from ..cases import Case
@@ -33,6 +33,9 @@ from .base import (
     tokenizer_kind,
     unsupported_on,
 )
+
+if TYPE_CHECKING:
+    from ..checkpoints import Checkpoint
 
 CAPABILITIES = frozenset({"forced_script", "fixture_tokenizer", "stop_strings", "eos", "length_limit", "stream", "errors"})
 # On forced checkpoints the inline byte tables are compiled into a tokenizer.json too.
@@ -110,7 +113,7 @@ class HFAdapter:
 
     def run(self, case: Case) -> Outcome:
         if self.forced is not None:
-            return self._run_forced(case)
+            return self._run_forced(case, self.forced)
         tok = self.tokenizer
         prompt = case_prompt(case, tok)
         script = case_script(case, tok)
@@ -122,10 +125,10 @@ class HFAdapter:
         output = self._model(self.path)[0].decode(new, skip_special_tokens=True).encode("utf-8")
         return Outcome(output=output, chunks=tuple(chunks), expect=expect, notes=(f"generated ids {new}",))
 
-    def _run_forced(self, case: Case) -> Outcome:
+    def _run_forced(self, case: Case, forced: dict[str, Checkpoint]) -> Outcome:
         from ..judgement import Observed, expected_for, judge_observed
 
-        ck = self.forced[case.id]
+        ck = forced[case.id]
         prog = ck.programs[case.id]
         new, chunks = self._generate(ck.folder, list(prog.prompt), case, [])
         exp = expected_for(case, ck)
