@@ -387,6 +387,8 @@ def plan_of(path: ModelPath) -> Plan:
                     cancel_in_queue = True
                 else:
                     faults.append(Fault("request.created", 0, "deadline"))
+            elif tag.what is None:
+                raise ValueError(f"the observed row at {pt!r} names no fault action (its tag has no `what`)")
             else:
                 faults.append(Fault("prefill.completed", 0, tag.what) if t == 0 else Fault("decode.completed", t, tag.what))
         elif kind == "observe_busy":
@@ -500,7 +502,7 @@ class ConcreteRun:
     interrupt_at: int | None
     driver: Driver = attrs.field(default=Driver.GENERATE, converter=Driver)
     cancel_when_parked: bool = False
-    parked_actions: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    parked_actions: tuple[str, ...] = ()
 
     def __attrs_post_init__(self) -> None:
         if (self.cancel_when_parked or self.parked_actions) and self.driver is not Driver.ENGINE:
@@ -526,7 +528,7 @@ class ConcreteRun:
             cancel_in_queue=obj["cancel_in_queue"], actions=tuple(tuple(a) for a in obj["actions"]),
             grammar_at=obj["grammar_at"], interrupt_at=obj["interrupt_at"],
             driver=obj.get("driver", Driver.GENERATE), cancel_when_parked=obj.get("cancel_when_parked", False),
-            parked_actions=obj.get("parked_actions", ()),
+            parked_actions=tuple(obj.get("parked_actions", ())),
         )
 
 

@@ -9,7 +9,7 @@ the matrix asserts that each mutant is caught by the invariant that names its fa
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from unittest import mock
 
@@ -34,7 +34,7 @@ def _tokenizer() -> ByteTableTokenizer:
     return ByteTableTokenizer(TABLE, eos_id=EOS)
 
 
-def _gen(script: list[int], faults: list[Fault] = (), read_inline: bool = True, **req: Any) -> list[Event]:
+def _gen(script: list[int], faults: Sequence[Fault] = (), read_inline: bool = True, **req: Any) -> list[Event]:
     model = ScriptedModel(script, vocab_size=128)
     res = generate(Request([1], **req), model=model, tokenizer=_tokenizer(), faults=FaultPlan(faults),
                    read_inline=read_inline)
@@ -54,7 +54,7 @@ def _replay_client_view() -> list[Event]:
     live = [stream.get(timeout=0) for _ in range(3)]  # start, seq 0, seq 1
     replay = stream.replay(after_seq=0)  # the reconnect overlaps: it asks from before seq 1
     dedup = Deduper()
-    shown = [ev for ev in live + replay if ev.kind == "delta" and dedup.accept_event(ev)]
+    shown = [ev for ev in live + replay if ev is not None and ev.kind == "delta" and dedup.accept_event(ev)]
     return [
         Event(EventKind.RESPONSE_DELTA, ev.request_id, i, 0.0, {"seq": ev.seq, "bytes": ev.data})
         for i, ev in enumerate(shown)
@@ -139,7 +139,7 @@ class _OneTokenStopMatcher(StopMatcher):
 
 @attrs.frozen
 class _FakeHit:
-    stop: str
+    stop: str | bytes
     rule_version: int = 1
     index: int = 0
     start: int = 0

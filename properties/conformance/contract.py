@@ -47,7 +47,7 @@ The OpenAI wire conventions (SSE framing, ids) are not judged: an in-house engin
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -85,6 +85,11 @@ class Checkpoint:
         return os.fspath(self.folder)
 
 
+def _strings(items: Iterable[str]) -> tuple[str, ...]:
+    """The items as a tuple: a converter mypy can type (it cannot type `converter=tuple`)."""
+    return tuple(items)
+
+
 @attrs.frozen
 class Request:
     """One request of a case. `prompt` holds the prompt's token ids (a completions request);
@@ -97,7 +102,7 @@ class Request:
     max_tokens: int
     prompt: tuple[int, ...] = attrs.field(default=(), converter=tuple)
     messages: tuple[Mapping[str, Any], ...] = attrs.field(default=(), converter=tuple)
-    stop: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    stop: tuple[str, ...] = attrs.field(default=(), converter=_strings)
     stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
     n: int = 1
     logprobs: bool = False  # report each selected token (TokenReport), per chunk when streamed

@@ -35,7 +35,7 @@ makes the probe answer no echo token, which `detect_prefix` reports as unknown.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -51,13 +51,23 @@ _IGNORED = frozenset(" \t\n\r\f\v")
 _NO_CHARACTER = "\ufffd"  # bytes a detokenizer could not show: no evidence of the tokens past it
 
 
+def _ids(items: Iterable[int] | None) -> tuple[int, ...] | None:
+    """The ids as a tuple, None kept (a converter mypy can type, as `optional(tuple)` is not)."""
+    return None if items is None else tuple(items)
+
+
+def _pieces(items: Iterable[bytes | str] | None) -> tuple[bytes | str, ...] | None:
+    """The pieces as a tuple, None kept (a converter mypy can type, as `optional(tuple)` is not)."""
+    return None if items is None else tuple(items)
+
+
 @attrs.frozen
 class Returned:
     """What an engine returned for one request, as far as it revealed it (None: not shown)."""
 
-    token_ids: tuple[int, ...] | None = attrs.field(default=None, converter=attrs.converters.optional(tuple))
+    token_ids: tuple[int, ...] | None = attrs.field(default=None, converter=_ids)
     # Per-token pieces from logprobs: bytes where the server gives them, else each token's string.
-    tokens: tuple[bytes | str, ...] | None = attrs.field(default=None, converter=attrs.converters.optional(tuple))
+    tokens: tuple[bytes | str, ...] | None = attrs.field(default=None, converter=_pieces)
     text: str | None = None
 
     @property

@@ -217,7 +217,8 @@ class InHouseAdapter:
         return self._about
 
     def run(self, case: Case) -> Outcome:
-        self._case.log = log = []
+        log: list[dict[str, Any]] = []
+        self._case.log = log
         try:
             out = run_script(self, case)
         except contract.Unsupported as exc:
