@@ -279,7 +279,7 @@ def _no_delta_after_terminal(rt: RequestTrace):
 @monitor("single_terminal_event")
 def _single_terminal_event(rt: RequestTrace):
     for e in rt.terminals[1:]:
-        yield e.index, f"second terminal event {e.kind} after {rt.terminal.kind}"
+        yield e.index, f"second terminal event {e.kind} after {rt.terminals[0].kind}"
     if rt.complete and not rt.terminals:
         yield None, "the run ended without a terminal event"
 
@@ -357,7 +357,8 @@ def _reader_delivery_complete(rt: RequestTrace):
             continue
         how = opening.data
         if r in last:
-            due = 0 if last[r] is None else last[r] + 1
+            prev = last[r]
+            due = 0 if prev is None else prev + 1
         elif "first" in how:
             due = how["first"]
             if not how["resume"] and r == min(opened) and due is not None:
@@ -426,7 +427,7 @@ def _stream_bounded(rt: RequestTrace):
 
 @monitor("release_exactly_once")
 def _release_exactly_once(rt: RequestTrace):
-    seen: set[str] = set()
+    seen: set[str | None] = set()  # None: an entry that names no resource
     for e in rt.events:
         kind = e.data.get("resource")
         if e.kind == K.RESOURCE_RELEASED:
@@ -439,7 +440,7 @@ def _release_exactly_once(rt: RequestTrace):
 
 @monitor("no_leak")
 def _no_leak(rt: RequestTrace):
-    held: dict[str, int] = {}
+    held: dict[str | None, int] = {}  # None: an entry that names no resource
     for e in rt.events:
         kind = e.data.get("resource")
         if e.kind == K.RESOURCE_ACQUIRED:
@@ -566,8 +567,10 @@ def _stop_earliest_wins(rt: RequestTrace):
 
 @monitor("stop_reason_requires_hit")
 def _stop_reason_requires_hit(rt: RequestTrace):
-    if rt.reason == FinishReason.STOP_SEQUENCE and not any(e.index < rt.terminal.index for e in rt.of(K.STOP_HIT)):
-        yield rt.terminal.index, "finish reason stop_sequence without a stop.hit"
+    end = rt.terminal
+    if (end is not None and rt.reason == FinishReason.STOP_SEQUENCE
+            and not any(e.index < end.index for e in rt.of(K.STOP_HIT))):
+        yield end.index, "finish reason stop_sequence without a stop.hit"
 
 
 @monitor("eos_not_emitted")
@@ -591,12 +594,13 @@ def _eos_not_emitted(rt: RequestTrace):
 
 @monitor("eos_guards_respected")
 def _eos_guards_respected(rt: RequestTrace):
-    if rt.reason != FinishReason.EOS or not rt.selected:
+    end = rt.terminal
+    if end is None or rt.reason != FinishReason.EOS or not rt.selected:
         return
     step = rt.selected[-1].data.get("step", len(rt.selected))
     if rt.eos_guarded(step):
         why = "ignore_eos" if rt.created.get("ignore_eos") else f"min_tokens {rt.created.get('min_tokens')}"
-        yield rt.terminal.index, f"the request ended with eos on token {step} despite {why}"
+        yield end.index, f"the request ended with eos on token {step} despite {why}"
 
 
 def _left_decoding(rt: RequestTrace, start: int, end: int) -> bool:
@@ -626,8 +630,8 @@ def _selected_minus_decoded(rt: RequestTrace):
 
 @monitor("decode_after_selected")
 def _decode_after_selected(rt: RequestTrace):
-    selected: set[int] = set()
-    started: set[int] = set()
+    selected: set[int | None] = set()  # None: an entry that names no step
+    started: set[int | None] = set()
     for e in rt.events:
         step = e.data.get("step")
         if e.kind == K.TOKEN_SELECTED:
@@ -774,7 +778,7 @@ def _length_respected(rt: RequestTrace):
         return
     if len(rt.selected) > limit:
         yield rt.selected[limit].index, f"token {limit + 1} selected with max_output_tokens={limit}"
-    if rt.reason == FinishReason.MAX_OUTPUT_TOKENS and len(rt.selected) != limit:
+    if rt.terminal is not None and rt.reason == FinishReason.MAX_OUTPUT_TOKENS and len(rt.selected) != limit:
         yield rt.terminal.index, f"reason max_output_tokens after {len(rt.selected)} of {limit} tokens"
 
 
@@ -890,7 +894,7 @@ def _stream_tokens_aligned(rt: RequestTrace):
     for e in rt.events:
         if e.kind == K.TOKEN_SELECTED:
             if not e.data.get("eos") and e.data.get("token") not in special:
-                ids.append(e.data.get("token"))
+                ids.append(e.data["token"])  # the trace's schema: token.selected names its token
                 if plan is not None:
                     grown += plan.rest.get(ids[-1], b"")
             covered = b""  # a new token: decode again when a delta needs it

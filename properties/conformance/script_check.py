@@ -107,8 +107,9 @@ def deviation(program: Program, tokenizer: HFTokenizer, eos_id: int, returned: R
                 return Deviation(i + 1, _show(tokenizer, got) if 0 <= got < tokenizer.vocab_size else f"id {got}",
                                  _show(tokenizer, w), returned.evidence)
         return None
-    if returned.tokens is not None and all(isinstance(p, bytes) for p in returned.tokens):
-        return _by_pieces(tokenizer, want, returned.tokens, returned.evidence)
+    pieces = [p for p in returned.tokens or () if isinstance(p, bytes)]
+    if returned.tokens is not None and len(pieces) == len(returned.tokens):  # every piece given as bytes
+        return _by_pieces(tokenizer, want, pieces, returned.evidence)
     if returned.tokens is not None:  # strings: a split character may sit in either token, so compare the text
         # a special token's own text (vLLM lists an EOS as "</s>") is not text the answer shows
         special = {tokenizer.decode([i], skip_special=False) for i in tokenizer.special_ids}
@@ -182,7 +183,7 @@ def left_script(checkpoint: Any, case: Case, exp: Expected, ref_tokens: Sequence
     # Judged up to where the reference itself leaves the script (a logit_bias, min_tokens or ignore_eos
     # the case sets): past it, following the field is the case's own question.
     same = first_difference(ref_tokens, [*prog.script, checkpoint.eos_id])
-    if exp.guard_passed:  # how a guarded EOS is passed over is the case's question; a ban is named above
+    if exp.guard_passed and exp.eos_at is not None:  # how a guarded EOS is passed over is the case's question; a ban is named above
         same = min(same, exp.eos_at - 1)
     for answer in answers:
         d = deviation(prog, checkpoint.tokenizer, checkpoint.eos_id, answer, end=min(exp.selected, same))
@@ -202,7 +203,7 @@ def banned_eos(exp: Expected, script: Sequence[int], ref_tokens: Sequence[int], 
     the token passed over, not a ban. Where the reference itself chose another token at that EOS
     (min_tokens' mask, D32) or sends nothing after it, nothing is decided here."""
     at = exp.eos_at
-    if not exp.guard_passed or exp.echo_len or len(ref_tokens) < at or ref_tokens[at - 1] != script[at - 1]:
+    if at is None or not exp.guard_passed or exp.echo_len or len(ref_tokens) < at or ref_tokens[at - 1] != script[at - 1]:
         return None
     head, eos_text = exp.script_text, exp.eos_text
     if not (text.startswith(head) and exp.output.startswith(head)):
@@ -229,7 +230,7 @@ def banned_eos_id(exp: Expected, script: Sequence[int], ref_tokens: Sequence[int
     as a token (a guard passed, D31) and the answer has the reference's ids before it and another
     id in its place; else None."""
     at = exp.eos_at
-    if not exp.guard_passed or len(ref_tokens) < at or ref_tokens[at - 1] != script[at - 1] or len(ids) < at:
+    if at is None or not exp.guard_passed or len(ref_tokens) < at or ref_tokens[at - 1] != script[at - 1] or len(ids) < at:
         return None
     if list(ids[:at - 1]) != list(ref_tokens[:at - 1]) or ids[at - 1] == ref_tokens[at - 1]:
         return None
