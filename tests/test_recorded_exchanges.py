@@ -21,6 +21,7 @@ from decodespec.properties.conformance import load_cases
 from decodespec.properties.conformance.adapters.base import Outcome
 from decodespec.properties.conformance.adapters.recorded import Recording, Unrecorded
 from decodespec.properties.conformance.alignment import ask
+from decodespec.properties.conformance.http_script import departed, prompt_cached
 from decodespec.properties.conformance.replay import main, rejudge
 from decodespec.properties.conformance.runner import Verdict, judge
 from decodespec.properties.conformance.symptoms import Severity, severity_of
@@ -182,7 +183,23 @@ def test_an_answer_off_its_script_at_a_sweep_limit_is_an_error_naming_the_limit_
     assert res.verdict is Verdict.ERROR and res.failures == (), res
     assert res.reason.startswith("at max_tokens=1: the engine did not follow the forced script at token 1")
     assert "it chose 'E'" in res.reason, res.reason
+    assert res.reason.endswith("; the engine reports 3 of the prompt's tokens served from its prompt cache")
     assert _rejudge("llama-server", "stop/overlap/001").lead.symptom == "held_not_released"
+
+
+@pytest.mark.parametrize(("answer", "cached"), [
+    ({"timings": {"cache_n": 3, "prompt_n": 1}}, 3),                    # llama.cpp
+    ({"usage": {"prompt_tokens_details": {"cached_tokens": 16}}}, 16),  # the OpenAI API, vLLM
+    ({"timings": {"cache_n": 0}, "usage": {"prompt_tokens_details": None}}, 0),
+    ({"timings": {"cache_n": True}}, 0),
+    ("not an object", 0),
+])
+def test_an_answer_says_how_many_prompt_tokens_came_from_its_cache(answer, cached):
+    """D27: what an answer reports of its prompt cache, read where llama.cpp and the OpenAI API put it;
+    nothing reported (or not a count) is 0, and an off-script message then names no cache."""
+    assert prompt_cached(answer) == cached
+    assert departed("left", answer) == ("left" if not cached else
+                                        f"left; the engine reports {cached} of the prompt's tokens served from its prompt cache")
 
 
 def test_a_connection_the_recording_shows_sent_again_is_a_wire_finding():

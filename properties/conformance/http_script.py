@@ -98,6 +98,32 @@ def judge_at(case: Case, k: int, exp: Expected, status: int, data: Any, raw: str
             for f in judge_exchange(at_limit(case, k), exp, status, data, raw, st)[0] if f.family != WIRE]
 
 
+# Where an answer says how many of its prompt's tokens came from the engine's prompt cache: llama.cpp's
+# `timings`, the OpenAI API's usage details (vLLM's with prefix caching).
+PROMPT_CACHE_FIELDS: tuple[tuple[str, ...], ...] = (
+    ("timings", "cache_n"),
+    ("usage", "prompt_tokens_details", "cached_tokens"),
+)
+
+
+def prompt_cached(data: Any) -> int:
+    """How many prompt tokens the answer `data` says it took from the engine's prompt cache (0: none
+    said): an answer off its script after a cache hit points at the cache, not the model (D27)."""
+    for path in PROMPT_CACHE_FIELDS:
+        value = data
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 0
+
+
+def departed(gone: str, data: Any) -> str:
+    """D27's message `gone`, with the prompt cache's part where the answer reports one."""
+    n = prompt_cached(data)
+    return gone if not n else f"{gone}; the engine reports {n} of the prompt's tokens served from its prompt cache"
+
+
 def left_at(checkpoint: Any, case: Case, k: int, exp: Expected, status: int, data: Any) -> str | None:
     """D27 at max_tokens k: where the non-streamed answer left its forced script
     (script_check.left_script against the reference at that limit), else None."""
@@ -106,7 +132,8 @@ def left_at(checkpoint: Any, case: Case, k: int, exp: Expected, status: int, dat
     prog = checkpoint.programs[case.id]
     at_k = at_limit(case, k)
     ref = reference_on(at_k, checkpoint.tokenizer, list(prog.prompt), list(prog.script))
-    return left_script(checkpoint, at_k, exp, ref.tokens, [returned(c) for c in choices_of(data)])
+    gone = left_script(checkpoint, at_k, exp, ref.tokens, [returned(c) for c in choices_of(data)])
+    return departed(gone, data) if gone else None
 
 
 def sweep(a: ScriptServer, case: Case) -> Swept:
@@ -148,6 +175,7 @@ def run_script(a: ScriptServer, case: Case) -> Outcome:
         return Outcome(skip=f"{placed.changed} (the prompt {body['prompt']!r})")
     if status == 200 and isinstance(data, dict) and (gone := left_script(
             a.checkpoint, case, exp, a.reference(case).tokens, [returned(c) for c in choices_of(data)])):
+        gone = departed(gone, data)
         if placed.miscounted:  # the count and the tokens both say the engine ran another prompt
             return Outcome(skip=f"{placed.miscounted}; and {gone}", reference=exp.to_json())
         return Outcome(abort=gone, reference=exp.to_json())
