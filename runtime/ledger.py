@@ -28,6 +28,7 @@ from ..machine import Stepper, compiled_of, per_table
 from ..machine.actions import Executor, fire_with_effects
 from ..spec import Table, default_spec, load_spec
 from ..spec.derived import model_resources_of, resource_states, stream_resources_of
+from ..spec.vocabulary import table_enum
 from .events import EventKind, Trace
 
 if TYPE_CHECKING:
@@ -42,10 +43,8 @@ if TYPE_CHECKING:
         STREAM_BUFFER = "stream_buffer"
         TRACE_HANDLE = "trace_handle"
 else:
-    ResourceKind = enum.StrEnum(
-        "ResourceKind", [(k.upper(), k) for k in load_spec("resources").params["kinds"]]
-    )
-    ResourceKind.__doc__ = "The resources of a request (§4.10), in release order (spec/resources.toml `kinds`)."
+    ResourceKind = table_enum("ResourceKind", load_spec("resources").params["kinds"],
+                              "The resources of a request (§4.10), in release order (spec/resources.toml `kinds`).")
 
 FreeFn = Callable[[], None]
 

@@ -40,6 +40,7 @@ from ..machine import CompiledMachine, compiled_of, per_table
 from ..machine.actions import ActionError, Executor, Plan, run_phases
 from ..spec import FinishReason, SpecError, Table, default_spec, load_spec
 from ..spec.derived import stream_states
+from ..spec.vocabulary import table_enum
 from .events import EventKind, Trace
 
 if TYPE_CHECKING:
@@ -52,10 +53,8 @@ if TYPE_CHECKING:
         BUFFER = "buffer"
         FAIL = "fail"
 else:
-    BackpressurePolicy = enum.StrEnum(
-        "BackpressurePolicy", [(p.upper(), p) for p in load_spec("stream").params["policies"]]
-    )
-    BackpressurePolicy.__doc__ = "What a full buffer does (§4.8, DECISIONS D6): pause, buffer or fail."
+    BackpressurePolicy = table_enum("BackpressurePolicy", load_spec("stream").params["policies"],
+                                    "What a full buffer does (§4.8, DECISIONS D6): pause, buffer or fail.")
 
 OVERFLOW_ERROR = "stream buffer overflow"
 _PAUSE_POLICY = BackpressurePolicy.PAUSE

@@ -6,7 +6,7 @@ from __future__ import annotations
 import enum
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,15 @@ def _reasons() -> list[dict[str, Any]]:
     if not entries or bad:
         raise ValueError(f"{path}: every [[reason]] needs a unique identifier `name`; bad: {bad or 'none listed'}")
     return entries
+
+
+def table_enum(name: str, values: Iterable[str], doc: str) -> type[enum.StrEnum]:
+    """A StrEnum of the values a loaded table lists, each member named by its value in upper case:
+    the run-time class of the enums whose members a table declares (FinishReason, the stream's
+    policies, the resource kinds); a type checker reads the shipped members instead."""
+    members = enum.StrEnum(name, [(v.upper(), v) for v in values])  # type: ignore[misc]  # functional API
+    members.__doc__ = doc
+    return members
 
 
 REASON_ENTRIES = tuple(_reasons())
@@ -45,8 +54,8 @@ if TYPE_CHECKING:
         MODEL_ERROR = "model_error"
         TRANSPORT_ERROR = "transport_error"
 else:
-    FinishReason = enum.StrEnum("FinishReason", [(e["name"].upper(), e["name"]) for e in REASON_ENTRIES])
-    FinishReason.__doc__ = "The finish reasons of §4.10 (spec/reasons.toml); a row's `reason` must be one of them."
+    FinishReason = table_enum("FinishReason", (e["name"] for e in REASON_ENTRIES),
+                              "The finish reasons of §4.10 (spec/reasons.toml); a row's `reason` must be one of them.")
 # FinishReason -> the OpenAI wire finish_reason of a completion that ends with it.
 OPENAI_FINISH: Mapping[FinishReason, str] = {FinishReason(e["name"]): e["openai"] for e in REASON_ENTRIES if "openai" in e}
 
