@@ -102,3 +102,26 @@ def test_requests_that_differ_outside_the_judged_fields_are_judged_alike():
     broken = _state(model, unread=2)
     other = broken._replace(stop_matcher=model.stop.i("HOLDING"), reader=1)
     assert judge(broken) is judge(other) and [n for n, _, _ in judge(other)] == ["stream_bounded"]
+
+
+# invariant -> (tables, request fields, what the message says, the guard or None): the branches of
+# the checks that judge more than one way, each on its own (BROKEN above reaches one per check)
+BRANCHES: dict[str, tuple[dict, dict, str, tuple[str, str, str] | None]] = {
+    "single_terminal_event/ended without one": ({}, dict(pc=PC.done, terminals=0), "without a terminal event", None),
+    "no_leak/released unfreed": ({}, dict(kv_cache="RELEASED", freed=0), "without their free callback", None),
+    "release_exactly_once/a second place": (
+        _seeded("sequence", "RESIDENT", "admit", "RESIDENT", action="prefill"), dict(sequence="RESIDENT"),
+        "takes a second place", ("sequence", "RESIDENT", "admit")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BRANCHES))
+def test_each_branch_of_a_state_check_reports_its_violation(case):
+    """A request that ended with no terminal event (§4.7), a resource released without its free
+    callback (§4.10) and a sequence table that lets a resident sequence take a second batch place
+    (§4.4) are each reported by their check, with the message and guard that name them."""
+    name = case.split("/")[0]
+    tables, changes, says, guard = BRANCHES[case]
+    model = Model(tables)
+    found = [(msg, g) for n, msg, g in StateJudge(model)(_state(model, **changes)) if n == name]
+    assert any(says in msg and g == guard for msg, g in found), found
