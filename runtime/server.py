@@ -524,18 +524,66 @@ async def _watch_disconnect(request: HttpRequest, runs: Sequence[RequestRun], on
 
 
 HEADER_TIMEOUT_S = 10.0  # a connection must complete each request's headers this soon (slowloris)
+# A lingering close reads on for at most this long and this many bytes (nginx's lingering_time is 30 s).
+LINGER_S = 5.0
+LINGER_BYTES = 64 << 20
+
+
+class _LingeringTransport:
+    """A connection's transport as uvicorn's protocol sees it: `close()` asks the protocol, which
+    closes at once or lingers (`TimedH11Protocol.close`); everything else is the transport's."""
+
+    def __init__(self, transport: asyncio.Transport, close: Callable[[], None], closing: Callable[[], bool]) -> None:
+        self._transport, self.close, self.is_closing = transport, close, closing
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 def _timed_protocol(header_timeout_s: float) -> type:
     """uvicorn's h11 protocol with a header read timeout: a connection that has not completed a
     request's headers `header_timeout_s` after it opened (or after its last response) is answered
     408 and closed. uvicorn bounds only idle keep-alive, and any byte resets that bound. A response
-    sent before the request's body arrived closes the connection."""
+    sent before the request's body arrived closes the connection.
+
+    A close while the client may still be sending its request (an answer before its body, a 408 on
+    its headers, a 400 on bad ones) lingers, as nginx's lingering close: the answer is sent and the
+    connection half-closed, then what the client still sends is read and discarded until it
+    closes, for at most LINGER_S and LINGER_BYTES. Closed with unread input, the connection would
+    be reset, and a client that sends its whole body before reading (urllib, requests) would get
+    `Connection reset by peer` instead of the answer."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class TimedH11Protocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
+        _raw: asyncio.Transport
+        _linger_timer: asyncio.TimerHandle | None = None
+        _linger_left = -1  # bytes a lingering connection may still discard (-1: not lingering)
+
+        def _client_sending(self) -> bool:
+            """Whether the client may still be sending this request: its body, or headers begun."""
+            state = self.conn.their_state
+            return state is h11.SEND_BODY or state is h11.ERROR or (
+                state is h11.IDLE and bool(self.conn.trailing_data[0]))
+
+        def close(self) -> None:
+            """Close the connection: at once, or lingering while the client may still be sending."""
+            raw = self._raw
+            if self._linger_left >= 0 or raw.is_closing():
+                return
+            if not (raw.can_write_eof() and self._client_sending()):
+                raw.close()
+                return
+            self._linger_left = LINGER_BYTES
+            self._disarm()
+            self._unset_keepalive_if_required()
+            raw.write_eof()  # once what is written is sent: the answer, then FIN
+            raw.resume_reading()
+            self._linger_timer = self.loop.call_later(LINGER_S, raw.close)
+
+        def closing(self) -> bool:
+            return self._linger_left >= 0 or self._raw.is_closing()
 
         def _arm(self) -> None:
             self._disarm()
@@ -557,12 +605,23 @@ def _timed_protocol(header_timeout_s: float) -> type:
                 self.transport.close()
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
+            self._raw = transport
+            super().connection_made(_LingeringTransport(transport, self.close, self.closing))  # type: ignore[arg-type]
             self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            if self._linger_timer is not None:
+                self._linger_timer.cancel()
             super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._linger_left < 0:
+                super().data_received(data)
+                return
+            self._linger_left -= len(data)  # lingering: read and discarded
+            if self._linger_left < 0:
+                self._raw.close()
 
         def handle_events(self) -> None:
             cycle = self.cycle

@@ -1,13 +1,17 @@
 """Connections and auth of the reference server (RFC 9112 §6.1, §9.6, RFC 9110 §11.1):
-an answer sent before the body arrived closes the connection (no unsolicited second answer),
+an answer sent before the body arrived closes the connection (no unsolicited second answer) after
+reading what the client still sends (so that every client reads it),
 Content-Length with Transfer-Encoding is refused and closed, the Bearer scheme is
 case-insensitive, an empty API key is a start-up error, and no key reaches a log line."""
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import time
+import urllib.error
+import urllib.request
 
 import httpx
 import pytest
@@ -64,6 +68,18 @@ def test_an_answer_sent_before_the_body_arrived_closes_the_connection(url, raw, 
     got, closed = _exchange(url, raw)
     assert got.startswith(b"HTTP/1.1 " + status), got[:80]
     assert closed and got.count(b"HTTP/1.1 ") == 1, got
+
+
+def test_an_early_413_reaches_a_client_that_sends_its_whole_body_first(url):
+    """A client that sends all of its body before it reads (urllib, requests) reads the 413 and its
+    JSON error: the server reads and discards the rest of the body before it closes (a lingering
+    close); closed with that body unread, the connection is reset and the client sees only that."""
+    body = b'{"model":"tiny","prompt":"' + b"x" * (16 << 20) + b'"}'  # far past the 2048-byte cap
+    request = urllib.request.Request(f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 413
+    assert json.loads(refused.value.read())["error"]["code"] == "body_too_large"
 
 
 def test_content_length_with_transfer_encoding_is_refused_and_closed(url):
