@@ -333,10 +333,14 @@ def _seq_contiguous(rt: RequestTrace):
 def _reader_delivery_complete(rt: RequestTrace):
     """Per reader (stream.reader_opened, then stream.delivered entries, each a run of events handed
     out: `first`, `seq` (the last; None is response.start) and `count`): the events from its start
-    point (`first` at opening; a first reader's is response.start), each once, in order, with no gap;
-    the terminal event at most once and last; nothing after it or after the reader closed. In a
+    point (`first` at opening; a first reader's is response.start), each once, in order, with no gap,
+    and each after the stream logged it (a reader reads the stream's log, never ahead of it); the
+    terminal event at most once and last; nothing after it or after the reader closed. In a
     finished trace every reader got the terminal or closed: a delivery that just stops is broken."""
-    logged = {e.data.get("seq") for e in rt.deltas} | {t.data.get("seq") for t in rt.terminals}
+    # where the stream logged each seq (None: response.start), the first time
+    logged: dict[int | None, int] = {}
+    for e in [*rt.of(K.RESPONSE_START), *rt.deltas, *rt.terminals]:
+        logged.setdefault(e.data.get("seq"), e.index)
     end = rt.terminal.data.get("seq") if rt.terminal is not None else None
     opened = {e.data["reader"]: e for e in rt.of(K.READER_OPENED)}
     last: dict[int, int | None] = {}
@@ -377,8 +381,10 @@ def _reader_delivery_complete(rt: RequestTrace):
             kind = "a gap" if count < span else "a duplicate"
             yield e.index, f"reader {r} was handed {count} events for seq={first}..{seq} ({kind})"
         for x in (first, seq):
-            if x is not None and x not in logged:
-                yield e.index, f"reader {r} was handed seq={x}, which the stream never logged"
+            if x not in logged:
+                yield e.index, f"reader {r} was handed {_named(x)}, which the stream never logged"
+            elif logged[x] > e.index:
+                yield e.index, f"reader {r} was handed {_named(x)} before the stream logged it (entry {logged[x]})"
         last[r] = seq
         if e.data["terminal"]:
             done[r] = "terminal event"
@@ -389,6 +395,11 @@ def _reader_delivery_complete(rt: RequestTrace):
             if r not in done:
                 got = f"seq={last[r]}" if r in last else "nothing"
                 yield opening.index, f"reader {r} neither got the terminal event nor closed (it stopped after {got})"
+
+
+def _named(seq: int | None) -> str:
+    """A delivery position in words: response.start (None) or seq=N."""
+    return "response.start" if seq is None else f"seq={seq}"
 
 
 def _pos(seq: int | None) -> int:

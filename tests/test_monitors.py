@@ -335,6 +335,16 @@ def _swap_delivered(reader, *entries):
     return change
 
 
+def _handed_before_logged(rows):
+    """readers_run whose first reader opens and is handed response.start and seq 0 before the
+    stream logs seq 0 (a reader ahead of the log), then the rest as before."""
+    rows = _swap_delivered(0, got(0, None, 0, 2), got(0, 1, 2, 2, True))(rows)
+    early = rows.pop(where(rows, "stream.delivered", reader=0))
+    opening = rows.pop(where(rows, "stream.reader_opened", reader=0))
+    i = where(rows, "response.delta", seq=0)
+    return rows[:i] + [opening, early] + rows[i:]
+
+
 # Every way one reader's delivery can be wrong, written by hand.
 @pytest.mark.parametrize(("change", "says"), [
     (_swap_delivered(1, got(1, 2, 2, 1, True)), "seq=2 where seq=1 was due (a gap)"),  # skips seq 1
@@ -350,13 +360,15 @@ def _swap_delivered(reader, *entries):
     (_swap_delivered(1, got(1, 1, 1, 1, True)), "terminal with seq=1"),
     (_swap_delivered(1, got(1, 1, 5, 5, True)), "seq=5, which the stream never logged"),
     (lambda rows: rows + [got(7, 0, 0, 1)], "never opened"),
+    (_handed_before_logged, "reader 0 was handed seq=0 before the stream logged it"),
     (_swap_delivered(1, got(1, 1, 1, 1)), "reader 1 neither got the terminal event nor closed"),  # just stops
     (lambda rows: rows + [opened(4, 1, after=0, resume=True)], "reader 4 neither got"),  # opened, never fed
 ])
 def test_reader_delivery_monitor_names_each_kind_of_wrong_delivery(change, says):
     """§4.7 per reader: a skipped or lost event, a duplicate, a live reader that misses
     response.start or seq 0, anything after the terminal or after the reader left, a wrong terminal, an
-    event never logged, a reader never opened, a delivery that stops without terminal or close."""
+    event never logged or handed out before it was logged, a reader never opened, a delivery that
+    stops without terminal or close."""
     found = [str(v) for v in check_trace(build(change(readers_run())), tokenizer=TOK)
              if v.invariant == "reader_delivery_complete"]
     assert found and says in found[0], found
