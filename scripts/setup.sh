@@ -29,11 +29,28 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ] || ! "$VENV/bin/python"
     echo "$want" > "$STAMP"
 fi
 
+# Debian's apt and dpkg locks (another `make setup`, unattended-upgrades) are waited for, at most
+# this long: apt-get install waits by itself (DPkg::Lock::Timeout); apt-get update does not, so it
+# is retried while its error is the lock.
+APT_LOCK_WAIT_S=600
+
+apt_update() {
+    local deadline=$((SECONDS + APT_LOCK_WAIT_S)) out
+    until out="$("${sudo[@]}" apt-get update -qq 2>&1)"; do
+        if ! grep -q "Could not get lock" <<<"$out" || [ "$SECONDS" -ge "$deadline" ]; then
+            echo "$out" >&2
+            return 1
+        fi
+        echo "setup: waiting for apt's lock ($(grep -m1 -o "held by process.*" <<<"$out" || echo "held"))"
+        sleep 5
+    done
+}
+
 if ! command -v dot >/dev/null 2>&1; then
     echo "setup: installing graphviz (dot)"
     sudo=()
     [ "$(id -u)" -ne 0 ] && sudo=(sudo)
-    "${sudo[@]}" apt-get update -qq
-    "${sudo[@]}" apt-get install -y -qq graphviz
+    apt_update
+    "${sudo[@]}" apt-get -o DPkg::Lock::Timeout="$APT_LOCK_WAIT_S" install -y -qq graphviz
 fi
 echo "setup: ready ($("$VENV/bin/python" -c 'import torch, decodespec; print("torch", torch.__version__, "decodespec", decodespec.__version__)'))"
