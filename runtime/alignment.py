@@ -64,6 +64,21 @@ def token_scores(logits: torch.Tensor, token: int, top: int) -> tuple[float, tup
     return chosen, tuple((int(i), max(float(v), LOGPROB_FLOOR)) for v, i in zip(values.tolist(), ids.tolist()))
 
 
+class ScoreLog(list[tuple[float, tuple[tuple[int, float], ...]]]):
+    """Each selected token's token_scores with its `top` alternatives, in order (D59): kept for a
+    request that asks for logprobs; append-only, read by index as the engine thread appends."""
+
+    __slots__ = ("top",)
+
+    def __init__(self, top: int) -> None:
+        super().__init__()
+        self.top = top
+
+    def record(self, logits: torch.Tensor, token: int) -> None:
+        """Append `token`'s scores from the logits it was chosen from."""
+        self.append(token_scores(logits, token, self.top))
+
+
 class Releaser:
     """One reader's view of one run: feed it the stream's delta bytes in order (`delta`), then
     `finish()` once the run ended; each call returns the entries that chunk reports (D59). Reads

@@ -301,11 +301,13 @@ class IncrementalDetokenizer:
         return self._pending[self._hidden :]
 
     @property
-    def held(self) -> bytes | None:
+    def held(self) -> bytes:
         """Every byte held back, the prompt's unfinished character included: what the next
-        token's bytes continue (the UTF-8 guard's input). None on the window path, which holds
-        tokens, not bytes."""
-        return None if self._window is not None else self._pending
+        token's bytes continue (the UTF-8 guard's input, D16). The window path holds tokens, not
+        bytes: asking it is an error (a guarded request needs a tokenizer with a byte table)."""
+        if self._window is not None:
+            raise TypeError(f"{type(self._tok).__name__}: the detokenizer holds tokens, not bytes (no byte table)")
+        return self._pending
 
     @property
     def state(self):

@@ -28,7 +28,7 @@ from ..machine import CompiledMachine, compiled_of, per_table
 from ..machine.actions import ActionError, Executor, Plan, run_phases
 from ..spec import FinishReason, Spec, Table, default_spec, load_spec
 from ..spec.derived import DriverStates, driver_states, terminal_stream_event
-from .alignment import token_scores
+from .alignment import ScoreLog
 from .detokenizer import DecodingError, IncrementalDetokenizer
 from .errors import ModelError, RequestError
 from .events import EventKind, Trace
@@ -38,7 +38,7 @@ from .ledger import ResourceLedger
 from .request import Request
 from .result import Result, Usage
 from .sampling import Sampler, SamplingParams
-from .stop import StopHit, StopKind, StopMatcher, TokenStopMatcher
+from .stop import StopHit, StopMatcher, TokenStopMatcher
 from .stream import OVERFLOW_ERROR, BackpressurePolicy, OrderedStream, StreamOverflow
 from .tokenizers import TokenizerError
 from .utf8_guard import Utf8Guard, guard_for
@@ -110,16 +110,16 @@ def _select_0(self: RequestRun, token: int | None = None) -> bool:
         remaining = Utf8Guard.UNBOUNDED if self.sampler.greedy and (
             self.request.stop or self.token_stopper is not None) else min(
             self.request.max_output_tokens - len(self.tokens), self.model.context_limit - self.cache.length) - 1
-        logits = guard.restrict(self.logits, self.detok.held, remaining)
+        logits = guard.restrict(self.step_logits, self.detok.held, remaining)
         if token is None or logits[token] == float("-inf"):
             token = self.sampler.choose(logits)
     elif self._undecodable is not None:
         if token is None or self._undecodable[token]:
-            token = self.sampler.choose(self.logits.masked_fill(self._undecodable, float("-inf")))
+            token = self.sampler.choose(self.step_logits.masked_fill(self._undecodable, float("-inf")))
     elif token is None:
-        token = self.sampler.choose(self.logits)
+        token = self.sampler.choose(self.step_logits)
     if self.scores is not None:
-        self.scores.append(token_scores(self.logits, token, self.request.logprobs))
+        self.scores.record(self.step_logits, token)
     # consume (§4.2): y_t recorded and fired as `select`; a guard that turns the check of a not-text token
     # off makes it a token like any other (D31)
     tokens = self.tokens
@@ -161,10 +161,11 @@ def _select_0(self: RequestRun, token: int | None = None) -> bool:
             elif self._held_since is not None:
                 self._t["stop_buffer"] += self.clock() - self._held_since
                 self._held_since = None
-        if self.token_stopper is not None:
-            safe, hit = self._token_stop(token, safe, hit)
-        if hit is not None and self._stop_kept and hit.kind is StopKind.STRING:
-            safe += hit.stop.encode("utf-8")
+        token_stopper = self.token_stopper
+        if token_stopper is not None:
+            safe, hit = self._token_stop(token_stopper, token, safe, hit)
+        if hit is not None and self._stop_kept:
+            safe += hit.own_bytes
     # finish_checks (§4.3): the table's finish checks in its order (runtime/finish.py, D4): the event of the
     # first that holds fires after the emit
     event = self._winner(self, eos, safe, hit, t, checked)
@@ -204,16 +205,16 @@ def _select_1(self: RequestRun, token: int | None = None) -> bool:
         remaining = Utf8Guard.UNBOUNDED if self.sampler.greedy and (
             self.request.stop or self.token_stopper is not None) else min(
             self.request.max_output_tokens - len(self.tokens), self.model.context_limit - self.cache.length) - 1
-        logits = guard.restrict(self.logits, self.detok.held, remaining)
+        logits = guard.restrict(self.step_logits, self.detok.held, remaining)
         if token is None or logits[token] == float("-inf"):
             token = self.sampler.choose(logits)
     elif self._undecodable is not None:
         if token is None or self._undecodable[token]:
-            token = self.sampler.choose(self.logits.masked_fill(self._undecodable, float("-inf")))
+            token = self.sampler.choose(self.step_logits.masked_fill(self._undecodable, float("-inf")))
     elif token is None:
-        token = self.sampler.choose(self.logits)
+        token = self.sampler.choose(self.step_logits)
     if self.scores is not None:
-        self.scores.append(token_scores(self.logits, token, self.request.logprobs))
+        self.scores.record(self.step_logits, token)
     # consume (§4.2): y_t recorded and fired as `select`; a guard that turns the check of a not-text token
     # off makes it a token like any other (D31)
     tokens = self.tokens
@@ -255,10 +256,11 @@ def _select_1(self: RequestRun, token: int | None = None) -> bool:
             elif self._held_since is not None:
                 self._t["stop_buffer"] += self.clock() - self._held_since
                 self._held_since = None
-        if self.token_stopper is not None:
-            safe, hit = self._token_stop(token, safe, hit)
-        if hit is not None and self._stop_kept and hit.kind is StopKind.STRING:
-            safe += hit.stop.encode("utf-8")
+        token_stopper = self.token_stopper
+        if token_stopper is not None:
+            safe, hit = self._token_stop(token_stopper, token, safe, hit)
+        if hit is not None and self._stop_kept:
+            safe += hit.own_bytes
     # emit (§4.7): a chunk the content policy refused is never sent (D11); nothing to check: straight to the
     # stream
     if safe and event != _CONTENT_INTERRUPT:
@@ -462,8 +464,7 @@ class RequestRun:
             tokenizer, model.vocab_size, getattr(model, "device", "cpu"))
         self.tokens: list[int] = []
         # Each selected token's (log-probability, top alternatives) when the request asks (D59).
-        self.scores: list[tuple[float, tuple[tuple[int, float], ...]]] | None = (
-            None if request.logprobs is None else [])
+        self.scores: ScoreLog | None = None if request.logprobs is None else ScoreLog(request.logprobs)
         self.sampler = Sampler(
             SamplingParams(
                 temperature=request.temperature, top_k=request.top_k, top_p=request.top_p, seed=request.seed,
@@ -509,7 +510,7 @@ class RequestRun:
         if self._faulty:
             self.trace.subscribe(self._inject)
         # Bound once: the per-token path calls these for every token.
-        self._detok_push = self.detok.push
+        self._detok_push: Callable[[int], bytes] = self.detok.push
         self._stop_push = self.stopper.push
         self._may_overflow = self.stream.policy is not _PAUSE  # pause waits instead (§4.8)
         self._plain_send = self._plain()
@@ -567,6 +568,24 @@ class RequestRun:
     def driver_states(self) -> DriverStates:
         """The states of this run's lifecycle table the drivers branch on (spec.derived.driver_states)."""
         return self._lc.driver_states
+
+    @property
+    def final_reason(self) -> FinishReason:
+        """The finish reason the lifecycle table fixed (fix_reason, §4.3, §4.10): every row into a
+        terminal state fixes one, so a terminal run has it; asking before is an error."""
+        reason = self.reason
+        if reason is None:
+            raise RuntimeError(f"request {self.request.request_id}: no finish reason fixed yet (state {self.state})")
+        return reason
+
+    @property
+    def step_logits(self) -> torch.Tensor:
+        """The logits this step chooses from: set by the prefill and each decode, present while
+        the run selects (DECODING, §4.3); a discarded result (discard_result, §4.9) leaves none."""
+        logits = self.logits
+        if logits is None:
+            raise RuntimeError(f"request {self.request.request_id}: no logits to choose from in {self.state}")
+        return logits
 
     @property
     def decoding(self) -> bool:
@@ -685,12 +704,13 @@ class RequestRun:
         cancel the cancel wins (D2)."""
         self.kernel_failed(ModelError(f"{where} raised {type(exc).__name__}: {exc}"))
 
-    def _token_stop(self, token: int, safe: bytes, hit: Any) -> tuple[bytes, Any]:
-        """Merge the token-id stops into the string matcher's verdict (§4.6, D3). The string
-        matcher sees every byte at once; the bytes of tokens that may still begin a stop-id
-        sequence are withheld from sending (`_unsent`). On a hit the text up to the cut is final:
-        the earlier cut wins, a string match on a tie."""
-        token_hit = self.token_stopper.push(token)
+    def _token_stop(self, token_stopper: TokenStopMatcher, token: int, safe: bytes,
+                    hit: StopHit | None) -> tuple[bytes, StopHit | None]:
+        """Merge the token-id stops (`token_stopper`, the run's) into the string matcher's verdict
+        (§4.6, D3). The string matcher sees every byte at once; the bytes of tokens that may still
+        begin a stop-id sequence are withheld from sending (`_unsent`). On a hit the text up to
+        the cut is final: the earlier cut wins, a string match on a tie."""
+        token_hit = token_stopper.push(token)
         unsent = self._unsent + safe if self._unsent else safe
         sent = len(self.output) - self.echo_len
         if token_hit is not None:
@@ -703,7 +723,7 @@ class RequestRun:
         if hit is not None:  # a string stop: everything before it is final
             self._unsent = b""
             return unsent, hit
-        k = len(self.token_stopper.held)
+        k = len(token_stopper.held)
         if not k:
             self._unsent = b""
             return unsent, None
@@ -831,7 +851,7 @@ class RequestRun:
             return
         safe, hit = self.stopper.push(tail) if tail else (b"", None)
         if hit is not None and self._stop_kept:
-            safe += hit.stop.encode("utf-8")
+            safe += hit.own_bytes
         if not self._drained(safe):
             return
         if hit is not None:
@@ -888,7 +908,7 @@ class RequestRun:
         return Result(
             request_id=self.request.request_id,
             state=self.life.state,
-            finish_reason=self.reason,
+            finish_reason=self.final_reason,
             output=bytes(self.output),
             usage=self.usage(),
             trace=self.trace,
@@ -1007,7 +1027,7 @@ def _emit_terminal(run: RequestRun, key: tuple[str, str], reason: FinishReason |
         send = run._lc.terminal_send.get(run.state)
         if send is None:
             raise ActionError(f"lifecycle row {key}: emit_terminal in {run.state}, which is not a terminal state")
-        send(run.stream, run.reason, run.usage().as_dict(), run.error)
+        send(run.stream, run.final_reason, run.usage().as_dict(), run.error)
     for kind in run.ledger.stream_kinds:
         run.ledger.release(kind)
     run.trace.emit(EventKind.TIMINGS, **{f"{k}_s": v for k, v in run._t.items()}, decode_s=run._decode_s,

@@ -66,16 +66,16 @@ if guard is not None:
     remaining = Utf8Guard.UNBOUNDED if self.sampler.greedy and (
         self.request.stop or self.token_stopper is not None) else min(
         self.request.max_output_tokens - len(self.tokens), self.model.context_limit - self.cache.length) - 1
-    logits = guard.restrict(self.logits, self.detok.held, remaining)
+    logits = guard.restrict(self.step_logits, self.detok.held, remaining)
     if token is None or logits[token] == float("-inf"):
         token = self.sampler.choose(logits)
 elif self._undecodable is not None:
     if token is None or self._undecodable[token]:
-        token = self.sampler.choose(self.logits.masked_fill(self._undecodable, float("-inf")))
+        token = self.sampler.choose(self.step_logits.masked_fill(self._undecodable, float("-inf")))
 elif token is None:
-    token = self.sampler.choose(self.logits)
+    token = self.sampler.choose(self.step_logits)
 if self.scores is not None:
-    self.scores.append(token_scores(self.logits, token, self.request.logprobs))
+    self.scores.record(self.step_logits, token)
 """),
     "consume": Phase("§4.2", "y_t recorded and fired as `select`; a guard that turns the check of a not-text "
                      "token off makes it a token like any other (D31)", """
@@ -120,10 +120,11 @@ if not special:
         elif self._held_since is not None:
             self._t["stop_buffer"] += self.clock() - self._held_since
             self._held_since = None
-    if self.token_stopper is not None:
-        safe, hit = self._token_stop(token, safe, hit)
-    if hit is not None and self._stop_kept and hit.kind is StopKind.STRING:
-        safe += hit.stop.encode("utf-8")
+    token_stopper = self.token_stopper
+    if token_stopper is not None:
+        safe, hit = self._token_stop(token_stopper, token, safe, hit)
+    if hit is not None and self._stop_kept:
+        safe += hit.own_bytes
 """),
     "finish_checks": Phase("§4.3", "the table's finish checks in its order (runtime/finish.py, D4): the event of the "
                            "first that holds fires after the emit", """

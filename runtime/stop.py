@@ -63,6 +63,14 @@ class StopHit:
     rule_version: int  # the table's stop_rule_version
     kind: StopKind = StopKind.STRING
 
+    @property
+    def own_bytes(self) -> bytes:
+        """The stop string's own bytes, which end the output where the request keeps the match
+        (include_stop_str_in_output, D33); a token-id stop has none of its own (its bytes are its
+        tokens')."""
+        stop = self.stop
+        return stop.encode("utf-8") if isinstance(stop, str) else stop if isinstance(stop, bytes) else b""
+
 
 # -- automaton construction (once per stop set) -------------------------------------------------
 
