@@ -419,8 +419,8 @@ def parse_completion(raw: bytes, *, chat: bool, model_name: str, context_limit: 
     _get(body, "metadata", dict, default=None)
     guard = _get(body, "utf8_guard", bool, default=None)
     try:
-        request = Request(
-            prompt_ids if not isinstance(prompt, str) else prompt, stop=_stop(body),
+        request = Request(  # the ids, tokenized here once (the engine does not tokenize them again)
+            prompt_ids, stop=_stop(body),
             stop_token_ids=_stop_token_ids(body, vocab_size), max_output_tokens=max_tokens,
             temperature=float(temperature), top_p=top_p, seed=seed, policy=policy,
             max_buffer_events=max_buffer_events, request_id=request_id,

@@ -4,6 +4,7 @@ browser-shaped and unauthenticated requests are refused, ids cannot be guessed."
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import statistics
@@ -14,6 +15,7 @@ import httpx
 import pytest
 from _engine_kit import ascii_tokenizer, serve_in_thread, slow_model
 
+from decodespec.runtime import ByteTableTokenizer
 from decodespec.runtime.engine import Engine
 from decodespec.runtime.server import create_app
 
@@ -79,6 +81,38 @@ def test_health_stays_responsive_while_a_long_prompt_is_tokenized(base):
             assert c.get("/health").status_code == 200
             lat.append(time.perf_counter() - t0)
     assert lat and sorted(lat)[int(0.99 * (len(lat) - 1))] < 0.1, statistics.quantiles(lat, n=20) if len(lat) > 2 else lat
+
+
+def _counting_tokenizer() -> tuple[ByteTableTokenizer, list[tuple[str, bool]]]:
+    """ascii_tokenizer, and the list its encode appends to: each text, and whether it was encoded
+    on a thread running an event loop."""
+    tok, calls = ascii_tokenizer(), []
+    encode = tok.encode
+
+    def counted(text: str) -> list[int]:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            calls.append((text, False))
+        else:
+            calls.append((text, True))
+        return encode(text)
+
+    tok.encode = counted
+    return tok, calls
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_text_prompt_is_tokenized_once_off_the_event_loop(stream):
+    """A text prompt is tokenized once per request, on a worker thread: the parse's ids are the
+    ones the engine runs (a second encode would run on the event loop, under the engine's lock)."""
+    tok, calls = _counting_tokenizer()
+    engine = Engine(slow_model(delay_s=0.001), tok, poll_s=0.001)
+    with serve_in_thread(create_app(engine, model_name=MODEL)) as url:
+        r = _post(url, json.dumps({"model": MODEL, "prompt": "tokenize me once", "max_tokens": 2,
+                                   "stream": stream}).encode())
+    assert r.status_code == 200, r.text
+    assert [c for c in calls if c[0] == "tokenize me once"] == [("tokenize me once", False)], calls
 
 
 def test_browser_shaped_requests_are_refused(base):
