@@ -23,7 +23,8 @@ print(len(out.getvalue().splitlines()), sorted(m for m in ("torch", "numpy", "tr
 
 
 @pytest.mark.parametrize("args", [["--help"], ["conform", "--list"], ["conform", "--help"], ["check", "--help"],
-                                  ["serve", "--help"], ["generate", "--help"]])
+                                  ["serve", "--help"], ["generate", "--help"],
+                                  ["fuzz", "--help"]])
 def test_help_and_the_case_list_load_no_torch(args):
     done = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, check=True)
     lines, heavy = done.stdout.split(" ", 1)

@@ -163,7 +163,9 @@ def run_script(a: ScriptServer, case: Case) -> Outcome:
     status, data, raw = a.post(PATH, {**body, "stream": False, "logprobs": 1})
     if status == 400 and "stop_token_ids" in body and "stop_token_ids" in raw:
         return Outcome(skip=f"the server refuses the stop_token_ids field: {raw[:200]!r}")
-    if 400 <= status < 500 and case.inputs.get("request"):  # n/a where the engine offers no such field
+    # n/a where the engine offers no such field; a run the reference fails (invalid UTF-8, D12) is
+    # refused for that, not for its fields, and is judged
+    if 400 <= status < 500 and case.inputs.get("request") and exp.reason is not None:
         return Outcome(skip=f"the server refuses the request field(s) {sorted(case.inputs['request'])}: {raw[:240]!r}")
     # the usage chunk too: its count is judged as the non-streamed answer's is
     st = a.stream_body(PATH, {**body, "stream": True, "stream_options": {"include_usage": True}})

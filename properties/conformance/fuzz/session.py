@@ -1,0 +1,168 @@
+"""A fuzz run: batches of generated examples until the budget, then each distinct failure shrunk
+and written as a case with its reproducer (`decodespec fuzz`).
+
+`fuzz(engine, budget_s=..., seed=...)` draws batch k's examples from Hypothesis with the seed
+(seed, k) (`draw_examples`: generation only, no database, so a seed gives the same examples), runs
+each batch on one engine start (batch.run_batch), and keeps the failures (FAIL or DIFFERS) by key
+(shrink.failure_key: the lead finding's symptom and basis). Generation stops when GENERATE_SHARE of
+the budget is spent; the smallest failing example of each key is then shrunk (shrink.shrink_all)
+while the budget lasts. `write_run` files each minimal example as a case (properties/cases' format,
+id `fuzz/<symptom>/NNN`, expect = the reference's answer on its own tokenizer) and writes the report
+in `decodespec conform`'s format, the minimal cases first, then the failures as generated, then
+the examples the run could not judge (ERROR).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from ..adapters.base import case_prompt, case_script, case_tokenizer, reference_expect
+from ..cases import case_path, expect_to_json
+from ..grading import DEFAULT_PROFILE
+from ..runner import CaseResult, Verdict
+from .batch import Engine, OnResult, run_batch
+from .shrink import Inputs, Key, Shrunk, failure_key, shrink_all, size
+from .strategies import case_of, examples
+
+GENERATE_SHARE = 0.6  # of the budget spent generating; the rest shrinks
+BATCH = 60  # examples a batch compiles into one checkpoint set
+
+
+def draw_examples(n: int, seed: int, tokenizers: Sequence[str] = ("byte_table", "byte_level_bpe")) -> list[dict[str, Any]]:
+    """Up to `n` distinct examples (strategies.examples), the same for the same seed."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as seeded
+
+    out: list[dict[str, Any]] = []
+
+    @seeded(seed)
+    @settings(max_examples=n, phases=[Phase.generate], database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(examples(tokenizers))
+    def collect(ex: dict[str, Any]) -> None:
+        out.append(ex)
+
+    collect()
+    seen: dict[str, dict[str, Any]] = {}
+    for ex in out:
+        seen.setdefault(json.dumps(ex, sort_keys=True, ensure_ascii=False), ex)
+    return list(seen.values())
+
+
+@attrs.frozen
+class FuzzRun:
+    """What a run did: examples tried, batches (generation and shrinking), the failures as generated
+    (one per key, the smallest), every failing result, the ERRORs, the shrunk failures."""
+
+    seed: int
+    engine: str
+    examples: int
+    batches: int
+    failing: Mapping[Key, tuple[Inputs, CaseResult]]
+    failures: int
+    errors: tuple[CaseResult, ...]
+    shrunk: tuple[Shrunk, ...]
+    wall_s: float
+
+
+def fuzz(engine: Engine, workdir: Path, *, budget_s: float, seed: int = 0, batch: int = BATCH,
+         tokenizers: Sequence[str] = ("byte_table", "byte_level_bpe"), profile: str = DEFAULT_PROFILE,
+         declared: frozenset[str] = frozenset(), on_result: OnResult = lambda r: None,
+         say: Callable[[str], None] = lambda line: None, max_batches: int | None = None) -> FuzzRun:
+    """Generate, run and shrink within `budget_s` seconds (see module); checkpoints are built under
+    `workdir`. `say` gets a progress line per batch; `max_batches` bounds the generation batches."""
+    t0 = time.monotonic()
+
+    def left() -> float:
+        return budget_s - (time.monotonic() - t0)
+
+    def run(exs: Sequence[Inputs], tag: str) -> Sequence[CaseResult]:
+        return run_batch(exs, tag, engine, workdir / tag, profile=profile, declared=declared,
+                         on_result=on_result).results
+
+    failing: dict[Key, tuple[Inputs, CaseResult]] = {}
+    errors: list[CaseResult] = []
+    tried = failures = k = 0
+    while (k == 0 or left() > budget_s * (1 - GENERATE_SHARE)) and (max_batches is None or k < max_batches):
+        k += 1
+        exs = draw_examples(batch, seed * 100_003 + k, tokenizers)
+        results = run(exs, f"g{k:04d}")
+        tried += len(exs)
+        for ex, r in zip(exs, results):
+            key = failure_key(r)
+            if r.verdict is Verdict.ERROR:
+                errors.append(r)
+            elif key is not None:
+                failures += 1
+                if key not in failing or size(ex) < size(failing[key][0]):
+                    failing[key] = (ex, r)
+        say(f"batch {k}: {len(exs)} examples ({tried} in all), {failures} failing in {len(failing)} kind(s), "
+            f"{len(errors)} error(s), {time.monotonic() - t0:.0f} s")
+    shrunk = shrink_all([failing[key] for key in sorted(failing)], run, more=lambda: left() > 0,
+                        on_round=lambda n, m: say(f"shrinking, round {n}: {m} failure(s) still shrinking, "
+                                                  f"{time.monotonic() - t0:.0f} s")) if failing else []
+    return FuzzRun(seed, engine.label, tried, k + max((s.rounds for s in shrunk), default=0), failing, failures,
+                   tuple(errors), tuple(shrunk), time.monotonic() - t0)
+
+
+def filed(s: Shrunk, number: int, run: FuzzRun) -> dict[str, Any]:
+    """The case file of a minimal example: id fuzz/<symptom>/NNN, the reference's answer on its own
+    tokenizer as `expect`, a description naming the symptom, the basis and how it was found."""
+    symptom, kind, ref = s.key
+    case_id = f"fuzz/{symptom.replace('_', '-')}/{number:03d}"
+    lead = s.result.lead
+    bare = case_of(case_id, s.minimal)
+    tok = case_tokenizer(bare)
+    exp = reference_expect(bare, tok, case_prompt(bare, tok), case_script(bare, tok))
+    said = (f"Found by decodespec fuzz --seed {run.seed} against {run.engine}, shrunk in {s.rounds} round(s)"
+            f"{'' if s.proved else ' (the budget ended before it was minimal)'}: {symptom} ({kind}: {ref}). "
+            f"{lead.message if lead else ''}")
+    case = case_of(case_id, s.minimal, description=said[:1500],
+                   expect={k: v for k, v in expect_to_json(exp).items() if k in ("output", "finish_reason")})
+    return case.to_json()
+
+
+def write_run(run: FuzzRun, out: Path, *, profile: str = DEFAULT_PROFILE,
+              declared: frozenset[str] = frozenset()) -> list[Path]:
+    """The minimal cases under out/cases (properties/cases' layout), the report (reports.write_reports:
+    minimal cases first, then the failures as generated, then the ERRORs) and fuzz.json (the run's
+    figures) under `out`; the paths written."""
+    from ....checkout import default_diagrams_dir
+    from ..cases import parse_case
+    from ..reports import Grading, write_reports
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+    minimal: list[tuple[Shrunk, CaseResult]] = []
+    seen: set[str] = set()
+    for n, s in enumerate(sorted(run.shrunk, key=lambda s: s.key), start=1):
+        canon = json.dumps(s.minimal, sort_keys=True, ensure_ascii=False)
+        if canon in seen:  # two symptoms shrunk to one example: the first keeps it
+            continue
+        seen.add(canon)
+        obj = filed(s, n, run)
+        path = case_path(obj["id"], out / "cases")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(obj, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+        paths.append(path)
+        minimal.append((s, attrs.evolve(s.result, case=parse_case(obj, path=path))))
+    generated = [r for _, r in (run.failing[k] for k in sorted(run.failing))]
+    grading = Grading(profile, declared)
+    paths += write_reports([*(r for _, r in minimal), *generated, *run.errors], run.engine, out, diagrams_dir=default_diagrams_dir(),
+                           wall_s=run.wall_s, grading=grading)
+    figures = {
+        "seed": run.seed, "engine": run.engine, "examples": run.examples, "batches": run.batches,
+        "failures": run.failures, "kinds": len(run.failing), "errors": len(run.errors),
+        "wall_seconds": round(run.wall_s, 1),
+        "shrunk": [{"key": list(s.key), "case": m.case.id, "rounds": s.rounds, "minimal": s.proved,
+                    "size_from": list(size(s.original)), "size_to": list(size(s.minimal))}
+                   for s, m in minimal],
+    }
+    (out / "fuzz.json").write_text(json.dumps(figures, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    return [*paths, out / "fuzz.json"]

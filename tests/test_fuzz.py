@@ -1,0 +1,81 @@
+"""Generative conformance (`decodespec fuzz`, properties/conformance/fuzz): generated examples are
+script cases of the suite's format, drawn the same from the same seed; a failure shrinks to the
+smallest example failing with the same symptom and basis; and the reference, judged as `conform`
+judges it, fails none of them, in process and over HTTP (§4.3-§4.10)."""
+
+from __future__ import annotations
+
+import click
+import pytest
+
+from decodespec.cli_fuzz import parse_budget
+from decodespec.properties.conformance.adapters.base import Finding
+from decodespec.properties.conformance.fuzz.session import draw_examples
+from decodespec.properties.conformance.fuzz.shrink import candidates, failure_key, shrink_all, size
+from decodespec.properties.conformance.fuzz.strategies import TABLE, case_of, settled, spelled, table_spec
+from decodespec.properties.conformance.runner import CaseResult, Verdict, grade
+
+pytest.importorskip("transformers")
+
+
+def test_the_seed_decides_the_examples_and_each_is_a_case_of_the_suites_format():
+    first, again, other = draw_examples(15, 7), draw_examples(15, 7), draw_examples(15, 8)
+    assert first == again and first != other
+    for i, ex in enumerate(first):
+        case = case_of(f"fuzz/t/{i + 1:03d}", ex)
+        assert case.kind.value == "script" and case.inputs == ex
+        assert 1 <= ex["max_tokens"] <= len(spelled(ex).ids)  # nothing forced past the script (§4.3)
+
+
+def test_settled_keeps_max_tokens_within_the_script_and_min_tokens_within_max_tokens():
+    ex = {"tokenizer": table_spec([101, 102]), "prompt": [101], "script": [101, 102], "max_tokens": 9,
+          "request": {"min_tokens": 5}}
+    assert settled(ex)["max_tokens"] == 2 and settled(ex)["request"]["min_tokens"] == 2
+
+
+def _example(script, stops, **more):
+    return settled({"tokenizer": table_spec(script), "prompt": [101], "script": script, "max_tokens": len(script),
+                    **({"stop": stops} if stops else {}), **more})
+
+
+def test_every_candidate_is_smaller_and_runs_on_the_reference():
+    ex = _example([101, 106, 113, 100], ["bB", "b"], request={"n": 2})
+    cands = candidates(ex)
+    assert cands and all(size(c) < size(ex) for c in cands)
+    assert cands == sorted(cands, key=size)
+
+
+KEY_ID = next(i for i, b in TABLE.items() if b == "€".encode())
+
+
+def _fake_run(calls):
+    """A judge of an engine that sends a stop's bytes whenever the script holds € and a stop is asked."""
+    def run(exs, tag):
+        calls.append(len(exs))
+        out = []
+        for i, ex in enumerate(exs):
+            case = case_of(f"fuzz/{tag}/{i + 1:03d}", ex)
+            bad = KEY_ID in ex["script"] and ex.get("stop")
+            found = (Finding("stop_bytes_never_emitted", "sent", symptom="stop_sent"),) if bad else ()
+            out.append(grade(CaseResult(case, "fake", Verdict.PASS, found)))
+        return out
+    return run
+
+
+def test_a_failure_shrinks_to_the_smallest_example_with_the_same_symptom_and_basis():
+    ex = _example([101, 102, KEY_ID, 106, 113], ["€."], request={"include_stop_str_in_output": True})
+    calls: list[int] = []
+    [first] = _fake_run(calls)([ex], "g001")
+    assert failure_key(first) == ("stop_sent", "chapter", "stop_bytes_never_emitted")
+    [done] = shrink_all([(ex, first)], _fake_run(calls))
+    assert done.proved and done.key == failure_key(first)
+    assert done.minimal["script"] == [KEY_ID] and done.minimal["max_tokens"] == 1
+    assert len(done.minimal["stop"]) == 1 and len(done.minimal["stop"][0]) == 1
+    assert "request" not in done.minimal
+    assert shrink_all([(ex, first)], _fake_run([])) == [done]  # deterministic
+
+
+def test_budget_reads_seconds_minutes_and_hours_and_refuses_the_rest():
+    assert [parse_budget(t) for t in ("90", "90s", "10m", "1h")] == [90, 90, 600, 3600]
+    with pytest.raises(click.BadParameter, match="no duration"):
+        parse_budget("ten minutes")
