@@ -193,3 +193,21 @@ def _states_where(cls: type[_States], table: Table, what: str) -> _States:
             raise SpecError(table.source, f"{what} {field.name}",
                             f"{one}; {' and '.join(events)} is a row in {sorted(found[field.name])}")
     return cls(**found)
+
+
+def discovered_events(overlap: Table | None = None) -> Mapping[FinishReason, str]:
+    """The overlap table's [discovered] (§4.9, D73): for each finish reason the host work on y_t can
+    fix, the event it is to the step in flight. A reason without an entry, an unknown reason or an
+    event the table does not have is a SpecError naming it."""
+    table = overlap or load_spec("overlap")
+    raw = table.params.get("discovered")
+    if not isinstance(raw, Mapping):
+        raise SpecError(table.source, "discovered", "missing: a table { finish reason = event } of every reason")
+    known = {r.value for r in FinishReason}
+    if unknown := sorted(set(raw) - known):
+        raise SpecError(table.source, "discovered", f"{unknown} are not finish reasons (§4.10)")
+    if missing := sorted(known - set(raw)):
+        raise SpecError(table.source, "discovered", f"no event for the finish reason(s) {missing}")
+    if bad := sorted(f"{r} = {e!r}" for r, e in raw.items() if e not in table.events):
+        raise SpecError(table.source, "discovered", f"{bad}: not events of the table")
+    return {FinishReason(r): e for r, e in raw.items()}

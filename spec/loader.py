@@ -16,7 +16,7 @@ from typing import Any
 from .tables import Decision, Effect, FinishCheck, FinishGuard, StepPhase, Table
 from .vocabulary import SPEC_DIR, STEP_NEEDS, DecisionKind, FinishReason
 
-MACHINES = ("lifecycle", "stop_matcher", "detokenizer", "stream", "resources", "sequence", "channels")
+MACHINES = ("lifecycle", "stop_matcher", "detokenizer", "stream", "resources", "sequence", "channels", "overlap")
 _HEADER = ("name", "anchor", "spec_version", "initial", "terminal", "states", "events")
 _SECTIONS = {"row": DecisionKind.ROW, "ignore": DecisionKind.IGNORE, "reject": DecisionKind.REJECT}
 _FINISH = "finish_check"  # the ordered finish checks (lifecycle; DECISIONS D4)
