@@ -27,6 +27,7 @@ from .spec import SpecError, load_file, load_spec
 if TYPE_CHECKING:  # the checker (and numpy) load when the command runs, not for `decodespec --help`
     from .machine.checker import CheckReport, Counterexample
     from .machine.checker_channels import ChannelsReport
+    from .machine.checker_overlap import OverlapReport
 
 
 @click.command("check")
@@ -51,6 +52,7 @@ def check(requests, slots, max_depth, max_tokens, policies, table_files, as_json
     from .machine.checker import check as model_check
     from .machine.checker import default_config
     from .machine.checker_channels import check_channels
+    from .machine.checker_overlap import check_overlap
 
     tables = {}
     for path in table_files:
@@ -60,6 +62,7 @@ def check(requests, slots, max_depth, max_tokens, policies, table_files, as_json
             raise click.BadParameter(str(exc), param_hint="--table") from None
         tables[t.name] = t
     channels = tables.pop("channels", None)  # checked on its own (machine/checker_channels.py)
+    overlap = tables.pop("overlap", None)  # and so is the overlapped step (machine/checker_overlap.py)
     config = None
     if max_tokens is not None or policies:
         changes: dict[str, Any] = {}
@@ -90,11 +93,14 @@ def check(requests, slots, max_depth, max_tokens, policies, table_files, as_json
                   "so nothing is proved and no violation is claimed")
         sys.exit(130)
     split = check_channels(channels)
+    ahead = check_overlap(overlap, requests=min(requests, 2))
     if as_json:
-        click.echo(json.dumps({**report.to_json(), "channels": _channels_json(split)}, indent=2, ensure_ascii=False))
+        click.echo(json.dumps({**report.to_json(), "channels": _channels_json(split), "overlap": _overlap_json(ahead)},
+                              indent=2, ensure_ascii=False))
     else:
         _summary(report, Console())
         _channels_summary(split, Console())
+        _overlap_summary(ahead, Console())
     if draw_dir is not None:
         if witness is not None:
             if witness not in report.witnesses:
@@ -108,7 +114,7 @@ def check(requests, slots, max_depth, max_tokens, policies, table_files, as_json
             click.echo("no counterexample to draw (give --witness NAME to draw a witness)", err=True)
         for path in paths:
             click.echo(f"wrote {path}", err=True)
-    sys.exit(0 if report.ok and split.ok else 1)
+    sys.exit(0 if report.ok and split.ok and ahead.ok else 1)
 
 
 
@@ -129,6 +135,19 @@ def draw(cx: Counterexample, tables: dict, out_dir: str, *, mark_end: bool = Tru
             written += render(table, out_dir, highlight=path, numbers=cx.numbers(name), formats=("dot", "svg"),
                               violation=end if mark_end else None, stem=f"{'counterexample' if mark_end else 'witness'}_{cx.name}_{name}")
     return written
+
+
+def _overlap_json(r: OverlapReport) -> dict:
+    return {"requests": r.requests, "states": r.states, "ok": r.ok,
+            "violations": [v.to_json() for v in r.violations], "witnesses": sorted(r.witnesses),
+            "rows_never_fired": [list(p) for p in r.rows_never_fired]}
+
+
+def _overlap_summary(r: OverlapReport, out: Console) -> None:
+    """The overlapped step (spec/overlap.toml, D73), checked over every run of its requests."""
+    verdict = "ok" if r.ok else "VIOLATED: " + ", ".join(f"{v.name} ({v.message})" for v in r.violations)
+    out.print(f"overlap: {r.requests} request(s), {r.states:,} states, {verdict}; witnesses: "
+              f"{', '.join(sorted(r.witnesses)) or 'none'}; rows never fired: {len(r.rows_never_fired)}")
 
 
 def _channels_json(r: ChannelsReport) -> dict:

@@ -222,7 +222,7 @@ def test_unknown_machine_name_is_refused() -> None:
     with pytest.raises(SpecError) as info:
         load_spec("scheduler")
     assert str(info.value) == (
-        "scheduler: name: no such machine; known: lifecycle, stop_matcher, detokenizer, stream, resources, sequence, channels"
+        "scheduler: name: no such machine; known: lifecycle, stop_matcher, detokenizer, stream, resources, sequence, channels, overlap"
     )
 
 
