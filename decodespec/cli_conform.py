@@ -117,6 +117,10 @@ def report_name(engine: str) -> str:
               callback=output_folder,
               help="Write report.json, junit.xml, report.md, report.html into this folder.")
 @click.option("--name", default=None, help="Engine name shown in reports (default: derived from --engine).")
+@click.option("--worker", "workers", multiple=True, metavar="NAME",
+              help="The engine is a gateway (a router, a proxy): a report of its worker judged directly, by its "
+                   "folder beside --report's (reports/vllm for reports/vllm-router); each finding is marked the "
+                   "worker's or the gateway's own (repeatable; default: the preset's `worker`).")
 @click.option("--checkpoint", "checkpoints", type=click.Path(exists=True, file_okay=False, path_type=Path), multiple=True,
               help="openai: the forced checkpoint folder the server serves (`decodespec checkpoints build`), so its "
                    "script cases run over HTTP. module:factory and --launch: checkpoint folders, or a folder of "
@@ -143,7 +147,7 @@ def report_name(engine: str) -> str:
 def conform(engine: str, preset: str | None, list_presets: bool, presets_files: tuple[Path, ...], llama_cpp: Path | None,
             model: str | None, select: tuple[str, ...], cases_of: Path | None, list_only: bool, dry_run: bool,
             expect_file: Path | None, strict: bool, profile: str, declared: tuple[str, ...], partial_ok: bool,
-            report_dir: Path | None, name: str | None,
+            report_dir: Path | None, name: str | None, workers: tuple[str, ...],
             checkpoints: tuple[Path, ...], launch: str | None, launch_context: str | None, launch_tight: str | None,
             launch_timeout: float, read_timeout: float | None,
             without: tuple[str, ...],
@@ -208,7 +212,16 @@ def conform(engine: str, preset: str | None, list_presets: bool, presets_files: 
             raise click.BadParameter(f"{expect_file}: {exc}", param_hint="--expect") from None
     from .properties.conformance.reports import Grading
 
-    policy = Policy(known, strict, partial_ok, Grading(profile, frozenset(declared)))
+    policy = Policy(known, strict, partial_ok, Grading(profile, frozenset(declared)),
+                    workers or (chosen.worker if chosen else ()))
+    if policy.workers:
+        from .properties.conformance.reports import worker_reports
+
+        folder = report_dir or Path("reports") / (name or (chosen.name if chosen else report_name(engine or "launched")))
+        try:
+            worker_reports(folder, policy.workers)
+        except CaseError as exc:
+            raise click.BadParameter(f"{exc} (judge the worker directly first)", param_hint="--worker") from None
     if chosen is not None:
         return _conform_preset(chosen, cases, every, checkpoints, llama_cpp, frozenset(without), jobs, model, name,
                                report_dir, (launch_timeout, read_timeout), policy, dry_run, console, t0)
@@ -396,6 +409,7 @@ class Policy:
     strict: bool
     partial_ok: bool
     grading: Grading
+    workers: tuple[str, ...] = ()  # a gateway's worker reports, beside its own (attribution.py)
 
 
 def _run_declared(cases, policy: Policy, label: str, run) -> list:
@@ -416,9 +430,9 @@ def _run_declared(cases, policy: Policy, label: str, run) -> list:
 
 
 def _finish(results, label, report_dir, policy: Policy, console, t0: float) -> None:
-    """Print the table and headline, write the reports; exit 3 when most cases could not run (unless
-    --partial-ok), else 1 on a result that fails the run."""
-    from .properties.conformance.reports import headline, summary, write_reports
+    """Print the table and headline, write the reports (a gateway's read against its worker's); exit 3
+    when most cases could not run (unless --partial-ok), else 1 on a result that fails the run."""
+    from .properties.conformance.reports import headline, summary, worker_reports, write_reports
     from .properties.conformance.runner import fixed, unexpected
 
     table = RichTable(title=f"conformance: {label}")
@@ -433,7 +447,8 @@ def _finish(results, label, report_dir, policy: Policy, console, t0: float) -> N
     said = headline(results, label, policy.grading)
     if report_dir is not None:
         for path in write_reports(results, label, report_dir, diagrams_dir=default_diagrams_dir(),
-                                  wall_s=time.monotonic() - t0, grading=policy.grading):
+                                  wall_s=time.monotonic() - t0, grading=policy.grading,
+                                  workers=worker_reports(report_dir, policy.workers)):
             console.print(f"wrote {path}")
     for r in fixed(results, policy.known):
         console.print(f"[yellow]{r.case.id} is listed as a known failure but passed: update the --expect file[/]")

@@ -5,8 +5,10 @@
 It reads every `reports/<engine>/report.json` and shows, per engine, its findings counted by severity,
 and per case and engine the verdict and the lead finding (the most severe: its severity, symptom
 and, when not the chapter's rule, the decision or ignored field it rests on; a SKIP shows its reason
-on hover); a cell links to the case in that engine's HTML report. The columns follow MATRIX_ORDER,
-then the rest by name.
+on hover); a cell links to the case in that engine's HTML report. A gateway's column (a report read
+against its worker judged directly, attribution.py) counts its own findings apart from the worker's,
+and a cell names the findings only the gateway adds. The columns follow MATRIX_ORDER, then the rest
+by name.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .attribution import owned, split_line
 from .reports import section_key
 
 MATRIX_ORDER = ("reference", "decodespec-serve", "vllm", "vllm-fp16", "vllm-bf16", "llama-server", "llama-server-f16",
                 "llama-server-bf16", "llama-cpp-python", "decodespec-serve-life", "llama-server-life",
                 "llama-cpp-python-life", "transformers-serve", "hf-generate", "decode-stream",
-                "decodespec-serve-chat", "vllm-chat", "llama-server-chat", "llama-cpp-python-chat")
+                "decodespec-serve-chat", "vllm-chat", "llama-server-chat", "llama-cpp-python-chat",
+                "vllm-router", "smg", "litellm-vllm", "litellm-llama-server")
 _CELL = {"PASS": "#cfc", "FAIL": "#f99", "DIFFERS": "#fc9", "ERROR": "#f66", "SKIP": "#eee"}
 _SEVERITY_WORDS = {"text": "text", "ending": "ending", "accounting": "accounting", "stream_shape": "stream-shape",
                    "wire": "wire"}
@@ -55,6 +59,25 @@ def _count(rep: Mapping[str, Any]) -> str:
     wide = "".join(f"; engine-wide: field_ignored: {w['field']} ({w['cases']} cases)" for w in s.get("engine_wide", ()))
     return (f"{ran} of {s['total']} ran; {found}{wide}; {s['PASS']} pass, {s['FAIL']} fail, {s.get('DIFFERS', 0)} "
             f"differ, {s['ERROR']} error")
+
+
+def _gateway_count(rep: Mapping[str, Any]) -> str:
+    """A gateway's split (attribution.py), '' for an engine judged directly."""
+    a = rep.get("attribution")
+    return f"; behind a gateway: {split_line(a)}" if a else ""
+
+
+def _gateway_own(rep: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Per case, the symptoms of the findings only the gateway adds (none for an engine judged directly)."""
+    out: dict[str, list[str]] = {}
+    for f in owned(rep["attribution"], "gateway") if rep.get("attribution") else ():
+        out.setdefault(f["case"], []).append(f["symptom"])
+    return out
+
+
+def _gateway_mark(c: Mapping[str, Any], own: Mapping[str, Sequence[str]]) -> str:
+    """' · gateway's own: a, b' for a case where the gateway adds findings."""
+    return f" · gateway's own: {', '.join(own[c['id']])}" if c["id"] in own else ""
 
 
 def _basis_tag(f: Mapping[str, Any]) -> str:
@@ -97,8 +120,10 @@ def to_markdown(reports: Mapping[str, Mapping[str, Any]]) -> str:
              "had no effect). FAIL: the chapter is broken; DIFFERS: only a project decision or an ignored field; "
              "PASS (stream-shape) or PASS (wire): only such findings. n/a: the engine cannot run the case (its "
              "report gives the reason).", "",
-             "| engine | cases |", "|---|---|", *[f"| {e} | {_count(reports[e])} |" for e in engines], "",
+             "| engine | cases |", "|---|---|",
+             *[f"| {e} | {_count(reports[e])}{_gateway_count(reports[e])} |" for e in engines], "",
              "| § | case | grade | " + " | ".join(engines) + " |", "|---|---|---|" + "---|" * len(engines)]
+    own = {e: _gateway_own(reports[e]) for e in engines}
     for anchor, cid, grade, per in _rows(reports):
         cells = []
         for e in engines:
@@ -106,10 +131,11 @@ def to_markdown(reports: Mapping[str, Mapping[str, Any]]) -> str:
             if c is None:
                 cells.append("")
             elif c["verdict"] in ("FAIL", "ERROR", "DIFFERS"):
-                cells.append(f"**{c['verdict']}** {_symptom(c)}".strip())
+                cells.append(f"**{c['verdict']}** {_symptom(c)}".strip() + _gateway_mark(c, own[e]))
             else:
                 mark = _pass_mark(c, _wide(reports[e]))
-                cells.append("n/a" if c["verdict"] == "SKIP" else c["verdict"] + (f" ({mark})" if mark else ""))
+                cells.append("n/a" if c["verdict"] == "SKIP" else
+                             c["verdict"] + (f" ({mark})" if mark else "") + _gateway_mark(c, own[e]))
         lines.append(f"| {anchor} | `{cid}` | {grade} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -117,8 +143,9 @@ def to_markdown(reports: Mapping[str, Mapping[str, Any]]) -> str:
 def to_html(reports: Mapping[str, Mapping[str, Any]]) -> str:
     e = html.escape
     engines = list(reports)
-    head = "".join(f"<th><a href='{e(name)}/report.html'>{e(name)}</a><br><small>{e(_count(reports[name]))}</small></th>"
-                   for name in engines)
+    head = "".join(f"<th><a href='{e(name)}/report.html'>{e(name)}</a><br><small>"
+                   f"{e(_count(reports[name]) + _gateway_count(reports[name]))}</small></th>" for name in engines)
+    own = {name: _gateway_own(reports[name]) for name in engines}
     body, last = [], None
     for anchor, cid, grade, per in _rows(reports):
         if anchor != last:
@@ -136,6 +163,7 @@ def to_html(reports: Mapping[str, Mapping[str, Any]]) -> str:
             inv = (f"<br><small title='{e(c.get('first_violated_invariant') or '')}'>{e(_symptom(c))}</small>"
                    if v in ("FAIL", "ERROR", "DIFFERS") else
                    f"<br><small>{e(_pass_mark(c, _wide(reports[name])))}</small>" if c.get("failures") else "")
+            inv += f"<br><small><b>{e(_gateway_mark(c, own[name]).lstrip(' ·'))}</b></small>" if c["id"] in own[name] else ""
             link = f"{name}/report.html#{cid}" if v in ("FAIL", "ERROR", "DIFFERS") else f"{name}/report.html"
             cells.append(f"<td style='background:{_CELL[v]}' title='{e(tip)}'><a href='{e(link)}'>{label}</a>{inv}</td>")
         body.append(f"<tr><td><code>{e(cid)}</code></td><td>{grade}</td>{''.join(cells)}</tr>")

@@ -49,6 +49,7 @@ FIELDS: Mapping[str, tuple[type, Any]] = {
     "engine": (str, None), "install": (str, None), "launch": (str, None), "cases": (str, None),
     "context": (str, ""), "tight": (str, ""), "gguf": (str, ""), "without": (list, []), "declare": (list, []),
     "jobs": (int, 1), "model": (str, ""), "aliases": (list, []), "note": (str, ""), "extends": (str, ""),
+    "worker": (list, []),
 }
 NOT_INHERITED = frozenset({"aliases", "extends"})
 # What launch.launched fills in per server, and what each command may use besides.
@@ -107,6 +108,7 @@ class Preset:
     cases: str
     aliases: tuple[str, ...]
     note: str
+    worker: tuple[str, ...]  # a gateway's: the worker's reports judged directly (attribution.py)
 
     @property
     def gguf_file(self) -> str | None:
@@ -143,7 +145,8 @@ class Preset:
         lines = [f"{self.name}: {self.engine}; cases: {self.cases}" + (f"; without {', '.join(self.without)}"
                                                                        if self.without else "")
                  + (f"; declares {', '.join(self.declare)}" if self.declare else "")
-                 + (f"; GGUF {self.gguf}" if self.gguf else "") + (f" ({self.note})" if self.note else ""),
+                 + (f"; GGUF {self.gguf}" if self.gguf else "") + (f" ({self.note})" if self.note else "")
+                 + (f"; read against {', '.join(self.worker)} (the worker judged directly)" if self.worker else ""),
                  f"    launch:  {self.launch}"]
         lines += [f"    {kind}:{' ' * (8 - len(kind))}{cmd}" for kind, cmd in (("context", self.context),
                                                                            ("tight", self.tight)) if cmd]

@@ -2,6 +2,7 @@
 
     python -m decodespec.properties.conformance.regrade reports/            # every reports/*/report.json, then the matrix
     python -m decodespec.properties.conformance.regrade reports/vllm [--profile chapter]
+    python -m decodespec.properties.conformance.regrade reports/vllm-router --worker vllm --worker vllm-chat
 
 A finding's severity and basis are table data (symptoms.SYMPTOMS, decisions.DECISIONS, a case's
 declared decisions), so they follow from each stored finding's symptom and its case; the verdict
@@ -9,7 +10,9 @@ follows from them (runner.grade), and a field the engine ignored in the whole ru
 the run, not a verdict per case (runner.grade_run, D71). Every stream the report recorded is held to §4.7's one terminal
 again (wire.unterminated), and one that ignored a field the wire shows alone (stream_options.include_usage) gets
 its finding (engine_wide.wire_findings): the two judgements made from the stored exchanges. The report's four
-files are rewritten, and each says which run produced it and that it was re-graded, not re-run.
+files are rewritten, and each says which run produced it and that it was re-graded, not re-run. A run
+behind a gateway is read again against its worker's direct reports (attribution.py): those it names,
+or the folders given with --worker (beside it: reports/vllm for reports/vllm-router).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from .adapters.base import Finding
 from .cases import Case, CaseError, load_cases
 from .checkpoints import with_chat
 from .engine_wide import wire_findings
-from .reports import Grading, read_report, write_reports
+from .reports import Grading, read_report, worker_reports, write_reports
 from .runner import PROFILES, CaseResult, Verdict, grade, grade_run
 from .symptoms import FIELD_BASIS, by_severity, merge
 from .wire import unterminated
@@ -70,9 +73,11 @@ def result_of(entry: Mapping[str, Any], case: Case, engine: str, profile: str) -
     return grade(res, profile)
 
 
-def regrade(folder: Path, cases: Mapping[str, Case], profile: str | None = None) -> list[Path]:
+def regrade(folder: Path, cases: Mapping[str, Case], profile: str | None = None,
+            workers: Sequence[str] = ()) -> list[Path]:
     """Rewrite folder/report.json (and its junit.xml, report.md, report.html) re-graded; `profile`
-    None keeps the report's own. A case id the suite no longer has is a CaseError naming it."""
+    None keeps the report's own; `workers` the worker reports to attribute its findings against
+    (default: the ones it names, if any). A case id the suite no longer has is a CaseError naming it."""
     path = folder / "report.json"
     data = read_report.__wrapped__(path, ("id", "verdict"))  # uncached: this rewrites the file it reads
     gone = [c["id"] for c in data["cases"] if c["id"] not in cases]
@@ -89,15 +94,19 @@ def regrade(folder: Path, cases: Mapping[str, Case], profile: str | None = None)
     today = datetime.now(UTC).date().isoformat()
     provenance = (f"{origin}; re-graded on {today} by `{SELF}` from its stored findings and exchanges (severity, "
                   "basis, the §4.7 terminal of every recorded stream); the engine was not run again")
+    named = workers or (data.get("attribution") or {}).get("workers") or ()
     return write_reports(results, engine, folder, diagrams_dir=default_diagrams_dir(), wall_s=data.get("wall_seconds"),
                          grading=Grading(profile, frozenset(stored.get("declared") or ()), provenance),
-                         generated=run)
+                         generated=run, workers=worker_reports(folder, named))
 
 
 def main(argv: Sequence[str]) -> int:
     ap = argparse.ArgumentParser(prog=SELF, description=__doc__.strip().splitlines()[0])
     ap.add_argument("folders", nargs="+", type=Path, help="a report folder, or a folder of them (then the matrix too)")
     ap.add_argument("--profile", choices=list(PROFILES), default=None, help="default: the report's own")
+    ap.add_argument("--worker", action="append", default=[], metavar="NAME",
+                    help="a report of the gateway's worker judged directly, by its folder beside the report's "
+                         "(repeatable; default: the ones the report names)")
     args = ap.parse_args(argv)
     cases = {c.id: c for c in with_chat(load_cases())}
     for given in args.folders:
@@ -107,7 +116,7 @@ def main(argv: Sequence[str]) -> int:
             return 2
         for folder in folders:
             try:
-                regrade(folder, cases, args.profile)
+                regrade(folder, cases, args.profile, args.worker)
             except CaseError as exc:
                 print(f"{SELF}: {exc}", file=sys.stderr)
                 return 2

@@ -36,6 +36,7 @@ import attrs
 from ...spec.invariants import load_invariants
 from . import replay_script as replay_script_module
 from .adapters.base import Finding
+from .attribution import attribution_json, owned, split_line
 from .cases import CaseError, Grade
 from .contract import CONTRACT_VERSION
 from .decisions import decision_line
@@ -76,6 +77,12 @@ def read_report(path: Path, fields: tuple[str, ...] = ("id",)) -> dict[str, Any]
         raise CaseError(f"{path}: not a report.json (no 'cases' list of objects with "
                         f"{' and '.join(repr(f) for f in fields)})")
     return data
+
+
+def worker_reports(folder: Path, names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The reports of a gateway's worker judged directly, named by their folders beside `folder` (the
+    gateway run's), by name (attribution.py); a missing or malformed one is a CaseError naming it."""
+    return {n: read_report.__wrapped__(folder.parent / n / "report.json", ("id", "verdict")) for n in names}
 
 
 def case_ids_of(path: Path) -> list[str]:
@@ -659,8 +666,25 @@ def _md_case(r: CaseResult) -> list[str]:
                     json.dumps(rep, ensure_ascii=False, indent=1), "```", "", "</details>", ""]
 
 
+def _md_attribution(attribution: Mapping[str, Any]) -> list[str]:
+    """A gateway run's first lines: its own findings (absent from the worker judged directly), then the split."""
+    own = owned(attribution, "gateway")
+    lines = [f"## The gateway's own findings ({len(own)})", "",
+             f"Read against the worker judged directly, case by case: {split_line(attribution)}.", ""]
+    if own:
+        lines += ["| case | verdict here | severity | symptom | invariant |", "|---|---|---|---|---|"]
+        lines += [f"| `{f['case']}` | {f['verdict']} | {f['severity'] or 'error'} | {_md_cell(f['symptom'])} | "
+                  f"{f['invariant']} |" for f in own]
+    else:
+        lines.append("None: every finding of this run is the worker's own, or its case has no direct run.")
+    if hidden := attribution["hidden"]:
+        lines += ["", f"Shown directly and not through the gateway ({len(hidden)}): "
+                  + ", ".join(f"`{f['case']}` {f['symptom']}" for f in hidden)]
+    return lines + [""]
+
+
 def to_markdown(results: Sequence[CaseResult], engine: str, grading: Grading = Grading(),
-                generated: str | None = None) -> str:
+                generated: str | None = None, attribution: Mapping[str, Any] | None = None) -> str:
     failed = [r for r in results if r.failed]
     differs = [r for r in results if r.verdict is Verdict.DIFFERS]
     passed = [r for r in results if r.verdict is Verdict.PASS]
@@ -668,6 +692,7 @@ def to_markdown(results: Sequence[CaseResult], engine: str, grading: Grading = G
     lines = [f"# Conformance report: `{engine}`", "", run_line(results, engine, generated), ""]
     lines += [f"*{grading.provenance}*", ""] if grading.provenance else []
     lines += [f"**{headline(results, engine, grading)}**", ""]
+    lines += _md_attribution(attribution) if attribution else []
     lines += _md_first_screen(results)
     lines += [f"## {_failures_title(failed)}", ""] if failed else ["No failure of the chapter.", ""]
     for anchor, rs in by_section(failed):
@@ -751,8 +776,26 @@ def _html_case(r: CaseResult, embedded: Mapping[str, str]) -> str:
             f"<pre>{e(json.dumps(rep, ensure_ascii=False, indent=1))}</pre></details></div>")
 
 
+def _html_attribution(attribution: Mapping[str, Any]) -> str:
+    """_md_attribution as HTML."""
+    e = html.escape
+    own = owned(attribution, "gateway")
+    rows = "".join(f"<tr><td><a href='#{e(f['case'])}'>{e(f['case'])}</a></td><td>{e(f['verdict'])}</td>"
+                   f"<td>{_badge(f['severity']) if f['severity'] else 'error'}</td><td>{e(f['symptom'])}</td>"
+                   f"<td>{e(f['invariant'])}</td></tr>" for f in own)
+    table = ("<table><tr><th>case</th><th>verdict here</th><th>severity</th><th>symptom</th><th>invariant</th></tr>"
+             f"{rows}</table>" if own else
+             "<p>None: every finding of this run is the worker's own, or its case has no direct run.</p>")
+    hidden = attribution["hidden"]
+    more = (f"<p>Shown directly and not through the gateway ({len(hidden)}): "
+            + e(", ".join(f"{f['case']} {f['symptom']}" for f in hidden)) + "</p>") if hidden else ""
+    return (f"<h2>The gateway's own findings ({len(own)})</h2><p>Read against the worker judged directly, case by "
+            f"case: {e(split_line(attribution))}.</p>{table}{more}")
+
+
 def to_html(results: Sequence[CaseResult], engine: str, *, diagrams_dir: Path | None = None,
-            grading: Grading = Grading(), generated: str | None = None) -> str:
+            grading: Grading = Grading(), generated: str | None = None,
+            attribution: Mapping[str, Any] | None = None) -> str:
     e = html.escape
     failed = [r for r in results if r.failed]
     differs = [r for r in results if r.verdict is Verdict.DIFFERS]
@@ -765,7 +808,8 @@ def to_html(results: Sequence[CaseResult], engine: str, *, diagrams_dir: Path | 
              f"<style>{_CSS}</style></head><body><h1>Conformance report: {e(engine)}</h1>",
              f"<p class='run'>{_code_spans(e(run_line(results, engine, generated)))}</p>",
              f"<p class='provenance'>{e(grading.provenance)}</p>" if grading.provenance else "",
-             f"<p class='headline {tone}'>{e(headline(results, engine, grading))}</p>"]
+             f"<p class='headline {tone}'>{e(headline(results, engine, grading))}</p>",
+             _html_attribution(attribution) if attribution else ""]
     rows = "".join(f"<tr><td>{_badge(sev)}</td>" + "".join(f"<td>{x}</td>" for x in row[1:]) + "</tr>"
                    for sev, row in zip(SEVERITIES, _severity_table(results)))
     head = "".join(f"<th>{e(h)}</th>" for h in _SEVERITY_HEAD)
@@ -815,22 +859,29 @@ def to_html(results: Sequence[CaseResult], engine: str, *, diagrams_dir: Path | 
 
 def write_reports(results: Sequence[CaseResult], engine: str, out_dir: str | Path,
                   *, diagrams_dir: str | Path | None = None, wall_s: float | None = None,
-                  grading: Grading = Grading(), generated: str | None = None) -> list[Path]:
+                  grading: Grading = Grading(), generated: str | None = None,
+                  workers: Mapping[str, Mapping[str, Any]] | None = None) -> list[Path]:
     """Write the four report files into `out_dir`; returns their paths. `wall_s`: the whole run's
     wall time (server start-ups included), kept in report.json; `generated`: when the run was
-    (default now; a re-graded report keeps its run's). The HTML embeds the SVG diagrams of
-    `diagrams_dir` its failures name, so the page stands alone."""
+    (default now; a re-graded report keeps its run's); `workers`: for a run behind a gateway, the
+    reports of its worker judged directly, by folder name (attribution.py: each finding the worker's
+    or the gateway's, the gateway's first). The HTML embeds the SVG diagrams of `diagrams_dir` its
+    failures name, so the page stands alone."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ddir = Path(diagrams_dir).resolve() if diagrams_dir is not None else None
     data = to_json(results, engine, wall_s, grading)
     if generated is not None:
         data["generated"] = generated
+    if workers:
+        data["attribution"] = attribution_json(data, workers)
+    said = data.get("attribution")
     texts = {
         "report.json": json.dumps(data, ensure_ascii=False, indent=1) + "\n",
         "junit.xml": to_junit(results, engine, grading),
-        "report.md": to_markdown(results, engine, grading, data["generated"]),
-        "report.html": to_html(results, engine, diagrams_dir=ddir, grading=grading, generated=data["generated"]),
+        "report.md": to_markdown(results, engine, grading, data["generated"], said),
+        "report.html": to_html(results, engine, diagrams_dir=ddir, grading=grading, generated=data["generated"],
+                               attribution=said),
     }
     paths = []
     for name in REPORT_FILES:
