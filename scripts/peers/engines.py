@@ -46,13 +46,15 @@ _LLAMA_PYTHON = {"install": "scripts/peers/llama_cpp.sh install", "path": f"{PEE
                         f"MTMD_CPP_LIB={PEERS}/llama.cpp/build/bin"}
 _DECODESPEC = {"install": "", "path": f"{ROOT}/.venv/bin", "env": ""}
 _ROUTER = {"install": "scripts/peers/routers.sh install", "path": "", "env": ""}
+_LITELLM_VLLM = {"install": "scripts/peers/litellm.sh install && scripts/peers/vllm.sh install", "path": "", "env": ""}
+_LITELLM_LLAMA = {**_LLAMA_SERVER, "install": "scripts/peers/litellm.sh install && scripts/peers/llama_cpp.sh install"}
 LOCAL: dict[str, dict[str, str]] = {
     "decodespec-serve": _DECODESPEC, "decodespec-serve-chat": _DECODESPEC,
     "vllm": _VLLM, "vllm-fp16": _VLLM, "vllm-bf16": _VLLM, "vllm-chat": _VLLM, "vllm-align": _VLLM,
     "llama-server": _LLAMA_SERVER, "llama-server-f16": _LLAMA_SERVER, "llama-server-bf16": _LLAMA_SERVER,
     "llama-server-chat": _LLAMA_SERVER, "llama-server-align": _LLAMA_SERVER, "llama-cpp-python": _LLAMA_PYTHON, "llama-cpp-python-chat": _LLAMA_PYTHON,
     "transformers-serve": {"install": ".venv/bin/pip install -q -e .[peers]", "path": f"{ROOT}/.venv/bin", "env": ""},
-    "vllm-router": _ROUTER, "smg": _ROUTER,
+    "vllm-router": _ROUTER, "smg": _ROUTER, "litellm-vllm": _LITELLM_VLLM, "litellm-llama-server": _LITELLM_LLAMA,
 }
 
 

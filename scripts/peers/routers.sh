@@ -33,7 +33,8 @@ serve() {
   local router=$1 model=$2 port=$3
   shift 3
   [ -x "$VENV/bin/$router" ] || { echo "no $router in $VENV; run: $0 install" >&2; exit 1; }
-  local p1 p2 prom pids=()
+  local p1 p2 prom
+  pids=()  # global: the EXIT trap runs after serve has returned
   p1=$(free_port); p2=$(free_port); prom=$(free_port)
   stop() { trap - EXIT TERM INT; for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done; wait; }
   trap stop EXIT TERM INT

@@ -176,8 +176,9 @@ def overlap(exchanges: Sequence[Exchange]) -> int:
 
 
 # Where a server offers its engine's Prometheus text: its own /metrics, else a router's copy of its
-# workers' (SGLang's gateway, smg: /engine_metrics, each sample labelled with its worker).
-METRICS_PATHS = ("/metrics", "/engine_metrics")
+# workers' (SGLang's gateway, smg: /engine_metrics, each sample labelled with its worker), else a
+# gateway's pass-through of its worker's (/worker/metrics: scripts/peers/litellm.sh routes LiteLLM's so).
+METRICS_PATHS = ("/metrics", "/engine_metrics", "/worker/metrics")
 
 
 def read_metrics(c: httpx.Client) -> dict[str, float] | None:

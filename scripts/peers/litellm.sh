@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# LiteLLM's proxy in front of one worker, as one peer. Nothing is downloaded but PyPI packages; the
+# worker serves a local model.
+#   scripts/peers/litellm.sh install       venv .cache/peers/litellm/venv with litellm[proxy] (idempotent)
+#   scripts/peers/litellm.sh serve MODEL_NAME PORT WORKER_COMMAND...
+#        Starts WORKER_COMMAND (its @PORT@ replaced by a free port of 127.0.0.1), waits for its
+#        /v1/models, then the proxy on 127.0.0.1:PORT from a config that names the worker as an
+#        OpenAI-compatible backend (model `openai/MODEL_NAME`, so /v1/completions goes to the worker's
+#        own /v1/completions) under the same name, and the worker's /metrics passed through as the
+#        proxy's /worker/metrics (the running gauge the request-life cases read). Stays in the
+#        foreground; on SIGTERM/SIGINT or when either exits, it stops both by PID.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+# 1.106.12: the newest release whose [proxy] extra installs from PyPI alone (later ones require a
+# `litellm-proxy` distribution PyPI does not have).
+VERSION=1.106.12
+mkdir -p .cache/peers
+DIR=$(cd .cache/peers && pwd -P)/litellm
+VENV=$DIR/venv
+
+install() {
+  if [ -x "$VENV/bin/litellm" ] && [ "$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("litellm"))' 2>/dev/null)" = "$VERSION" ]; then
+    echo "litellm $VERSION already installed in $VENV"
+    return 0
+  fi
+  [ -x "$VENV/bin/python" ] || "${PEER_PYTHON:-python3.11}" -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet "litellm[proxy]==$VERSION"
+}
+
+free_port() { "$VENV/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+serve() {
+  [ $# -ge 3 ] || { echo "usage: $0 serve MODEL_NAME PORT WORKER_COMMAND..." >&2; exit 2; }
+  local name=$1 port=$2
+  shift 2
+  [ -x "$VENV/bin/litellm" ] || { echo "no litellm in $VENV; run: $0 install" >&2; exit 1; }
+  local wport cmd=() config
+  pids=()  # global: the EXIT trap runs after serve has returned
+  wport=$(free_port)
+  for w in "$@"; do cmd+=("${w//@PORT@/$wport}"); done
+  config=$(mktemp "${TMPDIR:-/tmp}/litellm-XXXXXX.yaml")
+  stop() { trap - EXIT TERM INT; for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done; wait; rm -f "$config"; }
+  trap stop EXIT TERM INT
+  "${cmd[@]}" &
+  pids+=($!)
+  until curl -sf "http://127.0.0.1:$wport/v1/models" >/dev/null; do
+    kill -0 "${pids[0]}" 2>/dev/null || { echo "the worker exited before answering" >&2; exit 1; }
+    sleep 1
+  done
+  cat >"$config" <<EOF
+model_list:
+  - model_name: "$name"
+    litellm_params:
+      model: "openai/$name"
+      api_base: "http://127.0.0.1:$wport/v1"
+      api_key: "none"
+general_settings:
+  dangerously_permit_weak_or_unset_master_key: true
+  pass_through_endpoints:
+    - path: "/worker/metrics"
+      target: "http://127.0.0.1:$wport/metrics"
+EOF
+  LITELLM_LOG=ERROR DISABLE_SCHEMA_UPDATE=true LITELLM_TELEMETRY=False \
+    "$VENV/bin/litellm" --config "$config" --host 127.0.0.1 --port "$port" --num_workers 1 &
+  pids+=($!)
+  echo "[litellm.sh] LiteLLM proxy on 127.0.0.1:$port in front of 127.0.0.1:$wport (${cmd[*]}); PIDs ${pids[*]}" >&2
+  wait -n "${pids[@]}"  # one of the two ended: stop the other (the EXIT trap)
+}
+
+case "${1:-}" in
+  install) install ;;
+  serve) shift; serve "$@" ;;
+  *) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+esac
