@@ -330,6 +330,48 @@ def parse_completion(raw: bytes, *, chat: bool, model_name: str, context_limit: 
     `tool_parser`: the server parses Hermes tool calls of a chat request with tools (D47), and
     `tool_close_id` is their `</tool_call>` token, if the vocabulary has one, which then ends the
     turn (the lifecycle's tool_call token check)."""
+    body = _read_body(raw, request_id)
+    tool_parser = chat and tool_parser
+    ignored = _check_fields(body, chat, strict, _TOOL_FIELDS if tool_parser else frozenset())
+    tools = tool_parser and _tools(body)
+    model = _get(body, "model", str, required=True)
+    if model != model_name:
+        raise ApiError(404, f"model: the model {_short(model)!r} does not exist; this server serves {model_name!r}",
+                       param="model", code="model_not_found")
+    prompt, prompt_param = _prompt_of(body, chat, tool_parser, chat_template)
+    prompt_ids = _prompt_ids(prompt, prompt_param, tokenizer, vocab_size, context_limit)
+    max_param = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _ranged(body, max_param, _RANGES["max_tokens"])
+    n, best_of, stream = _choices(body, strict)
+    include_usage = _include_usage(body, stream)
+    temperature = _ranged(body, "temperature", _RANGES["temperature"])
+    top_p = _get(body, "top_p", float, default=None)
+    seed = _ranged(body, "seed", _RANGES["seed"])
+    logprobs = _logprobs(body, chat)  # with echo: the output's tokens only, no prompt logprobs (D59)
+    token_ids = bool(_get(body, "return_token_ids", bool, default=False))
+    for key, kind in _INFORMATIONAL_TYPES.items():
+        _get(body, key, kind, default=None)
+    guard = _get(body, "utf8_guard", bool, default=None)
+    try:
+        request = Request(  # the ids, tokenized here once (the engine does not tokenize them again)
+            prompt_ids, stop=_stop(body),
+            stop_token_ids=_stop_token_ids(body, vocab_size), max_output_tokens=max_tokens,
+            temperature=float(temperature), top_p=top_p, seed=seed, policy=policy,
+            max_buffer_events=max_buffer_events, request_id=request_id,
+            utf8_guard=UTF8_GUARD_DEFAULTS[utf8_guard](temperature) if guard is None else guard,
+            finish_tokens={"tool_call": [tool_close_id]} if tools and tool_close_id is not None else {},
+            logprobs=logprobs, **request_options(body, vocab_size),
+        )
+    except RequestError as exc:
+        raise _bad(_PARAM.get(exc.field, exc.field), str(exc).split(": ", 1)[-1]) from None
+    return ParsedRequest(request=request, chat=chat, stream=stream, include_usage=include_usage, n=n,
+                         best_of=best_of, ignored=ignored, reasoning=chat and reasoning, tools=bool(tools),
+                         logprobs=logprobs, token_ids=token_ids)
+
+
+def _read_body(raw: bytes, request_id: str | None) -> dict[str, Any]:
+    """The client's id checked against CLIENT_ID, then the body as a JSON object of text: valid
+    UTF-8, parseable JSON, no lone surrogate in a key or a string (D9)."""
     if request_id is not None and not CLIENT_ID.fullmatch(request_id):
         raise _bad("X-Request-Id", f"must be 16 to 128 characters from A-Z a-z 0-9 . _ : - (an id the client "
                                    f"made unguessable), got {_short(request_id)!r}", "invalid_request_id")
@@ -350,41 +392,83 @@ def parse_completion(raw: bytes, *, chat: bool, model_name: str, context_limit: 
         raise _bad(None, f"the body must be a JSON object, got {type(body).__name__}", "invalid_json")
     if (where := _surrogate_path(body, "")) is not None:
         raise _bad(where, "holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text", "invalid_text")
-    tool_parser = chat and tool_parser
-    ignored = _check_fields(body, chat, strict, _TOOL_FIELDS if tool_parser else frozenset())
-    tools = tool_parser and _tools(body)
-    model = _get(body, "model", str, required=True)
-    if model != model_name:
-        raise ApiError(404, f"model: the model {_short(model)!r} does not exist; this server serves {model_name!r}",
-                       param="model", code="model_not_found")
-    kwargs = (_get(body, "chat_template_kwargs", dict, default=None) or {}) if chat else {}
+    return body
+
+
+def _prompt_of(body: Mapping[str, Any], chat: bool, tool_parser: bool,
+               chat_template: ChatTemplate) -> tuple[str | list[int], str]:
+    """The prompt and the field it came from: chat messages rendered by the template (with the
+    request's chat_template_kwargs, and the offered tools when the server parses calls, D47), or
+    completions' `prompt`."""
+    if not chat:
+        return _prompt(body), "prompt"
+    kwargs = _get(body, "chat_template_kwargs", dict, default=None) or {}
     if tool_parser and body.get("tools"):  # the template lists the offered tools, as transformers and vLLM render them
         kwargs = {**kwargs, "tools": body["tools"]}
-    prompt, prompt_param = (chat_template(_messages(body), kwargs), "messages") if chat else (_prompt(body), "prompt")
+    return chat_template(_messages(body), kwargs), "messages"
+
+
+def _prompt_ids(prompt: str | list[int], param: str, tokenizer: Any, vocab_size: int, context_limit: int) -> list[int]:
+    """The prompt's token ids: text tokenized, ids checked against the vocabulary; at least one, and
+    room left in the context for one output token (§4.3)."""
     if isinstance(prompt, str):
         try:
             prompt_ids = tokenizer.encode(prompt)
         except ValueError as exc:
-            raise _bad(prompt_param, f"cannot be tokenized: {exc}") from None
+            raise _bad(param, f"cannot be tokenized: {exc}") from None
     else:
         prompt_ids = list(prompt)
         bad = next((x for x in prompt_ids if x >= vocab_size), None)
         if bad is not None:
             raise _bad("prompt", f"token id {bad} is outside the vocabulary (0..{vocab_size - 1})")
     if not prompt_ids:
-        raise _bad(prompt_param, "encodes to no tokens")
+        raise _bad(param, "encodes to no tokens")
     if len(prompt_ids) + 1 > context_limit:
-        raise _bad(prompt_param, f"the prompt has {len(prompt_ids)} tokens; with one output token it does not fit "
+        raise _bad(param, f"the prompt has {len(prompt_ids)} tokens; with one output token it does not fit "
                    f"the context length {context_limit}", "context_length_exceeded")
-    max_param = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _get(body, max_param, int, default=16)
-    if not 1 <= max_tokens <= MAX_OUTPUT_TOKENS:
-        raise _bad(max_param, f"must be between 1 and {MAX_OUTPUT_TOKENS} (D18: 0 selects nothing), got {max_tokens}")
+    return prompt_ids
+
+
+@attrs.frozen
+class _Range:
+    """A numeric field's JSON type, its value when absent, and its inclusive bounds as the error writes them."""
+
+    kind: type
+    default: Any
+    low: int
+    high: int
+    bounds: str
+
+
+_RANGES = {
+    "max_tokens": _Range(int, 16, 1, MAX_OUTPUT_TOKENS, f"1 and {MAX_OUTPUT_TOKENS} (D18: 0 selects nothing)"),
+    "n": _Range(int, 1, 1, MAX_N, f"1 and {MAX_N}"),
+    "temperature": _Range(float, 1.0, 0, 2, "0 and 2"),
+    "seed": _Range(int, None, 0, 2**63 - 1, "0 and 2**63 - 1"),
+}
+# Fields with no effect on a completion, checked for their JSON type only (D30).
+_INFORMATIONAL_TYPES: dict[str, type] = {"user": str, "prompt_cache_key": str, "prompt_cache_retention": str,
+                                         "safety_identifier": str, "metadata": dict}
+
+
+def _in_range(param: str, value: Any, row: _Range) -> Any:
+    if value is not None and not row.low <= value <= row.high:
+        raise _bad(param, f"must be between {row.bounds}, got {value}")
+    return value
+
+
+def _ranged(body: Mapping[str, Any], param: str, row: _Range) -> Any:
+    """body[param] of the row's type, its default when absent, refused outside the row's bounds."""
+    return _in_range(param, _get(body, param, row.kind, default=row.default), row)
+
+
+def _choices(body: Mapping[str, Any], strict: bool) -> tuple[int, int, bool]:
+    """`n` choices of `best_of` candidates (D34; strict: n = 1 only, D30) and `stream`: candidates
+    beyond n are chosen at the end, so they are not streamed."""
     n = _get(body, "n", int, default=1)
     if strict and n != 1:
         raise _bad("n", "only n = 1 is supported (this server is strict)")
-    if not 1 <= n <= MAX_N:
-        raise _bad("n", f"must be between 1 and {MAX_N}, got {n}")
+    _in_range("n", n, _RANGES["n"])
     best_of = _get(body, "best_of", int, default=n)
     if not n <= best_of <= MAX_N:
         raise _bad("best_of", f"must be between n ({n}) and {MAX_N}, got {best_of}")
@@ -392,47 +476,24 @@ def parse_completion(raw: bytes, *, chat: bool, model_name: str, context_limit: 
     if stream and best_of > n:
         raise _bad("best_of", f"{best_of} candidates for {n} choice(s) cannot be streamed: the best are known only "
                               "at the end (send best_of = n, or stream: false)")
+    return n, best_of, stream
+
+
+def _include_usage(body: Mapping[str, Any], stream: bool) -> bool:
+    """`stream_options` (a stream's only): include_usage, the others of _STREAM_OPTIONS only false."""
     options = _get(body, "stream_options", dict, default=None)
-    include_usage = False
-    if options is not None:
-        if not stream:
-            raise _bad("stream_options", "is only allowed with stream: true")
-        extra = sorted(set(options) - _STREAM_OPTIONS)
-        if extra:
-            raise _bad(f"stream_options.{extra[0]}", "unknown field", "unknown_field")
-        for key in _STREAM_OPTIONS - {"include_usage"}:
-            if _get(options, key, bool, default=False, name=f"stream_options.{key}"):
-                raise _bad(f"stream_options.{key}", "true is not supported by this server; it accepts only false",
-                           "unsupported_value")
-        include_usage = _get(options, "include_usage", bool, default=False, name="stream_options.include_usage")
-    temperature = _get(body, "temperature", float, default=1.0)
-    if not 0 <= temperature <= 2:
-        raise _bad("temperature", f"must be between 0 and 2, got {temperature}")
-    top_p = _get(body, "top_p", float, default=None)
-    seed = _get(body, "seed", int, default=None)
-    if seed is not None and not 0 <= seed < 2**63:
-        raise _bad("seed", f"must be between 0 and 2**63 - 1, got {seed}")
-    logprobs = _logprobs(body, chat)  # with echo: the output's tokens only, no prompt logprobs (D59)
-    token_ids = bool(_get(body, "return_token_ids", bool, default=False))
-    for key in ("user", "prompt_cache_key", "prompt_cache_retention", "safety_identifier"):
-        _get(body, key, str, default=None)
-    _get(body, "metadata", dict, default=None)
-    guard = _get(body, "utf8_guard", bool, default=None)
-    try:
-        request = Request(  # the ids, tokenized here once (the engine does not tokenize them again)
-            prompt_ids, stop=_stop(body),
-            stop_token_ids=_stop_token_ids(body, vocab_size), max_output_tokens=max_tokens,
-            temperature=float(temperature), top_p=top_p, seed=seed, policy=policy,
-            max_buffer_events=max_buffer_events, request_id=request_id,
-            utf8_guard=UTF8_GUARD_DEFAULTS[utf8_guard](temperature) if guard is None else guard,
-            finish_tokens={"tool_call": [tool_close_id]} if tools and tool_close_id is not None else {},
-            logprobs=logprobs, **request_options(body, vocab_size),
-        )
-    except RequestError as exc:
-        raise _bad(_PARAM.get(exc.field, exc.field), str(exc).split(": ", 1)[-1]) from None
-    return ParsedRequest(request=request, chat=chat, stream=stream, include_usage=include_usage, n=n,
-                         best_of=best_of, ignored=ignored, reasoning=chat and reasoning, tools=bool(tools),
-                         logprobs=logprobs, token_ids=token_ids)
+    if options is None:
+        return False
+    if not stream:
+        raise _bad("stream_options", "is only allowed with stream: true")
+    extra = sorted(set(options) - _STREAM_OPTIONS)
+    if extra:
+        raise _bad(f"stream_options.{extra[0]}", "unknown field", "unknown_field")
+    for key in _STREAM_OPTIONS - {"include_usage"}:
+        if _get(options, key, bool, default=False, name=f"stream_options.{key}"):
+            raise _bad(f"stream_options.{key}", "true is not supported by this server; it accepts only false",
+                       "unsupported_value")
+    return _get(options, "include_usage", bool, default=False, name="stream_options.include_usage")
 
 
 def _logprobs(body: Mapping[str, Any], chat: bool) -> int | None:
