@@ -82,32 +82,50 @@ def observe(status: int, data: Any, raw: str, st: Streamed, index: int = 0, n: i
     n > 1 the token count is the choices' total and is judged apart). A chat answer's text is its
     message's content (a chat answer that splits nothing off it, D45). `usage_asked`: the stream's
     request set stream_options.include_usage."""
-    whole_stream = st
     choice = next((c for c in choices_of(data) if c.get("index", 0) == index), {})
-    st = st.choice(index) if n > 1 else st
-    rep = None if reported is None or reported.status != 200 else reported.choice(index) if n > 1 else reported
-    timeline = (rep.timeline("the stream asking for per-token reports") if rep is not None else
-                st.timeline() if st.status == 200 else None)
-    usage = data.get("usage") if isinstance(data, dict) else None
-    text = choice.get("text")
-    if isinstance(choice.get("message"), dict):  # a chat message's null content is no text
-        text = choice["message"].get("content")
-        text = "" if text is None else text
+    text = _choice_text(choice)
     body = text.encode() if status == 200 and isinstance(text, str) else None
-    ok = body is not None
+    usage = data.get("usage") if isinstance(data, dict) else None
     count = token_count(usage, "completion_tokens")
     return Observed(
-        text=body, finish_reason=choice.get("finish_reason") if ok else None,
+        text=body, finish_reason=choice.get("finish_reason") if body is not None else None,
         completion_tokens=count if status == 200 and n == 1 else None,
-        stream_completion_tokens=token_count(st.usage, "completion_tokens") if st.status == 200 and n == 1 else None,
-        chunks=tuple(t.encode() for t in st.texts) if st.status == 200 else None,
-        timeline=timeline,
-        stream_finish_reasons=tuple(st.finish_reasons) if st.status == 200 else None,
-        content_after_finish=tuple(t.encode() for t in st.content_after_finish),
         error=None if status == 200 else f"{status}: {raw[:300]!r}",
-        stream_error=st.error if st.error else ("event: error" if st.error_events else None),
-        usage_chunk=not usage_chunk_missing(whole_stream) if usage_asked else None,
+        usage_chunk=not usage_chunk_missing(st) if usage_asked else None,
+        **_observed_stream(st.choice(index) if n > 1 else st, _reported(reported, index, n), n),
     )
+
+
+def _choice_text(choice: dict[str, Any]) -> Any:
+    """A completion choice's `text`, or a chat choice's message content (null content: no text)."""
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        return choice.get("text")
+    text = message.get("content")
+    return "" if text is None else text
+
+
+def _reported(reported: Streamed | None, index: int, n: int) -> Streamed | None:
+    """Choice `index` of the stream sent again for per-token reports, where it was answered."""
+    if reported is None or reported.status != 200:
+        return None
+    return reported.choice(index) if n > 1 else reported
+
+
+def _observed_stream(st: Streamed, rep: Streamed | None, n: int) -> dict[str, Any]:
+    """The Observed fields of one choice's stream: shown when it was answered (status 200), its
+    timeline from the stream asking for per-token reports where there is one (D59)."""
+    ok = st.status == 200
+    timeline = (rep.timeline("the stream asking for per-token reports") if rep is not None else
+                st.timeline() if ok else None)
+    return {
+        "stream_completion_tokens": token_count(st.usage, "completion_tokens") if ok and n == 1 else None,
+        "chunks": tuple(t.encode() for t in st.texts) if ok else None,
+        "timeline": timeline,
+        "stream_finish_reasons": tuple(st.finish_reasons) if ok else None,
+        "content_after_finish": tuple(t.encode() for t in st.content_after_finish),
+        "stream_error": st.error if st.error else ("event: error" if st.error_events else None),
+    }
 
 
 def returned_choices(status: int, data: Any, st: Streamed) -> frozenset[int] | None:
@@ -156,12 +174,33 @@ def expected_of(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[in
     eos_ids = set(getattr(tok, "eos_ids", ()) or ()) | ({tok.eos_id} if tok.eos_id is not None else set())
     eos_at = next((i + 1 for i, t in enumerate(script) if t in eos_ids), None)
     body = list(script[: eos_at - 1] if eos_at else script)
-    full = tok.decode_bytes(list(prompt) + body)
     head = tok.decode_bytes(list(prompt))
-    script_text = full[len(head):] if full.startswith(head) else tok.decode_bytes(body)
     finished = res.state.name == "FINISHED"
     stops = tuple(s.encode() for s in case.inputs.get("stop", ()))
-    released: list[int] = []  # after each selected text token (EOS is not text), the bytes sent so far
+    request = case.inputs.get("request", {})
+    echo_len = len(head) if request.get("echo") else 0
+    return Expected(
+        output=res.output, reason=res.finish_reason.value if finished else None,
+        wire_reason=OPENAI_FINISH.get(res.finish_reason) if finished else None,
+        selected=res.usage.selected_tokens, max_tokens=case.max_tokens,
+        script_text=_script_text(tok, prompt, body, head), stops=stops,
+        stop=res.stop.encode() if isinstance(res.stop, str) and res.stop.encode() in stops else None,
+        eos_at=eos_at, eos_text=tok.token_bytes(script[eos_at - 1]) if eos_at else b"", error=res.error,
+        state=res.state.name, released=_released(res),
+        spelled=_spelled(tok, prompt, body, head, echo_len) if stops else (),
+        kept=bool(res.stop) and any(request.get(k) for k in ("include_stop_str_in_output", "no_stop_trim")),
+        echo_len=echo_len, without=_without_each(case, tok, prompt, script) if finished else ())
+
+
+def _script_text(tok: Any, prompt: Sequence[int], body: list[int], head: bytes) -> bytes:
+    """The script's text tokens decoded after the prompt (alone where the prompt's bytes change)."""
+    full = tok.decode_bytes(list(prompt) + body)
+    return full[len(head):] if full.startswith(head) else tok.decode_bytes(body)
+
+
+def _released(res: Result) -> tuple[int, ...]:
+    """After each selected text token (EOS is not text), the bytes the reference had sent (§4.6)."""
+    released: list[int] = []
     sent = 0
     for e in res.events:
         if e.kind == "token.selected" and not e.data.get("eos"):
@@ -170,18 +209,14 @@ def expected_of(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[in
             sent += len(bytes(e.data.get("bytes", b"")))
             if released:
                 released[-1] = sent
-    echo_len = len(head) if case.inputs.get("request", {}).get("echo") else 0
-    spelled = tuple(echo_len + whole_length(tok.decode_bytes(list(prompt) + body[:k])[len(head):])
-                    for k in range(1, len(body) + 1)) if stops else ()
-    return Expected(
-        output=res.output, reason=res.finish_reason.value if finished else None,
-        wire_reason=OPENAI_FINISH.get(res.finish_reason) if finished else None,
-        selected=res.usage.selected_tokens, max_tokens=case.max_tokens, script_text=script_text, stops=stops,
-        stop=res.stop.encode() if isinstance(res.stop, str) and res.stop.encode() in stops else None,
-        eos_at=eos_at, eos_text=tok.token_bytes(script[eos_at - 1]) if eos_at else b"", error=res.error,
-        state=res.state.name, released=tuple(released), spelled=spelled,
-        kept=bool(res.stop) and any(case.inputs.get("request", {}).get(k) for k in ("include_stop_str_in_output", "no_stop_trim")),
-        echo_len=echo_len, without=_without_each(case, tok, prompt, script) if finished else ())
+    return tuple(released)
+
+
+def _spelled(tok: Any, prompt: Sequence[int], body: list[int], head: bytes, echo_len: int) -> tuple[int, ...]:
+    """After each of the script's first k text tokens, the whole characters they spell (with the
+    echoed prompt), where a stop string can be matched (§4.4)."""
+    return tuple(echo_len + whole_length(tok.decode_bytes(list(prompt) + body[:k])[len(head):])
+                 for k in range(1, len(body) + 1))
 
 
 def _without_each(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[int]) -> tuple[tuple[str, bytes], ...]:
@@ -235,65 +270,25 @@ def judge_observed(exp: Expected, obs: Observed, *, delta_split: bool = True) ->
 
     Each dimension is judged alone: the non-streamed text, the stream's text, the two against each
     other, the finish reasons, the token count, the stream's delta boundaries (`delta_split`)."""
-    f: list[Finding] = []
-    not_checked: list[str] = []
     failing = exp.reason is None
-    if obs.error is not None and not failing:
-        f.append(finding("refused", f"the non-streamed request was answered {obs.error}; the reference finishes it "
-                                    f"({exp.reason}) with {exp.output!r}"))
-    if obs.stream_error is not None and not failing:
-        f.append(finding("error_in_stream", f"the stream carried an error ({obs.stream_error}); the reference "
-                                            f"finishes ({exp.reason})"))
-    streamed = b"".join(obs.chunks) if obs.chunks is not None else None
+    f = [] if failing else _refusals(exp, obs)
     n = obs.completion_tokens
     if n is not None and n > exp.max_tokens:  # tokens past the limit explain any extra text: they lead
         f += compare_count(exp, n)
-    # An engine that ended early (fewer tokens, its text a prefix of the reference's) broke the rule of
-    # the reason it gave, not the detokenizer: its text is the decode of what it selected.
-    early = (not failing and n is not None and n < exp.selected and obs.text is not None
-             and obs.text != exp.output and exp.output.startswith(obs.text))
-    told: list[Finding] = []
-    if early and obs.error is None and obs.reason_shown:
-        told = compare_reason(exp, obs.finish_reason, "non-streamed answer", count=n)
-        if not told and obs.finish_reason == exp.wire_reason == "stop" and exp.guard_passed:
-            told = [finding("guard_ignored", f"the non-streamed answer ends after {n} token(s) with 'stop': the "
-                                             f"script's EOS (token {exp.eos_at}) ended it, which min_tokens or "
-                                             f"ignore_eos turns off; the reference ends at token {exp.selected}")]
-        f += told
-    early = early and bool(told)  # an early end the reason does not explain: the bytes say what went wrong
-    if obs.chunks is not None:
-        placed, streamed = stream_text(exp, obs.chunks, obs.content_after_finish)
-        f[:0] = placed  # where the stream's bytes went leads (D65)
-    for where, got in (("non-streamed text", obs.text), ("stream", streamed)):
-        if got is None:
-            not_checked.append(f"{where} (not shown)")
-        elif not (early and got == obs.text):  # a stream past the end its whole answer cuts right sent it early
-            f += compare_text(exp, got, where, cut_right=where == "stream" and obs.text == exp.output)
+    told = [] if failing else _early_end(exp, obs)
+    f += told
+    early = bool(told)  # an early end the reason does not explain: the bytes say what went wrong
+    placed, streamed = stream_text(exp, obs.chunks, obs.content_after_finish) if obs.chunks is not None else ([], None)
+    f[:0] = placed  # where the stream's bytes went leads (D65)
+    texts, not_checked = _judge_texts(exp, obs, streamed, early)
+    f += texts
     f += compare_stream(obs.text, streamed)
-    if not failing:
-        if not obs.reason_shown:
-            not_checked.append("finish_reason (the engine reports none)")
-        elif obs.error is None and not early:
-            f += compare_reason(exp, obs.finish_reason, "non-streamed answer", count=n, text_agrees=obs.text == exp.output)
-        reasons = obs.stream_finish_reasons
-        if reasons is None:
-            not_checked.append("stream finish_reason (not shown)")
-        elif obs.stream_error is None:
-            if len(reasons) > 1:
-                f.append(finding("two_terminals", f"{len(reasons)} chunks carry a finish_reason: {list(reasons)}"))
-            if not (early and streamed == obs.text):
-                f += compare_reason(exp, reasons[-1] if reasons else None, "stream", count=obs.stream_completion_tokens,
-                                    text_agrees=streamed == exp.output)
-        if n is None:
-            not_checked.append("usage.completion_tokens (not reported)")
-        elif n <= exp.max_tokens and not early:
-            f += compare_count(exp, n)
-        if obs.stream_completion_tokens is not None and not early:  # the usage chunk counts the same tokens
-            f += [attrs.evolve(x, message=f"stream: {x.message}") for x in compare_count(exp, obs.stream_completion_tokens)]
-    elif obs.text is not None and obs.finish_reason in ("stop", "length") and not any(x.symptom in ("invalid_sent", "invalid_dropped") for x in f):
-        f.append(finding("tail_dropped", f"the server finished with {obs.finish_reason!r} and text {obs.text!r}, "
-                                         f"dropping the bytes no continuation completes; the reference sends the same "
-                                         f"text and ends the run FAILED there ({exp.error})"))
+    if failing:
+        f += _tail_dropped(exp, obs, f)
+    else:
+        for judged, missed in (_judge_reasons(exp, obs, streamed, early), _judge_counts(exp, obs, early)):
+            f += judged
+            not_checked += missed
     if obs.usage_chunk is False:  # a stream that ended with its terminal, wherever the reference ends (D71)
         f.append(no_usage_chunk())
     if obs.chunks is not None and delta_split:
@@ -302,3 +297,96 @@ def judge_observed(exp: Expected, obs: Observed, *, delta_split: bool = True) ->
         f += held
         not_checked += missed
     return merge(f), not_checked
+
+
+def _refusals(exp: Expected, obs: Observed) -> list[Finding]:
+    """An error answer, or an error in the stream, where the reference finishes the run."""
+    f = []
+    if obs.error is not None:
+        f.append(finding("refused", f"the non-streamed request was answered {obs.error}; the reference finishes it "
+                                    f"({exp.reason}) with {exp.output!r}"))
+    if obs.stream_error is not None:
+        f.append(finding("error_in_stream", f"the stream carried an error ({obs.stream_error}); the reference "
+                                            f"finishes ({exp.reason})"))
+    return f
+
+
+def _early_end(exp: Expected, obs: Observed) -> list[Finding]:
+    """The reason a non-streamed answer that ended early gave (fewer tokens, its text a prefix of the
+    reference's), where that reason's rule is what it broke rather than the detokenizer: its text is
+    the decode of what it selected. An EOS that min_tokens or ignore_eos turns off is guard_ignored
+    (D31). None: the bytes say what went wrong."""
+    n = obs.completion_tokens
+    if n is None or obs.text is None or obs.error is not None or not obs.reason_shown:
+        return []
+    if not (n < exp.selected and obs.text != exp.output and exp.output.startswith(obs.text)):
+        return []
+    told = compare_reason(exp, obs.finish_reason, "non-streamed answer", count=n)
+    if not told and obs.finish_reason == exp.wire_reason == "stop" and exp.guard_passed:
+        told = [finding("guard_ignored", f"the non-streamed answer ends after {n} token(s) with 'stop': the "
+                                         f"script's EOS (token {exp.eos_at}) ended it, which min_tokens or "
+                                         f"ignore_eos turns off; the reference ends at token {exp.selected}")]
+    return told
+
+
+def _judge_texts(exp: Expected, obs: Observed, streamed: bytes | None,
+                 early: bool) -> tuple[list[Finding], list[str]]:
+    """The non-streamed text and the stream's against the reference's, each alone; a stream past
+    the end its whole answer cuts right sent it early."""
+    f: list[Finding] = []
+    not_checked: list[str] = []
+    for where, got in (("non-streamed text", obs.text), ("stream", streamed)):
+        if got is None:
+            not_checked.append(f"{where} (not shown)")
+        elif not (early and got == obs.text):
+            f += compare_text(exp, got, where, cut_right=where == "stream" and obs.text == exp.output)
+    return f, not_checked
+
+
+def _judge_reasons(exp: Expected, obs: Observed, streamed: bytes | None,
+                   early: bool) -> tuple[list[Finding], list[str]]:
+    """The non-streamed and the streamed finish reasons against the reference's (§4.10): one
+    terminal chunk, its reason the reference's."""
+    f: list[Finding] = []
+    not_checked: list[str] = []
+    if not obs.reason_shown:
+        not_checked.append("finish_reason (the engine reports none)")
+    elif obs.error is None and not early:
+        f += compare_reason(exp, obs.finish_reason, "non-streamed answer", count=obs.completion_tokens,
+                            text_agrees=obs.text == exp.output)
+    reasons = obs.stream_finish_reasons
+    if reasons is None:
+        not_checked.append("stream finish_reason (not shown)")
+    elif obs.stream_error is None:
+        if len(reasons) > 1:
+            f.append(finding("two_terminals", f"{len(reasons)} chunks carry a finish_reason: {list(reasons)}"))
+        if not (early and streamed == obs.text):
+            f += compare_reason(exp, reasons[-1] if reasons else None, "stream", count=obs.stream_completion_tokens,
+                                text_agrees=streamed == exp.output)
+    return f, not_checked
+
+
+def _judge_counts(exp: Expected, obs: Observed, early: bool) -> tuple[list[Finding], list[str]]:
+    """The non-streamed answer's token count and the stream's usage chunk's against the reference's
+    (a count past max_tokens was judged first)."""
+    f: list[Finding] = []
+    not_checked: list[str] = []
+    n = obs.completion_tokens
+    if n is None:
+        not_checked.append("usage.completion_tokens (not reported)")
+    elif n <= exp.max_tokens and not early:
+        f += compare_count(exp, n)
+    if obs.stream_completion_tokens is not None and not early:  # the usage chunk counts the same tokens
+        f += [attrs.evolve(x, message=f"stream: {x.message}") for x in compare_count(exp, obs.stream_completion_tokens)]
+    return f, not_checked
+
+
+def _tail_dropped(exp: Expected, obs: Observed, found: list[Finding]) -> list[Finding]:
+    """Where the reference fails the run: a server that finished normally with the text before the
+    bytes no continuation completes (unless the invalid bytes were already judged)."""
+    if obs.text is None or obs.finish_reason not in ("stop", "length") or \
+            any(x.symptom in ("invalid_sent", "invalid_dropped") for x in found):
+        return []
+    return [finding("tail_dropped", f"the server finished with {obs.finish_reason!r} and text {obs.text!r}, "
+                                    f"dropping the bytes no continuation completes; the reference sends the same "
+                                    f"text and ends the run FAILED there ({exp.error})")]
