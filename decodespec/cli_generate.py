@@ -9,6 +9,8 @@ from pathlib import Path
 import attrs
 import click
 
+from decodespec.runtime.dtypes import DEFAULT_DTYPE, DTYPES
+
 
 def check_device(device: str) -> str:
     """`--device` as torch names it; a name torch does not know, or CUDA where this torch build or
@@ -32,8 +34,9 @@ def check_device(device: str) -> str:
     return str(dev)
 
 
-def load_model_and_tokenizer(path: str | None, device: str = "cpu"):
-    """The embedded TinyLM (path None), a TinyLM folder, or a transformers checkpoint folder."""
+def load_model_and_tokenizer(path: str | None, device: str = "cpu", dtype: str = DEFAULT_DTYPE):
+    """The embedded TinyLM (path None), a TinyLM folder, or a transformers checkpoint folder, in
+    `dtype` (a name of runtime/dtypes.DTYPES)."""
     from safetensors import SafetensorError
 
     from decodespec.runtime.models import HFModel, TinyLM
@@ -59,12 +62,16 @@ def load_model_and_tokenizer(path: str | None, device: str = "cpu"):
         raise refuse("config.json is not a JSON object")
     tinylm = set(keys) <= {f.name for f in attrs.fields(TinyLMConfig)}
     try:  # what transformers or the TinyLM loader refuses: missing or cut weights, an unknown model_type, a bad tokenizer
-        model = TinyLM.from_pretrained(folder, device=device) if tinylm else HFModel(folder, device=device)
+        model = (TinyLM.from_pretrained(folder, device=device, dtype=dtype) if tinylm
+                 else HFModel(folder, device=device, dtype=dtype))
         return model, HFTokenizer(folder)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as exc:
         said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise refuse(f"cannot be loaded: {said[:300]}") from None
 
+
+dtype_option = click.option("--dtype", type=click.Choice(DTYPES), default=DEFAULT_DTYPE, show_default=True,
+                            help="The type the model's weights, KV cache and arithmetic are in.")
 
 _TRACE_SUFFIXES = (".jsonl", ".json", ".ndjson", ".log", ".txt")
 
@@ -79,9 +86,10 @@ _TRACE_SUFFIXES = (".jsonl", ".json", ".ndjson", ".log", ".txt")
 @click.option("--seed", type=int, default=None)
 @click.option("--model", "model_path", type=click.Path(), default=None, help="A TinyLM or transformers checkpoint folder (default: the embedded model).")
 @click.option("--device", default="cpu", show_default=True)
+@dtype_option
 @click.option("--events", "events_to", type=click.Path(allow_dash=True), default=None, is_flag=False, flag_value="-",
               help="Write the event trace as JSON Lines to FILE (or stderr with --events alone).")
-def generate(prompt, stop, max_tokens, temperature, top_k, top_p, seed, model_path, device, events_to) -> None:
+def generate(prompt, stop, max_tokens, temperature, top_k, top_p, seed, model_path, device, dtype, events_to) -> None:
     """Stream a completion of PROMPT as it is produced, then print how it ended."""
     from decodespec.runtime import Request
     from decodespec.runtime import generate as run_generate
@@ -93,7 +101,7 @@ def generate(prompt, stop, max_tokens, temperature, top_k, top_p, seed, model_pa
             raise click.UsageError(f"--events took {events_to!r} as its file and no PROMPT is left: write "
                                    "--events FILE.jsonl PROMPT, or --events - PROMPT for stderr")
         raise click.UsageError("Missing argument 'PROMPT'.")
-    model, tok = load_model_and_tokenizer(model_path, device)
+    model, tok = load_model_and_tokenizer(model_path, device, dtype)
     if not tok.encode(prompt):
         raise click.BadParameter("encodes to no tokens; give a non-empty prompt", param_hint="PROMPT")
     try:

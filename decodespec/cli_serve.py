@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from .cli_generate import dtype_option
+
 
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
@@ -11,6 +13,7 @@ import click
 @click.option("--model", "model_path", type=click.Path(), default=None,
               help="A TinyLM or transformers checkpoint folder (default: the embedded model).")
 @click.option("--device", default="cpu", show_default=True)
+@dtype_option
 @click.option("--policy", type=click.Choice(["pause", "buffer", "fail"]), default="pause", show_default=True,
               help="Backpressure policy of every stream (§4.8, DECISIONS D6).")
 @click.option("--max-batch", type=click.IntRange(min=1), default=64, show_default=True)
@@ -73,7 +76,7 @@ import click
               help="think: chat answers split <think>...</think> into reasoning_content (DECISIONS D45).")
 @click.option("--tool-call-parser", type=click.Choice(["none", "hermes"]), default="none", show_default=True,
               help="hermes: chat requests with tools get <tool_call>{json}</tool_call> as tool_calls (D47).")
-def serve(host, port, model_path, device, policy, max_batch, threads, pin_threads, max_queue, cache_budget_tokens, preemption,
+def serve(host, port, model_path, device, dtype, policy, max_batch, threads, pin_threads, max_queue, cache_budget_tokens, preemption,
           detach_timeout_s, stall_timeout_s, shutdown_timeout_s, on_disconnect, body_timeout_s, header_timeout_s, api_key,
           allowed_origins, max_body_bytes, log_level, utf8_guard, batch_invariant, context_limit, strict, retain_s,
           max_retained, max_readers, watchdog_s, reasoning_parser, tool_call_parser) -> None:
@@ -95,7 +98,7 @@ def serve(host, port, model_path, device, policy, max_batch, threads, pin_thread
     # workers stop spinning between kernels and every kernel waits for them to wake).
     threads = threads or torch.get_num_threads()
     torch.set_num_threads(1)
-    model, tok = load_model_and_tokenizer(model_path, device)
+    model, tok = load_model_and_tokenizer(model_path, device, dtype)
     if context_limit is not None:
         if context_limit > model.context_limit:
             raise click.BadParameter(f"{context_limit} exceeds the model's own context of {model.context_limit}",

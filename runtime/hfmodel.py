@@ -36,6 +36,7 @@ from typing import Any
 import attrs
 import torch
 
+from .dtypes import DEFAULT_DTYPE, torch_dtype
 from .hfdecode import LeanDecoder, unsupported
 from .kvcache import CacheError, KVCache, PrefillOne, check_active_batch
 
@@ -251,16 +252,18 @@ class _Slots:
 
 
 class HFModel(PrefillOne):
-    """A local transformers causal LM (AutoModelForCausalLM) behind the Model protocol."""
+    """A local transformers causal LM (AutoModelForCausalLM) behind the Model protocol, its weights
+    and cache in `dtype` (runtime/dtypes.py; whatever type the checkpoint was saved in)."""
 
-    def __init__(self, path: str | Path, device: str | torch.device = "cpu") -> None:
+    def __init__(self, path: str | Path, device: str | torch.device = "cpu", *, dtype: str = DEFAULT_DTYPE) -> None:
+        as_dtype = torch_dtype(dtype)
         folder = Path(path)
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"no transformers checkpoint at {folder}: config.json is missing")
         from transformers import AutoModelForCausalLM, DynamicCache
         from transformers.cache_utils import DynamicLayer
 
-        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=as_dtype)
         # transformers wraps PreTrainedModel.to in a decorator whose declared call has no `self`
         self.model = model.to(device).eval()  # type: ignore[arg-type]
         self._new_cache = DynamicCache

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
+from .dtypes import DEFAULT_DTYPE, torch_dtype
 from .kvcache import CacheError, KVCache, PrefillOne, append_token, check_active_batch
 
 ASSETS = Path(__file__).parent / "assets" / "default"
@@ -303,8 +304,11 @@ class TinyLM(PrefillOne, nn.Module):
         return out
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, device: str | torch.device = "cpu") -> TinyLM:
-        """Load a folder written by `save` (config.json + model.safetensors or model.pt)."""
+    def from_pretrained(cls, path: str | Path, device: str | torch.device = "cpu", *,
+                        dtype: str = DEFAULT_DTYPE) -> TinyLM:
+        """Load a folder written by `save` (config.json + model.safetensors or model.pt), its weights,
+        buffers and cache in `dtype` (runtime/dtypes.py)."""
+        as_dtype = torch_dtype(dtype)
         folder = Path(path)
         cfg_file = folder / "config.json"
         if not cfg_file.is_file():
@@ -312,13 +316,12 @@ class TinyLM(PrefillOne, nn.Module):
         config = TinyLMConfig.from_dict(json.loads(cfg_file.read_text()))
         model = cls(config, device=device, name=folder.name)
         model.load_state_dict(_load_weights(folder))
-        model.to(device)
-        return model
+        return model.to(device=device, dtype=as_dtype)
 
     @classmethod
-    def default(cls, device: str | torch.device = "cpu") -> TinyLM:
+    def default(cls, device: str | torch.device = "cpu", *, dtype: str = DEFAULT_DTYPE) -> TinyLM:
         """The embedded default checkpoint (runtime/assets/default, made by scripts/train_default.py)."""
-        return cls.from_pretrained(ASSETS, device=device)
+        return cls.from_pretrained(ASSETS, device=device, dtype=dtype)
 
 
 def _load_weights(folder: Path) -> dict[str, torch.Tensor]:

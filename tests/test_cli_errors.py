@@ -20,6 +20,7 @@ from decodespec.cli import main
     (["--events", "Once upon a time"], "--events took 'Once upon a time' as its file and no PROMPT is left"),
     ([""], "encodes to no tokens"),
     (["--events", "/nonexistent-dir/trace.jsonl", "hi"], "cannot write '/nonexistent-dir/trace.jsonl'"),
+    (["--dtype", "half", "hi"], "'half' is not one of 'float32', 'bfloat16', 'float16'"),
 ])
 def test_generate_refuses_bad_input_with_one_clear_error(args, words):
     out = CliRunner().invoke(main, ["generate", *args])
@@ -90,6 +91,14 @@ def test_generate_on_cuda_without_cuda_says_what_is_missing():
         pytest.skip("this machine has CUDA")
     out = CliRunner().invoke(main, ["generate", "--device", "cuda", "hi"])
     assert out.exit_code == 2 and ("CPU build without CUDA" in out.output or "no such CUDA device" in out.output)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_generate_runs_in_half_precision(dtype):
+    """`--dtype` runs the model's weights, cache and arithmetic in that type; the loop is the same."""
+    out = CliRunner().invoke(main, ["generate", "--max-tokens", "4", "--dtype", dtype, "Once upon a time"])
+    assert out.exit_code == 0, out.output
+    assert "FINISHED max_output_tokens; 4 selected" in out.output
 
 
 def test_generate_writes_the_trace_where_asked(tmp_path):

@@ -605,6 +605,32 @@ def test_hf_engine_batch_invariant_equals_generate_bit_for_bit(hf_folder, preemp
             assert check_trace(run.trace.events, tokenizer=tok) == []
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_models_run_in_half_precision(hf_folder, dtype) -> None:
+    """TinyLM and HFModel load in `dtype`: weights and cache in it; each decode step's
+    logits are the last row of a plain recompute in the same dtype, to its precision (§4.4)."""
+    want = getattr(torch, dtype)
+    for model in (TinyLM.default(dtype=dtype), HFModel(hf_folder[0], dtype=dtype)):
+        assert all(p.dtype is want for p in (model.parameters() if isinstance(model, TinyLM)
+                                             else model.model.parameters()))
+        prompt = [3, 14, 15, 9, 2]
+        logits, cache = model.prefill(prompt)
+        assert cache.keys_values()[0].dtype is want
+        ids = list(prompt)
+        for _ in range(3):
+            ids.append(int(logits.argmax()))
+            logits = model.decode_one([cache], [ids[-1]])[0]
+        full = (model.forward_full(ids) if isinstance(model, TinyLM)
+                else model.model(torch.tensor([ids])).logits[0])[-1]
+        assert torch.allclose(logits.float(), full.float(), atol=0.1, rtol=0.05), (type(model).__name__, dtype)
+
+
+def test_a_dtype_not_offered_is_a_clear_error(hf_folder) -> None:
+    for load in (lambda: TinyLM.default(dtype="half"), lambda: HFModel(hf_folder[0], dtype="half")):
+        with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16, float16, got 'half'"):
+            load()
+
+
 def test_hf_model_missing_folder_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match="config.json"):
         HFModel(tmp_path / "nowhere")
