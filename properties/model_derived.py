@@ -67,7 +67,7 @@ from ..runtime.loop import generate
 from ..runtime.models import ScriptedModel
 from ..runtime.request import Request, token_checks
 from ..runtime.stop import StopMatcher, TokenStopMatcher
-from ..runtime.stream import StreamEventKind
+from ..runtime.stream_events import StreamEventKind
 from ..runtime.tokenizers import ByteTableTokenizer
 
 K = EventKind

@@ -15,6 +15,7 @@ from unittest import mock
 
 import attrs
 
+from ..runtime.backpressure import BufferCaps
 from ..runtime.events import Event, EventKind
 from ..runtime.faults import Fault, FaultPlan
 from ..runtime.loop import generate
@@ -22,7 +23,8 @@ from ..runtime.models import ScriptedModel
 from ..runtime.request import Request
 from ..runtime.runner import RequestRun
 from ..runtime.stop import StopKind, StopMatcher
-from ..runtime.stream import Deduper, OrderedStream
+from ..runtime.stream import OrderedStream
+from ..runtime.stream_events import Deduper
 from ..runtime.tokenizers import ByteTableTokenizer
 from .monitors import check_trace
 
@@ -192,8 +194,8 @@ def _racing_terminals() -> Iterator[None]:
 @contextlib.contextmanager
 def _unbounded_buffer() -> Iterator[None]:
     """§4.12 row 5: the stream never enforces its cap."""
-    with mock.patch.object(OrderedStream, "_within_cap", lambda self, size: True), \
-         mock.patch.object(OrderedStream, "_has_room", lambda self, n: True):
+    with mock.patch.object(BufferCaps, "within_cap", lambda self, events, nbytes, size: True), \
+         mock.patch.object(BufferCaps, "has_room", lambda self, events, nbytes, size: True):
         yield
 
 

@@ -88,7 +88,7 @@ from .faults import FaultPlan
 from .request import Request
 from .runner import RequestRun
 from .sampling import SamplingError, greedy_rows
-from .stream import batched_wakes
+from .wakes import batched_wakes
 
 
 class Preemption(enum.StrEnum):

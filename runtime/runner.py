@@ -29,6 +29,7 @@ from ..machine.actions import ActionError, Executor, Plan, run_phases
 from ..spec import FinishReason, Spec, Table, default_spec, load_spec
 from ..spec.derived import DriverStates, driver_states, terminal_stream_event
 from .alignment import ScoreLog
+from .backpressure import OVERFLOW_ERROR, BackpressurePolicy, StreamOverflow
 from .detokenizer import DecodingError, IncrementalDetokenizer
 from .errors import ModelError, RequestError
 from .events import EventKind, Trace
@@ -39,7 +40,7 @@ from .request import Request
 from .result import Result, Usage
 from .sampling import Sampler, SamplingParams
 from .stop import StopHit, StopMatcher, TokenStopMatcher
-from .stream import OVERFLOW_ERROR, BackpressurePolicy, OrderedStream, StreamOverflow
+from .stream import OrderedStream
 from .tokenizers import TokenizerError
 from .utf8_guard import Utf8Guard, guard_for
 

@@ -64,9 +64,10 @@ from .openai_schema import (
     parse_completion,
     terminal_error,
 )
+from .readers import StreamReader
 from .runner import RequestRun
 from .sse import SSE_HEADERS, Renderer, collect, finish_reason, follow, follow_choices, whole_report
-from .stream import StreamEvent, StreamEventKind, StreamReader
+from .stream_events import StreamEvent, StreamEventKind
 
 _SEQ = re.compile(r"[0-9]{1,18}")
 MAX_BODY_BYTES = 4 << 20  # 4 MiB: far above any prompt that fits a context, far below a memory problem

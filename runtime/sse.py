@@ -28,8 +28,9 @@ from .openai_schema import (
     report_fields,
     terminal_error,
 )
+from .readers import StreamReader
 from .runner import RequestRun
-from .stream import StreamEvent, StreamEventKind, StreamReader
+from .stream_events import StreamEvent, StreamEventKind
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 

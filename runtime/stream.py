@@ -1,7 +1,11 @@
 """The ordered stream of one request (§4.7) with its bounded buffer (§4.8).
 
 Control state lives in a `stream` stepper (spec/stream.toml); this module does the data work:
-numbering, the retained log, the unread-buffer accounting and the waking of readers.
+numbering, the retained log and its replay, the unread-buffer accounting and the producer's wait.
+Beside it, one job each: what a reader receives (stream_events), the caps of the buffer and what
+a full one does (backpressure), each connection's reader (readers: they read through the surface
+this stream offers them, `ReadSource`) and the waking of asyncio readers (wakes). Those modules
+know nothing of this one.
 
 Invariants (checked by tests/test_stream.py):
 - §4.7 rule 1: delta seq numbers are 0, 1, 2, ... with no gap; the terminal event takes the next one.
@@ -15,92 +19,35 @@ Invariants (checked by tests/test_stream.py):
 - The terminal transition, its append to the log and its trace event happen in one critical
   section, so a reader never sees a terminal state without its event (or the reverse).
 
-Threads: one producer thread and one consumer (a thread, or an asyncio task through `aget`).
-A producer that writes many streams in one go (the Engine's step) opens `batched_wakes()`: the
-asyncio readers it wakes are woken once per event loop when the batch closes, not once per delta
-(a cross-thread wake-up per token had the event loop and the engine thread trade the GIL at every
-token: DECISIONS D57). A batch never delays a reader that a producer waits for: `_sleep` flushes
-the batch before it blocks.
+Threads: one producer thread and one consumer (a thread, or an asyncio task through `aget`). The
+asyncio readers a producer wakes inside `wakes.batched_wakes()` are woken once per event loop
+(DECISIONS D57); `_sleep` flushes that batch before it blocks, since the reader it waits for may
+be in it.
 """
-
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import enum
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, final
+from typing import Any, TypeVar
 
 import attrs
 
 from ..machine import CompiledMachine, compiled_of, per_table
 from ..machine.actions import ActionError, Executor, Plan, run_phases
-from ..spec import FinishReason, SpecError, Table, default_spec, load_spec
+from ..spec import FinishReason, SpecError, Table, default_spec
 from ..spec.derived import stream_states
-from ..spec.vocabulary import table_enum
+from .backpressure import OVERFLOW_ERROR, BackpressurePolicy, BufferCaps, StreamOverflow
 from .events import EventKind, Trace
+from .readers import Readers, StreamReader
+from .stream_events import StreamEvent, StreamEventKind, finish_reason_of
+from .wakes import Waiter, flush_wakes, wait_until, wake
 
-if TYPE_CHECKING:
-    # What a type checker sees: the shipped spec/stream.toml `policies` (tests/test_typed_enums.py
-    # holds the two equal); at run time the members are the loaded table's.
-    class BackpressurePolicy(enum.StrEnum):
-        """What a full buffer does (§4.8, DECISIONS D6): pause, buffer or fail."""
-
-        PAUSE = "pause"
-        BUFFER = "buffer"
-        FAIL = "fail"
-else:
-    BackpressurePolicy = table_enum("BackpressurePolicy", load_spec("stream").params["policies"],
-                                    "What a full buffer does (§4.8, DECISIONS D6): pause, buffer or fail.")
-
-OVERFLOW_ERROR = "stream buffer overflow"
+T = TypeVar("T")
 _PAUSE_POLICY = BackpressurePolicy.PAUSE
 _RESPONSE_DELTA = EventKind.RESPONSE_DELTA.value  # a per-token entry carries the plain string (events.py)
-_Waiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]
-_BATCH = threading.local()  # .waiters: the asyncio readers woken inside this thread's open batch
-
-
-@contextlib.contextmanager
-def batched_wakes() -> Iterator[None]:
-    """Inside the block, the asyncio readers this thread wakes are collected and woken when it
-    ends, with one `call_soon_threadsafe` per event loop (module doc; D57). Nested blocks join
-    the outer one; an exception still wakes everyone collected."""
-    if getattr(_BATCH, "waiters", None) is not None:
-        yield
-        return
-    _BATCH.waiters = []
-    try:
-        yield
-    finally:
-        _flush_wakes()
-        _BATCH.waiters = None
-
-
-def _flush_wakes() -> None:
-    """Wake the readers collected by this thread's open batch (if any), one call per loop."""
-    waiters = getattr(_BATCH, "waiters", None)
-    if not waiters:
-        return
-    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
-    for loop, fut in waiters:
-        by_loop.setdefault(loop, []).append(fut)
-    waiters.clear()
-    for loop, futs in by_loop.items():
-        loop.call_soon_threadsafe(_resolve_all, futs)
-
-
-class StreamEventKind(enum.StrEnum):
-    """The events of the minimal protocol of §4.7."""
-
-    START = "start"
-    DELTA = "delta"
-    COMPLETED = "completed"
-    CANCELLED = "cancelled"
-    FAILED = "failed"
-
+_Entry = StreamEvent | tuple[int, bytes]  # a log entry: an event, or a delta as its (seq, data) pair
 
 _TRACE_KIND = {  # the trace event of each terminal stream event
     StreamEventKind.COMPLETED: EventKind.RESPONSE_COMPLETED,
@@ -109,56 +56,8 @@ _TRACE_KIND = {  # the trace event of each terminal stream event
 }
 
 
-def _event_kind(value: str | StreamEventKind) -> StreamEventKind:
-    """StreamEventKind(value), without the Enum lookup when it already is one (per delta)."""
-    return value if type(value) is StreamEventKind else StreamEventKind(value)
-
-
-@final  # the log tells a delta pair from an event by `type(entry) is StreamEvent`
-@attrs.frozen
-class StreamEvent:
-    """One event a reader receives (§4.7): start (seq None), delta (bytes) or the terminal one."""
-
-    kind: StreamEventKind = attrs.field(converter=_event_kind)
-    seq: int | None = None
-    data: bytes = b""
-    finish_reason: FinishReason | None = None
-    usage: Any = None
-    error: str | None = None
-    request_id: str = ""
-    model: str | None = None
-
-    @property
-    def terminal(self) -> bool:
-        return self.kind not in (StreamEventKind.START, StreamEventKind.DELTA)
-
-
-class StreamOverflow(Exception):
-    """Raised to the producer when the stream failed for lack of room (§4.8, DECISIONS D6).
-
-    The failed terminal event is already queued; `finish_reason` is transport_error.
-    """
-
-    def __init__(self, request_id: str, seq: int, error: str) -> None:
-        self.request_id, self.seq, self.error = request_id, seq, error
-        self.finish_reason = FinishReason.TRANSPORT_ERROR
-        super().__init__(f"stream {request_id}: {error} (failed with transport_error at seq {seq})")
-
-
-def _finish_reason(value: str | FinishReason) -> FinishReason:
-    try:
-        return FinishReason(value)
-    except ValueError:
-        known = ", ".join(r.value for r in FinishReason)
-        raise ValueError(f"unknown finish_reason {value!r}; §4.10 allows: {known}") from None
-
-
-def _positive(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {value}")
-    return value
+def _seq_of(entry: _Entry) -> int | None:
+    return entry.seq if type(entry) is StreamEvent else entry[0]
 
 
 class OrderedStream:
@@ -175,8 +74,8 @@ class OrderedStream:
     # them out of the CPU caches.
     __slots__ = (
         "max_bytes", "max_events", "pause_timeout_s", "paused_s", "policy", "request_id",
-        "_async_waiters", "_bulk_waiters", "_cond", "_connected", "_cursor", "_inline_max", "_lock", "_log", "_next_seq",
-        "_open", "_pending", "_primary", "_readers", "_sleepers", "_st", "_trace", "_unread_bytes", "_unread_events",
+        "_async_waiters", "_bulk_waiters", "_caps", "_cond", "_connected", "_cursor", "_inline_max", "_lock", "_log",
+        "_next_seq", "_pending", "_readers", "_sleepers", "_st", "_trace", "_unread_bytes", "_unread_events",
         "_usage_provider", "_rules", "_st_open", "_st_paused", "_delta_fast", "_inline_open",
     )
 
@@ -192,17 +91,13 @@ class OrderedStream:
         trace: Trace | None = None,
         table: Table | None = None,
     ) -> None:
-        try:
-            self.policy = BackpressurePolicy(policy)
-        except ValueError:
-            known = ", ".join(p.value for p in BackpressurePolicy)
-            raise ValueError(f"unknown backpressure policy {policy!r}; known: {known}") from None
+        caps = self._caps = BufferCaps(policy, max_events, max_bytes, pause_timeout_s)
+        # read per delta or per step: a slot each
+        self.policy, self.max_events, self.max_bytes = caps.policy, caps.max_events, caps.max_bytes
+        self.pause_timeout_s = caps.pause_timeout_s
+        # The largest delta `deliver` takes in its one critical section (BufferCaps.inline_max).
+        self._inline_max = caps.inline_max
         self.request_id = request_id
-        self.max_events = _positive("max_events", max_events)
-        self.max_bytes = _positive("max_bytes", max_bytes)
-        if pause_timeout_s is not None and pause_timeout_s < 0:
-            raise ValueError(f"pause_timeout_s must be >= 0, got {pause_timeout_s}")
-        self.pause_timeout_s = pause_timeout_s
         self._usage_provider = usage_provider
         self._trace = trace
         rules = self._rules = stream_rules(table or default_spec()["stream"])
@@ -214,11 +109,9 @@ class OrderedStream:
         self._cond = threading.Condition(self._lock)
         # Every event, retained for replay. A delta is kept as its (seq, data) pair and becomes a
         # StreamEvent when read (`_event`): a producer that reads inline never builds one.
-        self._log: list[StreamEvent | tuple[int, bytes]] = []
+        self._log: list[_Entry] = []
         self._cursor = 0  # index in _log of the (primary) reader's next unread event
-        self._primary: StreamReader | None = None  # the reader whose reads backpressure counts
-        self._readers = 0  # readers made so far (each one's number)
-        self._open: list[StreamReader] = []  # readers not closed, oldest first (the primary role's heirs)
+        self._readers = Readers()  # the connections' readers and the primary role (D5)
         self._unread_events = 0  # unread deltas (the terminal has its own slot)
         self._unread_bytes = 0
         self._pending = 0  # size of the delta a paused producer is waiting to send
@@ -226,18 +119,10 @@ class OrderedStream:
         self._sleepers = 0  # threads in `_sleep`
         self._next_seq = 0
         self._connected = True
-        self._async_waiters: list[_Waiter] = []
+        self._async_waiters: list[Waiter] = []
         # asyncio readers of the whole answer (StreamReader.abatch): a delta wakes them only when
         # the unread buffer reaches half a cap; every other event wakes them as it wakes the rest.
-        self._bulk_waiters: list[_Waiter] = []
-        # The largest delta that fits an empty buffer without a pause (whose cap must leave room
-        # after it, or delta() would `block` before the read) or an overflow (§4.8): `deliver`'s
-        # one-critical-section path.
-        self._inline_max = {
-            BackpressurePolicy.PAUSE: self.max_bytes - 1 if self.max_events > 1 else 0,
-            BackpressurePolicy.BUFFER: self.max_bytes,
-            BackpressurePolicy.FAIL: sys.maxsize,  # it caps events, and an empty buffer has room
-        }[self.policy]
+        self._bulk_waiters: list[Waiter] = []
 
     # ---- producer side -------------------------------------------------------------------
 
@@ -267,7 +152,7 @@ class OrderedStream:
             if pause:
                 if self._st.state is not self._st_open or not self._has_room(size):
                     self._wait_for_room(size)
-            elif not self._within_cap(size):
+            elif not self._caps.within_cap(self._unread_events, self._unread_bytes, size):
                 raise StreamOverflow(self.request_id, self.overflow(), OVERFLOW_ERROR)
             # a row that is a self-loop only queues
             seq = self._queue(data) if self._st.state in self._delta_fast else self._move("delta", data=data)
@@ -279,7 +164,7 @@ class OrderedStream:
         """`delta(data)` for a producer that is its own reader (generate() reads inline): the
         delta is sent and taken at once, and every earlier unread event is taken with it.
 
-        When nothing is unread, the delta fits (`_inline_max`), the table's `delta` row only
+        When nothing is unread, the delta fits (`BufferCaps.inline_max`), the table's `delta` row only
         queues it (`StreamRules.delta_fast`) and no other reader waits, this is one critical section: the
         delta is logged and traced as `_queue` does (`_log_delta`), the one unread event at that
         moment (with the cursor at the end of the log nothing else is unread), and the cursor
@@ -305,7 +190,7 @@ class OrderedStream:
 
     def complete(self, finish_reason: str | FinishReason, usage: Any = None) -> int:
         """Send response.completed; returns its seq (one past the last delta)."""
-        reason = _finish_reason(finish_reason)
+        reason = finish_reason_of(finish_reason)
         if reason is FinishReason.CANCELLED:
             raise ValueError("finish_reason 'cancelled' ends a stream through cancel(), not complete()")
         return self._end("complete", reason, usage, None)
@@ -316,7 +201,7 @@ class OrderedStream:
 
     def fail(self, finish_reason: str | FinishReason, usage: Any = None, error: str = "") -> int:
         """Send response.failed with its reason and error text (§4.10); returns its seq."""
-        reason = _finish_reason(finish_reason)
+        reason = finish_reason_of(finish_reason)
         if reason is FinishReason.CANCELLED:
             raise ValueError("finish_reason 'cancelled' ends a stream through cancel(), not fail()")
         return self._end("fail", reason, usage, error)
@@ -376,32 +261,7 @@ class OrderedStream:
 
     async def aget(self) -> StreamEvent | None:
         """`get()` for an asyncio reader: never blocks the loop; cancelling it loses no event."""
-        return await self._await(lambda: (ev := self._take(), ev is None and self._drained()))
-
-    async def _await(self, step: Callable[[], tuple[Any, bool]], bulk: bool = False) -> Any:
-        """Call `step` (lock held) until it gives something or says the reader is done, waiting on
-        the producer in between without blocking the loop (every asyncio read goes through here).
-        A `bulk` waiter is woken by a delta only at the half-full mark (`_queue`)."""
-        loop = asyncio.get_running_loop()
-        waiters = self._bulk_waiters if bulk else self._async_waiters
-        while True:
-            with self._cond:
-                got, done = step()
-                if got is not None or done:
-                    return got
-                fut: asyncio.Future[None] = loop.create_future()
-                waiters.append((loop, fut))
-            try:
-                await fut
-            finally:
-                with self._cond:
-                    if (loop, fut) in waiters:
-                        waiters.remove((loop, fut))
-
-    def _half_full(self) -> bool:
-        """The unread deltas have reached half of either cap (lock held): a whole-answer reader
-        reads now, well before a pause-policy producer would wait for it (§4.8)."""
-        return 2 * self._unread_events >= self.max_events or 2 * self._unread_bytes >= self.max_bytes
+        return await self.wait_for(lambda: (ev := self._take(), ev is None and self._drained()))
 
     async def __aiter__(self) -> AsyncIterator[StreamEvent]:
         while (ev := await self.aget()) is not None:
@@ -434,29 +294,12 @@ class OrderedStream:
                 start = self._resume(after_seq)
                 if start == len(self._log) and self._st.terminal and self._log:
                     start = len(self._log) - 1  # the terminal event again: the client sees the end
-            number = self._readers
-            self._readers = number + 1
-            r = StreamReader(self, start, number, after_seq, resume)
-            self._primary = r
-            self._open.append(r)
-            return r
+            return self._readers.add(self, start, after_seq, resume)
 
     @property
     def open_readers(self) -> int:
         """Readers made and not yet closed (the server caps them per request)."""
-        return len(self._open)
-
-    def _leave(self, r: StreamReader) -> bool:
-        """A reader closed (lock held): when it was the primary one, the newest reader still open
-        takes the role (its reads count from the producer's cursor on). True when it was the
-        primary one and no reader is left: the client is gone (a disconnect, D5)."""
-        if r not in self._open:
-            return False
-        self._open.remove(r)
-        if r is not self._primary:
-            return False
-        self._primary = self._open[-1] if self._open else None
-        return self._primary is None
+        return len(self._readers)
 
     def resume_refusal(self, after_seq: int | None) -> str | None:
         """Why a resume after `after_seq` is refused, or None: on a stream still open, a seq not
@@ -475,28 +318,10 @@ class OrderedStream:
         """The `replay` row (lock held): everything logged counts as read, a paused producer may
         resume; returns the log index of the first event with seq > `after_seq` (None: 0)."""
         start = 0 if after_seq is None else next(
-            (i for i, e in enumerate(self._log) if (seq := self._seq_of(e)) is not None and seq > after_seq),
+            (i for i, e in enumerate(self._log) if (seq := _seq_of(e)) is not None and seq > after_seq),
             len(self._log))
         self._move("replay")
         return start
-
-    @staticmethod
-    def _seq_of(entry: StreamEvent | tuple[int, bytes]) -> int | None:
-        return entry.seq if type(entry) is StreamEvent else entry[0]
-
-    def _take_for(self, r: StreamReader) -> StreamEvent | None:
-        """The reader's next event (lock held); the primary reader's reads count as the stream's."""
-        if r.index >= len(self._log):
-            return None
-        entry = self._log[r.index]
-        r.index += 1
-        if r is self._primary and r.index > self._cursor:
-            self._cursor = r.index
-            if type(entry) is not StreamEvent:  # a delta
-                self._unread_events -= 1
-                self._unread_bytes -= len(entry[1])
-                self._after_read()
-        return self._event(entry)
 
     def replay(self, after_seq: int | None = None) -> list[StreamEvent]:
         """Retained events with seq > `after_seq` (None: the whole log, start included), for a
@@ -514,6 +339,51 @@ class OrderedStream:
     def reconnect(self) -> None:
         """A reader is attached again; it catches up with `replay(last_seen_seq)`."""
         self._transport("reconnect")
+
+    # ---- what a reader reads through (readers.ReadSource; lock held but for wait_for) ----------
+
+    @property
+    def lock(self) -> threading.Condition:
+        """The stream's lock (a condition): every read and write of its state holds it."""
+        return self._cond
+
+    @property
+    def trace(self) -> Trace | None:
+        return self._trace
+
+    def read_at(self, index: int, counted: bool) -> StreamEvent | None:
+        """The event at log `index` (None past the end). A `counted` read (the primary reader's,
+        D5) past the stream's cursor moves the cursor: the deltas it passes are read (§4.8)."""
+        if index >= len(self._log):
+            return None
+        entry = self._log[index]
+        if counted and index >= self._cursor:
+            self._cursor = index + 1
+            if type(entry) is not StreamEvent:  # a delta
+                self._unread_events -= 1
+                self._unread_bytes -= len(entry[1])
+                self._after_read()
+        return self._event(entry)
+
+    def ended_at(self, index: int) -> bool:
+        """The terminal event is queued and the log holds nothing at `index` or after."""
+        return self._st.terminal and index >= len(self._log)
+
+    def seq_at(self, index: int) -> int | None:
+        """The seq of the event at log `index`; past the end, the seq the next event will take."""
+        return _seq_of(self._log[index]) if index < len(self._log) else self._next_seq
+
+    def bulk_ready(self) -> bool:
+        """A whole-answer reader reads now: the stream has left its open state (ended or paused)
+        or its unread deltas have reached half a cap, well before a pause-policy producer would
+        wait for the reader (§4.8)."""
+        return self._st.state is not self._st_open or self._caps.half_full(self._unread_events, self._unread_bytes)
+
+    async def wait_for(self, step: Callable[[], tuple[T | None, bool]], bulk: bool = False) -> T | None:
+        """Call `step` (lock held) until it gives something or says the reader is done, waiting on
+        the producer in between without blocking the loop (every asyncio read goes through here).
+        A `bulk` waiter is woken by a delta only at the half-full mark (`_queue`)."""
+        return await wait_until(self._cond, self._bulk_waiters if bulk else self._async_waiters, step)
 
     # ---- observation ---------------------------------------------------------------------
 
@@ -575,7 +445,8 @@ class OrderedStream:
         events = self._unread_events = self._unread_events + 1
         nbytes = self._unread_bytes = self._unread_bytes + len(data)
         seq = self._log_delta(data, events, nbytes)
-        if self._sleepers or self._async_waiters or (self._bulk_waiters and self._half_full()):
+        if self._sleepers or self._async_waiters or (
+                self._bulk_waiters and self._caps.half_full(events, nbytes)):
             self._wake()
         return seq
 
@@ -603,13 +474,13 @@ class OrderedStream:
         self._append(_TRACE_KIND[kind], ev, **data)
         return seq
 
-    def _append(self, trace_kind: EventKind, entry: StreamEvent | tuple[int, bytes], **trace_data: Any) -> None:
+    def _append(self, trace_kind: EventKind, entry: _Entry, **trace_data: Any) -> None:
         self._log.append(entry)
         if self._trace is not None:
             self._trace.emit(trace_kind, **trace_data)
         self._wake()
 
-    def _event(self, entry: StreamEvent | tuple[int, bytes]) -> StreamEvent:
+    def _event(self, entry: _Entry) -> StreamEvent:
         """The StreamEvent of a log entry (a delta is logged as its (seq, data) pair)."""
         if type(entry) is StreamEvent:
             return entry
@@ -631,22 +502,11 @@ class OrderedStream:
         if self.policy is _PAUSE_POLICY:  # fixed at construction: no lock needed
             return True
         with self._cond:
-            return self._within_cap(size)
-
-    def _within_cap(self, size: int) -> bool:
-        """Buffer/fail policy: may a delta of `size` bytes be queued (D6)?"""
-        if self.policy is BackpressurePolicy.BUFFER:
-            return self._unread_bytes + size <= self.max_bytes
-        return self._unread_events < self.max_events
+            return self._caps.within_cap(self._unread_events, self._unread_bytes, size)
 
     def _has_room(self, size: int) -> bool:
-        """Pause policy: may a delta of `size` bytes be queued without passing a cap?
-
-        A delta larger than max_bytes is accepted when nothing is unread (waiting cannot help).
-        """
-        if self._unread_events >= self.max_events:
-            return False
-        return self._unread_events == 0 or self._unread_bytes + size <= self.max_bytes
+        """Pause policy: may a delta of `size` bytes join the unread ones (BufferCaps.has_room)?"""
+        return self._caps.has_room(self._unread_events, self._unread_bytes, size)
 
     def _wait_for_room(self, size: int) -> None:
         """Pause policy: block (table `block`) until the reader makes room (`unblock`)."""
@@ -698,7 +558,7 @@ class OrderedStream:
         """Wait on the condition (a reader for events, a paused producer for room), counted so that
         `_wake` notifies only when a thread sleeps. A producer's batched wakes go out first: the
         reader it waits for may be one of them."""
-        _flush_wakes()
+        flush_wakes()
         self._sleepers += 1
         try:
             self._cond.wait(timeout)
@@ -711,15 +571,8 @@ class OrderedStream:
         if self._sleepers:
             self._cond.notify_all()
         for waiters in (self._async_waiters, self._bulk_waiters):
-            if not waiters:
-                continue
-            batch = getattr(_BATCH, "waiters", None)
-            if batch is not None:
-                batch.extend(waiters)
-            else:
-                for loop, fut in waiters:
-                    loop.call_soon_threadsafe(_resolve, fut)
-            waiters.clear()
+            if waiters:
+                wake(waiters)
 
     def _transport(self, what: str) -> None:
         with self._cond:
@@ -727,128 +580,6 @@ class OrderedStream:
 
     def __repr__(self) -> str:
         return f"<OrderedStream {self.request_id} {self._st.state.value} next_seq={self._next_seq}>"
-
-
-class StreamReader:
-    """One reader's cursor over an OrderedStream's log (`OrderedStream.reader`): each HTTP connection
-    of a request reads through its own, so a reconnect never steals events from, nor loses events
-    to, a connection that is still open. Each reader is numbered (`number`, 0 the first) and, on a
-    traced stream, records `stream.reader_opened` and one `stream.delivered` per event handed out:
-    the per-reader delivery trace the §4.7 monitor `reader_delivery_complete` checks."""
-
-    __slots__ = ("stream", "index", "number", "_run")
-
-    def __init__(self, stream: OrderedStream, index: int, number: int, after_seq: int | None, resume: bool) -> None:
-        self.stream, self.index, self.number = stream, index, number
-        self._run: list[Any] | None = None  # [first seq, last seq, count] handed out since the last record
-        if stream._trace is not None:
-            log = stream._log
-            first = stream._seq_of(log[index]) if index < len(log) else stream._next_seq
-            stream._trace.emit(EventKind.READER_OPENED, reader=number, after=after_seq, resume=resume, first=first)
-
-    @property
-    def primary(self) -> bool:
-        return self.stream._primary is self
-
-    def _next(self) -> tuple[StreamEvent | None, bool]:
-        st = self.stream
-        ev = st._take_for(self)
-        if ev is not None:
-            if st._trace is not None:
-                run = self._run
-                if run is None:
-                    self._run = [ev.seq, ev.seq, 1]
-                else:
-                    run[1] = ev.seq
-                    run[2] += 1
-            if ev.terminal:  # done: it leaves the readers that may hold the primary role
-                if st._trace is not None:
-                    self._record(terminal=True)
-                st._leave(self)
-            return ev, False
-        return None, st._st.terminal and self.index >= len(st._log)
-
-    def _record(self, *, terminal: bool = False, closed: bool = False) -> None:
-        """One stream.delivered entry for the events handed out since the last one (first, last,
-        count): a reader's deliveries cost one trace entry, not one per event (D5)."""
-        run, self._run = self._run, None
-        if run is not None or closed:
-            first, last, count = run or (None, None, 0)
-            trace = self.stream._trace
-            assert trace is not None, "a reader records its deliveries only on a traced stream"
-            trace.emit(EventKind.DELIVERED, reader=self.number, first=first, seq=last, count=count,
-                       terminal=terminal, closed=closed)
-
-    def close(self) -> bool:
-        """This reader leaves (its connection closed). True when it held the primary role and no
-        reader is left to take it: the client is gone (D5). Closing twice changes nothing."""
-        st = self.stream
-        with st._cond:
-            if self not in st._open:
-                return False
-            if st._trace is not None:
-                self._record(closed=True)
-            return st._leave(self)
-
-    async def aget(self) -> StreamEvent | None:
-        """The next event for this reader (None once it has had the terminal one); never blocks the loop."""
-        return await self.stream._await(self._next)
-
-    async def __aiter__(self) -> AsyncIterator[StreamEvent]:
-        while (ev := await self.aget()) is not None:
-            yield ev
-            if ev.terminal:
-                return
-
-    async def abatch(self) -> list[StreamEvent]:
-        """For a reader of the whole answer (a response that is not streamed): every event this
-        reader can take, once the stream has ended or its unread deltas reach half a cap; empty
-        once the terminal event was had. Its task is woken a few times per request, not once per
-        token (D61); the producer still never waits for it before a cap (§4.8)."""
-        st = self.stream
-
-        def ready() -> tuple[list[StreamEvent] | None, bool]:
-            if st._st.state is st._st_open and not st._half_full():  # ended, paused or past OPEN: read now
-                return None, False
-            got: list[StreamEvent] = []
-            while True:
-                ev, done = self._next()
-                if ev is None:
-                    return got or None, done
-                got.append(ev)
-                if ev.terminal:
-                    return got, True
-
-        return await st._await(ready, bulk=True) or []
-
-
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-def _resolve_all(futs: list[asyncio.Future[None]]) -> None:
-    for fut in futs:
-        _resolve(fut)
-
-
-class Deduper:
-    """Client-side merge of a replay with a live read (§4.7 rule 4): each (request_id, seq) once."""
-
-    def __init__(self) -> None:
-        self._seen: dict[str, set[int | None]] = {}
-
-    def accept(self, request_id: str, seq: int | None) -> bool:
-        """True the first time (request_id, seq) is seen; False for a duplicate."""
-        seen = self._seen.setdefault(request_id, set())
-        if seq in seen:
-            return False
-        seen.add(seq)
-        return True
-
-    def accept_event(self, event: StreamEvent) -> bool:
-        """`accept` keyed by the event's own request_id and seq."""
-        return self.accept(event.request_id, event.seq)
 
 
 # ---- the runtime's implementation of every stream effect (machine/actions.py) ----------------

@@ -21,7 +21,7 @@ from decodespec.properties.monitors import check_trace
 from decodespec.runtime import ByteTableTokenizer, Request, ScriptedModel, generate
 from decodespec.runtime.engine import Engine, EngineFailed
 from decodespec.runtime.server import create_app, reference_server, uvicorn_config
-from decodespec.runtime.stream import StreamEventKind
+from decodespec.runtime.stream_events import StreamEventKind
 from decodespec.spec import FinishReason
 
 PADDED = VOCAB + 7  # a model vocabulary padded past the tokenizer's (ids 97..103 decode to nothing)

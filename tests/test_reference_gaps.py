@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from decodespec.properties import check_trace
 from decodespec.runtime import ByteTableTokenizer, Engine, Request, ScriptedModel, generate
-from decodespec.runtime.stream import StreamEventKind
+from decodespec.runtime.stream_events import StreamEventKind
 from decodespec.spec import FinishReason
 
 # 0 "a", 1 the lead byte of "é", 2 its continuation byte, 3 EOS, 4 "Q", 5 "Z" + a lead byte, 6 "w".

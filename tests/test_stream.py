@@ -12,16 +12,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from decodespec.machine import IllegalTransition
+from decodespec.runtime.backpressure import OVERFLOW_ERROR, BackpressurePolicy, StreamOverflow
 from decodespec.runtime.events import EventKind, Trace
-from decodespec.runtime.stream import (
-    OVERFLOW_ERROR,
-    BackpressurePolicy,
-    Deduper,
-    OrderedStream,
-    StreamEvent,
-    StreamOverflow,
-    batched_wakes,
-)
+from decodespec.runtime.stream import OrderedStream
+from decodespec.runtime.stream_events import Deduper, StreamEvent
+from decodespec.runtime.wakes import batched_wakes
 from decodespec.spec import FinishReason, load_spec
 
 WAIT = 5.0  # seconds: upper bound for any thread handshake, so a broken stream fails, never hangs

@@ -32,7 +32,7 @@ def _shipped(table: str, *keys: str) -> list[str]:
 # class -> (module file that declares it, its members' values in the shipped table)
 ENUMS = {
     "FinishReason": (SPEC / "vocabulary.py", lambda: [e["name"] for e in _shipped("reasons", "reason")]),
-    "BackpressurePolicy": (RUNTIME / "stream.py", lambda: _shipped("stream", "policies")),
+    "BackpressurePolicy": (RUNTIME / "backpressure.py", lambda: _shipped("stream", "policies")),
     "ResourceKind": (RUNTIME / "ledger.py", lambda: _shipped("resources", "kinds")),
 }
 
