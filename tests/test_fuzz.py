@@ -5,12 +5,14 @@ judges it, fails none of them, in process and over HTTP (§4.3-§4.10)."""
 
 from __future__ import annotations
 
+import os
+
 import click
 import pytest
 
 from decodespec.cli_fuzz import parse_budget
 from decodespec.properties.conformance.adapters.base import Finding
-from decodespec.properties.conformance.fuzz.session import draw_examples
+from decodespec.properties.conformance.fuzz.session import draw_examples, fuzz, write_run
 from decodespec.properties.conformance.fuzz.shrink import candidates, failure_key, shrink_all, size
 from decodespec.properties.conformance.fuzz.strategies import TABLE, case_of, settled, spelled, table_spec
 from decodespec.properties.conformance.runner import CaseResult, Verdict, grade
@@ -79,3 +81,30 @@ def test_budget_reads_seconds_minutes_and_hours_and_refuses_the_rest():
     assert [parse_budget(t) for t in ("90", "90s", "10m", "1h")] == [90, 90, 600, 3600]
     with pytest.raises(click.BadParameter, match="no duration"):
         parse_budget("ten minutes")
+# ---- CI: a short fuzz of the reference (a failure is a bug of the reference or of the judge) -------
+
+
+def _short(engine, tmp_path, seed):
+    run = fuzz(engine, tmp_path / "work", budget_s=150, seed=seed, batch=30, max_batches=2)
+    bad = [(r.case.id, r.verdict.value, r.reason, [f.message for f in r.failures], r.case.inputs)
+           for _, r in run.failing.values()] + [(r.case.id, r.reason) for r in run.errors]
+    return run, bad
+
+
+def test_a_short_fuzz_of_decodespec_serve_in_process_finds_nothing(tmp_path):
+    from decodespec.properties.conformance.fuzz.batch import InProcess
+
+    run, bad = _short(InProcess(), tmp_path, seed=46)
+    assert run.examples >= 40 and not bad, bad
+    written = write_run(run, tmp_path / "out")
+    assert {p.name for p in written} >= {"report.json", "report.md", "fuzz.json"}
+
+
+def test_a_short_fuzz_of_decodespec_serve_over_http_finds_nothing(tmp_path):
+    from decodespec.properties.conformance.fuzz.batch import Launched
+    from decodespec.properties.conformance.presets import engine_path
+
+    serve = Launched("decodespec serve --port {port} --model {model}", tmp_path / "logs", jobs=4,
+                     env={**os.environ, "PATH": engine_path()})  # the decodespec beside this Python
+    run, bad = _short(serve, tmp_path, seed=47)
+    assert run.examples >= 40 and not bad, bad

@@ -239,6 +239,22 @@ def test_the_last_not_text_token_may_be_left_out():
                            want, TOK, "s") == []
 
 
+def test_tokens_a_failed_run_never_sent_may_be_left_out():
+    """D59, D12: a run that fails on bytes no token completes (e4 b8 at the end) sent nothing of its
+    last tokens; leaving them out of the reports is no lost token, leaving out a sent one is."""
+    sent = chunk_reports(_sse(("a", [121], ["a"], None)))
+    assert judge_alignment(sent, Want((121, 111), False, (), NOT_TEXT, unsent=1), TOK, "s") == []
+    assert [f.symptom for f in judge_alignment(sent, Want((121, 111), False, (), NOT_TEXT), TOK, "s")] == ["tokens_lost"]
+
+
+def test_the_echoed_prompt_is_text_before_the_first_token():
+    """D33, D59: with echo the stream first sends the prompt's text, which no selected token spells."""
+    reports = chunk_reports(_sse(("> ", [], [], None), ("a", [121], ["a"], None), ("", [], [], "length")))
+    assert judge_alignment(reports, Want((121,), False, (), NOT_TEXT, echo=b"> "), TOK, "s") == []
+    found = judge_alignment(reports, Want((121,), False, (), NOT_TEXT), TOK, "s")
+    assert [f.symptom for f in found] == ["text_before_token"]
+
+
 @pytest.mark.parametrize("bad", [10**6, -5])
 def test_a_token_id_outside_the_vocabulary_is_a_finding_not_an_error(bad):
     """D59 rule 1: an id the tokenizer has not is the wrong token, named; the judge does not fail on it."""

@@ -106,12 +106,16 @@ def reports_tokens(reports: Sequence[ChunkReport]) -> bool:
 
 @attrs.frozen
 class Want:
-    """What the reference selected: `tokens` in order; whether the last is no text (may be left out)."""
+    """What the reference selected: `tokens` in order; whether the last is no text (may be left out);
+    `unsent`: how many last tokens a run that failed never sent a byte of (they may be left out);
+    `echo`: the text before the first token (the prompt, echoed: D33)."""
 
     tokens: tuple[int, ...]
     last_not_text: bool
     stops: tuple[str, ...]
     not_text: frozenset[int]
+    unsent: int = 0
+    echo: bytes = b""
 
 
 def _token_bytes(tok: Any, tid: int, not_text: frozenset[int]) -> bytes:
@@ -174,11 +178,13 @@ def judge_alignment(reports: Sequence[ChunkReport], want: Want, tok: Any, where:
         else None
     n = len(ids) if ids is not None else len(pieces or [])
     full = list(want.tokens)
-    ok_counts = {len(full), len(full) - 1} if want.last_not_text else {len(full)}
+    spare = max(int(want.last_not_text), want.unsent)
+    ok_counts = set(range(len(full) - spare, len(full) + 1))
     if n not in ok_counts:
         kind = "tokens_lost" if n < min(ok_counts) else "tokens_extra"
-        out.append(finding(kind, f"{where}: {n} token(s) reported, the run selected {len(full)} "
-                                 f"({'the last, not text, may be left out' if want.last_not_text else 'each once'})"))
+        leave = (f"the last {want.unsent}, never sent before the run failed, may be left out" if want.unsent else
+                 "the last, not text, may be left out" if want.last_not_text else "each once")
+        out.append(finding(kind, f"{where}: {n} token(s) reported, the run selected {len(full)} ({leave})"))
     if ids is not None:
         bad = next((k for k, (g, w) in enumerate(zip(ids, full)) if g != w), None)
         if bad is not None:
@@ -190,7 +196,7 @@ def judge_alignment(reports: Sequence[ChunkReport], want: Want, tok: Any, where:
             out.append(finding("tokens_wrong", f"{where}: token {bad + 1} reported as {pieces[bad]!r}, the run selected "
                                                f"id {full[bad]} {_token_bytes(tok, full[bad], want.not_text)!r}"))
     # Rules 2 and 3, chunk by chunk, on the bytes the entries spell.
-    spelled, text, k = bytearray(), bytearray(), 0
+    spelled, text, k = bytearray(want.echo), bytearray(), 0
     for c, r in enumerate(reports):
         for j in range(r.count or 0):
             tid = full[k] if k < len(full) else (r.ids[j] if r.ids is not None else None)
@@ -217,7 +223,14 @@ def want_of(a: Any, case: Any) -> Want:
     not_text = frozenset(getattr(tok, "special_ids", ())) | {a.checkpoint.eos_id}
     ends = not_text | {s[0] for s in case.inputs.get("stop_token_ids") or () if len(s) == 1}
     tokens = tuple(res.tokens)
-    return Want(tokens, bool(tokens) and tokens[-1] in ends, tuple(case.inputs.get("stop") or ()), not_text)
+    unsent = 0  # a failed run's last tokens selected after its last delta: none of their bytes went out
+    if res.state.name == "FAILED":
+        for e in res.events:
+            unsent = 0 if e.kind == "response.delta" else unsent + (e.kind == "token.selected")
+    echo = (tok.decode_bytes(list(a.checkpoint.programs[case.id].prompt))
+            if case.inputs.get("request", {}).get("echo") else b"")
+    return Want(tokens, bool(tokens) and tokens[-1] in ends, tuple(case.inputs.get("stop") or ()), not_text,
+                unsent, echo)
 
 
 def stream_reported(a: Any, path: str, body: dict[str, Any], chat: bool) -> tuple[Streamed, bool]:
