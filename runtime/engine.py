@@ -65,6 +65,7 @@ other team exists); with `pin_threads`, each thread of that team on a CPU of its
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import enum
 import itertools
 import logging
@@ -80,13 +81,13 @@ import torch
 from ..machine import IllegalTransition, compiled_of, per_table
 from ..machine.actions import Executor, fire_with_effects
 from ..spec import FinishReason, Spec, Table, default_spec
-from ..spec.derived import sequence_states
+from ..spec.derived import discovered_events, sequence_states
 from .affinity import pin_team
 from .errors import ModelError
 from .events import EventKind
 from .faults import FaultPlan
 from .request import Request
-from .runner import RequestRun
+from .runner import RequestRun, undecodable_mask
 from .sampling import SamplingError, greedy_rows
 from .wakes import batched_wakes
 
@@ -142,6 +143,8 @@ class EngineStats:
     steps_total: int
     decode_tokens_total: int
     step_running_s: float = 0.0  # how long the step now running has run (the watchdog's gauge, D21)
+    overlapped_steps_total: int = 0  # decode steps launched before their tokens' host work (D73)
+    cancels_in_flight_total: int = 0  # cancels observed while such a step ran (§4.9, §4.11 B)
 
 
 # Bytes one select() may send at most beyond the token's own bytes: a held partial UTF-8
@@ -167,6 +170,29 @@ class _Entry:
     # y_t chosen ahead by the batch's one argmax, valid while the run's logits are `chosen_from`
     chosen: int | None = None
     chosen_from: Any = None
+    # overlap (D73): its stepper of spec/overlap.toml, the y_t its step in flight decodes, the cache
+    # as its host work sees it meanwhile, and whether that step's decode.started is in the trace
+    ov: Any = None
+    ahead: int | None = None
+    held: _HeldCache | None = None
+    started: bool = False
+
+
+@attrs.define(eq=False, slots=True)
+class _HeldCache:
+    """A run's cache as the host work on y_t sees it while the step decoding y_t runs (D73): its
+    length before the step (the finish checks and the guard read that), and a free() deferred to the
+    step's completion (wait_until_model_safe_point of §4.3: the step still writes the cache)."""
+
+    cache: Any
+    length: int
+    free_asked: bool = False
+
+    def free(self) -> None:
+        self.free_asked = True
+
+    def nbytes(self) -> int:
+        return int(self.cache.nbytes())
 
 
 class Engine:
@@ -191,6 +217,7 @@ class Engine:
         batch_invariant: bool = False,
         threads: int | None = None,
         pin_threads: bool = False,
+        overlap: bool = False,
         spec: Spec | None = None,
         lifecycle: Table | None = None,
     ) -> None:
@@ -239,6 +266,15 @@ class Engine:
         if not isinstance(batch_invariant, bool):
             raise ValueError(f"batch_invariant must be True or False, got {batch_invariant!r}")
         self.batch_invariant = batch_invariant
+        if not isinstance(overlap, bool):
+            raise ValueError(f"overlap must be True or False, got {overlap!r}")
+        # overlap (D73): each decode runs on the forward thread while the driver does its tokens' host work
+        self.overlap = overlap
+        self._overlap = compiled_of(spec["overlap"]) if overlap else None
+        self._ov_plans = _ov_plans_of(spec["overlap"]) if overlap else {}
+        self._discovered = discovered_events(spec["overlap"]) if overlap else {}
+        self._forward: concurrent.futures.ThreadPoolExecutor | None = None
+        self._overlapped = self._in_flight_cancels = 0
         self._batched_prefill = callable(getattr(model, "prefill_batch", None)) and not batch_invariant
         self._lock = threading.Lock()
         self._order = itertools.count()
@@ -288,7 +324,8 @@ class Engine:
             )
             if run.admit():
                 stops = max((len(s.encode()) for s in request.stop), default=0)
-                entry = _Entry(run, next(self._order), headroom=stops + _DELTA_SLACK, seq=self._sequence.new())
+                entry = _Entry(run, next(self._order), headroom=stops + _DELTA_SLACK, seq=self._sequence.new(),
+                               ov=None if self._overlap is None else self._overlap.new())
                 self._queue.append(entry)
                 self._live[rid] = entry
             else:
@@ -349,6 +386,8 @@ class Engine:
                 steps_total=self._steps,
                 decode_tokens_total=self._decoded,
                 step_running_s=self.step_running_s,
+                overlapped_steps_total=self._overlapped,
+                cancels_in_flight_total=self._in_flight_cancels,
             )
 
     @property
@@ -400,6 +439,9 @@ class Engine:
             if self._thread.is_alive():
                 raise EngineError(f"the engine thread did not stop within {timeout} s")
         self._end_all(None)
+        if self._forward is not None:
+            self._forward.shutdown(wait=True)
+            self._forward = None
 
     def _end_all(self, failure: str | None) -> None:
         """End every live request now. `failure` None (stop): cancelled where a cancel applies,
@@ -614,26 +656,172 @@ class Engine:
                 ready.append(e)
             moved = self._settle(e) or moved
         ready = self._fit_budget(ready)
+        if self._overlap is not None:
+            self._overlapped_step(ready)
+            return moved or bool(ready)
         active: list[_Entry] = []
         for e in ready:
             run = e.run
             token = e.chosen if e.chosen_from is run.logits else None
             e.chosen_from = None
-            try:
-                needs_decode = run.select(token)
-            except SamplingError as exc:  # the model's logits cannot be sampled (NaN, +inf): its error
-                run.kernel_failed(ModelError(f"bad logits: {exc}"))
-                needs_decode = False
-            except Exception as exc:  # its tokenizer, content policy or grammar raised (D20)
-                self._crashed(e, exc, "selecting a token")
-                needs_decode = False
-            if needs_decode:
+            if self._select(e, token):
                 active.append(e)
             else:
                 self._settle(e)
         if active:
             self._decode(active)
         return moved or bool(ready)
+
+    def _select(self, e: _Entry, token: int | None) -> bool:
+        """The run's select() (y_t and its host work, §4.3); a failure of its own is its end (D20)."""
+        run = e.run
+        try:
+            return run.select(token)
+        except SamplingError as exc:  # the model's logits cannot be sampled (NaN, +inf): its error
+            run.kernel_failed(ModelError(f"bad logits: {exc}"))
+        except Exception as exc:  # its tokenizer, content policy or grammar raised (D20)
+            self._crashed(e, exc, "selecting a token")
+        return False
+
+    # ---- the overlapped step (D73, spec/overlap.toml) ------------------------------------
+
+    def _overlapped_step(self, ready: list[_Entry]) -> None:
+        """The decode step with y_t's decode launched before y_t's host work (§4.3, §4.9, §4.11):
+        each greedy run's y_t is the argmax of its logits, its decode runs on the forward thread
+        while select() detokenizes, matches and streams y_t; the runs whose host work ended them
+        (or observed a cancel or a deadline) have the result discarded, the others take it. A run
+        whose y_t is drawn by its sampler or restricted by its UTF-8 guard is not launched ahead:
+        it is decoded after the join, as without overlap."""
+        launched = [(e, token) for e in ready if (token := self._ahead(e)) is not None]
+        future = None
+        if launched:
+            caches = [e.run.cache for e, _ in launched]
+            tokens = [token for _, token in launched]
+            for e, token in launched:
+                e.ahead, e.started = token, False
+                self._ov(e, "launch")  # start_step: the host work sees the cache as it was before the step
+            future = self._forward_pool().submit(self._forward_batch, caches, tokens)
+            self._overlapped += 1
+        later: list[_Entry] = []
+        try:
+            for e in ready:
+                needs_decode = self._select(e, e.ahead)
+                if e.ahead is None:  # not launched: as without overlap
+                    if needs_decode:
+                        later.append(e)
+                    else:
+                        self._settle(e)
+                else:
+                    self._host_done(e, needs_decode)
+        finally:
+            if future is not None:
+                self._join(future, launched)
+        if later:
+            self._decode(later)
+
+    def _ahead(self, e: _Entry) -> int | None:
+        """y_t chosen before its host work exactly as select() will choose it: the greedy choice of
+        the run's logits (the batch's argmax of the last step where there was one), ids the
+        tokenizer cannot decode left out (D20). None for a run whose sampler draws (its RNG is
+        drawn once, by select) or whose UTF-8 guard restricts the choice by the bytes held (D16)."""
+        run = e.run
+        chosen, e.chosen_from = (e.chosen if e.chosen_from is run.logits else None), None
+        if not run.sampler.greedy or run.guard is not None:
+            return None
+        mask = undecodable_mask(self.tokenizer, self.model.vocab_size, getattr(self.model, "device", "cpu"))
+        if mask is not None:
+            return greedy_rows(run.step_logits.masked_fill(mask, float("-inf"))[None], [run.sampler])[0]
+        return chosen if chosen is not None else greedy_rows(run.step_logits[None], [run.sampler])[0]
+
+    def _host_done(self, e: _Entry, needs_decode: bool) -> None:
+        """Fire on the run's step in flight what y_t's host work found: it went on (then the check
+        point of §4.3 and decode.started, a cancel observed there discards), or it ended."""
+        run = e.run
+        if not needs_decode:
+            self._ov(e, self._ended(run))  # a stop, an EOS, the length, ...: the result is discarded
+            return
+        if run.tokens[-1] != e.ahead:  # _ahead chose as select() does: the step decoded y_t or nothing is sure
+            raise EngineError(f"request {run.request.request_id}: the step launched decodes {e.ahead}, "
+                              f"select() chose {run.tokens[-1]}")
+        self._ov(e, "go_on")
+        where = run.driver_states
+        if not run.check_point():  # the check point of §4.3, while the step runs
+            self._in_flight_cancels += run.state in where.cancel_observed
+            self._ov(e, self._ended(run))
+            return
+        run.begin_decode()  # decode.started (its faults delivered); a cancel arrived by now is observed
+        e.started = True
+        if run.state in where.cancel_observed:
+            self._in_flight_cancels += 1
+            self._ov(e, "cancel")
+
+    def _ended(self, run: RequestRun) -> str:
+        """The overlap table's event for how the run's loop ended ([discovered], by finish reason)."""
+        if run.state in run.driver_states.cancel_observed:
+            return self._discovered[FinishReason.CANCELLED]
+        reason = run.reason
+        if reason is None:
+            raise EngineError(f"request {run.request.request_id}: the loop ended in {run.state} with no reason")
+        return self._discovered[reason]
+
+    def _forward_batch(self, caches: list[Any], tokens: list[int]) -> Any:
+        """On the forward thread: one decode_one over the batch (one call a sequence when batch-invariant)."""
+        if self.batch_invariant:
+            return [self._decode_single(c, t) for c, t in zip(caches, tokens)]
+        return self.model.decode_one(caches, tokens)
+
+    def _forward_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._forward is None:  # its OpenMP team as large as the engine thread's (D60)
+            self._forward = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="decodespec-forward", initializer=torch.set_num_threads,
+                initargs=(self.threads or torch.get_num_threads(),))
+        return self._forward
+
+    def _join(self, future: concurrent.futures.Future, launched: list[tuple[_Entry, int]]) -> None:
+        """Wait for the step, give each run its cache back (a free asked meanwhile done now, once),
+        then `complete`: take or discard each run's row (the table's row says which)."""
+        entries = [e for e, _ in launched]
+        rows: list[Any]
+        picks: list[int | None] = [None] * len(entries)
+        self._await(future, entries)
+        try:
+            out = future.result()
+        except Exception as exc:
+            out = exc
+        held = [e.held for e in entries]
+        for e, h in zip(entries, held):
+            if h is not None:
+                e.run.cache, e.held = h.cache, None
+                if h.free_asked:
+                    h.cache.free()
+        if isinstance(out, Exception):
+            rows = [self._decode_alone(h.cache, t, h.length, out, len(entries)) if h is not None and e.run.decoding
+                    else out for e, h, (_, t) in zip(entries, held, launched)]
+        elif isinstance(out, torch.Tensor):
+            rows, picks = list(out.unbind(0)), greedy_rows(out, [e.run.sampler for e in entries])
+        else:
+            rows = list(out)
+        for e, row, pick in zip(entries, rows, picks):
+            self._ov(e, "complete", row, pick)
+            e.ahead, e.started = None, False
+            if not e.run.decoding:
+                self._settle(e)
+
+    def _await(self, future: concurrent.futures.Future, entries: list[_Entry]) -> None:
+        """While the step runs, the check point of every run that goes on is passed again each
+        `poll_s` (a cancel or a deadline that arrives now is observed while the step runs: its
+        result is discarded, §4.11 B)."""
+        going = [e for e in entries if e.started]
+        while going and not concurrent.futures.wait((future,), timeout=self.poll_s).done:
+            for e in going:
+                if e.run.decoding and not e.run.check_point():
+                    self._in_flight_cancels += e.run.state in e.run.driver_states.cancel_observed
+                    self._ov(e, self._ended(e.run))
+            going = [e for e in going if e.run.decoding]
+
+    def _ov(self, e: _Entry, event: str, row: Any = None, pick: int | None = None) -> None:
+        """Fire `event` on the run's overlap stepper and run its row's effects (OVERLAP below)."""
+        fire_with_effects(e.ov, self._ov_plans, event, self, e, row, pick)
 
     def _settle(self, e: _Entry) -> bool:
         """end() a run that reached the end of its loop and can send its tail; True when it
@@ -713,20 +901,24 @@ class Engine:
                     rows, picks = out.unbind(0), greedy_rows(out, [run.sampler for run in runs])
                 else:
                     rows = list(out)
-        decoded = 0
         for e, run, row, pick in zip(active, runs, rows, picks):
-            if run.take_kernel_fault():
-                row = ModelError("injected model error")
-            if isinstance(row, Exception):
-                run.kernel_failed(row if isinstance(row, ModelError) else ModelError(f"{type(row).__name__}: {row}"))
-            else:
-                run.end_decode(row)
-                decoded += 1
-                if pick is not None:
-                    e.chosen, e.chosen_from = pick, row
+            self._took(e, row, pick)
             if not run.decoding:
                 self._settle(e)
-        self._decoded += decoded
+
+    def _took(self, e: _Entry, row: Any, pick: int | None) -> None:
+        """A decode's row for the run: its logits (decode.completed; the lifecycle's row decides
+        whether they are kept), or the kernel's failure, an injected one first (§4.10)."""
+        run = e.run
+        if run.take_kernel_fault():
+            row = ModelError("injected model error")
+        if isinstance(row, Exception):
+            run.kernel_failed(row if isinstance(row, ModelError) else ModelError(f"{type(row).__name__}: {row}"))
+        else:
+            run.end_decode(row)
+            self._decoded += 1
+            if pick is not None:
+                e.chosen, e.chosen_from = pick, row
 
     def _decode_alone(self, cache: Any, token: int, length: int, batch_exc: Exception, size: int) -> Any:
         """After a batched decode raised: this sequence alone, unless its cache was already written."""
@@ -751,6 +943,8 @@ class Engine:
         """Forget a run that reached its terminal state; keep it for replay (retain_s). The
         `drop` row: a second drop is an IllegalTransition, never a second release."""
         self._move(e, "drop")  # leave_batch (give_place, forget) or forget
+        if e.ov is not None:
+            self._ov(e, "release")  # the overlap table refuses it while a step of the run is in flight
 
     def _record_done(self, run: RequestRun) -> None:
         """Called with the lock held."""
@@ -864,3 +1058,35 @@ def _forget(eng: Engine, e: _Entry) -> None:
 
 
 _seq_plans_of = per_table(SEQUENCE.plans)
+
+
+# ---- the Engine's implementation of every overlap effect (D73, spec/overlap.toml) -------------
+# Each runs as (engine, entry, the step's row or None, the batch's greedy pick or None).
+OVERLAP = Executor("overlap", "the runtime (engine.Engine)")
+
+
+@OVERLAP.effect("start_step")
+def _start_step(eng: Engine, e: _Entry, row: Any, pick: int | None) -> None:
+    """The host work on y_t sees the cache as it was before the step (its length, a deferred free)."""
+    cache = e.run.cache
+    e.held = _HeldCache(cache, cache.length)
+    e.run.cache = e.held
+
+
+@OVERLAP.effect("take_result")
+def _take_result(eng: Engine, e: _Entry, row: Any, pick: int | None) -> None:
+    eng._took(e, row, pick)
+
+
+@OVERLAP.effect("discard_result")
+def _discard_result(eng: Engine, e: _Entry, row: Any, pick: int | None) -> None:
+    """Dropped; where decode.started is in the trace (a cancel observed after it), decode.completed
+    follows and the lifecycle's own row discards the logits (§4.11 B), as without overlap."""
+    if e.started:
+        eng._took(e, row, None)
+
+
+OVERLAP.abstracts("keep_cache", "the cache keeps what the step wrote; the request's release frees it with the rest")
+OVERLAP.abstracts("release_resources", "the lifecycle's terminal row released them (runner); the Engine fires "
+                  "release once the run is dropped, which the table refuses while its step is in flight")
+_ov_plans_of = per_table(OVERLAP.plans)

@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 EXECUTORS = {
     "checker model": checker_model.EXECUTORS,
-    "runtime": {"lifecycle": runner.LIFECYCLE, "resources": ledger.RESOURCES, "sequence": engine.SEQUENCE,
+    "runtime": {"lifecycle": runner.LIFECYCLE, "resources": ledger.RESOURCES, "sequence": engine.SEQUENCE, "overlap": engine.OVERLAP,
                 "stream": stream.STREAM, "stop_matcher": stop.STOP, "detokenizer": detokenizer.DETOK},
 }
 
