@@ -22,16 +22,6 @@ MODEL = tiny_model()
 TOK = ascii_tokenizer()
 
 
-def _requests(n: int, **kw) -> list[dict]:
-    out = []
-    for i in range(n):
-        r = dict(prompt=f"prompt number {i}" + "x" * (i % 5), max_output_tokens=6 + i % 7, seed=100 + i,
-                 temperature=0.8 if i % 3 == 2 else 0.0, request_id=f"r{i}")
-        r.update(kw)
-        out.append(r)
-    return out
-
-
 def _result(r):
     return (r.tokens, r.output, r.finish_reason, r.state.value, r.usage)
 
@@ -40,7 +30,7 @@ def test_overlap_changes_no_answer_and_every_trace_passes_the_monitors():
     """§4.3: z_{t+1} is taken only for a request that goes on; a stop, an EOS or the length found
     while the step runs discards it, so tokens, bytes, finish reason and usage (processed tokens
     too) equal the single-path loop's, greedy and sampled, with stops."""
-    reqs = _requests(10) + _requests(4, stop=["00", "111", "3"], max_output_tokens=12)
+    reqs = test_engine._requests(10) + test_engine._requests(4, stop=["00", "111", "3"], max_output_tokens=12)
     for i, r in enumerate(reqs):
         r["request_id"] = f"q{i}"
     ref = {r["request_id"]: generate(Request(**r), model=MODEL, tokenizer=TOK) for r in reqs}
