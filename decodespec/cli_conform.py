@@ -43,6 +43,9 @@ _MARK = {"PASS": ".", "FAIL": "F", "DIFFERS": "D", "ERROR": "E", "SKIP": "s"}
 PARTIAL_RUN_EXIT = 3
 
 if TYPE_CHECKING:
+    from .properties.conformance.adapters.base import Adapter
+    from .properties.conformance.cases import Case
+    from .properties.conformance.presets import Preset
     from .properties.conformance.reports import Grading
 
 
@@ -153,8 +156,6 @@ def conform(engine: str, preset: str | None, list_presets: bool, presets_files: 
             without: tuple[str, ...],
             jobs: int | None) -> None:
     """Run the conformance cases (§4.3-§4.10) against ENGINE and report per case."""
-    from .properties.conformance import CaseError, load_cases, select_cases
-
     console = Console(width=120)
     t0 = time.monotonic()
     if list_presets or preset == "list":
@@ -162,11 +163,47 @@ def conform(engine: str, preset: str | None, list_presets: bool, presets_files: 
         return
     chosen = None
     if preset is not None:
-        for given, hint in ((engine, "--engine"), (launch, "--launch"), (launch_context, "--launch-context"),
-                            (launch_tight, "--launch-tight")):
-            if given is not None:
-                raise click.BadParameter(f"--preset starts the engine itself: give {hint} or --preset", param_hint=hint)
+        _refuse_given({"--engine": engine, "--launch": launch, "--launch-context": launch_context,
+                       "--launch-tight": launch_tight}, "--preset starts the engine itself: give {hint} or --preset")
         chosen = _find_preset(preset, presets_files)
+    every, cases = _selected(select, cases_of, checkpoints, chosen)
+    if list_only:
+        return _print_cases(cases, console)
+    policy = _policy(expect_file, every, strict, partial_ok, profile, declared,
+                     workers or (chosen.worker if chosen else ()), _report_folder(report_dir, name, chosen, engine))
+    if chosen is not None:
+        return _conform_preset(chosen, cases, every, checkpoints, llama_cpp, frozenset(without), jobs, model, name,
+                               report_dir, (launch_timeout, read_timeout), policy, dry_run, console, t0)
+    jobs = jobs or 1
+    if launch is None:
+        _refuse_given({"--launch-context": launch_context, "--launch-tight": launch_tight}, "{hint} goes with --launch")
+    else:
+        if engine is not None:
+            raise click.BadParameter("give either --engine or --launch", param_hint="--launch")
+        folders = _checkpoint_folders(checkpoints)
+        return _conform_launched(cases, folders, launch, (launch_context, launch_tight), (launch_timeout, read_timeout),
+                                 frozenset(without), jobs,
+                                 model, name or "launched", report_dir, policy, dry_run, console, t0,
+                                 log_dir=Path(".cache/peers/logs") / (name or "launched"))
+    if engine is None:
+        raise click.UsageError("--engine is required (or --preset NAME, or --launch CMD with --checkpoint)")
+    _conform_engine(engine, cases, checkpoints, model, frozenset(without), read_timeout, presets_files, jobs,
+                    name or report_name(engine), report_dir, policy, dry_run, console, t0)
+
+
+def _refuse_given(options: dict[str, object], why: str) -> None:
+    """Refuse the first of these options (hint -> value) that was given, saying `why` ({hint} filled in)."""
+    for hint, given in options.items():
+        if given is not None:
+            raise click.BadParameter(why.format(hint=hint), param_hint=hint)
+
+
+def _selected(select: tuple[str, ...], cases_of: Path | None, checkpoints: tuple[Path, ...],
+              chosen: Preset | None) -> tuple[list[Case], list[Case]]:
+    """Every case (with the chat variants where forced checkpoints run) and the ones to run: by
+    --select prefix, by --cases-of report, by what the preset runs."""
+    from .properties.conformance import CaseError, load_cases, select_cases
+
     every = load_cases()
     if checkpoints or chosen:  # chat variants run on forced checkpoints (whose module loads torch: not for --list)
         from .properties.conformance.checkpoints import with_chat
@@ -178,30 +215,52 @@ def conform(engine: str, preset: str | None, list_presets: bool, presets_files: 
         hint = " (the chat variants of the cases run with --checkpoint)" if not checkpoints and "'chat" in str(exc) else ""
         raise click.BadParameter(f"{exc}{hint}", param_hint="--select") from None
     if cases_of is not None:
-        from .properties.conformance.reports import case_ids_of
-
-        try:
-            ids = case_ids_of(cases_of)
-        except CaseError as exc:
-            raise click.BadParameter(str(exc), param_hint="--cases-of") from None
-        if gone := sorted(set(ids) - {c.id for c in every}):
-            more = f" and {len(gone) - 5} more" if len(gone) > 5 else ""
-            raise click.BadParameter(f"{cases_of}: the suite has no case {', '.join(map(repr, gone[:5]))}{more}"
-                                     f"{'' if checkpoints else ' (chat variants run with --checkpoint)'}",
-                                     param_hint="--cases-of")
-        cases = [c for c in cases if c.id in set(ids)]
+        ids = _report_ids(cases_of, every, checkpoints)
+        cases = [c for c in cases if c.id in ids]
     if chosen is not None:
         cases = [c for c in cases if chosen.runs(c)]
-    if list_only:
-        table = RichTable(title=f"{len(cases)} case(s)")
-        for col in ("case", "§", "grade", "invariant", "description"):
-            table.add_column(col, overflow="fold")
-        for c in cases:
-            table.add_row(c.id, c.anchor, c.grade.value, c.invariant, c.description)
-        console.print(table)
-        return
-    from .properties.conformance import EngineSpecError, adapter_for, run_cases
-    from .properties.conformance.adapters.openai import ServerError
+    return every, cases
+
+
+def _report_ids(report: Path, every: list[Case], checkpoints: tuple[Path, ...]) -> set[str]:
+    """The case ids of a report.json (--cases-of), each one the suite still has."""
+    from .properties.conformance import CaseError
+    from .properties.conformance.reports import case_ids_of
+
+    try:
+        ids = case_ids_of(report)
+    except CaseError as exc:
+        raise click.BadParameter(str(exc), param_hint="--cases-of") from None
+    if gone := sorted(set(ids) - {c.id for c in every}):
+        more = f" and {len(gone) - 5} more" if len(gone) > 5 else ""
+        raise click.BadParameter(f"{report}: the suite has no case {', '.join(map(repr, gone[:5]))}{more}"
+                                 f"{'' if checkpoints else ' (chat variants run with --checkpoint)'}",
+                                 param_hint="--cases-of")
+    return set(ids)
+
+
+def _print_cases(cases: list[Case], console: Console) -> None:
+    """--list: the selected cases with their section, grade, invariant and description."""
+    table = RichTable(title=f"{len(cases)} case(s)")
+    for col in ("case", "§", "grade", "invariant", "description"):
+        table.add_column(col, overflow="fold")
+    for c in cases:
+        table.add_row(c.id, c.anchor, c.grade.value, c.invariant, c.description)
+    console.print(table)
+
+
+def _report_folder(report_dir: Path | None, name: str | None, chosen: Preset | None, engine: str | None) -> Path:
+    """Where the run's reports go: --report, else reports/ and the engine's name (--name, the
+    preset's, or the one derived from --engine)."""
+    return report_dir or Path("reports") / (name or (chosen.name if chosen else report_name(engine or "launched")))
+
+
+def _policy(expect_file: Path | None, every: list[Case], strict: bool, partial_ok: bool, profile: str,
+            declared: tuple[str, ...], workers: tuple[str, ...], folder: Path) -> Policy:
+    """What fails the run: the --expect file's known failures (each id a case), --strict,
+    --partial-ok, the grading; a gateway's worker reports must be beside `folder` already."""
+    from .properties.conformance import CaseError
+    from .properties.conformance.reports import Grading, worker_reports
     from .properties.conformance.runner import read_expectations
 
     known: frozenset[str] = frozenset()
@@ -210,65 +269,66 @@ def conform(engine: str, preset: str | None, list_presets: bool, presets_files: 
             known = read_expectations(expect_file.read_text(encoding="utf-8"), known=(c.id for c in every))
         except CaseError as exc:
             raise click.BadParameter(f"{expect_file}: {exc}", param_hint="--expect") from None
-    from .properties.conformance.reports import Grading
-
-    policy = Policy(known, strict, partial_ok, Grading(profile, frozenset(declared)),
-                    workers or (chosen.worker if chosen else ()))
+    policy = Policy(known, strict, partial_ok, Grading(profile, frozenset(declared)), workers)
     if policy.workers:
-        from .properties.conformance.reports import worker_reports
-
-        folder = report_dir or Path("reports") / (name or (chosen.name if chosen else report_name(engine or "launched")))
         try:
             worker_reports(folder, policy.workers)
         except CaseError as exc:
             raise click.BadParameter(f"{exc} (judge the worker directly first)", param_hint="--worker") from None
-    if chosen is not None:
-        return _conform_preset(chosen, cases, every, checkpoints, llama_cpp, frozenset(without), jobs, model, name,
-                               report_dir, (launch_timeout, read_timeout), policy, dry_run, console, t0)
-    jobs = jobs or 1
-    for given, hint in ((launch_context, "--launch-context"), (launch_tight, "--launch-tight")):
-        if given is not None and launch is None:
-            raise click.BadParameter(f"{hint} goes with --launch", param_hint=hint)
-    if launch is not None:
-        if engine is not None:
-            raise click.BadParameter("give either --engine or --launch", param_hint="--launch")
-        folders = _checkpoint_folders(checkpoints)
-        return _conform_launched(cases, folders, launch, (launch_context, launch_tight), (launch_timeout, read_timeout),
-                                 frozenset(without), jobs,
-                                 model, name or "launched", report_dir, policy, dry_run, console, t0,
-                                 log_dir=Path(".cache/peers/logs") / (name or "launched"))
-    if engine is None:
-        raise click.UsageError("--engine is required (or --preset NAME, or --launch CMD with --checkpoint)")
+    return policy
+
+
+def _conform_engine(engine: str, cases: list[Case], checkpoints: tuple[Path, ...], model: str | None,
+                    without: frozenset[str], read_timeout: float | None, presets_files: tuple[Path, ...], jobs: int,
+                    label: str, report_dir: Path | None, policy: Policy, dry_run: bool, console: Console,
+                    t0: float) -> None:
+    """--engine: an engine of your own loaded once per checkpoint, or one adapter (at most one
+    checkpoint, the one an openai server serves)."""
+    from .properties.conformance import run_cases
     from .properties.conformance.adapters import is_module_engine
 
     if checkpoints and is_module_engine(engine):  # an engine of your own: loaded once per checkpoint
-        return _conform_module(cases, engine, _checkpoint_folders(checkpoints), jobs, name or report_name(engine),
+        return _conform_module(cases, engine, _checkpoint_folders(checkpoints), jobs, label,
                                report_dir, policy, dry_run, console, t0)
+    adapter = _adapter(engine, checkpoints, model, without, read_timeout, presets_files, precheck=not dry_run)
+    if dry_run:
+        return _print_plan(cases, adapter, label, console)
+    results = _run_declared(cases, policy, label, lambda todo, tick: run_cases(adapter, todo, jobs=jobs, on_result=tick))
+    _finish(results, label, report_dir, policy, console, t0)
+
+
+def _adapter(engine: str, checkpoints: tuple[Path, ...], model: str | None, without: frozenset[str],
+             read_timeout: float | None, presets_files: tuple[Path, ...], *, precheck: bool) -> Adapter:
+    """The adapter --engine names (a preset's name suggested where it names an engine), its server
+    checked first where it has a precheck and the run is not a dry run."""
+    from .properties.conformance import EngineSpecError, adapter_for
+    from .properties.conformance.adapters.openai import ServerError
+
     if len(checkpoints) > 1:
         raise click.BadParameter("one --checkpoint per served engine (several only with --launch or a "
                                  "module:factory engine)", param_hint="--checkpoint")
     try:
         adapter = adapter_for(engine, model=model, checkpoint=str(checkpoints[0]) if checkpoints else None,
-                              without=frozenset(without), timeout=read_timeout)
+                              without=without, timeout=read_timeout)
     except EngineSpecError as exc:
         raise click.BadParameter(f"{exc}{_preset_hint(engine, presets_files)}", param_hint="--engine") from None
-    if not dry_run and callable(getattr(adapter, "precheck", None)):
+    if precheck and callable(getattr(adapter, "precheck", None)):
         try:
             adapter.precheck()
         except ServerError as exc:
             raise click.BadParameter(str(exc), param_hint="--engine") from None
-    label = name or report_name(engine)
-    if dry_run:
-        table = RichTable(title=f"{len(cases)} case(s) for {label}")
-        for col in ("case", "anchor", "grade", "description", "runs here"):
-            table.add_column(col, overflow="fold")
-        for c in cases:
-            table.add_row(c.id, c.anchor, c.grade.value, c.description,
-                          adapter.unsupported(c) and f"SKIP: {adapter.unsupported(c)}" or "yes")
-        console.print(table)
-        return
-    results = _run_declared(cases, policy, label, lambda todo, tick: run_cases(adapter, todo, jobs=jobs, on_result=tick))
-    _finish(results, label, report_dir, policy, console, t0)
+    return adapter
+
+
+def _print_plan(cases: list[Case], adapter: Adapter, label: str, console: Console) -> None:
+    """--dry-run: the selected cases and whether the engine can run each."""
+    table = RichTable(title=f"{len(cases)} case(s) for {label}")
+    for col in ("case", "anchor", "grade", "description", "runs here"):
+        table.add_column(col, overflow="fold")
+    for c in cases:
+        table.add_row(c.id, c.anchor, c.grade.value, c.description,
+                      adapter.unsupported(c) and f"SKIP: {adapter.unsupported(c)}" or "yes")
+    console.print(table)
 
 
 def _checkpoint_folders(given: tuple[Path, ...]) -> list[Path]:
