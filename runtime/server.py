@@ -34,6 +34,7 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import attrs
@@ -66,7 +67,17 @@ from .openai_schema import (
 )
 from .readers import StreamReader
 from .runner import RequestRun
-from .sse import SSE_HEADERS, Renderer, collect, finish_reason, follow, follow_choices, whole_report
+from .sse import (
+    SSE_HEADERS,
+    FrameShare,
+    Renderer,
+    SharedFrames,
+    collect,
+    finish_reason,
+    follow,
+    follow_choices,
+    whole_report,
+)
 from .stream_events import StreamEvent, StreamEventKind
 
 _SEQ = re.compile(r"[0-9]{1,18}")
@@ -209,6 +220,7 @@ class _Api:
             reasoning=config.reasoning_parser, tool_parser=config.tool_parser,
             tool_close_id=tool_close_token(engine.tokenizer, vocab_size) if config.tool_parser else None)
         self.views: collections.OrderedDict[str, ParsedRequest] = collections.OrderedDict()
+        self.share = FrameShare()
         self.groups: collections.OrderedDict[str, list[str]] = collections.OrderedDict()
 
     def routes(self) -> list[Route]:
@@ -303,10 +315,11 @@ class _Api:
             return _submit_refused(exc)
         rid = parsed.request.request_id
         self.retain(rid, parsed)
-        renderer = Renderer(run, parsed, self.name, int(time.time()))
         headers = {"X-Request-Id": rid, **_ignored(parsed)}
         if parsed.stream:
-            return _event_stream(follow(run, renderer, run.stream.reader, on_gone=self.gone), headers)
+            return _event_stream(follow(run, self.frames(run, parsed, None), run.stream.reader, on_gone=self.gone),
+                                 headers)
+        renderer = Renderer(run, parsed, self.name, int(time.time()))
         ((text, last),) = await self.answers(request, [run])
         ended = finish_reason(last)
         if last.kind is not StreamEventKind.COMPLETED:
@@ -411,7 +424,10 @@ class _Api:
         if run.stream.open_readers >= max_readers:
             return _rate_limited(f"request {rid} already has {max_readers} readers (the most one request may "
                                  "have); close one first", "too_many_readers")
-        parsed = self.views.get(rid) or ParsedRequest(request=run.request, chat=False, stream=True, include_usage=True)
+        parsed = self.views.get(rid)
+        shared = parsed is not None  # a view not kept renders as a plain stream of its own
+        if parsed is None:
+            parsed = ParsedRequest(request=run.request, chat=False, stream=True, include_usage=True)
 
         def resume() -> StreamReader:
             # Made once the body is sent (a HEAD never makes one): this connection reads through
@@ -420,11 +436,21 @@ class _Api:
             run.stream.reconnect()
             return run.stream.reader(after, resume=True)
 
-        renderer = Renderer(run, parsed, self.name, int(time.time()))
-        if after is not None:
-            renderer.resumed()
-        return _event_stream(follow(run, renderer, resume, skip_start=after is not None, on_gone=self.gone),
-                             {"X-Request-Id": rid})
+        return _event_stream(follow(run, self.frames(run, parsed, after, share=shared), resume,
+                                    skip_start=after is not None, on_gone=self.gone), {"X-Request-Id": rid})
+
+    def frames(self, run: RequestRun, parsed: ParsedRequest, after: int | None, *, share: bool = True
+               ) -> AbstractContextManager[SharedFrames]:
+        """The frames of `run`'s readers that start after seq `after` (None: from its start), each
+        event rendered once for all of them (FrameShare); a resumed reader's report no per-token
+        entries (Renderer.resumed)."""
+        def renderer() -> Renderer:
+            made = Renderer(run, parsed, self.name, int(time.time()))
+            if after is not None:
+                made.resumed()
+            return made
+
+        return self.share.joined(run, after, renderer, share=share)
 
     async def cancel(self, request: HttpRequest) -> Response:
         engine = self.engine

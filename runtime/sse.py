@@ -1,7 +1,8 @@
 """The SSE side of the reference server (§4.7): one request's stream events as OpenAI chunks.
 
 `Renderer` turns a run's stream events into SSE frames (each delta carries `id: <seq>`, so a
-reconnect after Last-Event-ID resumes exactly after it); `follow` and `follow_choices` read a
+reconnect after Last-Event-ID resumes exactly after it), once for all the readers that start at
+one point of a stream (`SharedFrames`, kept by `FrameShare`); `follow` and `follow_choices` read a
 stream (or the n streams of an n > 1 request, D34) up to its terminal event; `collect` reads a
 whole answer for a response that is not streamed. A reader that leaves early calls `on_gone`
 (the client is gone: a disconnect, D5).
@@ -11,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 from ..spec import FinishReason
@@ -126,6 +129,56 @@ class Renderer:
         return [sse(err, seq=self._id(ev.seq), event="error")]
 
 
+class SharedFrames:
+    """The SSE bytes of one request's events for every reader that starts at the same point of its
+    stream: each event rendered once, by the first of them to reach it, however many readers it has.
+    Readers from one point get the same events in the same order (§4.7), so the one that reaches
+    event `position` first has had every event before it rendered already (by itself or another)."""
+
+    def __init__(self, renderer: Renderer) -> None:
+        self.renderer = renderer
+        self._frames: list[bytes] = []  # the bytes of each event from the start point, in order
+        self.readers = 0
+
+    def frames(self, position: int, ev: StreamEvent) -> bytes:
+        """The bytes of `ev`, the `position`-th event from the start point (b"": nothing to send yet)."""
+        done = len(self._frames)
+        if position == done:
+            self._frames.append(b"".join(self.renderer.frames(ev)))
+        elif position > done:
+            raise RuntimeError(f"a reader of request {ev.request_id} reached event {position} of its start point "
+                               f"with {done} rendered: readers from one point read the same events in order")
+        return self._frames[position]
+
+
+class FrameShare:
+    """The SharedFrames of the readers now open, by their request and start point: made for the
+    first reader of a (run, start point), dropped when its last reader leaves."""
+
+    def __init__(self) -> None:
+        self._open: dict[tuple[int, int | None], SharedFrames] = {}
+
+    @contextlib.contextmanager
+    def joined(self, run: RequestRun, after: int | None, renderer: Callable[[], Renderer], *,
+               share: bool = True) -> Iterator[SharedFrames]:
+        """The frames of `run`'s readers that start after seq `after` (None: from its start) while the
+        caller reads; `renderer()` makes their renderer when no such reader is open. `share=False`:
+        frames of the caller's own (a reader whose renderer differs from the others')."""
+        key = (id(run), after)  # the run is held (by the renderer) while its key is in use
+        shared = self._open.get(key) if share else None
+        if shared is None:
+            shared = SharedFrames(renderer())
+            if share:
+                self._open[key] = shared
+        shared.readers += 1
+        try:
+            yield shared
+        finally:
+            shared.readers -= 1
+            if not shared.readers and self._open.get(key) is shared:
+                del self._open[key]
+
+
 def whole_report(run: RequestRun, parsed: ParsedRequest, output: bytes) -> dict[str, Any] | None:
     """A non-stream choice's per-token fields: every selected token, in order (D59)."""
     if not parsed.reports_tokens:
@@ -199,21 +252,25 @@ async def follow_choices(runs: list[RequestRun], renderers: list[Renderer], pars
                 on_gone(run)
 
 
-async def follow(run: RequestRun, renderer: Renderer, open_reader: Callable[[], StreamReader], *,
-                 skip_start: bool = False, on_gone: Callable[[RequestRun], None]) -> AsyncIterator[bytes]:
-    """The SSE frames of every event the reader that `open_reader()` makes gets, up to the terminal one
-    (`skip_start`: the client already has the start frame). The reader closes when the response
-    ends; leaving early while it holds the primary role and no other reader is left to take it
-    calls `on_gone` (the client is gone: a disconnect, D5)."""
-    reader = open_reader()
-    ended = False
-    try:
-        while not ended and (ev := await reader.aget()) is not None:
-            ended = ev.terminal
-            if skip_start and ev.kind is StreamEventKind.START:
-                continue
-            for frame in renderer.frames(ev):
-                yield frame
-    finally:
-        if reader.close() and not ended:
-            on_gone(run)
+async def follow(run: RequestRun, frames: AbstractContextManager[SharedFrames], open_reader: Callable[[], StreamReader],
+                 *, skip_start: bool = False, on_gone: Callable[[RequestRun], None]) -> AsyncIterator[bytes]:
+    """The SSE bytes of every event the reader that `open_reader()` makes gets, up to the terminal
+    one, from the frames its start point shares (`frames`, FrameShare.joined, entered once the
+    response is sent; `skip_start`: the client already has the start frame). The reader closes when
+    the response ends; leaving early while it holds the primary role and no other reader is left
+    to take it calls `on_gone` (the client is gone: a disconnect, D5)."""
+    with frames as shared:
+        reader = open_reader()
+        ended, position = False, 0
+        try:
+            while not ended and (ev := await reader.aget()) is not None:
+                ended = ev.terminal
+                if skip_start and ev.kind is StreamEventKind.START:
+                    continue
+                data = shared.frames(position, ev)
+                position += 1
+                if data:
+                    yield data
+        finally:
+            if reader.close() and not ended:
+                on_gone(run)
