@@ -118,6 +118,23 @@ class StreamReader:
             if ev.terminal:
                 return
 
+    def _take_all(self) -> tuple[list[StreamEvent] | None, bool]:
+        """Every event this reader can take now, up to the terminal one (None: none), and whether
+        it is done (lock held)."""
+        got: list[StreamEvent] = []
+        while True:
+            ev, done = self._next()
+            if ev is None:
+                return got or None, done
+            got.append(ev)
+            if ev.terminal:
+                return got, True
+
+    async def aready(self) -> list[StreamEvent]:
+        """Every event this reader can take, once there is one: a reader behind the stream takes
+        what it missed in one wake-up, not one per event; empty once it had the terminal event."""
+        return await self.stream.wait_for(self._take_all) or []
+
     async def abatch(self) -> list[StreamEvent]:
         """For a reader of the whole answer (a response that is not streamed): every event this
         reader can take, once the stream has ended or its unread deltas reach half a cap; empty
@@ -126,16 +143,7 @@ class StreamReader:
         st = self.stream
 
         def ready() -> tuple[list[StreamEvent] | None, bool]:
-            if not st.bulk_ready():
-                return None, False
-            got: list[StreamEvent] = []
-            while True:
-                ev, done = self._next()
-                if ev is None:
-                    return got or None, done
-                got.append(ev)
-                if ev.terminal:
-                    return got, True
+            return self._take_all() if st.bulk_ready() else (None, False)
 
         return await st.wait_for(ready, bulk=True) or []
 

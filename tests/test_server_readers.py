@@ -6,6 +6,7 @@ and a replay costs one trace entry, not one per event."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import httpx
@@ -144,3 +145,30 @@ def test_a_resume_after_a_seq_never_sent_is_a_400_and_changes_nothing():
         ended = http.get(f"/v1/requests/{rid}/events", headers={"Last-Event-ID": str(past + 500)})
         assert ended.status_code == 200 and _seqs(ended.text.splitlines()) == [run.stream.next_seq - 1]
     assert check_trace(run.trace.events, tokenizer=ascii_tokenizer()) == []
+
+
+def test_an_event_is_rendered_once_however_many_readers_it_has(monkeypatch):
+    """§4.7: readers from one point of a stream get the same events in the same order, so each
+    event is rendered once for all of them (the first to reach it renders it) and every reader gets
+    the same bytes: here the stream and three resumes from its start, all open together."""
+    from decodespec.runtime import sse
+
+    rendered: list[int | None] = []
+    frames = sse.Renderer.frames
+
+    def counted(self, ev):
+        rendered.append(ev.seq)
+        return frames(self, ev)
+
+    monkeypatch.setattr(sse.Renderer, "frames", counted)
+    engine, app = _app()
+    with serve_in_thread(app) as url, contextlib.ExitStack() as stack:
+        first = stack.enter_context(httpx.stream("POST", f"{url}/v1/completions", json=BODY, timeout=30))
+        rid = first.headers["x-request-id"]
+        readers = [first] + [stack.enter_context(httpx.stream("GET", f"{url}/v1/requests/{rid}/events", timeout=30))
+                             for _ in range(3)]
+        bodies = [b"".join(r.iter_bytes()) for r in reversed(readers)]  # the newest (the primary) first
+    events = engine.get(rid).stream.events
+    assert len(events) > 100 and bodies[0].endswith(b"data: [DONE]\n\n")
+    assert bodies == [bodies[0]] * 4
+    assert sorted(rendered, key=lambda s: -1 if s is None else s) == [ev.seq for ev in events]
