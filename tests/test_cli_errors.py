@@ -20,7 +20,6 @@ from decodespec.cli import main
     (["--events", "Once upon a time"], "--events took 'Once upon a time' as its file and no PROMPT is left"),
     ([""], "encodes to no tokens"),
     (["--events", "/nonexistent-dir/trace.jsonl", "hi"], "cannot write '/nonexistent-dir/trace.jsonl'"),
-    (["--dtype", "half", "hi"], "'half' is not one of 'float32', 'bfloat16', 'float16'"),
 ])
 def test_generate_refuses_bad_input_with_one_clear_error(args, words):
     out = CliRunner().invoke(main, ["generate", *args])
@@ -82,6 +81,13 @@ def test_a_broken_model_folder_is_one_error_naming_what_is_wrong(tmp_path, comma
     said = " ".join(out.output.split())
     assert out.exit_code == 2 and f"Invalid value for --model: {folder}: {words}" in said, said
     assert "Traceback" not in out.output
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_a_dtype_not_offered_is_refused_naming_the_choices(command):
+    out = CliRunner().invoke(main, [command, "--dtype", "half", *(["hi"] if command == "generate" else [])])
+    said = " ".join(out.output.split())
+    assert out.exit_code == 2 and "'half' is not one of 'float32', 'bfloat16', 'float16'" in said, said
 
 
 def test_generate_on_cuda_without_cuda_says_what_is_missing():
