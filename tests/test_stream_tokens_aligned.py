@@ -249,7 +249,8 @@ def test_tokens_a_failed_run_never_sent_may_be_left_out():
 
 def test_the_echoed_prompt_is_text_before_the_first_token():
     """D33, D59: with echo the stream first sends the prompt's text, which no selected token spells."""
-    reports = chunk_reports(_sse(("> ", [], [], None), ("a", [121], ["a"], None), ("", [], [], "length")))
+    reports = chunk_reports(_sse(("", [], [], None), ("> ", [], [], None), ("a", [121], ["a"], None),
+                                 ("", [], [], "length")))
     assert judge_alignment(reports, Want((121,), False, (), NOT_TEXT, echo=b"> "), TOK, "s") == []
     found = judge_alignment(reports, Want((121,), False, (), NOT_TEXT), TOK, "s")
     assert [f.symptom for f in found] == ["text_before_token"]

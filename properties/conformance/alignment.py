@@ -210,7 +210,8 @@ def judge_alignment(reports: Sequence[ChunkReport], want: Want, tok: Any, where:
             out.append(finding(kind, f"{where}: after chunk {c + 1} the text is {bytes(text)[-40:]!r} but its "
                                      f"{k} reported token(s) spell {bytes(spelled)[-40:]!r}"))
             break
-        if not r.finish and (why := _held(bytes(spelled[len(text):]), want.stops)):
+        # the echoed prompt is text no token spells: only the tokens' bytes past the text can run ahead
+        if not r.finish and (why := _held(bytes(spelled[max(len(text), len(want.echo)):]), want.stops)):
             out.append(finding("tokens_ahead", f"{where}: after chunk {c + 1} the reported tokens run {why}"))
             break
     return out
