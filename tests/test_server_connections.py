@@ -82,6 +82,19 @@ def test_an_early_413_reaches_a_client_that_sends_its_whole_body_first(url):
     assert json.loads(refused.value.read())["error"]["code"] == "body_too_large"
 
 
+@pytest.mark.parametrize("head, status", [
+    (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nNot A Header\r\nContent-Length: 9000000\r\n\r\n", b"400"),
+    (_head(9_000_000), b"413"),
+], ids=["400", "413"])
+def test_an_early_answer_reaches_a_client_still_sending(url, head, status):
+    """An answer before the body (bad headers, a body past the cap) is readable after the client
+    has sent all of its 9 MB: the server reads and discards it before closing (no reset)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head + b"x" * 9_000_000)
+        assert sock.recv(64).startswith(b"HTTP/1.1 " + status)
+
+
 def test_content_length_with_transfer_encoding_is_refused_and_closed(url):
     """RFC 9112 §6.1: both framings at once is refused (400 naming it) and the connection closed."""
     body = b'{"model":"tiny","prompt":"hi","max_tokens":1}'
