@@ -200,11 +200,19 @@ def _base_tokenizer(group: str, cases: Sequence[Case], markers: Sequence[str]) -
         return tok, tok.id_to_token(eos)
     base = fixture_tokenizer(group)
     tok = Tokenizer.from_file(str(base.path))
-    if base.eos_id is None:
+    if base.eos_id is None or (eos_text := tok.id_to_token(base.eos_id)) is None:
         raise CaseError(f"fixture tokenizer {group} has no eos")
-    eos_text = tok.id_to_token(base.eos_id)
     tok.add_special_tokens([AddedToken(m, special=True, normalized=False) for m in markers])
     return tok, eos_text
+
+
+def _id_of(tok: Any, text: str) -> int:
+    """The id of the added token `text` in a group's tokenizer (`tokenizers.Tokenizer`); a CaseError
+    where it has none."""
+    tid = tok.token_to_id(text)
+    if tid is None:
+        raise CaseError(f"the group's tokenizer has no token {text!r}")
+    return int(tid)
 
 
 def _marker(i: int) -> str:
@@ -375,23 +383,23 @@ def build_group(group: str, cases: Sequence[Case], folder: Path, *, long: bool =
     }, indent=2) + "\n")
     hf = HFTokenizer(tmp)
     rt = Tokenizer.from_file(str(tmp / "tokenizer.json"))
-    anchor = rt.token_to_id(ANCHOR)
+    anchor = _id_of(rt, ANCHOR)
     programs = []
     chat: dict[str, dict[str, Any]] = {}
     for case, marker in zip(cases, markers):
-        mid = rt.token_to_id(marker)
+        mid = _id_of(rt, marker)
         prompt = [mid, anchor, *case_prompt(case, hf)]
-        if chat_of(case) is not None:  # the program's prompt is the template's, from the marker on
+        if (asked := chat_of(case)) is not None:  # the program's prompt is the template's, from the marker on
             chat[case.id] = templated(tmp, marker + ANCHOR + hf.decode(prompt[2:]), mid,
-                                      TOOLS if chat_of(case).get("tools") else None)
+                                      TOOLS if asked.get("tools") else None)
             prompt = chat[case.id]["ids"][chat[case.id]["ids"].index(mid):]
         programs.append(Program(case.id, mid, prompt, case_script(case, hf)))
-    mid = rt.token_to_id(recipe_marker)
+    mid = _id_of(rt, recipe_marker)
     programs.append(Program(RECIPE, mid, [mid, anchor], [*hf.encode(RECIPE_TEXT), eos_id]))
     if long:
-        mid = rt.token_to_id(long_marker)
+        mid = _id_of(rt, long_marker)
         programs.append(Program(LONG, mid, [mid, anchor], [*long_script(hf), eos_id]))
-    probe = Probe(rt.token_to_id(PROBE), echo_tokens(hf, eos_id))
+    probe = Probe(_id_of(rt, PROBE), echo_tokens(hf, eos_id))
     config, state = forced_llama(programs, rt.get_vocab_size(with_added_tokens=True), eos_id, anchor, probe)
     margins = check_margins(state, config, programs, eos_id, probe)
     save_file({k: torch.from_numpy(v) for k, v in state.items()}, str(tmp / "model.safetensors"),
@@ -430,8 +438,11 @@ def templated(folder: Path, message: str, marker: int, tools: Sequence[Mapping[s
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(folder)
-    out = tok.apply_chat_template([{"role": "user", "content": message}], tools=tools, add_generation_prompt=True,
-                                  tokenize=True)
+    out = tok.apply_chat_template([{"role": "user", "content": message}],
+                                  tools=None if tools is None else [dict(t) for t in tools],
+                                  add_generation_prompt=True, tokenize=True)
+    if isinstance(out, str):
+        raise CaseError(f"{folder.name}: apply_chat_template gave text where token ids were asked for")
     ids = list(out["input_ids"] if not isinstance(out, list) else out)
     if marker not in ids:
         raise CaseError(f"{folder.name}: the chat template dropped the marker from {message!r}")

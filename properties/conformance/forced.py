@@ -69,7 +69,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -103,6 +103,11 @@ RMS_EPS = 1e-6
 DTYPES = ("float32", "bfloat16", "float16")
 
 
+def _ids(items: Iterable[int]) -> tuple[int, ...]:
+    """The ids as a tuple: a converter mypy can type (it cannot type `converter=tuple`)."""
+    return tuple(items)
+
+
 class ProgramError(ValueError):
     """Programs that cannot share one forced checkpoint, or one that would leave its script."""
 
@@ -113,8 +118,8 @@ class Program:
 
     name: str
     marker: int
-    prompt: tuple[int, ...] = attrs.field(converter=tuple)
-    script: tuple[int, ...] = attrs.field(converter=tuple)
+    prompt: tuple[int, ...] = attrs.field(converter=_ids)
+    script: tuple[int, ...] = attrs.field(converter=_ids)
 
     @property
     def positions(self) -> range:
@@ -129,7 +134,7 @@ class Probe:
     (`echo[PROBE_MAX]` for PROBE_MAX or more), then EOS."""
 
     marker: int
-    echo: tuple[int, ...] = attrs.field(converter=tuple)
+    echo: tuple[int, ...] = attrs.field(converter=_ids)
 
     @property
     def prompt(self) -> tuple[int, ...]:
@@ -387,12 +392,12 @@ def forced_llama(programs: Sequence[Program], vocab_size: int, eos_id: int, anch
         up[j, 0] = rho2  # about 1
         down[lay.vote(token), j] = VOTE / GATE  # silu(GATE) * 1 ~ GATE
 
-    head = np.zeros((vocab_size, H))
+    lm_head = np.zeros((vocab_size, H))
     rho3 = math.sqrt(1.0 / H + RMS_EPS)
     for t in range(vocab_size):
-        head[t, lay.vote(t)] = LOGIT / math.sqrt(H)  # a firing vote dominates the final norm: h ~ sqrt(H)
-        head[eos_id, lay.vote(t)] = -EOS_AGAINST / math.sqrt(H) if t != eos_id else LOGIT / math.sqrt(H)
-    head[eos_id, 0] = EOS_LOGIT * rho3
+        lm_head[t, lay.vote(t)] = LOGIT / math.sqrt(H)  # a firing vote dominates the final norm: h ~ sqrt(H)
+        lm_head[eos_id, lay.vote(t)] = -EOS_AGAINST / math.sqrt(H) if t != eos_id else LOGIT / math.sqrt(H)
+    lm_head[eos_id, 0] = EOS_LOGIT * rho3
     ones = np.ones(H)
     state = {
         "model.embed_tokens.weight": embed,
@@ -406,7 +411,7 @@ def forced_llama(programs: Sequence[Program], vocab_size: int, eos_id: int, anch
         "model.layers.0.mlp.up_proj.weight": up,
         "model.layers.0.mlp.down_proj.weight": down,
         "model.norm.weight": ones,
-        "lm_head.weight": head,
+        "lm_head.weight": lm_head,
     }
     config = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab_size,
