@@ -32,12 +32,13 @@ import json
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
 from ...runtime.result import Result
 from ...runtime.tokenizers import BYTE_LEVEL, HFTokenizer
+from ...runtime.tokenizers import Tokenizer as RuntimeTokenizer  # tokenizers.Tokenizer is the library's
 from .adapters.base import case_prompt, case_script, fixture_tokenizer, reference_on, table_tokenizer
 from .cases import Case, CaseError, CaseKind
 from .chat_cases import TAGS, TEMPLATES, TOOLS, chat_of, chat_variants, template_of
@@ -245,6 +246,28 @@ def long_script(tok: HFTokenizer) -> list[int]:
 # ---- building and proving -------------------------------------------------------------------------
 
 
+class ScriptPrograms(Protocol):
+    """What judging a script case reads of the checkpoint it runs on: the group's name, each case's
+    program (case id -> Program), the tokenizer whose ids they are, the EOS id, and each chat case's
+    templated prompt (`chat`). A built Checkpoint is one; so is a case's own program, which a
+    recording is judged on (adapters/recorded.CaseProgram)."""
+
+    @property
+    def group(self) -> str: ...
+
+    @property
+    def programs(self) -> Mapping[str, Program]: ...
+
+    @property
+    def tokenizer(self) -> RuntimeTokenizer: ...
+
+    @property
+    def eos_id(self) -> int: ...
+
+    @property
+    def chat(self) -> Mapping[str, Mapping[str, Any]]: ...
+
+
 @attrs.frozen
 class Checkpoint:
     """A built group: its folder and programs (case id -> Program)."""
@@ -328,7 +351,7 @@ def _tokenizer(folder: Path) -> HFTokenizer:
     return HFTokenizer(folder)
 
 
-def served_context(case: Case, ckpt: Checkpoint) -> int | None:
+def served_context(case: Case, ckpt: ScriptPrograms) -> int | None:
     """The context length a server needs for `case`'s context limit on this checkpoint: the case's own,
     widened by the tokens the server's prompt puts before the case's prompt (the program's marker and
     anchor; on the chat endpoint the chat template's tokens too, as transformers counts the templated
@@ -341,7 +364,7 @@ def served_context(case: Case, ckpt: Checkpoint) -> int | None:
     return int(case.inputs["context_limit"]) + served - len(case_prompt(case, ckpt.tokenizer))
 
 
-def on_checkpoint(case: Case, ckpt: Checkpoint) -> Case:
+def on_checkpoint(case: Case, ckpt: ScriptPrograms) -> Case:
     """`case` as the reference runs it on the checkpoint's program (whose prompt is the marker, the
     anchor and the case's prompt, the template left out): its context limit widened by the program's
     tokens before the case's prompt, so as many output tokens fit as on the served context, and its
@@ -353,7 +376,7 @@ def on_checkpoint(case: Case, ckpt: Checkpoint) -> Case:
     return attrs.evolve(case, inputs={**case.inputs, "context_limit": n, "max_tokens": min(case.max_tokens, n)})
 
 
-def reference_result(case: Case, ckpt: Checkpoint) -> Result:
+def reference_result(case: Case, ckpt: ScriptPrograms) -> Result:
     """The reference loop on the checkpoint's tokenizer, forcing the case's compiled script."""
     prog = ckpt.programs[case.id]
     return reference_on(on_checkpoint(case, ckpt), ckpt.tokenizer, prog.prompt, prog.script)

@@ -31,7 +31,7 @@ from .chat_cases import chat_of
 from .checkpoints import on_checkpoint
 from .judgement import expected_of, judge_choices, judge_observed, no_usage_chunk, observe, usage_chunk_missing
 from .script_check import Prefix, Returned, detect_prefix, left_script, prompt_placed
-from .script_server import ScriptServer, Swept, case_fields, not_observable, program_body, sweep_limits
+from .script_server import ProbedServer, ScriptServer, Swept, case_fields, not_observable, program_body, sweep_limits
 from .symptoms import WIRE, Expected, finding, merge, run_on_first
 from .wire import (
     Streamed,
@@ -212,7 +212,7 @@ def returned(choice: dict[str, Any]) -> Returned:
     return Returned(token_ids=token_ids(choice), tokens=logprob_pieces(choice.get("logprobs")) or None, text=text)
 
 
-def probe_prefix(a: ScriptServer) -> Prefix:
+def probe_prefix(a: ProbedServer) -> Prefix:
     """What the engine puts before a prompt (D26), from its answer to the checkpoint's prefix probe:
     greedy, one token, read from its token ids, logprobs or text."""
     ck = a.checkpoint

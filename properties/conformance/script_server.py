@@ -1,7 +1,8 @@
 """What a script case needs of the server adapter it runs on (§4.3-§4.7 cases over HTTP).
 
-adapters/openai.OpenAIAdapter is one. http_script and chat type against this protocol and import
-no adapter, so the adapter may import them (no import circle).
+adapters/openai.OpenAIAdapter, adapters/inhouse.InHouseAdapter and adapters/recorded.Recording are
+ones. http_script and chat type against these protocols and import no adapter, so the adapter may
+import them (no import circle).
 """
 
 from __future__ import annotations
@@ -13,19 +14,25 @@ import attrs
 
 from .adapters.base import Finding
 from .cases import STREAM_KINDS, Case
-from .checkpoints import Checkpoint
+from .checkpoints import Checkpoint, ScriptPrograms
 from .forced import Program
 from .wire import Streamed
 
 
 class ScriptServer(Protocol):
-    """The adapter's side of a script case: its checkpoint, the model name, and the exchanges.
+    """The adapter's side of a script case: the programs it serves (`checkpoint`: a built forced
+    checkpoint, or a case's own program for a recording), the model name, and the exchanges.
     `sweep`: whether a case also runs at every other max_tokens (§4.3), or the limits the server
     holds answers at (a recording keeps only those that failed: adapters/recorded.py)."""
 
-    checkpoint: Checkpoint
-    model: str
-    prompt_note: str
+    @property
+    def checkpoint(self) -> ScriptPrograms: ...
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def prompt_note(self) -> str: ...
 
     @property
     def sweep(self) -> bool | Set[int]: ...
@@ -43,7 +50,14 @@ class ScriptServer(Protocol):
     def log_exchanges(self, entries: list[dict[str, Any]]) -> None: ...
 
 
-class LiveServer(ScriptServer, Protocol):
+class ProbedServer(ScriptServer, Protocol):
+    """A server of a built forced checkpoint, whose prefix probe it is asked (D26: http_script.probe_prefix)."""
+
+    @property
+    def checkpoint(self) -> Checkpoint: ...
+
+
+class LiveServer(ProbedServer, Protocol):
     """The adapter's side of a request-life case (life/): also its URL (requests go out
     side by side on connections of their own), whether it was started tight (concurrency and KV
     budget limited), and which cases it cannot run."""

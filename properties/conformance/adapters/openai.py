@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import attrs
 import httpx
 
-from ..cases import Case, CaseKind
+from ..cases import Case, CaseError, CaseKind
 from ..checkpoints import LONG, RECIPE, Checkpoint, digest, group_of, http_blocker, reference_result, served_context
 from ..http_script import probe_prefix, run_script
 from ..judgement import no_usage_chunk, usage_chunk_missing
@@ -91,6 +91,10 @@ def _trim(text: str, limit: int = 2000) -> str:
     return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more characters]"
 
 
+NO_CHECKPOINT = ("a script case runs over HTTP only on a forced checkpoint: serve one (`decodespec checkpoints build`) "
+                 "and pass it with --checkpoint DIR")
+
+
 class OpenAIAdapter:
     """Black-box recipes, and script cases on a forced checkpoint, against `url` (http://127.0.0.1:8000).
 
@@ -111,7 +115,7 @@ class OpenAIAdapter:
         self.url = url.rstrip("/")
         self.name = f"openai[{self.url}]"
         self._model = model
-        self.checkpoint = checkpoint
+        self.served = checkpoint  # the forced checkpoint the server serves (None: recipes only)
         if unknown := sorted(set(without) - set(WITHOUT)):
             raise ValueError(f"without: {', '.join(unknown)} is not something a server can lack here; known: "
                              f"{', '.join(WITHOUT)}")
@@ -134,20 +138,19 @@ class OpenAIAdapter:
 
     def unsupported(self, case: Case) -> str | None:
         if case.kind is CaseKind.BLACKBOX:
-            if case.recipe in LIFE_RECIPES and (self.checkpoint is None or LONG not in self.checkpoint.programs):
+            if case.recipe in LIFE_RECIPES and (self.served is None or LONG not in self.served.programs):
                 return ("a request-life case runs the programs of a forced checkpoint that holds the long "
                         "program: serve one (`decodespec checkpoints build`) and pass it with --checkpoint DIR")
             return missing_capabilities(self, case)
         if blocker := http_blocker(case):
             return f"cannot run over HTTP: {blocker}"
-        if self.checkpoint is None:
-            return ("a script case runs over HTTP only on a forced checkpoint: serve one "
-                    "(`decodespec checkpoints build`) and pass it with --checkpoint DIR")
-        if case.id not in self.checkpoint.programs:
-            return f"compiled into the {group_of(case)} checkpoint; this server serves {self.checkpoint.group}"
+        if self.served is None:
+            return NO_CHECKPOINT
+        if case.id not in self.served.programs:
+            return f"compiled into the {group_of(case)} checkpoint; this server serves {self.served.group}"
         if why := lacking(case, self.without):
             return why
-        if (need := served_context(case, self.checkpoint)) is not None:
+        if (need := served_context(case, self.served)) is not None:
             return context_unmet(case, need, self.context, self.running_context, who="the server",
                                  how="decodespec conform --launch-context CMD; a preset's `context` command does it: "
                                      "decodespec conform --list-presets",
@@ -205,10 +208,18 @@ class OpenAIAdapter:
                     break
             if self.launch:
                 info["launch"] = self.launch
-            if self.checkpoint is not None:
-                info["checkpoint"] = {"group": self.checkpoint.group, "sha256": digest(self.checkpoint.folder)}
+            if self.served is not None:
+                info["checkpoint"] = {"group": self.served.group, "sha256": digest(self.served.folder)}
             self._about = info
         return self._about
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        """The forced checkpoint served, where a script case or the recipe program reads it; a
+        CaseError where none was given (`unsupported` says so before a script case runs)."""
+        if self.served is None:
+            raise CaseError(NO_CHECKPOINT)
+        return self.served
 
     @property
     def model(self) -> str:
@@ -282,7 +293,7 @@ class OpenAIAdapter:
 
     def program_prompt(self) -> list[int] | None:
         """The recipe program's prompt ids on a forced checkpoint (its script is varied text)."""
-        prog = self.checkpoint.programs.get(RECIPE) if self.checkpoint else None
+        prog = self.served.programs.get(RECIPE) if self.served else None
         return list(prog.prompt) if prog else None
 
     def body(self, case: Case, *, stream: bool, **over: Any) -> dict[str, Any]:
@@ -397,11 +408,12 @@ class OpenAIAdapter:
         recipe = run_script if case.kind is CaseKind.SCRIPT else RECIPES.get(case.recipe or "")
         if recipe is None:
             return Outcome(skip=f"this adapter has no recipe {case.recipe!r}")
-        self._case.log = log = []  # every request this case sends, with its raw answer
+        log: list[dict[str, Any]] = []  # every request this case sends, with its raw answer
+        self._case.log = log
         self._case.miscounted = None
         try:
-            if self.program_prompt() is not None and case.inputs.get("endpoint") == "chat":
-                self._check_chat(case)
+            if (ids := self.program_prompt()) is not None and case.inputs.get("endpoint") == "chat":
+                self._check_chat(case, ids)
             out = recipe(self, case)
         except PromptAltered as exc:
             out = Outcome(skip=str(exc))
@@ -413,11 +425,11 @@ class OpenAIAdapter:
             out = attrs.evolve(out, findings=(*out.findings, *retried_connections(log)))
         return attrs.evolve(out, exchanges=tuple(log), server=self.about())
 
-    def _check_chat(self, case: Case) -> None:
+    def _check_chat(self, case: Case, ids: list[int]) -> None:
         """On a forced checkpoint the chat endpoint must render the message as its bare content
-        (the checkpoint's own template), or the marker is not at position 0: then PromptAltered."""
+        (the checkpoint's own template), or the marker is not at position 0: then PromptAltered.
+        `ids`: the recipe program's prompt."""
         if self._chat_ok is None:
-            ids = self.program_prompt()
             status, data, raw = self.post(self.path(case), self.body(case, stream=False, max_tokens=1), log=[])
             sent = ((data or {}).get("usage") or {}).get("prompt_tokens") if isinstance(data, dict) else None
             self._chat_ok = "" if status == 200 and sent == len(ids) else (
@@ -464,8 +476,8 @@ def logprob_tokens(logprobs: Any, text: str) -> list[str] | None:
         return None
     if isinstance(logprobs.get("content"), list):
         items = logprobs["content"]
-        pieces = [_entry_bytes(c) for c in items]
-        if items and all(p is not None for p in pieces):
+        pieces = [p for p in map(_entry_bytes, items) if p is not None]
+        if items and len(pieces) == len(items):
             toks = _split_text(pieces)
         else:
             toks = [c.get("token", "") if isinstance(c, dict) else "" for c in items]
@@ -524,7 +536,7 @@ def _check_stop(a: OpenAIAdapter, case: Case, base: str, stops: list[str], expec
     found += compare_stream(ans.text.encode(), st.text.encode())
     found += compare_reason(exp, ans.finish_reason, "non-streamed answer", count=(ans.usage or {}).get("completion_tokens"),
                             text_agrees=ans.text.encode() == exp.output)
-    found += compare_reason(exp, (st.finish_reasons or [None])[-1], "stream", count=None,
+    found += compare_reason(exp, st.finish_reasons[-1] if st.finish_reasons else None, "stream", count=None,
                             text_agrees=st.text.encode() == exp.output)
     return ans, st, found + wire_findings(st)
 
@@ -715,11 +727,13 @@ def keep_alive(a: OpenAIAdapter, case: Case) -> Outcome:
     finding with its count; nothing is retried silently. Bounded: `requests` and 120 s."""
     n = int(case.inputs.get("requests", 200))
     parts = urlsplit(a.url)
+    if (host := parts.hostname) is None:
+        raise CaseError(f"the server's URL {a.url!r} names no host to connect to")
     body = json.dumps(a.body(case, stream=True, max_tokens=int(case.inputs.get("max_tokens", 4)))).encode()
     headers = {"Content-Type": "application/json"}
 
     def connect() -> http.client.HTTPConnection:
-        return http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+        return http.client.HTTPConnection(host, parts.port, timeout=30)
 
     conn, sent, answered, announced, dropped = connect(), 0, 0, 0, []
     case_s = 120

@@ -25,6 +25,7 @@ from typing import Any
 
 import attrs
 
+from ....runtime.tokenizers import ByteTableTokenizer, HFTokenizer
 from ..alignment import aligned, asks_reports
 from ..cases import Case, CaseError, CaseKind
 from ..chat_cases import chat_of
@@ -73,17 +74,21 @@ def replayable(case: Case) -> str | None:
 
 @attrs.frozen
 class CaseProgram:
-    """What run_script reads of a forced checkpoint, from the case alone: its program (prompt and
-    script ids), tokenizer and EOS id, whose ids a forced checkpoint's are (checkpoints.py)."""
+    """What run_script reads of a forced checkpoint (checkpoints.ScriptPrograms), from the case
+    alone: its program (prompt and script ids), tokenizer and EOS id, whose ids a forced
+    checkpoint's are (checkpoints.py). No chat prompt: a chat variant is not replayable."""
 
     group: str
     programs: Mapping[str, Program]
-    tokenizer: Any
-    eos_id: int | None
+    tokenizer: ByteTableTokenizer | HFTokenizer
+    eos_id: int
+    chat: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
 
     @classmethod
     def of(cls, case: Case) -> CaseProgram:
         tok = case_tokenizer(case)
+        if tok.eos_id is None:
+            raise CaseError(f"{case.id}: its tokenizer has no EOS, so it never ran on a forced checkpoint")
         prog = Program(case.id, -1, case_prompt(case, tok), case_script(case, tok))
         return cls(f"{case.id}'s own tokenizer", {case.id: prog}, tok, tok.eos_id)
 
