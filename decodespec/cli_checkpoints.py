@@ -4,6 +4,7 @@
     decodespec checkpoints build --out .cache/checkpoints        # one folder per tokenizer group
     decodespec checkpoints build --out DIR --select stop/ --no-prove
     decodespec checkpoints list .cache/checkpoints               # what each folder forces
+    decodespec checkpoints stamp                                 # the name of this checkout's built set
 """
 
 from __future__ import annotations
@@ -95,3 +96,13 @@ def digest_(folder: Path) -> None:
     if not (folder / MANIFEST).is_file():
         raise click.ClickException(f"{folder} is not a forced checkpoint ({MANIFEST} is missing)")
     click.echo(digest(folder))
+
+
+@checkpoints.command("stamp")
+def stamp() -> None:
+    """Print the name of this checkout's set of checkpoints: a hash of what decides them (the cases and
+    the construction, without comments, docstrings or annotations), under which the preset runs and
+    scripts/peers/checkpoints.sh keep a built set."""
+    from .properties.conformance.presets import set_stamp
+
+    click.echo(set_stamp())

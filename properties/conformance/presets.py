@@ -13,6 +13,7 @@ by llama.cpp's converter where the preset asks for it.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import difflib
 import fcntl
@@ -60,8 +61,9 @@ TEMPLATE_FIELDS: Mapping[str, frozenset[str]] = {
 }
 _ENV_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 PYTHONS = frozenset({"python", "python3"})
-# What decides a built set of checkpoints (as scripts/peers/checkpoints.sh hashes it): the cases, the
-# construction, the chat templates and tool list, the reasoning and tool tags, the fixtures.
+# What decides a built set of checkpoints (set_stamp; scripts/peers/checkpoints.sh asks
+# `decodespec checkpoints stamp`): the cases, the construction, the chat templates and tool list, the
+# reasoning and tool tags, the fixtures.
 _HERE = Path(__file__).resolve().parent
 STAMP_SOURCES = (CASES_DIR, _HERE / "forced.py", _HERE / "checkpoints.py", _HERE / "chat_cases.py",
                  _HERE.parent.parent / "runtime" / "channels.py", _HERE.parent / "fixtures.py")
@@ -290,12 +292,52 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "decodespec"
 
 
-def set_stamp() -> str:
-    """16 hex digits of sha256 over everything that decides the checkpoints (STAMP_SOURCES)."""
+class _Behaviour(ast.NodeTransformer):
+    """A module's syntax tree without what does not change what it computes: docstrings and type
+    annotations (an annotated name stays, its annotation a placeholder: attrs reads the name as a
+    field). Comments and layout are not in the tree."""
+
+    def _undocumented(self, node: ast.AST) -> ast.AST:
+        body = getattr(node, "body", [])
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            del body[0]
+        return self.generic_visit(node)
+
+    visit_Module = visit_ClassDef = _undocumented
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.AST:
+        node.returns = None
+        return self._undocumented(node)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_arg(self, node: ast.arg) -> ast.AST:
+        node.annotation = None
+        return node
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
+        node.annotation = ast.Constant(None)
+        return self.generic_visit(node)
+
+
+def source_form(path: Path) -> bytes:
+    """What of a stamp source decides the checkpoints: a Python module's syntax tree without its
+    docstrings and annotations (`_Behaviour`, as ast.dump writes it), any other file's bytes."""
+    if path.suffix != ".py":
+        return path.read_bytes()
+    return ast.dump(_Behaviour().visit(ast.parse(path.read_bytes(), filename=str(path)))).encode()
+
+
+def set_stamp(sources: Sequence[Path] = STAMP_SOURCES) -> str:
+    """16 hex digits of sha256 over everything that decides the checkpoints (STAMP_SOURCES: a folder
+    is its JSON files), each file named by its path from the source's parent and taken as
+    `source_form` gives it, so an edit of a comment, a docstring or a type annotation keeps the
+    built sets."""
     h = hashlib.sha256()
-    for src in STAMP_SOURCES:
+    for src in sources:
         for p in sorted(src.rglob("*.json")) if src.is_dir() else [src]:
-            h.update(p.name.encode() + b"\0" + p.read_bytes())
+            h.update(p.relative_to(src.parent).as_posix().encode() + b"\0" + source_form(p) + b"\0")
     return h.hexdigest()[:16]
 
 

@@ -10,10 +10,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PEERS=.cache/peers
 SETS=$PEERS/checkpoint-sets
-# Everything that decides the set: the cases, the construction, the chat templates and tool list
-# (chat_cases.py), the reasoning and tool tags the chat tokenizers add (runtime/channels.py).
-stamp=$(cat properties/cases/*/*.json properties/conformance/forced.py properties/conformance/checkpoints.py \
-        properties/conformance/chat_cases.py runtime/channels.py properties/fixtures.py | sha256sum | cut -c1-16)
+# A hash of everything that decides the set (presets.set_stamp), as `conform --preset` names it.
+[ -x .venv/bin/decodespec ] || make setup >/dev/null
+stamp=$(.venv/bin/decodespec checkpoints stamp)
 SET=$SETS/$stamp
 mkdir -p "$SETS"
 exec 9>"$PEERS/checkpoints.lock"
@@ -29,5 +28,8 @@ if [ -d "$PEERS/checkpoints" ] && [ ! -L "$PEERS/checkpoints" ]; then  # the old
 else
   ln -sfn "checkpoint-sets/$stamp" "$PEERS/checkpoints.new" && mv -T "$PEERS/checkpoints.new" "$PEERS/checkpoints"
 fi
-ls -dt "$SETS"/*/ | tail -n +5 | xargs -r rm -rf
+# A set may be a link to the folder it was built in under another name (the same checkpoints):
+# removed as a name (no trailing slash, which would empty the folder), and links left dangling go.
+ls -dt "$SETS"/*/ | tail -n +5 | sed 's:/$::' | xargs -r rm -rf
+find "$SETS" -maxdepth 1 -xtype l -delete
 echo "$SET"
