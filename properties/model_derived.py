@@ -49,7 +49,7 @@ import contextlib
 import enum
 import itertools
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,7 @@ import attrs
 from ..machine import IllegalTransition, compiled
 from ..machine.checker_model import Step
 from ..machine.checker_state import RequestState
-from ..machine.paths import ModelPath, PathSet, covering_paths, machine_of
+from ..machine.paths import ModelPath, PathSet, PathStep, covering_paths, machine_of
 from ..runtime.detokenizer import DecodingError, IncrementalDetokenizer
 from ..runtime.engine import Engine
 from ..runtime.events import TERMINAL_KINDS, Event, EventKind
@@ -323,102 +323,170 @@ class Plan:
 
 
 def plan_of(path: ModelPath) -> Plan:
-    """Walk the path's steps and record what each asks of the data, the faults and the request."""
-    selects: list[Select] = []
-    drain: Drain | None = None
-    faults: list[Fault] = []
-    actions: list[tuple[int, bool, str]] = []
-    parked_actions: list[str] = []
-    t = seq = 0
-    terminal = False
-    cancel_in_queue = reject = parked_cancel = False
-    max_tokens, context_limit = NO_LIMIT, 4096
-    grammar_at = interrupt_at = overflow_at = None
+    """Walk the path's steps and record what each asks of the data, the faults and the request
+    (by its tag's kind: STEP_RULES)."""
+    walk = _Walk()
     for st in path.steps:
-        tag, pt = st.tag, st.point
-        kind = tag.kind
-        fired = set(st.fired)
-        if kind == "select":
-            t += 1
-            if tag.token == "eos":
-                selects.append(Select("eos"))
-            elif tag.token == "invalid":
-                selects.append(Select("invalid"))
-                faults.append(Fault("token.selected", t, "decoding_error"))
-            elif tag.token == "hold":
-                selects.append(Select("push", False, False))
-            elif tag.token == "push":
-                selects.append(Select("push", bool(tag.safe), tag.stop == "hit"))
-                if tag.interrupt:  # the policy sees every non-empty chunk (D11)
-                    interrupt_at = sum(1 for s in selects if s.delta)
-            elif tag.token in TOKEN_CHECK_IDS:
-                selects.append(Select(tag.token))
-            else:
-                raise ValueError(f"a derived run has no token for a {tag.token} select (TOKEN_CHECK_IDS)")
-        elif kind == "drain":
-            if tag.what == "nothing":
-                drain = Drain(False, False, False, None)
-            elif tag.what == "invalid":
-                drain = Drain(True)
-            else:
-                drain = Drain(False, bool(tag.safe), None if tag.stop != "hit" else True, None)
-        elif kind == "flush":
-            assert drain is not None
-            drain = attrs.evolve(drain, hit=False if drain.hit is None else drain.hit,
-                                 flush=("stop_matcher", "HOLDING", "flush") in fired)
-            if tag.interrupt:  # the policy refuses the flushed chunk: its call after every other (D23)
-                interrupt_at = sum(1 for s in selects if s.delta) + bool(drain.tail) + 1
-        elif kind == "refuse":
-            reject = True
-        elif kind == "check":
-            if tag.event == "length":
-                max_tokens = t
-            elif tag.event == "context_full":
-                context_limit = t + len(PROMPT)
-            elif tag.event == "grammar_done":
-                grammar_at = t
-        elif kind == "observe" and tag.parked:
-            parked_cancel = True
-        elif kind == "observe":
-            if pt == "created":
-                faults.append(Fault("request.created", 0, "cancel"))
-            elif pt == "queued":
-                if tag.what == "cancel":
-                    cancel_in_queue = True
-                else:
-                    faults.append(Fault("request.created", 0, "deadline"))
-            elif tag.what is None:
-                raise ValueError(f"the observed row at {pt!r} names no fault action (its tag has no `what`)")
-            else:
-                faults.append(Fault("prefill.completed", 0, tag.what) if t == 0 else Fault("decode.completed", t, tag.what))
-        elif kind == "observe_busy":
-            faults.append(Fault("prefill.started", 0, "cancel") if pt == "prefill_in_flight"
-                          else Fault("decode.started", t, "cancel"))
-        elif kind == "model_error":
-            faults.append(Fault("prefill.started", 0, "model_error") if tag.what == "prefill"
-                          else Fault("decode.started", t, "model_error"))
-        elif kind == "send_fails":
-            faults.append(Fault("response.delta", seq, "transport_error"))
-            _unobserved_after_send(selects, drain)
-        elif kind == "overflow":
-            overflow_at = seq
-            _unobserved_after_send(selects, drain)
-        elif kind == "delta":
-            seq += 1
-        elif kind in HARNESS_ACTIONS:
-            if parked_cancel and not terminal:
-                parked_actions.append(kind)  # done once the Engine has parked the run
-            else:
-                actions.append((seq, terminal, kind))
+        if st.tag.kind in STEP_RULES:
+            STEP_RULES[st.tag.kind](walk, st)
+        elif st.tag.kind not in PASSIVE_STEPS:
+            raise ValueError(f"a derived run has no rule for a {st.tag.kind} step (STEP_RULES, PASSIVE_STEPS)")
         if any(m == "stream" and e in ("complete", "cancel", "fail", "overflow") for m, _, e in st.fired):
-            terminal = True
-    return Plan(tuple(selects), drain, tuple(faults), cancel_in_queue, max_tokens, context_limit,
-                grammar_at, interrupt_at, reject, path.policy, tuple(actions), overflow_at, parked_cancel,
-                tuple(parked_actions))
+            walk.terminal = True
+    return Plan(tuple(walk.selects), walk.drain, tuple(walk.faults), walk.cancel_in_queue, walk.max_tokens,
+                walk.context_limit, walk.grammar_at, walk.interrupt_at, walk.reject, path.policy,
+                tuple(walk.actions), walk.overflow_at, walk.parked_cancel, tuple(walk.parked_actions))
+
+
+@attrs.define
+class _Walk:
+    """A Plan as plan_of builds it, step by step; `t` counts the selected tokens, `seq` the deltas
+    sent, `terminal` whether the stream has ended."""
+
+    selects: list[Select] = attrs.Factory(list)
+    drain: Drain | None = None
+    faults: list[Fault] = attrs.Factory(list)
+    actions: list[tuple[int, bool, str]] = attrs.Factory(list)
+    parked_actions: list[str] = attrs.Factory(list)
+    t: int = 0
+    seq: int = 0
+    terminal: bool = False
+    cancel_in_queue: bool = False
+    reject: bool = False
+    parked_cancel: bool = False
+    max_tokens: int = NO_LIMIT
+    context_limit: int = 4096
+    grammar_at: int | None = None
+    interrupt_at: int | None = None
+    overflow_at: int | None = None
+
+    def deltas(self) -> int:
+        """The non-empty chunks selected so far (the content policy sees each one, D11)."""
+        return sum(1 for s in self.selects if s.delta)
+
+
+# A select's tag token -> what the lifecycle and the stream see of it (a token check's event: itself).
+_SELECTS: dict[str, Callable[[Any], Select]] = {
+    "eos": lambda tag: Select("eos"),
+    "invalid": lambda tag: Select("invalid"),
+    "hold": lambda tag: Select("push", False, False),
+    "push": lambda tag: Select("push", bool(tag.safe), tag.stop == "hit"),
+}
+
+
+def _select(walk: _Walk, st: PathStep) -> None:
+    tag = st.tag
+    walk.t += 1
+    if tag.token in _SELECTS:
+        walk.selects.append(_SELECTS[tag.token](tag))
+    elif tag.token in TOKEN_CHECK_IDS:
+        walk.selects.append(Select(tag.token))
+    else:
+        raise ValueError(f"a derived run has no token for a {tag.token} select (TOKEN_CHECK_IDS)")
+    if tag.token == "invalid":
+        walk.faults.append(Fault("token.selected", walk.t, "decoding_error"))
+    if tag.token == "push" and tag.interrupt:  # the policy sees every non-empty chunk (D11)
+        walk.interrupt_at = walk.deltas()
+
+
+# What finish() finds at the drain (§4.3): nothing, a decoding error, else a tail delta.
+_DRAINS = {"nothing": Drain(False, False, False, None), "invalid": Drain(True)}
+
+
+def _drain(walk: _Walk, st: PathStep) -> None:
+    tag = st.tag
+    walk.drain = _DRAINS[tag.what] if tag.what in _DRAINS else \
+        Drain(False, bool(tag.safe), None if tag.stop != "hit" else True, None)
+
+
+def _flush(walk: _Walk, st: PathStep) -> None:
+    assert walk.drain is not None
+    drain = walk.drain = attrs.evolve(walk.drain, hit=False if walk.drain.hit is None else walk.drain.hit,
+                                      flush=("stop_matcher", "HOLDING", "flush") in set(st.fired))
+    if st.tag.interrupt:  # the policy refuses the flushed chunk: its call after every other (D23)
+        walk.interrupt_at = walk.deltas() + bool(drain.tail) + 1
+
+
+# A finish check's event -> the request parameter that fires it at this token (and its offset).
+_CHECKS = {"length": ("max_tokens", 0), "context_full": ("context_limit", len(PROMPT)), "grammar_done": ("grammar_at", 0)}
+
+
+def _check(walk: _Walk, st: PathStep) -> None:
+    if st.tag.event in _CHECKS:
+        field, offset = _CHECKS[st.tag.event]
+        setattr(walk, field, walk.t + offset)
+
+
+def _observe(walk: _Walk, st: PathStep) -> None:
+    """A cancel or deadline seen at a check point: requested while parked (Engine), as a fault at
+    creation, in the queue (a cancel by trace listener), or after the prefill or a decode."""
+    tag, pt = st.tag, st.point
+    if tag.parked:
+        walk.parked_cancel = True
+    elif pt == "created":
+        walk.faults.append(Fault("request.created", 0, "cancel"))
+    elif pt == "queued" and tag.what == "cancel":
+        walk.cancel_in_queue = True
+    elif pt == "queued":
+        walk.faults.append(Fault("request.created", 0, "deadline"))
+    elif tag.what is None:
+        raise ValueError(f"the observed row at {pt!r} names no fault action (its tag has no `what`)")
+    else:
+        walk.faults.append(Fault("prefill.completed", 0, tag.what) if walk.t == 0
+                           else Fault("decode.completed", walk.t, tag.what))
+
+
+def _observe_busy(walk: _Walk, st: PathStep) -> None:
+    walk.faults.append(Fault("prefill.started", 0, "cancel") if st.point == "prefill_in_flight"
+                       else Fault("decode.started", walk.t, "cancel"))
+
+
+def _model_error(walk: _Walk, st: PathStep) -> None:
+    walk.faults.append(Fault("prefill.started", 0, "model_error") if st.tag.what == "prefill"
+                       else Fault("decode.started", walk.t, "model_error"))
+
+
+def _send_fails(walk: _Walk, st: PathStep) -> None:
+    walk.faults.append(Fault("response.delta", walk.seq, "transport_error"))
+    _unobserved_after_send(walk.selects, walk.drain)
+
+
+def _overflow(walk: _Walk, st: PathStep) -> None:
+    walk.overflow_at = walk.seq
+    _unobserved_after_send(walk.selects, walk.drain)
+
+
+def _refuse(walk: _Walk, st: PathStep) -> None:
+    walk.reject = True
+
+
+def _delta(walk: _Walk, st: PathStep) -> None:
+    walk.seq += 1
+
+
+def _harness(walk: _Walk, st: PathStep) -> None:
+    if walk.parked_cancel and not walk.terminal:
+        walk.parked_actions.append(st.tag.kind)  # done once the Engine has parked the run
+    else:
+        walk.actions.append((walk.seq, walk.terminal, st.tag.kind))
 
 
 # The model steps this harness performs itself, by tag kind (the stream's reader and transport).
 HARNESS_ACTIONS = ("read", "disconnect", "reconnect")
+# What each kind of model step asks of a derived run (plan_of).
+STEP_RULES: dict[str, Callable[[_Walk, PathStep], None]] = {
+    "select": _select, "drain": _drain, "flush": _flush, "refuse": _refuse, "check": _check, "observe": _observe,
+    "observe_busy": _observe_busy, "model_error": _model_error, "send_fails": _send_fails, "overflow": _overflow,
+    "delta": _delta, **dict.fromkeys(HARNESS_ACTIONS, _harness),
+}
+# The kinds of model step that ask nothing of the data, the faults or the request: the runtime
+# takes them itself (admission, scheduling, kernels, the terminal, parking), or they are never on a
+# derived path (UNREALIZABLE).
+PASSIVE_STEPS = frozenset({
+    "start", "admit", "schedule", "kernel_done", "decode", "safe_point", "drain_hit", "drain_raises", "complete",
+    "close", "request", "repeat_cancel", "transport_while_cancel", "racing_release", "park", "unpark", "preempt",
+    "resume", "park_again", "unpark_idle",
+})
 
 
 def _unobserved_after_send(selects: list[Select], drain: Drain | None) -> None:
