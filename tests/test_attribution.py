@@ -147,3 +147,12 @@ def test_the_matrix_counts_a_gateways_own_findings_apart_and_marks_their_cells()
             "of their case); against vllm") in md
     row = next(line for line in md.splitlines() if "`http/batch/exact/001`" in line)
     assert row.endswith("| PASS | **FAIL** [wire] no data: [DONE] · gateway's own: done_missing |")
+
+
+def test_a_case_judged_directly_and_na_behind_the_gateway_is_listed_lost() -> None:
+    """A gateway that drops a field the case reads makes it n/a: no finding, but not judged either."""
+    seen = [{"id": "a", "verdict": "SKIP", "reason": "the engine reports no logprobs", "failures": []},
+            {"id": "b", "verdict": "SKIP", "reason": "needs the tight server", "failures": []}]
+    data = attribution_json({"cases": seen}, {"w": {"cases": [{"id": "a", "verdict": "PASS", "failures": []},
+                                                               {"id": "b", "verdict": "SKIP", "failures": []}]}})
+    assert data["lost"] == [{"case": "a", "reason": "the engine reports no logprobs"}]

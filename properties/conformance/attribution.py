@@ -10,7 +10,9 @@ passes on, so a report judged through it mixes two layers' findings. The same wo
 
 A case that errs behind the gateway and not directly is the gateway's error (the finding `error`).
 The worker's findings that the direct run shows and the gateway run does not are listed apart
-(`hidden`): a gateway that rewrites what it carries can hide a finding as well as add one.
+(`hidden`): a gateway that rewrites what it carries can hide a finding as well as add one. So are
+the cases judged directly that are n/a behind the gateway (`lost`, with the reason given there): a
+gateway that drops a field the case reads (logprobs) takes the case away rather than failing it.
 
 The worker's reports are named by their folder beside the gateway's (reports/vllm for
 reports/vllm-router); several may be given (the chapter's, the chat and alignment runs), the first
@@ -87,12 +89,20 @@ def attribute(gateway: Mapping[str, Any], workers: Sequence[Mapping[str, Any]]) 
     return out, hidden
 
 
+def lost(gateway: Mapping[str, Any], workers: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """The cases a direct run judged that are n/a behind the gateway: [{'case', 'reason'}] (its reason there)."""
+    direct = [_by_id(w) for w in workers]
+    return [{"case": c["id"], "reason": c.get("reason") or ""} for c in gateway["cases"]
+            if c["verdict"] == "SKIP" and _direct(c["id"], direct) is not None]
+
+
 def attribution_json(gateway: Mapping[str, Any], workers: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """report.json's `attribution`: the worker reports' names (folders beside the gateway's), the
-    findings counted by owner, and each finding with its owner; the hidden ones apart."""
+    findings counted by owner, and each finding with its owner; the hidden ones and the lost cases apart."""
     found, hidden = attribute(gateway, list(workers.values()))
     return {"workers": list(workers), "counts": counts(found),
-            "findings": [f.to_json() for f in found], "hidden": [f.to_json() for f in hidden]}
+            "findings": [f.to_json() for f in found], "hidden": [f.to_json() for f in hidden],
+            "lost": lost(gateway, list(workers.values()))}
 
 
 def counts(found: Iterable[Attributed]) -> dict[str, dict[str, int]]:

@@ -680,6 +680,9 @@ def _md_attribution(attribution: Mapping[str, Any]) -> list[str]:
     if hidden := attribution["hidden"]:
         lines += ["", f"Shown directly and not through the gateway ({len(hidden)}): "
                   + ", ".join(f"`{f['case']}` {f['symptom']}" for f in hidden)]
+    if gone := attribution["lost"]:
+        lines += ["", f"Judged directly, n/a through the gateway ({len(gone)}): "
+                  + "; ".join(f"`{c['case']}` ({_md_cell(_gist(c['reason'], 120))})" for c in gone)]
     return lines + [""]
 
 
@@ -789,6 +792,9 @@ def _html_attribution(attribution: Mapping[str, Any]) -> str:
     hidden = attribution["hidden"]
     more = (f"<p>Shown directly and not through the gateway ({len(hidden)}): "
             + e(", ".join(f"{f['case']} {f['symptom']}" for f in hidden)) + "</p>") if hidden else ""
+    gone = attribution["lost"]
+    more += (f"<p>Judged directly, n/a through the gateway ({len(gone)}): "
+             + e("; ".join(f"{c['case']} ({_gist(c['reason'], 120)})" for c in gone)) + "</p>") if gone else ""
     return (f"<h2>The gateway's own findings ({len(own)})</h2><p>Read against the worker judged directly, case by "
             f"case: {e(split_line(attribution))}.</p>{table}{more}")
 
