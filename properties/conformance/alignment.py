@@ -172,49 +172,80 @@ def _held(lag: bytes, stops: Sequence[str]) -> str | None:
 
 def judge_alignment(reports: Sequence[ChunkReport], want: Want, tok: Any, where: str) -> list[Finding]:
     """D59's three rules over one answer's chunks (see module); [] when they hold."""
-    out: list[Finding] = []
+    ids, pieces = _entries(reports)
+    n = len(ids) if ids is not None else len(pieces or [])
+    return [*_count_findings(n, want, where), *_token_findings(ids, pieces, want, tok, where),
+            *_chunk_findings(reports, want, tok, where)]
+
+
+def _entries(reports: Sequence[ChunkReport]) -> tuple[list[int] | None, list[bytes | str] | None]:
+    """The answer's token ids and its logprob pieces, each over all its chunks; None where a chunk
+    with entries does not report that kind."""
     ids = [i for r in reports for i in (r.ids or ())] if all(r.ids is not None for r in reports if r.count) else None
     pieces = [p for r in reports for p in (r.pieces or ())] if all(r.pieces is not None for r in reports if r.count) \
         else None
-    n = len(ids) if ids is not None else len(pieces or [])
-    full = list(want.tokens)
+    return ids, pieces
+
+
+def _count_findings(n: int, want: Want, where: str) -> list[Finding]:
+    """Rule 1's count: every token the run selected reported once, the last one left out where it
+    is not text or was never sent (D15)."""
+    full = len(want.tokens)
     spare = max(int(want.last_not_text), want.unsent)
-    ok_counts = set(range(len(full) - spare, len(full) + 1))
-    if n not in ok_counts:
-        kind = "tokens_lost" if n < min(ok_counts) else "tokens_extra"
-        leave = (f"the last {want.unsent}, never sent before the run failed, may be left out" if want.unsent else
-                 "the last, not text, may be left out" if want.last_not_text else "each once")
-        out.append(finding(kind, f"{where}: {n} token(s) reported, the run selected {len(full)} ({leave})"))
+    if full - spare <= n <= full:
+        return []
+    leave = (f"the last {want.unsent}, never sent before the run failed, may be left out" if want.unsent else
+             "the last, not text, may be left out" if want.last_not_text else "each once")
+    return [finding("tokens_lost" if n < full - spare else "tokens_extra",
+                    f"{where}: {n} token(s) reported, the run selected {full} ({leave})")]
+
+
+def _token_findings(ids: list[int] | None, pieces: list[bytes | str] | None, want: Want, tok: Any,
+                    where: str) -> list[Finding]:
+    """Rule 1's order: the first reported entry (an id, else a piece) that is not the token the run
+    selected there."""
+    full = list(want.tokens)
     if ids is not None:
         bad = next((k for k, (g, w) in enumerate(zip(ids, full)) if g != w), None)
-        if bad is not None:
-            out.append(finding("tokens_wrong", f"{where}: token {bad + 1} reported as id {ids[bad]}, the run selected "
-                                               f"{full[bad]} (reported {ids[:12]}, selected {full[:12]})"))
-    elif pieces is not None:
-        bad = next((k for k, (g, w) in enumerate(zip(pieces, full)) if not _matches(tok, g, w, want.not_text)), None)
-        if bad is not None:
-            out.append(finding("tokens_wrong", f"{where}: token {bad + 1} reported as {pieces[bad]!r}, the run selected "
-                                               f"id {full[bad]} {_token_bytes(tok, full[bad], want.not_text)!r}"))
-    # Rules 2 and 3, chunk by chunk, on the bytes the entries spell.
+        return [] if bad is None else [
+            finding("tokens_wrong", f"{where}: token {bad + 1} reported as id {ids[bad]}, the run selected "
+                                    f"{full[bad]} (reported {ids[:12]}, selected {full[:12]})")]
+    if pieces is None:
+        return []
+    bad = next((k for k, (g, w) in enumerate(zip(pieces, full)) if not _matches(tok, g, w, want.not_text)), None)
+    return [] if bad is None else [
+        finding("tokens_wrong", f"{where}: token {bad + 1} reported as {pieces[bad]!r}, the run selected "
+                                f"id {full[bad]} {_token_bytes(tok, full[bad], want.not_text)!r}")]
+
+
+def _chunk_findings(reports: Sequence[ChunkReport], want: Want, tok: Any, where: str) -> list[Finding]:
+    """Rules 2 and 3, chunk by chunk, on the bytes the entries spell: the first chunk after which
+    the text is no prefix of them, or they run further ahead of it than a hold-back explains."""
     spelled, text, k = bytearray(want.echo), bytearray(), 0
     for c, r in enumerate(reports):
-        for j in range(r.count or 0):
-            tid = full[k] if k < len(full) else (r.ids[j] if r.ids is not None else None)
-            piece = r.pieces[j] if r.pieces is not None and j < len(r.pieces) else None
-            spelled += _piece_bytes(tok, piece, tid if r.ids is None else r.ids[j], want.not_text)
-            k += 1
+        spelled += _spelled_by(r, want, tok, k)
+        k += r.count or 0
         text += r.text
         if not bytes(spelled).startswith(bytes(text)):
             common = next((i for i, (a, b) in enumerate(zip(spelled, text)) if a != b), min(len(spelled), len(text)))
             kind = "text_before_token" if common == len(spelled) else "token_bytes_differ"
-            out.append(finding(kind, f"{where}: after chunk {c + 1} the text is {bytes(text)[-40:]!r} but its "
-                                     f"{k} reported token(s) spell {bytes(spelled)[-40:]!r}"))
-            break
+            return [finding(kind, f"{where}: after chunk {c + 1} the text is {bytes(text)[-40:]!r} but its "
+                                  f"{k} reported token(s) spell {bytes(spelled)[-40:]!r}")]
         # the echoed prompt is text no token spells: only the tokens' bytes past the text can run ahead
         if not r.finish and (why := _held(bytes(spelled[max(len(text), len(want.echo)):]), want.stops)):
-            out.append(finding("tokens_ahead", f"{where}: after chunk {c + 1} the reported tokens run {why}"))
-            break
-    return out
+            return [finding("tokens_ahead", f"{where}: after chunk {c + 1} the reported tokens run {why}")]
+    return []
+
+
+def _spelled_by(r: ChunkReport, want: Want, tok: Any, k: int) -> bytes:
+    """The bytes chunk `r`'s entries spell, its first entry the run's token k (an entry's own id
+    where the chunk reports ids, else the selected token's)."""
+    out = bytearray()
+    for j in range(r.count or 0):
+        tid = r.ids[j] if r.ids is not None else want.tokens[k + j] if k + j < len(want.tokens) else None
+        piece = r.pieces[j] if r.pieces is not None and j < len(r.pieces) else None
+        out += _piece_bytes(tok, piece, tid, want.not_text)
+    return bytes(out)
 
 
 def want_of(a: Any, case: Any) -> Want:
