@@ -56,6 +56,9 @@ from .cli_generate import dtype_option
 @click.option("--batch-invariant", is_flag=True, default=False,
               help="Run every kernel call on one sequence: tokens then never depend on batching or "
                    "preemption, in any dtype (slower; see runtime/engine.py on exactness).")
+@click.option("--overlap", is_flag=True, default=False,
+              help="Launch each decode step before its tokens are detokenized, matched and streamed (on a worker "
+                   "thread); a request found to end meanwhile has the step's result discarded (DECISIONS D73).")
 @click.option("--context-limit", "context_limit", type=click.IntRange(min=2), default=None,
               help="Serve with a context of this many positions, below the checkpoint's own (§4.3, D10: a run "
                    "ends with context_limit when no position is left for the next token).")
@@ -78,7 +81,7 @@ from .cli_generate import dtype_option
               help="hermes: chat requests with tools get <tool_call>{json}</tool_call> as tool_calls (D47).")
 def serve(host, port, model_path, device, dtype, policy, max_batch, threads, pin_threads, max_queue, cache_budget_tokens, preemption,
           detach_timeout_s, stall_timeout_s, shutdown_timeout_s, on_disconnect, body_timeout_s, header_timeout_s, api_key,
-          allowed_origins, max_body_bytes, log_level, utf8_guard, batch_invariant, context_limit, strict, retain_s,
+          allowed_origins, max_body_bytes, log_level, utf8_guard, batch_invariant, overlap, context_limit, strict, retain_s,
           max_retained, max_readers, watchdog_s, reasoning_parser, tool_call_parser) -> None:
     """Serve /v1/completions and /v1/chat/completions (SSE with replayable ids) until interrupted."""
     import logging
@@ -107,7 +110,7 @@ def serve(host, port, model_path, device, dtype, policy, max_batch, threads, pin
     engine = Engine(model, tok, max_batch=max_batch, max_queue=max_queue, cache_budget_tokens=cache_budget_tokens,
                     preemption=preemption, detach_timeout_s=detach_timeout_s, stall_timeout_s=stall_timeout_s,
                     retain_s=retain_s, max_retained=max_retained, batch_invariant=batch_invariant, threads=threads,
-                    pin_threads=pin_threads)
+                    pin_threads=pin_threads, overlap=overlap)
     app = create_app(engine, ServerConfig(
         policy=policy, api_key=api_key, allowed_origins=frozenset(allowed_origins), max_body_bytes=max_body_bytes,
         body_timeout_s=body_timeout_s, on_disconnect=on_disconnect, utf8_guard=utf8_guard, watchdog_s=watchdog_s,

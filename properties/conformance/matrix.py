@@ -23,8 +23,8 @@ from typing import Any
 from .attribution import owned, split_line
 from .reports import section_key
 
-MATRIX_ORDER = ("reference", "decodespec-serve", "decodespec-serve-bf16", "decodespec-serve-f16", "vllm", "vllm-fp16",
-                "vllm-bf16", "llama-server", "llama-server-f16", "llama-server-bf16", "llama-cpp-python", "decodespec-serve-life", "llama-server-life",
+MATRIX_ORDER = ("reference", "decodespec-serve", "decodespec-serve-bf16", "decodespec-serve-f16",
+                "decodespec-serve-overlap", "vllm", "vllm-fp16", "vllm-bf16", "llama-server", "llama-server-f16", "llama-server-bf16", "llama-cpp-python", "decodespec-serve-life", "llama-server-life",
                 "llama-cpp-python-life", "transformers-serve", "hf-generate", "decode-stream",
                 "decodespec-serve-chat", "vllm-chat", "llama-server-chat", "llama-cpp-python-chat",
                 "vllm-router", "smg", "litellm-vllm", "litellm-llama-server")
