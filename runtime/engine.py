@@ -808,16 +808,25 @@ class Engine:
                 self._settle(e)
 
     def _await(self, future: concurrent.futures.Future, entries: list[_Entry]) -> None:
-        """While the step runs, the check point of every run that goes on is passed again each
-        `poll_s` (a cancel or a deadline that arrives now is observed while the step runs: its
-        result is discarded, §4.11 B)."""
+        """While the step runs, the check point of every run that goes on is passed again whenever
+        the Engine is woken (a cancel wakes it) and at the nearest deadline: a cancel or a deadline
+        that arrives now is observed while the step runs, and its result discarded (§4.11 B)."""
         going = [e for e in entries if e.started]
-        while going and not concurrent.futures.wait((future,), timeout=self.poll_s).done:
+        if not going:
+            return
+        wake = self._wake
+        future.add_done_callback(lambda _: wake.set())
+        while not future.done():
+            deadlines = [e.run.deadline_at for e in going if e.run.deadline_at is not None]
+            wake.wait(None if not deadlines else min(1.0, max(0.0, min(deadlines) - self.clock())))
+            wake.clear()  # a cancel's flag is set before its wake: the check points below see it
             for e in going:
                 if e.run.decoding and not e.run.check_point():
                     self._in_flight_cancels += e.run.state in e.run.driver_states.cancel_observed
                     self._ov(e, self._ended(e.run))
             going = [e for e in going if e.run.decoding]
+            if not going:
+                return
 
     def _ov(self, e: _Entry, event: str, row: Any = None, pick: int | None = None) -> None:
         """Fire `event` on the run's overlap stepper and run its row's effects (OVERLAP below)."""
