@@ -86,6 +86,7 @@ from .affinity import pin_team
 from .errors import ModelError
 from .events import EventKind
 from .faults import FaultPlan
+from .finish import FINISH_CHECKS
 from .request import Request
 from .runner import RequestRun, undecodable_mask
 from .sampling import SamplingError, greedy_rows
@@ -147,6 +148,8 @@ class EngineStats:
     cancels_in_flight_total: int = 0  # cancels observed while such a step ran (§4.9, §4.11 B)
 
 
+# The finish checks that hold for y_t before it is chosen (§4.3): a run they end is not launched ahead.
+_KNOWN_ENDS = (FINISH_CHECKS["length"], FINISH_CHECKS["context_full"])
 # Bytes one select() may send at most beyond the token's own bytes: a held partial UTF-8
 # character and the stop matcher's held prefix (added per run to the longest stop).
 _DELTA_SLACK = 64
@@ -723,10 +726,13 @@ class Engine:
         """y_t chosen before its host work exactly as select() will choose it: the greedy choice of
         the run's logits (the batch's argmax of the last step where there was one), ids the
         tokenizer cannot decode left out (D20). None for a run whose sampler draws (its RNG is
-        drawn once, by select) or whose UTF-8 guard restricts the choice by the bytes held (D16)."""
+        drawn once, by select), whose UTF-8 guard restricts the choice by the bytes held (D16), or
+        whose loop is known to end at y_t (its length, its context: a step decoding y_t would only
+        be discarded)."""
         run = e.run
         chosen, e.chosen_from = (e.chosen if e.chosen_from is run.logits else None), None
-        if not run.sampler.greedy or run.guard is not None:
+        if not run.sampler.greedy or run.guard is not None or any(
+                check(run, False, b"", None, len(run.tokens) + 1, None) for check in _KNOWN_ENDS):
             return None
         mask = undecodable_mask(self.tokenizer, self.model.vocab_size, getattr(self.model, "device", "cpu"))
         if mask is not None:

@@ -23,3 +23,23 @@ def app_server():
 
     with contextlib.ExitStack() as stack:
         yield lambda app: stack.enter_context(serve_in_thread(app))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--overlap", action="store_true", default=False,
+                     help="Build every Engine with overlapped steps (Engine(overlap=True), DECISIONS D73): "
+                          "the suite selected then specifies the overlapped Engine too.")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _overlap_everywhere(request: pytest.FixtureRequest):
+    """With --overlap, an Engine built without `overlap` overlaps its steps."""
+    if not request.config.getoption("--overlap"):
+        yield
+        return
+    from decodespec.runtime.engine import Engine
+
+    defaults = Engine.__init__.__kwdefaults__
+    defaults["overlap"] = True
+    yield
+    defaults["overlap"] = False
