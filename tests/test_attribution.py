@@ -156,3 +156,15 @@ def test_a_case_judged_directly_and_na_behind_the_gateway_is_listed_lost() -> No
     data = attribution_json({"cases": seen}, {"w": {"cases": [{"id": "a", "verdict": "PASS", "failures": []},
                                                                {"id": "b", "verdict": "SKIP", "failures": []}]}})
     assert data["lost"] == [{"case": "a", "reason": "the engine reports no logprobs"}]
+
+
+def test_every_gateway_preset_names_worker_reports_that_are_committed() -> None:
+    """A gateway preset's findings are read against its worker's direct reports: each must exist, or
+    `conform --preset` refuses before it starts anything."""
+    from decodespec.properties.conformance.presets import load_presets
+
+    presets = load_presets([REPORTS.parent / "scripts" / "peers" / "presets.toml"])
+    gateways = {name: p.worker for name, p in presets.items() if p.worker}
+    assert sorted(gateways) == ["litellm-llama-server", "litellm-vllm", "smg", "vllm-router"]
+    for name, workers in gateways.items():
+        assert all((REPORTS / w / "report.json").is_file() for w in workers), (name, workers)
