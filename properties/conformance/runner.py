@@ -235,73 +235,144 @@ def declared_reason(number: str) -> str:
 
 
 def _judge_here(case: Case, outcome: Outcome, caps: frozenset[str]) -> tuple[list[Finding], list[str], bool]:
-    """(findings, not checked, whether any check ran) for an in-process adapter's Outcome."""
+    """(findings, not checked, whether any check ran) for an in-process adapter's Outcome: each of
+    _DIMENSIONS in turn, after the adapter's own findings."""
     exp = outcome.expect or case.expect
-    fails: list[Finding] = list(outcome.findings)
-    skipped: list[str] = list(outcome.not_checked)
-    ran = bool(outcome.findings)
-    streamed = b"".join(outcome.chunks) if outcome.chunks is not None else None
-    ref = _expected(case, exp) if case.kind is CaseKind.SCRIPT else None
-    if exp.output is not None and ref is not None:
-        for where, got in (("output", outcome.output), ("stream", streamed)):
-            if got is None:
-                skipped.append(where)
-            else:
-                ran = True
-                fails += compare_text(ref, got, where)
-        fails += compare_stream(outcome.output, streamed)
-    if outcome.chunks is not None and ref is not None and any(c.kinds == {"response.delta"} for c in exp.events):
-        split, missed = compare_split(ref, outcome.chunks, _selected_by_chunk(outcome))
-        fails += split
-        skipped += missed
-    if exp.finish_reason is not None:
-        if outcome.finish_reason is None:
-            skipped.append("finish_reason")
+    here = _Here(case, outcome, exp, _expected(case, exp) if case.kind is CaseKind.SCRIPT else None, caps)
+    tally = _Tally(list(outcome.findings), list(outcome.not_checked), bool(outcome.findings))
+    for judge in _DIMENSIONS:
+        judge(here, tally)
+    return tally.fails, tally.skipped, tally.ran
+
+
+@attrs.frozen
+class _Here:
+    """One in-process Outcome with what it is judged against: the case's expectation (the
+    adapter's own, where it gives one), the reference's answer (script cases) and the adapter's
+    capabilities."""
+
+    case: Case
+    outcome: Outcome
+    exp: Any
+    ref: Expected | None
+    caps: frozenset[str]
+
+    @property
+    def streamed(self) -> bytes | None:
+        return b"".join(self.outcome.chunks) if self.outcome.chunks is not None else None
+
+
+@attrs.define
+class _Tally:
+    """The findings so far, the dimensions not checked, and whether any check ran."""
+
+    fails: list[Finding]
+    skipped: list[str]
+    ran: bool
+
+    def checked(self, found: Iterable[Finding]) -> None:
+        self.ran = True
+        self.fails += found
+
+    def compare(self, field: str, want: Any, got: Any, judge: Callable[[Any, Any], list[Finding]]) -> None:
+        """Where the case expects `want` of `field`: not checked when the engine shows nothing, else judged."""
+        if want is None:
+            return
+        if got is None:
+            self.skipped.append(field)
         else:
-            ran = True
-            fails += _reason_findings(ref, exp.finish_reason, outcome.finish_reason)
-    if exp.state is not None:
-        if outcome.state is None:
-            skipped.append("state")
-        elif outcome.state != exp.state:
-            ran = True
-            fails.append(finding("wrong_state", f"the run ended {outcome.state}; the reference ends it {exp.state}"))
+            self.checked(judge(want, got))
+
+
+def _judge_text(h: _Here, t: _Tally) -> None:
+    """The output and the stream's text against the reference's (§4.5), and against each other."""
+    if h.exp.output is None or h.ref is None:
+        return
+    streamed = h.streamed
+    for where, got in (("output", h.outcome.output), ("stream", streamed)):
+        if got is None:
+            t.skipped.append(where)
         else:
-            ran = True
-    if exp.error is not None:
-        if "errors" not in caps:
-            skipped.append("error")
-        else:
-            ran = True
-            if outcome.error is None and exp.error.startswith("decoding_error"):
-                if not any(f.family != WIRE for f in fails):  # the bytes were right: the bad tail went unsaid
-                    fails.append(finding("tail_dropped", f"the run ended without the {exp.error!r} the reference "
-                                                         "raises: the bytes no continuation completes were dropped"))
-            elif not (outcome.error or "").startswith(exp.error):
-                fails.append(finding("wrong_error", f"expected an error starting {exp.error!r}, got {outcome.error!r}"))
-    elif outcome.error and exp.state in (None, "FINISHED") and (ref is None or ref.reason is not None):
-        ran = True  # an error where the case expects none is never a pass
-        fails.append(finding("unexpected_error", f"the engine raised {outcome.error!r}; the reference "
-                                                 f"{'finishes' if exp.state in (None, 'FINISHED') else 'ends'} the run"))
-    if exp.usage:
-        if outcome.usage is None:
-            skipped.append("usage")
-        else:
-            ran = True
-            for k, v in exp.usage.items():
-                if outcome.usage.get(k) != v:
-                    fails.append(finding("usage_mismatch", f"usage.{k} = {outcome.usage.get(k)!r}, expected {v}"))
-    if exp.events:
-        if outcome.events is None:
-            split_only = all(c.kinds == {"response.delta"} for c in exp.events) and outcome.chunks is not None
-            if not split_only:
-                skipped.append("events")
-        else:
-            ran = True
-            fails += _check_events(case, outcome.events)
-    if outcome.full_trace and outcome.events is not None and case.kind is CaseKind.SCRIPT:
-        fails += _trace_findings(case, outcome.events)
-    return fails, skipped, ran
+            t.checked(compare_text(h.ref, got, where))
+    t.fails += compare_stream(h.outcome.output, streamed)
+
+
+def _judge_split(h: _Here, t: _Tally) -> None:
+    """Where the case expects deltas: the chunks' boundaries against the reference's (§4.6)."""
+    if h.outcome.chunks is not None and h.ref is not None and any(c.kinds == {"response.delta"} for c in h.exp.events):
+        split, missed = compare_split(h.ref, h.outcome.chunks, _selected_by_chunk(h.outcome))
+        t.fails += split
+        t.skipped += missed
+
+
+def _judge_reason(h: _Here, t: _Tally) -> None:
+    """The finish reason against the expected one (§4.10)."""
+    t.compare("finish_reason", h.exp.finish_reason, h.outcome.finish_reason,
+              lambda want, got: _reason_findings(h.ref, want, got))
+
+
+def _judge_state(h: _Here, t: _Tally) -> None:
+    """The lifecycle state the run ended in against the expected one (§4.3)."""
+    t.compare("state", h.exp.state, h.outcome.state, lambda want, got: [] if got == want else [
+        finding("wrong_state", f"the run ended {got}; the reference ends it {want}")])
+
+
+def _judge_error(h: _Here, t: _Tally) -> None:
+    """The error a failing case expects, for an adapter that reports errors: a decoding error's
+    tail, where the bytes were right, may have gone unsaid (tail_dropped)."""
+    exp, error = h.exp.error, h.outcome.error
+    if exp is None:
+        return
+    if "errors" not in h.caps:
+        t.skipped.append("error")
+        return
+    t.ran = True
+    if error is None and exp.startswith("decoding_error"):
+        if not any(f.family != WIRE for f in t.fails):  # the bytes were right: the bad tail went unsaid
+            t.fails.append(finding("tail_dropped", f"the run ended without the {exp!r} the reference "
+                                                   "raises: the bytes no continuation completes were dropped"))
+    elif not (error or "").startswith(exp):
+        t.fails.append(finding("wrong_error", f"expected an error starting {exp!r}, got {error!r}"))
+
+
+def _judge_no_error(h: _Here, t: _Tally) -> None:
+    """An error where the case expects the run to finish (or expects nothing of it) is never a pass."""
+    if h.exp.error is not None or not h.outcome.error or h.exp.state not in (None, "FINISHED"):
+        return
+    if h.ref is None or h.ref.reason is not None:
+        t.checked([finding("unexpected_error", f"the engine raised {h.outcome.error!r}; the reference "
+                                               "finishes the run")])
+
+
+def _judge_usage(h: _Here, t: _Tally) -> None:
+    """Each usage count the case expects (§4.10)."""
+    t.compare("usage", h.exp.usage or None, h.outcome.usage, lambda want, got: [
+        finding("usage_mismatch", f"usage.{k} = {got.get(k)!r}, expected {v}") for k, v in want.items() if got.get(k) != v])
+
+
+def _judge_events(h: _Here, t: _Tally) -> None:
+    """The trace events the case expects; a case that expects only deltas is judged by their split
+    where the engine shows chunks and no trace."""
+    if not h.exp.events:
+        return
+    if h.outcome.events is not None:
+        t.checked(_check_events(h.case, h.outcome.events))
+    elif not (all(c.kinds == {"response.delta"} for c in h.exp.events) and h.outcome.chunks is not None):
+        t.skipped.append("events")
+
+
+def _judge_trace(h: _Here, t: _Tally) -> None:
+    """A script case's full trace: every named invariant (properties/monitors.py)."""
+    if h.outcome.full_trace and h.outcome.events is not None and h.case.kind is CaseKind.SCRIPT:
+        t.fails += _trace_findings(h.case, h.outcome.events)
+
+
+# What _judge_here judges of an in-process Outcome, in this order (a dropped tail is said only
+# where the text was right, so the error follows the text).
+_DIMENSIONS: tuple[Callable[[_Here, _Tally], None], ...] = (
+    _judge_text, _judge_split, _judge_reason, _judge_state, _judge_error, _judge_no_error, _judge_usage,
+    _judge_events, _judge_trace,
+)
 
 
 def _selected_by_chunk(outcome: Outcome) -> tuple[int, ...] | None:
