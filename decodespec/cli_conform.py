@@ -510,6 +510,12 @@ def _finish(results, label, report_dir, policy: Policy, console, t0: float) -> N
                                   wall_s=time.monotonic() - t0, grading=policy.grading,
                                   workers=worker_reports(report_dir, policy.workers)):
             console.print(f"wrote {path}")
+        if policy.workers:
+            from .properties.conformance.attribution import split_line
+            from .properties.conformance.reports import read_report
+
+            split = split_line(read_report.__wrapped__(report_dir / "report.json")["attribution"])
+            said += f"\nbehind a gateway: {split}"
     for r in fixed(results, policy.known):
         console.print(f"[yellow]{r.case.id} is listed as a known failure but passed: update the --expect file[/]")
     console.print(said, markup=False, soft_wrap=True)  # last, where a reader of a terminal or a CI log looks first

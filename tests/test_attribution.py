@@ -168,3 +168,22 @@ def test_every_gateway_preset_names_worker_reports_that_are_committed() -> None:
     assert sorted(gateways) == ["litellm-llama-server", "litellm-vllm", "smg", "vllm-router"]
     for name, workers in gateways.items():
         assert all((REPORTS / w / "report.json").is_file() for w in workers), (name, workers)
+
+
+def test_conform_with_a_worker_writes_the_split_and_says_it_last(tmp_path: Path) -> None:
+    """`conform --worker NAME`: the report is read against reports/NAME beside it, the console says the
+    split after the headline; a worker report that is missing is refused before anything runs."""
+    from click.testing import CliRunner
+
+    from decodespec.cli import main
+
+    args = ["conform", "--engine", "reference", "--select", "stop/cross-token/001", "--report"]
+    runner = CliRunner()
+    assert runner.invoke(main, [*args, str(tmp_path / "direct")]).exit_code == 0
+    out = runner.invoke(main, [*args, str(tmp_path / "gateway"), "--worker", "direct"])
+    assert out.exit_code == 0, out.output
+    assert out.output.rstrip().endswith("behind a gateway: 0 the gateway's own (0 cases), 0 the worker's (0 cases), "
+                                        "0 unjudged (no direct run of their case); against direct")
+    assert json.loads((tmp_path / "gateway" / "report.json").read_text())["attribution"]["workers"] == ["direct"]
+    refused = runner.invoke(main, [*args, str(tmp_path / "gateway"), "--worker", "absent"])
+    assert refused.exit_code == 2 and "absent/report.json: not a readable report.json" in refused.output
