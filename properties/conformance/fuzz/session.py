@@ -28,13 +28,13 @@ from ..grading import DEFAULT_PROFILE
 from ..runner import CaseResult, Verdict
 from .batch import Engine, OnResult, run_batch
 from .shrink import Inputs, Key, Shrunk, failure_key, shrink_all, size
-from .strategies import case_of, examples
+from .strategies import TOKENIZERS, case_of, examples
 
 GENERATE_SHARE = 0.6  # of the budget spent generating; the rest shrinks
 BATCH = 60  # examples a batch compiles into one checkpoint set
 
 
-def draw_examples(n: int, seed: int, tokenizers: Sequence[str] = ("byte_table", "byte_level_bpe")) -> list[dict[str, Any]]:
+def draw_examples(n: int, seed: int, tokenizers: Sequence[str] = TOKENIZERS) -> list[dict[str, Any]]:
     """Up to `n` distinct examples (strategies.examples), the same for the same seed."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as seeded
@@ -72,7 +72,7 @@ class FuzzRun:
 
 
 def fuzz(engine: Engine, workdir: Path, *, budget_s: float, seed: int = 0, batch: int = BATCH,
-         tokenizers: Sequence[str] = ("byte_table", "byte_level_bpe"), profile: str = DEFAULT_PROFILE,
+         tokenizers: Sequence[str] = TOKENIZERS, profile: str = DEFAULT_PROFILE,
          declared: frozenset[str] = frozenset(), on_result: OnResult = lambda r: None,
          say: Callable[[str], None] = lambda line: None, max_batches: int | None = None) -> FuzzRun:
     """Generate, run and shrink within `budget_s` seconds (see module); checkpoints are built under

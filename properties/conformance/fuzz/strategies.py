@@ -8,8 +8,9 @@ request fields. `examples()` draws them over two tokenizers:
   character (é, €, 中, 😀) into tokens, pieces that end one character and begin the next, invalid
   bytes (ff, c0, a lone continuation byte, an encoded surrogate), a genuine U+FFFD, and EOS as a
   special token;
-- the fixtures' byte-level BPE (properties/fixtures.py): words as text items, single bytes of
-  multi-byte characters as byte items, EOS.
+- the fixtures' byte-level BPE and SentencePiece byte-fallback tokenizers (properties/fixtures.py):
+  words as text items, single bytes of multi-byte characters (byte items, `<0xNN>` tokens), special
+  tokens other than EOS (`<unk>`, `<s>`), EOS.
 
 Stops are cut from the script's own text (so they hit: across 1-4 tokens, inside one token, on the
 last allowed token, multi-byte, overlapping or a prefix of one another), from the prompt's text,
@@ -46,7 +47,6 @@ PIECES: tuple[bytes, ...] = (
 TABLE: Mapping[int, bytes] = {TABLE_EOS: b"</s>", **{101 + i: p for i, p in enumerate(PIECES)}}
 PROMPT_PIECES = (b"> ", b"ab", "é".encode(), b"A")  # the prompt's tokens (whole characters)
 _ID_OF = {p: i for i, p in TABLE.items()}
-FIXTURE = "byte_level_bpe"
 WORDS = ("hello", " world", " the", " end", "é", " café", "中文", "😀", "\ufffd", " a", "b", ".")
 SPLIT = ("é", "€", "中", "😀")  # characters whose bytes a script may send one token each
 REQUEST_FIELDS = ("include_stop_str_in_output", "min_tokens", "ignore_eos", "n", "echo", "logprobs",
@@ -80,13 +80,25 @@ def table_script(draw: st.DrawFn) -> tuple[list[Any], list[Any]]:
     return prompt, script
 
 
+# How a script names one byte of a split character, and the special tokens (besides EOS) it may
+# send, per fixture tokenizer (properties/fixtures.py).
+FIXTURE_ITEMS: Mapping[str, tuple[Callable[[int], dict[str, str]], tuple[str, ...]]] = {
+    "byte_level_bpe": (lambda b: {"bytes": f"{b:02x}"}, ()),
+    "sentencepiece_byte_fallback": (lambda b: {"token": f"<0x{b:02X}>"}, ("<unk>", "<s>")),
+}
+FIXTURES = tuple(FIXTURE_ITEMS)
+TOKENIZERS = ("byte_table", *FIXTURES)
+
+
 @st.composite
-def fixture_script(draw: st.DrawFn) -> tuple[list[Any], list[Any]]:
-    """(prompt items, script items) over the byte-level BPE fixture: words, single bytes of split
-    characters, EOS."""
+def fixture_script(draw: st.DrawFn, name: str) -> tuple[list[Any], list[Any]]:
+    """(prompt items, script items) over the fixture tokenizer `name`: words, single bytes of split
+    characters, its special tokens, EOS."""
+    byte, specials = FIXTURE_ITEMS[name]
     word = st.sampled_from(WORDS).map(lambda w: [{"text": w}])
-    split = st.sampled_from(SPLIT).map(lambda ch: [{"bytes": f"{b:02x}"} for b in ch.encode()])
-    parts = draw(st.lists(st.one_of(word, split), min_size=1, max_size=6))
+    split = st.sampled_from(SPLIT).map(lambda ch: [byte(b) for b in ch.encode()])
+    kinds = [word, split, *([st.sampled_from(specials).map(lambda t: [{"token": t}])] if specials else [])]
+    parts = draw(st.lists(st.one_of(*kinds), min_size=1, max_size=6))
     script: list[Any] = [i for p in parts for i in p]
     if draw(st.booleans()):
         script.insert(draw(st.integers(0, len(script))), {"eos": True})
@@ -186,10 +198,10 @@ def request_fields(draw: st.DrawFn, n_tokens: int, eos_at: int | None) -> dict[s
 
 
 @st.composite
-def examples(draw: st.DrawFn, tokenizers: Sequence[str] = ("byte_table", FIXTURE)) -> dict[str, Any]:
+def examples(draw: st.DrawFn, tokenizers: Sequence[str] = TOKENIZERS) -> dict[str, Any]:
     """One generated example: a script case's `inputs` (see module)."""
     kind = draw(st.sampled_from(tuple(tokenizers)))
-    prompt, script = draw(table_script() if kind == "byte_table" else fixture_script())
+    prompt, script = draw(table_script() if kind == "byte_table" else fixture_script(kind))
     base: dict[str, Any] = {"tokenizer": table_spec([*prompt, *script]) if kind == "byte_table" else {"fixture": kind},
                             "prompt": prompt, "script": script, "max_tokens": len(script)}
     sp = spelled(base)
