@@ -9,7 +9,7 @@ path is turned into a `ConcreteRun`:
   `TABLE` with stop "QZ" is searched that the real detokenizer and stop matcher turn into exactly
   that. Bytes the model's detokenizer holds with valid text (released by finish()) are realised by
   tokens held by the token-id stop matcher (`stop_token_ids`), which the runtime releases at the
-  drain through the same stop matcher (runtime/runner.py `_drain`);
+  drain through the same stop matcher (runtime/effects.py `RunEffects.drain`);
 - environment (§4.7-§4.10): cancel, deadline, model error, decoding error and transport error
   become a FaultPlan at the trace point where the model's loop observes them; a cancel observed
   in QUEUED (no FaultPlan point lies between enqueue and the check) is requested by a trace
@@ -252,7 +252,7 @@ class Drain:
 
 
 def _simulate(tokens: Sequence[int], tok: ByteTableTokenizer) -> tuple[list[Select], Drain | None, list[bytes]]:
-    """The runtime's data path for `tokens` (runner.select, _emit_safe, _drain) without a loop."""
+    """The runtime's data path for `tokens` (RequestRun.select, RunEffects.drain) without a loop."""
     detok = IncrementalDetokenizer(tok, prompt_ids=list(PROMPT))
     stopper = StopMatcher(list(STOP))
     ids = TokenStopMatcher(list(STOP_IDS))

@@ -1,15 +1,19 @@
 """Fault injection at named points of the loop (§4.9, §4.10, §4.12).
 
 A Fault fires when the trace records the event named by `point` for the given `step` (the `step`
-field of token/decode events, the `seq` of response.delta; prefill points take step 0).
+field of token/decode events, the `seq` of response.delta; prefill points take step 0). A run's
+FaultHooks watch its trace for those points and deliver each action to the run (`FaultTarget`).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 import attrs
+
+from .events import Event, EventKind, Trace
 
 
 class FaultAction(enum.StrEnum):
@@ -86,3 +90,95 @@ class FaultPlan:
 
     def points(self) -> frozenset[str]:
         return frozenset(f.point for f in self.faults)
+
+
+class FaultTarget(Protocol):
+    """What a fault does to the run it is injected into (runner.RequestRun)."""
+
+    def cancel(self, source: str = "client") -> None:
+        """Request a cancel, as a client would (§4.9)."""
+
+    def disconnect(self) -> None:
+        """The client goes away (§4.7, D5)."""
+
+    def force_deadline(self) -> None:
+        """The deadline counts as passed at the next check point (§4.9)."""
+
+    def check_decoding(self) -> None:
+        """From now on every push asks `FaultHooks.decoding_fails` first (§4.5, §4.10)."""
+
+
+class FaultHooks:
+    """The fault injection points of one run (§4.9, §4.10, §4.12): the plan's faults, watched
+    for on the run's trace, each delivered to the run as it fires (`_DELIVER`). A run with no
+    faults has inactive hooks: nothing watches its trace, and the per-token path asks nothing.
+
+    Faults that fire while the run is still being built (at request.created) wait until `start`,
+    once the stream has started (the stream table accepts nothing before response.start). A
+    model_error waits for the kernel in flight to ask (`take_kernel_fault`), a decoding_error for
+    the push of its step (`decoding_fails`), a transport_error for the send of its seq
+    (`send_fails`)."""
+
+    __slots__ = ("plan", "active", "_target", "_trace", "_deferred", "_kernel_fault", "_poisoned")
+
+    def __init__(self, plan: FaultPlan, target: FaultTarget, trace: Trace) -> None:
+        self.plan = plan
+        self.active = bool(plan.faults)
+        self._target, self._trace = target, trace
+        self._deferred: list[tuple[FaultAction, int]] | None = []
+        self._kernel_fault = False
+        self._poisoned: set[int] = set()
+        if self.active:
+            trace.subscribe(self._inject)
+
+    def start(self) -> None:
+        """Deliver what fired while the run was being built; from now on each fault lands as it fires."""
+        deferred, self._deferred = self._deferred or [], None
+        for action, step in deferred:
+            _DELIVER[action](self, step)
+
+    def take_kernel_fault(self) -> bool:
+        """True (once) when a model_error fault was injected into the kernel now in flight."""
+        fault, self._kernel_fault = self._kernel_fault, False
+        return fault
+
+    def decoding_fails(self, step: int) -> bool:
+        """True when a decoding_error fault was injected for the push of `step`."""
+        return step in self._poisoned
+
+    def send_fails(self, seq: int) -> bool:
+        """True (and recorded in the trace) when a transport_error fault fails the send of delta `seq`."""
+        if FaultAction.TRANSPORT_ERROR not in self.plan.at("response.delta", seq):
+            return False
+        self._trace.emit(EventKind.FAULT_INJECTED, point="response.delta", step=seq, action="transport_error")
+        return True
+
+    def _inject(self, ev: Event) -> None:
+        data = ev.data
+        step = data.get("seq") if ev.kind == EventKind.RESPONSE_DELTA else data.get("step", 0)
+        if step is None:
+            return
+        for action in self.plan.at(str(ev.kind), step):
+            self._trace.emit(EventKind.FAULT_INJECTED, point=str(ev.kind), step=step, action=action.value)
+            if self._deferred is not None:  # the run is still being built: delivered by start()
+                self._deferred.append((action, step))
+            else:
+                _DELIVER[action](self, step)
+
+    def _poison(self, step: int) -> None:
+        self._poisoned.add(step)
+        self._target.check_decoding()  # only a run with an injected decoding_error pays for the check
+
+    def _fail_kernel(self, step: int) -> None:
+        self._kernel_fault = True
+
+
+# What each action does when it fires; a transport_error is asked for by the send itself (send_fails).
+_DELIVER: dict[FaultAction, Callable[[FaultHooks, int], None]] = {
+    FaultAction.CANCEL: lambda hooks, step: hooks._target.cancel(source="fault"),
+    FaultAction.DEADLINE: lambda hooks, step: hooks._target.force_deadline(),
+    FaultAction.MODEL_ERROR: FaultHooks._fail_kernel,
+    FaultAction.DECODING_ERROR: FaultHooks._poison,
+    FaultAction.TRANSPORT_ERROR: lambda hooks, step: None,
+    FaultAction.DISCONNECT: lambda hooks, step: hooks._target.disconnect(),
+}

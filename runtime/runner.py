@@ -1,10 +1,11 @@
 """One request's execution state across the loop of §4.3, shared by generate() and the Engine.
 
-The lifecycle's control state is the run's compiled lifecycle table (a `Lifecycle`: the table
+A RequestRun is the request's state: the machines it holds and their states, and the step over
+them. The lifecycle's control state is the run's compiled lifecycle table (a `Lifecycle`: the table
 the caller gives, else the spec directory's): every transition is a `fire` of its event, and
-firing a row runs its action: the action's effects (lifecycle.toml [actions]),
-each implemented once below (`LIFECYCLE`, machine/actions.py) and checked both ways against the
-table, e.g. `fail` is release_model, fix_reason, emit_terminal (§4.3, §4.10).
+firing a row runs its action's effects (lifecycle.toml [actions]) on the run's `RunEffects`
+(runtime/effects.py: emitting, releasing, finishing), e.g. `fail` is release_model, fix_reason,
+emit_terminal (§4.3, §4.10). Injected faults land through the run's `FaultHooks` (runtime/faults.py).
 The drivers (runtime/loop.py for one request, runtime/engine.py for a batch) call the phase methods
 in §4.3's order: admit, check_point, begin_prefill/end_prefill, select, begin_decode/end_decode,
 finish. Every lifecycle event is fired from the driver's thread; other threads only *request* a
@@ -25,15 +26,16 @@ import attrs
 import torch
 
 from ..machine import CompiledMachine, compiled_of, per_table
-from ..machine.actions import ActionError, Executor, Plan, run_phases
+from ..machine.actions import Plan, run_phases
 from ..spec import FinishReason, Spec, Table, default_spec, load_spec
 from ..spec.derived import DriverStates, driver_states, terminal_stream_event
 from .alignment import ScoreLog
-from .backpressure import OVERFLOW_ERROR, BackpressurePolicy, StreamOverflow
+from .backpressure import StreamOverflow
 from .detokenizer import DecodingError, IncrementalDetokenizer
+from .effects import LIFECYCLE, STREAM_SEND, RunEffects, endings
 from .errors import ModelError, RequestError
 from .events import EventKind, Trace
-from .faults import FaultAction, FaultPlan
+from .faults import FaultHooks, FaultPlan
 from .finish import Composed, finish_checks, request_guard
 from .ledger import ResourceLedger
 from .request import Request
@@ -46,19 +48,8 @@ from .utf8_guard import Utf8Guard, guard_for
 
 _CONTENT_INTERRUPT = "content_interrupt"
 _TOKEN_SELECTED = EventKind.TOKEN_SELECTED.value  # per-token entries carry the plain string (events.py)
-_PAUSE = BackpressurePolicy.PAUSE
 _DECODE_STARTED = EventKind.DECODE_STARTED.value
 _DECODE_COMPLETED = EventKind.DECODE_COMPLETED.value
-# After these reasons the detokenizer tail lies past the end of the output: it is discarded,
-# finish() is not called (§4.3, DECISIONS D11). Every other reason drains with finish().
-_DISCARD_TAIL = frozenset({FinishReason.STOP_SEQUENCE, FinishReason.CONTENT_INTERRUPTED})
-# The OrderedStream call of each terminal stream event; the table says which terminal lifecycle
-# state sends which (lifecycle.toml terminal_events, transition_and_emit_terminal of §4.3).
-_STREAM_SEND: dict[str, Callable[[OrderedStream, FinishReason, dict, str], int]] = {
-    "complete": lambda s, reason, usage, err: s.complete(reason, usage),
-    "cancel": lambda s, reason, usage, err: s.cancel(usage),
-    "fail": lambda s, reason, usage, err: s.fail(reason, usage, err),
-}
 
 
 # ---- the step of §4.3 in the order of the lifecycle table's [[step]] (DECISIONS D53) ----------
@@ -165,7 +156,7 @@ def _select_0(self: RequestRun, token: int | None = None) -> bool:
         token_stopper = self.token_stopper
         if token_stopper is not None:
             safe, hit = self._token_stop(token_stopper, token, safe, hit)
-        if hit is not None and self._stop_kept:
+        if hit is not None and self.stop_kept:
             safe += hit.own_bytes
     # finish_checks (§4.3): the table's finish checks in its order (runtime/finish.py, D4): the event of the
     # first that holds fires after the emit
@@ -175,16 +166,16 @@ def _select_0(self: RequestRun, token: int | None = None) -> bool:
     if safe and event != _CONTENT_INTERRUPT:
         if self._plain_send:
             try:
-                self._put_delta(safe)
+                self.put_delta(safe)
             except StreamOverflow as exc:
-                return self._send_failed(exc.seq, str(exc))
+                return self.effects.send_failed(exc.seq, str(exc))
             self.output += safe
-        elif not self._send(safe):
+        elif not self.effects.send(safe):
             return False
     # decode (§4.4): the output ends at a match whichever check fixes the reason; after an interruption
     # nothing is kept
     if hit is not None and event != _CONTENT_INTERRUPT:
-        self._record_hit(hit)
+        self.effects.record_hit(hit)
     if event is None:
         return True
     self.fire(event)
@@ -260,18 +251,18 @@ def _select_1(self: RequestRun, token: int | None = None) -> bool:
         token_stopper = self.token_stopper
         if token_stopper is not None:
             safe, hit = self._token_stop(token_stopper, token, safe, hit)
-        if hit is not None and self._stop_kept:
+        if hit is not None and self.stop_kept:
             safe += hit.own_bytes
     # emit (§4.7): a chunk the content policy refused is never sent (D11); nothing to check: straight to the
     # stream
     if safe and event != _CONTENT_INTERRUPT:
         if self._plain_send:
             try:
-                self._put_delta(safe)
+                self.put_delta(safe)
             except StreamOverflow as exc:
-                return self._send_failed(exc.seq, str(exc))
+                return self.effects.send_failed(exc.seq, str(exc))
             self.output += safe
-        elif not self._send(safe):
+        elif not self.effects.send(safe):
             return False
     # finish_checks (§4.3): the table's finish checks in its order (runtime/finish.py, D4): the event of the
     # first that holds fires after the emit
@@ -279,7 +270,7 @@ def _select_1(self: RequestRun, token: int | None = None) -> bool:
     # decode (§4.4): the output ends at a match whichever check fixes the reason; after an interruption
     # nothing is kept
     if hit is not None and event != _CONTENT_INTERRUPT:
-        self._record_hit(hit)
+        self.effects.record_hit(hit)
     if event is None:
         return True
     self.fire(event)
@@ -366,20 +357,22 @@ _CHECK_POINT, _SELECT = _step_of(load_spec("lifecycle"))  # RequestRun's; anothe
 
 
 class RequestRun:
-    """The StepState of §4.2 plus lifecycle, stream, ledger and trace of one request."""
+    """One request's state (§4.2's StepState): the machines it holds (lifecycle, stream, ledger,
+    detokenizer, stop matchers, sampler, trace) and their states, and the step of §4.3 over them.
+    What a fired row does is its `effects` (effects.RunEffects); where faults land, its `faults`
+    (faults.FaultHooks)."""
 
     # Slots: the per-token path reads a dozen of these per token, right after a model step has
     # pushed them out of the CPU caches; a slot is one fixed offset, a dict entry a probe.
     __slots__ = (
-        "cache", "clock", "deadline_at", "decoded", "detok", "echo_len", "eos_id", "eos_ids", "error", "faults",
-        "finish_ids", "guard", "ledger", "_echo", "_guarded", "_stop_kept",
-        "life", "logits", "model", "output", "prompt_ids", "reason", "request", "sampler", "scores", "spec",
-        "stop_hit", "stopper", "stream", "token_stopper", "tokenizer", "tokens", "trace",
-        "_byte_marks", "_cancel_claimed", "_cancel_fired", "_cancel_lock", "_cancel_requested",
-        "_created", "_deadline_forced", "_decode_s", "_deferred", "_detok_push", "_detok_total", "_done_quiet",
-        "_faulty", "_held_since", "_inline", "_kernel_fault", "_lc", "_listeners", "_lock", "_may_overflow",
-        "_not_text", "_overflow", "_plain_send", "_poisoned", "_put_delta", "_select_quiet", "_stop_push", "_t",
-        "_t0", "_undecodable", "_unsent", "_winner",
+        "cache", "clock", "deadline_at", "decoded", "detok", "echo_len", "effects", "eos_id", "eos_ids", "error",
+        "faults", "finish_ids", "guard", "ledger", "life", "lifecycle", "logits", "model", "output", "prompt_ids",
+        "put_delta", "reason", "request", "sampler", "scores", "spec", "stop_hit", "stop_kept", "stopper", "stream",
+        "token_stopper", "tokenizer", "tokens", "trace", "unsent",
+        "_byte_marks", "_cancel_claimed", "_cancel_fired", "_cancel_lock", "_cancel_requested", "_created",
+        "_deadline_forced", "_decode_s", "_detok_push", "_detok_total", "_done_quiet", "_guarded", "_held_since",
+        "_inline", "_lock", "_not_text", "_plain_send", "_select_quiet", "_stop_push", "_t", "_t0", "_undecodable",
+        "_winner",
     )
 
     def __new__(cls, *args: Any, spec: Spec | None = None, lifecycle: Table | None = None, **kwargs: Any) -> RequestRun:
@@ -405,87 +398,79 @@ class RequestRun:
         # the tables this run follows (§4.1-§4.8): `spec`'s, else the spec directory's; `lifecycle`
         # in place of the spec's lifecycle table
         spec = self.spec = spec or default_spec()
-        lc = self._lc = lifecycle_of(lifecycle or spec["lifecycle"])
+        lc = self.lifecycle = lifecycle_of(lifecycle or spec["lifecycle"])
         # read per token: a slot each, where the Lifecycle's attribute would be two lookups
         self._select_quiet, self._done_quiet = lc.select_quiet, lc.decode_done_quiet
-        self.request = request
-        self.model = model
-        self.tokenizer = tokenizer
-        self.faults = faults or FaultPlan()
-        self.clock = clock
+        self.request, self.model, self.tokenizer, self.clock = request, model, tokenizer, clock
         rid = request.request_id
         self.trace = Trace(rid, clock)
         self.life = lc.machine.new()
         self.ledger = ResourceLedger(rid, trace=self.trace, table=spec["resources"])
         self.stream = OrderedStream(
-            rid,
-            policy=request.policy,
-            max_events=request.max_buffer_events,
-            max_bytes=request.max_buffer_bytes,
-            pause_timeout_s=pause_timeout_s,
-            usage_provider=lambda: self.usage().as_dict(),
-            trace=self.trace,
+            rid, policy=request.policy, max_events=request.max_buffer_events, max_bytes=request.max_buffer_bytes,
+            pause_timeout_s=pause_timeout_s, usage_provider=lambda: self.usage().as_dict(), trace=self.trace,
             table=spec["stream"],
         )
-        self.prompt_ids: list[int] = (
-            tokenizer.encode(request.prompt) if isinstance(request.prompt, str) else list(request.prompt)
-        )
-        try:  # a prompt id the tokenizer cannot decode is bad input: nothing starts (D9)
-            tokenizer.decode_bytes(self.prompt_ids)
-        except TokenizerError as exc:
-            raise RequestError("prompt", str(exc)) from None
+        self.prompt_ids = _prompt_ids(request, tokenizer)
         self.eos_id: int | None = tokenizer.eos_id
         # Every id that ends the output (a checkpoint may list several, as Llama 3's does, §4.6).
         self.eos_ids: frozenset[int] = getattr(tokenizer, "eos_ids", None) or frozenset(
             () if self.eos_id is None else (self.eos_id,))
-        self.detok = IncrementalDetokenizer(tokenizer, prompt_ids=self.prompt_ids,
-                                            skip_special=request.skip_special_tokens, table=spec["detokenizer"])
+        self._hold_machines(request, model, tokenizer, spec)
+        self._start_counts(request)
+        self.faults = FaultHooks(faults or FaultPlan(), self, self.trace)
         # echo: the prompt's bytes, by the batch decode's rules (D12), are the output's first delta;
         # a prompt that ends inside a character is completed by the output's first bytes (D33).
-        self._echo = (tokenizer.decode_bytes(self.prompt_ids, skip_special=request.skip_special_tokens)
-                      if request.echo else None)
-        self.echo_len = len(self._echo) if self._echo else 0
-        self._stop_kept = request.include_stop_str_in_output  # a stop string's own bytes end the output
-        self.guard: Utf8Guard | None = None
-        if request.utf8_guard:
-            plan = tokenizer.plan(skip_special=request.skip_special_tokens)
-            if plan is None:
-                raise RequestError("utf8_guard", "needs a tokenizer whose decoder has a per-token byte table "
-                                                 f"({type(tokenizer).__name__}'s has none)")
-            # Every byteless end (EOS, a token check's ids) waits for the character to finish (D22).
-            ends = self.eos_ids.union(*(ids for _, ids in request.finish_tokens))
-            self.guard = guard_for(plan, model.vocab_size, frozenset(ends))
+        echo = (tokenizer.decode_bytes(self.prompt_ids, skip_special=request.skip_special_tokens)
+                if request.echo else None)
+        self.echo_len = len(echo) if echo else 0
+        self.effects = RunEffects(self, echo)
+        self._inline = False
+        self.put_delta: Callable[[bytes], int | None] = self.stream.delta  # deliver() once the driver reads inline
+        self._plain_send = self.effects.plain()
+        self._winner = lc.winner
+        self._guarded = request_guard(lc.table.finish_checks, lc.table.finish_guards, request)
+        # event -> the ids of its token finish check, none where the request names none
+        self.finish_ids = {**lc.token_checks, **dict(request.finish_tokens)}
+        self._not_text = frozenset().union(*self.finish_ids.values())  # like EOS, never detokenized
+        self.trace.emit(EventKind.REQUEST_CREATED, **_created_fields(self))
+        self.ledger.acquire("trace_handle")
+        self.ledger.acquire("stream_buffer")
+        self.stream.start(model_name or getattr(model, "name", type(model).__name__))
+        self.faults.start()  # what fired at request.created lands now that the stream has started
+
+    def _hold_machines(self, request: Request, model: Any, tokenizer: Any, spec: Spec) -> None:
+        """The machines a step runs a token through (§4.3-§4.6): detokenizer, UTF-8 guard, stop
+        matchers, the mask of ids the tokenizer cannot decode, sampler; each bound method the
+        per-token path calls, bound once."""
+        self.detok = IncrementalDetokenizer(tokenizer, prompt_ids=self.prompt_ids,
+                                            skip_special=request.skip_special_tokens, table=spec["detokenizer"])
+        self.guard = _guard(request, tokenizer, model.vocab_size, self.eos_ids)
         self.stopper = StopMatcher(request.stop, table=spec["stop_matcher"])
         self.token_stopper = (TokenStopMatcher(request.stop_token_ids, table=spec["stop_matcher"])
                               if request.stop_token_ids else None)
-        self._unsent = b""  # bytes the stop matcher released that a partial stop-id match withholds
+        self.stop_kept = request.include_stop_str_in_output  # a stop string's own bytes end the output
         # Ids the model may score but the tokenizer cannot decode are never chosen (D20); the
         # guard already refuses them.
         self._undecodable = None if self.guard is not None else undecodable_mask(
             tokenizer, model.vocab_size, getattr(model, "device", "cpu"))
         self.tokens: list[int] = []
-        # Each selected token's (log-probability, top alternatives) when the request asks (D59).
-        self.scores: ScoreLog | None = None if request.logprobs is None else ScoreLog(request.logprobs)
-        self.sampler = Sampler(
-            SamplingParams(
-                temperature=request.temperature, top_k=request.top_k, top_p=request.top_p, seed=request.seed,
-                min_p=request.min_p, presence_penalty=request.presence_penalty,
-                frequency_penalty=request.frequency_penalty, repetition_penalty=request.repetition_penalty,
-                logit_bias=request.logit_bias, min_tokens=request.min_tokens, score=request.score,
-                # the stop tokens min_tokens holds back (D31): EOS and every one-id stop sequence
-                min_tokens_ids=tuple(sorted({*self.eos_ids, *(s[0] for s in request.stop_token_ids if len(s) == 1)}
-                                            & set(range(model.vocab_size)))),
-            ),
-            model.vocab_size,
-            getattr(model, "device", "cpu"),
-            history=self.tokens, prompt=self.prompt_ids,
-        )
+        self.sampler = _sampler(request, model, self.eos_ids, self.tokens, self.prompt_ids)
+        self._detok_push: Callable[[int], bytes] = self.detok.push
+        self._stop_push = self.stopper.push
+
+    def _start_counts(self, request: Request) -> None:
+        """What the run counts and flags as it goes, at their start: output, byte marks (D7),
+        scores (D59), reason and error, the cancel's progress (§4.9), timings (§4.12)."""
         self.cache: Any = None
         self.logits: torch.Tensor | None = None
         self.decoded = 0
         self.output = bytearray()
         self._byte_marks: list[int] = []  # output bytes through each token, held ones included (usage D7)
         self._detok_total = 0
+        self.unsent = b""  # bytes the stop matcher released that a partial stop-id match withholds
+        # Each selected token's (log-probability, top alternatives) when the request asks (D59).
+        self.scores: ScoreLog | None = None if request.logprobs is None else ScoreLog(request.logprobs)
         self.reason: FinishReason | None = None
         self.error = ""
         self.stop_hit: Any = None
@@ -494,66 +479,12 @@ class RequestRun:
         self._cancel_lock = threading.Lock()
         self._cancel_fired = False
         self._deadline_forced = False
-        self._kernel_fault = False
-        self._poisoned: set[int] = set()
         self._lock = threading.Lock()
-        self._overflow = False  # the terminal event is the stream's overflow (D6)
-        self._created = clock()
+        self._created = self.clock()
         self._t = {"queue": 0.0, "prefill": 0.0, "stop_buffer": 0.0}
         self._decode_s = 0.0  # the per-token sum of decode time, kept out of `_t` (a float add on the per-token path)
         self._held_since: float | None = None
         self.deadline_at = self._created + request.deadline_s if request.deadline_s is not None else None
-        self._listeners: list[Callable[[Any], None]] = []
-        self._inline = False
-        self._put_delta = self.stream.delta  # deliver() once the driver reads inline
-        self._faulty = bool(self.faults.faults)
-        self._deferred: list[tuple[FaultAction, int]] | None = []
-        if self._faulty:
-            self.trace.subscribe(self._inject)
-        # Bound once: the per-token path calls these for every token.
-        self._detok_push: Callable[[int], bytes] = self.detok.push
-        self._stop_push = self.stopper.push
-        self._may_overflow = self.stream.policy is not _PAUSE  # pause waits instead (§4.8)
-        self._plain_send = self._plain()
-        self._winner = lc.winner
-        self._guarded = request_guard(lc.table.finish_checks, lc.table.finish_guards, request)
-        # event -> the ids of its token finish check, none where the request names none
-        self.finish_ids = {**lc.token_checks, **dict(request.finish_tokens)}
-        self._not_text = frozenset().union(*self.finish_ids.values())  # like EOS, never detokenized
-        self.trace.emit(
-            EventKind.REQUEST_CREATED,
-            prompt_tokens=len(self.prompt_ids),
-            prompt_ids=self.prompt_ids,
-            stop=list(request.stop),
-            stop_token_ids=[list(s) for s in request.stop_token_ids],
-            max_output_tokens=request.max_output_tokens,
-            context_limit=model.context_limit,
-            eos_id=self.eos_id,
-            eos_ids=sorted(self.eos_ids),
-            temperature=request.temperature,
-            top_k=request.top_k,
-            top_p=request.top_p,
-            seed=self.sampler.seed,
-            deadline_s=request.deadline_s,
-            policy=request.policy,
-            utf8_guard=request.utf8_guard,
-            max_events=request.max_buffer_events,
-            max_bytes=request.max_buffer_bytes,
-            finish_tokens={event: sorted(ids) for event, ids in request.finish_tokens},
-            min_tokens=request.min_tokens,
-            ignore_eos=request.ignore_eos,
-            include_stop_str_in_output=request.include_stop_str_in_output,
-            skip_special_tokens=request.skip_special_tokens,
-            echo_bytes=self.echo_len,
-        )
-        self.ledger.acquire("trace_handle")
-        self.ledger.acquire("stream_buffer")
-        self.stream.start(model_name or getattr(model, "name", type(model).__name__))
-        # Faults that arrived at request.created (a client that left at once, say) land now that
-        # the request exists: the stream table accepts nothing before response.start.
-        deferred, self._deferred = self._deferred, None
-        for action, step in deferred:
-            _FAULTS[action](self, step)
 
     # ---- the lifecycle table -------------------------------------------------------------
 
@@ -568,7 +499,12 @@ class RequestRun:
     @property
     def driver_states(self) -> DriverStates:
         """The states of this run's lifecycle table the drivers branch on (spec.derived.driver_states)."""
-        return self._lc.driver_states
+        return self.lifecycle.driver_states
+
+    @property
+    def terminal_send(self) -> Mapping[str, Callable[[OrderedStream, FinishReason, dict, str], int]]:
+        """The stream call of each terminal state of this run's lifecycle table (emit_terminal)."""
+        return self.lifecycle.terminal_send
 
     @property
     def final_reason(self) -> FinishReason:
@@ -591,22 +527,22 @@ class RequestRun:
     @property
     def decoding(self) -> bool:
         """In DECODING: the loop of §4.3 goes on selecting (the drivers ask once per token)."""
-        return self.life.state is self._lc.decoding
+        return self.life.state is self.lifecycle.decoding
 
     def fire(self, event: str, **data: Any) -> str | None:
-        """Fire a lifecycle event and run its row's action through the one phase loop
-        (machine.actions.run_phases): the `before` effects, the change, the `with` effects, the
-        trace entry (§4.12), the `after` effects. A row that ends the request runs in one critical
-        section (transition_and_emit_terminal, §4.3)."""
+        """Fire a lifecycle event and run its row's action on the run's effects through the one
+        phase loop (machine.actions.run_phases): the `before` effects, the change, the `with`
+        effects, the trace entry (§4.12), the `after` effects. A row that ends the request runs in
+        one critical section (transition_and_emit_terminal, §4.3)."""
         key = (self.life.state._value_, event)
-        plan = self._lc.plans.get(key)
+        plan = self.lifecycle.plans.get(key)
         if plan is not None and (plan.before or plan.after):
             with self._lock:
                 return self._run(plan, key, data)
         return self._run(plan, key, data)
 
     def _run(self, plan: Plan | None, key: tuple[str, str], data: dict) -> str | None:
-        reason = self._lc.reasons.get(key)
+        reason = self.lifecycle.reasons.get(key)
 
         def entry(fired: tuple[str | None, Any]) -> None:
             action, after = fired
@@ -615,13 +551,13 @@ class RequestRun:
                     EventKind.LIFECYCLE, **{"from": key[0]}, to=after._value_, event=key[1],
                     action=action, reason=reason.value if reason else None, **data,
                 )
-            elif key in self._lc.ignored:
+            elif key in self.lifecycle.ignored:
                 self.trace.emit(EventKind.LIFECYCLE_IGNORED, state=key[0], event=key[1], action=action)
 
         # a refused pair: the fire raises the table's IllegalTransition; nothing changed
-        return run_phases(plan, (self, key, reason), self.life.fire, (key[1],), entry=entry)[0]
+        return run_phases(plan, (self.effects, key, reason), self.life.fire, (key[1],), entry=entry)[0]
 
-    # ---- requests from other threads ------------------------------------------------------
+    # ---- requests from other threads, and injected faults (faults.FaultTarget) ---------------
 
     def cancel(self, source: str = "client") -> None:
         """Request a cancel (§4.9 moment 1); the driver observes it at its next safe point."""
@@ -637,6 +573,26 @@ class RequestRun:
     def disconnect(self) -> None:
         """The client went away: a transport fact, never EOS, not a cancel (DECISIONS D5)."""
         self.stream.disconnect()
+
+    def force_deadline(self) -> None:
+        """The deadline counts as passed at the next check point (an injected deadline, §4.9)."""
+        self._deadline_forced = True
+
+    def check_decoding(self) -> None:
+        """Every later push asks the fault hooks first (an injected decoding_error, §4.10); a run
+        with none pays nothing for the check."""
+        self._detok_push = self._checked_push
+
+    def _checked_push(self, token: int) -> bytes:
+        """The detokenizer's push, failing where a decoding_error fault was injected for the step."""
+        step = len(self.tokens)
+        if self.faults.decoding_fails(step):
+            raise DecodingError(f"injected decoding error at step {step}")
+        return self.detok.push(token)
+
+    def take_kernel_fault(self) -> bool:
+        """True (once) when a model_error fault was injected into the kernel now in flight."""
+        return self.faults.take_kernel_fault()
 
     # ---- §4.3, phase by phase ---------------------------------------------------------------
 
@@ -663,11 +619,6 @@ class RequestRun:
             self._cancel_fired = True
             self.fire("cancel")
 
-    def take_kernel_fault(self) -> bool:
-        """True (once) when a model_error fault was injected into the kernel now in flight."""
-        fault, self._kernel_fault = self._kernel_fault, False
-        return fault
-
     def transport_failed(self, error: str, what: str = "detach_timeout") -> None:
         """The return channel gave up (a parked reader past its timeout: `detach_timeout` when it is
         gone, DECISIONS D5, `stall_timeout` when connected but not reading): FAILED with
@@ -691,7 +642,7 @@ class RequestRun:
         self.trace.emit(EventKind.PREFILL_COMPLETED, step=0, cache_len=cache.length)
         self.fire("prefill_done")  # after a cancel, the ignore row's discard_result drops it (§4.9)
         if self.decoding:  # once: a recomputed prefill does not echo again
-            self._send_echo()
+            self.effects.send_echo()
 
     def kernel_failed(self, exc: BaseException) -> None:
         """A prefill or decode kernel raised: FAILED with model_error (or ignored after a cancel)."""
@@ -709,74 +660,35 @@ class RequestRun:
                     hit: StopHit | None) -> tuple[bytes, StopHit | None]:
         """Merge the token-id stops (`token_stopper`, the run's) into the string matcher's verdict
         (§4.6, D3). The string matcher sees every byte at once; the bytes of tokens that may still
-        begin a stop-id sequence are withheld from sending (`_unsent`). On a hit the text up to
+        begin a stop-id sequence are withheld from sending (`unsent`). On a hit the text up to
         the cut is final: the earlier cut wins, a string match on a tie."""
         token_hit = token_stopper.push(token)
-        unsent = self._unsent + safe if self._unsent else safe
+        unsent = self.unsent + safe if self.unsent else safe
         sent = len(self.output) - self.echo_len
         if token_hit is not None:
             marks, n = self._byte_marks, len(token_hit.stop)
             cut = marks[-n - 1] if len(marks) > n else 0  # where the stop ids' bytes begin
             if hit is None or hit.start > cut:  # the token-id stop cuts first: it wins
-                self._unsent = b""
+                self.unsent = b""
                 kept = unsent + self.stopper.held
                 return kept[: _char_start(kept, cut - sent)], token_hit
         if hit is not None:  # a string stop: everything before it is final
-            self._unsent = b""
+            self.unsent = b""
             return unsent, hit
         k = len(token_stopper.held)
         if not k:
-            self._unsent = b""
+            self.unsent = b""
             return unsent, None
         marks = self._byte_marks
         cap = marks[-k - 1] if len(marks) > k else 0  # the held tokens' bytes begin here
         n = _char_start(unsent, max(0, cap - sent))
-        self._unsent = unsent[n:]
+        self.unsent = unsent[n:]
         return unsent[:n], None
 
     def consumed_text(self, safe: bytes) -> str:
         """The text the decoder consumed with `safe`, the bytes this token would send: sent, sent
         now, withheld by the stop-id and stop matchers (D14, D23), the echoed prompt left out (D33)."""
-        return (self.output[self.echo_len:] + safe + self._unsent + self.stopper.held).decode("utf-8", "replace")
-
-    def _record_hit(self, hit: Any) -> None:
-        """stop.hit with the match's index and span (D3); the output ends at its start."""
-        self.stop_hit = hit
-        self.trace.emit(EventKind.STOP_HIT, stop=hit.stop, rule_version=hit.rule_version, kind=hit.kind.value,
-                        index=hit.index, start=hit.start, end=hit.end)
-
-    def _send(self, data: bytes) -> bool:
-        """stream.emit_delta_if_nonempty (§4.3); a failed send ends the request (§4.10).
-
-        Where the pause policy waits for the reader (§4.8), the stream counts the time itself
-        (`paused_s`, the `send_s` of TIMINGS); the inline reader's `deliver` never waits.
-        """
-        if not data:
-            return True
-        stream = self.stream
-        if self._faulty:  # no scan of the plan on the per-token path when there are no faults
-            seq = stream.next_seq
-            if FaultAction.TRANSPORT_ERROR in self.faults.at("response.delta", seq):
-                self.trace.emit(EventKind.FAULT_INJECTED, point="response.delta", step=seq, action="transport_error")
-                return self._send_failed(seq, "injected send failure")
-        if self._may_overflow and not stream.fits(len(data)):
-            return self._send_failed(stream.next_seq, OVERFLOW_ERROR, overflow=True)
-        try:
-            self._put_delta(data)
-        except StreamOverflow as exc:  # a paused send waited past the stream's pause timeout (D5)
-            return self._send_failed(exc.seq, str(exc))
-        self.output += data
-        if self._listeners:
-            for fn in self._listeners:
-                fn(data)
-        return True
-
-    def _send_failed(self, seq: int, why: str, overflow: bool = False) -> bool:
-        self.error = f"transport_error: {why}"
-        self.trace.emit(EventKind.TRANSPORT, what="send_failed", seq=seq)
-        self._overflow = overflow
-        self.fire("transport_error")
-        return False
+        return (self.output[self.echo_len:] + safe + self.unsent + self.stopper.held).decode("utf-8", "replace")
 
     def begin_decode(self) -> None:
         """decode.started; the kernel counts as in flight from here, so a cancel that arrived by
@@ -807,84 +719,29 @@ class RequestRun:
     def end(self) -> None:
         """After the loop: the safe point of a cancel, or DRAINING and the one terminal (§4.3).
         The Engine calls this; its clients build a Result only when they ask for one."""
-        ending = self._lc.endings.get(self.state)
+        ending = self.lifecycle.endings.get(self.state)
         if ending is not None:  # a terminal state has nothing left to do
-            ending(self)
+            ending(self.effects)
 
-    def _cancel_at_safe_point(self) -> None:
-        """discard_non_safe_stop_buffer (§4.3): held bytes are not safe and are never sent."""
-        self._unsent = b""
-        self.fire("safe_point")
-
-    def _send_echo(self) -> bool:
-        """The echoed prompt as the output's first delta, once (D33); False when its send failed."""
-        echo, self._echo = self._echo, None
-        return echo is None or self._send(echo)
-
-    def _drain(self) -> None:
-        if not self._send_echo():  # ended before its prefill (a deadline in the queue): the output
-            return  # still opens with the prompt's bytes (D33)
-        if self.reason in _DISCARD_TAIL or self.stop_hit is not None:  # the output ended at a cut
-            self.detok.discard_pending_after_stop()
-            if self.stopper.hit is not None:
-                self.stopper.discard_from_first_match()
-            self._unsent = b""
-            self.fire("complete")
-            return
-        if self.guard is not None and self.detok.pending:
-            # An end the sampler did not choose (a deadline, a grammar) cut a character short:
-            # the guarded run drops the unfinished character instead of failing (D16).
-            self.trace.emit(EventKind.DETOK_DROPPED, bytes=len(self.detok.pending))
-            self.detok.discard_pending_after_stop()
-            tail = b""
-        else:
-            try:
-                tail = self.detok.finish()
-            except DecodingError as exc:
-                self.error = f"decoding_error: {exc}"
-                self.fire("decode_error")
-                return
-        self._detok_total += len(tail)
+    def count_tail(self, n: int) -> None:
+        """The detokenizer's tail of `n` bytes is the last token's (usage, D7)."""
+        self._detok_total += n
         if self._byte_marks:
             self._byte_marks[-1] = self._detok_total
-        unsent, self._unsent = self._unsent, b""  # already through the stop matcher: final now
-        if not self._drained(unsent):
-            return
-        safe, hit = self.stopper.push(tail) if tail else (b"", None)
-        if hit is not None and self._stop_kept:
-            safe += hit.own_bytes
-        if not self._drained(safe):
-            return
-        if hit is not None:
-            self._record_hit(hit)
-            self.fire("stop_hit")
-            self.stopper.discard_from_first_match()
-        elif not self._drained(self.stopper.flush()):
-            return
-        self.fire("complete")
-
-    def _drained(self, data: bytes) -> bool:
-        """Send a drained chunk; the content policy judges it first, as every chunk (D11, D23): a
-        refused chunk is not sent, nor anything after it, and the request ends content_interrupted.
-        False when the drain ends here."""
-        policy = self.request.content_policy
-        if data and policy is not None and policy(bytes(self.output), data):
-            self.fire("content_interrupt")
-            self.fire("complete")
-            return False
-        return self._send(data)
-
-    def _freer(self, kind: str) -> Callable[[], None] | None:
-        if kind != "kv_cache":
-            return None
-
-        def free() -> None:
-            if self.cache is not None:
-                self.cache.free()
-
-        return free
 
     # ---- results -----------------------------------------------------------------------------
+
+    def end_hold(self) -> None:
+        """Close the stop matcher's holding interval, if one is open (its time is stop_buffer's)."""
+        if self._held_since is not None:
+            self._t["stop_buffer"] += self.clock() - self._held_since
+            self._held_since = None
+
+    def timings(self) -> dict[str, float]:
+        """The TIMINGS fields (§4.12): seconds queued, in the prefill, holding stop bytes, in
+        decode steps, and waiting for the reader to send."""
+        return {**{f"{k}_s": v for k, v in self._t.items()}, "decode_s": self._decode_s,
+                "send_s": self.stream.paused_s}
 
     def usage(self) -> Usage:
         """DECISIONS D7: a token is returned when one of its bytes reached the client (the echoed
@@ -927,8 +784,8 @@ class RequestRun:
 
     def on_delta(self, fn: Callable[[bytes], None]) -> None:
         """Call `fn(bytes)` for every delta as it is sent (the CLI streams with it)."""
-        self._listeners.append(fn)
-        self._plain_send = self._plain()
+        self.effects.listeners.append(fn)
+        self._plain_send = self.effects.plain()
 
     @property
     def inline_reader(self) -> bool:
@@ -938,121 +795,74 @@ class RequestRun:
     @inline_reader.setter
     def inline_reader(self, value: bool) -> None:
         self._inline = bool(value)
-        self._put_delta = self.stream.deliver if self._inline else self.stream.delta
-
-    def _plain(self) -> bool:
-        """Would `_send` only pass the delta on? No content policy, no fault plan to consult, no
-        listener and the pause policy (whose stream never overflows, §4.8): select then hands it
-        to the stream itself."""
-        return (
-            self.request.content_policy is None and not self._faulty and not self._may_overflow
-            and not self._listeners
-        )
-
-    # ---- fault injection (§4.9, §4.10) -------------------------------------------------------
-
-    def _poisoned_push(self, token: int) -> bytes:
-        """The detokenizer's push where a decoding_error fault was injected for some step."""
-        step = len(self.tokens)
-        if step in self._poisoned:
-            raise DecodingError(f"injected decoding error at step {step}")
-        return self.detok.push(token)
-
-    def _inject(self, ev: Any) -> None:
-        data = ev.data
-        step = data.get("seq") if ev.kind == EventKind.RESPONSE_DELTA else data.get("step", 0)
-        if step is None:
-            return
-        for action in self.faults.at(str(ev.kind), step):
-            self.trace.emit(EventKind.FAULT_INJECTED, point=str(ev.kind), step=step, action=action.value)
-            if self._deferred is not None:  # still being built: delivered once the stream has started
-                self._deferred.append((action, step))
-            else:
-                _FAULTS[action](self, step)
+        self.put_delta = self.stream.deliver if self._inline else self.stream.delta
 
 
-def _fault_model_error(run: RequestRun, step: int) -> None:
-    run._kernel_fault = True
+def _prompt_ids(request: Request, tokenizer: Any) -> list[int]:
+    """The request's prompt as ids; one the tokenizer cannot decode is bad input: nothing starts (D9)."""
+    ids = tokenizer.encode(request.prompt) if isinstance(request.prompt, str) else list(request.prompt)
+    try:
+        tokenizer.decode_bytes(ids)
+    except TokenizerError as exc:
+        raise RequestError("prompt", str(exc)) from None
+    return ids
 
 
-def _fault_decoding_error(run: RequestRun, step: int) -> None:
-    run._poisoned.add(step)
-    run._detok_push = run._poisoned_push  # only a run with an injected fault pays for the check
+def _guard(request: Request, tokenizer: Any, vocab_size: int, eos_ids: frozenset[int]) -> Utf8Guard | None:
+    """The request's UTF-8 guard (D16), None when it asks for none; it needs the tokenizer's
+    per-token byte table. Every byteless end (EOS, a token check's ids) waits for the character
+    to finish (D22)."""
+    if not request.utf8_guard:
+        return None
+    plan = tokenizer.plan(skip_special=request.skip_special_tokens)
+    if plan is None:
+        raise RequestError("utf8_guard", "needs a tokenizer whose decoder has a per-token byte table "
+                                         f"({type(tokenizer).__name__}'s has none)")
+    return guard_for(plan, vocab_size, frozenset(eos_ids.union(*(ids for _, ids in request.finish_tokens))))
 
 
-def _fault_deadline(run: RequestRun, step: int) -> None:
-    run._deadline_forced = True
+def _sampler(request: Request, model: Any, eos_ids: frozenset[int], history: list[int], prompt: list[int]) -> Sampler:
+    """The request's sampler over the model's vocabulary (§4.3), reading the run's `history` of tokens."""
+    params = SamplingParams(
+        temperature=request.temperature, top_k=request.top_k, top_p=request.top_p, seed=request.seed,
+        min_p=request.min_p, presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty, repetition_penalty=request.repetition_penalty,
+        logit_bias=request.logit_bias, min_tokens=request.min_tokens, score=request.score,
+        # the stop tokens min_tokens holds back (D31): EOS and every one-id stop sequence
+        min_tokens_ids=tuple(sorted({*eos_ids, *(s[0] for s in request.stop_token_ids if len(s) == 1)}
+                                    & set(range(model.vocab_size)))),
+    )
+    return Sampler(params, model.vocab_size, getattr(model, "device", "cpu"), history=history, prompt=prompt)
 
 
-_FAULTS: dict[FaultAction, Callable[[RequestRun, int], None]] = {
-    FaultAction.CANCEL: lambda run, step: run.cancel(source="fault"),
-    FaultAction.DEADLINE: _fault_deadline,
-    FaultAction.MODEL_ERROR: _fault_model_error,
-    FaultAction.DECODING_ERROR: _fault_decoding_error,
-    FaultAction.TRANSPORT_ERROR: lambda run, step: None,  # checked before the send itself (_send)
-    FaultAction.DISCONNECT: lambda run, step: run.disconnect(),
-}
-
-
-# ---- the runtime's implementation of every lifecycle effect (machine/actions.py) -------------
-# Each runs as (run, (state, event), the row's reason); `fire` runs them by phase.
-LIFECYCLE = Executor("lifecycle", "the runtime (runner.RequestRun)")
-
-
-@LIFECYCLE.effect("release_model")
-def _release_model(run: RequestRun, key: tuple[str, str], reason: FinishReason | None) -> None:
-    for kind in run.ledger.model_kinds:
-        if run.ledger.state(kind) == "HELD":
-            run.ledger.release(kind)
-
-
-@LIFECYCLE.effect("fix_reason")
-def _fix_reason(run: RequestRun, key: tuple[str, str], reason: FinishReason | None) -> None:
-    run.reason = reason
-
-
-@LIFECYCLE.effect("observe_cancel")
-def _cancel_observed(run: RequestRun, key: tuple[str, str], reason: FinishReason | None) -> None:
-    run.trace.emit(EventKind.CANCEL_OBSERVED, state=key[0])
-
-
-@LIFECYCLE.effect("emit_terminal")
-def _emit_terminal(run: RequestRun, key: tuple[str, str], reason: FinishReason | None) -> None:
-    """The terminal state's stream event (an overflow's own, D6), then the stream resources (§4.10)."""
-    if run._held_since is not None:
-        run._t["stop_buffer"] += run.clock() - run._held_since
-        run._held_since = None
-    if run._overflow:
-        run.stream.overflow()
-    if not run.stream.closed:
-        send = run._lc.terminal_send.get(run.state)
-        if send is None:
-            raise ActionError(f"lifecycle row {key}: emit_terminal in {run.state}, which is not a terminal state")
-        send(run.stream, run.final_reason, run.usage().as_dict(), run.error)
-    for kind in run.ledger.stream_kinds:
-        run.ledger.release(kind)
-    run.trace.emit(EventKind.TIMINGS, **{f"{k}_s": v for k, v in run._t.items()}, decode_s=run._decode_s,
-                   send_s=run.stream.paused_s)
-
-
-@LIFECYCLE.effect("acquire_model")
-def _acquire_model(run: RequestRun, key: tuple[str, str], reason: FinishReason | None) -> None:
-    for kind in run.ledger.model_kinds:
-        run.ledger.acquire(kind, run._freer(kind))
-
-
-@LIFECYCLE.effect("discard_result")
-def _discard_result(run: RequestRun, key: tuple[str, str], reason: FinishReason | None) -> None:
-    run.logits = None
-
-
-
-
-def _endings(where: DriverStates) -> Mapping[str, Callable[[RequestRun], None]]:
-    """What is left to do after the loop, by the state the loop ended in (§4.3, after `while true`):
-    a cancel observed reaches its safe point; a draining run sends its tail and finishes."""
-    return {**dict.fromkeys(where.cancel_observed, RequestRun._cancel_at_safe_point),
-                   **dict.fromkeys(where.draining, RequestRun._drain)}
+def _created_fields(run: RequestRun) -> dict[str, Any]:
+    """The fields of the request.created event (§4.12): what the run was asked for, as it runs it."""
+    request = run.request
+    return dict(
+        prompt_tokens=len(run.prompt_ids),
+        prompt_ids=run.prompt_ids,
+        stop=list(request.stop),
+        stop_token_ids=[list(s) for s in request.stop_token_ids],
+        max_output_tokens=request.max_output_tokens,
+        context_limit=run.model.context_limit,
+        eos_id=run.eos_id,
+        eos_ids=sorted(run.eos_ids),
+        temperature=request.temperature,
+        top_k=request.top_k,
+        top_p=request.top_p,
+        seed=run.sampler.seed,
+        deadline_s=request.deadline_s,
+        policy=request.policy,
+        utf8_guard=request.utf8_guard,
+        max_events=request.max_buffer_events,
+        max_bytes=request.max_buffer_bytes,
+        finish_tokens={event: sorted(ids) for event, ids in request.finish_tokens},
+        min_tokens=request.min_tokens,
+        ignore_eos=request.ignore_eos,
+        include_stop_str_in_output=request.include_stop_str_in_output,
+        skip_special_tokens=request.skip_special_tokens,
+        echo_bytes=run.echo_len,
+    )
 
 
 def _quiet(table: Table, machine: CompiledMachine, reasons: Mapping[tuple[str, str], FinishReason], event: str,
@@ -1085,9 +895,9 @@ class Lifecycle:
     token_checks: Mapping[str, frozenset[int]]  # event -> no ids: a request names its own
     terminal_send: Mapping[str, Callable[[OrderedStream, FinishReason, dict, str], int]]
     driver_states: DriverStates  # the states the drivers branch on (spec.derived.driver_states)
-    # what end() does, by the state the loop ended in (_endings)
-    endings: Mapping[str, Callable[[RequestRun], None]] = attrs.field(
-        default=attrs.Factory(lambda lc: _endings(lc.driver_states), takes_self=True))
+    # what end() does, by the state the loop ended in (effects.endings)
+    endings: Mapping[str, Callable[[RunEffects], None]] = attrs.field(
+        default=attrs.Factory(lambda lc: endings(lc.driver_states), takes_self=True))
 
     @classmethod
     def of(cls, table: Table) -> Lifecycle:
@@ -1101,7 +911,7 @@ class Lifecycle:
             _quiet(table, machine, reasons, "select", "record_selected"),
             _quiet(table, machine, reasons, "decode_done", "record_decoded"),
             _step_of(table), _winner_of(table), {c.event: frozenset() for c in table.finish_checks if c.tokens},
-            {state: _STREAM_SEND[event] for state, event in terminal_stream_event(life=table).items()},
+            {state: STREAM_SEND[event] for state, event in terminal_stream_event(life=table).items()},
             where,
         )
 

@@ -123,7 +123,7 @@ if not special:
     token_stopper = self.token_stopper
     if token_stopper is not None:
         safe, hit = self._token_stop(token_stopper, token, safe, hit)
-    if hit is not None and self._stop_kept:
+    if hit is not None and self.stop_kept:
         safe += hit.own_bytes
 """),
     "finish_checks": Phase("§4.3", "the table's finish checks in its order (runtime/finish.py, D4): the event of the "
@@ -135,17 +135,17 @@ event = self._winner(self, eos, safe, hit, t, checked)
 if safe and event != _CONTENT_INTERRUPT:
     if self._plain_send:
         try:
-            self._put_delta(safe)
+            self.put_delta(safe)
         except StreamOverflow as exc:
-            return self._send_failed(exc.seq, str(exc))
+            return self.effects.send_failed(exc.seq, str(exc))
         self.output += safe
-    elif not self._send(safe):
+    elif not self.effects.send(safe):
         return False
 """),
     "decode": Phase("§4.4", "the output ends at a match whichever check fixes the reason; after an interruption "
                     "nothing is kept", """
 if hit is not None and event != _CONTENT_INTERRUPT:
-    self._record_hit(hit)
+    self.effects.record_hit(hit)
 if event is None:
     return True
 self.fire(event)

@@ -19,10 +19,10 @@ from decodespec.runtime import (
     Request,
     ScriptedModel,
     detokenizer,
+    effects,
     engine,
     generate,
     ledger,
-    runner,
     stop,
     stream,
 )
@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 EXECUTORS = {
     "checker model": checker_model.EXECUTORS,
-    "runtime": {"lifecycle": runner.LIFECYCLE, "resources": ledger.RESOURCES, "sequence": engine.SEQUENCE, "overlap": engine.OVERLAP,
+    "runtime": {"lifecycle": effects.LIFECYCLE, "resources": ledger.RESOURCES, "sequence": engine.SEQUENCE, "overlap": engine.OVERLAP,
                 "stream": stream.STREAM, "stop_matcher": stop.STOP, "detokenizer": detokenizer.DETOK},
 }
 

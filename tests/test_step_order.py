@@ -65,12 +65,12 @@ def test_the_runtime_runs_the_step_written_for_the_tables_order():
     assert (RequestRun.check_point, RequestRun.select) == runner._STEPS[_order(shipped)] == runner._step_of(shipped)
     check_point, select = inspect.getsource(RequestRun.check_point), inspect.getsource(RequestRun.select)
     assert check_point.index("_cancel_requested") < check_point.index("_deadline_forced")
-    assert select.index("self._winner(") < select.index("self._put_delta(")
+    assert select.index("self._winner(") < select.index("self.put_delta(")
     swapped = load_text(move_phase(move_phase(_lifecycle(), "observe_deadline", "observe_cancel"), "emit",
                                    "finish_checks"), "lifecycle.toml")
     check_point, select = (inspect.getsource(f) for f in runner._step_of(swapped))
     assert check_point.index("_deadline_forced") < check_point.index("_cancel_requested")
-    assert select.index("self._put_delta(") < select.index("self._winner(")
+    assert select.index("self.put_delta(") < select.index("self._winner(")
 
 
 def test_every_order_the_loader_accepts_has_its_step_and_runner_holds_what_stepgen_writes():
