@@ -6,7 +6,8 @@ Malformed input never becomes a request: construction raises `RequestError` nami
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import attrs
@@ -109,8 +110,18 @@ def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
     return tuple(sorted(out))
 
 
-def _number(field: str, v: Any, lo: float, hi: float, *, low_open: bool = False) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (lo < v if low_open else lo <= v) or not v <= hi:
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _number(field: str, v: Any, lo: float, hi: float, *, low_open: bool = False, allow_none: bool = False) -> None:
+    if v is None and allow_none:
+        return
+    if not _is_number(v) or not (lo < v if low_open else lo <= v) or not v <= hi:
         raise RequestError(field, f"must be a number in {'(' if low_open else '['}{lo:g}, {hi:g}], got {v!r}")
 
 
@@ -122,51 +133,66 @@ def _flag(field: str, v: Any) -> None:
 def _positive_int(field: str, v: Any, *, allow_none: bool = False) -> None:
     if v is None and allow_none:
         return
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+    if not _is_int(v) or v < 1:
         raise RequestError(field, f"must be an int >= 1, got {v!r}")
 
 
-def _check(inst: Request, attribute: attrs.Attribute, value: Any) -> None:
-    name = attribute.name
-    if name == "max_output_tokens":
-        _positive_int(name, value)
-    elif name == "top_k":
-        _positive_int(name, value, allow_none=True)
-    elif name == "temperature":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
-            raise RequestError(name, f"must be a number in [0, 100], got {value!r}")
-    elif name == "top_p":
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1):
-            raise RequestError(name, f"must be in (0, 1], got {value!r}")
-    elif name == "seed":
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise RequestError(name, f"must be an int, got {value!r}")
-    elif name == "deadline_s":
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
-            raise RequestError(name, f"must be a number of seconds >= 0, got {value!r}")
-    elif name in _FLAGS:
-        _flag(name, value)
-    elif name in ("presence_penalty", "frequency_penalty"):
-        _number(name, value, -2, 2)
-    elif name == "repetition_penalty":
-        _number(name, value, 0, 10, low_open=True)
-    elif name == "min_p":
-        if value is not None:
-            _number(name, value, 0, 1)
-    elif name == "min_tokens":
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise RequestError(name, f"must be an int >= 0, got {value!r}")
-        if isinstance(inst.max_output_tokens, int) and value > inst.max_output_tokens:
-            raise RequestError(name, f"must not exceed max_output_tokens ({inst.max_output_tokens}), got {value}")
-    elif name == "logprobs":
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 20):
-            raise RequestError(name, f"must be an int in [0, 20] or None, got {value!r}")
-    elif name == "policy" and value not in ("pause", "buffer", "fail"):
-        raise RequestError(name, f"must be one of pause, buffer, fail; got {value!r}")
+def _top_p(field: str, v: Any) -> None:
+    if v is not None and not (_is_number(v) and 0 < v <= 1):
+        raise RequestError(field, f"must be in (0, 1], got {v!r}")
+
+
+def _seed(field: str, v: Any) -> None:
+    if v is not None and not _is_int(v):
+        raise RequestError(field, f"must be an int, got {v!r}")
+
+
+def _deadline(field: str, v: Any) -> None:
+    if v is not None and (not _is_number(v) or v < 0):
+        raise RequestError(field, f"must be a number of seconds >= 0, got {v!r}")
+
+
+def _logprobs(field: str, v: Any) -> None:
+    if v is not None and not (_is_int(v) and 0 <= v <= 20):
+        raise RequestError(field, f"must be an int in [0, 20] or None, got {v!r}")
+
+
+def _policy(field: str, v: Any) -> None:
+    if v not in ("pause", "buffer", "fail"):
+        raise RequestError(field, f"must be one of pause, buffer, fail; got {v!r}")
 
 
 _FLAGS = frozenset({"utf8_guard", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "echo",
                     "score"})
+# Each checked Request field's own check (§4.3 normalize_request, D9): RequestError names the field.
+_CHECKS: dict[str, Callable[[str, Any], None]] = {
+    "max_output_tokens": _positive_int,
+    "top_k": partial(_positive_int, allow_none=True),
+    "temperature": partial(_number, lo=0, hi=100),
+    "top_p": _top_p,
+    "seed": _seed,
+    "deadline_s": _deadline,
+    "presence_penalty": partial(_number, lo=-2, hi=2),
+    "frequency_penalty": partial(_number, lo=-2, hi=2),
+    "repetition_penalty": partial(_number, lo=0, hi=10, low_open=True),
+    "min_p": partial(_number, lo=0, hi=1, allow_none=True),
+    "logprobs": _logprobs,
+    "policy": _policy,
+    **dict.fromkeys(_FLAGS, _flag),
+}
+
+
+def _check(inst: Request, attribute: attrs.Attribute, value: Any) -> None:
+    """A Request field's check from _CHECKS."""
+    _CHECKS[attribute.name](attribute.name, value)
+
+
+def _min_tokens(inst: Request, attribute: attrs.Attribute, value: Any) -> None:
+    """min_tokens: an int >= 0, at most max_output_tokens (a guard the budget can meet, D31)."""
+    if not _is_int(value) or value < 0:
+        raise RequestError(attribute.name, f"must be an int >= 0, got {value!r}")
+    if isinstance(inst.max_output_tokens, int) and value > inst.max_output_tokens:
+        raise RequestError(attribute.name, f"must not exceed max_output_tokens ({inst.max_output_tokens}), got {value}")
 
 
 @attrs.frozen(kw_only=True, init=False)
@@ -202,7 +228,7 @@ class Request:
     logit_bias: tuple[tuple[int, float], ...] = attrs.field(factory=dict, converter=_logit_bias)
     # The guards of the lifecycle table's finish checks (spec/lifecycle.toml [finish_guards], D31):
     # the first min_tokens tokens, and with ignore_eos every token, cannot end the run by EOS.
-    min_tokens: int = attrs.field(default=0, validator=_check)
+    min_tokens: int = attrs.field(default=0, validator=_min_tokens)
     ignore_eos: bool = attrs.field(default=False, validator=_check)
     # What the output holds (D33): a stop string's own bytes at its end; special tokens' bytes;
     # the prompt's bytes in front (echo), through the detokenizer's rules.
