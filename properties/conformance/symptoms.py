@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import codecs
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -636,32 +636,46 @@ def compare_reason(exp: Expected, got: str | None, where: str, *, count: int | N
                                          f"token(s): the script's EOS (token {exp.eos_at}) ended it, which the "
                                          f"request's min_tokens or ignore_eos turns off; the reference goes on to "
                                          f"token {exp.selected} ({exp.reason})")]
-    if got == "length" and want == "stop":
-        if exp.selected == exp.max_tokens:
-            return [finding("precedence", f"the {where} reports 'length'; the {exp.reason} completes on token "
-                                          f"{exp.selected} = max_tokens, so D4 gives 'stop'")]
-        if count is None and text_agrees:  # no count, and the text ends where the reference's does
-            at = f"on token {exp.selected} " if exp.selected > 0 else ""
-            return [finding("early_length", f"the {where} reports 'length', but its text ends where the reference's "
-                                            f"{exp.reason} ends it, {at}before max_tokens {exp.max_tokens}: the run "
-                                            "ended there and says otherwise, or ran on selecting tokens it never sent")]
-        if count is None or count >= exp.max_tokens:
-            return []  # 'length' at the limit: right for the engine's run; its text (or its count) says what went wrong
-        return [finding("early_length", f"the {where} reports 'length' after {count} token(s) with max_tokens "
-                                        f"{exp.max_tokens}; the reference ends with {exp.reason} on token {exp.selected}")]
-    if got == "stop" and want == "length":
-        if exp.reason == "context_limit":
-            return [finding("past_context", f"the {where} reports 'stop': the run went on past the context limit "
-                                            f"(token {exp.selected}, D10) to an end of its own")]
-        if exp.eos_at == exp.max_tokens + 1:
-            return [finding("past_limit", f"the {where} reports 'stop' at max_tokens = {exp.max_tokens}: the script's "
-                                          f"EOS is token {exp.eos_at}, so it was selected past the limit")]
-        return [finding("stop_without_hit", f"the {where} reports 'stop' with no stop string completed and no EOS "
-                                            f"within max_tokens = {exp.max_tokens}")]
+    if (got, want) in _REASON_SWAPS:
+        return _REASON_SWAPS[got, want](exp, where, count, text_agrees)
     return [finding("reason_value" if got not in _API_REASONS else "stop_without_hit",
                     f"the {where} reports {got!r}; the reference: {want!r} ({exp.reason})")]
 
 
+def _length_for_stop(exp: Expected, where: str, count: int | None, text_agrees: bool) -> list[Finding]:
+    """'length' where the reference says 'stop': D4 precedence on the last token, or an early end."""
+    if exp.selected == exp.max_tokens:
+        return [finding("precedence", f"the {where} reports 'length'; the {exp.reason} completes on token "
+                                      f"{exp.selected} = max_tokens, so D4 gives 'stop'")]
+    if count is None and text_agrees:  # no count, and the text ends where the reference's does
+        at = f"on token {exp.selected} " if exp.selected > 0 else ""
+        return [finding("early_length", f"the {where} reports 'length', but its text ends where the reference's "
+                                        f"{exp.reason} ends it, {at}before max_tokens {exp.max_tokens}: the run "
+                                        "ended there and says otherwise, or ran on selecting tokens it never sent")]
+    if count is None or count >= exp.max_tokens:
+        return []  # 'length' at the limit: right for the engine's run; its text (or its count) says what went wrong
+    return [finding("early_length", f"the {where} reports 'length' after {count} token(s) with max_tokens "
+                                    f"{exp.max_tokens}; the reference ends with {exp.reason} on token {exp.selected}")]
+
+
+def _stop_for_length(exp: Expected, where: str, count: int | None, text_agrees: bool) -> list[Finding]:
+    """'stop' where the reference says 'length': past the context limit (D10) or max_tokens, or a
+    stop with nothing that ends the run."""
+    if exp.reason == "context_limit":
+        return [finding("past_context", f"the {where} reports 'stop': the run went on past the context limit "
+                                        f"(token {exp.selected}, D10) to an end of its own")]
+    if exp.eos_at == exp.max_tokens + 1:
+        return [finding("past_limit", f"the {where} reports 'stop' at max_tokens = {exp.max_tokens}: the script's "
+                                      f"EOS is token {exp.eos_at}, so it was selected past the limit")]
+    return [finding("stop_without_hit", f"the {where} reports 'stop' with no stop string completed and no EOS "
+                                        f"within max_tokens = {exp.max_tokens}")]
+
+
+# (the engine's wire reason, the reference's) -> what the swap means.
+_REASON_SWAPS: dict[tuple[str, str], Callable[[Expected, str, int | None, bool], list[Finding]]] = {
+    ("length", "stop"): _length_for_stop,
+    ("stop", "length"): _stop_for_length,
+}
 _API_REASONS = frozenset({"stop", "length", "content_filter", "tool_calls", "function_call"})
 
 
