@@ -248,11 +248,23 @@ def judge_chat(exp: ChatExpected, obs: ChatObserved | None, where: str, *, conte
     if obs is None:
         return [finding("refused", f"the {where} was not a chat answer; the reference finishes ({exp.finish_reason})")] \
             if exp.finish_reason and content else []
+    f = _channel_findings(exp, obs, where, content) + _call_findings(exp, obs, where) + _leak_findings(exp, obs, where)
+    return f + _end_findings(exp, obs, where) if content else f
+
+
+def _channel_findings(exp: ChatExpected, obs: ChatObserved, where: str, content: bool) -> list[Finding]:
+    """The content (where judged here) and the reasoning_content against the reference's (D45)."""
     f = []
     if content and obs.content != exp.content:
         f.append(finding("chat_content", f"{where}: content {obs.content!r}, the reference's {exp.content!r}"))
     if obs.reasoning != exp.reasoning:
         f.append(finding("chat_reasoning", f"{where}: reasoning_content {obs.reasoning!r}, the reference's {exp.reasoning!r}"))
+    return f
+
+
+def _call_findings(exp: ChatExpected, obs: ChatObserved, where: str) -> list[Finding]:
+    """The tool calls against the reference's, a call cut in half, arguments that are no JSON object (D47)."""
+    f = []
     if obs.calls is not None and obs.calls != exp.calls:
         # more calls than the reference, which still holds a call open as content: one reported unclosed (D47)
         unclosed = len(obs.calls) > len(exp.calls) and "<tool_call>" in (exp.content or "")
@@ -262,13 +274,19 @@ def judge_chat(exp: ChatExpected, obs: ChatObserved | None, where: str, *, conte
         f.append(finding("chat_half_call", f"{where}: {'; '.join(obs.half_calls)}"))
     if obs.odd_arguments:
         f.append(finding("call_arguments", f"{where}: {'; '.join(obs.odd_arguments)}"))
-    # Tag text the reference's channel does not hold there (D45: a cut call is content, tags included).
+    return f
+
+
+def _leak_findings(exp: ChatExpected, obs: ChatObserved, where: str) -> list[Finding]:
+    """Tag text the reference's channel does not hold there (D45: a cut call is content, tags included)."""
     leaked = [f"{field} {text!r}" for field, text in obs.leaks
               if text not in (exp.content if field == "content" else exp.reasoning)]
-    if leaked:
-        f.append(finding("chat_tag_leaked", f"{where}: {'; '.join(leaked[:4])}"))
-    if not content:
-        return f
+    return [finding("chat_tag_leaked", f"{where}: {'; '.join(leaked[:4])}")] if leaked else []
+
+
+def _end_findings(exp: ChatExpected, obs: ChatObserved, where: str) -> list[Finding]:
+    """The finish reason and the completion token count against the reference's (§4.10)."""
+    f = []
     if exp.finish_reason and obs.finish_reason != exp.finish_reason:
         f.append(finding("chat_finish", f"{where}: finish_reason {obs.finish_reason!r}, the reference's "
                                         f"{exp.finish_reason!r}"))
