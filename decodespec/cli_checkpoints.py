@@ -31,13 +31,17 @@ def checkpoints() -> None:
 @click.option("--prove/--no-prove", default=True, show_default=True,
               help="Run transformers generate on every program in float32, bfloat16 and float16 and refuse a "
                    "checkpoint that deviates in any.")
-def build(out_dir: Path, select: tuple[str, ...], groups: tuple[str, ...], prove: bool) -> None:
+@click.option("--cases", "cases_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="The case files under this folder instead of the suite's, compiled as `decodespec fuzz` compiles "
+                   "its minimal cases (no chat variants, no long program): what a fuzz reproducer rebuilds.")
+def build(out_dir: Path, select: tuple[str, ...], groups: tuple[str, ...], prove: bool, cases_dir: Path | None) -> None:
     """Build the checkpoints of every script case that can run over HTTP."""
     from .properties.conformance import checkpoints as ck
     from .properties.conformance.cases import CaseError, load_cases, select_cases
 
     try:  # the chat variants of the selected cases compile into their own groups
-        cases = ck.with_chat(select_cases(load_cases(), select))
+        cases = (select_cases(load_cases(folder=cases_dir), select) if cases_dir is not None
+                 else ck.with_chat(select_cases(load_cases(), select)))
     except CaseError as exc:
         raise click.BadParameter(f"{exc} (select a chapter case: its chat variants are built with it)",
                                  param_hint="--select") from None
@@ -48,7 +52,8 @@ def build(out_dir: Path, select: tuple[str, ...], groups: tuple[str, ...], prove
                                      param_hint="--group")
         cases = [c for c in cases if c.kind.value == "script" and ck.group_of(c) in groups]
     try:
-        built = ck.build_checkpoints(cases, out_dir, chat=False)  # `cases` holds the chat variants already
+        built = ck.build_checkpoints(cases, out_dir, chat=False,  # `cases` holds the chat variants already
+                                     long=cases_dir is None)
     except CaseError as exc:
         raise click.ClickException(str(exc)) from None
     for c in built:

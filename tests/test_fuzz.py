@@ -5,6 +5,7 @@ judges it, fails none of them, in process and over HTTP (§4.3-§4.10)."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import click
@@ -81,6 +82,64 @@ def test_budget_reads_seconds_minutes_and_hours_and_refuses_the_rest():
     assert [parse_budget(t) for t in ("90", "90s", "10m", "1h")] == [90, 90, 600, 3600]
     with pytest.raises(click.BadParameter, match="no duration"):
         parse_budget("ten minutes")
+class _SendsStops:
+    """An engine that sends a stop's bytes whenever the script holds € and a stop is asked; its
+    answers say the checkpoint they were given, as the HTTP adapters' do."""
+
+    label = "sends-stops"
+
+    def __call__(self, cases, checkpoints, on_result):
+        from decodespec.properties.conformance.checkpoints import digest
+
+        out = []
+        for ck in checkpoints:
+            for case in (c for c in cases if c.id in ck.programs):
+                bad = KEY_ID in case.inputs["script"] and case.inputs.get("stop")
+                found = (Finding("stop_bytes_never_emitted", "sent", symptom="stop_sent"),) if bad else ()
+                server = {"checkpoint": {"group": ck.group, "sha256": digest(ck.folder)}}
+                sent = {"request": {"path": "/v1/completions", "body": {"prompt": list(ck.programs[case.id].prompt)}},
+                        "status": 200}
+                out.append(CaseResult(case, self.label, Verdict.PASS, found,
+                                      observed={"server": server, "exchanges": [sent]}))
+        return [grade(r) for r in out]
+
+
+def test_a_run_files_each_minimal_case_judged_alone_with_a_reproducer_that_rebuilds_its_checkpoint(tmp_path):
+    """The minimal case is judged again in a batch of the minimal cases alone; its reproducer builds
+    that batch's checkpoint from the case files (`checkpoints build --cases`), to the same hash."""
+    from click.testing import CliRunner
+
+    from decodespec.cli import main
+    from decodespec.properties.conformance.checkpoints import digest
+    from decodespec.properties.conformance.fuzz.batch import judge_cases
+    from decodespec.properties.conformance.fuzz.session import FuzzRun, filed_case
+
+    ex = _example([101, KEY_ID, 106], ["€."])
+    [first] = _fake_run([])([ex], "g001")
+    [done] = shrink_all([(ex, first)], _fake_run([]))
+    case = filed_case(done, 1, 1, _SendsStops.label)
+    [alone] = judge_cases([case], _SendsStops(), tmp_path / "minimal")
+    run = FuzzRun(1, _SendsStops.label, 1, 2, {failure_key(first): (ex, first)}, 1, (), (done,), 1.0, ((done, alone),))
+    write_run(run, tmp_path / "out")
+    assert case.id == "fuzz/stop-sent/001" and (tmp_path / "out/cases/fuzz/stop-sent--001.json").is_file()
+    report = json.loads((tmp_path / "out/report.json").read_text(encoding="utf-8"))
+    assert report["cases"][0]["id"] == case.id and report["cases"][0]["verdict"] == "FAIL"
+    replay = report["cases"][0]["reproducer"]["replay"]
+    assert f"decodespec checkpoints build --cases {tmp_path / 'out/cases'} --out ckpt --group byte_table" in replay
+    done_cli = CliRunner().invoke(main, ["checkpoints", "build", "--cases", str(tmp_path / "out/cases"), "--out",
+                                         str(tmp_path / "ckpt"), "--no-prove"])
+    assert done_cli.exit_code == 0, done_cli.output
+    assert digest(tmp_path / "ckpt/byte_table") == digest(tmp_path / "minimal/byte_table")
+
+
+def test_a_run_shrinks_each_failure_and_judges_its_minimal_case_again_alone(tmp_path):
+    run = fuzz(_SendsStops(), tmp_path, budget_s=600, seed=1, batch=20, max_batches=1, tokenizers=("byte_table",))
+    assert run.failures and run.minimal
+    for s, alone in run.minimal:
+        assert failure_key(alone) == s.key and alone.case.id.startswith("fuzz/stop-sent/")
+        assert alone.case.inputs["script"] == [KEY_ID] and len(alone.case.inputs["stop"]) == 1
+
+
 # ---- CI: a short fuzz of the reference (a failure is a bug of the reference or of the judge) -------
 
 

@@ -377,7 +377,8 @@ def replay_text(case_id: str, engine: str, server: Mapping[str, Any], exchanges:
     lines = [f"# {case_id} on {engine}" + (f" (version {server['version']})" if server.get("version") else "")]
     if ck:
         lines += [f"# the checkpoint {group}: build just it, then check that its hash is {ck['sha256']}",
-                  f"decodespec checkpoints build --out {REPLAY_DIR} --group {group}",
+                  f"decodespec checkpoints build{' --cases ' + ck['cases'] if ck.get('cases') else ''} "
+                  f"--out {REPLAY_DIR} --group {group}",
                   f"decodespec checkpoints digest {folder}"]
     if server.get("launch"):
         launch = (server["launch"].replace("{gguf}", f"{folder}/model.gguf").replace("{model}", folder)

@@ -168,7 +168,15 @@ def run_batch(examples: Sequence[Mapping[str, Any]], tag: str, engine: Engine, f
     if len(examples) > 999:
         raise CaseError(f"a batch holds at most 999 examples (case ids fuzz/{tag}/NNN), got {len(examples)}")
     cases = [case_of(f"fuzz/{tag}/{i + 1:03d}", ex) for i, ex in enumerate(examples)]
+    results = judge_cases(cases, engine, folder, profile=profile, declared=declared, on_result=on_result)
+    return Batch(tuple(cases), tuple(results), tuple(examples))
+
+
+def judge_cases(cases: Sequence[Case], engine: Engine, folder: Path, *, profile: str = DEFAULT_PROFILE,
+                declared: frozenset[str] = frozenset(), on_result: OnResult = lambda r: None) -> list[CaseResult]:
+    """`cases` compiled into checkpoints under `folder` (compile_batch), answered by `engine` and
+    graded as one run, in the cases' order."""
     checkpoints = compile_batch(cases, folder)
     got = {r.case.id: r for r in engine(cases, checkpoints, on_result)}
     graded = {r.case.id: r for r in grade_run([got[c.id] for c in cases], profile, declared)}
-    return Batch(tuple(cases), tuple(graded[c.id] for c in cases), tuple(examples))
+    return [graded[c.id] for c in cases]

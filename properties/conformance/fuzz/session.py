@@ -23,10 +23,10 @@ from typing import Any
 import attrs
 
 from ..adapters.base import case_prompt, case_script, case_tokenizer, reference_expect
-from ..cases import case_path, expect_to_json
+from ..cases import Case, case_path, expect_to_json
 from ..grading import DEFAULT_PROFILE
 from ..runner import CaseResult, Verdict
-from .batch import Engine, OnResult, run_batch
+from .batch import Engine, OnResult, judge_cases, run_batch
 from .shrink import Inputs, Key, Shrunk, failure_key, shrink_all, size
 from .strategies import TOKENIZERS, case_of, examples
 
@@ -69,6 +69,9 @@ class FuzzRun:
     errors: tuple[CaseResult, ...]
     shrunk: tuple[Shrunk, ...]
     wall_s: float
+    # each distinct minimal example filed as a case (fuzz/<symptom>/NNN) and judged again in one last
+    # batch of them alone: the checkpoints a reproducer rebuilds from the case files
+    minimal: tuple[tuple[Shrunk, CaseResult], ...] = ()
 
 
 def fuzz(engine: Engine, workdir: Path, *, budget_s: float, seed: int = 0, batch: int = BATCH,
@@ -107,12 +110,24 @@ def fuzz(engine: Engine, workdir: Path, *, budget_s: float, seed: int = 0, batch
     shrunk = shrink_all([failing[key] for key in sorted(failing)], run, more=lambda: left() > 0,
                         on_round=lambda n, m: say(f"shrinking, round {n}: {m} failure(s) still shrinking, "
                                                   f"{time.monotonic() - t0:.0f} s")) if failing else []
-    return FuzzRun(seed, engine.label, tried, k + max((s.rounds for s in shrunk), default=0), failing, failures,
-                   tuple(errors), tuple(shrunk), time.monotonic() - t0)
+    filed: list[tuple[Shrunk, Case]] = []
+    seen: set[str] = set()
+    for s in sorted(shrunk, key=lambda s: s.key):
+        canon = json.dumps(s.minimal, sort_keys=True, ensure_ascii=False)
+        if canon not in seen:  # two symptoms shrunk to one example: the first keeps it
+            seen.add(canon)
+            filed.append((s, filed_case(s, len(filed) + 1, seed, engine.label)))
+    if filed:
+        say(f"judging the {len(filed)} minimal case(s) again, alone, {time.monotonic() - t0:.0f} s")
+    again = judge_cases([c for _, c in filed], engine, workdir / "minimal", profile=profile, declared=declared,
+                        on_result=on_result) if filed else []
+    return FuzzRun(seed, engine.label, tried, k + max((s.rounds for s in shrunk), default=0) + bool(filed), failing,
+                   failures, tuple(errors), tuple(shrunk), time.monotonic() - t0,
+                   tuple((s, r) for (s, _), r in zip(filed, again)))
 
 
-def filed(s: Shrunk, number: int, run: FuzzRun) -> dict[str, Any]:
-    """The case file of a minimal example: id fuzz/<symptom>/NNN, the reference's answer on its own
+def filed_case(s: Shrunk, number: int, seed: int, engine: str) -> Case:
+    """The case of a minimal example: id fuzz/<symptom>/NNN, the reference's answer on its own
     tokenizer as `expect`, a description naming the symptom, the basis and how it was found."""
     symptom, kind, ref = s.key
     case_id = f"fuzz/{symptom.replace('_', '-')}/{number:03d}"
@@ -120,49 +135,51 @@ def filed(s: Shrunk, number: int, run: FuzzRun) -> dict[str, Any]:
     bare = case_of(case_id, s.minimal)
     tok = case_tokenizer(bare)
     exp = reference_expect(bare, tok, case_prompt(bare, tok), case_script(bare, tok))
-    said = (f"Found by decodespec fuzz --seed {run.seed} against {run.engine}, shrunk in {s.rounds} round(s)"
+    said = (f"Found by decodespec fuzz --seed {seed} against {engine}, shrunk in {s.rounds} round(s)"
             f"{'' if s.proved else ' (the budget ended before it was minimal)'}: {symptom} ({kind}: {ref}). "
             f"{lead.message if lead else ''}")
-    case = case_of(case_id, s.minimal, description=said[:1500],
+    return case_of(case_id, s.minimal, description=said[:1500],
                    expect={k: v for k, v in expect_to_json(exp).items() if k in ("output", "finish_reason")})
-    return case.to_json()
 
 
 def write_run(run: FuzzRun, out: Path, *, profile: str = DEFAULT_PROFILE,
               declared: frozenset[str] = frozenset()) -> list[Path]:
     """The minimal cases under out/cases (properties/cases' layout), the report (reports.write_reports:
-    minimal cases first, then the failures as generated, then the ERRORs) and fuzz.json (the run's
-    figures) under `out`; the paths written."""
+    the minimal cases as judged alone first, then the failures as generated, then the ERRORs) and
+    fuzz.json (the run's figures) under `out`; the paths written. A minimal case's reproducer builds
+    its checkpoint from out/cases (`decodespec checkpoints build --cases`), as the run compiled it."""
     from ....checkout import default_diagrams_dir
-    from ..cases import parse_case
     from ..reports import Grading, write_reports
 
     out.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
-    minimal: list[tuple[Shrunk, CaseResult]] = []
-    seen: set[str] = set()
-    for n, s in enumerate(sorted(run.shrunk, key=lambda s: s.key), start=1):
-        canon = json.dumps(s.minimal, sort_keys=True, ensure_ascii=False)
-        if canon in seen:  # two symptoms shrunk to one example: the first keeps it
-            continue
-        seen.add(canon)
-        obj = filed(s, n, run)
-        path = case_path(obj["id"], out / "cases")
+    minimal: list[CaseResult] = []
+    for _, r in run.minimal:
+        path = case_path(r.case.id, out / "cases")
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(obj, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+        path.write_text(json.dumps(r.case.to_json(), ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
         paths.append(path)
-        minimal.append((s, attrs.evolve(s.result, case=parse_case(obj, path=path))))
+        minimal.append(attrs.evolve(r, case=attrs.evolve(r.case, path=path), observed=_built_from(r.observed, out / "cases")))
     generated = [r for _, r in (run.failing[k] for k in sorted(run.failing))]
     grading = Grading(profile, declared)
-    paths += write_reports([*(r for _, r in minimal), *generated, *run.errors], run.engine, out, diagrams_dir=default_diagrams_dir(),
+    paths += write_reports([*minimal, *generated, *run.errors], run.engine, out, diagrams_dir=default_diagrams_dir(),
                            wall_s=run.wall_s, grading=grading)
     figures = {
         "seed": run.seed, "engine": run.engine, "examples": run.examples, "batches": run.batches,
         "failures": run.failures, "kinds": len(run.failing), "errors": len(run.errors),
         "wall_seconds": round(run.wall_s, 1),
-        "shrunk": [{"key": list(s.key), "case": m.case.id, "rounds": s.rounds, "minimal": s.proved,
-                    "size_from": list(size(s.original)), "size_to": list(size(s.minimal))}
-                   for s, m in minimal],
+        "minimal": [{"key": list(s.key), "case": r.case.id, "rounds": s.rounds, "proved": s.proved,
+                     "verdict_alone": r.verdict.value, "lead_alone": r.lead.symptom if r.lead else None,
+                     "size_from": list(size(s.original)), "size_to": list(size(s.minimal))}
+                    for s, r in run.minimal],
     }
     (out / "fuzz.json").write_text(json.dumps(figures, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     return [*paths, out / "fuzz.json"]
+
+
+def _built_from(observed: Mapping[str, Any], cases: Path) -> dict[str, Any]:
+    """`observed` with its server's checkpoint saying the case files it was compiled from."""
+    server = dict(observed.get("server") or {})
+    if server.get("checkpoint"):
+        server["checkpoint"] = {**server["checkpoint"], "cases": str(cases)}
+    return {**observed, "server": server or None}
