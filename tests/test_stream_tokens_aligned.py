@@ -247,6 +247,15 @@ def test_tokens_a_failed_run_never_sent_may_be_left_out():
     assert [f.symptom for f in judge_alignment(sent, Want((121, 111), False, (), NOT_TEXT), TOK, "s")] == ["tokens_lost"]
 
 
+def test_a_token_a_stop_cuts_inside_may_be_reported_with_the_text_it_sends():
+    """D59, §4.6: the token 'AB' completes the stop 'B' inside itself; the chunk that sends its 'A'
+    reports it, and its 'B', cut by the stop, is never text the stream owes."""
+    reports = chunk_reports(_sse(("A", [101], ["AB"], None), ("", [], [], "stop")))
+    assert judge_alignment(reports, Want((101,), False, ("B",), NOT_TEXT, sent=1), TOK, "s") == []
+    found = judge_alignment(reports, Want((101,), False, ("B",), NOT_TEXT), TOK, "s")
+    assert [f.symptom for f in found] == ["tokens_ahead"]
+
+
 def test_the_echoed_prompt_is_text_before_the_first_token():
     """D33, D59: with echo the stream first sends the prompt's text, which no selected token spells."""
     reports = chunk_reports(_sse(("", [], [], None), ("> ", [], [], None), ("a", [121], ["a"], None),

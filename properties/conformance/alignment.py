@@ -108,7 +108,9 @@ def reports_tokens(reports: Sequence[ChunkReport]) -> bool:
 class Want:
     """What the reference selected: `tokens` in order; whether the last is no text (may be left out);
     `unsent`: how many last tokens a run that failed never sent a byte of (they may be left out);
-    `echo`: the text before the first token (the prompt, echoed: D33)."""
+    `echo`: the text before the first token (the prompt, echoed: D33); `sent`: how many bytes the
+    whole answer sends (echo and output; None: unknown), so a token's bytes past it, cut by a stop
+    inside that token, are never text the chunks still owe."""
 
     tokens: tuple[int, ...]
     last_not_text: bool
@@ -116,6 +118,7 @@ class Want:
     not_text: frozenset[int]
     unsent: int = 0
     echo: bytes = b""
+    sent: int | None = None
 
 
 def _token_bytes(tok: Any, tid: int, not_text: frozenset[int]) -> bytes:
@@ -231,8 +234,10 @@ def _chunk_findings(reports: Sequence[ChunkReport], want: Want, tok: Any, where:
             kind = "text_before_token" if common == len(spelled) else "token_bytes_differ"
             return [finding(kind, f"{where}: after chunk {c + 1} the text is {bytes(text)[-40:]!r} but its "
                                   f"{k} reported token(s) spell {bytes(spelled)[-40:]!r}")]
-        # the echoed prompt is text no token spells: only the tokens' bytes past the text can run ahead
-        if not r.finish and (why := _held(bytes(spelled[max(len(text), len(want.echo)):]), want.stops)):
+        # the echoed prompt is text no token spells, and the bytes a stop cut are never sent: only the
+        # tokens' bytes past the text and within the answer can run ahead
+        end = len(spelled) if want.sent is None else min(len(spelled), want.sent)
+        if not r.finish and (why := _held(bytes(spelled[max(len(text), len(want.echo)):end]), want.stops)):
             return [finding("tokens_ahead", f"{where}: after chunk {c + 1} the reported tokens run {why}")]
     return []
 
@@ -262,7 +267,7 @@ def want_of(a: Any, case: Any) -> Want:
     echo = (tok.decode_bytes(list(a.checkpoint.programs[case.id].prompt))
             if case.inputs.get("request", {}).get("echo") else b"")
     return Want(tokens, bool(tokens) and tokens[-1] in ends, tuple(case.inputs.get("stop") or ()), not_text,
-                unsent, echo)
+                unsent, echo, len(echo) + len(res.output))
 
 
 def stream_reported(a: Any, path: str, body: dict[str, Any], chat: bool) -> tuple[Streamed, bool]:

@@ -5,7 +5,7 @@ and written as a case with its reproducer (`decodespec fuzz`).
 (seed, k) (`draw_examples`: generation only, no database, so a seed gives the same examples), runs
 each batch on one engine start (batch.run_batch), and keeps the failures (FAIL or DIFFERS) by key
 (shrink.failure_key: the lead finding's symptom and basis). Generation stops when GENERATE_SHARE of
-the budget is spent; the smallest failing example of each key is then shrunk (shrink.shrink_all)
+the budget is spent (the whole budget while nothing failed); the smallest failing example of each key is then shrunk (shrink.shrink_all)
 while the budget lasts. `write_run` files each minimal example as a case (properties/cases' format,
 id `fuzz/<symptom>/NNN`, expect = the reference's answer on its own tokenizer) and writes the report
 in `decodespec conform`'s format, the minimal cases first, then the failures as generated, then
@@ -92,7 +92,8 @@ def fuzz(engine: Engine, workdir: Path, *, budget_s: float, seed: int = 0, batch
     failing: dict[Key, tuple[Inputs, CaseResult]] = {}
     errors: list[CaseResult] = []
     tried = failures = k = 0
-    while (k == 0 or left() > budget_s * (1 - GENERATE_SHARE)) and (max_batches is None or k < max_batches):
+    # generate until GENERATE_SHARE of the budget is spent, or all of it while nothing failed
+    while (k == 0 or left() > (budget_s * (1 - GENERATE_SHARE) if failing else 0)) and (max_batches is None or k < max_batches):
         k += 1
         exs = draw_examples(batch, seed * 100_003 + k, tokenizers)
         results = run(exs, f"g{k:04d}")
