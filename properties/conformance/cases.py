@@ -187,17 +187,7 @@ def _constraint(obj: Any, where: str) -> EventConstraint:
 def parse_case(obj: Mapping[str, Any], *, path: Path | None = None) -> Case:
     """Validate one case object; a CaseError names the file and the field that is wrong."""
     where = str(path) if path else str(obj.get("id", "<case>"))
-    for key in ("id", "anchor", "grade", "invariant", "description", "kind"):
-        if not isinstance(obj.get(key), str) or not obj[key]:
-            raise CaseError(f"{where}: '{key}' must be a non-empty string")
-    known = {"id", "anchor", "grade", "invariant", "description", "kind", "inputs", "expect", "diagram", "recipe",
-             "decisions"}
-    if unknown := set(obj) - known:
-        raise CaseError(f"{where}: unknown keys {sorted(unknown)}")
-    if not _ID.match(obj["id"]):
-        raise CaseError(f"{where}: id {obj['id']!r} must look like 'group/topic/001'")
-    if not _ANCHOR.match(obj["anchor"]):
-        raise CaseError(f"{where}: anchor {obj['anchor']!r} must be a chapter-4 section like '§4.6'")
+    _check_keys(obj, where)
     try:
         grade, kind = Grade(obj["grade"]), CaseKind(obj["kind"])
     except ValueError as exc:
@@ -208,27 +198,55 @@ def parse_case(obj: Mapping[str, Any], *, path: Path | None = None) -> Case:
     inputs = obj.get("inputs", {})
     if not isinstance(inputs, Mapping):
         raise CaseError(f"{where}: 'inputs' must be an object")
-    exp = obj.get("expect", {})
-    if kind is CaseKind.SCRIPT:
-        tok = inputs.get("tokenizer")
-        if not isinstance(tok, Mapping) or ("table" in tok) == ("fixture" in tok):
-            raise CaseError(f"{where}: inputs.tokenizer needs exactly one of 'table' or 'fixture'")
-        if not isinstance(inputs.get("script"), list) or not inputs["script"]:
-            raise CaseError(f"{where}: inputs.script must be a non-empty list")
-    elif not isinstance(obj.get("recipe"), str):
-        raise CaseError(f"{where}: a blackbox case needs a 'recipe'")
-    expect = Expect(
+    _check_kind(obj, kind, inputs, where)
+    return Case(
+        id=obj["id"], anchor=obj["anchor"], grade=grade, invariant=obj["invariant"],
+        description=obj["description"], kind=kind, inputs=dict(inputs), expect=_expect(obj.get("expect", {}), where),
+        diagram=obj.get("diagram", "lifecycle"), recipe=obj.get("recipe"), path=path, decisions=tuple(decisions),
+    )
+
+
+_REQUIRED = ("id", "anchor", "grade", "invariant", "description", "kind")
+_KNOWN = frozenset({*_REQUIRED, "inputs", "expect", "diagram", "recipe", "decisions"})
+# A key whose value has a form: its pattern and what the error says it must be.
+_FORMS = {"id": (_ID, "must look like 'group/topic/001'"),
+          "anchor": (_ANCHOR, "must be a chapter-4 section like '§4.6'")}
+
+
+def _check_keys(obj: Mapping[str, Any], where: str) -> None:
+    """Every required key a non-empty string, no unknown key, the id and the anchor in their form."""
+    for key in _REQUIRED:
+        if not isinstance(obj.get(key), str) or not obj[key]:
+            raise CaseError(f"{where}: '{key}' must be a non-empty string")
+    if unknown := set(obj) - _KNOWN:
+        raise CaseError(f"{where}: unknown keys {sorted(unknown)}")
+    for key, (pattern, form) in _FORMS.items():
+        if not pattern.match(obj[key]):
+            raise CaseError(f"{where}: {key} {obj[key]!r} {form}")
+
+
+def _check_kind(obj: Mapping[str, Any], kind: CaseKind, inputs: Mapping[str, Any], where: str) -> None:
+    """A script case's tokenizer (a table or a fixture) and script; a blackbox case's recipe."""
+    if kind is not CaseKind.SCRIPT:
+        if not isinstance(obj.get("recipe"), str):
+            raise CaseError(f"{where}: a blackbox case needs a 'recipe'")
+        return
+    tok = inputs.get("tokenizer")
+    if not isinstance(tok, Mapping) or ("table" in tok) == ("fixture" in tok):
+        raise CaseError(f"{where}: inputs.tokenizer needs exactly one of 'table' or 'fixture'")
+    if not isinstance(inputs.get("script"), list) or not inputs["script"]:
+        raise CaseError(f"{where}: inputs.script must be a non-empty list")
+
+
+def _expect(exp: Mapping[str, Any], where: str) -> Expect:
+    """A case's `expect` object as an Expect (each event constraint checked)."""
+    return Expect(
         output=as_bytes(exp["output"], f"{where}: expect.output") if "output" in exp else None,
         finish_reason=exp.get("finish_reason"),
         state=exp.get("state"),
         error=exp.get("error"),
         usage=dict(exp.get("usage", {})),
         events=tuple(_constraint(c, f"{where}: expect.events[{i}]") for i, c in enumerate(exp.get("events", []))),
-    )
-    return Case(
-        id=obj["id"], anchor=obj["anchor"], grade=grade, invariant=obj["invariant"],
-        description=obj["description"], kind=kind, inputs=dict(inputs), expect=expect,
-        diagram=obj.get("diagram", "lifecycle"), recipe=obj.get("recipe"), path=path, decisions=tuple(decisions),
     )
 
 
