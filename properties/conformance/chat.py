@@ -344,13 +344,10 @@ def run_chat(a: ScriptServer, case: Case) -> Outcome:
         return Outcome(skip=f"the server refuses the request's fields: {raw[:240]!r}")
     st = a.stream_body(PATH, {**body, "stream": True, "stream_options": {"include_usage": True}})
     whole, streamed = observe_message(status, data), observe_stream(st)
-    sent = whole.prompt_tokens if whole else None
-    if whole is not None and sent != info["prompt_tokens"]:
-        return Outcome(skip=f"the server made {sent} prompt tokens of the message; transformers' apply_chat_template "
-                            f"makes {info['prompt_tokens']}: the forced checkpoint steers only the prompt it was built for")
+    if whole is not None and (why := _other_prompt(whole, info)):
+        return Outcome(skip=why)
     text = None if splits(case) else expected_of(served, tok, prog.prompt, prog.script, res)
-    if text is not None and whole is not None and whole.content is not None and (gone := left_script(
-            a.checkpoint, case, text, res.tokens, [Returned(text=whole.content)])):
+    if text is not None and whole is not None and (gone := _left_script(a, case, text, res, whole)):
         return Outcome(abort=gone, reference=exp.to_json())  # it left the script: nothing to judge (D27, D66)
     reported = stream_for_reports(a, case, text, st, body, PATH, chat=True)
     findings, missed = judge_answers(exp, text, (status, data, raw, st), whole, streamed,
@@ -362,13 +359,33 @@ def run_chat(a: ScriptServer, case: Case) -> Outcome:
         findings += more
     if chat.get("sweep"):
         findings += sweep_chat(a, case, info)
-    return Outcome(output=(whole.content.encode() if whole and whole.content is not None else None), finish_reason=whole.finish_reason if whole else None,
+    return Outcome(output=_content_bytes(whole), finish_reason=whole.finish_reason if whole else None,
                    findings=tuple(leading(merge(findings)) + wire_findings(st)
                                   + body_findings(status, data, raw)),
                    judged=True, reference=exp.to_json(),
                    not_checked=tuple(missed + not_observable(case)),
                    notes=(f"checkpoint {a.checkpoint.group}; chat template {template_of(case)}; prompt "
                           f"{info['prompt_tokens']} tokens, program ids {list(prog.prompt)}; script ids {list(prog.script)}",))
+
+
+def _other_prompt(whole: ChatObserved, info: Mapping[str, Any]) -> str | None:
+    """Why a chat answer cannot be judged when the server made another prompt of the message than
+    the one the forced checkpoint was built for (transformers' apply_chat_template); else None."""
+    if whole.prompt_tokens == info["prompt_tokens"]:
+        return None
+    return (f"the server made {whole.prompt_tokens} prompt tokens of the message; transformers' apply_chat_template "
+            f"makes {info['prompt_tokens']}: the forced checkpoint steers only the prompt it was built for")
+
+
+def _left_script(a: ScriptServer, case: Case, text: Expected, res: Result, whole: ChatObserved) -> str | None:
+    """Where the non-streamed content left the forced script (D27), when it has content."""
+    if whole.content is None:
+        return None
+    return left_script(a.checkpoint, case, text, res.tokens, [Returned(text=whole.content)])
+
+
+def _content_bytes(whole: ChatObserved | None) -> bytes | None:
+    return whole.content.encode() if whole is not None and whole.content is not None else None
 
 
 def sweep_chat(a: ScriptServer, case: Case, info: Mapping[str, Any]) -> list[Finding]:
