@@ -661,7 +661,12 @@ class Engine:
         ready = self._fit_budget(ready)
         if self._overlap is not None:
             self._overlapped_step(ready)
-            return moved or bool(ready)
+        else:
+            self._select_and_decode(ready)
+        return moved or bool(ready)
+
+    def _select_and_decode(self, ready: list[_Entry]) -> None:
+        """y_t and its host work for every ready run, then one decode of those that go on (§4.3, §4.4)."""
         active: list[_Entry] = []
         for e in ready:
             run = e.run
@@ -673,7 +678,6 @@ class Engine:
                 self._settle(e)
         if active:
             self._decode(active)
-        return moved or bool(ready)
 
     def _select(self, e: _Entry, token: int | None) -> bool:
         """The run's select() (y_t and its host work, §4.3); a failure of its own is its end (D20)."""
@@ -696,29 +700,34 @@ class Engine:
         whose y_t is drawn by its sampler or restricted by its UTF-8 guard is not launched ahead:
         it is decoded after the join, as without overlap."""
         launched = [(e, token) for e in ready if (token := self._ahead(e)) is not None]
-        future = None
-        if launched:
-            caches = [e.run.cache for e, _ in launched]
-            tokens = [token for _, token in launched]
-            for e, token in launched:
-                e.ahead, e.started = token, False
-                self._ov(e, "launch")  # start_step: the host work sees the cache as it was before the step
-            future = self._forward_pool().submit(self._forward_batch, caches, tokens)
-            self._overlapped += 1
+        if not launched:  # nothing to overlap: the step as without overlap
+            self._select_and_decode(ready)
+            return
+        caches = [e.run.cache for e, _ in launched]
+        tokens = [token for _, token in launched]
+        for e, token in launched:
+            e.ahead, e.started = token, False
+            self._ov(e, "launch")  # start_step: the host work sees the cache as it was before the step
+        for e in ready:  # the model may touch any resident cache while it runs: none is freed meanwhile
+            if e.held is None:
+                _hold(e)
+        future = self._forward_pool().submit(self._forward_batch, caches, tokens)
+        self._overlapped += 1
         later: list[_Entry] = []
+        ended: list[_Entry] = []
         try:
             for e in ready:
                 needs_decode = self._select(e, e.ahead)
-                if e.ahead is None:  # not launched: as without overlap
-                    if needs_decode:
-                        later.append(e)
-                    else:
-                        self._settle(e)
-                else:
+                if e.ahead is not None:
                     self._host_done(e, needs_decode)
+                elif needs_decode:  # not launched: decoded after the join, as without overlap
+                    later.append(e)
+                else:
+                    ended.append(e)
         finally:
-            if future is not None:
-                self._join(future, launched)
+            self._join(future, launched, ready)
+        for e in ended:
+            self._settle(e)
         if later:
             self._decode(later)
 
@@ -783,9 +792,9 @@ class Engine:
                 initargs=(self.threads or torch.get_num_threads(),))
         return self._forward
 
-    def _join(self, future: concurrent.futures.Future, launched: list[tuple[_Entry, int]]) -> None:
-        """Wait for the step, give each run its cache back (a free asked meanwhile done now, once),
-        then `complete`: take or discard each run's row (the table's row says which)."""
+    def _join(self, future: concurrent.futures.Future, launched: list[tuple[_Entry, int]], ready: list[_Entry]) -> None:
+        """Wait for the step, give each ready run its cache back (a free asked meanwhile done now,
+        once), then `complete`: take or discard each launched run's row (the table's row says which)."""
         entries = [e for e, _ in launched]
         rows: list[Any]
         picks: list[int | None] = [None] * len(entries)
@@ -795,7 +804,8 @@ class Engine:
         except Exception as exc:
             out = exc
         held = [e.held for e in entries]
-        for e, h in zip(entries, held):
+        for e in ready:
+            h = e.held
             if h is not None:
                 e.run.cache, e.held = h.cache, None
                 if h.free_asked:
@@ -1083,6 +1093,10 @@ OVERLAP = Executor("overlap", "the runtime (engine.Engine)")
 @OVERLAP.effect("start_step")
 def _start_step(eng: Engine, e: _Entry, row: Any, pick: int | None) -> None:
     """The host work on y_t sees the cache as it was before the step (its length, a deferred free)."""
+    _hold(e)
+
+
+def _hold(e: _Entry) -> None:
     cache = e.run.cache
     e.held = _HeldCache(cache, cache.length)
     e.run.cache = e.held

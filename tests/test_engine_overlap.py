@@ -10,9 +10,11 @@ import functools
 import threading
 import time
 
+import attrs
 import pytest
 import test_engine
-from _engine_kit import ascii_tokenizer, slow_model, tiny_model
+import torch
+from _engine_kit import SlowModel, ascii_tokenizer, slow_model, tiny_model
 
 from decodespec.properties import check_trace
 from decodespec.runtime import Fault, FaultPlan, Request, generate
@@ -141,3 +143,38 @@ def test_threads_end_with_the_engine():
     time.sleep(0.2)
     eng.stop()
     assert not [t for t in threading.enumerate() if t.name.startswith("decodespec-forward")]
+
+
+@pytest.fixture(scope="module")
+def hf_model(tmp_path_factory):
+    transformers = pytest.importorskip("transformers")
+    from decodespec.runtime.hfmodel import HFModel
+
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                   eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("tiny-llama-overlap")
+    transformers.LlamaForCausalLM(cfg).save_pretrained(folder)
+    return HFModel(folder)
+
+
+def test_runs_that_end_while_a_step_runs_keep_their_cache_until_it_completed(hf_model):
+    """§4.9, §4.10 on a model whose step touches every resident sequence's cache (HFModel's resident
+    batch writes the K/V it owes a cache when the cache leaves the batch, D50, D61): runs that end
+    during the host work (their last token known, sampled, stopped) while the others' step runs
+    are released only after it completed; every answer equals generate()'s, none fails."""
+    from decodespec.runtime import ByteTableTokenizer
+
+    model = SlowModel(hf_model, 0.005)  # the host work is done before the step touches the caches
+    tok = ByteTableTokenizer({i: bytes([33 + i]) for i in range(64)})
+    reqs = [Request(list(range(1 + i % 5, 4 + i)), max_output_tokens=2 + i % 6, request_id=f"h{i}",
+                    temperature=0.7 if i % 4 == 3 else 0.0, seed=i) for i in range(24)]
+    ref = {r.request_id: _result(generate(r, model=hf_model, tokenizer=tok)) for r in reqs}
+    for _ in range(2):
+        eng = Engine(model, tok, max_batch=6, overlap=True)
+        runs = [eng.submit(attrs.evolve(r)) for r in reqs]
+        eng.run_until_idle()
+        assert {r.request.request_id: _result(r.result()) for r in runs} == ref
+        for run in runs:
+            assert check_trace(run.trace.events, tokenizer=tok) == []
