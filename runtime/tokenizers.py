@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -279,7 +279,9 @@ def _byte_level(tok: bytes) -> bytes:
 
 
 def _steps(decoder: Mapping[str, Any] | None) -> tuple[list, int | None, int]:
-    """Per-token functions `f(tok: bytes, first: bool) -> bytes` and the fused leading-strip rule."""
+    """Per-token functions `f(tok: bytes, first: bool) -> bytes` and the fused leading-strip rule:
+    each decoder of the sequence by its type (_DECODERS); after a fusing one only a Strip of the
+    start by one byte."""
     if decoder is None:  # tokenizers joins the tokens with single spaces
         return [lambda t, first: t if first else b" " + t], None, 0
     seq = decoder["decoders"] if decoder.get("type") == "Sequence" else [decoder]
@@ -290,40 +292,65 @@ def _steps(decoder: Mapping[str, Any] | None) -> tuple[list, int | None, int]:
         kind = d.get("type")
         if fused and kind not in ("Fuse", "Strip"):
             raise _Unsupported(f"{kind} after Fuse/ByteLevel")
-        if kind == "ByteLevel":
-            steps.append(lambda t, first: _byte_level(t))
-            fused = True
-        elif kind == "Fuse":
-            fused = True
-        elif kind == "Replace":
-            pat = d.get("pattern", {})
-            if "String" not in pat:
-                raise _Unsupported("Replace with a regex pattern")
-            old, new = pat["String"].encode(), d["content"].encode()
-            steps.append(lambda t, first, old=old, new=new: t.replace(old, new))
-        elif kind == "ByteFallback":
-            steps.append(lambda t, first: bytes([int(m.group(1), 16)]) if (m := _BYTE_TOKEN.fullmatch(t)) else t)
-        elif kind == "Strip":
-            content, start, stop = d["content"].encode(), int(d["start"]), int(d["stop"])
-            if fused:
-                if stop or len(content) != 1:
-                    raise _Unsupported("Strip of the end or of a multi-byte character after Fuse")
-                strip_byte, strip_count = content[0], start
-            else:
-                steps.append(lambda t, first, c=content, a=start, z=stop: _strip(t, c, a, z))
-        elif kind == "Metaspace":
-            rep = d.get("replacement", "▁").encode()
-            prepend = d.get("prepend_scheme", "always" if d.get("add_prefix_space", True) else "never")
-            drop_first = prepend != "never"
-            steps.append(
-                lambda t, first, rep=rep, drop=drop_first: t.replace(rep, b"" if first and drop else b" ")
-            )
-        elif kind == "WordPiece":
-            prefix, cleanup = d.get("prefix", "##").encode(), bool(d.get("cleanup", True))
-            steps.append(lambda t, first, p=prefix, c=cleanup: _wordpiece(t, first, p, c))
-        else:
+        if fused and kind == "Strip":
+            strip_byte, strip_count = _fused_strip(d)
+            continue
+        if kind not in _DECODERS:
             raise _Unsupported(f"decoder {kind}")
+        if (step := _DECODERS[kind](d)) is not None:
+            steps.append(step)
+        fused = fused or kind in _FUSING
     return steps, strip_byte, strip_count
+
+
+_Step = Callable[[bytes, bool], bytes]
+
+
+def _replace(d: Mapping[str, Any]) -> _Step:
+    pat = d.get("pattern", {})
+    if "String" not in pat:
+        raise _Unsupported("Replace with a regex pattern")
+    old, new = pat["String"].encode(), d["content"].encode()
+    return lambda t, first: t.replace(old, new)
+
+
+def _strip_step(d: Mapping[str, Any]) -> _Step:
+    content, start, stop = d["content"].encode(), int(d["start"]), int(d["stop"])
+    return lambda t, first: _strip(t, content, start, stop)
+
+
+def _fused_strip(d: Mapping[str, Any]) -> tuple[int, int]:
+    """A Strip after Fuse: the one byte stripped from the start of the whole text, and how many times."""
+    content, start, stop = d["content"].encode(), int(d["start"]), int(d["stop"])
+    if stop or len(content) != 1:
+        raise _Unsupported("Strip of the end or of a multi-byte character after Fuse")
+    return content[0], start
+
+
+def _metaspace(d: Mapping[str, Any]) -> _Step:
+    rep = d.get("replacement", "▁").encode()
+    prepend = d.get("prepend_scheme", "always" if d.get("add_prefix_space", True) else "never")
+    drop_first = prepend != "never"
+    return lambda t, first: t.replace(rep, b"" if first and drop_first else b" ")
+
+
+def _wordpiece_step(d: Mapping[str, Any]) -> _Step:
+    prefix, cleanup = d.get("prefix", "##").encode(), bool(d.get("cleanup", True))
+    return lambda t, first: _wordpiece(t, first, prefix, cleanup)
+
+
+# A tokenizer.json decoder type -> its per-token step (None: no step of its own).
+_DECODERS: dict[str, Callable[[Mapping[str, Any]], _Step | None]] = {
+    "ByteLevel": lambda d: lambda t, first: _byte_level(t),
+    "Fuse": lambda d: None,
+    "Replace": _replace,
+    "ByteFallback": lambda d: lambda t, first: bytes([int(m.group(1), 16)]) if (m := _BYTE_TOKEN.fullmatch(t)) else t,
+    "Strip": _strip_step,
+    "Metaspace": _metaspace,
+    "WordPiece": _wordpiece_step,
+}
+# The decoders after which the pieces are one text: only a Strip of its start may follow.
+_FUSING = frozenset({"ByteLevel", "Fuse"})
 
 
 def _strip(tok: bytes, content: bytes, start: int, stop: int) -> bytes:
