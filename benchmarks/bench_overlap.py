@@ -1,6 +1,7 @@
 """Engine tokens/s with and without overlapped steps, side by side on CPU (DECISIONS D73; §4.4).
 
-For batch sizes 1, 8 and 32 the same B greedy requests (the embedded TinyLM and its tokenizer, EOS
+For batch sizes 1, 8 and 32 the same B greedy requests (a TinyLM of the embedded one's shape widened
+to `--d-model` (256: a step of a few ms at batch 1 on CPU), with the embedded tokenizer, EOS
 switched off, STEPS output tokens each, a stop string that never matches so the stop matcher works
 on every token) run through `Engine(overlap=False)` and `Engine(overlap=True)`: without overlap each
 decode waits for the host work on its tokens (detokenize, stop match, stream, trace); with it the
@@ -25,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 from bench_engine import TEXTS, _NoEos
 from common import stat
@@ -71,9 +73,10 @@ def bare_step_ms(model: TinyLM, b: int, n: int = 20) -> float:
     return stat(times)["median"]
 
 
-def run(rounds: int, steps: int, threads: int) -> dict[str, Any]:
+def run(rounds: int, steps: int, threads: int, d_model: int) -> dict[str, Any]:
     torch.set_num_threads(threads)
-    model = TinyLM.default()
+    shape = TinyLM.default().config
+    model = TinyLM(attrs.evolve(shape, d_model=d_model, d_ff=3 * d_model), name=f"tinylm-d{d_model}")
     tok = _NoEos(HFTokenizer(ASSETS / "tokenizer.json"))
     samples: dict[tuple[int, bool], list[float]] = {(b, o): [] for b in BATCHES for o in (False, True)}
     for r in range(rounds):
@@ -82,7 +85,7 @@ def run(rounds: int, steps: int, threads: int) -> dict[str, Any]:
                 samples[(b, overlap)].append(engine_tokens_per_s(model, tok, b, steps, overlap, threads))
     out: dict[str, Any] = {"steps": steps, "rounds": rounds, "threads": threads, "device": "cpu",
                            "machine": platform.machine(), "cpus": len(__import__("os").sched_getaffinity(0)),
-                           "model": "TinyLM.default (embedded)", "batches": {}}
+                           "model": f"TinyLM, the embedded shape with d_model={d_model}", "batches": {}}
     for b in BATCHES:
         off, on = stat(samples[(b, False)]), stat(samples[(b, True)])
         out["batches"][str(b)] = {"bare_step_ms": bare_step_ms(model, b), "tokens_per_s_without": off,
@@ -95,12 +98,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--d-model", type=int, default=256)
     args = ap.parse_args()
-    res = run(args.rounds, args.steps, args.threads)
+    res = run(args.rounds, args.steps, args.threads, args.d_model)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(res, indent=2) + "\n")
-    print(f"engine tokens/s with and without overlap, {args.steps} tokens a request, {args.threads} thread(s), "
-          f"median of {args.rounds} rounds ({res['cpus']} CPUs)")
+    print(f"engine tokens/s with and without overlap, {res['model']}, {args.steps} tokens a request, "
+          f"{args.threads} thread(s), median of {args.rounds} rounds ({res['cpus']} CPUs)")
     print(f"{'batch':>5} {'bare step ms':>12} {'without':>10} {'with':>10} {'with/without':>12} {'spread w/o, w':>15}")
     for b, row in res["batches"].items():
         off, on = row["tokens_per_s_without"], row["tokens_per_s_with"]
