@@ -31,7 +31,7 @@ _OK: Found = ()
 
 def _held(m: Model, c: Judged) -> list[str]:
     """The resource kinds the request holds."""
-    return [k for k in RESOURCE_KINDS if m.res.states[getattr(c, k)] == "HELD"]
+    return [k for k in RESOURCE_KINDS if getattr(c, k) in m.held]
 
 
 # §4.1, §4.3, §4.7: the terminal states and the terminal event
@@ -73,7 +73,7 @@ def _no_leak(m: Model, c: Judged) -> Found:
     if c.pc == PC.done and held:
         out.append((f"{held} still held at the end", None))
     unfreed = [k for bit, k in enumerate(RESOURCE_KINDS)
-               if m.res.states[getattr(c, k)] == "RELEASED" and not c.freed >> bit & 1]
+               if m.res.terminal[getattr(c, k)] and not c.freed >> bit & 1]
     if unfreed:
         out.append((f"{unfreed} released without their free callback (the row's action frees nothing)", None))
     return out
@@ -83,7 +83,7 @@ def _no_leak(m: Model, c: Judged) -> Found:
 def _detok_concat_equals_batch(m: Model, c: Judged) -> Found:
     """§4.5 in the model, which keeps no bytes: a finished request lost none (Judged.lost: output
     bytes that a row neither sent nor discarded)."""
-    if c.lost and m.life.states[c.lifecycle] == "FINISHED":
+    if c.lost and c.lifecycle in m.finished:
         return (("output bytes neither sent nor discarded by a row", None),)
     return _OK
 
@@ -119,16 +119,16 @@ def _decode_after_selected(m: Model, c: Judged) -> Found:
 
 @STATE_CHECKS.register("no_kernel_in_flight_at_cancelled")
 def _no_kernel_in_flight_at_cancelled(m: Model, c: Judged) -> Found:
-    if m.life.states[c.lifecycle] == "CANCELLED" and c.kernel:
-        return (("CANCELLED with a kernel in flight", None),)
+    if c.lifecycle in m.cancelled and c.kernel:
+        return ((f"{m.life.states[c.lifecycle]} with a kernel in flight", None),)
     return _OK
 
 
 @STATE_CHECKS.register("cancelled_only_if_requested")
 def _cancelled_only_if_requested(m: Model, c: Judged) -> Found:
-    life = m.life.states[c.lifecycle]
-    if (life in ("CANCELLED", "CANCEL_REQUESTED") or REASONS[c.reason] == FinishReason.CANCELLED) and c.cancel == CANCEL.none:
-        return ((f"{life} without a cancel request", None),)
+    life = c.lifecycle
+    if (life in m.cancelled or life in m.cancel_observed or REASONS[c.reason] == FinishReason.CANCELLED) and c.cancel == CANCEL.none:
+        return ((f"{m.life.states[life]} without a cancel request", None),)
     return _OK
 
 
@@ -213,9 +213,11 @@ def _release_exactly_once(m: Model, c: Judged) -> Found:
     """§4.10: a second acquire of a held resource, a place taken twice or given back unheld."""
     out: list[tuple[str, Guard | None]] = []
     held = _held(m, c)
-    if held and "acquire" in m.res.step[m.res.i("HELD")]:
-        out.append((f"the resources table accepts a second 'acquire' of {held[0]} in HELD "
-                    "(a second acquire would need a second release)", ("resources", "HELD", "acquire")))
+    for i in m.held if held else ():
+        if "acquire" in m.res.step[i]:
+            state = m.res.states[i]
+            out.append((f"the resources table accepts a second 'acquire' of {held[0]} in {state} "
+                        "(a second acquire would need a second release)", ("resources", state, "acquire")))
     where = m.seq.states[c.sequence]
     for e, what in m.place_guards[c.sequence]:
         out.append((f"the sequence table lets '{e}' in {where}: it {what}", ("sequence", where, e)))
@@ -225,16 +227,18 @@ def _release_exactly_once(m: Model, c: Judged) -> Found:
 @STATE_CHECKS.register("no_select_after_cancel_observed")
 def _no_select_after_cancel_observed(m: Model, c: Judged) -> Found:
     """§4.9: CANCEL_REQUESTED accepts no selection."""
-    if m.life.states[c.lifecycle] == "CANCEL_REQUESTED" and "select" in m.life.step[c.lifecycle]:
-        return (("the lifecycle table accepts 'select' in CANCEL_REQUESTED", ("lifecycle", "CANCEL_REQUESTED", "select")),)
+    if c.lifecycle in m.cancel_observed and "select" in m.life.step[c.lifecycle]:
+        life = m.life.states[c.lifecycle]
+        return ((f"the lifecycle table accepts 'select' in {life}", ("lifecycle", life, "select")),)
     return _OK
 
 
 @STATE_CHECKS.register("no_select_while_draining")
 def _no_select_while_draining(m: Model, c: Judged) -> Found:
     """§4.1: DRAINING accepts no selection."""
-    if m.life.states[c.lifecycle] == "DRAINING" and "select" in m.life.step[c.lifecycle]:
-        return (("the lifecycle table accepts 'select' in DRAINING", ("lifecycle", "DRAINING", "select")),)
+    if c.lifecycle in m.draining and "select" in m.life.step[c.lifecycle]:
+        life = m.life.states[c.lifecycle]
+        return ((f"the lifecycle table accepts 'select' in {life}", ("lifecycle", life, "select")),)
     return _OK
 
 

@@ -28,12 +28,23 @@ state checks are evaluated once per distinct request tuple (machine/checker_inva
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
 from ..spec import DecisionKind, FinishReason, Spec, Table, load_spec
-from ..spec.derived import final_reasons, model_resources_of, stream_end_of, terminal_stream_event
+from ..spec.derived import (
+    detokenizer_states,
+    driver_states,
+    final_reasons,
+    model_resources_of,
+    resource_states,
+    sequence_states,
+    stop_states,
+    stream_end_of,
+    stream_states,
+    terminal_stream_event,
+)
 from ..spec.vocabulary import STEP_NEEDS
 from .actions import Executor, run_phases
 from .checker_state import (
@@ -145,6 +156,14 @@ class Machine:
 
     def i(self, state: str) -> int:
         return self.index[state]
+
+    def ids(self, states: Iterable[str]) -> frozenset[int]:
+        """The indices of `states`."""
+        return frozenset(self.index[s] for s in states)
+
+    def targets(self, event: str) -> frozenset[int]:
+        """The states a row of `event` leads to."""
+        return frozenset(step[event][0] for step in self.step if event in step and step[event][1])
 
 
 @attrs.frozen
@@ -262,7 +281,7 @@ class Step:
             return None
         life = self.m.life
         if life.terminal[target] and not life.terminal[before]:
-            if life.states[before] == "CANCEL_REQUESTED" and life.states[target] != "CANCELLED":
+            if before in self.m.cancel_observed and target not in self.m.cancelled:
                 self.violate("observed_cancel_ends_cancelled", f"a cancel was observed, then '{event}' ends "
                              f"{life.states[target]}")
             if event == "transport_error" and REASONS[self.f[F.reason]] != FinishReason.TRANSPORT_ERROR:
@@ -271,18 +290,18 @@ class Step:
         return life.states[target]
 
     def _select_checks(self) -> None:
-        f = self.f
-        life = self.m.life.states[f[F.lifecycle]]
-        if life == "CANCEL_REQUESTED":
+        f, m = self.f, self.m
+        life = f[F.lifecycle]
+        if life in m.cancel_observed:
             self.violate("no_select_after_cancel_observed", "a token is selected after the cancel was observed")
-        elif life == "DRAINING":
-            self.violate("no_select_while_draining", "a token is selected in DRAINING")
-        if REASONS[f[F.reason]] == FinishReason.STOP_SEQUENCE or self.m.stop.states[f[F.stop_matcher]] in ("HIT", "DISCARDED"):
+        elif life in m.draining:
+            self.violate("no_select_while_draining", f"a token is selected in {m.life.states[life]}")
+        if REASONS[f[F.reason]] == FinishReason.STOP_SEQUENCE or f[F.stop_matcher] in m.stop_hit:
             self.violate("nothing_after_stop_hit", "a token is selected after the stop hit")
 
     def release(self, kind: str) -> None:
         field = RES_FIELD[kind]
-        if self.m.res.states[self.f[field]] == "HELD":
+        if self.f[field] in self.m.held:
             self.fire("resources", "release", field)
 
     def acquire(self, kind: str) -> None:
@@ -323,11 +342,15 @@ class Step:
 
     def after_lifecycle(self, state: str | None, *, default: int) -> None:
         """Where the loop goes once the table has answered (the runtime reads its state)."""
-        if state is None or self.m.life.terminal[self.m.life.i(state)]:
-            return  # refused (branch dead) or terminal (terminal_event set PC.closing)
-        if state == "CANCEL_REQUESTED":
+        if state is None:
+            return  # refused: the branch is dead
+        m = self.m
+        i = m.life.index[state]
+        if m.life.terminal[i]:
+            return  # terminal: terminal_event set PC.closing
+        if i in m.cancel_observed:
             self.f[F.pc] = PC.safe_point if self.f[F.kernel] == KERNEL.none else self.f[F.pc]
-        elif state == "DRAINING" and default in (PC.top_of_step, PC.finish_checks):
+        elif i in m.draining and default in (PC.top_of_step, PC.finish_checks):
             self.f[F.pc] = PC.draining_finish
         else:
             self.f[F.pc] = default
@@ -499,6 +522,7 @@ class Model:
         self.stream_end_of = stream_end_of(life, stream)
         self.model_kinds = model_resources_of(self.tables["resources"])  # released before the terminal event (§4.10)
         self.reasons_of_state = final_reasons(life)
+        self._find_state_sets()
         # The lifecycle table's finish checks, in its order (D4): the loop below runs this list.
         self.finish_order = tuple(c.event for c in self.life.table.finish_checks)
         self.token_checks = tuple(c.event for c in self.life.table.finish_checks if c.tokens)
@@ -517,6 +541,29 @@ class Model:
                              f"every phase of {list(STEP_NEEDS)} once")
         self.observe_order = tuple(p for p in order if p in _OBSERVERS)
         self.emit_first = order.index("emit") < order.index("finish_checks")
+
+    def _find_state_sets(self) -> None:
+        """The states the runtime branches on, as spec/derived.py finds them in these tables (state
+        indices; the shipped names in the comments), not refused where a set is empty or wide: the
+        checker judges a table the runtime would refuse. A lifecycle terminal state is named by its
+        stream event (lifecycle.toml `terminal_events`)."""
+        t = self.tables
+        drivers = driver_states(t["lifecycle"], refuse=False)
+        self.cancel_observed = self.life.ids(drivers.cancel_observed)  # CANCEL_REQUESTED
+        self.draining = self.life.ids(drivers.draining)  # DRAINING
+        self.finished, self.cancelled = (self.life.ids(s for s, e in self.stream_event_of.items() if e == event)
+                                         for event in ("complete", "cancel"))  # FINISHED, CANCELLED
+        where = stream_states(t["stream"], refuse=False)
+        self.sending, self.paused = self.stream.ids(where.sending), self.stream.ids(where.paused)  # OPEN, PAUSED
+        self.stream_new = self.stream.i(t["stream"].initial)  # NEW: not started
+        self.held = self.res.ids(resource_states(t["resources"], refuse=False).held)  # HELD
+        seq = sequence_states(t["sequence"], refuse=False)
+        self.parked, self.swapped = self.seq.ids(seq.parked), self.seq.ids(seq.swapped)  # PARKED, SWAPPED
+        self.matched = self.stop.ids(stop_states(t["stop_matcher"], refuse=False).matched)  # HIT
+        self.discarded = self.stop.targets("discard")  # DISCARDED: where a match goes
+        self.stop_hit = self.matched | self.discarded  # a stop string has matched
+        self.holding = self.stop.targets("hold")  # HOLDING: a suffix that may begin a stop string
+        self.pending = self.detok.ids(detokenizer_states(t["detokenizer"], refuse=False).pending)  # PENDING
 
     def initial(self) -> list[RequestState]:
         """One initial request per backpressure policy."""
@@ -552,7 +599,7 @@ class Model:
         return comp[F.pc] == PC.queued and comp[F.cancel] != CANCEL.requested and comp[F.deadline] != DEADLINE.passed
 
     def used_slot(self, comp: Sequence[int]) -> bool:
-        return self.res.states[comp[F.batch_slot]] == "RELEASED" and not self._places[comp[F.sequence]]
+        return self.res.terminal[comp[F.batch_slot]] and not self._places[comp[F.sequence]]
 
     # ---- the transition relation -----------------------------------------------------------
 
@@ -611,7 +658,7 @@ class Model:
             s.discard_match()
         elif pc == PC.draining_flush:
             s = self._new(c, out, "loop: flush the held suffix", Tag("flush"))
-            held = self.stop.states[c.stop_matcher] == "HOLDING"
+            held = c.stop_matcher in self.holding
             s.fire("stop_matcher", "flush")
             s.out(held, PC.draining_end, s.held_out)
             if held and self.config.finish_conditions:  # the policy refuses the flushed bytes (D23)
@@ -651,7 +698,7 @@ class Model:
     def _observe_cancel(self, c, out, pc) -> bool:
         if c.cancel != CANCEL.requested:
             return False
-        parked = pc == PC.top_of_step and self.seq.states[c.sequence] == "PARKED"
+        parked = pc == PC.top_of_step and c.sequence in self.parked
         s = self._new(c, out, PARKED_CANCEL if parked else "loop: cancel observed at a check point", Tag("observe", what="cancel", parked=parked, fault=True))
         s.f[F.cancel] = CANCEL.observed
         s.after_lifecycle(s.lc("cancel"), default=PC.safe_point)
@@ -669,16 +716,16 @@ class Model:
         """Between two steps the Engine decides where the sequence is (§4.4, §4.8): a resident one
         selects (or, behind its reader, is parked), a parked one waits for its reader, a swapped
         one is resumed when a place is free; any resident or parked one may be preempted."""
-        where = self.seq.states[c.sequence]
-        if where in ("RESIDENT", "PARKED") and c.preempted < self.config.preemptions:
+        swapped = c.sequence in self.swapped  # else resident or parked: in the batch
+        if not swapped and c.preempted < self.config.preemptions:
             s = self._new(c, out, "scheduler: preempted (cache swapped out, place given back)", Tag("preempt", fault=True))
             s.fire("sequence", "preempt")
             s.f[F.preempted] += 1
-        paused = self.stream.states[c.stream] == "PAUSED"
-        if where == "SWAPPED":
+        paused = c.stream in self.paused
+        if swapped:
             s = self._new(c, out, "scheduler: resumed (cache restored, a place taken)", Tag("resume", fault=True))
             s.fire("sequence", "resume")
-        elif where == "PARKED":
+        elif c.sequence in self.parked:
             if not paused:
                 s = self._new(c, out, "scheduler: unparked (its reader caught up)", Tag("unpark", fault=True))
                 s.fire("sequence", "unpark")
@@ -719,7 +766,7 @@ class Model:
             # A guard turns the EOS check off: EOS is a skipped special token (no bytes; kept as
             # text without skip_special_tokens, which the plain tokens below stand for), decoded
             # like any other, and the other checks decide (D31).
-            detok = "hold" if self.detok.states[c.detokenizer] == "PENDING" else "emit"
+            detok = "hold" if c.detokenizer in self.pending else "emit"
             s = self._push(c, out, f"loop: select EOS, its check turned off by {self.guard_field(c)}: a token with "
                                    "no bytes", Tag("select", token="guarded_eos"), detok, None, PC.finish_checks)
             if s is not None:
@@ -790,14 +837,14 @@ class Model:
         s.after_lifecycle(s.lc("content_interrupt"), default=PC.draining_end)
         if not self.detok.terminal[s.f[F.detokenizer]]:
             s.fire("detokenizer", "discard")
-        if self.stop.states[s.f[F.stop_matcher]] == "HIT":
+        if s.f[F.stop_matcher] in self.matched:
             s.discard_match()
 
     def _finish_checks(self, c, out) -> None:
         """After the token's delta: the rest of the table's finish checks (D4; EOS and the content
         policy were decided at the select). A stop that matched cuts the output whichever check
         wins the reason: the tails are discarded."""
-        hit = self.stop.states[c.stop_matcher] == "HIT"
+        hit = c.stop_matcher in self.matched
         forced = {"stop_hit": hit, "length": c.selected >= self.config.max_output_tokens}
         free = self._free(False)
         for event in self._winners(forced, free, frozenset({"eos", "content_interrupt"})):
@@ -829,17 +876,16 @@ class Model:
 
     def _send(self, c, out) -> None:
         """A delta waits to be queued on the stream: transport failure, backpressure, or sent (§4.8)."""
-        st = self.stream.states[c.stream]
         if "transport_error" in self.config.faults:
             s = self._new(c, out, "environment: the send fails (transport error)", Tag("send_fails", fault=True))
             s.lc("transport_error")
-        if st == "PAUSED":
+        if c.stream in self.paused:
             return  # the producer waits for the reader (pause policy)
-        if c.unread < self.config.buffer_cap or st != "OPEN":
+        if c.unread < self.config.buffer_cap or c.stream not in self.sending:
             s = self._new(c, out, "loop: delta queued on the stream", Tag("delta"))
             if c.terminals or self.stream.terminal[c.stream]:
                 s.violate("no_delta_after_terminal", "a delta is sent after the terminal event")
-            if REASONS[c.reason] == FinishReason.STOP_SEQUENCE or self.stop.states[c.stop_matcher] == "DISCARDED":
+            if REASONS[c.reason] == FinishReason.STOP_SEQUENCE or c.stop_matcher in self.discarded:
                 s.violate("nothing_after_stop_hit", "a delta is sent after the stop hit")
             if s.fire("stream", "delta") is not None:  # the row's effect queues it (seq, unread)
                 s.f[F.pc] = c.ret
@@ -851,8 +897,7 @@ class Model:
 
     def _drain(self, c, out) -> None:
         """DRAINING: text.finish(), its bytes through the stop matcher, else flush (§4.3)."""
-        dt = self.detok.states[c.detokenizer]
-        if dt != "PENDING":
+        if c.detokenizer not in self.pending:
             s = self._new(c, out, "loop: finish(): nothing pending", Tag("drain", what="nothing"))
             if not self.detok.terminal[c.detokenizer]:
                 s.fire("detokenizer", "finish")
@@ -881,54 +926,54 @@ class Model:
         a failing connection while a cancel is pending, a racing release, a scheduler parking a
         parked sequence or unparking a resident one): each is checked and counted as fired; one
         that changes nothing is no edge of the search (machine/checker.py)."""
-        life = self.life.states[c.lifecycle]
-        life_terminal = self.life.terminal[c.lifecycle]
+        life = c.lifecycle
+        life_terminal = self.life.terminal[life]
         faults = self.config.faults
         if c.cancel == CANCEL.none and "cancel" in faults:
             s = self._new(c, out, "environment: cancel requested", Tag("request", what="cancel"))
             s.f[F.cancel] = CANCEL.requested
         elif c.cancel == CANCEL.requested and c.pc not in (PC.created, PC.queued, PC.top_of_step) and (
-            c.kernel or life == "DRAINING" or life_terminal
+            c.kernel or life in self.draining or life_terminal
         ):
             s = self._new(c, out, "scheduler: cancel observed while the loop is busy", Tag("observe_busy", what="cancel", fault=True))
             s.f[F.cancel] = CANCEL.observed
             s.after_lifecycle(s.lc("cancel"), default=c.pc)
-        elif c.cancel == CANCEL.observed and (life == "CANCEL_REQUESTED" or life_terminal):
+        elif c.cancel == CANCEL.observed and (life in self.cancel_observed or life_terminal):
             s = self._new(c, out, "environment: the cancel is repeated", Tag("repeat_cancel", fault=True))
             if not life_terminal:  # after the end the ignore row changes nothing: no new state
                 s.f[F.cancel] = CANCEL.repeated
             s.lc("cancel")
-        if life == "CANCEL_REQUESTED" and "transport_error" in faults:
+        if life in self.cancel_observed and "transport_error" in faults:
             s = self._new(c, out, "transport: the connection fails while the cancel is pending", Tag("transport_while_cancel", fault=True))
             s.lc("transport_error")
-        if life_terminal and self.res.states[c.kv_cache] == "RELEASED":
+        if life_terminal and self.res.terminal[c.kv_cache]:
             s = self._new(c, out, "environment: a racing release of the KV cache", Tag("racing_release", fault=True))
             s.fire("resources", "release", F.kv_cache)
-        where = self.seq.states[c.sequence]
         if c.pc == PC.top_of_step and not life_terminal:
-            if where == "PARKED" and self.stream.states[c.stream] == "PAUSED":
+            parked = c.sequence in self.parked
+            if parked and c.stream in self.paused:
                 s = self._new(c, out, "scheduler: parks its parked sequence again", Tag("park_again", fault=True))
                 s.fire("sequence", "park")
-            elif where == "RESIDENT" and self.stream.states[c.stream] == "OPEN":
+            elif not parked and c.sequence not in self.swapped and c.stream in self.sending:  # resident
                 s = self._new(c, out, "scheduler: unparks a sequence that is not parked", Tag("unpark_idle", fault=True))
                 s.fire("sequence", "unpark")
         if c.deadline == DEADLINE.none and not life_terminal and "deadline" in faults:
             s = self._new(c, out, "environment: deadline passes", Tag("request", what="deadline"))
             s.f[F.deadline] = DEADLINE.passed
-        st = self.stream.states[c.stream]
+        paused = c.stream in self.paused
         if c.unread and c.reader != READER.disconnected:
             s = self._new(c, out, "reader: reads one delta", Tag("read", fault=True))
             s.f[F.unread] -= 1
-            if st == "PAUSED":
+            if paused:
                 s.fire("stream", "unblock")
-        if c.reader == READER.connected and st != "NEW" and "disconnect" in faults:
+        if c.reader == READER.connected and c.stream != self.stream_new and "disconnect" in faults:
             s = self._new(c, out, "transport: the client disconnects", Tag("disconnect", fault=True))
             s.fire("stream", "disconnect")  # its row's effect: the reader is gone (RequestState.reader)
         elif c.reader == READER.disconnected:
             s = self._new(c, out, "transport: the client reconnects and replays from its last seq", Tag("reconnect", fault=True))
             s.fire("stream", "reconnect")
             s.fire("stream", "replay")  # the replayed deltas count as read (OrderedStream.replay)
-            if st == "PAUSED":
+            if paused:
                 s.fire("stream", "unblock")
 
     # ---- what is checked ---------------------------------------------------------------------
@@ -1035,7 +1080,7 @@ WITNESSES = {
         "§4.10", ("lifecycle", "DECODING", "content_interrupt"),
         lambda m, a, b: b.selected == m.config.max_output_tokens and b.seq == a.seq),
     "replay_resumes_paused_producer": (
-        "§4.7", ("stream", "PAUSED", "replay"), lambda m, a, b: m.stream.states[b.stream] == "OPEN"),
+        "§4.7", ("stream", "PAUSED", "replay"), lambda m, a, b: b.stream in m.sending),
     # §4.8: the scheduler's moves (spec/sequence.toml)
     "preempted_then_resumed": ("§4.8", ("sequence", "SWAPPED", "resume"), _always),
     "parked_then_preempted": ("§4.8", ("sequence", "PARKED", "preempt"), _always),

@@ -11,7 +11,10 @@
   end) branch on, each set the states where the table has a row for the events that say it;
   `sequence_states()`: the same for where the Engine holds a sequence (spec/sequence.toml);
   `stream_states()`: where the ordered stream sends and where its producer waits (spec/stream.toml);
-  `resource_states()`: where a resource of the ledger is held (spec/resources.toml).
+  `resource_states()`: where a resource of the ledger is held (spec/resources.toml);
+  `stop_states()`: where a stop string has matched (spec/stop_matcher.toml); `detokenizer_states()`:
+  where bytes wait for the rest of a character (spec/detokenizer.toml). Each refuses a set no
+  state fills unless asked not to (`refuse=False`: the model checker judges such a table).
 """
 
 from __future__ import annotations
@@ -101,7 +104,7 @@ def final_reasons(life: Table | None = None) -> Mapping[str, frozenset[FinishRea
 
 
 def _where(events: tuple[str, ...], means: str, one: str | None = None) -> Any:
-    """A field of a states class (DriverStates, SequenceStates, StreamStates, ResourceStates): the
+    """A field of a states class (DriverStates, SequenceStates, StreamStates, ResourceStates, ...): the
     states where every one of `events` is a row (what `means`); `one`, when given, says why the
     set must be a single state."""
     return attrs.field(metadata={"events": events, "means": means, "one": one})
@@ -148,35 +151,64 @@ class ResourceStates:
     held: frozenset[str] = _where(("release",), "a resource is held: its one release frees it (§4.10)")
 
 
-def driver_states(life: Table | None = None) -> DriverStates:
+@attrs.frozen
+class StopStates:
+    """The stop-matcher states the loop branches on, found from the rows of spec/stop_matcher.toml (§4.6)."""
+
+    matched: frozenset[str] = _where(("discard",), "a stop string matched: the match is discarded, never sent (§4.6)")
+
+
+@attrs.frozen
+class DetokenizerStates:
+    """The detokenizer states the loop branches on, found from the rows of spec/detokenizer.toml (§4.5)."""
+
+    pending: frozenset[str] = _where(("finish_invalid",),
+                                     "bytes wait for the rest of a character: finish() may find them invalid (§4.5)")
+
+
+def driver_states(life: Table | None = None, *, refuse: bool = True) -> DriverStates:
     """The DriverStates of `life` (default: the spec directory's lifecycle table). A set no state
     fills, an event the table does not have, or a loop that selects in more than one state is a
-    SpecError naming the set and its events."""
-    return _states_where(DriverStates, life or load_spec("lifecycle"), "driver states")
+    SpecError naming the set and its events; with `refuse` False (the model checker, which judges
+    a table the drivers would refuse) only the unknown event is, and each set is what the rows give."""
+    return _states_where(DriverStates, life or load_spec("lifecycle"), "driver states", refuse)
 
 
-def sequence_states(sequence: Table | None = None) -> SequenceStates:
+def sequence_states(sequence: Table | None = None, *, refuse: bool = True) -> SequenceStates:
     """The SequenceStates of `sequence` (default: the spec directory's sequence table), refused as
     driver_states refuses."""
-    return _states_where(SequenceStates, sequence or load_spec("sequence"), "sequence states")
+    return _states_where(SequenceStates, sequence or load_spec("sequence"), "sequence states", refuse)
 
 
-def stream_states(stream: Table | None = None) -> StreamStates:
+def stream_states(stream: Table | None = None, *, refuse: bool = True) -> StreamStates:
     """The StreamStates of `stream` (default: the spec directory's stream table), refused as
     driver_states refuses (a stream that takes deltas in more than one state too)."""
-    return _states_where(StreamStates, stream or load_spec("stream"), "stream states")
+    return _states_where(StreamStates, stream or load_spec("stream"), "stream states", refuse)
 
 
-def resource_states(resources: Table | None = None) -> ResourceStates:
+def resource_states(resources: Table | None = None, *, refuse: bool = True) -> ResourceStates:
     """The ResourceStates of `resources` (default: the spec directory's resources table), refused
     as driver_states refuses."""
-    return _states_where(ResourceStates, resources or load_spec("resources"), "resource states")
+    return _states_where(ResourceStates, resources or load_spec("resources"), "resource states", refuse)
 
 
-_States = TypeVar("_States", DriverStates, SequenceStates, StreamStates, ResourceStates)
+def stop_states(stop: Table | None = None, *, refuse: bool = True) -> StopStates:
+    """The StopStates of `stop` (default: the spec directory's stop_matcher table), refused as
+    driver_states refuses."""
+    return _states_where(StopStates, stop or load_spec("stop_matcher"), "stop matcher states", refuse)
 
 
-def _states_where(cls: type[_States], table: Table, what: str) -> _States:
+def detokenizer_states(detok: Table | None = None, *, refuse: bool = True) -> DetokenizerStates:
+    """The DetokenizerStates of `detok` (default: the spec directory's detokenizer table), refused
+    as driver_states refuses."""
+    return _states_where(DetokenizerStates, detok or load_spec("detokenizer"), "detokenizer states", refuse)
+
+
+_States = TypeVar("_States", DriverStates, SequenceStates, StreamStates, ResourceStates, StopStates,
+                  DetokenizerStates)
+
+
+def _states_where(cls: type[_States], table: Table, what: str, refuse: bool) -> _States:
     found: dict[str, frozenset[str]] = {}
     for field in attrs.fields(cls):
         events, means = field.metadata["events"], field.metadata["means"]
@@ -185,6 +217,8 @@ def _states_where(cls: type[_States], table: Table, what: str) -> _States:
             raise SpecError(table.source, f"{what} {field.name}", f"{unknown} are not events of the table")
         found[field.name] = frozenset(s for s in table.states
                                       if all(table.decision(s, e).kind is DecisionKind.ROW for e in events))
+        if not refuse:
+            continue
         if not found[field.name]:
             raise SpecError(table.source, f"{what} {field.name}",
                             f"no state has a row for {' and '.join(events)}; the drivers need one: {means}")

@@ -10,18 +10,21 @@ import attrs
 import pytest
 from _engine_kit import ascii_tokenizer, tiny_model
 
-from decodespec.machine.checker_model import Model
+from decodespec.machine.checker import check
+from decodespec.machine.checker_model import Model, ModelConfig
 from decodespec.runtime import Request
 from decodespec.runtime.engine import Engine
 from decodespec.runtime.ledger import ResourceLedger
 from decodespec.runtime.stream import OrderedStream
-from decodespec.spec import FinishReason, SpecError, default_spec
+from decodespec.spec import Decision, DecisionKind, FinishReason, SpecError, default_spec
 from decodespec.spec.derived import (
+    detokenizer_states,
     driver_states,
     final_reasons,
     model_resources,
     resource_states,
     sequence_states,
+    stop_states,
     stream_end_of,
     stream_resources,
     stream_states,
@@ -212,3 +215,58 @@ def test_a_stream_table_without_what_the_stream_branches_on_is_refused():
     renamed_end = _table("stream", lambda t: t.replace('"COMPLETED"', '"DONE"'))
     with pytest.raises(SpecError, match="terminal state DONE.*names no terminal event of §4.7"):
         OrderedStream("r", table=renamed_end)
+
+
+def test_the_stop_and_detokenizer_states_are_the_states_the_checker_named():
+    """§4.6, §4.5: a stop string has matched where its discard is a row (HIT); bytes wait for the rest
+    of a character where finish() may find them invalid (PENDING). Renamed, the sets move."""
+    assert attrs.asdict(stop_states()) == {"matched": {"HIT"}}
+    assert attrs.asdict(detokenizer_states()) == {"pending": {"PENDING"}}
+    assert stop_states(_table("stop_matcher", lambda t: t.replace('"HIT"', '"MATCHED"'))).matched == {"MATCHED"}
+    assert detokenizer_states(_table("detokenizer", lambda t: t.replace('"PENDING"', '"PARTIAL"'))).pending == {"PARTIAL"}
+
+
+def test_the_checker_reads_a_set_no_state_fills_as_empty_where_the_drivers_refuse_it():
+    """The drivers refuse a lifecycle table whose DRAINING refuses complete (the loader would too:
+    FINISHED is out of reach); the model checker judges it instead (`refuse=False`: the set is
+    empty, the search finds the deadlock). An event the table lacks is refused either way."""
+    life = _lifecycle()
+    no_complete = attrs.evolve(life, decisions={**life.decisions, ("DRAINING", "complete"): Decision(
+        DecisionKind.REJECT, "DRAINING", "complete", "DRAINING", anchor="§4.3", where="edited")})
+    with pytest.raises(SpecError, match="driver states draining: no state has a row for complete"):
+        driver_states(no_complete)
+    assert driver_states(no_complete, refuse=False).draining == frozenset()
+    assert Model({"lifecycle": no_complete}).draining == frozenset()
+    with pytest.raises(SpecError, match=r"\['unpark'\] are not events of the table"):
+        sequence_states(_table("sequence", lambda t: t.replace('"unpark"', '"wake"')), refuse=False)
+
+
+# table -> {state: new name}: every state the checker's model and state checks branch on by a set
+# of spec/derived.py, under another name
+RENAMED = {
+    "lifecycle": {"DRAINING": "FLUSHING", "CANCEL_REQUESTED": "CANCEL_SEEN", "CANCELLED": "ABORTED", "FINISHED": "ENDED"},
+    "stream": {"PAUSED": "WAITING"},
+    "resources": {"HELD": "TAKEN", "RELEASED": "GIVEN_BACK"},
+    "sequence": {"PARKED": "HELD_BACK", "SWAPPED": "SWAPPED_OUT"},
+    "stop_matcher": {"HIT": "MATCHED", "HOLDING": "KEEPING", "DISCARDED": "DROPPED"},
+    "detokenizer": {"PENDING": "PARTIAL"},
+}
+
+
+def _renamed(name: str) -> object:
+    def edit(text: str) -> str:
+        for old, new in RENAMED[name].items():
+            text = re.sub(rf"\b{old}\b", new, text)
+        return text
+    return _table(name, edit)
+
+
+def test_the_checker_judges_tables_with_renamed_states_as_it_judges_the_shipped_ones():
+    """The model checker finds its states by what the rows say, not by name (§4.1-§4.10): with the
+    states it branches on renamed in every table, one request explores as many states as with the
+    shipped tables, and no invariant is broken. (Witnesses name table pairs, so they go missing.)"""
+    config = ModelConfig(max_output_tokens=1, policies=("pause",))
+    shipped = check(requests=1, config=config)
+    renamed = check(requests=1, config=config, tables={name: _renamed(name) for name in RENAMED})
+    assert [v.name for v in renamed.violations] == [] and shipped.violations == ()
+    assert (renamed.states, renamed.transitions) == (shipped.states, shipped.transitions)
