@@ -78,6 +78,21 @@ def test_a_failure_shrinks_to_the_smallest_example_with_the_same_symptom_and_bas
     assert shrink_all([(ex, first)], _fake_run([])) == [done]  # deterministic
 
 
+@pytest.mark.parametrize(("args", "said"), [
+    ([], "give one of --preset NAME, --launch CMD or --engine"),
+    (["--engine", "reference", "--launch", "x {port}"], "(got --launch, --engine)"),
+    (["--engine", "openai:http://127.0.0.1:1"], "reference or module:factory"),
+    (["--engine", "reference", "--budget", "soon"], "no duration"),
+])
+def test_the_command_refuses_a_run_it_cannot_start_and_says_why(args, said):
+    from click.testing import CliRunner
+
+    from decodespec.cli import main
+
+    done = CliRunner().invoke(main, ["fuzz", *args])
+    assert done.exit_code == 2 and said in done.output, done.output
+
+
 def test_budget_reads_seconds_minutes_and_hours_and_refuses_the_rest():
     assert [parse_budget(t) for t in ("90", "90s", "10m", "1h")] == [90, 90, 600, 3600]
     with pytest.raises(click.BadParameter, match="no duration"):
