@@ -155,6 +155,19 @@ def test_a_run_shrinks_each_failure_and_judges_its_minimal_case_again_alone(tmp_
         assert alone.case.inputs["script"] == [KEY_ID] and len(alone.case.inputs["stop"]) == 1
 
 
+@pytest.mark.parametrize("fields", [{"echo": True, "logprobs": 1}, {"logprobs": 1}])
+def test_decodespec_serve_passes_a_stop_inside_a_token_with_per_token_reports(tmp_path, fields):
+    """A minimal case the fuzz shrank against decodespec serve (a judge's blind spot, D59, D33): one
+    token ' hello' completes the stop 'e' inside itself; the chunk sending ' h' reports it, after
+    the echoed prompt where asked, and its cut bytes are owed to no chunk."""
+    from decodespec.properties.conformance.fuzz.batch import InProcess, run_batch
+
+    ex = {"tokenizer": {"fixture": "sentencepiece_byte_fallback"}, "prompt": [{"text": "The"}],
+          "script": [{"text": "hello"}], "max_tokens": 1, "stop": ["e"], "request": fields}
+    [r] = run_batch([ex], "t001", InProcess(), tmp_path).results
+    assert r.verdict is Verdict.PASS and not r.failures, [f.message for f in r.failures]
+
+
 # ---- CI: a short fuzz of the reference (a failure is a bug of the reference or of the judge) -------
 
 

@@ -109,7 +109,7 @@ class Want:
     """What the reference selected: `tokens` in order; whether the last is no text (may be left out);
     `unsent`: how many last tokens a run that failed never sent a byte of (they may be left out);
     `echo`: the text before the first token (the prompt, echoed: D33); `sent`: how many bytes the
-    whole answer sends (echo and output; None: unknown), so a token's bytes past it, cut by a stop
+    whole answer sends (its output, the echo included; None: unknown), so a token's bytes past it, cut by a stop
     inside that token, are never text the chunks still owe."""
 
     tokens: tuple[int, ...]
@@ -267,7 +267,7 @@ def want_of(a: Any, case: Any) -> Want:
     echo = (tok.decode_bytes(list(a.checkpoint.programs[case.id].prompt))
             if case.inputs.get("request", {}).get("echo") else b"")
     return Want(tokens, bool(tokens) and tokens[-1] in ends, tuple(case.inputs.get("stop") or ()), not_text,
-                unsent, echo, len(echo) + len(res.output))
+                unsent, echo, len(res.output))  # the reference's output holds the echo
 
 
 def stream_reported(a: Any, path: str, body: dict[str, Any], chat: bool) -> tuple[Streamed, bool]:
