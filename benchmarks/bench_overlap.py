@@ -38,6 +38,7 @@ from decodespec.runtime.tokenizers import HFTokenizer
 
 BATCHES = (1, 8, 32)
 STEPS = 64
+QUICK = {"rounds": 1, "steps": 4, "d_model": 64}  # `decodespec bench --quick`: a smoke run, not a measurement
 OUT = Path(__file__).resolve().parent / "results" / "overlap_cpu.json"
 
 
@@ -73,7 +74,7 @@ def bare_step_ms(model: TinyLM, b: int, n: int = 20) -> float:
     return stat(times)["median"]
 
 
-def run(rounds: int, steps: int, threads: int, d_model: int) -> dict[str, Any]:
+def run(rounds: int = 5, steps: int = STEPS, threads: int = 1, d_model: int = 256) -> dict[str, Any]:
     torch.set_num_threads(threads)
     shape = TinyLM.default().config
     model = TinyLM(attrs.evolve(shape, d_model=d_model, d_ff=3 * d_model), name=f"tinylm-d{d_model}")

@@ -27,7 +27,7 @@ from rich.table import Table as RichTable
 
 from .cli_paths import output_file
 
-BENCHMARKS = ("framework", "stop", "detok", "stepper", "checker", "engine", "server")
+BENCHMARKS = ("framework", "stop", "detok", "stepper", "checker", "engine", "overlap", "server")
 
 
 def default_folder() -> Path:
