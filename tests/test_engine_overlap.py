@@ -105,6 +105,41 @@ def test_a_failed_send_while_the_step_runs_frees_the_cache_once_after_it():
         assert check_trace(run.trace.events, tokenizer=TOK) == []
 
 
+class _FreedCacheWatch(SlowModel):
+    """The tiny model, each step `delay_s` long; records every cache of its batch that was freed
+    before the step wrote it (the step still writes there: §4.9's safe point was not waited for)."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__(tiny_model(), delay_s)
+        self.freed_in_flight: list[int] = []
+
+    def decode_one(self, caches, tokens):
+        time.sleep(self.delay_s)  # the host work on y_t runs meanwhile
+        freed = [id(c) for c in caches if c.freed]
+        if freed:
+            self.freed_in_flight += freed
+            raise RuntimeError("a cache of the batch was freed while its step ran")
+        return self.inner.decode_one(caches, tokens)
+
+
+@pytest.mark.parametrize("held", [True, False], ids=["held", "seeded-free-at-once"])
+def test_no_cache_is_freed_while_its_step_runs(held, monkeypatch):
+    """§4.9, §4.10: requests whose sends fail during y_t's host work end FAILED there, but their
+    caches are freed only once the step writing them completed. Seeded: with the held cache
+    switched off the free lands while the step runs, and the watch sees it."""
+    from decodespec.runtime import engine as engine_module
+
+    if not held:
+        monkeypatch.setattr(engine_module, "_hold", lambda e: None)
+    model = _FreedCacheWatch(0.01)
+    eng = Engine(model, TOK, overlap=True)
+    runs = [eng.submit(Request(prompt=f"send fails {i}", max_output_tokens=8, request_id=f"f{i}"),
+                       faults=FaultPlan([Fault("response.delta", 2, "transport_error")])) for i in range(3)]
+    eng.run_until_idle()
+    assert all(r.state == "FAILED" and r.cache.freed for r in runs)
+    assert (model.freed_in_flight == []) is held, model.freed_in_flight
+
+
 def test_overlap_must_be_a_bool():
     with pytest.raises(ValueError, match="overlap must be True or False"):
         Engine(MODEL, TOK, overlap=1)
