@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -135,6 +136,8 @@ def fuzz(preset: str | None, presets_files: tuple[Path, ...], launch: str | None
         sys.stderr.write(marks[r.verdict.value])
         sys.stderr.flush()
 
+    # SIGTERM ends the run as Ctrl-C does: the server a batch started is stopped on the way out
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     say(f"seed {seed}, budget {seconds:.0f} s, batches of {batch}; checkpoints under {work}")
     def progress(line: str) -> None:  # after a batch's marks
         sys.stderr.write("\n")
