@@ -136,7 +136,7 @@ def test_a_run_files_each_minimal_case_judged_alone_with_a_reproducer_that_rebui
     [alone] = judge_cases([case], _SendsStops(), tmp_path / "minimal")
     run = FuzzRun(1, _SendsStops.label, 1, 2, {failure_key(first): (ex, first)}, 1, (), (done,), 1.0, ((done, alone),))
     write_run(run, tmp_path / "out")
-    assert case.id == "fuzz/stop-sent/001" and (tmp_path / "out/cases/fuzz/stop-sent--001.json").is_file()
+    assert case.id == "fuzz-minimal/stop-sent/001" and (tmp_path / "out/cases/fuzz-minimal/stop-sent--001.json").is_file()
     report = json.loads((tmp_path / "out/report.json").read_text(encoding="utf-8"))
     assert report["cases"][0]["id"] == case.id and report["cases"][0]["verdict"] == "FAIL"
     replay = report["cases"][0]["reproducer"]["replay"]
@@ -151,7 +151,7 @@ def test_a_run_shrinks_each_failure_and_judges_its_minimal_case_again_alone(tmp_
     run = fuzz(_SendsStops(), tmp_path, budget_s=600, seed=1, batch=20, max_batches=1, tokenizers=("byte_table",))
     assert run.failures and run.minimal
     for s, alone in run.minimal:
-        assert failure_key(alone) == s.key and alone.case.id.startswith("fuzz/stop-sent/")
+        assert failure_key(alone) == s.key and alone.case.id.startswith("fuzz-minimal/stop-sent/")
         assert alone.case.inputs["script"] == [KEY_ID] and len(alone.case.inputs["stop"]) == 1
 
 

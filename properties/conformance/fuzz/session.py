@@ -5,10 +5,12 @@ and written as a case with its reproducer (`decodespec fuzz`).
 (seed, k) (`draw_examples`: generation only, no database, so a seed gives the same examples), runs
 each batch on one engine start (batch.run_batch), and keeps the failures (FAIL or DIFFERS) by key
 (shrink.failure_key: the lead finding's symptom and basis). Generation stops when GENERATE_SHARE of
-the budget is spent (the whole budget while nothing failed); the smallest failing example of each key is then shrunk (shrink.shrink_all)
-while the budget lasts. `write_run` files each minimal example as a case (properties/cases' format,
-id `fuzz/<symptom>/NNN`, expect = the reference's answer on its own tokenizer) and writes the report
-in `decodespec conform`'s format, the minimal cases first, then the failures as generated, then
+the budget is spent (the whole budget while nothing failed); the smallest failing example of each
+key is then shrunk (shrink.shrink_all) while the budget lasts, and each minimal example is filed
+as a case (properties/cases' format, id `fuzz-minimal/<symptom>/NNN`, which sorts before the
+generated `fuzz/...` in a report; expect = the reference's answer on its own tokenizer) and judged
+again in one batch of them alone. `write_run` writes those cases and the report in `decodespec
+conform`'s format, the minimal cases first, then the failures as generated, then
 the examples the run could not judge (ERROR).
 """
 
@@ -69,7 +71,7 @@ class FuzzRun:
     errors: tuple[CaseResult, ...]
     shrunk: tuple[Shrunk, ...]
     wall_s: float
-    # each distinct minimal example filed as a case (fuzz/<symptom>/NNN) and judged again in one last
+    # each distinct minimal example filed as a case (fuzz-minimal/<symptom>/NNN) and judged again in one last
     # batch of them alone: the checkpoints a reproducer rebuilds from the case files
     minimal: tuple[tuple[Shrunk, CaseResult], ...] = ()
 
@@ -128,10 +130,10 @@ def fuzz(engine: Engine, workdir: Path, *, budget_s: float, seed: int = 0, batch
 
 
 def filed_case(s: Shrunk, number: int, seed: int, engine: str) -> Case:
-    """The case of a minimal example: id fuzz/<symptom>/NNN, the reference's answer on its own
+    """The case of a minimal example: id fuzz-minimal/<symptom>/NNN, the reference's answer on its own
     tokenizer as `expect`, a description naming the symptom, the basis and how it was found."""
     symptom, kind, ref = s.key
-    case_id = f"fuzz/{symptom.replace('_', '-')}/{number:03d}"
+    case_id = f"fuzz-minimal/{symptom.replace('_', '-')}/{number:03d}"
     lead = s.result.lead
     bare = case_of(case_id, s.minimal)
     tok = case_tokenizer(bare)
