@@ -273,49 +273,67 @@ def _actions(data: dict[str, Any], decisions: dict, source: str, problems: _Prob
     if not isinstance(raw_effects, dict) or not isinstance(raw_actions, dict):
         problems.add(SpecError(source, "actions", "[effects] and [actions] are tables and come together"))
         return {}, {}
-    effects: dict[str, Effect] = {}
-    for name, e in raw_effects.items():
-        where = f"effects.{name}"
-        if not isinstance(e, dict):
-            problems.add(SpecError(source, where, "an effect is a table: { phase, anchor, note }"))
-            continue
-        extra = sorted(set(e) - {"phase", "anchor", "note", "takes_reason"})
-        if extra:
-            problems.add(SpecError(source, where, f"unknown key '{extra[0]}'"))
-        elif e.get("phase") not in _PHASES:
-            problems.add(SpecError(source, where, f"phase must be one of {', '.join(_PHASES)}, got {e.get('phase')!r}"))
-        elif "anchor" not in e:
-            problems.add(SpecError(source, where, "missing 'anchor'"))
-        else:
-            effects[name] = Effect(name, e["phase"], e["anchor"], e.get("note", ""), bool(e.get("takes_reason", False)))
-    actions: dict[str, tuple[str, ...]] = {}
-    for name, listed in raw_actions.items():
-        where = f"actions.{name}"
-        if not isinstance(listed, list) or not all(isinstance(x, str) for x in listed):
-            problems.add(SpecError(source, where, "an action is a list of effect names"))
-            continue
-        unknown = [x for x in listed if x not in raw_effects]
-        dup = _first_duplicate(tuple(listed))
-        if unknown:
-            problems.add(SpecError(source, where, f"undeclared effect '{unknown[0]}'"))
-        elif dup is not None:
-            problems.add(SpecError(source, where, f"effect '{dup}' is listed twice"))
-        else:
-            actions[name] = tuple(listed)
+    effects = {name: e for name, raw in raw_effects.items() if (e := _effect(name, raw, source, problems)) is not None}
+    actions = {name: a for name, listed in raw_actions.items()
+               if (a := _action(name, listed, raw_effects, source, problems)) is not None}
     for d in decisions.values():
-        if d.action and d.action not in raw_actions:
-            problems.add(SpecError(source, d.where, f"action '{d.action}' of ({d.state}, {d.event}) is not declared in [actions]"))
-        elif d.action in actions:
-            takes = any(effects[x].takes_reason for x in actions[d.action] if x in effects)
-            if takes and d.kind is DecisionKind.ROW and not d.reason:
-                problems.add(SpecError(source, d.where, f"action '{d.action}' fixes a reason and ({d.state}, {d.event}) gives none"))
-            elif d.reason and not takes:
-                problems.add(SpecError(source, d.where, f"({d.state}, {d.event}) has reason '{d.reason}' and its action '{d.action}' does not fix one"))
+        _check_action_reason(d, raw_actions, actions, effects, source, problems)
     used = {x for listed in raw_actions.values() if isinstance(listed, list) for x in listed}
     for name in effects:
         if name not in used:
             problems.add(SpecError(source, f"effects.{name}", "no action has this effect"))
     return effects, actions
+
+
+def _effect(name: str, e: Any, source: str, problems: _Problems) -> Effect | None:
+    """One [effects] entry: { phase, anchor, note, takes_reason }, its phase one of _PHASES."""
+    where = f"effects.{name}"
+    if not isinstance(e, dict):
+        problems.add(SpecError(source, where, "an effect is a table: { phase, anchor, note }"))
+        return None
+    extra = sorted(set(e) - {"phase", "anchor", "note", "takes_reason"})
+    if extra:
+        problems.add(SpecError(source, where, f"unknown key '{extra[0]}'"))
+    elif e.get("phase") not in _PHASES:
+        problems.add(SpecError(source, where, f"phase must be one of {', '.join(_PHASES)}, got {e.get('phase')!r}"))
+    elif "anchor" not in e:
+        problems.add(SpecError(source, where, "missing 'anchor'"))
+    else:
+        return Effect(name, e["phase"], e["anchor"], e.get("note", ""), bool(e.get("takes_reason", False)))
+    return None
+
+
+def _action(name: str, listed: Any, raw_effects: dict, source: str, problems: _Problems) -> tuple[str, ...] | None:
+    """One [actions] entry: a list of declared effect names, each once."""
+    where = f"actions.{name}"
+    if not isinstance(listed, list) or not all(isinstance(x, str) for x in listed):
+        problems.add(SpecError(source, where, "an action is a list of effect names"))
+        return None
+    unknown = [x for x in listed if x not in raw_effects]
+    dup = _first_duplicate(tuple(listed))
+    if unknown:
+        problems.add(SpecError(source, where, f"undeclared effect '{unknown[0]}'"))
+    elif dup is not None:
+        problems.add(SpecError(source, where, f"effect '{dup}' is listed twice"))
+    else:
+        return tuple(listed)
+    return None
+
+
+def _check_action_reason(d: Decision, raw_actions: dict, actions: dict[str, tuple[str, ...]],
+                         effects: dict[str, Effect], source: str, problems: _Problems) -> None:
+    """A decision's action is declared, and the decision gives a reason exactly when one of the
+    action's effects takes one (an ignore needs none)."""
+    if d.action and d.action not in raw_actions:
+        problems.add(SpecError(source, d.where, f"action '{d.action}' of ({d.state}, {d.event}) is not declared in [actions]"))
+        return
+    if d.action not in actions:
+        return
+    takes = any(effects[x].takes_reason for x in actions[d.action] if x in effects)
+    if takes and d.kind is DecisionKind.ROW and not d.reason:
+        problems.add(SpecError(source, d.where, f"action '{d.action}' fixes a reason and ({d.state}, {d.event}) gives none"))
+    elif d.reason and not takes:
+        problems.add(SpecError(source, d.where, f"({d.state}, {d.event}) has reason '{d.reason}' and its action '{d.action}' does not fix one"))
 
 
 def _entry_decisions(entry: dict[str, Any], kind: DecisionKind, where: str, source: str) -> list[Decision]:
