@@ -34,6 +34,7 @@ from .strategies import TOKENIZERS, case_of, examples
 
 GENERATE_SHARE = 0.6  # of the budget spent generating; the rest shrinks
 BATCH = 60  # examples a batch compiles into one checkpoint set
+SHRINK_WIDTH = 30  # candidates per failure in a shrinking batch (the smallest first)
 
 
 def draw_examples(n: int, seed: int, tokenizers: Sequence[str] = TOKENIZERS) -> list[dict[str, Any]]:
@@ -110,7 +111,7 @@ def fuzz(engine: Engine, workdir: Path, *, budget_s: float, seed: int = 0, batch
                     failing[key] = (ex, r)
         say(f"batch {k}: {len(exs)} examples ({tried} in all), {failures} failing in {len(failing)} kind(s), "
             f"{len(errors)} error(s), {time.monotonic() - t0:.0f} s")
-    shrunk = shrink_all([failing[key] for key in sorted(failing)], run, more=lambda: left() > 0,
+    shrunk = shrink_all([failing[key] for key in sorted(failing)], run, more=lambda: left() > 0, per_target=SHRINK_WIDTH,
                         on_round=lambda n, m: say(f"shrinking, round {n}: {m} failure(s) still shrinking, "
                                                   f"{time.monotonic() - t0:.0f} s")) if failing else []
     filed: list[tuple[Shrunk, Case]] = []
