@@ -6,7 +6,9 @@ so an edited action changes what the runtime does (§4.3, §4.10)."""
 from __future__ import annotations
 
 import re
+import traceback
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from _spec_kit import edited_spec
@@ -223,3 +225,24 @@ def test_a_changed_detokenizer_action_changes_what_the_runtime_returns():
     edited = run(spec=spec)
     assert edited[:4] == [[b"x", b"", "DecodingError"], "FAILED", "FAILED", b"x"], edited
     assert edited[4].startswith("decoding_error: invalid UTF-8 in the output: a9"), edited
+
+
+def test_an_effect_that_raises_names_its_file_and_line():
+    """The lifecycle effects are code in runtime/effects.py (no source built at run time): a stream
+    that fails to send the terminal event (§4.3, transition_and_emit_terminal) shows the drain and
+    emit_terminal frames there, each with the line that was running."""
+    tok = ByteTableTokenizer({1: b"x", 2: b"A", 5: b""}, eos_id=5)
+
+    def complete(*args: object) -> int:
+        raise RuntimeError("terminal send failed")
+
+    with mock.patch.object(stream.OrderedStream, "complete", complete), \
+         pytest.raises(RuntimeError, match="terminal send failed") as caught:
+        generate(Request([1], max_output_tokens=2), model=ScriptedModel([2, 5], vocab_size=6), tokenizer=tok)
+    frames = {f.name: f for f in traceback.extract_tb(caught.value.__traceback__)}
+    lines = Path(effects.__file__).read_text(encoding="utf-8").splitlines()
+    for name, line in (("drain", 'run.fire("complete")'),
+                       ("_emit_terminal", "send(run.stream, run.final_reason, run.usage().as_dict(), run.error)")):
+        frame = frames[name]
+        assert Path(frame.filename) == Path(effects.__file__) and frame.line == line, frame
+        assert lines[frame.lineno - 1].strip() == line
