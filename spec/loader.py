@@ -94,48 +94,8 @@ def build_table(data: dict[str, Any], source: str) -> Table:
     """Validate parsed table data; every check names the entry it refuses, and every problem of a
     phase (declarations, entries, undecided pairs, the graph) is reported together."""
     problems = _Problems(source)
-    for key in _HEADER:
-        if key not in data:
-            problems.add(SpecError(source, "header", f"missing key '{key}'"))
-    problems.raise_any()
-    states = tuple(data["states"])
-    events = tuple(data["events"])
-    terminal = tuple(data["terminal"])
-    for label, seq in (("states", states), ("events", events), ("terminal", terminal)):
-        dup = _first_duplicate(seq)
-        if dup is not None:
-            problems.add(SpecError(source, label, f"'{dup}' is listed twice"))
-    if data["initial"] not in states:
-        problems.add(SpecError(source, "initial", f"undeclared state '{data['initial']}'"))
-    for t in terminal:
-        if t not in states:
-            problems.add(SpecError(source, "terminal", f"undeclared state '{t}'"))
-    problems.raise_any()
-
-    decisions: dict[tuple[str, str], Decision] = {}
-    for section, kind in _SECTIONS.items():
-        for i, entry in enumerate(data.get(section, []), start=1):
-            where = f"{section} {i}"
-            try:
-                entry_decisions = _entry_decisions(entry, kind, where, source)
-            except SpecError as exc:
-                problems.add(exc)
-                continue
-            for d in entry_decisions:
-                try:
-                    _check_entry(d, states, events, terminal, source)
-                except SpecError as exc:
-                    problems.add(exc)
-                    continue
-                pair = (d.state, d.event)
-                if pair in decisions:
-                    first = decisions[pair].where
-                    problems.add(SpecError(
-                        source, where, f"duplicate pair ({d.state}, {d.event}), first decided in {first}"))
-                    continue
-                decisions[pair] = d
-    problems.raise_any()
-
+    states, events, terminal = _declarations(data, source, problems)
+    decisions = _decisions(data, states, events, terminal, source, problems)
     for s in states:
         for e in events:
             if (s, e) not in decisions:
@@ -167,6 +127,64 @@ def build_table(data: dict[str, Any], source: str) -> Table:
         effects=effects,
         actions=actions,
     )
+
+
+def _declarations(data: dict[str, Any], source: str, problems: _Problems) -> tuple[tuple, tuple, tuple]:
+    """The header's keys present; the states, events and terminal states, each listed once; the
+    initial and terminal states declared."""
+    for key in _HEADER:
+        if key not in data:
+            problems.add(SpecError(source, "header", f"missing key '{key}'"))
+    problems.raise_any()
+    states = tuple(data["states"])
+    events = tuple(data["events"])
+    terminal = tuple(data["terminal"])
+    for label, seq in (("states", states), ("events", events), ("terminal", terminal)):
+        dup = _first_duplicate(seq)
+        if dup is not None:
+            problems.add(SpecError(source, label, f"'{dup}' is listed twice"))
+    if data["initial"] not in states:
+        problems.add(SpecError(source, "initial", f"undeclared state '{data['initial']}'"))
+    for t in terminal:
+        if t not in states:
+            problems.add(SpecError(source, "terminal", f"undeclared state '{t}'"))
+    problems.raise_any()
+    return states, events, terminal
+
+
+def _decisions(data: dict[str, Any], states: tuple, events: tuple, terminal: tuple, source: str,
+               problems: _Problems) -> dict[tuple[str, str], Decision]:
+    """The rows, rejects and ignores (_SECTIONS) as decisions by (state, event): each entry well
+    formed, on declared names, and each pair decided once."""
+    decisions: dict[tuple[str, str], Decision] = {}
+    for section, kind in _SECTIONS.items():
+        for i, entry in enumerate(data.get(section, []), start=1):
+            where = f"{section} {i}"
+            try:
+                entry_decisions = _entry_decisions(entry, kind, where, source)
+            except SpecError as exc:
+                problems.add(exc)
+                continue
+            for d in entry_decisions:
+                _decide(d, where, decisions, states, events, terminal, source, problems)
+    problems.raise_any()
+    return decisions
+
+
+def _decide(d: Decision, where: str, decisions: dict[tuple[str, str], Decision], states: tuple, events: tuple,
+            terminal: tuple, source: str, problems: _Problems) -> None:
+    """Record one decision, unless its entry is wrong or its pair was decided already."""
+    try:
+        _check_entry(d, states, events, terminal, source)
+    except SpecError as exc:
+        problems.add(exc)
+        return
+    pair = (d.state, d.event)
+    if pair in decisions:
+        problems.add(SpecError(source, where, f"duplicate pair ({d.state}, {d.event}), first decided in "
+                                              f"{decisions[pair].where}"))
+        return
+    decisions[pair] = d
 
 
 def _step(entries: Any, source: str, problems: _Problems) -> tuple[StepPhase, ...]:
@@ -229,36 +247,43 @@ def _finish_checks(entries: list, events: tuple, decisions: dict, guards: dict, 
     out, seen = [], set()
     reasons = {d.event for d in decisions.values() if d.kind is DecisionKind.ROW and d.reason}
     for i, entry in enumerate(entries, start=1):
-        where = f"{_FINISH} {i}"
         event = entry.get("event")
         unless = entry.get("unless", [])
-        extra = sorted(set(entry) - {"event", "anchor", "note", "tokens", "unless"})
-        if extra:
-            problems.add(SpecError(source, where, f"unknown key '{extra[0]}'"))
-        elif event not in events:
-            problems.add(SpecError(source, where, f"undeclared event '{event}'"))
-        elif event in seen:
-            problems.add(SpecError(source, where, f"'{event}' is checked twice"))
-        elif event not in reasons:
-            problems.add(SpecError(source, where, f"no row fires '{event}' with a finish reason"))
-        elif "anchor" not in entry:
-            problems.add(SpecError(source, where, "missing 'anchor'"))
-        elif not isinstance(entry.get("tokens", False), bool):
-            problems.add(SpecError(source, where, f"'tokens' must be true or false, got {entry['tokens']!r}"))
-        elif not isinstance(unless, list) or not all(isinstance(g, str) for g in unless):
-            problems.add(SpecError(source, where, "'unless' is a list of guard names"))
-        elif undeclared := [g for g in unless if g not in guards]:
-            problems.add(SpecError(source, where, f"'unless' names '{undeclared[0]}', which [finish_guards] does not declare"))
-        elif (dup := _first_duplicate(tuple(unless))) is not None:
-            problems.add(SpecError(source, where, f"guard '{dup}' is listed twice"))
-        elif unless and not (event == "eos" or entry.get("tokens", False)):
-            problems.add(SpecError(source, where, f"'unless' guards only a check whose token is not text (eos or a "
-                                                  f"token check); '{event}' is a condition"))
-        else:
-            seen.add(event)
-            out.append(FinishCheck(event, entry["anchor"], entry.get("note", ""), entry.get("tokens", False),
-                                   tuple(unless)))
+        why = _finish_check_problem(entry, event, unless, events, seen, reasons, guards)
+        if why is not None:
+            problems.add(SpecError(source, f"{_FINISH} {i}", why))
+            continue
+        seen.add(event)
+        out.append(FinishCheck(event, entry["anchor"], entry.get("note", ""), entry.get("tokens", False),
+                               tuple(unless)))
     return tuple(out)
+
+
+def _finish_check_problem(entry: dict[str, Any], event: Any, unless: Any, events: tuple, seen: set, reasons: set,
+                          guards: dict) -> str | None:
+    """The first thing wrong with one finish check (see _finish_checks), or None."""
+    if extra := sorted(set(entry) - {"event", "anchor", "note", "tokens", "unless"}):
+        return f"unknown key '{extra[0]}'"
+    if event not in events:
+        return f"undeclared event '{event}'"
+    if event in seen:
+        return f"'{event}' is checked twice"
+    if event not in reasons:
+        return f"no row fires '{event}' with a finish reason"
+    if "anchor" not in entry:
+        return "missing 'anchor'"
+    if not isinstance(entry.get("tokens", False), bool):
+        return f"'tokens' must be true or false, got {entry['tokens']!r}"
+    if not isinstance(unless, list) or not all(isinstance(g, str) for g in unless):
+        return "'unless' is a list of guard names"
+    if undeclared := [g for g in unless if g not in guards]:
+        return f"'unless' names '{undeclared[0]}', which [finish_guards] does not declare"
+    if (dup := _first_duplicate(tuple(unless))) is not None:
+        return f"guard '{dup}' is listed twice"
+    if unless and not (event == "eos" or entry.get("tokens", False)):
+        return (f"'unless' guards only a check whose token is not text (eos or a token check); '{event}' is a "
+                "condition")
+    return None
 
 
 def _actions(data: dict[str, Any], decisions: dict, source: str, problems: _Problems) -> tuple[dict, dict]:
