@@ -244,7 +244,8 @@ def _finish_checks(entries: list, events: tuple, decisions: dict, guards: dict, 
     check whose token is not text only (eos or a token check: a guarded token becomes text; a
     condition such as a stop hit has already cut the output). A guard no check names is allowed,
     as an action no row names is: a table edit may take a guard off a check."""
-    out, seen = [], set()
+    out: list[FinishCheck] = []
+    seen: set[str] = set()
     reasons = {d.event for d in decisions.values() if d.kind is DecisionKind.ROW and d.reason}
     for i, entry in enumerate(entries, start=1):
         event = entry.get("event")
