@@ -101,12 +101,14 @@ class _Timed:
         return timed
 
 
-def engine(model: Any, tok: Any, prompts: list[list[int]], steps: int = STEPS) -> Iterator[None]:
-    """The engine, one `Engine.step()` per step, from the submits to the last terminal event."""
-    eng = Engine(model, tok, max_batch=len(prompts))
+def engine(model: Any, tok: Any, prompts: list[list[int]], steps: int = STEPS, overlap: bool = False) -> Iterator[None]:
+    """The engine (with overlapped steps, D73, when `overlap`), one `Engine.step()` per step, from
+    the submits to the last terminal event."""
+    eng = Engine(model, tok, max_batch=len(prompts), overlap=overlap)
     runs = [eng.submit(Request(p, max_output_tokens=steps + 1, max_buffer_events=steps + 8)) for p in prompts]
     while eng.step() and not eng.idle:
         yield
+    eng.stop()
     bad = [r.error or r.reason for r in runs if r.reason.value != "max_output_tokens" or r.decoded != steps]
     assert not bad, bad[:3]
 

@@ -12,6 +12,7 @@ import random
 import subprocess
 import sys
 
+import attrs
 import pytest
 from click.testing import CliRunner
 
@@ -71,12 +72,39 @@ def test_the_instruction_counter_drives_every_request_through_the_whole_token_pa
 
 def test_gpu_check_small_runs_on_cpu_with_no_problems():
     """§4.9/§4.11 B and §4.4: --small on CPU; cancels in flight end CANCELLED (or lose the race to
-    FINISHED) with conforming traces, and a token's KV bytes equal 2·L·H_kv·d_h·sizeof."""
+    FINISHED) with conforming traces, with and without overlap; only with overlap is a cancel
+    observed while a step runs; a token's KV bytes equal 2·L·H_kv·d_h·sizeof; every batch has
+    its engine/bare ratios with and without overlap and its step time against the weights' read."""
     module = load_file(FOLDER / "gpu_check.py")
-    figures = module.run(rounds=1, small=True)
-    assert figures["faults"]["problems"] == []
-    assert figures["faults"]["cancels_observed"] >= figures["faults"]["injected_cancels"]
+    figures = module.run(rounds=1, small=True, budget_s=1.0)
+    assert figures["problems"] == []
+    without, with_ = figures["cancels"]["without_overlap"], figures["cancels"]["with_overlap"]
+    for c in (without, with_):
+        assert c["cancels_observed"] >= c["injected"]
+    assert without["observed_while_step_pending"] == 0 and without["engine_in_flight_cancels"] is None
+    assert with_["engine_in_flight_cancels"] > 0
     assert figures["kv"]["equal"] is True
+    for b in module.SIZES["small"].batches:
+        assert figures["weights"]["batches"][b]["step_over_weight_read"] > 0
+        assert {"engine_over_bare", "overlap_over_bare"} <= set(figures["engine_over_bare"][b])
+    assert any(line.startswith("cancels") and "(must be > 0)" in line for line in module.table(figures))
+
+
+def test_gpu_check_fails_when_overlap_observes_no_cancel_in_flight(monkeypatch):
+    """§4.11 B: with overlap a cancel must be observed while a step runs; an engine whose count of
+    such cancels stays 0 is a problem of the run (its exit status 1), not a figure."""
+    module = load_file(FOLDER / "gpu_check.py")
+
+    class NeverInFlight(module.Engine):
+        def stats(self):
+            return attrs.evolve(super().stats(), cancels_in_flight_total=0)
+
+    monkeypatch.setattr(module, "Engine", NeverInFlight)
+    size = attrs.evolve(module.SIZES["small"], cancel_steps=(1,), threaded=0)
+    model = module.TinyLM(module.TinyLMConfig(vocab_size=module.VOCAB, **size.config))
+    assert module.cancels(model, size, overlap=False, step_s=0.001)["problems"] == []
+    assert module.cancels(model, size, overlap=True, step_s=0.001)["problems"] == [
+        "overlap: the engine observed no cancel while a step was in flight"]
 
 
 def test_cli_bench_writes_json_and_refuses_unknown_names(tmp_path):
