@@ -2,8 +2,8 @@
 
 Each finding is the worker's when the direct run of its case shows it too, the gateway's own when the
 direct run ran the case without it, unjudged when no direct run ran the case. The recorded reports
-are the evidence: reports/vllm-router and reports/smg ran the request-life cases through two vLLM
-workers that reports/vllm judged directly.
+are the evidence: reports/vllm-router ran the suite through two vLLM workers that reports/vllm,
+vllm-chat and vllm-align judged directly.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from decodespec.properties.conformance.matrix import to_markdown as matrix_markd
 from decodespec.properties.conformance.regrade import main as regrade_main
 
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
-RESUME = "http/stream/resume/001"  # vLLM sends no SSE ids, directly and through both routers (D42)
+VLLM = ("vllm", "vllm-chat", "vllm-align")  # vLLM judged directly: the router's worker
+AFTER_STOP = "detok/after-stop/001"  # vLLM selects a token past the stop, directly and through the router (§4.6)
 
 
 def _report(name: str) -> dict[str, Any]:
@@ -36,24 +37,25 @@ def _finding(symptom: str, invariant: str = "inv", severity: str = "text") -> di
     return {"invariant": invariant, "symptom": symptom, "severity": severity}
 
 
-@pytest.mark.parametrize("gateway", ["vllm-router", "smg"])
-def test_a_finding_the_worker_shows_directly_is_the_workers(gateway: str) -> None:
-    """The recorded router runs: the one finding (no SSE ids on the resumable stream) is vLLM's own,
-    so neither router has a finding of its own."""
-    found, hidden = attribute(_report(gateway), [_report("vllm")])
-    assert [(f.case, f.symptom, f.owner) for f in found] == [(RESUME, "no_event_ids", "worker")]
-    assert hidden == []
+def test_a_finding_the_worker_shows_directly_is_the_workers() -> None:
+    """The recorded vllm-router run: every finding is one vLLM shows directly on the same case (the
+    token selected past a stop among them), so the router has none of its own."""
+    found, _ = attribute(_report("vllm-router"), [_report(w) for w in VLLM])
+    assert found and {f.owner for f in found} == {"worker"}
+    assert (AFTER_STOP, "token_after_stop", "worker") in {(f.case, f.symptom, f.owner) for f in found}
 
 
 def test_a_finding_only_behind_the_gateway_is_the_gateways() -> None:
     """A case the worker passes directly without findings fails behind the gateway: the gateway's own;
     the worker's finding in another case stays the worker's."""
     router = copy.deepcopy(_report("vllm-router"))
-    cut = _case(router, "http/batch/exact/001")
+    cut = _case(router, "http/usage/001")
     cut["verdict"], cut["failures"] = "FAIL", [_finding("done_missing", "openai_sse_done", "wire")]
-    found, _ = attribute(router, [_report("vllm")])
-    assert {(f.case, f.symptom): f.owner for f in found} == {
-        ("http/batch/exact/001", "done_missing"): "gateway", (RESUME, "no_event_ids"): "worker"}
+    found, _ = attribute(router, [_report(w) for w in VLLM])
+    owners = {(f.case, f.symptom): f.owner for f in found}
+    assert owners[("http/usage/001", "done_missing")] == "gateway"
+    assert owners[(AFTER_STOP, "token_after_stop")] == "worker"
+    assert [f.case for f in found if f.owner == "gateway"] == ["http/usage/001"]
 
 
 def _pair(gateway_cases: list[dict[str, Any]], *workers: list[dict[str, Any]]) -> tuple[list[Attributed],
@@ -120,7 +122,6 @@ def test_a_regraded_gateway_report_leads_with_the_gateways_own_findings_and_keep
     data = json.loads((folder / "report.json").read_text(encoding="utf-8"))
     assert data["attribution"]["workers"] == ["vllm"]
     assert data["attribution"]["counts"]["gateway"] == {"findings": 1, "cases": 1}
-    assert data["attribution"]["counts"]["worker"] == {"findings": 1, "cases": 1}
     md = (folder / "report.md").read_text(encoding="utf-8")
     own = md.index("## The gateway's own findings (1)")
     assert own < md.index("| severity | findings |")
@@ -138,14 +139,13 @@ def test_a_regrade_against_a_missing_worker_report_names_it(tmp_path: Path, caps
 
 def test_the_matrix_counts_a_gateways_own_findings_apart_and_marks_their_cells() -> None:
     direct, router = _report("vllm"), copy.deepcopy(_report("vllm-router"))
-    cut = _case(router, "http/batch/exact/001")
+    cut = _case(router, "http/usage/001")
     cut.update(verdict="FAIL", failures=[_finding("done_missing", "openai_sse_done", "wire")],
                lead_symptom="no data: [DONE]", lead_severity="wire")
     router["attribution"] = attribution_json(router, {"vllm": direct})
     md = matrix_markdown({"vllm": direct, "vllm-router": router})
-    assert ("behind a gateway: 1 the gateway's own (1 cases), 1 the worker's (1 cases), 0 unjudged (no direct run "
-            "of their case); against vllm") in md
-    row = next(line for line in md.splitlines() if "`http/batch/exact/001`" in line)
+    assert "behind a gateway: 1 the gateway's own (1 cases), " in md
+    row = next(line for line in md.splitlines() if "`http/usage/001`" in line)
     assert row.endswith("| PASS | **FAIL** [wire] no data: [DONE] · gateway's own: done_missing |")
 
 
