@@ -36,6 +36,18 @@ def test_settled_keeps_max_tokens_within_the_script_and_min_tokens_within_max_to
     assert settled(ex)["max_tokens"] == 2 and settled(ex)["request"]["min_tokens"] == 2
 
 
+def test_where_min_tokens_masks_a_scripted_eos_a_biased_script_token_stands_in():
+    """D31: the masked EOS leaves every unscripted token of the forced checkpoint at one logit, a tie;
+    a script token biased by logit_bias is greedy's choice there (as the hand-written cases do), and
+    where the script has none, min_tokens stops short of the first masked token."""
+    ex = {"tokenizer": table_spec([101, 100]), "prompt": [101], "script": [101, 100], "max_tokens": 2,
+          "request": {"min_tokens": 2}}
+    assert settled(ex)["request"] == {"min_tokens": 2, "logit_bias": {"101": 5}}
+    only_eos = {**ex, "script": [101, 100], "stop_token_ids": [[101]]}
+    assert "request" not in settled(only_eos)  # the stop id is token 1: no min_tokens holds it
+    assert settled({**ex, "request": {"min_tokens": 1}})["request"] == {"min_tokens": 1}  # the EOS comes after
+
+
 def _example(script, stops, **more):
     return settled({"tokenizer": table_spec(script), "prompt": [101], "script": script, "max_tokens": len(script),
                     **({"stop": stops} if stops else {}), **more})

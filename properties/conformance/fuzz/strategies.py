@@ -219,18 +219,38 @@ def examples(draw: st.DrawFn, tokenizers: Sequence[str] = TOKENIZERS) -> dict[st
     return settled(out, sp)
 
 
+STAND_IN = 5  # the logit_bias of the token greedy takes where min_tokens masks the scripted one
+
+
 def settled(inputs: Mapping[str, Any], sp: Spelled | None = None) -> dict[str, Any]:
-    """`inputs` made a runnable case: max_tokens at least 1 and at most the script's tokens (the
-    reference's scripted model has nothing to force past them: the forced checkpoint's EOS after a
-    script is what a scripted EOS item says), min_tokens at most max_tokens."""
+    """`inputs` made a runnable case whose answer the forced checkpoint decides: max_tokens at least 1
+    and at most the script's tokens (the reference's scripted model has nothing to force past them:
+    the forced checkpoint's EOS after a script is what a scripted EOS item says), min_tokens at most
+    max_tokens; and where min_tokens masks a scripted EOS or stop token id (D31), a script token
+    biased by STAND_IN to be greedy's choice there, as the hand-written min_tokens cases do: the
+    forced checkpoint leaves every unscripted token at the same logit, so without it the choice is
+    a tie that no engine need break as the reference does (else min_tokens stops short of it)."""
     sp = sp or spelled(inputs)
     out = {**inputs, "max_tokens": max(1, min(int(inputs["max_tokens"]), len(sp.ids)))}
     req = dict(out.get("request", {}))
     if req.get("min_tokens", 0) > out["max_tokens"]:
         req["min_tokens"] = out["max_tokens"]
-    if req:
-        out["request"] = req
-    return out
+    stop_ids = {s[0] for s in out.get("stop_token_ids", ()) if len(s) == 1}
+    masked = sorted({k + 1 for k, t in enumerate(sp.ids) if t in stop_ids} | ({sp.eos_at} if sp.eos_at else set()))
+    if req.get("min_tokens") and masked and masked[0] <= req["min_tokens"]:
+        stand_in = next((t for t in sp.ids if t not in stop_ids and t != _eos_id(sp)), None)
+        if stand_in is not None:
+            req["logit_bias"] = {str(stand_in): STAND_IN}
+        elif masked[0] > 1:
+            req["min_tokens"] = masked[0] - 1
+        else:
+            del req["min_tokens"]
+    out.pop("request", None)
+    return {**out, **({"request": req} if req else {})}
+
+
+def _eos_id(sp: Spelled) -> int | None:
+    return sp.ids[sp.eos_at - 1] if sp.eos_at else None
 
 
 # ---- examples as cases --------------------------------------------------------------------------------
