@@ -35,7 +35,7 @@ serve() {
   [ -x "$VENV/bin/$router" ] || { echo "no $router in $VENV; run: $0 install" >&2; exit 1; }
   local p1 p2 prom
   pids=()  # global: the EXIT trap runs after serve has returned
-  p1=$(free_port); p2=$(free_port); prom=$(free_port)
+  p1=$(free_port); p2=$(free_port)
   stop() { trap - EXIT TERM INT; for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done; wait; }
   trap stop EXIT TERM INT
   for p in "$p1" "$p2"; do
@@ -48,6 +48,9 @@ serve() {
       sleep 1
     done
   done
+  # the Prometheus port is picked once the workers are up: picked before, a worker's own ports
+  # (vLLM's engine sockets) could take it first and the router would fail to bind it
+  prom=$(free_port)
   local urls=("http://127.0.0.1:$p1" "http://127.0.0.1:$p2")
   case "$router" in
     vllm-router)
