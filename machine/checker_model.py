@@ -13,11 +13,11 @@ reader, a reconnect).
 
 Where spec/DECISIONS.md and the reference runtime fix a point, the model does what the runtime
 does: the content policy judges a token's safe chunk before it is queued, so the interrupting chunk
-is never sent (D11, runner._emit_safe); a reconnect's replay counts every retained delta as read,
-so it drains the unread buffer and resumes a paused producer (OrderedStream.replay); a cancel that
-arrives while a pause-policy producer waits for its reader is observed at the check point at the
-top of the step (the Engine parks such a run before its select, `PARKED_CANCEL`), never inside a
-paused send (generate() waits there in OrderedStream.delta and looks at nothing).
+is never sent (D11, the emit phase of runner.py's step); a reconnect's replay counts every retained
+delta as read, so it drains the unread buffer and resumes a paused producer (OrderedStream.replay);
+a cancel that arrives while a pause-policy producer waits for its reader is observed at the check
+point at the top of the step (the Engine parks such a run before its select, `PARKED_CANCEL`),
+never inside a paused send (generate() waits there in OrderedStream.delta and looks at nothing).
 
 Every control step fires the table event the runtime would fire (runtime/runner.py does the same
 in the same order), so the tables decide: a table change changes the explored behaviour. A step

@@ -264,9 +264,9 @@ def test_cli_check_draws_a_witness_and_refuses_an_unknown_one(tmp_path, one):
 
 
 def test_content_policy_acts_before_the_send_and_before_the_length_check(one):
-    """DECISIONS D11 (§4.10), as the runtime does it (runner._emit_safe): the interrupt is decided on
-    the token's safe chunk before it is queued, so it can land on the last allowed token, ahead of
-    `length`, and the interrupting step queues no delta."""
+    """DECISIONS D11 (§4.10), as the runtime does it (the emit phase of runner.py's step): the
+    interrupt is decided on the token's safe chunk before it is queued, so it can land on the last
+    allowed token, ahead of `length`, and the interrupting step queues no delta."""
     w = one.witnesses["content_interrupt_on_last_allowed_token"]
     fired = [s[1:] for s in w.steps]
     assert ("lifecycle", "DECODING", "content_interrupt") in fired
