@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ..spec import FinishReason, load_spec
-from ..spec.vocabulary import table_enum
+from ..spec.vocabulary import table_enum, table_member
 
 if TYPE_CHECKING:
     # What a type checker sees: the shipped spec/stream.toml `policies` (tests/test_typed_enums.py
@@ -46,11 +46,7 @@ class StreamOverflow(Exception):
 
 
 def _policy(value: str | BackpressurePolicy) -> BackpressurePolicy:
-    try:
-        return BackpressurePolicy(value)
-    except ValueError:
-        known = ", ".join(p.value for p in BackpressurePolicy)
-        raise ValueError(f"unknown backpressure policy {value!r}; known: {known}") from None
+    return table_member(BackpressurePolicy, value, "backpressure policy")
 
 
 def _positive(_: Any, attribute: attrs.Attribute, value: int) -> None:

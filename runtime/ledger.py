@@ -28,7 +28,7 @@ from ..machine import Stepper, compiled_of, per_table
 from ..machine.actions import Executor, fire_with_effects
 from ..spec import Table, default_spec, load_spec
 from ..spec.derived import model_resources_of, resource_states, stream_resources_of
-from ..spec.vocabulary import table_enum
+from ..spec.vocabulary import table_enum, table_member
 from .events import EventKind, Trace
 
 if TYPE_CHECKING:
@@ -72,11 +72,7 @@ def resource_kind(kind: str | ResourceKind) -> ResourceKind:
         return kind
     if not isinstance(kind, str):
         raise TypeError(f"resource kind must be a str, got {type(kind).__name__}")
-    try:
-        return ResourceKind(kind)
-    except ValueError:
-        known = ", ".join(k.value for k in ResourceKind)
-        raise ValueError(f"unknown resource kind '{kind}'; known: {known}") from None
+    return table_member(ResourceKind, kind, "resource kind")
 
 
 class ResourceLedger:

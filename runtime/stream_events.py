@@ -9,6 +9,7 @@ from typing import Any, final
 import attrs
 
 from ..spec import FinishReason
+from ..spec.vocabulary import table_member
 
 
 class StreamEventKind(enum.StrEnum):
@@ -47,11 +48,7 @@ class StreamEvent:
 
 def finish_reason_of(value: str | FinishReason) -> FinishReason:
     """The §4.10 reason `value` names; an unknown one is a ValueError that lists the known ones."""
-    try:
-        return FinishReason(value)
-    except ValueError:
-        known = ", ".join(r.value for r in FinishReason)
-        raise ValueError(f"unknown finish_reason {value!r}; §4.10 allows: {known}") from None
+    return table_member(FinishReason, value, "finish_reason", "§4.10 allows")
 
 
 class Deduper:

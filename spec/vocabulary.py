@@ -8,7 +8,7 @@ import os
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 # The tables every layer loads: this package's, or a copy named by DECODESPEC_SPEC_DIR (a table
 # change tried end to end, runtime and checker included, before anyone edits the originals).
@@ -32,6 +32,19 @@ def table_enum(name: str, values: Iterable[str], doc: str) -> type[enum.StrEnum]
     members = enum.StrEnum(name, [(v.upper(), v) for v in values])  # type: ignore[misc]  # functional API
     members.__doc__ = doc
     return members
+
+
+E = TypeVar("E", bound=enum.StrEnum)
+
+
+def table_member(cls: type[E], value: str | E, what: str, allowed: str = "known") -> E:
+    """The member of a table enum that `value` names; an unknown value is a ValueError naming it,
+    what it should have been and every member the loaded table lists."""
+    try:
+        return cls(value)
+    except ValueError:
+        members = ", ".join(m.value for m in cls)
+        raise ValueError(f"unknown {what} {value!r}; {allowed}: {members}") from None
 
 
 REASON_ENTRIES = tuple(_reasons())
