@@ -57,7 +57,7 @@ class Run(Protocol):
     logits: torch.Tensor | None
     output: bytearray
     unsent: bytes  # released by the stop matcher, withheld by a partial stop-id match
-    stop_hit: Any
+    stop_hit: StopHit | None
     stop_kept: bool  # include_stop_str_in_output (D33)
     reason: FinishReason | None
     error: str

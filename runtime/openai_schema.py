@@ -49,6 +49,7 @@ from ..spec import FinishReason
 from ..spec.vocabulary import OPENAI_FINISH
 from .errors import RequestError
 from .request import Request
+from .stop import StopValue
 from .tokenizers import TokenizerError, own_bytes
 
 MAX_STOP_STRINGS = 4
@@ -699,8 +700,9 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
 # ---- response bodies ---------------------------------------------------------------------------
 
 
-def finish_fields(reason: FinishReason, stop: str | None) -> tuple[str, dict[str, Any]]:
-    """The OpenAI finish_reason and the precise §4.10 one alongside."""
+def finish_fields(reason: FinishReason, stop: StopValue | None) -> tuple[str, dict[str, Any]]:
+    """The OpenAI finish_reason and the precise §4.10 one alongside, with the stop that ended the
+    request (a token-id stop as its list of ids)."""
     return OPENAI_FINISH[reason], {"finish_reason": reason.value, "stop": stop}
 
 

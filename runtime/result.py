@@ -9,6 +9,7 @@ import attrs
 
 from ..spec import FinishReason
 from .events import Event, Trace
+from .stop import StopValue
 
 
 @attrs.frozen
@@ -47,7 +48,7 @@ class Result:
     trace_length: int = attrs.field(repr=False, eq=False)  # events recorded when the request ended
     tokens: tuple[int, ...] = ()
     error: str | None = None
-    stop: str | None = None
+    stop: StopValue | None = None  # the stop that ended the request, as configured
 
     @property
     def events(self) -> tuple[Event, ...]:

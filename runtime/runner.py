@@ -473,7 +473,7 @@ class RequestRun:
         self.scores: ScoreLog | None = None if request.logprobs is None else ScoreLog(request.logprobs)
         self.reason: FinishReason | None = None
         self.error = ""
-        self.stop_hit: Any = None
+        self.stop_hit: StopHit | None = None
         self._cancel_requested = False  # set by any thread, observed by the driver (§4.9)
         self._cancel_claimed = False  # the one cancel() that logs the request has begun
         self._cancel_lock = threading.Lock()

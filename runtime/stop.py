@@ -40,6 +40,9 @@ DEFAULT_MAX_STOPS = 4096
 DEFAULT_MAX_STOP_BYTES = 1 << 16
 
 
+StopValue = str | bytes | tuple[int, ...]  # a stop as configured: a string, its bytes, or token ids
+
+
 class StopKind(enum.StrEnum):
     """Which stream a stop was matched on (§4.6: token ids vs decoded bytes)."""
 
@@ -56,7 +59,7 @@ class StopHit:
     output seen by the matcher: bytes for strings, token positions for token ids.
     """
 
-    stop: str | bytes | tuple[int, ...]
+    stop: StopValue
     index: int
     start: int
     end: int
