@@ -21,7 +21,7 @@ from .cli_bench import bench
 from .cli_check import check
 from .cli_checkpoints import checkpoints
 from .cli_conform import conform
-from .cli_fuzz import fuzz
+from .cli_fuzz import fuzz, refound
 from .cli_generate import experiment, generate
 from .cli_paths import output_folder
 from .cli_serve import serve
@@ -172,6 +172,7 @@ main.add_command(generate)
 main.add_command(experiment)
 main.add_command(conform)
 main.add_command(fuzz)
+main.add_command(refound)
 main.add_command(serve)
 main.add_command(check)
 main.add_command(bench)

@@ -5,6 +5,8 @@
     decodespec fuzz --launch "decodespec serve --port {port} --model {model}" --budget 2m
     decodespec fuzz --engine reference --budget 1m        # decodespec serve's app in this process
     decodespec fuzz --engine my_engine:make --budget 5m   # an engine of your own (adapter contract)
+    decodespec fuzz --preset vllm --against reports/vllm --against reports/vllm-align
+    decodespec refound reports/fuzz/vllm --against reports/vllm --against reports/vllm-align
 
 Batches of examples drawn from the seed are compiled into forced checkpoints and judged on one
 engine start each, by the judge of `decodespec conform` (properties/conformance/fuzz). The minimal
@@ -19,7 +21,9 @@ import re
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -29,6 +33,7 @@ from .properties.conformance.grading import DEFAULT_PROFILE, PROFILES
 from .properties.conformance.without import WITHOUT
 
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600}
+_REPORT = click.Path(exists=True, path_type=Path)
 
 
 def parse_budget(text: str) -> float:
@@ -66,11 +71,16 @@ def parse_budget(text: str) -> float:
 @click.option("--declare", "declared", multiple=True, type=click.Choice(list(DECISIONS)), metavar="DNN",
               help="A decision on which the engine documents its own choice (as conform --declare).")
 @click.option("-j", "--jobs", default=None, type=click.IntRange(1, 64), help="Cases run at once (default: the preset's, else 1).")
+@click.option("--against", "against", multiple=True, type=_REPORT,
+              help="A committed report of the engine (its folder or report.json): OUT/refound.md says which of its "
+                   "text and ending deviations the run found again.")
 def fuzz(preset: str | None, presets_files: tuple[Path, ...], launch: str | None, engine: str | None,
          llama_cpp: Path | None, budget: str, seed: int, batch: int, out: Path | None, name: str | None,
-         model: str | None, without: tuple[str, ...], profile: str, declared: tuple[str, ...], jobs: int | None) -> None:
+         model: str | None, without: tuple[str, ...], profile: str, declared: tuple[str, ...], jobs: int | None,
+         against: tuple[Path, ...]) -> None:
     """Generate script cases, judge ENGINE on them as conform does, shrink each failure (§4.3-§4.10)."""
     seconds = parse_budget(budget)
+    committed = [_loaded(p) for p in against]  # a bad report is refused before the run
     given = [n for n, v in (("--preset", preset), ("--launch", launch), ("--engine", engine)) if v is not None]
     if len(given) != 1:
         raise click.UsageError("give one of --preset NAME, --launch CMD or --engine reference|module:factory"
@@ -147,8 +157,39 @@ def fuzz(preset: str | None, presets_files: tuple[Path, ...], launch: str | None
                    on_result=tick, say=progress)
     for written in write_run(run, folder, profile=profile, declared=decl):
         click.echo(f"wrote {written}")
+    if committed:
+        click.echo(f"wrote {_write_refound(folder, committed)}")
     click.echo(f"fuzz {label}: {run.examples} examples in {run.batches} batches, {run.failures} failing in "
                f"{len(run.failing)} kind(s) (symptom and basis), {len(run.shrunk)} shrunk, {len(run.errors)} not "
                f"judged (ERROR), {time.monotonic() - t0:.0f} s; seed {seed}")
     if run.failures or run.errors:
         sys.exit(1)
+
+
+def _loaded(path: Path) -> tuple[str, Mapping[str, Any]]:
+    """(path, report) of a report folder or report.json; a clear usage error when it is none."""
+    from .properties.conformance.fuzz.refound import RefoundError, load
+
+    try:
+        return str(path), load(path)
+    except RefoundError as exc:
+        raise click.BadParameter(str(exc), param_hint="--against") from None
+
+
+def _write_refound(run: Path, committed: list[tuple[str, Mapping[str, Any]]]) -> Path:
+    """RUN/refound.md: the fuzz run in RUN against the committed reports (fuzz/refound.py)."""
+    from .properties.conformance.fuzz.refound import compare, render
+
+    out = run / "refound.md"
+    out.write_text(render(compare(_loaded(run), committed)), encoding="utf-8")
+    return out
+
+
+@click.command()
+@click.argument("run", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--against", "against", multiple=True, required=True, type=_REPORT,
+              help="A committed report of the engine (its folder or report.json); give each one.")
+def refound(run: Path, against: tuple[Path, ...]) -> None:
+    """Which text and ending deviations of the committed reports the fuzz run in RUN (decodespec fuzz's
+    --out) found again, and what it found that they do not show: RUN/refound.md (§4.3-§4.10)."""
+    click.echo(f"wrote {_write_refound(run, [_loaded(p) for p in against])}")
