@@ -3,7 +3,9 @@
 Each finding is the worker's when the direct run of its case shows it too, the gateway's own when the
 direct run ran the case without it, unjudged when no direct run ran the case. The recorded reports
 are the evidence: reports/vllm-router ran the suite through two vLLM workers that reports/vllm,
-vllm-chat and vllm-align judged directly.
+vllm-chat and vllm-align judged directly; reports/litellm-vllm through LiteLLM's proxy, whose zero
+usage is one cause of its own in some fifty cases. A gateway report's first screen groups each
+layer's findings by cause, as an engine's report groups its own (D71), the gateway's first.
 """
 
 from __future__ import annotations
@@ -16,7 +18,17 @@ from typing import Any
 
 import pytest
 
-from decodespec.properties.conformance.attribution import Attributed, attribute, attribution_json, owned
+from decodespec.properties.conformance.attribution import (
+    ERROR,
+    OWNERS,
+    Attributed,
+    attribute,
+    attribution_json,
+    grouped,
+    hidden_groups,
+    owned,
+)
+from decodespec.properties.conformance.matrix import load_reports
 from decodespec.properties.conformance.matrix import to_markdown as matrix_markdown
 from decodespec.properties.conformance.regrade import main as regrade_main
 
@@ -115,20 +127,111 @@ def _broken_router(tmp_path: Path) -> Path:
 
 
 def test_a_regraded_gateway_report_leads_with_the_gateways_own_findings_and_keeps_its_workers(tmp_path: Path) -> None:
-    """regrade --worker: report.json says the split, report.md's first screen names the gateway's own
-    finding before the severity table; a second regrade without --worker reads the same workers again."""
+    """regrade --worker: report.json says the split; report.md's and report.html's first screens name
+    the gateway's own cause before the worker's and before the severity table, and leave out the
+    run's causes table (the two layers' tables hold it); a second regrade without --worker reads the
+    same workers again."""
     folder = _broken_router(tmp_path)
     assert regrade_main([str(folder), "--worker", "vllm"]) == 0
     data = json.loads((folder / "report.json").read_text(encoding="utf-8"))
     assert data["attribution"]["workers"] == ["vllm"]
     assert data["attribution"]["counts"]["gateway"] == {"findings": 1, "cases": 1}
     md = (folder / "report.md").read_text(encoding="utf-8")
-    own = md.index("## The gateway's own findings (1)")
-    assert own < md.index("| severity | findings |")
-    assert "| `http/stream/keep-alive/001` | FAIL | ending | no_reason | single_terminal_event |" in md
-    assert "The gateway's own findings (1)" in (folder / "report.html").read_text(encoding="utf-8")
+    own = md.index("## The gateway's own findings: 1 cause in 1 case")
+    assert own < md.index("## The worker's findings: ") < md.index("| severity | findings |")
+    assert "| ending | no finish_reason | §4.7 | single_terminal_event | 1 | `http/stream/keep-alive/001` |" in md
+    assert "## Causes (" not in md
+    page = (folder / "report.html").read_text(encoding="utf-8")
+    assert page.index("The gateway&#x27;s own findings: 1 cause in 1 case") < page.index("class='severities'")
     assert regrade_main([str(folder)]) == 0
     assert json.loads((folder / "report.json").read_text(encoding="utf-8"))["attribution"] == data["attribution"]
+
+
+def _keys(found: list[dict[str, Any]], owner: str) -> dict[tuple[str, str, str], set[str]]:
+    """An owner's attributed findings as {(severity, invariant, symptom): cases}."""
+    out: dict[tuple[str, str, str], set[str]] = {}
+    for f in found:
+        if f["owner"] == owner:
+            out.setdefault((f["severity"], f["invariant"], f["symptom"]), set()).add(f["case"])
+    return out
+
+
+@pytest.mark.parametrize("name", ["litellm-vllm", "vllm-router", "smg"])
+def test_each_layer_states_each_of_its_causes_once_with_every_case_it_covers(name: str) -> None:
+    """On the recorded gateway reports: per owner, one group per severity, invariant and symptom, its
+    cases exactly those the attribution gives that owner for it (none lost, none moved to the other
+    layer), most severe first with the errors ahead, and the case to open first one of its own that
+    the report details where there is one."""
+    data = _report(name)
+    by = grouped(data["attribution"], data["causes"])
+    rank = ["", "text", "ending", "accounting", "stream_shape", "wire"]
+    verdict = {c["id"]: c["verdict"] for c in data["cases"]}
+    for owner in OWNERS:
+        groups = by[owner]
+        assert {(g.severity, g.invariant, g.symptom): set(g.cases) for g in groups} == \
+            _keys(data["attribution"]["findings"], owner)
+        assert len({(g.severity, g.invariant, g.symptom) for g in groups}) == len(groups)
+        assert [rank.index(g.severity) for g in groups] == sorted(rank.index(g.severity) for g in groups)
+        for g in groups:
+            assert sorted(c for p in g.parts for c in p.cases) == sorted(g.cases)
+            detailed = [c for c in g.cases if verdict[c] in ("FAIL", "ERROR", "DIFFERS")]
+            assert g.first in (detailed or g.cases)
+
+
+def test_litellms_zero_usage_is_one_cause_of_its_own_not_a_row_per_case() -> None:
+    """LiteLLM in front of vLLM reports too low a token count where vLLM judged directly does not: one
+    group of the gateway's, over every case that shows it whatever decision the case rests on, and
+    none of the worker's."""
+    data = _report("litellm-vllm")
+    by = grouped(data["attribution"], data["causes"])
+    low = [g for g in by["gateway"] if g.symptom == "count_low"]
+    cases = {f["case"] for f in owned(data["attribution"], "gateway") if f["symptom"] == "count_low"}
+    assert len(low) == 1 and set(low[0].cases) == cases and len(cases) > 40
+    assert len(low[0].parts) > 1 and low[0].label == "token count too low"
+    assert not [g for g in by["worker"] if g.symptom == "count_low"]
+
+
+def test_grouping_refuses_an_attribution_its_causes_do_not_hold() -> None:
+    """A finding one side lists and the other lacks is named, not dropped from the first screen."""
+    found = {"findings": [{"case": "a", "invariant": "i", "symptom": "x", "severity": "text", "verdict": "FAIL",
+                           "owner": "gateway"}], "hidden": [], "lost": []}
+    with pytest.raises(ValueError, match="no cause of the run holds the attributed finding 'x' of case 'a'"):
+        grouped(found, [])
+    cause = {"severity": "text", "invariant": "i", "symptom": "y", "basis": {"kind": "chapter", "ref": "i"},
+             "cases": ["a"], "lead_in": []}
+    with pytest.raises(ValueError, match="the cause 'y' \\(i\\) names case 'a'"):
+        grouped(found, [cause])
+
+
+def test_an_error_is_its_own_group_ahead_of_the_findings() -> None:
+    found = {"findings": [{"case": "a", "invariant": "", "symptom": ERROR, "severity": "", "verdict": "ERROR",
+                           "owner": "gateway"}], "hidden": [], "lost": []}
+    (g,) = grouped(found, [])["gateway"]
+    assert (g.symptom, g.cases, g.first) == (ERROR, ("a",), "a")
+
+
+def _one_group(verdicts: dict[str, str], lead_in: list[str]) -> str:
+    """The case a one-cause gateway group opens first, its cases with these verdicts, leading in `lead_in`."""
+    found = {"findings": [{"case": c, "invariant": "i", "symptom": "x", "severity": "ending", "verdict": v,
+                           "owner": "gateway"} for c, v in verdicts.items()], "hidden": [], "lost": []}
+    cause = {"severity": "ending", "invariant": "i", "symptom": "x", "basis": {"kind": "chapter", "ref": "i"},
+             "cases": list(verdicts), "lead_in": lead_in}
+    return grouped(found, [cause])["gateway"][0].first
+
+
+def test_a_group_opens_first_a_case_it_leads_that_the_report_details() -> None:
+    """A pass with a stream-shape note has no reproducer: the group opens a failing case, one where
+    the cause is the first finding when there is one."""
+    assert _one_group({"a": "PASS", "b": "FAIL", "c": "DIFFERS"}, ["a", "c"]) == "c"
+    assert _one_group({"a": "PASS", "b": "FAIL", "c": "DIFFERS"}, ["a"]) == "b"
+    assert _one_group({"a": "PASS", "b": "PASS"}, ["b"]) == "a"
+
+
+def test_the_hidden_findings_are_grouped_by_symptom() -> None:
+    data = _report("litellm-vllm")
+    groups = hidden_groups(data["attribution"])
+    assert sum(len(g.cases) for g in groups) == len(data["attribution"]["hidden"])
+    assert len(groups) == len({(f["invariant"], f["symptom"]) for f in data["attribution"]["hidden"]})
 
 
 def test_a_regrade_against_a_missing_worker_report_names_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -137,16 +240,19 @@ def test_a_regrade_against_a_missing_worker_report_names_it(tmp_path: Path, caps
     assert "vllm-nowhere/report.json: not a readable report.json" in capsys.readouterr().err
 
 
-def test_the_matrix_counts_a_gateways_own_findings_apart_and_marks_their_cells() -> None:
-    direct, router = _report("vllm"), copy.deepcopy(_report("vllm-router"))
-    cut = _case(router, "http/usage/001")
-    cut.update(verdict="FAIL", failures=[_finding("done_missing", "openai_sse_done", "wire")],
-               lead_symptom="no data: [DONE]", lead_severity="wire")
-    router["attribution"] = attribution_json(router, {"vllm": direct})
-    md = matrix_markdown({"vllm": direct, "vllm-router": router})
-    assert "behind a gateway: 1 the gateway's own (1 cases), " in md
-    row = next(line for line in md.splitlines() if "`http/usage/001`" in line)
-    assert row.endswith("| PASS | **FAIL** [wire] no data: [DONE] · gateway's own: done_missing |")
+def test_the_matrix_gives_a_gateway_two_columns_its_own_findings_and_the_workers(tmp_path: Path) -> None:
+    """The gateway's column pair: `own` names what only the gateway adds, `the worker's` what vLLM
+    shows directly too; its head counts each layer's causes; a clean pass is one PASS in both."""
+    folder = _broken_router(tmp_path)
+    assert regrade_main([str(folder), "--worker", "vllm"]) == 0
+    md = matrix_markdown(load_reports(tmp_path))
+    head = next(line for line in md.splitlines() if line.startswith("| § |"))
+    assert head.endswith("| vllm | vllm-router: own | vllm-router: the worker's |")
+    assert "against vllm: own 1 cause in 1 case; the worker's " in md
+    rows = {line.split(" | ")[1]: line for line in md.splitlines() if line.startswith("| §")}
+    assert rows["`http/stream/keep-alive/001`"].endswith("| PASS | [ending] no finish_reason | — |")
+    assert rows[f"`{AFTER_STOP}`"].endswith("| — | [ending] token selected after the stop +2 |")
+    assert rows["`http/usage/001`"].endswith("| PASS | PASS | PASS |")
 
 
 def test_a_case_judged_directly_and_na_behind_the_gateway_is_listed_lost() -> None:

@@ -17,14 +17,21 @@ gateway that drops a field the case reads (logprobs) takes the case away rather 
 The worker's reports are named by their folder beside the gateway's (reports/vllm for
 reports/vllm-router); several may be given (the chapter's, the chat and alignment runs), the first
 that ran a case judges it.
+
+A report's first screen groups each layer's findings by cause, as an engine's report groups its own
+(reports.causes, D71's one cause stated once): one `Group` per severity, invariant and symptom, with
+the bases it rests on, its cases and the one to open first (`grouped`); the hidden findings and the
+lost cases likewise (`hidden_groups`, `lost_groups`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
+
+from .symptoms import label
 
 OWNERS = ("gateway", "worker", "unjudged")
 ERROR = "error"  # the symptom of a case that could not be judged (ERROR, no finding)
@@ -126,3 +133,107 @@ def split_line(attribution: Mapping[str, Any]) -> str:
             f"{c['worker']['findings']} the worker's ({c['worker']['cases']} cases), "
             f"{c['unjudged']['findings']} unjudged (no direct run of their case); "
             f"against {', '.join(attribution['workers'])}")
+
+
+_OPEN_FIRST = ("FAIL", "ERROR", "DIFFERS")  # verdicts whose case the report details (and links to)
+
+
+@attrs.frozen
+class Part:
+    """The cases of a Group that rest on one basis (reports.causes' basis kind and ref; `engine_wide`:
+    a field the run ignored in every case that could show it, D71)."""
+
+    kind: str
+    ref: str
+    engine_wide: bool
+    cases: tuple[str, ...]
+
+
+@attrs.frozen
+class Group:
+    """What one layer got wrong, once: the run's causes of one severity, invariant and symptom cut to
+    the cases where that layer's finding is it (a symptom resting on the chapter in some cases and on
+    a decision in others is one group, its `parts` per basis). `first`: the case to open first, one
+    it leads that the report details (FAIL, ERROR, DIFFERS), else one the report details, else the
+    first. An error (a case that could not be judged) is a group with severity '' and symptom `error`."""
+
+    owner: str
+    severity: str
+    invariant: str
+    symptom: str
+    label: str
+    parts: tuple[Part, ...]
+    cases: tuple[str, ...]
+    lead_in: tuple[str, ...]
+    first: str
+
+    def basis_of(self, case: str) -> Part | None:
+        """The part holding `case` (None: not one of this group's cases, or an error)."""
+        return next((p for p in self.parts if case in p.cases), None)
+
+
+def _group(owner: str, key: tuple[str, str, str], rows: Sequence[tuple[Mapping[str, Any], str]],
+           verdict: Mapping[str, str], name: str = "") -> Group:
+    """A Group of (cause, case) rows, in the causes' order."""
+    severity, invariant, symptom = key
+    parts: dict[tuple[str, str, bool], list[str]] = {}
+    for cause, cid in rows:
+        b = cause["basis"]
+        parts.setdefault((b["kind"], b["ref"], bool(cause.get("engine_wide"))), []).append(cid)
+    cases = tuple(dict.fromkeys(cid for _, cid in rows))
+    lead_in = tuple(dict.fromkeys(cid for cause, cid in rows if cid in cause.get("lead_in", ())))
+    shown = [c for c in cases if verdict[c] in _OPEN_FIRST]
+    first = next((c for c in lead_in if c in shown), shown[0] if shown else cases[0])
+    return Group(owner, severity, invariant, symptom, name or label(symptom) or symptom,
+                 tuple(Part(k, r, w, tuple(cs)) for (k, r, w), cs in parts.items()), cases, lead_in, first)
+
+
+def grouped(attribution: Mapping[str, Any], causes: Sequence[Mapping[str, Any]]) -> dict[str, list[Group]]:
+    """Per owner (OWNERS), its findings as Groups: its errors first, then in the order of the run's
+    causes (reports.causes: most severe first, the chapter's before decisions). `attribution` and
+    `causes` as report.json holds them; a finding one has and the other lacks is a ValueError."""
+    found = {(f["case"], f["invariant"], f["symptom"], f["severity"]): f for f in attribution["findings"]}
+    verdict = {f["case"]: f["verdict"] for f in attribution["findings"]}
+    rows: dict[tuple[str, str, str, str], list[tuple[Mapping[str, Any], str]]] = {}
+    placed: set[tuple[str, str, str, str]] = set()
+    for cause in causes:
+        for cid in cause["cases"]:
+            at = (cid, cause["invariant"], cause["symptom"], cause["severity"])
+            if at not in found:
+                raise ValueError(f"the cause {cause['symptom']!r} ({cause['invariant']}) names case {cid!r}, "
+                                 "which the attribution does not list with that finding")
+            placed.add(at)
+            rows.setdefault((found[at]["owner"], cause["severity"], cause["invariant"], cause["symptom"]),
+                            []).append((cause, cid))
+    errors = [k for k, f in found.items() if f["symptom"] == ERROR and not f["invariant"]]
+    if missing := [k for k in found if k not in placed and k not in errors]:
+        raise ValueError(f"no cause of the run holds the attributed finding {missing[0][2]!r} of case {missing[0][0]!r}")
+    out: dict[str, list[Group]] = {o: [] for o in OWNERS}
+    for o in OWNERS:
+        mine = [(_ERROR_CAUSE, k[0]) for k in errors if found[k]["owner"] == o]
+        if mine:
+            out[o].append(_group(o, ("", "", ERROR), mine, verdict, "the case could not be judged"))
+    for (o, *key), got in rows.items():
+        out[o].append(_group(o, (key[0], key[1], key[2]), got, verdict))
+    return out
+
+
+_ERROR_CAUSE: Mapping[str, Any] = {"basis": {"kind": "", "ref": ""}}
+
+
+def hidden_groups(attribution: Mapping[str, Any]) -> list[Group]:
+    """The worker's findings the gateway run does not show (`hidden`), one Group per severity,
+    invariant and symptom (no basis: the worker's report has it), most cases first."""
+    rows: dict[tuple[str, str, str], list[tuple[Mapping[str, Any], str]]] = {}
+    for f in attribution["hidden"]:
+        rows.setdefault((f["severity"], f["invariant"], f["symptom"]), []).append((_ERROR_CAUSE, f["case"]))
+    verdict = {f["case"]: f["verdict"] for f in attribution["hidden"]}
+    return sorted((_group("worker", k, got, verdict) for k, got in rows.items()), key=lambda g: -len(g.cases))
+
+
+def lost_groups(attribution: Mapping[str, Any], gist: Callable[[str], str]) -> list[tuple[str, list[str]]]:
+    """The cases judged directly and n/a through the gateway (`lost`), by `gist(reason)`, most cases first."""
+    by: dict[str, list[str]] = {}
+    for c in attribution["lost"]:
+        by.setdefault(gist(c["reason"]), []).append(c["case"])
+    return sorted(by.items(), key=lambda kv: -len(kv[1]))

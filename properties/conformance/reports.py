@@ -36,7 +36,7 @@ import attrs
 from ...spec.invariants import load_invariants
 from . import replay_script as replay_script_module
 from .adapters.base import Finding
-from .attribution import attribution_json, owned, split_line
+from .attribution import Group, attribution_json, grouped, hidden_groups, lost_groups, split_line
 from .cases import CaseError, Grade
 from .contract import CONTRACT_VERSION
 from .decisions import decision_line
@@ -619,14 +619,16 @@ def run_line(results: Sequence[CaseResult], engine: str, generated: str | None =
     return ", ".join(said)
 
 
-def _md_first_screen(results: Sequence[CaseResult]) -> list[str]:
+def _md_first_screen(results: Sequence[CaseResult], with_causes: bool = True) -> list[str]:
+    """The severity table, the error cases and (`with_causes`) the causes table: an engine's first
+    screen; a gateway's has its causes split by layer before it instead (_md_attribution)."""
     lines = [f"| {' | '.join(_SEVERITY_HEAD)} |", "|---" * len(_SEVERITY_HEAD) + "|"]
     lines += [f"| {' | '.join(str(x) for x in row)} |" for row in _severity_table(results)]
     failed_to_run = errors(results)
     if failed_to_run:
         lines += ["", f"**Errors ({len(failed_to_run)})**, cases that could not be judged:", ""]
         lines += [f"- `{r.case.id}`: {_md_cell(_gist(r.reason))}" for r in failed_to_run]
-    found = causes(results)
+    found = causes(results) if with_causes else []
     if not found:
         return lines + [""]
     lines += ["", f"## Causes ({len(found)})", "",
@@ -667,24 +669,72 @@ def _md_case(r: CaseResult) -> list[str]:
                     json.dumps(rep, ensure_ascii=False, indent=1), "```", "", "</details>", ""]
 
 
-def _md_attribution(attribution: Mapping[str, Any]) -> list[str]:
-    """A gateway run's first lines: its own findings (absent from the worker judged directly), then the split."""
-    own = owned(attribution, "gateway")
-    lines = [f"## The gateway's own findings ({len(own)})", "",
-             f"Read against the worker judged directly, case by case: {split_line(attribution)}.", ""]
-    if own:
-        lines += ["| case | verdict here | severity | symptom | invariant |", "|---|---|---|---|---|"]
-        lines += [f"| `{f['case']}` | {f['verdict']} | {f['severity'] or 'error'} | {_md_cell(f['symptom'])} | "
-                  f"{f['invariant']} |" for f in own]
-    else:
-        lines.append("None: every finding of this run is the worker's own, or its case has no direct run.")
-    if hidden := attribution["hidden"]:
-        lines += ["", f"Shown directly and not through the gateway ({len(hidden)}): "
-                  + ", ".join(f"`{f['case']}` {f['symptom']}" for f in hidden)]
-    if gone := attribution["lost"]:
-        lines += ["", f"Judged directly, n/a through the gateway ({len(gone)}): "
-                  + "; ".join(f"`{c['case']}` ({_md_cell(_gist(c['reason'], 120))})" for c in gone)]
-    return lines + [""]
+def _parts_tag(g: Group) -> str:
+    """A group's bases in a few words, each with its cases where there are several: '§4.10 (38), D31 (7)'."""
+    tags = [basis_tag(Basis(p.kind, p.ref)) + (" engine-wide" if p.engine_wide else "") for p in g.parts if p.kind]
+    return ", ".join(f"{t} ({len(p.cases)})" for t, p in zip(tags, g.parts)) if len(tags) > 1 else "".join(tags) or "—"
+
+
+def _severity_word(g: Group) -> str:
+    return SEVERITY_WORDS[Severity(g.severity)] if g.severity else "error"
+
+
+def _group_badge(g: Group) -> str:
+    """A group's severity badge; an error group's says error."""
+    return _badge(g.severity) if g.severity else "<span class='sev sev-error'>error</span>"
+
+
+# The layers of a gateway run's first screen, in order: (owner, title, what it holds, what none means).
+_LAYERS = (("gateway", "The gateway's own findings", "Findings shown only behind the gateway: the same worker judged "
+                                                     "directly does not show them in the same case.",
+            "The worker judged directly shows each finding of this run it could judge, in the same case."),
+           ("worker", "The worker's findings", "Findings shown directly too: the worker judged directly shows them in "
+                                               "the same case.", "The worker judged directly shows none of them."),
+           ("unjudged", "Findings no direct run can attribute", "Their case has no direct run that judged it.", ""))
+
+
+def _layer_title(title: str, groups: Sequence[Group]) -> str:
+    """'The gateway's own findings: 6 causes in 61 cases', or ': none'."""
+    cases = len({c for g in groups for c in g.cases})
+    return (f"{title}: {len(groups)} {'cause' if len(groups) == 1 else 'causes'} in {cases} "
+            f"{'case' if cases == 1 else 'cases'}" if groups else f"{title}: none")
+
+
+def _md_more(ids: Sequence[str]) -> str:
+    """The cases after the first, folded (one click away)."""
+    return (f" <details><summary>{len(ids)} more</summary>{', '.join(f'`{i}`' for i in ids)}</details>"
+            if ids else "")
+
+
+def _md_groups(groups: Sequence[Group]) -> list[str]:
+    lines = ["| severity | symptom | basis | invariant | cases | open first |", "|---|---|---|---|---|---|"]
+    return lines + [f"| {_severity_word(g)} | {_md_cell(g.label)} | {_md_cell(_parts_tag(g))} | {g.invariant or '—'} | "
+                    f"{len(g.cases)} | `{g.first}`{_md_more([c for c in g.cases if c != g.first])} |" for g in groups]
+
+
+def _md_attribution(attribution: Mapping[str, Any], found: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A gateway run's first screen (attribution.grouped): the gateway's own findings by cause, then
+    the worker's, then (if any) the unattributed, each cause once with its cases counted and the case
+    to open first; then what differs from the direct run without being a finding here."""
+    by = grouped(attribution, found)
+    lines = [f"Read against the worker judged directly, case by case: {split_line(attribution)}.", ""]
+    for owner, title, what, none in _LAYERS:
+        if owner == "unjudged" and not by[owner]:
+            continue
+        lines += [f"## {_layer_title(title, by[owner])}", "", what if by[owner] else none, ""]
+        lines += [*_md_groups(by[owner]), ""] if by[owner] else []
+    hidden, gone = hidden_groups(attribution), lost_groups(attribution, _lost_gist)
+    lines += ["## Differences from the direct run that are not findings here", ""]
+    lines += [f"- Shown directly, not through the gateway: {_md_cell(g.label)} ({_severity_word(g)}, "
+              f"{g.invariant or 'error'}) in {len(g.cases)} {'case' if len(g.cases) == 1 else 'cases'}: "
+              f"`{g.first}`{_md_more([c for c in g.cases if c != g.first])}" for g in hidden]
+    lines += [f"- Judged directly, n/a through the gateway: {len(ids)} {'case' if len(ids) == 1 else 'cases'}, "
+              f"{_md_cell(why)}: `{ids[0]}`{_md_more(ids[1:])}" for why, ids in gone]
+    return lines + ([] if hidden or gone else ["None."]) + [""]
+
+
+def _lost_gist(reason: str) -> str:
+    return _gist(reason, 120)
 
 
 def to_markdown(results: Sequence[CaseResult], engine: str, grading: Grading = Grading(),
@@ -696,8 +746,8 @@ def to_markdown(results: Sequence[CaseResult], engine: str, grading: Grading = G
     lines = [f"# Conformance report: `{engine}`", "", run_line(results, engine, generated), ""]
     lines += [f"*{grading.provenance}*", ""] if grading.provenance else []
     lines += [f"**{headline(results, engine, grading)}**", ""]
-    lines += _md_attribution(attribution) if attribution else []
-    lines += _md_first_screen(results)
+    lines += _md_attribution(attribution, causes(results)) if attribution else []
+    lines += _md_first_screen(results, with_causes=not attribution)
     lines += [f"## {_failures_title(failed)}", ""] if failed else ["No failure of the chapter.", ""]
     for anchor, rs in by_section(failed):
         lines += [f"### {anchor} ({len(rs)})", ""]
@@ -734,6 +784,7 @@ _CSS = ("body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-co
         ".sev{display:inline-block;min-width:6.5em;padding:0 .4em;border-radius:3px;font-size:12px;font-weight:bold;"
         "color:#fff;text-align:center}.sev-text{background:#b22}.sev-ending{background:#c60}"
         ".sev-accounting{background:#a80}.sev-stream_shape{background:#679}.sev-wire{background:#888}"
+        ".sev-error{background:#700}"
         ".basis{color:#335;font-size:13px}.diagram svg{max-width:100%;height:auto}.run{color:#333;font-size:14px}"
         ".errors{border-left:6px solid #c33;background:#fbb;padding:.2em .8em;margin:.5em 0}")
 
@@ -780,24 +831,43 @@ def _html_case(r: CaseResult, embedded: Mapping[str, str]) -> str:
             f"<pre>{e(json.dumps(rep, ensure_ascii=False, indent=1))}</pre></details></div>")
 
 
-def _html_attribution(attribution: Mapping[str, Any]) -> str:
+def _html_more(ids: Sequence[str]) -> str:
+    """_md_more as HTML: the cases after the first, folded, each a link."""
+    return f"<details><summary>{len(ids)} more</summary>{_links(ids)}</details>" if ids else ""
+
+
+def _html_groups(groups: Sequence[Group]) -> str:
+    e = html.escape
+    rows = "".join(
+        f"<tr><td>{_group_badge(g)}</td><td>{e(g.label)}</td>"
+        f"<td title='{e('; '.join(basis_text(Basis(p.kind, p.ref)) for p in g.parts if p.kind))}'>{e(_parts_tag(g))}</td>"
+        f"<td title='{e(statement(g.invariant))}'>{e(g.invariant or '—')}</td><td>{len(g.cases)}</td>"
+        f"<td><a href='#{e(g.first)}'>{e(g.first)}</a>{_html_more([c for c in g.cases if c != g.first])}</td></tr>"
+        for g in groups)
+    return ("<table class='layer'><tr><th>severity</th><th>symptom</th><th>basis</th><th>invariant</th><th>cases</th>"
+            f"<th>open first</th></tr>{rows}</table>")
+
+
+def _html_attribution(attribution: Mapping[str, Any], found: Sequence[Mapping[str, Any]]) -> str:
     """_md_attribution as HTML."""
     e = html.escape
-    own = owned(attribution, "gateway")
-    rows = "".join(f"<tr><td><a href='#{e(f['case'])}'>{e(f['case'])}</a></td><td>{e(f['verdict'])}</td>"
-                   f"<td>{_badge(f['severity']) if f['severity'] else 'error'}</td><td>{e(f['symptom'])}</td>"
-                   f"<td>{e(f['invariant'])}</td></tr>" for f in own)
-    table = ("<table><tr><th>case</th><th>verdict here</th><th>severity</th><th>symptom</th><th>invariant</th></tr>"
-             f"{rows}</table>" if own else
-             "<p>None: every finding of this run is the worker's own, or its case has no direct run.</p>")
-    hidden = attribution["hidden"]
-    more = (f"<p>Shown directly and not through the gateway ({len(hidden)}): "
-            + e(", ".join(f"{f['case']} {f['symptom']}" for f in hidden)) + "</p>") if hidden else ""
-    gone = attribution["lost"]
-    more += (f"<p>Judged directly, n/a through the gateway ({len(gone)}): "
-             + e("; ".join(f"{c['case']} ({_gist(c['reason'], 120)})" for c in gone)) + "</p>") if gone else ""
-    return (f"<h2>The gateway's own findings ({len(own)})</h2><p>Read against the worker judged directly, case by "
-            f"case: {e(split_line(attribution))}.</p>{table}{more}")
+    by = grouped(attribution, found)
+    parts = [f"<p>Read against the worker judged directly, case by case: {e(split_line(attribution))}.</p>"]
+    for owner, title, what, none in _LAYERS:
+        if owner == "unjudged" and not by[owner]:
+            continue
+        parts.append(f"<h2 class='layer-{owner}'>{e(_layer_title(title, by[owner]))}</h2>"
+                     + (f"<p>{e(what)}</p>{_html_groups(by[owner])}" if by[owner] else f"<p>{e(none)}</p>"))
+    hidden, gone = hidden_groups(attribution), lost_groups(attribution, _lost_gist)
+    items = [f"<li>Shown directly, not through the gateway: <b>{e(g.label)}</b> ({_group_badge(g)} "
+             f"{e(g.invariant or 'error')}) in {len(g.cases)} {'case' if len(g.cases) == 1 else 'cases'}: "
+             f"<a href='#{e(g.first)}'>{e(g.first)}</a>{_html_more([c for c in g.cases if c != g.first])}</li>"
+             for g in hidden]
+    items += [f"<li>Judged directly, n/a through the gateway: {len(ids)} {'case' if len(ids) == 1 else 'cases'}, "
+              f"{e(why)}: <a href='#{e(ids[0])}'>{e(ids[0])}</a>{_html_more(ids[1:])}</li>" for why, ids in gone]
+    parts.append("<h2>Differences from the direct run that are not findings here</h2>"
+                 + (f"<ul>{''.join(items)}</ul>" if items else "<p>None.</p>"))
+    return "".join(parts)
 
 
 def to_html(results: Sequence[CaseResult], engine: str, *, diagrams_dir: Path | None = None,
@@ -816,7 +886,7 @@ def to_html(results: Sequence[CaseResult], engine: str, *, diagrams_dir: Path | 
              f"<p class='run'>{_code_spans(e(run_line(results, engine, generated)))}</p>",
              f"<p class='provenance'>{e(grading.provenance)}</p>" if grading.provenance else "",
              f"<p class='headline {tone}'>{e(headline(results, engine, grading))}</p>",
-             _html_attribution(attribution) if attribution else ""]
+             _html_attribution(attribution, causes(results)) if attribution else ""]
     rows = "".join(f"<tr><td>{_badge(sev)}</td>" + "".join(f"<td>{x}</td>" for x in row[1:]) + "</tr>"
                    for sev, row in zip(SEVERITIES, _severity_table(results)))
     head = "".join(f"<th>{e(h)}</th>" for h in _SEVERITY_HEAD)
@@ -827,7 +897,7 @@ def to_html(results: Sequence[CaseResult], engine: str, *, diagrams_dir: Path | 
                         for r in failed_to_run)
         parts.append(f"<div class='errors'><b>Errors ({len(failed_to_run)})</b>, cases that could not be judged:"
                      f"<ul>{items}</ul></div>")
-    found = causes(results)
+    found = causes(results) if not attribution else []
     if found:
         rows = "".join(
             f"<tr><td>{_badge(c['severity'])}</td><td>{e(c['label'])}</td>"
@@ -848,14 +918,14 @@ def to_html(results: Sequence[CaseResult], engine: str, *, diagrams_dir: Path | 
                      f"<p>{e(_DIFFERS_INTRO)}</p>")
         parts += [_html_case(r, embedded) for r in sorted(differs, key=lambda r: r.case.id)]
     rows = "".join(
-        f"<tr class='{'partial' if partial(r) else 'PASS'}'><td>{e(a)}</td><td>{e(r.case.id)}</td>"
+        f"<tr class='{'partial' if partial(r) else 'PASS'}' id='{e(r.case.id)}'><td>{e(a)}</td><td>{e(r.case.id)}</td>"
         f"<td>{r.case.grade.value}</td><td title='{e(statement(r.case.invariant))}'>{e(r.case.invariant)}</td>"
         f"<td>{e(_pass_note(r))}</td></tr>"
         for a, rs in by_section(passed) for r in rs)
     parts.append(f"<h2>Passed ({len(passed)})</h2><table><tr><th>§</th><th>case</th><th>grade</th><th>invariant</th>"
                  f"<th>note</th></tr>{rows}</table>")
     if skipped:
-        rows = "".join(f"<tr class='SKIP'><td>{e(a)}</td><td>{e(r.case.id)}</td><td>{e(r.reason)}</td></tr>"
+        rows = "".join(f"<tr class='SKIP' id='{e(r.case.id)}'><td>{e(a)}</td><td>{e(r.case.id)}</td><td>{e(r.reason)}</td></tr>"
                        for a, rs in by_section(skipped) for r in rs)
         parts.append(f"<details><summary>Not applicable to this engine ({len(skipped)})</summary><table>"
                      f"<tr><th>§</th><th>case</th><th>reason</th></tr>{rows}</table></details>")
