@@ -113,7 +113,8 @@ def fuzz(preset: str | None, presets_files: tuple[Path, ...], launch: str | None
         runner = Launched(p.launch, ps.cache_root() / "logs" / f"fuzz-{label}", label=label,
                           without=frozenset(without) | set(p.without), jobs=jobs or p.jobs,
                           model=model or p.model or None, gguf=p.gguf_file or "model.gguf",
-                          env={**os.environ, "PATH": path}, prepare=prepare if p.gguf_file else None)
+                          env={**os.environ, "PATH": path}, prepare=prepare if p.gguf_file else None,
+                          chat=p.cases == "chat")
     elif launch is not None:
         from .properties.conformance.presets import cache_root
 

@@ -1,7 +1,8 @@
 """Generative conformance (`decodespec fuzz`, properties/conformance/fuzz): generated examples are
-script cases of the suite's format, drawn the same from the same seed; a failure shrinks to the
-smallest example failing with the same symptom and basis; and the reference, judged as `conform`
-judges it, fails none of them, in process and over HTTP (§4.3-§4.10)."""
+script cases of the suite's format (completions and chat, over the byte table and the three fixture
+tokenizers), drawn the same from the same seed; a failure shrinks to the smallest example failing
+with the same symptom and basis; and the reference, judged as `conform` judges it, fails none of
+them, in process and over HTTP (§4.3-§4.10)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,16 @@ from decodespec.cli_fuzz import parse_budget
 from decodespec.properties.conformance.adapters.base import Finding
 from decodespec.properties.conformance.fuzz.session import draw_examples, fuzz, write_run
 from decodespec.properties.conformance.fuzz.shrink import candidates, failure_key, shrink_all, size
-from decodespec.properties.conformance.fuzz.strategies import TABLE, case_of, settled, spelled, table_spec
+from decodespec.properties.conformance.fuzz.strategies import (
+    CHAT_TABLE,
+    TABLE,
+    Menu,
+    case_of,
+    settled,
+    spelled,
+    table_spec,
+    well_posed,
+)
 from decodespec.properties.conformance.runner import CaseResult, Verdict, grade
 
 pytest.importorskip("transformers")
@@ -28,6 +38,48 @@ def test_the_seed_decides_the_examples_and_each_is_a_case_of_the_suites_format()
         case = case_of(f"fuzz/t/{i + 1:03d}", ex)
         assert case.kind.value == "script" and case.inputs == ex
         assert 1 <= ex["max_tokens"] <= len(spelled(ex).ids)  # nothing forced past the script (§4.3)
+
+
+def test_an_engine_draws_what_it_serves(tmp_path):
+    """A server loading GGUF files never draws WordPiece (llama.cpp's converter refuses it); a -chat
+    preset's server draws chat examples only, a plain one completions only, the reference in
+    process (its parsers on) both."""
+    from decodespec.properties.conformance.fuzz.batch import InProcess, Launched, Module, menu_of
+
+    gguf = Launched("llama-server -m {gguf} --port {port}", tmp_path)
+    plain = Launched("decodespec serve --port {port} --model {model}", tmp_path)
+    chat = Launched("decodespec serve --port {port} --model {model} --reasoning-parser think", tmp_path, chat=True)
+    assert "wordpiece" not in gguf.menu.tokenizers and "wordpiece" in plain.menu.tokenizers
+    assert (plain.menu.completions, plain.menu.chat, chat.menu.completions, chat.menu.chat) == (True, False, False, True)
+    assert InProcess().menu.completions and InProcess().menu.chat and not Module("m:f").menu.chat
+    assert menu_of(object()) == Menu()  # an engine naming no menu: every completions example
+    drawn = draw_examples(40, 3, gguf.menu)
+    assert drawn and all(ex["tokenizer"].get("fixture") != "wordpiece" and "chat" not in ex for ex in drawn)
+    with pytest.raises(ValueError, match="no tokenizer 'bert'"):
+        Menu(("bert",))
+
+
+def test_chat_examples_are_chat_cases_over_the_channels_shapes():
+    """Chat examples (D45-D47) are chat cases of the suite's format: the BOS template on the byte
+    table only, no field a chat request lacks (echo, n), per-token reports only where no channel
+    splits the answer, think tags only where reasoning is asked (the server's parser is the
+    server's); and across a few dozen, reasoning and calls split across tokens, calls whose JSON
+    holds a multi-byte character, stops and limits inside a channel."""
+    drawn = [ex for ex in draw_examples(120, 5, Menu(completions=False, chat=True))]
+    assert all("chat" in ex for ex in drawn)
+    for i, ex in enumerate(drawn):
+        case = case_of(f"fuzz/t/{i + 1:03d}", ex)
+        chat, req = ex["chat"], ex.get("request", {})
+        assert case.inputs["chat"] == chat and well_posed(ex)
+        assert chat["template"] == "chatml" or "table" in ex["tokenizer"]
+        assert not {"echo", "n"} & set(req)
+        assert "logprobs" not in req or not (chat.get("reasoning") or chat.get("tools"))
+    texts = [(ex, spelled(ex).text) for ex in drawn if "table" in ex["tokenizer"]]
+    split_tag = [ex for ex, _ in texts if any(CHAT_TABLE[t] == b"<th" for t in ex["script"])]
+    multi_byte_call = [ex for ex, t in texts if b"<tool_call>" in t and ("中".encode() in t or "ü".encode() in t)]
+    inside = [ex for ex, t in texts if b"<think>" in t and any(s.encode() in t.split(b"</think>")[0] for s in ex.get("stop", ()))]
+    assert split_tag and multi_byte_call and inside
+    assert any(ex["max_tokens"] < len(ex["script"]) and ex["chat"].get("tools") for ex, _ in texts)
 
 
 def test_settled_keeps_max_tokens_within_the_script_and_min_tokens_within_max_tokens():
@@ -88,6 +140,64 @@ def test_a_failure_shrinks_to_the_smallest_example_with_the_same_symptom_and_bas
     assert len(done.minimal["stop"]) == 1 and len(done.minimal["stop"][0]) == 1
     assert "request" not in done.minimal
     assert shrink_all([(ex, first)], _fake_run([])) == [done]  # deterministic
+
+
+_CID = {b: i for i, b in CHAT_TABLE.items()}
+
+
+def _chat_run(calls):
+    """A judge of an engine that loses a tool call whose JSON holds 中, wherever tools are on."""
+    def run(exs, tag):
+        calls.append(len(exs))
+        out = []
+        for i, ex in enumerate(exs):
+            case = case_of(f"fuzz/{tag}/{i + 1:03d}", ex)
+            bad = (ex.get("chat") or {}).get("tools") and "中".encode() in spelled(ex).text
+            found = (Finding("calls_only_when_closed", "lost", symptom="chat_tool_calls"),) if bad else ()
+            out.append(grade(CaseResult(case, "fake", Verdict.PASS, found)))
+        return out
+    return run
+
+
+def test_a_chat_failure_shrinks_to_fewer_tokens_shorter_channels_and_fewer_settings():
+    """A failing chat example (a reasoning section, a call split across tokens, the BOS template)
+    shrinks to the one token the failure needs under the one setting it needs: the reasoning
+    section and its setting gone (the think tags first: never a tag under reasoning off), the
+    call's tags and the rest of its JSON gone, the template ChatML."""
+    ids = [_CID[b] for b in (b"<th", b"ink>", b"Let me", b"</think>", b"<tool", b"_call>", b'{"name": "get_weather", ',
+                              b'"arguments": {"city": "', "中".encode(), b'"}}', b"</tool_call>")]
+    ex = settled({"tokenizer": table_spec([*ids, 101], CHAT_TABLE), "prompt": [101], "script": [*ids, 100],
+                  "max_tokens": len(ids) + 1, "stop": ["Let"], "chat": {"template": "bos", "reasoning": True, "tools": True}})
+    assert all(well_posed(c) for c in candidates(ex))
+    [first] = _chat_run([])([ex], "g001")
+    [done] = shrink_all([(ex, first)], _chat_run([]), max_rounds=40)
+    assert done.proved and done.key == ("chat_tool_calls", "decision", "D47")
+    assert done.minimal["script"] == [_CID["中".encode()]] and done.minimal["max_tokens"] == 1
+    assert done.minimal["chat"] == {"template": "chatml", "tools": True} and "stop" not in done.minimal
+
+
+def test_a_minimal_chat_case_file_says_the_references_split_answer():
+    """As the chat case files do (D45-D47): content, reasoning, calls and the wire finish reason."""
+    from decodespec.properties.conformance.fuzz.session import case_json
+
+    ids = [_CID[b] for b in (b"<think>", b"Let me", b"</think>", b"Hi!")]
+    ex = {"tokenizer": table_spec([*ids, 101], CHAT_TABLE), "prompt": [101], "script": [*ids, 100], "max_tokens": 5,
+          "chat": {"template": "chatml", "reasoning": True}}
+    got = case_json(case_of("fuzz-minimal/chat-content/001", ex))
+    assert got["expect"]["chat"] == {"content": "Hi!", "reasoning": "Let me", "tool_calls": [], "finish_reason": "stop"}
+    assert "chat" not in case_json(case_of("fuzz/t/001", _example([101], None)))["expect"]
+
+
+def test_a_chat_run_the_reference_fails_is_judged_not_skipped_as_a_refused_field(tmp_path):
+    """D12 on chat: an invalid byte fails the run, so a server's error answer to a request with fields
+    is the reference's own answer, judged (PASS for decodespec serve), not a refusal of the fields."""
+    from decodespec.properties.conformance.fuzz.batch import InProcess, run_batch
+
+    ff = next(i for i, b in TABLE.items() if b == b"\xff")
+    ex = {"tokenizer": table_spec([101, ff], CHAT_TABLE), "prompt": [101], "script": [101, ff, 100], "max_tokens": 3,
+          "chat": {"template": "chatml", "tools": True}, "request": {"min_tokens": 1}}
+    [r] = run_batch([ex], "t001", InProcess(), tmp_path).results
+    assert r.verdict is Verdict.PASS, (r.verdict, r.reason, [f.message for f in r.failures])
 
 
 @pytest.mark.parametrize(("args", "said"), [
@@ -160,7 +270,7 @@ def test_a_run_files_each_minimal_case_judged_alone_with_a_reproducer_that_rebui
 
 
 def test_a_run_shrinks_each_failure_and_judges_its_minimal_case_again_alone(tmp_path):
-    run = fuzz(_SendsStops(), tmp_path, budget_s=600, seed=1, batch=20, max_batches=1, tokenizers=("byte_table",))
+    run = fuzz(_SendsStops(), tmp_path, budget_s=600, seed=1, batch=20, max_batches=1, menu=Menu(("byte_table",)))
     assert run.failures and run.minimal
     for s, alone in run.minimal:
         assert failure_key(alone) == s.key and alone.case.id.startswith("fuzz-minimal/stop-sent/")
@@ -183,18 +293,19 @@ def test_decodespec_serve_passes_a_stop_inside_a_token_with_per_token_reports(tm
 # ---- CI: a short fuzz of the reference (a failure is a bug of the reference or of the judge) -------
 
 
-def _short(engine, tmp_path, seed):
-    run = fuzz(engine, tmp_path / "work", budget_s=600, seed=seed, batch=45, max_batches=1)
+def _short(engine, tmp_path, seed, batch=45):
+    run = fuzz(engine, tmp_path / "work", budget_s=600, seed=seed, batch=batch, max_batches=1)
     bad = [(r.case.id, r.verdict.value, r.reason, [f.message for f in r.failures], r.case.inputs)
            for _, r in run.failing.values()] + [(r.case.id, r.reason) for r in run.errors]
     return run, bad
 
 
 def test_a_short_fuzz_of_decodespec_serve_in_process_finds_nothing(tmp_path):
+    """Completions and chat examples (its parsers on: reasoning and tool calls split off, D45-D47)."""
     from decodespec.properties.conformance.fuzz.batch import InProcess
 
-    run, bad = _short(InProcess(), tmp_path, seed=46)
-    assert run.examples >= 30 and not bad, bad
+    run, bad = _short(InProcess(), tmp_path, seed=46, batch=60)
+    assert run.examples >= 50 and not bad, bad
     written = write_run(run, tmp_path / "out")
     assert {p.name for p in written} >= {"report.json", "report.md", "fuzz.json"}
 

@@ -204,3 +204,18 @@ def test_a_penalty_past_the_margin_leaves_the_script_where_a_token_recurs(ck, mo
     again = next(i for i, t in enumerate(recipe.script) if t in recipe.script[:i])
     dev = deviation(recipe, ck.tokenizer, ck.eos_id, Returned(token_ids=got))
     assert dev is not None and dev.position == again + 1, dev
+
+
+def test_the_text_check_reads_the_script_after_the_prompt_as_a_wordpiece_continuation_spells_it():
+    """§4.5: WordPiece's `##.` spells `.` after the prompt's word and `##.` at a sequence's start; an
+    engine that answers `.` follows a script that opens with it, and one that answers `!` does not."""
+    from decodespec.properties.conformance.checkpoints import fixture_tokenizer
+    from decodespec.properties.conformance.forced import Program
+
+    tok = fixture_tokenizer("wordpiece")
+    dot, word = tok.backend.token_to_id("##."), tok.encode("hello")[0]
+    prog = Program("wp", 0, [*tok.encode("The")], [dot, word])
+    assert deviation(prog, tok, tok.eos_id, Returned(text=". hello")) is None
+    assert deviation(prog, tok, tok.eos_id, Returned(tokens=[".", " hello"])) is None
+    d = deviation(prog, tok, tok.eos_id, Returned(text="! hello"))
+    assert d is not None and d.position == 1

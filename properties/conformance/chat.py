@@ -340,7 +340,9 @@ def run_chat(a: ScriptServer, case: Case) -> Outcome:
     exp = split_reference(served, res)
     body = request_body(a, case, info["message"], served.max_tokens)
     status, data, raw = a.post(PATH, {**body, "stream": False})
-    if 400 <= status < 500 and (case.inputs.get("request") or chat.get("tools")):
+    # a 4xx where the reference finishes is the server refusing the fields; where the reference fails
+    # the run (an invalid byte, D12) the error is its answer, judged as such
+    if 400 <= status < 500 and (case.inputs.get("request") or chat.get("tools")) and res.state.name == "FINISHED":
         return Outcome(skip=f"the server refuses the request's fields: {raw[:240]!r}")
     st = a.stream_body(PATH, {**body, "stream": True, "stream_options": {"include_usage": True}})
     whole, streamed = observe_message(status, data), observe_stream(st)

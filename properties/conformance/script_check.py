@@ -12,7 +12,9 @@ answer is first compared with the script, with the best evidence the engine give
 - the text alone: against the script's text, ignoring whitespace and up to the first U+FFFD in
   either (a detokenizer may legitimately differ there, and the detokenizer cases judge that), so a
   token replaced by one that spells other characters is seen, and one that differs only in spaces
-  or in bytes that are no character is not.
+  or in bytes that are no character is not. The script's text is what it adds after the prompt
+  (§4.5): a token's text can depend on what stands before it (WordPiece's `##.` spells `.` after a
+  word, `##.` at the start of a sequence).
 
 `deviation(...)` returns None when the answer is the script's (up to where the case ends the
 output: a stop, a limit), else a `Deviation` naming the first output token that differs, what the
@@ -115,9 +117,9 @@ def deviation(program: Program, tokenizer: HFTokenizer, eos_id: int, returned: R
         special = {tokenizer.decode([i], skip_special=False) for i in tokenizer.special_ids}
         text = "".join(p.decode("utf-8", "replace") if isinstance(p, bytes) else p for p in returned.tokens
                        if p not in special)
-        return _by_text(tokenizer, want, text, returned.evidence)
+        return _by_text(tokenizer, program.prompt, want, text, returned.evidence)
     if returned.text is not None:
-        return _by_text(tokenizer, want, returned.text, returned.evidence)
+        return _by_text(tokenizer, program.prompt, want, returned.text, returned.evidence)
     raise ValueError("the engine's answer carries neither token ids, logprob tokens nor text: nothing to compare")
 
 
@@ -144,13 +146,20 @@ def _by_pieces(tok: HFTokenizer, want: Sequence[int], pieces: Sequence[bytes], e
     return Deviation(i + 1, repr(chose), _show(tok, want[i]), evidence)
 
 
-def _by_text(tok: HFTokenizer, want: Sequence[int], text: str, evidence: str) -> Deviation | None:
+def _after(tok: HFTokenizer, prompt: Sequence[int], ids: Sequence[int]) -> str:
+    """The text `ids` add after `prompt` (the decode of both past the prompt's own), or their decode
+    alone where the prompt's text does not begin the whole's."""
+    head, whole = tok.decode(list(prompt)), tok.decode([*prompt, *ids])
+    return whole[len(head):] if whole.startswith(head) else tok.decode(list(ids))
+
+
+def _by_text(tok: HFTokenizer, prompt: Sequence[int], want: Sequence[int], text: str, evidence: str) -> Deviation | None:
     text = text.split(_NO_CHARACTER)[0]
     kept = [j for j, c in enumerate(text) if c not in _IGNORED]  # where each compared character stands
     got = [text[j] for j in kept]
     seen: list[str] = []
     for i, w in enumerate(want):
-        spelled = tok.decode(want[: i + 1]).split(_NO_CHARACTER)
+        spelled = _after(tok, prompt, want[: i + 1]).split(_NO_CHARACTER)
         seen += [c for c in spelled[0] if c not in _IGNORED][len(seen):]
         if len(spelled) > 1:
             return None  # the script's own text has no character here: nothing further to compare

@@ -8,8 +8,13 @@ and basis as `decodespec conform`). An engine is one of:
 
 - `Launched`: a server command started once per checkpoint ({model}, {gguf}, {name}, {port}), as
   `conform --launch` and the presets start it (launch.launched), judged by the OpenAI adapter;
-- `InProcess`: decodespec serve's app over the checkpoint, on uvicorn in a thread of this process;
+- `InProcess`: decodespec serve's app over the checkpoint, with its reasoning and tool-call parsers,
+  on uvicorn in a thread of this process;
 - `Module`: an engine of your own (`module:factory`, the adapter contract), loaded per checkpoint.
+
+Each says what a run draws for it (`menu`, strategies.Menu): a server loading GGUF files never the
+fixtures the converter refuses; chat examples where it serves chat with its parsers (a `Launched`
+with `chat`, as the -chat presets start theirs: chat examples only; `InProcess`: both).
 
 The sweep over every max_tokens is off (`sweep=False`): the generated examples draw max_tokens next
 to each event of their scripts themselves.
@@ -29,7 +34,7 @@ from ..checkpoints import Checkpoint, build_group, group_of
 from ..grading import DEFAULT_PROFILE
 from ..launch import GGUF, launched
 from ..runner import CaseResult, Verdict, grade_run, run_cases
-from .strategies import case_of
+from .strategies import COMPLETIONS, Menu, case_of
 
 OnResult = Callable[[CaseResult], None]
 
@@ -68,6 +73,14 @@ class Launched:
     # the checkpoints' folders made servable (a llama.cpp engine's GGUF files: presets.convert_gguf);
     # a folder left out is one the engine's converter refused
     prepare: Callable[[list[Path]], list[Path]] | None = None
+    chat: bool = False  # it serves chat with its parsers (a -chat preset): chat examples only
+
+    @property
+    def menu(self) -> Menu:
+        """Chat examples only where it serves chat, else completions; never a fixture a GGUF converter
+        refuses where it loads the GGUF file ({gguf} in its command, or a converter prepares it)."""
+        gguf = self.prepare is not None or "{gguf}" in self.command
+        return Menu(completions=not self.chat, chat=self.chat).served(gguf)
 
     def __call__(self, cases: Sequence[Case], checkpoints: Sequence[Checkpoint], on_result: OnResult) -> list[CaseResult]:
         from ..adapters.openai import OpenAIAdapter
@@ -98,6 +111,7 @@ class InProcess:
 
     label: str = "decodespec-serve-in-process"
     jobs: int = 4
+    menu: Menu = Menu(chat=True)
 
     def __call__(self, cases: Sequence[Case], checkpoints: Sequence[Checkpoint], on_result: OnResult) -> list[CaseResult]:
         from ....runtime.engine import Engine as RefEngine
@@ -109,7 +123,8 @@ class InProcess:
 
         out: list[CaseResult] = []
         for ck in checkpoints:
-            app = create_app(RefEngine(HFModel(ck.folder), HFTokenizer(ck.folder)))
+            app = create_app(RefEngine(HFModel(ck.folder), HFTokenizer(ck.folder)), reasoning_parser=True,
+                             tool_parser=True)
             with serve_in_thread(app) as url:
                 adapter = OpenAIAdapter(url, checkpoint=ck, sweep=False)
                 out += run_cases(adapter, [c for c in cases if c.id in ck.programs], jobs=self.jobs, on_result=on_result)
@@ -123,6 +138,7 @@ class Module:
     spec: str
     label: str = "module"
     jobs: int = 1
+    menu: Menu = COMPLETIONS  # the adapter contract's engines answer no chat request
 
     def __call__(self, cases: Sequence[Case], checkpoints: Sequence[Checkpoint], on_result: OnResult) -> list[CaseResult]:
         from ..module_set import ModuleSet
@@ -139,6 +155,11 @@ class Module:
                 got.sweep = False
             out += run_cases(got, mine, jobs=self.jobs, on_result=on_result)
         return out
+
+
+def menu_of(engine: Engine) -> Menu:
+    """What a run draws for `engine` (see module): its `menu`, or every completions example where it has none."""
+    return getattr(engine, "menu", None) or COMPLETIONS
 
 
 def compile_batch(cases: Sequence[Case], folder: Path) -> list[Checkpoint]:

@@ -2,7 +2,8 @@
 and written as a case with its reproducer (`decodespec fuzz`).
 
 `fuzz(engine, budget_s=..., seed=...)` draws batch k's examples from Hypothesis with the seed
-(seed, k) (`draw_examples`: generation only, no database, so a seed gives the same examples), runs
+(seed, k) (`draw_examples`: generation only, no database, so a seed gives the same examples) from
+the engine's menu (batch.menu_of: the tokenizers it can serve, chat examples where it serves chat), runs
 each batch on one engine start (batch.run_batch), and keeps the failures (FAIL or DIFFERS) by key
 (shrink.failure_key: the lead finding's symptom and basis). Generation stops when GENERATE_SHARE of
 the budget is spent (the whole budget while nothing failed); the smallest failing example of each
@@ -11,7 +12,8 @@ as a case (properties/cases' format, id `fuzz-minimal/<symptom>/NNN`, which sort
 generated `fuzz/...` in a report; expect = the reference's answer on its own tokenizer) and judged
 again in one batch of them alone. `write_run` writes those cases and the report in `decodespec
 conform`'s format, the minimal cases first, then the failures as generated, then
-the examples the run could not judge (ERROR).
+the examples the run could not judge (ERROR); a chat case's file also says the reference's split
+answer (`case_json`).
 """
 
 from __future__ import annotations
@@ -26,19 +28,21 @@ import attrs
 
 from ..adapters.base import case_prompt, case_script, case_tokenizer, reference_expect
 from ..cases import Case, case_path, expect_to_json
+from ..chat import expected_chat
+from ..chat_cases import chat_of
 from ..grading import DEFAULT_PROFILE
 from ..runner import CaseResult, Verdict
-from .batch import Engine, OnResult, judge_cases, run_batch
+from .batch import Engine, OnResult, judge_cases, menu_of, run_batch
 from .shrink import Inputs, Key, Shrunk, failure_key, shrink_all, size
-from .strategies import TOKENIZERS, case_of, examples
+from .strategies import COMPLETIONS, Menu, case_of, examples
 
 GENERATE_SHARE = 0.6  # of the budget spent generating; the rest shrinks
 BATCH = 60  # examples a batch compiles into one checkpoint set
 SHRINK_WIDTH = 30  # candidates per failure in a shrinking batch (the smallest first)
 
 
-def draw_examples(n: int, seed: int, tokenizers: Sequence[str] = TOKENIZERS) -> list[dict[str, Any]]:
-    """Up to `n` distinct examples (strategies.examples), the same for the same seed."""
+def draw_examples(n: int, seed: int, menu: Menu = COMPLETIONS) -> list[dict[str, Any]]:
+    """Up to `n` distinct examples of `menu` (strategies.examples), the same for the same seed."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as seeded
 
@@ -47,7 +51,7 @@ def draw_examples(n: int, seed: int, tokenizers: Sequence[str] = TOKENIZERS) -> 
     @seeded(seed)
     @settings(max_examples=n, phases=[Phase.generate], database=None, deadline=None,
               suppress_health_check=list(HealthCheck))
-    @given(examples(tokenizers))
+    @given(examples(menu))
     def collect(ex: dict[str, Any]) -> None:
         out.append(ex)
 
@@ -78,11 +82,13 @@ class FuzzRun:
 
 
 def fuzz(engine: Engine, workdir: Path, *, budget_s: float, seed: int = 0, batch: int = BATCH,
-         tokenizers: Sequence[str] = TOKENIZERS, profile: str = DEFAULT_PROFILE,
+         menu: Menu | None = None, profile: str = DEFAULT_PROFILE,
          declared: frozenset[str] = frozenset(), on_result: OnResult = lambda r: None,
          say: Callable[[str], None] = lambda line: None, max_batches: int | None = None) -> FuzzRun:
     """Generate, run and shrink within `budget_s` seconds (see module); checkpoints are built under
-    `workdir`. `say` gets a progress line per batch; `max_batches` bounds the generation batches."""
+    `workdir`. `menu`: what is drawn (default: the engine's, batch.menu_of). `say` gets a progress
+    line per batch; `max_batches` bounds the generation batches."""
+    drawn = menu or menu_of(engine)
     t0 = time.monotonic()
 
     def left() -> float:
@@ -98,7 +104,7 @@ def fuzz(engine: Engine, workdir: Path, *, budget_s: float, seed: int = 0, batch
     # generate until GENERATE_SHARE of the budget is spent, or all of it while nothing failed
     while (k == 0 or left() > (budget_s * (1 - GENERATE_SHARE) if failing else 0)) and (max_batches is None or k < max_batches):
         k += 1
-        exs = draw_examples(batch, seed * 100_003 + k, tokenizers)
+        exs = draw_examples(batch, seed * 100_003 + k, drawn)
         results = run(exs, f"g{k:04d}")
         tried += len(exs)
         for ex, r in zip(exs, results):
@@ -146,6 +152,19 @@ def filed_case(s: Shrunk, number: int, seed: int, engine: str) -> Case:
                    expect={k: v for k, v in expect_to_json(exp).items() if k in ("output", "finish_reason")})
 
 
+def case_json(case: Case) -> dict[str, Any]:
+    """A minimal case's file: a chat case's `expect` also says the reference's split answer on its own
+    tokenizer (content, reasoning, calls, wire finish reason), as the chat case files do."""
+    out = case.to_json()
+    if chat_of(case) is None:
+        return out
+    tok = case_tokenizer(case)
+    exp = expected_chat(case, tok, case_prompt(case, tok), case_script(case, tok))
+    split = {"content": exp.content, "reasoning": exp.reasoning,
+             "tool_calls": [{"name": n, "arguments": a} for n, a in exp.calls], "finish_reason": exp.finish_reason}
+    return {**out, "expect": {**out.get("expect", {}), "chat": split}}
+
+
 def write_run(run: FuzzRun, out: Path, *, profile: str = DEFAULT_PROFILE,
               declared: frozenset[str] = frozenset()) -> list[Path]:
     """The minimal cases under out/cases (properties/cases' layout), the report (reports.write_reports:
@@ -161,7 +180,7 @@ def write_run(run: FuzzRun, out: Path, *, profile: str = DEFAULT_PROFILE,
     for _, r in run.minimal:
         path = case_path(r.case.id, out / "cases")
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(r.case.to_json(), ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+        path.write_text(json.dumps(case_json(r.case), ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
         paths.append(path)
         minimal.append(attrs.evolve(r, case=attrs.evolve(r.case, path=path), observed=_built_from(r.observed, out / "cases")))
     generated = [r for _, r in (run.failing[k] for k in sorted(run.failing))]

@@ -2,8 +2,10 @@
 
 A failure is keyed by its lead finding's symptom and basis (`failure_key`): two examples that fail
 with the same key show the same deviation. `candidates(inputs)` lists the examples one step smaller
-(`size`): a script item or a run of items fewer, a stop fewer or one character shorter, a smaller
-max_tokens, a request field or the stop token ids fewer, a shorter prompt. `shrink_all` shrinks
+(`size`): a script item or a run of items fewer (a chat example's channels shorter: its reasoning,
+its call's JSON, a tag), a stop fewer or one character shorter, a smaller max_tokens, a request
+field or the stop token ids fewer, a chat example's reasoning or tools no longer asked (where its
+script allows: strategies.well_posed) or its template ChatML, a shorter prompt. `shrink_all` shrinks
 several failures at once, one batch per round: every target's candidates are compiled into the same
 checkpoints and run on one engine start (batch.run_batch), each target moves to its smallest
 candidate that fails with its key, and a target none of whose candidates fails is minimal. The
@@ -20,7 +22,7 @@ import attrs
 
 from ..cases import CaseError
 from ..runner import CaseResult, Verdict
-from .strategies import settled, spelled
+from .strategies import settled, spelled, well_posed
 
 Inputs = Mapping[str, Any]
 Key = tuple[str, str, str]
@@ -36,10 +38,18 @@ def failure_key(r: CaseResult) -> Key | None:
 
 
 def size(inputs: Inputs) -> tuple[int, ...]:
-    """How big an example is: its parts' total first, then script, stops, limit, fields, prompt."""
+    """How big an example is: its parts' total first, then script, stops, limit, fields (a chat
+    example's settings among them), prompt."""
     parts = (len(inputs["script"]), sum(len(s) + 1 for s in inputs.get("stop", ())), int(inputs["max_tokens"]),
-             2 * len(inputs.get("request", {})) + len(inputs.get("stop_token_ids", ())), _prompt_len(inputs))
+             2 * len(inputs.get("request", {})) + len(inputs.get("stop_token_ids", ())) + _chat_size(inputs),
+             _prompt_len(inputs))
     return (sum(parts), *parts)
+
+
+def _chat_size(inputs: Inputs) -> int:
+    """A chat example's settings: each channel asked, and a template other than ChatML."""
+    chat = inputs.get("chat") or {}
+    return sum(bool(chat.get(flag)) for flag in ("reasoning", "tools")) + (chat.get("template", "chatml") != "chatml")
 
 
 def _prompt_len(inputs: Inputs) -> int:
@@ -75,6 +85,12 @@ def _steps(inputs: Inputs) -> Iterator[dict[str, Any]]:
         yield {k: v for k, v in {**inputs, "request": rest_req}.items() if k != "request" or rest_req}
     if inputs.get("stop_token_ids"):
         yield {k: v for k, v in inputs.items() if k != "stop_token_ids"}
+    chat = dict(inputs.get("chat") or {})
+    for flag in ("reasoning", "tools"):
+        if chat.get(flag):
+            yield {**inputs, "chat": {k: v for k, v in chat.items() if k != flag}}
+    if chat.get("template", "chatml") != "chatml":
+        yield {**inputs, "chat": {**chat, "template": "chatml"}}
     prompt = inputs.get("prompt")
     if isinstance(prompt, list) and len(prompt) > 1:
         yield {**inputs, "prompt": prompt[-1:]}
@@ -91,7 +107,7 @@ def candidates(inputs: Inputs, runnable: Callable[[Inputs], bool] | None = None)
         except (CaseError, ValueError, KeyError):
             continue
         c = _canon(cand)
-        if c in seen or size(cand) >= size(inputs) or not (runnable or _reference_runs)(cand):
+        if c in seen or size(cand) >= size(inputs) or not well_posed(cand) or not (runnable or _reference_runs)(cand):
             continue
         seen.add(c)
         out.append(cand)
