@@ -115,17 +115,20 @@ def test_every_candidate_is_smaller_and_runs_on_the_reference():
 KEY_ID = next(i for i, b in TABLE.items() if b == "€".encode())
 
 
-def _fake_run(calls):
-    """A judge of an engine that sends a stop's bytes whenever the script holds € and a stop is asked."""
+def _sends_stops(ex):
+    """An engine's fault: it sends a stop's bytes whenever the script holds € and a stop is asked."""
+    return KEY_ID in ex["script"] and ex.get("stop")
+
+
+STOP_SENT = Finding("stop_bytes_never_emitted", "sent", symptom="stop_sent")
+
+
+def _fake_run(calls, fails=_sends_stops, found=STOP_SENT):
+    """A judge of an engine whose answer to an example shows `found` wherever `fails(example)`."""
     def run(exs, tag):
         calls.append(len(exs))
-        out = []
-        for i, ex in enumerate(exs):
-            case = case_of(f"fuzz/{tag}/{i + 1:03d}", ex)
-            bad = KEY_ID in ex["script"] and ex.get("stop")
-            found = (Finding("stop_bytes_never_emitted", "sent", symptom="stop_sent"),) if bad else ()
-            out.append(grade(CaseResult(case, "fake", Verdict.PASS, found)))
-        return out
+        return [grade(CaseResult(case_of(f"fuzz/{tag}/{i + 1:03d}", ex), "fake", Verdict.PASS,
+                                 (found,) if fails(ex) else ())) for i, ex in enumerate(exs)]
     return run
 
 
@@ -147,16 +150,8 @@ _CID = {b: i for i, b in CHAT_TABLE.items()}
 
 def _chat_run(calls):
     """A judge of an engine that loses a tool call whose JSON holds 中, wherever tools are on."""
-    def run(exs, tag):
-        calls.append(len(exs))
-        out = []
-        for i, ex in enumerate(exs):
-            case = case_of(f"fuzz/{tag}/{i + 1:03d}", ex)
-            bad = (ex.get("chat") or {}).get("tools") and "中".encode() in spelled(ex).text
-            found = (Finding("calls_only_when_closed", "lost", symptom="chat_tool_calls"),) if bad else ()
-            out.append(grade(CaseResult(case, "fake", Verdict.PASS, found)))
-        return out
-    return run
+    return _fake_run(calls, lambda ex: (ex.get("chat") or {}).get("tools") and "中".encode() in spelled(ex).text,
+                     Finding("calls_only_when_closed", "lost", symptom="chat_tool_calls"))
 
 
 def test_a_chat_failure_shrinks_to_fewer_tokens_shorter_channels_and_fewer_settings():
