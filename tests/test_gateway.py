@@ -5,8 +5,10 @@ front of it. Honest, every case of DUTIES passes through it as it passes directl
 duty (re-streaming, a request field carried, an error carried, a disconnect carried), the duty's case
 shows the duty's symptom, and the report read against the direct run (attribution.py) marks that
 finding the gateway's own. The rules: §4.3 (the deltas' concatenation, no empty delta), §4.6 (stop),
-§4.5 (max_tokens), §4.7 (one terminal, nothing after it; usage), §4.9 (a client's disconnect ends the
-work), and the OpenAI API (`[DONE]`, n, a bad request's 4xx).
+§4.5 (max_tokens), §4.7 (one terminal, nothing after it; usage; SSE ids a client resumes from, D42; a
+worker's failure is no end of the answer), §4.9 (a client's disconnect ends the work), and the OpenAI
+API (`[DONE]`, n, a bad request's 4xx). The worker-failure case runs on two workers, one of which the
+test makes fail mid-answer (life/failover.py).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from decodespec.properties.conformance import load_cases
 from decodespec.properties.conformance.adapters.openai import OpenAIAdapter
 from decodespec.properties.conformance.attribution import attribution_json
 from decodespec.properties.conformance.checkpoints import TABLE_GROUP, build_group, group_of, http_blocker
+from decodespec.properties.conformance.life import failover
 from decodespec.properties.conformance.reports import to_json
 from decodespec.properties.conformance.runner import CaseResult, Verdict, run_case
 
@@ -41,6 +44,8 @@ DUTIES = (
     Duty("empty_chunks", "stream/delta-nonempty/001", "empty_delta"),
     Duty("drop_usage", "http/usage/001", "usage_chunk"),
     Duty("drop_done", "stream/delta-nonempty/001", "done_missing"),
+    Duty("drop_ids", "http/stream/resume/001", "no_event_ids"),
+    Duty("hide_request_id", "http/stream/resume/001", "no_resume"),
     Duty("drop_stop", "stop/cross-token/001", "stop_sent"),
     Duty("drop_max_tokens", "finish/length/001", "stop_without_hit"),
     Duty("drop_n", "stop/n-choices/001", "choices_missing"),
@@ -65,8 +70,7 @@ def ck(tmp_path_factory):
     return build_group(TABLE_GROUP, cases, tmp_path_factory.mktemp("gateway") / TABLE_GROUP)
 
 
-@pytest.fixture(scope="module")
-def worker(ck, app_server):
+def _worker_app(ck):
     """decodespec serve, a stream's disconnect cancelling its request (`--on-disconnect cancel`), so a
     disconnect the gateway carries frees the worker's place at once."""
     from decodespec.runtime.engine import Engine
@@ -74,8 +78,12 @@ def worker(ck, app_server):
     from decodespec.runtime.server import create_app
     from decodespec.runtime.tokenizers import HFTokenizer
 
-    return app_server(create_app(Engine(HFModel(ck.folder), HFTokenizer(ck.folder), max_batch=2),
-                                 on_disconnect="cancel"))
+    return create_app(Engine(HFModel(ck.folder), HFTokenizer(ck.folder), max_batch=2), on_disconnect="cancel")
+
+
+@pytest.fixture(scope="module")
+def worker(ck, app_server):
+    return app_server(_worker_app(ck))
 
 
 def _run(url, ck, case_id) -> CaseResult:
@@ -114,6 +122,64 @@ def test_a_gateway_breaking_a_duty_is_caught_by_its_case_and_attributed_to_the_g
         (duty.symptom, "gateway")}
 
 
+# A worker's failure needs two workers and one that fails: its duty runs apart from DUTIES.
+FAILOVER = Duty("finishes_broken", failover.CASE.id, "cut_as_finished")
+
+
+def _through_a_failure(ck, app_server, fault):
+    """The worker-failure case through the kit's gateway in front of two fresh workers, the first
+    made to fail once each stream has read the case's `cut_at` deltas."""
+    mortals = [_gateway_kit.Mortal(_worker_app(ck)) for _ in range(2)]
+    gateway = app_server(_gateway_kit.gateway_app([app_server(m) for m in mortals], fault))
+
+    def stop_one() -> str:
+        mortals[0].kill()
+        return "the first worker failed (its answers broke off mid-body)"
+
+    with failover.stopping(stop_one):
+        return run_case(OpenAIAdapter(gateway, checkpoint=ck, tight=True), failover.CASE)
+
+
+def test_an_honest_gateway_ends_a_failed_workers_streams_as_errors_and_keeps_the_others_whole(ck, app_server):
+    """§4.7: each stream of the failed worker ends as an error; the other worker's are whole."""
+    res = _through_a_failure(ck, app_server, None)
+    assert res.verdict is Verdict.PASS and not res.failures, (res.reason, res.failures)
+    assert not res.not_checked, res.not_checked  # the failure did break streams off: the case was shown
+    assert "2 whole, 2 ended as an error" in res.observed["notes"][0], res.observed["notes"]
+
+
+def test_a_gateway_ending_a_broken_off_stream_as_whole_is_caught():
+    """The case's rules on recorded streams need no server: a short stream ended by a finish chunk
+    and [DONE] is the finding, the same stream ended by an error event is not."""
+    from decodespec.properties.conformance.life.exchange import Exchange, Job
+    from decodespec.properties.conformance.wire import Streamed, feed
+
+    def stream(*lines):
+        st = Streamed()
+        for line in lines:
+            feed(st, line)
+        return Exchange(Job("long", "/v1/completions", {}, True), status=200, streamed=st)
+
+    text = 'data: {"choices": [{"index": 0, "text": "ab"}]}'
+    whole = stream(text, "", 'data: {"choices": [{"index": 0, "text": "c", "finish_reason": "length"}]}', "",
+                   "data: [DONE]", "")
+    short = stream(text, "", 'data: {"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]}', "",
+                   "data: [DONE]", "")
+    error = stream(text, "", 'data: {"error": {"message": "the worker failed"}}', "")
+    found, counts = failover.judge_streams([whole, error], "abc")
+    assert found == [] and counts["whole"] == 1 and counts["error"] == 1
+    found, _ = failover.judge_streams([whole, short], "abc")
+    assert [f.symptom for f in found] == ["cut_as_finished"]
+    found, _ = failover.judge_streams([error, error], "abc")
+    assert [f.symptom for f in found] == ["healthy_cut"]
+
+
+def test_a_gateway_hiding_a_workers_failure_is_caught_by_the_worker_failure_case(ck, app_server):
+    res = _through_a_failure(ck, app_server, FAILOVER.fault)
+    assert FAILOVER.symptom in {f.symptom for f in res.failures}, (res.verdict, res.reason, res.failures)
+    assert res.verdict is Verdict.FAIL
+
+
 def test_every_fault_of_the_gateway_kit_has_its_duty():
     """A misbehaviour the kit can do and no case is shown to catch would be an untested claim."""
-    assert sorted(d.fault for d in DUTIES) == sorted(_gateway_kit.FAULTS)
+    assert sorted(d.fault for d in (*DUTIES, FAILOVER)) == sorted(_gateway_kit.FAULTS)

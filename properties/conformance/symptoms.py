@@ -131,6 +131,9 @@ SYMPTOMS: Mapping[str, Symptom] = {
     "no_event_ids": _S("reader_delivery_complete", SHAPE, "no SSE ids to resume from", decision="D42"),
     "no_resume": _S("reader_delivery_complete", SHAPE, "no resumption with Last-Event-ID", decision="D42"),
     "resume_mismatch": _S("reader_delivery_complete", SHAPE, "resumed stream loses or repeats events", decision="D42"),
+    # a gateway in front of several workers, one of which fails (life/failover.py)
+    "cut_as_finished": _S("transport_not_eos", ENDING, "a stream a worker broke off ended as if whole"),
+    "healthy_cut": _S("refinement", ENDING, "streams on the serving workers failed too"),
     "wrong_state": _S("refinement", ENDING, "other terminal state"),
     "wrong_error": _S("refinement", ENDING, "other error"),
     "usage_mismatch": _S("usage_consistent", ACCOUNTING, "usage count differs"),

@@ -447,8 +447,10 @@ class OpenAIAdapter:
 
 
 def retried_connections(log: Sequence[Mapping[str, Any]]) -> list[Finding]:
-    """The connections a case's log records as failed and sent again, as one finding (none: [])."""
-    failed = [e["connection_failed"] for e in log if "connection_failed" in e]
+    """The connections a case's log records as failed and sent again, as one finding (none: []); a
+    record that says it was not sent again (`"sent_again": false`: a connection the case broke on
+    purpose, life/failover.py) is the case's own evidence."""
+    failed = [e["connection_failed"] for e in log if "connection_failed" in e and e.get("sent_again", True)]
     return [finding("connection_dropped", f"{len(failed)} connection(s) failed and the request was sent again: "
                                           f"{failed[:3]}")] if failed else []
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
@@ -108,8 +108,9 @@ def client(url: str, connections: int, timeout_s: float) -> httpx.Client:
                         limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections))
 
 
-def send(c: httpx.Client, job: Job) -> Exchange:
-    """Run `job` once (see module)."""
+def send(c: httpx.Client, job: Job, at_delta: Callable[[int], None] | None = None) -> Exchange:
+    """Run `job` once (see module); `at_delta`, where given, is told the count of deltas after each
+    one a stream reads (it may hold the reader there)."""
     ex = Exchange(job, sent=time.monotonic())
     raw: list[str] = []
     try:
@@ -138,6 +139,8 @@ def send(c: httpx.Client, job: Job) -> Exchange:
                     watch.check(st)
                     if ex.first is None and st.deltas:
                         ex.first = time.monotonic()
+                    if at_delta is not None and st.deltas:
+                        at_delta(len(st.deltas))
                     if job.cut_after is not None and len(st.deltas) >= job.cut_after:
                         ex.cut = time.monotonic()
                         break  # leaving the block closes the connection mid-stream

@@ -41,6 +41,7 @@ MODEL_CHECKED: Mapping[str, tuple[str, ...]] = {
     "disconnect_frees": ("no_leak", "release_exactly_once", "slot_reused_after_release"),  # §4.10 (witness)
     "disconnect_abort": ("no_select_after_cancel_observed", "transport_not_eos", "cancel_during_decode_discarded"),  # §4.9
     "resume": ("reader_delivery_complete", "seq_strictly_increasing", "reconnect_then_finish"),  # §4.7 rules 3-4
+    "worker_failure": ("transport_not_eos", "single_terminal_event"),  # §4.7: a gateway's worker fails (failover.py)
 }
 SHOWN = 4  # mismatching pairs whose exchanges a report keeps
 

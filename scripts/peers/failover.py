@@ -1,0 +1,91 @@
+"""The worker-failure gateway case (properties/conformance/life/failover.py) against a router's stack.
+
+    .venv/bin/python scripts/peers/failover.py PRESET CHECKPOINT_SET REPORT_DIR
+        PRESET: a preset of scripts/peers/presets.toml whose launch is routers.sh (vllm-router, smg)
+
+Starts the preset's stack on the set's byte_level_bpe checkpoint (routers.sh with ROUTERS_PIDS, so
+that it stays up when a worker dies), runs the case with the first worker killed (SIGKILL to it and
+to every process under it) once each stream has read the case's deltas, stops the stack by PID, and
+writes REPORT_DIR/failover.json (the case's result in report.json's form) and prints the result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from decodespec.properties.conformance.adapters.openai import OpenAIAdapter
+from decodespec.properties.conformance.checkpoints import Checkpoint
+from decodespec.properties.conformance.launch import launched
+from decodespec.properties.conformance.life import failover
+from decodespec.properties.conformance.presets import find, load_presets
+from decodespec.properties.conformance.reports import to_json
+from decodespec.properties.conformance.runner import run_case
+
+PRESETS = Path(__file__).resolve().parent / "presets.toml"
+GROUP = "byte_level_bpe"
+
+
+def _tree(pid: int) -> list[int]:
+    """`pid` and every process under it (read from /proc), children first."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        out.insert(0, p)
+        todo += children.get(p, [])
+    return out
+
+
+def main(preset_name: str, ckpt_set: str, report_dir: str) -> None:
+    preset = find(load_presets([PRESETS]), preset_name)
+    if "routers.sh serve" not in preset.launch:
+        sys.exit(f"{preset_name}: its launch is not routers.sh serve (nothing here can kill one of its workers)")
+    ck = Checkpoint.load(Path(ckpt_set) / GROUP)
+    out = Path(report_dir)
+    log = Path(".cache/peers/logs") / out.name / "failover.log"
+    with tempfile.TemporaryDirectory() as tmp:
+        pids = Path(tmp) / "pids"
+        env = {**os.environ, "ROUTERS_PIDS": str(pids)}
+        t0 = time.monotonic()
+        with launched(preset.launch, ck, log, env=env) as url:
+            worker, other, router = map(int, pids.read_text().split())
+
+            def stop_one() -> str:
+                gone = _tree(worker)
+                for p in gone:
+                    os.kill(p, signal.SIGKILL)
+                return f"worker PID {worker} killed (SIGKILL to {len(gone)} processes; PID {other} kept serving)"
+
+            name = preset.model.format(model=ck.folder, name=ck.group) if preset.model else None
+            with failover.stopping(stop_one):
+                res = run_case(OpenAIAdapter(url, model=name, checkpoint=ck, launch=preset.launch), failover.CASE)
+        wall = time.monotonic() - t0
+    out.mkdir(parents=True, exist_ok=True)
+    report = to_json([res], f"{preset_name} (worker failure)", wall)
+    (out / "failover.json").write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"{failover.CASE.id} through {preset_name}: {res.verdict.value} ({wall:.0f} s wall, start-up included)")
+    for note in res.observed.get("notes", []):
+        print(" ", note)
+    for f in res.failures:
+        print(f"  {f.symptom}: {f.message}")
+    if res.reason:
+        print(" ", res.reason)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4:
+        sys.exit(__doc__)
+    main(*sys.argv[1:])
