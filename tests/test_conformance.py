@@ -457,6 +457,21 @@ def test_openai_adapter_catches_stop_leak_and_double_terminal(fake_server):
     assert results["http/stream/terminal-once/001"].first_invariant == "single_terminal_event"
 
 
+def test_a_cross_token_stop_on_an_answer_without_text_is_na_saying_so():
+    """§4.6: a chat answer whose content is empty (vLLM's reasoning parser sends all of it as
+    reasoning_content) has no token boundary to place a stop across: n/a, saying that, not that the
+    server reveals no tokens."""
+    from decodespec.properties.conformance.adapters.openai import Answer, OpenAIAdapter, stop_cross_token
+
+    class Reasoned(OpenAIAdapter):
+        def complete(self, case, log=None, **over):
+            return Answer("", "stop", None, None)
+
+    case = next(c for c in load_cases(["http/stop/cross-token/002"]))
+    out = stop_cross_token(Reasoned("http://127.0.0.1:9"), case)
+    assert out.skip.startswith("the unconstrained answer has no text (chat endpoint"), out.skip
+
+
 @pytest.mark.slow
 def test_openai_adapter_against_decodespec_serve():
     """The project's own server (runtime/server.py) as a black-box peer: every MUST recipe passes or is skipped."""

@@ -571,6 +571,10 @@ def stop_cross_token(a: OpenAIAdapter, case: Case) -> Outcome:
     """§4.6: a stop across a token boundary of the unconstrained output."""
     base = a.complete(case)
     t = base.text
+    if not t:  # e.g. a chat answer all of whose text a reasoning parser sent as reasoning_content (D45)
+        return Outcome(skip=f"the unconstrained answer has no text ({case.inputs.get('endpoint', 'completions')} "
+                            f"endpoint, finish_reason {base.finish_reason!r}; a chat answer's text may have gone to "
+                            "reasoning_content), so no stop can be placed in it")
     toks, _ = _token_bounds(a, base)
     notes: tuple[str, ...] = ()
     bounds = []
