@@ -19,7 +19,8 @@ both (`stream_for_reports`).
 
 An entry's bytes are the engine's own where it gives them (chat `bytes`; a completions token string
 that is whole text), else the script token's (a token id, a string that cannot show its bytes:
-`bytes:\\x..`, U+FFFD, vLLM's `token_id:N`); a not-text token (EOS, a special token) spells nothing.
+`bytes:\\x..`, U+FFFD, vLLM's `token_id:N`); a not-text token (EOS, a special token where the
+request skips special tokens) spells nothing.
 A stream that reports no entries at all leaves the case n/a.
 """
 
@@ -257,8 +258,10 @@ def want_of(a: Any, case: Any) -> Want:
     """What the reference selected for `case` on the served checkpoint (a ScriptServer's)."""
     res = a.reference(case)
     tok = a.checkpoint.tokenizer
-    not_text = frozenset(getattr(tok, "special_ids", ())) | {a.checkpoint.eos_id}
-    ends = not_text | {s[0] for s in case.inputs.get("stop_token_ids") or () if len(s) == 1}
+    # a special token is text where the request keeps special tokens (D33): an EOS a guard passed over too
+    shown = case.inputs.get("request", {}).get("skip_special_tokens") is False
+    not_text = frozenset() if shown else frozenset(getattr(tok, "special_ids", ())) | {a.checkpoint.eos_id}
+    ends = not_text | {a.checkpoint.eos_id} | {s[0] for s in case.inputs.get("stop_token_ids") or () if len(s) == 1}
     tokens = tuple(res.tokens)
     unsent = 0  # a failed run's last tokens selected after its last delta: none of their bytes went out
     if res.state.name == "FAILED":

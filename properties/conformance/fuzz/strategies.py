@@ -202,10 +202,10 @@ def _ids(*runs: Sequence[bytes]) -> list[int]:
 
 
 @st.composite
-def chat_table_script(draw: st.DrawFn, reasoning: bool, tools: bool) -> tuple[list[Any], list[Any]]:
+def chat_table_script(draw: st.DrawFn, reasoning: bool) -> tuple[list[Any], list[Any]]:
     """(prompt items, script items) of a chat example over CHAT_TABLE (see module): a reasoning
     section where `reasoning` (half the time; its close missing one time in five), content, a call
-    (half the time: its tags, whole or split, are content text where `tools` is off), more content,
+    (half the time; where the example asks for no tools its tags are content text), more content,
     EOS anywhere."""
     def tag(t: bytes) -> st.SearchStrategy[list[int]]:
         return st.sampled_from(TAG_SPELLINGS[t]).map(lambda run: _ids(run))
@@ -375,7 +375,7 @@ def examples(draw: st.DrawFn, menu: Menu = COMPLETIONS) -> dict[str, Any]:
     if kind != "byte_table":
         prompt, script = draw(fixture_script(kind))
     elif chat is not None:
-        prompt, script = draw(chat_table_script(bool(chat.get("reasoning")), bool(chat.get("tools"))))
+        prompt, script = draw(chat_table_script(bool(chat.get("reasoning"))))
     else:
         prompt, script = draw(table_script())
     base: dict[str, Any] = {"tokenizer": table_spec([*prompt, *script], table) if kind == "byte_table" else {"fixture": kind},
