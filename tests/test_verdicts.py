@@ -36,7 +36,7 @@ from decodespec.properties.conformance.checkpoints import with_chat
 from decodespec.properties.conformance.http_script import judge_exchange
 from decodespec.properties.conformance.judgement import Observed, expected_of, judge_observed, observe
 from decodespec.properties.conformance.script_check import banned_eos
-from decodespec.properties.conformance.symptoms import WIRE, Timeline, compare_text, merge
+from decodespec.properties.conformance.symptoms import WIRE, Timeline, basis_of, compare_text, merge
 from decodespec.properties.conformance.wire import ANSWER, CHUNK, parse_sse, shape_error, wire_findings
 
 AUDITED = json.loads((Path(__file__).parent / "fixtures" / "audited_exchanges.json").read_text(encoding="utf-8"))
@@ -290,6 +290,19 @@ def test_a_missing_tail_is_named_for_what_it_is(case_id, cut, symptom):
     _, exp = _expected(case_id)
     found = compare_text(exp, exp.output[:cut], "stream")
     assert [(f.invariant, f.symptom) for f in found] == [("detok_concat_equals_batch", symptom)], found
+
+
+def test_a_stop_ids_text_kept_rests_on_d33():
+    """§4.6, D33: include_stop_str_in_output keeps a stop string; the stop id 'E' that ends
+    stop/include-stop/002 is no text either way. vLLM keeps the id's text ('ABE'): named for that,
+    resting on D33 (engines differ there), where text past the stop token stays the chapter's."""
+    case, exp = _expected("stop/include-stop/002")
+    assert exp.kept and exp.stop_id_text == b"E"
+    [kept] = compare_text(exp, b"ABE", "stream")
+    assert (kept.symptom, basis_of(kept, case).ref) == ("stop_id_kept", "D33"), kept
+    assert [f.symptom for f in compare_text(exp, b"ABEF", "stream")] == ["text_after_stop"]
+    _, plain = _expected("stop/token-ids/002")  # not kept: the same text is text after the stop
+    assert [f.symptom for f in compare_text(plain, b"ABE", "stream")] == ["text_after_stop"]
 
 
 def test_a_passed_over_eos_sent_as_text_is_named():

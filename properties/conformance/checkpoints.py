@@ -402,6 +402,7 @@ def build_group(group: str, cases: Sequence[Case], folder: Path, *, long: bool =
         "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos_text, "bos_token": None, "pad_token": eos_text,
         "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False,
         "model_max_length": CONTEXT,
+        **_special_config(group, eos_text),
         **_chat_config(cases),
     }, indent=2) + "\n")
     hf = HFTokenizer(tmp)
@@ -442,6 +443,25 @@ def build_group(group: str, cases: Sequence[Case], folder: Path, *, long: bool =
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
     return Checkpoint.load(folder)
+
+
+def _special_config(group: str, eos_text: str) -> dict[str, Any]:
+    """tokenizer_config.json's names for the fixture's own special tokens besides its EOS (its model's
+    unk_token, the rest as extra_special_tokens), so that every engine's tokenizer treats as special
+    what tokenizer.json flags special: llama.cpp's converter types a token CONTROL only when the HF
+    tokenizer lists it among its special ids, and a NORMAL '<unk>' would be sent as its text where a
+    special token is none under skip_special_tokens (§4.5, D33). A byte table has no other."""
+    from tokenizers import Tokenizer
+
+    base = group.split("-", 1)[0]
+    if base == TABLE_GROUP:
+        return {}
+    path = fixture_tokenizer(base).path
+    own = [t.content for _, t in sorted(Tokenizer.from_file(str(path)).get_added_tokens_decoder().items())
+           if t.special and t.content != eos_text]
+    unk = json.loads(Path(path).read_text(encoding="utf-8"))["model"].get("unk_token")
+    extra = [t for t in own if t != unk]
+    return {**({"unk_token": unk} if unk in own else {}), **({"extra_special_tokens": extra} if extra else {})}
 
 
 def _chat_config(cases: Sequence[Case]) -> dict[str, Any]:

@@ -57,8 +57,10 @@ DECISIONS: Mapping[str, Decision] = {
                    "special_sent", "early_length", "after_eos"})),
     "D33": Decision(
         "what the output holds: kept stops, special tokens, echo",
-        "echo sends decode(prompt) before the output, so echo plus output is decode(prompt + output), one valid text",
-        "vLLM echoes the prompt's text as a string (a split character as U+FFFD); llama.cpp's server has no echo",
+        "include_stop_str_in_output keeps a stop string, never a stop token id's text; echo sends decode(prompt) "
+        "before the output, so echo plus output is decode(prompt + output), one valid text",
+        "vLLM keeps a stop id's text under include_stop_str_in_output and echoes the prompt's text as a string (a "
+        "split character as U+FFFD); llama.cpp's server has no echo",
         frozenset({"bytes_inserted", "bytes_replaced", "bytes_lost", "bytes_added", "special_sent"})),
     "D34": Decision(
         "n choices",

@@ -189,7 +189,14 @@ def expected_of(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[in
         state=res.state.name, released=_released(res),
         spelled=_spelled(tok, prompt, body, head, echo_len) if stops else (),
         kept=bool(res.stop) and any(request.get(k) for k in ("include_stop_str_in_output", "no_stop_trim")),
+        stop_id_text=_stop_id_text(tok, prompt, res, head) if finished and res.stop and not isinstance(res.stop, str) else b"",
         echo_len=echo_len, without=_without_each(case, tok, prompt, script) if finished else ())
+
+
+def _stop_id_text(tok: Any, prompt: Sequence[int], res: Result, head: bytes) -> bytes:
+    """What the stop token ids that ended `res` spell: the selected tokens' text past the output (§4.6, D24, D33)."""
+    spelled = _script_text(tok, prompt, list(res.tokens), head)
+    return spelled[len(res.output):] if spelled.startswith(res.output) else b""
 
 
 def _script_text(tok: Any, prompt: Sequence[int], body: list[int], head: bytes) -> bytes:

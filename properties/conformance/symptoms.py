@@ -83,6 +83,7 @@ SYMPTOMS: Mapping[str, Symptom] = {
     "stop_prefix_left": _S("stop_prefix_held", TEXT, "start of a completed stop sent, left in the text"),
     "wrong_stop": _S("stop_earliest_wins", TEXT, "cut at a later-ending stop", decision="D3"),
     "text_after_stop": _S("nothing_after_stop_hit", TEXT, "text after the stop"),
+    "stop_id_kept": _S("stop_bytes_never_emitted", TEXT, "a stop id's text kept", decision="D33"),
     "token_after_stop": _S("nothing_after_stop_hit", ENDING, "token selected after the stop"),
     "past_limit": _S("length_respected", TEXT, "token past max_tokens"),
     "early_length": _S("length_respected", ENDING, "'length' before max_tokens"),
@@ -358,6 +359,7 @@ class Expected:
     released: tuple[int, ...] = ()  # bytes the reference had sent after each selected text token
     spelled: tuple[int, ...] = ()  # whole-character bytes the first k selected text tokens spell, for each k (with stops)
     kept: bool = False  # the winning stop is part of the output (include_stop_str_in_output, D33)
+    stop_id_text: bytes = b""  # what the stop token ids that ended the run spell (D33: no text, kept or not)
     echo_len: int = 0  # the output opens with this many bytes of the echoed prompt (D33)
     state: str = "FINISHED"
     # (field, output): what the reference sends for the same request without that one field (D66)
@@ -569,6 +571,10 @@ def _script_past_end(exp: Expected, got: bytes, where: str, *, stop_seen: bool) 
                                             f"to the stop's match and stay in the text (§4.6: held until the stop is "
                                             f"ruled out, cut with it; expected {_show(want)})")]
     if exp.reason == "stop_sequence":  # a token-id stop: its bytes are not text
+        if exp.kept and extra and exp.stop_id_text.startswith(extra):
+            return [finding("stop_id_kept", f"the {where} keeps the stop token's text {_show(extra)} after "
+                                            f"{_show(want)}: include_stop_str_in_output keeps a stop string; a stop "
+                                            f"token id is not text and stays out of the output (D33)")]
         return [finding("text_after_stop", f"the {where} goes on past the stop token: {_show(extra)} after {_show(want)}")]
     kind = {"max_output_tokens": "past_limit", "eos": "after_eos", "context_limit": "past_context"}.get(
         exp.reason or "", "bytes_added")
