@@ -195,6 +195,24 @@ def test_a_chat_run_the_reference_fails_is_judged_not_skipped_as_a_refused_field
     assert r.verdict is Verdict.PASS, (r.verdict, r.reason, [f.message for f in r.failures])
 
 
+@pytest.mark.parametrize(("pieces", "chat"), [
+    ((b"<tool_call>", b'{"name": "get_weather", ', b'"arguments": {"city": "', b"Z", b"\xc3"), {"tools": True}),
+    ((b" think", b"<th", b"\xc3"), {"reasoning": True}),
+], ids=["call-held", "tag-piece-held"])
+def test_a_failed_chat_run_owes_nothing_the_splitter_held(tmp_path, pieces, chat):
+    """§4.10, D12, D45, D47: a run that ends inside a character fails; what the split still held (a
+    call not closed, a piece of a tag) was never sent, so the stream's content before the error
+    owes none of it (the judge flushed it as a finished run's; found by decodespec fuzz as a FAIL of
+    decodespec serve's stream, shrunk, confirmed by hand on the exchange)."""
+    from decodespec.properties.conformance.fuzz.batch import InProcess, run_batch
+
+    ids = [_CID[b] for b in pieces]
+    ex = {"tokenizer": table_spec([*ids, 101], CHAT_TABLE), "prompt": [101], "script": ids, "max_tokens": len(ids),
+          "chat": {"template": "chatml", **chat}}
+    [r] = run_batch([ex], "t001", InProcess(), tmp_path).results
+    assert r.verdict is Verdict.PASS, (r.verdict, r.reason, [f.message for f in r.failures])
+
+
 @pytest.mark.parametrize(("args", "said"), [
     ([], "give one of --preset NAME, --launch CMD or --engine"),
     (["--engine", "reference", "--launch", "x {port}"], "(got --launch, --engine)"),

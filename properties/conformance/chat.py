@@ -74,14 +74,18 @@ def expected_chat(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[
 
 
 def split_reference(case: Case, res: Result) -> ChatExpected:
-    """The reference's run `res` of a chat case, its deltas split as decodespec serve splits them."""
+    """The reference's run `res` of a chat case, its deltas split as decodespec serve splits them; a
+    run that fails (§4.10) ends without the end's flush: what the splitter still holds (a call not
+    closed, a piece of a tag, an unfinished character) was never sent, as a failed completions run's
+    held bytes are not."""
     chat = chat_of(case) or {}
     split = Splitter(reasoning=bool(chat.get("reasoning")), tools=bool(chat.get("tools")))
     utf8 = codecs.getincrementaldecoder("utf-8")("replace")
     parts = [p for e in res.events if e.kind == "response.delta" for p in split.push(utf8.decode(bytes(e.data["bytes"])))]
     finished = res.state.name == "FINISHED"
     by_token = finished and res.finish_reason.value == "tool_calls"
-    parts += split.push(utf8.decode(b"", final=True)) + split.finish(by_token)
+    if finished:
+        parts += split.push(utf8.decode(b"", final=True)) + split.finish(by_token)
     got = merged(parts)
     wire = wire_finish(OPENAI_FINISH[res.finish_reason], split) if finished else None
     return ChatExpected(got["content"], got["reasoning"], tuple((c.name, json.loads(c.arguments)) for c in got["calls"]),
