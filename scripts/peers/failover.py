@@ -1,12 +1,14 @@
 """The worker-failure gateway case (properties/conformance/life/failover.py) against a router's stack.
 
-    .venv/bin/python scripts/peers/failover.py PRESET CHECKPOINT_SET REPORT_DIR
+    .venv/bin/python scripts/peers/failover.py PRESET CHECKPOINT_SET REPORT_DIR [kill|stop]
         PRESET: a preset of scripts/peers/presets.toml whose launch is routers.sh (vllm-router, smg)
 
 Starts the preset's stack on the set's byte_level_bpe checkpoint (routers.sh with ROUTERS_PIDS, so
-that it stays up when a worker dies), runs the case with the first worker killed (SIGKILL to it and
-to every process under it) once each stream has read the case's deltas, stops the stack by PID, and
-writes REPORT_DIR/failover.json (the case's result in report.json's form) and prints the result.
+that it stays up when a worker dies), runs the case with the first worker made to fail once each
+stream has read the case's deltas (kill: SIGKILL to it and to every process under it, the default;
+stop: SIGSTOP to them, a worker that hangs, resumed before the stack is stopped), stops the stack by
+PID, and writes REPORT_DIR/failover.json (failover-stop.json) with the case's result in report.json's
+form, and prints the result.
 """
 
 from __future__ import annotations
@@ -49,7 +51,10 @@ def _tree(pid: int) -> list[int]:
     return out
 
 
-def main(preset_name: str, ckpt_set: str, report_dir: str) -> None:
+SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
+
+
+def main(preset_name: str, ckpt_set: str, report_dir: str, how: str = "kill") -> None:
     preset = find(load_presets([PRESETS]), preset_name)
     if "routers.sh serve" not in preset.launch:
         sys.exit(f"{preset_name}: its launch is not routers.sh serve (nothing here can kill one of its workers)")
@@ -63,20 +68,27 @@ def main(preset_name: str, ckpt_set: str, report_dir: str) -> None:
         with launched(preset.launch, ck, log, env=env) as url:
             worker, other, router = map(int, pids.read_text().split())
 
+            gone = _tree(worker)
+
             def stop_one() -> str:
-                gone = _tree(worker)
                 for p in gone:
-                    os.kill(p, signal.SIGKILL)
-                return f"worker PID {worker} killed (SIGKILL to {len(gone)} processes; PID {other} kept serving)"
+                    os.kill(p, SIGNALS[how])
+                return (f"worker PID {worker} {'killed' if how == 'kill' else 'stopped'} "
+                        f"({SIGNALS[how].name} to {len(gone)} processes; PID {other} kept serving)")
 
             name = preset.model.format(model=ck.folder, name=ck.group) if preset.model else None
-            with failover.stopping(stop_one):
-                res = run_case(OpenAIAdapter(url, model=name, checkpoint=ck, launch=preset.launch), failover.CASE)
+            try:
+                with failover.stopping(stop_one):
+                    res = run_case(OpenAIAdapter(url, model=name, checkpoint=ck, launch=preset.launch), failover.CASE)
+            finally:
+                if how == "stop":  # a stopped process ignores SIGTERM until it runs again
+                    for p in gone:
+                        os.kill(p, signal.SIGCONT)
         wall = time.monotonic() - t0
     out.mkdir(parents=True, exist_ok=True)
-    report = to_json([res], f"{preset_name} (worker failure)", wall)
-    (out / "failover.json").write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    print(f"{failover.CASE.id} through {preset_name}: {res.verdict.value} ({wall:.0f} s wall, start-up included)")
+    report = to_json([res], f"{preset_name} (worker failure: {how})", wall)
+    (out / ("failover.json" if how == "kill" else f"failover-{how}.json")).write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"{failover.CASE.id} through {preset_name}, a worker {'killed' if how == 'kill' else 'stopped'}: {res.verdict.value} ({wall:.0f} s wall, start-up included)")
     for note in res.observed.get("notes", []):
         print(" ", note)
     for f in res.failures:
@@ -86,6 +98,6 @@ def main(preset_name: str, ckpt_set: str, report_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
+    if len(sys.argv) not in (4, 5) or sys.argv[4:] not in ([], ["kill"], ["stop"]):
         sys.exit(__doc__)
     main(*sys.argv[1:])
