@@ -33,9 +33,10 @@ from decodespec.properties.conformance.chat import (
     splits,
 )
 from decodespec.properties.conformance.checkpoints import with_chat
+from decodespec.properties.conformance.forced import Program
 from decodespec.properties.conformance.http_script import judge_exchange
 from decodespec.properties.conformance.judgement import Observed, expected_of, judge_observed, observe
-from decodespec.properties.conformance.script_check import banned_eos
+from decodespec.properties.conformance.script_check import Returned, banned_eos, deviation
 from decodespec.properties.conformance.symptoms import WIRE, Timeline, basis_of, compare_text, merge
 from decodespec.properties.conformance.wire import ANSWER, CHUNK, parse_sse, shape_error, wire_findings
 
@@ -303,6 +304,22 @@ def test_a_stop_ids_text_kept_rests_on_d33():
     assert [f.symptom for f in compare_text(exp, b"ABEF", "stream")] == ["text_after_stop"]
     _, plain = _expected("stop/token-ids/002")  # not kept: the same text is text after the stop
     assert [f.symptom for f in compare_text(plain, b"ABE", "stream")] == ["text_after_stop"]
+
+
+def test_a_special_token_sent_as_text_is_named_not_a_script_left():
+    """§4.5, D33: '<unk>' is special on the SentencePiece fixture, so detok/special-skipped/001's
+    '<unk>', ' the', '<unk>' is ' the'. vLLM's chat endpoint (its parsers turn skip_special_tokens
+    off) sends '<unk> the<unk>': the engine followed the script (no D27 ERROR) and sent a special
+    token as text (special_sent), where other put-in bytes stay what they are."""
+    case, exp = _expected("detok/special-skipped/001")
+    assert exp.special_texts == (b"<unk>",)
+    assert [f.symptom for f in compare_text(exp, b"<unk> the<unk>", "stream")] == ["special_sent"]
+    assert [f.symptom for f in compare_text(exp, b"<unk> the", "stream")] == ["special_sent"]
+    assert [f.symptom for f in compare_text(exp, b"%unk% the", "stream")] != ["special_sent"]
+    tok = case_tokenizer(case)
+    prog = Program(case.id, 0, case_prompt(case, tok), case_script(case, tok))
+    assert deviation(prog, tok, tok.eos_id, Returned(text="<unk> the<unk>"), end=3) is None
+    assert deviation(prog, tok, tok.eos_id, Returned(text="<unk> thy<unk>"), end=3) is not None
 
 
 def test_a_passed_over_eos_sent_as_text_is_named():

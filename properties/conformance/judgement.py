@@ -190,6 +190,8 @@ def expected_of(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[in
         spelled=_spelled(tok, prompt, body, head, echo_len) if stops else (),
         kept=bool(res.stop) and any(request.get(k) for k in ("include_stop_str_in_output", "no_stop_trim")),
         stop_id_text=_stop_id_text(tok, prompt, res, head) if finished and res.stop and not isinstance(res.stop, str) else b"",
+        special_texts=tuple(dict.fromkeys(tok.token_bytes(t) for t in res.tokens
+                                          if t in getattr(tok, "special_ids", ()) and t not in eos_ids)),
         echo_len=echo_len, without=_without_each(case, tok, prompt, script) if finished else ())
 
 

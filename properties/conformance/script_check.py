@@ -155,6 +155,8 @@ def _after(tok: HFTokenizer, prompt: Sequence[int], ids: Sequence[int]) -> str:
 
 def _by_text(tok: HFTokenizer, prompt: Sequence[int], want: Sequence[int], text: str, evidence: str) -> Deviation | None:
     text = text.split(_NO_CHARACTER)[0]
+    for own in filter(None, (tok.decode([i], skip_special=False) for i in tok.special_ids)):
+        text = text.replace(own, "")  # a special token's own text (vLLM's chat sends '<unk>') spells no script text
     kept = [j for j, c in enumerate(text) if c not in _IGNORED]  # where each compared character stands
     got = [text[j] for j in kept]
     seen: list[str] = []

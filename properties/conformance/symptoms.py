@@ -97,7 +97,7 @@ SYMPTOMS: Mapping[str, Symptom] = {
     "bytes_replaced": _S("detok_concat_equals_batch", TEXT, "bytes replaced"),
     "bytes_dropped": _S("detok_concat_equals_batch", TEXT, "bytes left out mid-text"),
     "bytes_inserted": _S("detok_concat_equals_batch", TEXT, "bytes put in mid-text"),
-    "special_sent": _S("detok_concat_equals_batch", TEXT, "a passed-over EOS sent as text"),
+    "special_sent": _S("detok_concat_equals_batch", TEXT, "a special token sent as text"),
     "bytes_added": _S("detok_concat_equals_batch", TEXT, "bytes added"),
     "bytes_repeated": _S("detok_concat_equals_batch", TEXT, "a delta sent twice"),
     "invalid_sent": _S("detok_concat_equals_batch", TEXT, "invalid bytes sent as U+FFFD"),
@@ -360,6 +360,7 @@ class Expected:
     spelled: tuple[int, ...] = ()  # whole-character bytes the first k selected text tokens spell, for each k (with stops)
     kept: bool = False  # the winning stop is part of the output (include_stop_str_in_output, D33)
     stop_id_text: bytes = b""  # what the stop token ids that ended the run spell (D33: no text, kept or not)
+    special_texts: tuple[bytes, ...] = ()  # the table texts of the special tokens besides EOS the run selected (D33: no text)
     echo_len: int = 0  # the output opens with this many bytes of the echoed prompt (D33)
     state: str = "FINISHED"
     # (field, output): what the reference sends for the same request without that one field (D66)
@@ -411,6 +412,13 @@ def _first_stop(exp: Expected, text: bytes) -> tuple[bytes, int] | None:
     return (min(hits)[1], min(hits)[0]) if hits else None
 
 
+def _without_specials(exp: Expected, got: bytes) -> bytes:
+    """`got` without the text of every special token besides EOS the reference's run selected."""
+    for own in exp.special_texts:
+        got = got.replace(own, b"")
+    return got
+
+
 def compare_text(exp: Expected, got: bytes, where: str, *, cut_right: bool = False) -> list[Finding]:
     """The bytes an engine sent (`where`: 'non-streamed text' or 'stream') against the reference.
     `cut_right`: the engine's other answer ends where the reference's does, so its stop was chosen
@@ -424,6 +432,11 @@ def compare_text(exp: Expected, got: bytes, where: str, *, cut_right: bool = Fal
     if hit := _first_stop(exp, got):
         s, at = hit
         out.append(finding("stop_sent", f"the {where} contains the stop {_show(s)} at byte {at}: {_show(got)}"))
+    elif exp.special_texts and _without_specials(exp, got) == want:
+        shown = ", ".join(_show(sp) for sp in exp.special_texts if sp in got)
+        return [finding("special_sent", f"the {where} carries the text of the special token(s) {shown} where the run "
+                                        f"selected them; a special token has no bytes under skip_special_tokens "
+                                        f"(§4.5, D33): {_show(got)} (expected {_show(want)})")]
     if got.startswith(want):
         out += _ran_on(exp, got, where, stop_seen=bool(hit), cut_right=cut_right)
     elif want.startswith(got):
