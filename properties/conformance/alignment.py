@@ -263,14 +263,26 @@ def want_of(a: Any, case: Any) -> Want:
     not_text = frozenset() if shown else frozenset(getattr(tok, "special_ids", ())) | {a.checkpoint.eos_id}
     ends = not_text | {a.checkpoint.eos_id} | {s[0] for s in case.inputs.get("stop_token_ids") or () if len(s) == 1}
     tokens = tuple(res.tokens)
-    unsent = 0  # a failed run's last tokens selected after its last delta: none of their bytes went out
-    if res.state.name == "FAILED":
-        for e in res.events:
-            unsent = 0 if e.kind == "response.delta" else unsent + (e.kind == "token.selected")
     echo = (tok.decode_bytes(list(a.checkpoint.programs[case.id].prompt))
             if case.inputs.get("request", {}).get("echo") else b"")
+    unsent = _unsent(res, tokens, tok, not_text, len(res.output) - len(echo)) if res.state.name == "FAILED" else 0
     return Want(tokens, bool(tokens) and tokens[-1] in ends, tuple(case.inputs.get("stop") or ()), not_text,
                 unsent, echo, len(res.output))  # the reference's output holds the echo
+
+
+def _unsent(res: Any, tokens: Sequence[int], tok: Any, not_text: frozenset[int], sent: int) -> int:
+    """How many last tokens of a failed run sent none of their bytes: those selected after its last
+    delta, and those whose bytes stood past the `sent` bytes of its output (held for a stop that
+    might still match, or an unfinished character, when it failed: §4.6, D12)."""
+    after = 0
+    for e in res.events:
+        after = 0 if e.kind == "response.delta" else after + (e.kind == "token.selected")
+    at, last = 0, 0  # bytes before token k; the last token with a byte sent
+    for k, t in enumerate(tokens, 1):
+        size = len(_token_bytes(tok, t, not_text))
+        last = k if size and at < sent else last
+        at += size
+    return max(after, len(tokens) - last)
 
 
 def stream_reported(a: Any, path: str, body: dict[str, Any], chat: bool) -> tuple[Streamed, bool]:
