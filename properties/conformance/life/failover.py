@@ -68,7 +68,7 @@ def stopping(stop_one: Callable[[], str]) -> Iterator[None]:
 
 
 def _ending(ex: Exchange) -> str:
-    """How a stream ended: 'dropped' (its connection broke mid-body), 'error' (a status other than
+    """How a stream ended: 'dropped' (its connection broke mid-body, or the read timed out), 'error' (a status other than
     200, an error event), 'finished' (a finish chunk or [DONE]) or 'cut' (the body ended with
     neither)."""
     st = ex.streamed
@@ -145,16 +145,18 @@ def worker_failure(a: LiveServer, case: Case) -> Outcome:
         did = _STOP[-1]()
         stopped.set()
         got = [f.result() for f in futures]
+    took = time.monotonic() - t_stop
     recipe = a.checkpoint.programs[RECIPE]
     later = burst(a.url, [Job(RECIPE, PATH, program_body(a, recipe, len(recipe.script)), False)] * after,
                   timeout_s=timeout_s)
     found, counts = judge_streams(got, want)
     a.log_exchanges([_kept(ex, f"stream {i + 1} through the failure") for i, ex in enumerate(got)])
     served = sum(x.status == 200 and not x.failed for x in later)
-    notes = [f"{n} long streams held at {k} deltas, then {did} ({time.monotonic() - t_stop:.2f} s before the last "
-             f"stream ended): {counts['whole']} whole, {counts['error']} ended as an error (a status or an error "
-             f"event), {counts['dropped']} broken off (the connection dropped mid-body), {counts['cut']} closed "
-             f"without a terminal, {counts['short']} short and ended as if whole",
+    broke = sorted({ex.failed.split(":")[0] for ex in got if ex.failed})
+    notes = [f"{n} long streams held at {k} deltas, then {did} ({took:.2f} s before the last stream ended): "
+             f"{counts['whole']} whole, {counts['error']} ended as an error (a status or an error event), "
+             f"{counts['dropped']} broken off {broke} (the connection dropped, or sent nothing until the client's read "
+             f"timeout), {counts['cut']} closed without a terminal, {counts['short']} short and ended as if whole",
              f"{after} requests sent after the failure: {served} answered 200, the others "
              f"{sorted({x.failed or str(x.status) for x in later if x.status != 200 or x.failed})}"]
     missed = [] if counts["whole"] < len(got) else [
