@@ -470,3 +470,16 @@ def test_hold_back_is_not_judged_from_token_reports_that_leave_out_selected_toke
                                       "the run selects: the boundaries of the others are not on the wire, D59)"]
     complete, _ = compare_held(exp, attrs.evolve(tl, reported_in_all=4))
     assert [f.symptom for f in complete] == ["stop_prefix_sent"], complete
+
+
+def test_token_reports_past_the_references_text_tokens_show_no_selection_order():
+    """§4.6, D59: a stream whose reports count more tokens than the reference's run spelled text
+    with (vLLM where min_tokens masks a scripted EOS and the engine goes on its own way) places no
+    chunk by them, rather than breaking the judge; a report within them that spells text not yet
+    sent does."""
+    from decodespec.properties.conformance.symptoms import Expected, reports_per_step
+
+    exp = Expected(output=b"ab", reason="length", wire_reason="length", selected=2, max_tokens=2,
+                   script_text=b"ab", stops=(b"x",), released=(1, 2), spelled=(1, 2))
+    assert not reports_per_step(exp, sent=[0, 2], reported=[4, 5])
+    assert reports_per_step(exp, sent=[0, 2], reported=[1, 2])

@@ -778,9 +778,8 @@ def reports_per_step(exp: Expected, sent: Sequence[int], reported: Sequence[int]
     their token's text, its first byte (the reference's, D59) or all of it (llama-cpp-python, which
     holds whole tokens and releases them later), show the order of the text, not of the selections."""
     spelled = exp.spelled
-    for s, k in zip(sent, reported):
-        before = spelled[k - 2] if k > 1 else exp.echo_len
-        if 0 < k <= len(spelled) and spelled[k - 1] > before >= s:
+    for s, k in zip(sent, reported):  # a report past the reference's text tokens places nothing
+        if 0 < k <= len(spelled) and spelled[k - 1] > (spelled[k - 2] if k > 1 else exp.echo_len) >= s:
             return True
     return False
 
