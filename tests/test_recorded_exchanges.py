@@ -483,3 +483,24 @@ def test_token_reports_past_the_references_text_tokens_show_no_selection_order()
                    script_text=b"ab", stops=(b"x",), released=(1, 2), spelled=(1, 2))
     assert not reports_per_step(exp, sent=[0, 2], reported=[4, 5])
     assert reports_per_step(exp, sent=[0, 2], reported=[1, 2])
+
+
+# ---- a guard that passes over the script's EOS (§4.6, D31, D59) --------------------------------------
+
+# A generated example (reports/fuzz/vllm): the script opens with its EOS, which min_tokens masks
+# (D32), so the reference selects on past it: the runner-up the logit_bias lifts, then the script.
+FUZZ = {e["case"]: e for e in FIXTURE if e["case"].startswith("fuzz/")}
+
+
+def test_a_stream_selecting_past_the_scripts_eos_is_judged_on_what_the_reference_selected():
+    """§4.6, D31, D59: in fuzz/g0001/029 min_tokens masks the script's opening EOS; the reference
+    and vLLM select '\\ufffd' twice, then the bytes of 'é', its stop. vLLM's stream asking for
+    per-token reports reports each of the four selections as it makes it, so hold-back is judged
+    against what the reference selected (not the script's text before its EOS, which is none), and
+    the answer passes: no ERROR from the judge."""
+    from decodespec.properties.conformance.fuzz.strategies import case_of
+
+    entry = FUZZ["fuzz/g0001/029"]
+    res = rejudge(case_of(entry["case"], entry["inputs"]), entry["exchanges"], "vllm")
+    assert (res.verdict, res.failures) == (Verdict.PASS, ()), (res.reason, res.failures)
+    assert not any(m.startswith("hold-back") for m in res.not_checked), res.not_checked

@@ -187,7 +187,7 @@ def expected_of(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[in
         stop=res.stop.encode() if isinstance(res.stop, str) and res.stop.encode() in stops else None,
         eos_at=eos_at, eos_text=tok.token_bytes(script[eos_at - 1]) if eos_at else b"", error=res.error,
         state=res.state.name, released=_released(res),
-        spelled=_spelled(tok, prompt, body, head, echo_len) if stops else (),
+        spelled=_spelled(tok, prompt, list(res.tokens), head, echo_len) if stops else (),
         kept=bool(res.stop) and any(request.get(k) for k in ("include_stop_str_in_output", "no_stop_trim")),
         stop_id_text=_stop_id_text(tok, prompt, res, head) if finished and res.stop and not isinstance(res.stop, str) else b"",
         special_texts=tuple(dict.fromkeys(tok.token_bytes(t) for t in res.tokens
@@ -221,11 +221,13 @@ def _released(res: Result) -> tuple[int, ...]:
     return tuple(released)
 
 
-def _spelled(tok: Any, prompt: Sequence[int], body: list[int], head: bytes, echo_len: int) -> tuple[int, ...]:
-    """After each of the script's first k text tokens, the whole characters they spell (with the
-    echoed prompt), where a stop string can be matched (§4.4)."""
-    return tuple(echo_len + whole_length(tok.decode_bytes(list(prompt) + body[:k])[len(head):])
-                 for k in range(1, len(body) + 1))
+def _spelled(tok: Any, prompt: Sequence[int], selected: list[int], head: bytes, echo_len: int) -> tuple[int, ...]:
+    """After each of the reference's first k selected tokens, the whole characters they spell (with
+    the echoed prompt), where a stop string can be matched (§4.4). The tokens it selected, not the
+    script's: a guard that passes over the script's EOS (min_tokens, ignore_eos, D31) selects on
+    past it, and a stream reports those selections too (D59)."""
+    return tuple(echo_len + whole_length(tok.decode_bytes(list(prompt) + selected[:k])[len(head):])
+                 for k in range(1, len(selected) + 1))
 
 
 def _without_each(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[int]) -> tuple[tuple[str, bytes], ...]:

@@ -357,7 +357,7 @@ class Expected:
     eos_text: bytes = b""
     error: str | None = None
     released: tuple[int, ...] = ()  # bytes the reference had sent after each selected text token
-    spelled: tuple[int, ...] = ()  # whole-character bytes the first k selected text tokens spell, for each k (with stops)
+    spelled: tuple[int, ...] = ()  # whole-character bytes the reference's first k selected tokens spell, for each k (with stops)
     kept: bool = False  # the winning stop is part of the output (include_stop_str_in_output, D33)
     stop_id_text: bytes = b""  # what the stop token ids that ended the run spell (D33: no text, kept or not)
     special_texts: tuple[bytes, ...] = ()  # the table texts of the special tokens besides EOS the run selected (D33: no text)
@@ -778,7 +778,7 @@ def reports_per_step(exp: Expected, sent: Sequence[int], reported: Sequence[int]
     their token's text, its first byte (the reference's, D59) or all of it (llama-cpp-python, which
     holds whole tokens and releases them later), show the order of the text, not of the selections."""
     spelled = exp.spelled
-    for s, k in zip(sent, reported):  # a report past the reference's text tokens places nothing
+    for s, k in zip(sent, reported):  # a report past the reference's selections places nothing
         if 0 < k <= len(spelled) and spelled[k - 1] > (spelled[k - 2] if k > 1 else exp.echo_len) >= s:
             return True
     return False
