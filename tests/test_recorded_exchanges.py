@@ -504,3 +504,25 @@ def test_a_stream_selecting_past_the_scripts_eos_is_judged_on_what_the_reference
     res = rejudge(case_of(entry["case"], entry["inputs"]), entry["exchanges"], "vllm")
     assert (res.verdict, res.failures) == (Verdict.PASS, ()), (res.reason, res.failures)
     assert not any(m.startswith("hold-back") for m in res.not_checked), res.not_checked
+
+
+def test_a_run_that_raises_keeps_what_it_exchanged_for_its_reproducer(monkeypatch):
+    """A run whose adapter or judge raises is an ERROR naming the exception, never a pass, and it
+    keeps the exchanges made before (reproducer.exchanges), so the answers can be judged again
+    offline once the judge is mended."""
+    from decodespec.properties.conformance.adapters import openai
+    from decodespec.properties.conformance.reports import reproducer
+    from decodespec.properties.conformance.runner import run_case
+
+    exchanges = FUZZ["fuzz/g0001/029"]["exchanges"]
+
+    def breaks(a, case):
+        a.log_exchanges(list(exchanges))
+        return ()[0]
+
+    case = CASES["http/usage/001"]
+    monkeypatch.setitem(openai.RECIPES, case.recipe, breaks)
+    res = run_case(openai.OpenAIAdapter("http://127.0.0.1:9"), case)
+    assert (res.verdict, res.reason) == (Verdict.ERROR, "IndexError: tuple index out of range"), res
+    kept = reproducer(res)
+    assert kept["exchanges"] == exchanges and "writer_error" not in kept, kept

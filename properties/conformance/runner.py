@@ -3,10 +3,11 @@
 Verdicts: PASS (no finding that weighs: none, or only stream-shape and wire ones, listed with it),
 FAIL (a rule of chapter 4 broken: text, ending or accounting findings resting on the chapter),
 DIFFERS (such findings, all resting on a project decision or on request fields that had no
-effect), SKIP (the engine cannot run the case: the reason is kept), ERROR (the adapter itself
-raised: counted as a failure). The findings are ordered most severe first (symptoms.SEVERITIES);
-`grade` derives the verdict from them, under a profile (PROFILES) and the decisions an engine
-declares as its own. A check the engine cannot observe is listed under `not_checked`.
+effect), SKIP (the engine cannot run the case: the reason is kept), ERROR (the adapter or the judge
+raised: counted as a failure, with the exchanges made before, adapters.base.RunRaised). The findings
+are ordered most severe first (symptoms.SEVERITIES); `grade` derives the verdict from them, under a
+profile (PROFILES) and the decisions an engine declares as its own. A check the engine cannot
+observe is listed under `not_checked`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,17 @@ import attrs
 
 from ...runtime.openai_schema import OPENAI_FINISH
 from ...spec import FinishReason
-from .adapters.base import Adapter, Finding, Outcome, case_prompt, case_script, case_tokenizer, reference_on
+from .adapters.base import (
+    Adapter,
+    Finding,
+    Outcome,
+    RunRaised,
+    case_prompt,
+    case_script,
+    case_tokenizer,
+    raised,
+    reference_on,
+)
 from .cases import Case, CaseError, CaseKind, Grade, expect_to_json
 from .decisions import DECISIONS, decision_line
 from .engine_wide import ignored_engine_wide
@@ -430,9 +441,11 @@ def run_case(adapter: Adapter, case: Case) -> CaseResult:
         return CaseResult(case, adapter.name, Verdict.SKIP, reason=reason)
     try:
         outcome = adapter.run(case)
-    except Exception as exc:  # the engine or the adapter broke: never a pass
-        said = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__  # the whole message, the class by name
-        return CaseResult(case, adapter.name, Verdict.ERROR, reason=said, seconds=time.perf_counter() - t0)
+    except RunRaised as exc:  # the engine, the adapter or the judge broke: never a pass; what it exchanged is kept
+        return CaseResult(case, adapter.name, Verdict.ERROR, reason=str(exc), seconds=time.perf_counter() - t0,
+                          observed={"exchanges": list(exc.exchanges), "server": exc.server})
+    except Exception as exc:
+        return CaseResult(case, adapter.name, Verdict.ERROR, reason=raised(exc), seconds=time.perf_counter() - t0)
     if outcome.skip:
         return CaseResult(case, adapter.name, Verdict.SKIP, reason=outcome.skip, seconds=time.perf_counter() - t0)
     if outcome.abort:  # never a FAIL of the case: nothing of it could be judged (D27)

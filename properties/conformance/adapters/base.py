@@ -67,6 +67,24 @@ class Outcome:
     server: Mapping[str, Any] | None = None  # the server judged (URL, version, launch, checkpoint hash)
 
 
+def raised(exc: BaseException) -> str:
+    """An exception as an ERROR's reason: its class by name, with its whole message where it has one."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+class RunRaised(Exception):
+    """A run that raised (the engine, the adapter or the judge broke), with what the adapter had
+    exchanged by then (`exchanges`, `server`), so the case's ERROR keeps them as its reproducer and
+    the answers can be judged again offline (replay.py)."""
+
+    def __init__(self, cause: Exception, exchanges: Sequence[Mapping[str, Any]],
+                 server: Mapping[str, Any] | None = None) -> None:
+        super().__init__(raised(cause))
+        self.cause = cause
+        self.exchanges = tuple(exchanges)
+        self.server = server
+
+
 class Adapter(Protocol):
     """One engine under test."""
 

@@ -49,7 +49,7 @@ from ..wire import (
     wire_findings,
 )
 from ..without import WITHOUT, lacking
-from .base import Finding, Outcome, context_unmet, missing_capabilities
+from .base import Finding, Outcome, RunRaised, context_unmet, missing_capabilities
 
 # Where a server says the context length it runs with (§4.3, D10): a path and the keys to the number
 # in its JSON answer, the first that answers wins. llama-server reports a slot's context after its own
@@ -417,6 +417,8 @@ class OpenAIAdapter:
             out = recipe(self, case)
         except PromptAltered as exc:
             out = Outcome(skip=str(exc))
+        except Exception as exc:  # its ERROR keeps the exchanges so far (the server as far as it is known)
+            raise RunRaised(exc, log, self._about) from exc
         finally:
             self._case.log = None
         if self._case.miscounted and out.judged:
