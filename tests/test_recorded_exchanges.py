@@ -526,3 +526,33 @@ def test_a_run_that_raises_keeps_what_it_exchanged_for_its_reproducer(monkeypatc
     assert (res.verdict, res.reason) == (Verdict.ERROR, "IndexError: tuple index out of range"), res
     kept = reproducer(res)
     assert kept["exchanges"] == exchanges and "writer_error" not in kept, kept
+
+
+FUZZ_MINIMAL = json.loads((Path(__file__).parent / "fixtures" / "fuzz_exchanges.json").read_text(encoding="utf-8"))["cases"]
+
+
+def _fuzz_rejudge(engine: str, case_id: str):
+    """A fuzz run's case judged again from the exchanges its report recorded (fixtures/fuzz_exchanges.json)."""
+    from decodespec.properties.conformance.cases import parse_case
+
+    entry = next(e for e in FUZZ_MINIMAL if (e["engine"], e["case"]["id"]) == (engine, case_id))
+    return rejudge(parse_case(entry["case"]), entry["exchanges"], engine)
+
+
+@pytest.mark.parametrize(("engine", "case_id", "field"), [
+    # min_tokens 4 masks the 4th token's EOS; the reference then fails the run, the engine ends '€', 'stop'
+    ("llama-server", "fuzz-minimal/tail-dropped/029", "min_tokens"),
+    # min_tokens 1 masks the first token's EOS; the engine counts that EOS (D15) and reports 'stop'
+    ("llama-server", "fuzz-minimal/stop-without-hit/028", "min_tokens"),
+    # ignore_eos: the engine ends at the EOS with '中😀', before the reference's stop '😀😀' completes
+    ("llama-cpp-python", "fuzz-minimal/stop-prefix-left/016", "ignore_eos"),
+])
+def test_an_eos_the_guard_turns_off_that_ends_the_run_leads_as_the_guard_ignored(engine, case_id, field):
+    """§4.10, D31, D65: an engine that ends the run at the script's EOS despite min_tokens or
+    ignore_eos leads with guard_ignored on that field, whether the reference then fails the run, its
+    count includes the EOS, or its text ends in the start of a stop the run never reached: the
+    text, reason and count that follow from the early end are not what a maintainer fixes."""
+    res = _fuzz_rejudge(engine, case_id)
+    assert res.lead is not None and (res.lead.symptom, res.basis(res.lead).kind, res.basis(res.lead).ref) == \
+        ("guard_ignored", "field_ignored", field), [(f.symptom, f.message) for f in res.failures]
+    assert not {"tail_dropped", "stop_without_hit", "stop_prefix_left", "stream_vs_batch"} & set(_symptoms(res))

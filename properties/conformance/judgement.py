@@ -286,16 +286,17 @@ def judge_observed(exp: Expected, obs: Observed, *, delta_split: bool = True) ->
     n = obs.completion_tokens
     if n is not None and n > exp.max_tokens:  # tokens past the limit explain any extra text: they lead
         f += compare_count(exp, n)
-    told = [] if failing else _early_end(exp, obs)
+    told = _early_end(exp, obs)
     f += told
     early = bool(told)  # an early end the reason does not explain: the bytes say what went wrong
     placed, streamed = stream_text(exp, obs.chunks, obs.content_after_finish) if obs.chunks is not None else ([], None)
     f[:0] = placed  # where the stream's bytes went leads (D65)
     texts, not_checked = _judge_texts(exp, obs, streamed, early)
     f += texts
-    f += compare_stream(obs.text, streamed)
+    if not early:  # a non-streamed answer that ended early is no yardstick: a stream unlike it was judged alone
+        f += compare_stream(obs.text, streamed)
     if failing:
-        f += _tail_dropped(exp, obs, f)
+        f += [] if early else _tail_dropped(exp, obs, f)
     else:
         for judged, missed in (_judge_reasons(exp, obs, streamed, early), _judge_counts(exp, obs, early)):
             f += judged
@@ -330,14 +331,26 @@ def _early_end(exp: Expected, obs: Observed) -> list[Finding]:
     n = obs.completion_tokens
     if n is None or obs.text is None or obs.error is not None or not obs.reason_shown:
         return []
-    if not (n < exp.selected and obs.text != exp.output and exp.output.startswith(obs.text)):
+    prefix = n < exp.selected and obs.text != exp.output and exp.output.startswith(obs.text)
+    if ignored := _guard_ignored(exp, obs.finish_reason, n, prefix):
+        return ignored
+    return compare_reason(exp, obs.finish_reason, "non-streamed answer", count=n) if prefix else []
+
+
+def _guard_ignored(exp: Expected, reason: str | None, n: int, prefix: bool) -> list[Finding]:
+    """D31: an answer that ends with 'stop' where the reference went on past the script's EOS (or
+    failed there, D12), which min_tokens or ignore_eos turns off: it counts the tokens up to that
+    EOS (with it or without, D15), or its text is a prefix of the reference's, so whatever its text
+    and count lack follows from the EOS. `prefix`: fewer tokens, the text a strict prefix."""
+    at = exp.eos_at
+    if at is None or not exp.guard_passed or reason != "stop" or (n == exp.selected and exp.wire_reason == "stop"):
         return []
-    told = compare_reason(exp, obs.finish_reason, "non-streamed answer", count=n)
-    if not told and obs.finish_reason == exp.wire_reason == "stop" and exp.guard_passed:
-        told = [finding("guard_ignored", f"the non-streamed answer ends after {n} token(s) with 'stop': the "
-                                         f"script's EOS (token {exp.eos_at}) ended it, which min_tokens or "
-                                         f"ignore_eos turns off; the reference ends at token {exp.selected}")]
-    return told
+    if n not in (at - 1, at) and not (prefix and exp.wire_reason == "stop"):
+        return []
+    return [finding("guard_ignored", f"the non-streamed answer ends after {n} token(s) with 'stop': the script's EOS "
+                                     f"(token {at}) ended it, which min_tokens or ignore_eos turns off; the reference "
+                                     + (f"ends at token {exp.selected} ({exp.reason})" if exp.reason is not None
+                                        else f"does not end there and fails the run ({exp.error})"))]
 
 
 def _judge_texts(exp: Expected, obs: Observed, streamed: bytes | None,

@@ -653,7 +653,7 @@ def compare_reason(exp: Expected, got: str | None, where: str, *, count: int | N
         return []
     if got is None:
         return [finding("no_reason", f"the {where} carries no finish_reason (the reference: {want!r}, {exp.reason})")]
-    if got == "stop" and exp.guard_passed and (count is None or count < exp.selected):
+    if got == "stop" and exp.guard_passed and (count is None or count < exp.selected or count == exp.eos_at):
         return [finding("guard_ignored", f"the {where} reports 'stop' after {count if count is not None else 'fewer'} "
                                          f"token(s): the script's EOS (token {exp.eos_at}) ended it, which the "
                                          f"request's min_tokens or ignore_eos turns off; the reference goes on to "
