@@ -556,3 +556,13 @@ def test_an_eos_the_guard_turns_off_that_ends_the_run_leads_as_the_guard_ignored
     assert res.lead is not None and (res.lead.symptom, res.basis(res.lead).kind, res.basis(res.lead).ref) == \
         ("guard_ignored", "field_ignored", field), [(f.symptom, f.message) for f in res.failures]
     assert not {"tail_dropped", "stop_without_hit", "stop_prefix_left", "stream_vs_batch"} & set(_symptoms(res))
+
+
+def test_a_stop_inside_the_echoed_prompt_is_not_a_stop_sent():
+    """§4.6, D33: stop strings match output only. vLLM echoes 'hello' after the case markers' text
+    (fuzz-minimal/stop-sent/010, stop 'o', the script's EOS first): the 'o' is in its echo, which
+    is longer than the reference's, so the judge names the inserted markers' text, not a stop sent."""
+    res = _fuzz_rejudge("vllm", "fuzz-minimal/stop-sent/010")
+    assert "stop_sent" not in _symptoms(res), res.failures
+    assert res.lead is not None and res.lead.symptom == "bytes_inserted", res.failures
+    assert "puts '<|decodespec-case-1|><|decodespec-anchor|> ' in at byte 0" in res.lead.message, res.lead.message

@@ -398,13 +398,24 @@ def _show(b: bytes) -> str:
     return repr(b.decode("utf-8", "backslashreplace"))
 
 
+def _echo_end(exp: Expected, text: bytes) -> int:
+    """Where the echoed prompt ends in an engine's `text` (D33): after the first place it has the
+    reference's echo, whatever the engine put before it (a prompt's special tokens' text); the
+    reference's echo length where `text` does not have it."""
+    if not exp.echo_len:
+        return 0
+    at = text.find(exp.output[:exp.echo_len])
+    return at + exp.echo_len if at >= 0 else exp.echo_len
+
+
 def _first_stop(exp: Expected, text: bytes) -> tuple[bytes, int] | None:
-    """The first configured stop in the output part of `text` (past the echoed prompt), leaving out
-    the winning stop where the request keeps it (D33)."""
-    kept_at = len(exp.output) - len(exp.stop) if exp.kept and exp.stop else -1
+    """The first configured stop in the output part of `text`, past the echoed prompt as the engine
+    sent it (§4.6 matches output only, D33), leaving out the winning stop where the request keeps it."""
+    start = _echo_end(exp, text)
+    kept_at = len(exp.output) - len(exp.stop) + start - exp.echo_len if exp.kept and exp.stop else -1
     hits = []
     for s in exp.stops:
-        at = text.find(s, exp.echo_len) if s else -1
+        at = text.find(s, start) if s else -1
         if at == kept_at and s == exp.stop:
             at = text.find(s, at + 1)
         if at >= 0:
