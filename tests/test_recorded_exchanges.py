@@ -566,3 +566,18 @@ def test_a_stop_inside_the_echoed_prompt_is_not_a_stop_sent():
     assert "stop_sent" not in _symptoms(res), res.failures
     assert res.lead is not None and res.lead.symptom == "bytes_inserted", res.failures
     assert "puts '<|decodespec-case-1|><|decodespec-anchor|> ' in at byte 0" in res.lead.message, res.lead.message
+
+
+@pytest.mark.parametrize(("case_id", "sent"), [
+    ("fuzz/g0005/055", "'##.'"),  # the script '##.' after 'The': the reference sends '.'
+    ("fuzz/g0001/018", "'##. world Ångström 文'"),  # two [UNK] skipped, then '##.' and the rest
+])
+def test_a_wordpiece_marker_sent_with_the_scripts_token_is_judged_as_text_not_an_error(case_id, sent):
+    """§4.3, §4.5, D27: transformers serve decodes the output without the prompt, so the script's
+    continuation '##.' goes out with its marker. The engine followed its script (the script's tokens
+    decoded alone spell that text), so the case is judged: the marker is bytes inserted, never an
+    ERROR saying the engine chose another token."""
+    res = _fuzz_rejudge("transformers-serve", case_id)
+    assert res.verdict is Verdict.FAIL and res.lead is not None, (res.verdict, res.reason)
+    assert (res.lead.symptom, f"puts '##' in at byte 0, the rest as the reference sends it: {sent}" in res.lead.message) \
+        == ("bytes_inserted", True), res.lead.message

@@ -14,7 +14,7 @@ answer is first compared with the script, with the best evidence the engine give
   token replaced by one that spells other characters is seen, and one that differs only in spaces
   or in bytes that are no character is not. The script's text is what it adds after the prompt
   (§4.5): a token's text can depend on what stands before it (WordPiece's `##.` spells `.` after a
-  word, `##.` at the start of a sequence).
+  word, `##.` at the start of a sequence), so the script's tokens decoded alone are the script too.
 
 `deviation(...)` returns None when the answer is the script's (up to where the case ends the
 output: a stop, a limit), else a `Deviation` naming the first output token that differs, what the
@@ -154,6 +154,16 @@ def _after(tok: HFTokenizer, prompt: Sequence[int], ids: Sequence[int]) -> str:
 
 
 def _by_text(tok: HFTokenizer, prompt: Sequence[int], want: Sequence[int], text: str, evidence: str) -> Deviation | None:
+    """The text against the script's, read after the prompt or decoded alone (a detokenizer that
+    decodes the output without the prompt spells WordPiece's `##.` with its marker at the start,
+    §4.5): the script's tokens either way, the engine followed them, and the detokenizer cases judge
+    the text; else the deviation read after the prompt."""
+    after = _text_deviation(tok, prompt, want, text, evidence)
+    return None if after is None or _text_deviation(tok, (), want, text, evidence) is None else after
+
+
+def _text_deviation(tok: HFTokenizer, prompt: Sequence[int], want: Sequence[int], text: str,
+                    evidence: str) -> Deviation | None:
     text = text.split(_NO_CHARACTER)[0]
     for own in filter(None, (tok.decode([i], skip_special=False) for i in tok.special_ids)):
         text = text.replace(own, "")  # a special token's own text (vLLM's chat sends '<unk>') spells no script text
