@@ -107,3 +107,21 @@ def test_the_command_writes_refound_md_from_recorded_reports_and_refuses_what_is
     assert bad.exit_code == 2 and "no `cases` list" in bad.output
     with pytest.raises(RefoundError, match="no committed report"):
         compare_paths(run, [])
+
+
+def test_a_deviation_only_recipe_cases_lead_with_is_out_of_the_generators_reach():
+    """The generator draws script cases only: a committed deviation whose lead cases all run a
+    recipe (a batch under load, max_tokens 0) is listed out of reach and left out of the count of
+    those a script case shows; one a script case also leads with stays in reach."""
+    batch = _case("http/batch/exact/001", TAIL)
+    batch["reproducer"] = {"recipe": "batch_exact"}
+    zero = _case("http/finish/length-zero/001", LOST_D3)
+    zero["reproducer"] = {"recipe": "max_tokens_zero"}
+    c = compare(("run", _report(_case("fuzz-minimal/tail-dropped/001", AFTER_STOP))),
+                [("committed", _report(batch, zero, _case("detok/utf8-split/001", TAIL)))])
+    drawable = {r.committed.key: r.committed.drawable for r in c.refound}
+    assert drawable == {TAIL: True, LOST_D3: False}
+    text = render(c)
+    assert "0 of 2 re-found, 0 of the 1 a script case shows" in text
+    assert "out of the generator's reach (recipe `max_tokens_zero`)" in text
+    assert "in `http/batch/exact/001`, `detok/utf8-split/001`: **not re-found**" in text

@@ -10,6 +10,10 @@ decision (§4.3-§4.10, symptoms.py). A committed deviation of the chosen severi
 text and ending, the severities that change what a reader gets and how the run ended) is re-found
 when a fuzz case leads with the same key. Two `field_ignored` keys match when their request fields
 share one: a finding resting on several fields shows that one of them had no effect.
+
+The generator draws script cases only (strategies.py). A committed deviation whose every lead
+case runs a recipe instead (a batch under load, max_tokens 0, bad input, a stream against the
+non-streamed answer: the case's `reproducer.recipe`) is out of its reach, and listed as such.
 """
 
 from __future__ import annotations
@@ -41,6 +45,12 @@ class Deviation:
     severity: Severity
     cases: tuple[str, ...]
     later: tuple[str, ...] = ()
+    recipes: tuple[str | None, ...] = ()  # each lead case's recipe (None: a script case)
+
+    @property
+    def drawable(self) -> bool:
+        """Whether a lead case is a script case, the kind of case the generator draws."""
+        return not self.recipes or None in self.recipes
 
 
 @attrs.frozen
@@ -113,17 +123,20 @@ def deviations(report: Mapping[str, Any]) -> dict[Key, Deviation]:
     """The report's deviations by key (see module), each with the cases leading with it and those
     showing it only later."""
     lead: dict[Key, list[str]] = {}
+    recipes: dict[Key, list[str | None]] = {}
     severity: dict[Key, Severity] = {}
     for case in _failing(report):
         first = case["failures"][0]
         k = key_of(first)
         lead.setdefault(k, []).append(case["id"])
+        recipes.setdefault(k, []).append((case.get("reproducer") or {}).get("recipe"))
         try:
             severity.setdefault(k, Severity(first["severity"]))
         except (KeyError, ValueError):
             raise RefoundError(f"case {case['id']}: its lead finding has no severity of {list(SEVERITIES)}") from None
     later = later_findings(report)
-    return {k: Deviation(k, severity[k], tuple(ids), tuple(later.get(k, ()))) for k, ids in lead.items()}
+    return {k: Deviation(k, severity[k], tuple(ids), tuple(later.get(k, ())), tuple(recipes[k]))
+            for k, ids in lead.items()}
 
 
 def _failing(report: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
@@ -137,7 +150,8 @@ def _merge(parts: Iterable[tuple[str, Mapping[Key, Deviation]]]) -> dict[Key, tu
         for k, d in devs.items():
             if k in out:
                 old, where = out[k]
-                d = attrs.evolve(old, cases=old.cases + d.cases, later=old.later + d.later)
+                d = attrs.evolve(old, cases=old.cases + d.cases, later=old.later + d.later,
+                                 recipes=old.recipes + d.recipes)
                 out[k] = (d, (*where, name))
             else:
                 out[k] = (d, (name,))
@@ -184,14 +198,18 @@ def render(c: Comparison) -> str:
     """The comparison as Markdown: the committed deviations re-found or not, then the new kinds."""
     kinds = " and ".join(s.value for s in c.severities)
     hit = sum(1 for r in c.refound if r.by)
+    reach = [r for r in c.refound if r.committed.drawable]
+    reach_hit = sum(1 for r in reach if r.by)
     lines = ["# Committed deviations the fuzz run found again", "",
              f"Fuzz run: `{c.fuzz}`; committed: {', '.join(f'`{r}`' for r in c.reports)}. A deviation is a failing "
              f"case's lead finding, keyed by symptom and basis as the fuzz run keys its failures "
              f"(properties/conformance/fuzz/refound.py).", "",
-             f"## The committed {kinds} deviations: {hit} of {len(c.refound)} re-found", ""]
+             f"## The committed {kinds} deviations: {hit} of {len(c.refound)} re-found, {reach_hit} of the "
+             f"{len(reach)} a script case shows (the generator draws no recipe)", ""]
     for r in c.refound:
         d = r.committed
-        got = f"re-found by {_ids(r.by)}" if r.by else "**not re-found**"
+        got = (f"re-found by {_ids(r.by)}" if r.by else "**not re-found**" if d.drawable else
+               f"not re-found: out of the generator's reach (recipe {_ids(sorted({str(x) for x in d.recipes}))})")
         lines.append(f"- {_key(d.key)}, {d.severity.value}, in {_ids(d.cases, 3)}: {got}")
     lines += ["", f"## What the fuzz run found that no committed case leads with: {len(c.new)} kind(s)", ""]
     for d in c.new:
