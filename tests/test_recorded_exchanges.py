@@ -581,3 +581,12 @@ def test_a_wordpiece_marker_sent_with_the_scripts_token_is_judged_as_text_not_an
     assert res.verdict is Verdict.FAIL and res.lead is not None, (res.verdict, res.reason)
     assert (res.lead.symptom, f"puts '##' in at byte 0, the rest as the reference sends it: {sent}" in res.lead.message) \
         == ("bytes_inserted", True), res.lead.message
+
+
+def test_an_answer_without_a_count_that_ends_at_the_guarded_eos_is_the_guard_ignored():
+    """§4.10, D31: llama-cpp-python with n 2 and ignore_eos (fuzz-minimal/bytes-lost/004) answers one
+    choice, '' with 'stop', and no count of its own: its text is the script's whole characters
+    before the EOS (the lone 'e2'), so the EOS ended it; the '€' the reference goes on to is not
+    bytes lost."""
+    found = _symptoms(_fuzz_rejudge("llama-cpp-python", "fuzz-minimal/bytes-lost/004"))
+    assert "guard_ignored" in found and "bytes_lost" not in found, found

@@ -329,25 +329,30 @@ def _early_end(exp: Expected, obs: Observed) -> list[Finding]:
     the decode of what it selected. An EOS that min_tokens or ignore_eos turns off is guard_ignored
     (D31). None: the bytes say what went wrong."""
     n = obs.completion_tokens
-    if n is None or obs.text is None or obs.error is not None or not obs.reason_shown:
+    if obs.text is None or obs.error is not None or not obs.reason_shown:
         return []
+    if n is None:  # no count: a text that is the script's whole characters before its EOS shows it ended there
+        return _guard_ignored(exp, obs.finish_reason, None,
+                              obs.text == exp.script_text[:whole_length(exp.script_text)] != exp.output)
     prefix = n < exp.selected and obs.text != exp.output and exp.output.startswith(obs.text)
     if ignored := _guard_ignored(exp, obs.finish_reason, n, prefix):
         return ignored
     return compare_reason(exp, obs.finish_reason, "non-streamed answer", count=n) if prefix else []
 
 
-def _guard_ignored(exp: Expected, reason: str | None, n: int, prefix: bool) -> list[Finding]:
+def _guard_ignored(exp: Expected, reason: str | None, n: int | None, prefix: bool) -> list[Finding]:
     """D31: an answer that ends with 'stop' where the reference went on past the script's EOS (or
     failed there, D12), which min_tokens or ignore_eos turns off: it counts the tokens up to that
     EOS (with it or without, D15), or its text is a prefix of the reference's, so whatever its text
-    and count lack follows from the EOS. `prefix`: fewer tokens, the text a strict prefix."""
+    and count lack follows from the EOS. `prefix`: fewer tokens, the text a strict prefix (no count
+    `n`: the text is the script's before its EOS)."""
     at = exp.eos_at
     if at is None or not exp.guard_passed or reason != "stop" or (n == exp.selected and exp.wire_reason == "stop"):
         return []
-    if n not in (at - 1, at) and not (prefix and exp.wire_reason == "stop"):
+    if n not in (at - 1, at) and not (prefix and (n is None or exp.wire_reason == "stop")):
         return []
-    return [finding("guard_ignored", f"the non-streamed answer ends after {n} token(s) with 'stop': the script's EOS "
+    count = f"after {n} token(s)" if n is not None else "with the script's text before its EOS"
+    return [finding("guard_ignored", f"the non-streamed answer ends {count} with 'stop': the script's EOS "
                                      f"(token {at}) ended it, which min_tokens or ignore_eos turns off; the reference "
                                      + (f"ends at token {exp.selected} ({exp.reason})" if exp.reason is not None
                                         else f"does not end there and fails the run ({exp.error})"))]
