@@ -806,11 +806,13 @@ def compare_held(exp: Expected, tl: Timeline) -> tuple[list[Finding], list[str]]
     selected (`reports_per_step`), and only where they are complete: a stream that reports fewer
     tokens than the run selected leaves the boundaries of the others unknown, so its reports count
     no selection (D59). What the reference released after its last text token includes the end's
-    flush of held text."""
+    flush of held text. A stream that sent no text before its finish chunk held everything back."""
     if not exp.holds_back:
         return [], []
     sent = [sum(len(c) for c in tl.texts[:i + 1]) for i in range(len(tl.texts))]
     shown = tl.reported_in_all if tl.reported_in_all is not None else (tl.reported or (0,))[-1]
+    if not sent or sent[-1] == 0:  # no byte went out before the finish chunk: none went out early
+        return [], []
     if tl.selected is not None:
         clock: Sequence[int] = tl.selected
     elif tl.reported is None:
