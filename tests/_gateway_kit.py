@@ -194,6 +194,10 @@ def _broken_off(last: dict[str, Any] | None) -> list[Event]:
     return [Event(json.dumps({**chunk, "choices": [{**empty, "finish_reason": "stop"}]})), Event("[DONE]")]
 
 
+# A gateway that reads on after its client left drains the worker at this pace per event: the
+# worker's request then stays running (§4.8: its stream pauses on a full buffer) for as long as a
+# real model would take, whatever the machine's load, so the gauges show the work going on (§4.9).
+DRAIN_PACE_S = 0.02
 _UPSTREAM_GONE = json.dumps({"error": {"message": "the worker's stream broke off", "type": "upstream_error",
                                        "code": 502}})
 
@@ -284,6 +288,7 @@ def gateway_app(upstreams: str | Sequence[str], fault: str | None = None) -> Sta
         does not. A stream the worker breaks off ends with an error event and no [DONE] (or, hiding
         the failure, with a finish chunk and [DONE])."""
         queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        gone = asyncio.Event()  # the client disconnected
 
         async def pump() -> None:
             last: dict[str, Any] | None = None
@@ -291,6 +296,8 @@ def gateway_app(upstreams: str | Sequence[str], fault: str | None = None) -> Sta
                 async for e in (f.events or (lambda x: x))(_events(r)):
                     last = e.chunk or last
                     await queue.put(e)
+                    if gone.is_set():  # reading on for nobody, at a slow reader's pace
+                        await asyncio.sleep(DRAIN_PACE_S)
             except httpx.HTTPError:
                 for e in _broken_off(last) if f.finishes_broken else [Event(_UPSTREAM_GONE)]:
                     await queue.put(e)
@@ -301,6 +308,7 @@ def gateway_app(upstreams: str | Sequence[str], fault: str | None = None) -> Sta
         async def watch() -> None:
             while (await request.receive())["type"] != "http.disconnect":
                 pass
+            gone.set()
             if f.keeps_reading:  # the client left: read the worker's stream on to its end
                 drains.add(task)
                 task.add_done_callback(drains.discard)
