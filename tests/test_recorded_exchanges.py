@@ -24,7 +24,7 @@ from decodespec.properties.conformance.alignment import ask
 from decodespec.properties.conformance.http_script import departed, prompt_cached
 from decodespec.properties.conformance.replay import main, rejudge
 from decodespec.properties.conformance.runner import Verdict, judge
-from decodespec.properties.conformance.symptoms import Severity, severity_of
+from decodespec.properties.conformance.symptoms import Expected, Severity, severity_of
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "recorded_exchanges.json").read_text(encoding="utf-8"))["cases"]
 RECORDED = {(e["engine"], e["case"]): e["exchanges"] for e in FIXTURE}
@@ -590,3 +590,19 @@ def test_an_answer_without_a_count_that_ends_at_the_guarded_eos_is_the_guard_ign
     bytes lost."""
     found = _symptoms(_fuzz_rejudge("llama-cpp-python", "fuzz-minimal/bytes-lost/004"))
     assert "guard_ignored" in found and "bytes_lost" not in found, found
+
+
+def test_an_eos_no_guard_turns_off_is_never_the_guard_ignored():
+    """D31 needs a guard: a script `c3` then EOS, max_tokens 2, no min_tokens or ignore_eos: the
+    reference fails the run at the EOS (D12, the character never completes) and an engine that sends
+    U+FFFD and 'stop' there sent invalid bytes, not ignored a guard the request never asked for
+    (llama-server, fuzz seed 2, `fuzz-minimal/guard-ignored/021`)."""
+    from decodespec.properties.conformance.judgement import _guard_ignored
+
+    failed = dict(output=b"", reason=None, wire_reason=None, selected=2, max_tokens=2, script_text=b"\xc3",
+                  eos_at=2, error="decoding_error: the output ends inside a UTF-8 character")
+    assert not Expected(**failed).guard_passed
+    assert _guard_ignored(Expected(**failed), "stop", 2, False) == []
+    guarded = Expected(**failed, guarded=True)
+    assert guarded.guard_passed
+    assert [f.symptom for f in _guard_ignored(guarded, "stop", 2, False)] == ["guard_ignored"]

@@ -26,6 +26,7 @@ from ...runtime.result import Result
 from .adapters.base import Finding, reference_on
 from .cases import Case, CaseError
 from .symptoms import (
+    GUARD_FIELDS,
     Expected,
     Timeline,
     compare_choices,
@@ -192,7 +193,8 @@ def expected_of(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[in
         stop_id_text=_stop_id_text(tok, prompt, res, head) if finished and res.stop and not isinstance(res.stop, str) else b"",
         special_texts=tuple(dict.fromkeys(tok.token_bytes(t) for t in res.tokens
                                           if t in getattr(tok, "special_ids", ()) and t not in eos_ids)),
-        echo_len=echo_len, without=_without_each(case, tok, prompt, script) if finished else ())
+        echo_len=echo_len, guarded=any(request.get(k) for k in GUARD_FIELDS),
+        without=_without_each(case, tok, prompt, script) if finished else ())
 
 
 def _stop_id_text(tok: Any, prompt: Sequence[int], res: Result, head: bytes) -> bytes:

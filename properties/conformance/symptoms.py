@@ -74,7 +74,7 @@ class Symptom:
 
 
 _S = Symptom
-_GUARDS = ("min_tokens", "min_new_tokens", "ignore_eos")
+GUARD_FIELDS = ("min_tokens", "min_new_tokens", "ignore_eos")
 _ANY_FIELD = ("*",)  # every field the case's request sets
 
 SYMPTOMS: Mapping[str, Symptom] = {
@@ -105,7 +105,7 @@ SYMPTOMS: Mapping[str, Symptom] = {
     "tail_dropped": _S("detok_concat_equals_batch", ENDING, "incomplete tail dropped silently"),
     "stream_vs_batch": _S("detok_concat_equals_batch", TEXT, "stream differs from non-stream"),
     "precedence": _S("finish_reason_precedence", ENDING, "'length' where D4 says 'stop'", decision="D4"),
-    "guard_ignored": _S("eos_guards_respected", ENDING, "EOS ended a run min_tokens/ignore_eos guards", fields=_GUARDS),
+    "guard_ignored": _S("eos_guards_respected", ENDING, "EOS ended a run min_tokens/ignore_eos guards", fields=GUARD_FIELDS),
     "stop_without_hit": _S("stop_reason_requires_hit", ENDING, "'stop' without a stop or EOS"),
     "count_low": _S("usage_consistent", ACCOUNTING, "token count too low"),
     "usage_missing": _S("usage_consistent", ACCOUNTING, "no token counts"),
@@ -362,6 +362,7 @@ class Expected:
     stop_id_text: bytes = b""  # what the stop token ids that ended the run spell (D33: no text, kept or not)
     special_texts: tuple[bytes, ...] = ()  # the table texts of the special tokens besides EOS the run selected (D33: no text)
     echo_len: int = 0  # the output opens with this many bytes of the echoed prompt (D33)
+    guarded: bool = False  # the request turns the EOS off for a while (a field of GUARD_FIELDS, D31)
     state: str = "FINISHED"
     # (field, output): what the reference sends for the same request without that one field (D66)
     without: tuple[tuple[str, bytes], ...] = ()
@@ -374,11 +375,12 @@ class Expected:
 
     @property
     def guard_passed(self) -> bool:
-        """The reference went on past the script's first EOS (a min_tokens or ignore_eos guard, D31):
-        it selected more tokens than that EOS's position, or ended on that position for another
-        reason. A run that a later EOS ends (min_tokens) passed the guard all the same."""
+        """The request guards the EOS and the reference went on past the script's first EOS
+        (min_tokens, ignore_eos, D31): it selected more tokens than that EOS's position, or ended on
+        that position for another reason (a run that fails there, D12, too). A run that a later EOS
+        ends (min_tokens) passed the guard all the same. Without a guard nothing is passed over."""
         at = self.eos_at
-        return at is not None and (at < self.selected or (at == self.selected and self.reason != "eos"))
+        return self.guarded and at is not None and (at < self.selected or (at == self.selected and self.reason != "eos"))
 
     def to_json(self) -> dict[str, Any]:
         b = bytes_json
