@@ -82,6 +82,33 @@ def test_chat_examples_are_chat_cases_over_the_channels_shapes():
     assert any(ex["max_tokens"] < len(ex["script"]) and ex["chat"].get("tools") for ex, _ in texts)
 
 
+def test_a_stop_ending_where_a_token_runs_on_into_an_unfinished_character_is_drawn():
+    """§4.3, §4.6: a token that completes a character and begins the next (`a`+e2, c3 then a9+e4b8)
+    offers that character as a stop, completed with bytes pending past it; a U+FFFD of invalid bytes
+    is never offered; and the generator draws such stops with a token after them."""
+    ids = {p: i for i, p in TABLE.items()}
+
+    def pending(*pieces):
+        script = [ids[p] for p in pieces]
+        return spelled(_example([101, *script], [])).pending_stops()
+
+    assert pending(b"a\xe2", b"\x82\xac", b"\xc3", b"\xa9\xe4\xb8", b"\xad") == ["a", "aa", "é", "€é"]
+    assert pending(b"\xff", b"\xe2", b"\x82\xac") == [] and pending(b"\xff\xe2"[:1], b"a\xe2") == ["a", "�a"]
+    drawn = [(ex, spelled(ex)) for ex in draw_examples(400, 11, Menu(("byte_table",)))]
+    hit = [ex for ex, sp in drawn for s in ex.get("stop", ()) if s in sp.pending_stops()
+           and (k := sp.completes(s)) is not None and k < ex["max_tokens"]]
+    assert hit
+
+
+def test_min_tokens_is_drawn_on_the_token_that_completes_a_stop():
+    """D31: min_tokens reaching the token that completes a stop (a stop string still ends the run
+    there) is drawn, with max_tokens letting the run go past it."""
+    drawn = [(ex, spelled(ex)) for ex in draw_examples(400, 12, Menu(("byte_table",)))]
+    reach = [ex for ex, sp in drawn for s in ex.get("stop", ())
+             if (k := sp.completes(s)) is not None and k <= ex.get("request", {}).get("min_tokens", 0) < ex["max_tokens"]]
+    assert len(reach) >= 3
+
+
 def test_settled_keeps_max_tokens_within_the_script_and_min_tokens_within_max_tokens():
     ex = {"tokenizer": table_spec([101, 102]), "prompt": [101], "script": [101, 102], "max_tokens": 9,
           "request": {"min_tokens": 5}}

@@ -30,14 +30,15 @@ split nobody asked for.
 
 Stops are cut from the script's own text (so they hit: across 1-4 tokens, inside one token, on the
 last allowed token, multi-byte, overlapping or a prefix of one another, inside the reasoning or the
-call), from the prompt's text, or are short strings that may never occur; `max_tokens` is drawn
-next to an event of the script (where a stop completes, the EOS, a character completes, the
-script's end). `case_of` turns an example into a Case with the decisions of spec/DECISIONS.md its
+call, ending inside a token that begins another character), from the prompt's text, or are short
+strings that may never occur; `max_tokens`, and half the time `min_tokens`, are drawn next to an
+event of the script (where a stop completes, the EOS, a character completes, the script's end). `case_of` turns an example into a Case with the decisions of spec/DECISIONS.md its
 features rest on (`DECIDED_BY`), as a hand-written case names them.
 """
 
 from __future__ import annotations
 
+import codecs
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -103,10 +104,17 @@ SPLIT_IDS: tuple[tuple[int, ...], ...] = (
     (_ID_OF[b"\xe4\xb8"], _ID_OF[b"\xad"]), (_ID_OF[b"\xf0"], _ID_OF[b"\x9f\x98\x80"]))
 
 
+# Runs whose middle token completes one character and begins the next (`a`+e2 then 82 ac; c3 then
+# a9+e4b8 then ad): a stop ending on the first character completes with bytes pending past it.
+RUN_ON_IDS: tuple[tuple[int, ...], ...] = (
+    (_ID_OF[b"a\xe2"], _ID_OF[b"\x82\xac"]), (_ID_OF[b"\xc3"], _ID_OF[b"\xa9\xe4\xb8"], _ID_OF[b"\xad"]))
+
+
 def table_text(min_size: int, max_size: int) -> st.SearchStrategy[list[int]]:
-    """A run of the fuzz table's pieces (EOS aside), a split character now and then sent whole in pieces."""
+    """A run of the fuzz table's pieces (EOS aside), now and then a split character sent whole in
+    pieces or a run whose token runs on into the next character (RUN_ON_IDS)."""
     pieces = st.sampled_from(sorted(TABLE.keys() - {TABLE_EOS})).map(lambda i: [i])
-    split = st.sampled_from(SPLIT_IDS).map(list)
+    split = st.sampled_from(SPLIT_IDS + RUN_ON_IDS).map(list)
     return st.lists(st.one_of(pieces, split), min_size=min_size, max_size=max_size).map(
         lambda parts: [i for p in parts for i in p])
 
@@ -252,6 +260,18 @@ class Spelled:
         at, ends = self.text.find(stop.encode()), list(itertools.accumulate(map(len, self.pieces)))
         return None if at < 0 else next(k + 1 for k, e in enumerate(ends) if e >= at + len(stop.encode()))
 
+    def pending_stops(self) -> list[str]:
+        """Stops that complete inside a token whose bytes run on into an unfinished character: the
+        last one or two characters each such token completes (never a U+FFFD made of invalid bytes),
+        so the detokenizer holds bytes past the stop when it completes (§4.3, §4.6)."""
+        dec, said, out = codecs.getincrementaldecoder("utf-8")("replace"), "", []
+        for piece in self.pieces:
+            new = dec.decode(piece)
+            said += new
+            if new and dec.getstate()[0] and not new.endswith("\ufffd"):
+                out += [said[-1:], said[-2:]]
+        return list(dict.fromkeys(out))
+
     def events(self, stops: Sequence[str]) -> list[int]:
         """The 1-based token indexes where something happens: a stop completes, a character
         completes, the EOS, the last token."""
@@ -278,9 +298,10 @@ def spelled(inputs: Mapping[str, Any]) -> Spelled:
 
 
 @st.composite
-def stops_for(draw: st.DrawFn, text: str, prompt: str) -> list[str]:
+def stops_for(draw: st.DrawFn, text: str, prompt: str, pending: Sequence[str] = ()) -> list[str]:
     """Stop strings: cut from the script's text (1-4 tokens' worth or inside one), a prefix or an
-    overlapping neighbour of another, from the prompt's text, or short strings that may not occur."""
+    overlapping neighbour of another, from the prompt's text, one of `pending` (Spelled.pending_stops),
+    or short strings that may not occur."""
     def cut() -> str:
         if not text:
             return "x"
@@ -289,8 +310,10 @@ def stops_for(draw: st.DrawFn, text: str, prompt: str) -> list[str]:
 
     out: list[str] = []
     for _ in range(draw(st.integers(0, 3))):
-        kind = draw(st.sampled_from(("cut", "cut", "prefix", "overlap", "prompt", "other")))
-        if kind == "prefix" and out and len(out[-1]) > 1:
+        kind = draw(st.sampled_from(("cut", "cut", "prefix", "overlap", "prompt", "pending", "other")))
+        if kind in ("pending", "cut") and pending and draw(st.booleans()):
+            out.append(draw(st.sampled_from(tuple(pending))))
+        elif kind == "prefix" and out and len(out[-1]) > 1:
             out.append(out[-1][:draw(st.integers(1, len(out[-1]) - 1))])
         elif kind == "overlap" and out and (at := text.find(out[-1])) >= 0:
             out.append(text[at + 1:at + 1 + draw(st.integers(1, 3))] or cut())
@@ -312,14 +335,17 @@ FIELD_VALUES: Mapping[bool, Mapping[str, Any]] = {
 
 
 @st.composite
-def request_fields(draw: st.DrawFn, n_tokens: int, eos_at: int | None,
-                   names: Sequence[str] = REQUEST_FIELDS, chat: bool = False) -> dict[str, Any]:
+def request_fields(draw: st.DrawFn, n_tokens: int, eos_at: int | None, names: Sequence[str] = REQUEST_FIELDS,
+                   chat: bool = False, events: Sequence[int] = ()) -> dict[str, Any]:
     """A few of the request fields `names`, at values that change the run (FIELD_VALUES; min_tokens
-    up to one past the EOS)."""
+    up to one past the EOS, half the time on or just past one of the script's `events`, where a
+    stop that completes within min_tokens is still a stop, D31)."""
     out: dict[str, Any] = {}
     for name in draw(st.lists(st.sampled_from(tuple(names)), max_size=2, unique=True)):
         if name == "min_tokens":
-            out[name] = draw(st.integers(1, max(1, min(n_tokens, (eos_at or n_tokens) + 1))))
+            top = max(1, min(n_tokens, (eos_at or n_tokens) + 1))
+            near = sorted({e + d for e in events for d in (0, 1) if 1 <= e + d <= top})
+            out[name] = draw(st.sampled_from(near) if near and draw(st.booleans()) else st.integers(1, top))
         else:
             out[name] = FIELD_VALUES[chat].get(name, True)
     return out
@@ -383,7 +409,7 @@ def examples(draw: st.DrawFn, menu: Menu = COMPLETIONS) -> dict[str, Any]:
                             **({"chat": chat} if chat is not None else {})}
     sp = spelled(base)
     ids, eos_at = sp.ids, sp.eos_at
-    stops = draw(stops_for(sp.text.decode("utf-8", "replace"), sp.prompt.decode("utf-8", "replace")))
+    stops = draw(stops_for(sp.text.decode("utf-8", "replace"), sp.prompt.decode("utf-8", "replace"), sp.pending_stops()))
     limits = sorted({max(1, e + d) for e in sp.events(stops) for d in (-1, 0, 1)})
     out = {**base, "max_tokens": draw(st.sampled_from(limits))}
     if stops:
@@ -392,7 +418,7 @@ def examples(draw: st.DrawFn, menu: Menu = COMPLETIONS) -> dict[str, Any]:
         out["stop_token_ids"] = [[draw(st.sampled_from(ids))]]
     names = REQUEST_FIELDS if chat is None else \
         tuple(n for n in CHAT_REQUEST_FIELDS if n != "logprobs" or not (chat.get("reasoning") or chat.get("tools")))
-    fields = draw(request_fields(len(ids), eos_at, names, chat is not None))
+    fields = draw(request_fields(len(ids), eos_at, names, chat is not None, sp.events(stops)))
     if fields:
         out["request"] = fields
     return settled(out, sp)
