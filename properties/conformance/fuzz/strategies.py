@@ -345,7 +345,8 @@ def request_fields(draw: st.DrawFn, n_tokens: int, eos_at: int | None, names: Se
         if name == "min_tokens":
             top = max(1, min(n_tokens, (eos_at or n_tokens) + 1))
             near = sorted({e + d for e in events for d in (0, 1) if 1 <= e + d <= top})
-            out[name] = draw(st.sampled_from(near) if near and draw(st.booleans()) else st.integers(1, top))
+            on_event = bool(near) and draw(st.booleans())
+            out[name] = draw(st.sampled_from(near)) if on_event else draw(st.integers(1, top))
         else:
             out[name] = FIELD_VALUES[chat].get(name, True)
     return out
