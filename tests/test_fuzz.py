@@ -109,6 +109,18 @@ def test_min_tokens_is_drawn_on_the_token_that_completes_a_stop():
     assert len(reach) >= 3
 
 
+def test_a_stop_rests_on_d3_where_it_spans_the_prompt_and_the_output_not_inside_the_prompt():
+    """D3: stops match output only; an engine that also matches across the prompt sees a stop that
+    starts in the prompt and ends in the output. One wholly inside the prompt ends no sequence, so
+    the case rests on no decision for it."""
+    ids = {p: i for i, p in TABLE.items()}
+    ex = {"tokenizer": table_spec([ids[b"A"], ids[b"a"], ids[b"b"]]), "prompt": [ids[b"A"]], "script": [ids[b"a"], ids[b"b"]],
+          "max_tokens": 2}
+    assert "D3" not in case_of("fuzz/t/001", {**ex, "stop": ["A"]}).decisions
+    assert "D3" in case_of("fuzz/t/002", {**ex, "stop": ["Aa"]}).decisions
+    assert "D3" not in case_of("fuzz/t/003", {**ex, "stop": ["ab"]}).decisions
+
+
 def test_settled_keeps_max_tokens_within_the_script_and_min_tokens_within_max_tokens():
     ex = {"tokenizer": table_spec([101, 102]), "prompt": [101], "script": [101, 102], "max_tokens": 9,
           "request": {"min_tokens": 5}}
@@ -314,7 +326,9 @@ def test_a_run_shrinks_each_failure_and_judges_its_minimal_case_again_alone(tmp_
     assert run.failures and run.minimal
     for s, alone in run.minimal:
         assert failure_key(alone) == s.key and alone.case.id.startswith("fuzz-minimal/stop-sent/")
-        assert alone.case.inputs["script"] == [KEY_ID] and len(alone.case.inputs["stop"]) == 1
+        # a stop_sent resting on D3 keeps two stops (or one across the prompt): fewer is another basis
+        stops = alone.case.inputs["stop"]
+        assert alone.case.inputs["script"] == [KEY_ID] and len(stops) == (2 if s.key[2] == "D3" else 1), (s.key, stops)
 
 
 @pytest.mark.parametrize("fields", [{"echo": True, "logprobs": 1}, {"logprobs": 1}])

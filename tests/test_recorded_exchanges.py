@@ -568,6 +568,25 @@ def test_a_stop_inside_the_echoed_prompt_is_not_a_stop_sent():
     assert "puts '<|decodespec-case-1|><|decodespec-anchor|> ' in at byte 0" in res.lead.message, res.lead.message
 
 
+@pytest.mark.parametrize(("case_id", "kept"), [
+    # WordPiece, the script's EOS alone, include_stop_str_in_output and skip_special_tokens false:
+    # vLLM ends on the EOS as on a stop token id and keeps its text ' [SEP]'
+    ("fuzz-minimal/eos-sent/005", "keeps the EOS token's text ' [SEP]'"),
+    # WordPiece ' end' is a stop token id and holds the stop string 'd': vLLM ends on the id and keeps
+    # its text; the 'd' in it is that kept text, not a stop string sent past its match
+    ("fuzz-minimal/stop-sent/010", "keeps the stop token's text ' end'"),
+])
+def test_a_stop_token_or_eos_text_kept_under_include_stop_str_rests_on_d33(case_id, kept):
+    """D33: include_stop_str_in_output keeps a stop string, never the text of the token id that
+    ended the run; vLLM keeps that text, the EOS's too (it ends on EOS as on a stop id). Its answer
+    differs on D33 (stop_id_kept), not a chapter failure: neither the EOS's text sent nor a stop
+    string inside the kept token's text (vLLM fuzz run, seed 2)."""
+    res = _fuzz_rejudge("vllm-seed2", case_id)
+    assert res.verdict is Verdict.DIFFERS and res.lead is not None, (res.verdict, res.failures)
+    assert (res.lead.symptom, res.basis(res.lead).ref) == ("stop_id_kept", "D33"), res.failures
+    assert kept in res.lead.message and not {"eos_sent", "stop_sent"} & set(_symptoms(res)), res.failures
+
+
 @pytest.mark.parametrize(("case_id", "sent"), [
     ("fuzz/g0005/055", "'##.'"),  # the script '##.' after 'The': the reference sends '.'
     ("fuzz/g0001/018", "'##. world Ångström 文'"),  # two [UNK] skipped, then '##.' and the rest

@@ -180,6 +180,7 @@ def expected_of(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[in
     stops = tuple(s.encode() for s in case.inputs.get("stop", ()))
     request = case.inputs.get("request", {})
     echo_len = len(head) if request.get("echo") else 0
+    keep = any(request.get(k) for k in ("include_stop_str_in_output", "no_stop_trim"))
     return Expected(
         output=res.output, reason=res.finish_reason.value if finished else None,
         wire_reason=OPENAI_FINISH.get(res.finish_reason) if finished else None,
@@ -189,7 +190,7 @@ def expected_of(case: Case, tok: Any, prompt: Sequence[int], script: Sequence[in
         eos_at=eos_at, eos_text=tok.token_bytes(script[eos_at - 1]) if eos_at else b"", error=res.error,
         state=res.state.name, released=_released(res),
         spelled=_spelled(tok, prompt, list(res.tokens), head, echo_len) if stops else (),
-        kept=bool(res.stop) and any(request.get(k) for k in ("include_stop_str_in_output", "no_stop_trim")),
+        kept=bool(res.stop) and keep, keep_asked=keep,
         stop_id_text=_stop_id_text(tok, prompt, res, head) if finished and res.stop and not isinstance(res.stop, str) else b"",
         special_texts=tuple(dict.fromkeys(tok.token_bytes(t) for t in res.tokens
                                           if t in getattr(tok, "special_ids", ()) and t not in eos_ids)),

@@ -359,6 +359,7 @@ class Expected:
     released: tuple[int, ...] = ()  # bytes the reference had sent after each selected text token
     spelled: tuple[int, ...] = ()  # whole-character bytes the reference's first k selected tokens spell, for each k (with stops)
     kept: bool = False  # the winning stop is part of the output (include_stop_str_in_output, D33)
+    keep_asked: bool = False  # the request keeps stops (include_stop_str_in_output), whatever ended the run
     stop_id_text: bytes = b""  # what the stop token ids that ended the run spell (D33: no text, kept or not)
     special_texts: tuple[bytes, ...] = ()  # the table texts of the special tokens besides EOS the run selected (D33: no text)
     echo_len: int = 0  # the output opens with this many bytes of the echoed prompt (D33)
@@ -425,6 +426,14 @@ def _first_stop(exp: Expected, text: bytes) -> tuple[bytes, int] | None:
     return (min(hits)[1], min(hits)[0]) if hits else None
 
 
+def _in_kept_stop_id(exp: Expected, got: bytes, at: int) -> bool:
+    """Whether a stop string found at byte `at` lies in the text of the stop token id that ended the
+    run, which the engine kept after the reference's output under include_stop_str_in_output (D33)."""
+    want = exp.output or b""
+    return (exp.kept and bool(exp.stop_id_text) and got.startswith(want) and at >= len(want)
+            and exp.stop_id_text.startswith(got[len(want):]))
+
+
 def _without_specials(exp: Expected, got: bytes) -> bytes:
     """`got` without the text of every special token besides EOS the reference's run selected."""
     for own in exp.special_texts:
@@ -442,7 +451,9 @@ def compare_text(exp: Expected, got: bytes, where: str, *, cut_right: bool = Fal
     if got == want:
         return []
     out: list[Finding] = []
-    if hit := _first_stop(exp, got):
+    if (hit := _first_stop(exp, got)) and _in_kept_stop_id(exp, got, hit[1]):
+        hit = None  # the stop lies in a stop token's text the engine kept: stop_id_kept names that (D33)
+    if hit:
         s, at = hit
         out.append(finding("stop_sent", f"the {where} contains the stop {_show(s)} at byte {at}: {_show(got)}"))
     elif exp.special_texts and _without_specials(exp, got) == want:
@@ -575,6 +586,10 @@ def _ran_on(exp: Expected, got: bytes, where: str, *, stop_seen: bool, cut_right
                                               f"{_show(exp.stop)} wins under D3 (it ends at byte {len(want) + len(exp.stop)}, "
                                               f"first or as early and longer): {_show(got)}, expected {_show(want)}")]
     if exp.reason == "eos" and exp.eos_text and extra.startswith(exp.eos_text):
+        if exp.keep_asked:  # an engine that ends on EOS as on a stop token id keeps its text as one
+            return [finding("stop_id_kept", f"the {where} keeps the EOS token's text {_show(exp.eos_text)} after "
+                                            f"{_show(want)}: include_stop_str_in_output keeps a stop string; the EOS, "
+                                            f"like a stop token id, is not text and stays out of the output (D33)")]
         return [finding("eos_sent", f"the {where} carries the EOS token's text {_show(exp.eos_text)}: {_show(got)}")]
     if exp.script_text.startswith(got[exp.echo_len:]):
         return _script_past_end(exp, got, where, stop_seen=stop_seen)

@@ -480,9 +480,11 @@ def _chat(inputs: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _in_prompt(i: Mapping[str, Any], sp: Spelled) -> bool:
-    """Whether a stop occurs across the prompt's text and the script's, starting in the prompt."""
-    whole = sp.prompt + sp.text
-    return any(0 <= whole.find(s.encode()) < len(sp.prompt) for s in i.get("stop", ()))
+    """Whether a stop occurs across the prompt's text and the script's: starting in the prompt and
+    ending past it (one wholly inside the prompt no engine's stop check sees end a sequence)."""
+    whole, cut = sp.prompt + sp.text, len(sp.prompt)
+    return any(at < cut < at + len(b) for s in i.get("stop", ()) if (b := s.encode())
+               for at in range(max(0, cut - len(b) + 1), cut) if whole.startswith(b, at))
 
 
 def _ends_run(i: Mapping[str, Any], sp: Spelled) -> set[int]:
