@@ -602,6 +602,15 @@ def test_a_wordpiece_marker_sent_with_the_scripts_token_is_judged_as_text_not_an
         == ("bytes_inserted", True), res.lead.message
 
 
+def test_logprob_tokens_given_as_wordpiece_vocabulary_pieces_follow_the_script():
+    """§4.3, D27: vLLM lists a WordPiece continuation's logprob token as its vocabulary piece,
+    marker and all ('##😀', '##中', '.', '##中' for the text '😀中.中'); those are the script's
+    tokens, so the case is judged, never an ERROR saying the engine chose '##😀##中.##中'."""
+    res = _fuzz_rejudge("vllm-seed2", "fuzz/g0005/025")
+    assert res.verdict is not Verdict.ERROR, res.reason
+    assert "did not follow the forced script" not in (res.reason or "")
+
+
 def test_an_answer_without_a_count_that_ends_at_the_guarded_eos_is_the_guard_ignored():
     """§4.10, D31: llama-cpp-python with n 2 and ignore_eos (fuzz-minimal/bytes-lost/004) answers one
     choice, '' with 'stop', and no count of its own: its text is the script's whole characters

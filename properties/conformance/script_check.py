@@ -8,7 +8,8 @@ answer is first compared with the script, with the best evidence the engine give
 
 - token ids: each returned id against the script's;
 - logprob tokens: each token's bytes (llama-server's `bytes`) against the script token's; given as
-  strings only, the text they spell, as below;
+  strings only, the text they spell, as below, or each the vocabulary piece of the script's token
+  (vLLM's WordPiece `##中`);
 - the text alone: against the script's text, ignoring whitespace and up to the first U+FFFD in
   either (a detokenizer may legitimately differ there, and the detokenizer cases judge that), so a
   token replaced by one that spells other characters is seen, and one that differs only in spaces
@@ -117,10 +118,17 @@ def deviation(program: Program, tokenizer: HFTokenizer, eos_id: int, returned: R
         special = {tokenizer.decode([i], skip_special=False) for i in tokenizer.special_ids}
         text = "".join(p.decode("utf-8", "replace") if isinstance(p, bytes) else p for p in returned.tokens
                        if p not in special)
-        return _by_text(tokenizer, program.prompt, want, text, returned.evidence)
+        found = _by_text(tokenizer, program.prompt, want, text, returned.evidence)
+        return None if found is not None and _vocab_pieces(tokenizer, want, returned.tokens) else found
     if returned.text is not None:
         return _by_text(tokenizer, program.prompt, want, returned.text, returned.evidence)
     raise ValueError("the engine's answer carries neither token ids, logprob tokens nor text: nothing to compare")
+
+
+def _vocab_pieces(tok: HFTokenizer, want: Sequence[int], tokens: Sequence[str | bytes]) -> bool:
+    """Whether string tokens name the script's tokens by their vocabulary pieces, position by
+    position (vLLM lists a WordPiece continuation as `##中`, marker and all): the same tokens."""
+    return bool(tokens) and all(isinstance(t, str) and t == tok.id_to_token(w) for t, w in zip(tokens, want))
 
 
 def _by_pieces(tok: HFTokenizer, want: Sequence[int], pieces: Sequence[bytes], evidence: str) -> Deviation | None:
