@@ -611,6 +611,16 @@ def test_logprob_tokens_given_as_wordpiece_vocabulary_pieces_follow_the_script()
     assert "did not follow the forced script" not in (res.reason or "")
 
 
+def test_a_valid_request_refused_leads_with_the_refusal_not_the_text_it_never_sent():
+    """§4.1, §4.6, D65: transformers serve answers a stop string its vocabulary cannot spell ('B' in
+    a lower-case WordPiece vocabulary) with 400, and its stream with that error as the only event;
+    stop strings are matched on the text, so the request is valid. The refusal leads; the stream's
+    missing '.' follows from its error and is no bytes_lost."""
+    res = _fuzz_rejudge("transformers-serve", "fuzz-minimal/bytes-lost/003")
+    assert res.lead is not None and res.lead.symptom == "refused", res.failures
+    assert "error_in_stream" in _symptoms(res) and "bytes_lost" not in _symptoms(res), res.failures
+
+
 def test_an_answer_without_a_count_that_ends_at_the_guarded_eos_is_the_guard_ignored():
     """§4.10, D31: llama-cpp-python with n 2 and ignore_eos (fuzz-minimal/bytes-lost/004) answers one
     choice, '' with 'stop', and no count of its own: its text is the script's whole characters
