@@ -119,6 +119,27 @@ def test_a_stop_rests_on_d3_where_it_spans_the_prompt_and_the_output_not_inside_
     assert "D3" not in case_of("fuzz/t/001", {**ex, "stop": ["A"]}).decisions
     assert "D3" in case_of("fuzz/t/002", {**ex, "stop": ["Aa"]}).decisions
     assert "D3" not in case_of("fuzz/t/003", {**ex, "stop": ["ab"]}).decisions
+    assert "D3" not in case_of("fuzz/t/004", {**ex, "stop": ["ab", "z"]}).decisions  # one of two can match
+    assert "D3" in case_of("fuzz/t/005", {**ex, "stop": ["a", "b"]}).decisions
+
+
+def test_a_request_field_names_its_decision_only_where_it_can_change_the_run():
+    """D31, D33: ignore_eos rests on D31 over a scripted EOS only; skip_special_tokens on D33 where
+    the script selects a special token; include_stop_str_in_output where there is a stop to keep;
+    echo always. A field that cannot change the run leaves its findings on the chapter."""
+    ids = {p: i for i, p in TABLE.items()}
+    plain = {"tokenizer": table_spec([ids[b"A"], ids[b"a"], ids[b"b"]]), "prompt": [ids[b"A"]],
+             "script": [ids[b"a"], ids[b"b"]], "max_tokens": 2}
+    with_eos = {**plain, "script": [ids[b"a"], 100, ids[b"b"]], "max_tokens": 3}
+
+    def rests(ex, decision, **req):
+        return decision in case_of("fuzz/t/010", {**ex, "request": req}).decisions
+
+    assert not rests(plain, "D31", ignore_eos=True) and rests(with_eos, "D31", ignore_eos=True)
+    assert rests(plain, "D31", min_tokens=1)
+    assert not rests(plain, "D33", skip_special_tokens=False) and rests(with_eos, "D33", skip_special_tokens=False)
+    assert not rests(plain, "D33", include_stop_str_in_output=True)
+    assert rests({**plain, "stop": ["b"]}, "D33", include_stop_str_in_output=True) and rests(plain, "D33", echo=True)
 
 
 def test_settled_keeps_max_tokens_within_the_script_and_min_tokens_within_max_tokens():

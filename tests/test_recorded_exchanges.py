@@ -621,6 +621,15 @@ def test_a_valid_request_refused_leads_with_the_refusal_not_the_text_it_never_se
     assert "error_in_stream" in _symptoms(res) and "bytes_lost" not in _symptoms(res), res.failures
 
 
+def test_a_character_the_script_spells_twice_is_no_delta_sent_twice():
+    """§4.5, D65: the script spells 'é' twice (c3, a9, c3, a9) and max_tokens 3 ends it inside the
+    second; llama-cpp-python runs a fourth token to finish it and streams 'é', 'é'. The second delta
+    is the script's next character, not a repeat: the run past max_tokens leads."""
+    res = _fuzz_rejudge("llama-cpp-python-seed2", "fuzz-minimal/bytes-repeated/007")
+    assert res.lead is not None and res.lead.symptom == "past_limit", res.failures
+    assert "bytes_repeated" not in _symptoms(res), res.failures
+
+
 def test_an_answer_without_a_count_that_ends_at_the_guarded_eos_is_the_guard_ignored():
     """§4.10, D31: llama-cpp-python with n 2 and ignore_eos (fuzz-minimal/bytes-lost/004) answers one
     choice, '' with 'stop', and no count of its own: its text is the script's whole characters

@@ -487,22 +487,34 @@ def _in_prompt(i: Mapping[str, Any], sp: Spelled) -> bool:
                for at in range(max(0, cut - len(b) + 1), cut) if whole.startswith(b, at))
 
 
+_SPECIAL_NAMES = frozenset(t for items in FIXTURE_ITEMS.values() for t in items.specials)
+
+
+def _special_in_script(i: Mapping[str, Any], sp: Spelled) -> bool:
+    """Whether the script selects a special token: its EOS, or a fixture's (`<unk>`, `[CLS]`, ...)."""
+    return sp.eos_at is not None or any(isinstance(x, dict) and x.get("token") in _SPECIAL_NAMES for x in i["script"])
+
+
 def _ends_run(i: Mapping[str, Any], sp: Spelled) -> set[int]:
     """The tokens at which a stop or the EOS would end the run."""
     return {k for s in i.get("stop", ()) if (k := sp.completes(s)) is not None} | ({sp.eos_at} if sp.eos_at else set())
 
 
 # The decisions of spec/DECISIONS.md a generated case rests on, by what it holds (as hand-written
-# cases name them): several stops or one the prompt's text begins (D3), a stop or EOS on the last
-# allowed token (D4), a stop or EOS within the limit, counted in usage (D7), min_tokens or ignore_eos
-# (D31), what the output holds (D33), n choices (D34), a reasoning channel (D45), tool calls (D47),
-# per-token reports (D59).
+# cases name them): several stops the script's text holds, or one across the prompt and the output
+# (D3), a stop or EOS on the last allowed token (D4), a stop or EOS within the limit, counted in usage
+# (D7), min_tokens, or ignore_eos over a scripted EOS (D31), what the output holds: echo, a kept stop,
+# special tokens' text where the script selects one (D33), n choices (D34), a reasoning channel (D45),
+# tool calls (D47), per-token reports (D59). A field that cannot change the run names no decision,
+# so a finding there rests on the chapter.
 DECIDED_BY: tuple[tuple[str, Callable[[Mapping[str, Any], Spelled], bool]], ...] = (
-    ("D3", lambda i, sp: len(i.get("stop", ())) > 1 or _in_prompt(i, sp)),
+    ("D3", lambda i, sp: sum(s.encode() in sp.text for s in i.get("stop", ())) > 1 or _in_prompt(i, sp)),
     ("D4", lambda i, sp: i["max_tokens"] in _ends_run(i, sp)),
     ("D7", lambda i, sp: any(k <= i["max_tokens"] for k in _ends_run(i, sp))),
-    ("D31", lambda i, sp: bool(_req(i).get("min_tokens") or _req(i).get("ignore_eos"))),
-    ("D33", lambda i, sp: any(k in _req(i) for k in ("include_stop_str_in_output", "echo", "skip_special_tokens"))),
+    ("D31", lambda i, sp: bool(_req(i).get("min_tokens") or (_req(i).get("ignore_eos") and sp.eos_at))),
+    ("D33", lambda i, sp: bool(_req(i).get("echo")
+                               or (_req(i).get("include_stop_str_in_output") and (i.get("stop") or i.get("stop_token_ids")))
+                               or ("skip_special_tokens" in _req(i) and _special_in_script(i, sp)))),
     ("D34", lambda i, sp: int(_req(i).get("n", 1)) > 1),
     ("D45", lambda i, sp: bool(_chat(i).get("reasoning"))),
     ("D47", lambda i, sp: bool(_chat(i).get("tools"))),
