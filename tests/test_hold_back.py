@@ -7,8 +7,6 @@ is ruled out (tests/_frontend_kit.py, `no_hold_back`) is caught where only the t
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from decodespec.properties.conformance.adapters.openai import OpenAIAdapter
@@ -20,6 +18,7 @@ from decodespec.properties.conformance.checkpoints import build_group, group_of,
 from decodespec.properties.conformance.judgement import expected_for
 from decodespec.properties.conformance.runner import Verdict, run_cases, unexpected
 from decodespec.properties.conformance.symptoms import Severity, severity_of
+from decodespec.properties.conformance.wire import parse_sse
 from decodespec.runtime.engine import Engine
 from decodespec.runtime.server import create_app
 
@@ -90,9 +89,7 @@ def test_decodespec_serve_passes_the_stop_cases_with_hold_back_checked(serve, gr
 def _chunks_with_text_say_selected(sse: str) -> bool:
     """Every choice sent before the finish chunk with text says how many tokens were selected when it
     went out (D59); a stream whose stop cut all its text sends none."""
-    chunks = [json.loads(line[5:]) for line in sse.splitlines()
-              if line.startswith("data:") and line[5:].strip() != "[DONE]"]
-    with_text = [ch for c in chunks for ch in c.get("choices") or []
+    with_text = [ch for ch in parse_sse(sse).choices()
                  if (ch.get("text") or (ch.get("delta") or {}).get("content")) and not ch.get("finish_reason")]
     return all("selected" in (ch.get("decodespec") or {}) for ch in with_text)
 

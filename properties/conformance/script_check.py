@@ -115,7 +115,7 @@ def deviation(program: Program, tokenizer: HFTokenizer, eos_id: int, returned: R
         return _by_pieces(tokenizer, want, pieces, returned.evidence)
     if returned.tokens is not None:  # strings: a split character may sit in either token, so compare the text
         # a special token's own text (vLLM lists an EOS as "</s>") is not text the answer shows
-        special = {tokenizer.decode([i], skip_special=False) for i in tokenizer.special_ids}
+        special = _special_texts(tokenizer)
         text = "".join(p.decode("utf-8", "replace") if isinstance(p, bytes) else p for p in returned.tokens
                        if p not in special)
         found = _by_text(tokenizer, program.prompt, want, text, returned.evidence)
@@ -123,6 +123,11 @@ def deviation(program: Program, tokenizer: HFTokenizer, eos_id: int, returned: R
     if returned.text is not None:
         return _by_text(tokenizer, program.prompt, want, returned.text, returned.evidence)
     raise ValueError("the engine's answer carries neither token ids, logprob tokens nor text: nothing to compare")
+
+
+def _special_texts(tok: HFTokenizer) -> frozenset[str]:
+    """The special tokens' own texts ('</s>', '<unk>'): no script text, wherever an engine shows them."""
+    return frozenset(filter(None, (tok.decode([i], skip_special=False) for i in tok.special_ids)))
 
 
 def _vocab_pieces(tok: HFTokenizer, want: Sequence[int], tokens: Sequence[str | bytes]) -> bool:
@@ -135,7 +140,7 @@ def _by_pieces(tok: HFTokenizer, want: Sequence[int], pieces: Sequence[bytes], e
     """The pieces' bytes against the script's, as one stream: servers move the bytes of a split
     character to the token that completes it (llama-server), so only where the streams first differ
     tells; it is named at the script token that holds that byte."""
-    special = {tok.decode([i], skip_special=False).encode() for i in tok.special_ids}
+    special = {t.encode() for t in _special_texts(tok)}
     pieces = [p for p in pieces if p not in special]  # a special token's own text is not text shown
     got = b"".join(pieces)
     spans: list[tuple[int, int]] = []  # (script token index, its first byte) in the script's stream
@@ -173,7 +178,7 @@ def _by_text(tok: HFTokenizer, prompt: Sequence[int], want: Sequence[int], text:
 def _text_deviation(tok: HFTokenizer, prompt: Sequence[int], want: Sequence[int], text: str,
                     evidence: str) -> Deviation | None:
     text = text.split(_NO_CHARACTER)[0]
-    for own in filter(None, (tok.decode([i], skip_special=False) for i in tok.special_ids)):
+    for own in _special_texts(tok):
         text = text.replace(own, "")  # a special token's own text (vLLM's chat sends '<unk>') spells no script text
     kept = [j for j, c in enumerate(text) if c not in _IGNORED]  # where each compared character stands
     got = [text[j] for j in kept]

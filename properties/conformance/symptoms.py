@@ -426,12 +426,19 @@ def _first_stop(exp: Expected, text: bytes) -> tuple[bytes, int] | None:
     return (min(hits)[1], min(hits)[0]) if hits else None
 
 
-def _in_kept_stop_id(exp: Expected, got: bytes, at: int) -> bool:
-    """Whether a stop string found at byte `at` lies in the text of the stop token id that ended the
-    run, which the engine kept after the reference's output under include_stop_str_in_output (D33)."""
+def _kept_stop_id(exp: Expected, got: bytes) -> bool:
+    """Whether `got` is the reference's output and then (part of) the text of the stop token id that
+    ended the run, which the engine kept under include_stop_str_in_output (D33)."""
     want = exp.output or b""
-    return (exp.kept and bool(exp.stop_id_text) and got.startswith(want) and at >= len(want)
+    return (exp.kept and len(got) > len(want) and got.startswith(want)
             and exp.stop_id_text.startswith(got[len(want):]))
+
+
+def _stop_id_kept(where: str, what: str, want: bytes) -> Finding:
+    """stop_id_kept: `what` (the stop token's or the EOS's text) kept after `want` (D33)."""
+    return finding("stop_id_kept", f"the {where} keeps {what} after {_show(want)}: include_stop_str_in_output keeps a "
+                                   f"stop string; a stop token id (an EOS too) is not text and stays out of the "
+                                   f"output (D33)")
 
 
 def _without_specials(exp: Expected, got: bytes) -> bytes:
@@ -451,7 +458,7 @@ def compare_text(exp: Expected, got: bytes, where: str, *, cut_right: bool = Fal
     if got == want:
         return []
     out: list[Finding] = []
-    if (hit := _first_stop(exp, got)) and _in_kept_stop_id(exp, got, hit[1]):
+    if (hit := _first_stop(exp, got)) and hit[1] >= len(want) and _kept_stop_id(exp, got):
         hit = None  # the stop lies in a stop token's text the engine kept: stop_id_kept names that (D33)
     if hit:
         s, at = hit
@@ -587,9 +594,7 @@ def _ran_on(exp: Expected, got: bytes, where: str, *, stop_seen: bool, cut_right
                                               f"first or as early and longer): {_show(got)}, expected {_show(want)}")]
     if exp.reason == "eos" and exp.eos_text and extra.startswith(exp.eos_text):
         if exp.keep_asked:  # an engine that ends on EOS as on a stop token id keeps its text as one
-            return [finding("stop_id_kept", f"the {where} keeps the EOS token's text {_show(exp.eos_text)} after "
-                                            f"{_show(want)}: include_stop_str_in_output keeps a stop string; the EOS, "
-                                            f"like a stop token id, is not text and stays out of the output (D33)")]
+            return [_stop_id_kept(where, f"the EOS token's text {_show(exp.eos_text)}", want)]
         return [finding("eos_sent", f"the {where} carries the EOS token's text {_show(exp.eos_text)}: {_show(got)}")]
     if exp.script_text.startswith(got[exp.echo_len:]):
         return _script_past_end(exp, got, where, stop_seen=stop_seen)
@@ -612,10 +617,8 @@ def _script_past_end(exp: Expected, got: bytes, where: str, *, stop_seen: bool) 
                                             f"to the stop's match and stay in the text (§4.6: held until the stop is "
                                             f"ruled out, cut with it; expected {_show(want)})")]
     if exp.reason == "stop_sequence":  # a token-id stop: its bytes are not text
-        if exp.kept and extra and exp.stop_id_text.startswith(extra):
-            return [finding("stop_id_kept", f"the {where} keeps the stop token's text {_show(extra)} after "
-                                            f"{_show(want)}: include_stop_str_in_output keeps a stop string; a stop "
-                                            f"token id is not text and stays out of the output (D33)")]
+        if _kept_stop_id(exp, got):
+            return [_stop_id_kept(where, f"the stop token's text {_show(extra)}", want)]
         return [finding("text_after_stop", f"the {where} goes on past the stop token: {_show(extra)} after {_show(want)}")]
     kind = {"max_output_tokens": "past_limit", "eos": "after_eos", "context_limit": "past_context"}.get(
         exp.reason or "", "bytes_added")

@@ -32,8 +32,9 @@ Stops are cut from the script's own text (so they hit: across 1-4 tokens, inside
 last allowed token, multi-byte, overlapping or a prefix of one another, inside the reasoning or the
 call, ending inside a token that begins another character), from the prompt's text, or are short
 strings that may never occur; `max_tokens`, and half the time `min_tokens`, are drawn next to an
-event of the script (where a stop completes, the EOS, a character completes, the script's end). `case_of` turns an example into a Case with the decisions of spec/DECISIONS.md its
-features rest on (`DECIDED_BY`), as a hand-written case names them.
+event of the script (where a stop completes, the EOS, a character completes, the script's end).
+`case_of` turns an example into a Case with the decisions of spec/DECISIONS.md its features rest on
+(`DECIDED_BY`), as a hand-written case names them.
 """
 
 from __future__ import annotations
@@ -262,8 +263,9 @@ class Spelled:
 
     def pending_stops(self) -> list[str]:
         """Stops that complete inside a token whose bytes run on into an unfinished character: the
-        last one or two characters each such token completes (never a U+FFFD made of invalid bytes),
-        so the detokenizer holds bytes past the stop when it completes (§4.3, §4.6)."""
+        text up to the last character each such token completes, its last one or two characters
+        (that last character never a U+FFFD, which may stand for invalid bytes), so the detokenizer
+        holds bytes past the stop when it completes (§4.3, §4.6)."""
         dec, said, out = codecs.getincrementaldecoder("utf-8")("replace"), "", []
         for piece in self.pieces:
             new = dec.decode(piece)
@@ -411,7 +413,8 @@ def examples(draw: st.DrawFn, menu: Menu = COMPLETIONS) -> dict[str, Any]:
     sp = spelled(base)
     ids, eos_at = sp.ids, sp.eos_at
     stops = draw(stops_for(sp.text.decode("utf-8", "replace"), sp.prompt.decode("utf-8", "replace"), sp.pending_stops()))
-    limits = sorted({max(1, e + d) for e in sp.events(stops) for d in (-1, 0, 1)})
+    events = sp.events(stops)
+    limits = sorted({max(1, e + d) for e in events for d in (-1, 0, 1)})
     out = {**base, "max_tokens": draw(st.sampled_from(limits))}
     if stops:
         out["stop"] = stops
@@ -419,7 +422,7 @@ def examples(draw: st.DrawFn, menu: Menu = COMPLETIONS) -> dict[str, Any]:
         out["stop_token_ids"] = [[draw(st.sampled_from(ids))]]
     names = REQUEST_FIELDS if chat is None else \
         tuple(n for n in CHAT_REQUEST_FIELDS if n != "logprobs" or not (chat.get("reasoning") or chat.get("tools")))
-    fields = draw(request_fields(len(ids), eos_at, names, chat is not None, sp.events(stops)))
+    fields = draw(request_fields(len(ids), eos_at, names, chat is not None, events))
     if fields:
         out["request"] = fields
     return settled(out, sp)

@@ -68,9 +68,9 @@ def stopping(stop_one: Callable[[], str]) -> Iterator[None]:
 
 
 def _ending(ex: Exchange) -> str:
-    """How a stream ended: 'dropped' (its connection broke mid-body, or the read timed out), 'error' (a status other than
-    200, an error event), 'finished' (a finish chunk or [DONE]) or 'cut' (the body ended with
-    neither)."""
+    """How a stream ended: 'dropped' (its connection broke mid-body, or the read timed out),
+    'error' (a status other than 200, an error event), 'finished' (a finish chunk or [DONE]) or
+    'cut' (the body ended with neither)."""
     st = ex.streamed
     if ex.failed:
         return "dropped"
