@@ -275,13 +275,13 @@ def test_a_request_the_recording_does_not_hold_is_an_error_naming_it():
     assert any(m.startswith("max_tokens [2, 4] ") for m in res.not_checked), res.not_checked
 
 
-# ---- a disconnect judged from the engine's gauges, not from timing alone (§4.9, D72) -----------------
+# ---- a disconnect judged from the engine's own metrics, not from timing alone (§4.9, D72) ----------
 
 # llama-server's http/lifecycle/disconnect/001 as its report measured it: 4 long streams cut after 8
 # deltas; the new streams' last start 1.02 s after the disconnect against a rest estimated at 0.08 s;
-# its running gauge back to its level 0.01 s after the disconnect.
-LLAMA_SERVER_DISCONNECT = {"slots": 4, "cut_at": 8, "bound_s": 10.0, "rest_s": 0.08, "freed_s": 0.01, "late": [],
-                           "reuse_s": 1.02, "gauges": ["llamacpp:requests_processing"],
+# its running gauge back to its level 0.01 s after the disconnect; no per-step decode counter.
+LLAMA_SERVER_DISCONNECT = {"slots": 4, "cut_at": 8, "bound_s": 10.0, "rest_s": 0.08, "freed_s": 0.01,
+                           "decoded_late": None, "late": [], "reuse_s": 1.02, "gauges": ["llamacpp:requests_processing"],
                            "told": ["no X-Request-Id: disconnect only"], "cuts": [8]}
 
 
@@ -291,13 +291,22 @@ LLAMA_SERVER_DISCONNECT = {"slots": 4, "cut_at": 8, "bound_s": 10.0, "rest_s": 0
     ({"gauges": [], "freed_s": None}, False, "only timing shows it"),  # no gauge: timing alone decides nothing
     ({"gauges": [], "freed_s": None, "reuse_s": 0.01}, False, None),  # the places came back at once
     ({"freed_s": None, "reuse_s": 0.01}, False, "the engine's gauges as evidence"),
+    # the decode counter still counting late in the watch: ran on, whatever the timing's estimate
+    ({"freed_s": None, "decoded_late": 40.0, "reuse_s": 0.06}, True, None),
+    ({"gauges": [], "freed_s": None, "decoded_late": 4.0, "reuse_s": 0.01}, True, None),
+    # the counter still: the work stopped, though the gauge lags and the places came back late
+    ({"freed_s": None, "decoded_late": 0.0}, False, None),
+    # fewer tokens than abandoned streams: the counter says nothing, the gauge and the timing decide
+    ({"freed_s": None, "decoded_late": 2.0, "reuse_s": 0.06}, False, "whether the work stopped"),
 ])
-def test_a_disconnect_runs_on_only_where_the_gauges_and_the_timing_both_say_so(changed, ran_on, unchecked):
-    """§4.9, D72: whether an abandoned stream's work stopped is judged from the engine's running
-    gauges where it offers them; the new streams' start against the rest estimated from one stream
-    alone (which swings by 100x between runs) confirms a run-on but never decides one alone: without
-    a gauge a late start is not checked, with the reason. A gauge that stays up with a late start
-    still fails the case."""
+def test_a_disconnect_runs_on_only_where_the_engine_counts_on_or_its_gauges_and_the_timing_both_say_so(
+        changed, ran_on, unchecked):
+    """§4.9, D72: whether an abandoned stream's work stopped is judged from the engine's own metrics:
+    its per-step decode counter, still counting well after the disconnect with nothing else running,
+    shows the work going on, a still counter shows it stopped; else its running gauges. The new
+    streams' start against the rest estimated from one stream alone (which swings by 100x between
+    runs) confirms a run-on the gauges show but never decides one alone: without a gauge or counter a
+    late start is not checked, with the reason."""
     from decodespec.properties.conformance.life.recipes import judge_abort
 
     found, missed = judge_abort({**LLAMA_SERVER_DISCONNECT, **changed})

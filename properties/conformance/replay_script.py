@@ -118,7 +118,7 @@ def disconnect():
     late = [s for s in starts if s is None or s > bound]
     if CASE["recipe"] == "disconnect_abort" and not late and max(starts) >= 0.8 * rest_s:
         print("the new streams waited about as long as the abandoned ones' rest; timing alone does not decide "
-              "whether the work went on (the report reads the engine's running gauges for that, D72)")
+              "whether the work went on (the report reads the engine's running gauges and decode counter for that, D72)")
     return not late
 
 

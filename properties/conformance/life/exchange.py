@@ -38,6 +38,9 @@ from ..wire import (
 _LINE = re.compile(r"^([A-Za-z_:][\w:]*)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN)\s*$")
 RUNNING = re.compile(r"running|processing|active_slots|in_flight|inflight")
 PREEMPTED = re.compile(r"preempt")
+# Counters an engine moves at every decode step, by the tokens that step wrote (a counter moved only
+# when a request ends, llama-server's tokens_predicted_total, says nothing of work still going on).
+DECODED_PER_STEP = ("decodespec_decode_tokens_total", "vllm:generation_tokens_total")
 _ID = re.compile(r"\b(?:req|cmpl|chatcmpl)?-?[0-9a-f]{12,}\b")
 ABORTED = re.compile(r'finished_reason="abort"|state="CANCELLED"')
 
@@ -220,6 +223,12 @@ def busy_slots(c: httpx.Client) -> int | None:
 
 def running(sample: Mapping[str, float]) -> dict[str, float]:
     return {k: v for k, v in sample.items() if RUNNING.search(k) and not k.endswith("_total")}
+
+
+def decoded(sample: Mapping[str, float]) -> float | None:
+    """The tokens the engine has decoded so far, by its DECODED_PER_STEP counters; None where it has none."""
+    found = [sample[k] for k in DECODED_PER_STEP if k in sample]
+    return sum(found) if found else None
 
 
 def preemptions(sample: Mapping[str, float] | None) -> dict[str, float]:

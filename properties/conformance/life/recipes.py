@@ -29,7 +29,7 @@ from ..script_check import Returned, deviation
 from ..script_server import LiveServer, program_body
 from ..symptoms import Expected, compare_text, finding, merge, text_difference
 from ..wire import first_choice, sse_number, terminal_findings, whole_answer, wire_findings
-from .exchange import Exchange, Gauges, Job, burst, client, overlap, preemptions, read_metrics, running, send
+from .exchange import Exchange, Gauges, Job, burst, client, decoded, overlap, preemptions, read_metrics, running, send
 
 # The model-checked properties (`decodespec check`, machine/checker.py: every interleaving of the
 # tables, with a scheduler that parks, preempts and resumes) each black-box recipe approximates.
@@ -373,7 +373,8 @@ def abandon(a: LiveServer, case: Case) -> tuple[dict[str, Any], list[Finding]] |
        other streams beside it an engine is slower, so this is a lower bound);
     2. `slots` long streams at once, each closed after `cut_at` deltas (and cancelled where the
        server names the request and has a cancel endpoint, D5);
-    3. the running gauges, where offered, watched for a moment: back at their level before (`freed_s`)?
+    3. the engine's /metrics watched for a moment (`_watch`): its running gauges back at their level
+       before (`freed_s`)? its per-step decode counter still moving late in that moment (`decoded_late`)?
     4. at once `slots` new streams: the recipe program, and one long stream (the bystander, which
        must equal its answer alone): how long after the last disconnect the last of them sends its
        first delta (`reuse_s`); a stream that has not started within `bound_s` is late.
@@ -395,12 +396,7 @@ def abandon(a: LiveServer, case: Case) -> tuple[dict[str, Any], list[Finding]] |
         cut = burst(a.url, [attrs.evolve(long_stream, cut_after=k) for _ in range(s)], timeout_s=timeout_s)
         told = sorted({_cancel_endpoint(c, x) for x in cut if not x.failed})
         t_gone = max((x.cut or x.done or x.sent) for x in cut)
-        freed_s = None
-        while before and time.monotonic() - t_gone < min(1.0, rest_s / 4):
-            if all(running(read_metrics(c) or {}).get(g, 0.0) <= v for g, v in before.items()):
-                freed_s = time.monotonic() - t_gone
-                break
-            time.sleep(0.05)
+        freed_s, decoded_late = _watch(c, before, t_gone, min(1.0, rest_s / 4))
     recipe = a.checkpoint.programs[RECIPE]
     short = program_body(a, recipe, len(recipe.script), stream=True)
     fresh = burst(a.url, [long_stream, *(Job(RECIPE, PATH, short, True) for _ in range(s - 1))], timeout_s=bound)
@@ -413,10 +409,33 @@ def abandon(a: LiveServer, case: Case) -> tuple[dict[str, Any], list[Finding]] |
     found += ended_alone(cut, "abandoned stream") + ended_alone(fresh[1:], "new stream", first=2)
     a.log_exchanges([{**cut[0].record(), "label": f"abandoned after {k} deltas"},
                      {**fresh[-1].record(), "label": "a new stream after the disconnects"}])
-    m = {"slots": s, "cut_at": k, "bound_s": bound, "rest_s": rest_s, "freed_s": freed_s, "late": late,
+    m = {"slots": s, "cut_at": k, "bound_s": bound, "rest_s": rest_s, "freed_s": freed_s,
+         "decoded_late": decoded_late, "late": late,
          "reuse_s": max(starts) if starts and not late else None, "gauges": sorted(before), "told": told,
          "cuts": sorted({len(x.streamed.deltas) for x in cut if x.streamed is not None})}
     return m, found
+
+
+def _watch(c: Any, before: Mapping[str, float], t_gone: float, window_s: float) -> tuple[float | None, float | None]:
+    """Step 3 of `abandon`: /metrics polled from the last disconnect for `window_s`, or until the
+    running gauges are back at their level `before`: when they were (`freed_s`, None if not), and the
+    tokens the engine's per-step counter (DECODED_PER_STEP) counted over the window's second half,
+    where it has one and that half was sampled over at least a quarter of the window (None if not).
+    Nothing else runs meanwhile, so a count there is the abandoned streams' work going on (§4.9)."""
+    counts: list[tuple[float, float]] = []
+    while True:
+        sample = read_metrics(c) or {}
+        now, n = time.monotonic() - t_gone, decoded(sample)
+        if before and all(running(sample).get(g, 0.0) <= v for g, v in before.items()):
+            return now, None
+        if n is not None and now >= window_s / 2:
+            counts.append((now, n))
+        if now >= window_s or (not before and n is None):
+            break
+        time.sleep(0.05)
+    if len(counts) < 2 or counts[-1][0] - counts[0][0] < window_s / 4:
+        return None, None
+    return None, counts[-1][1] - counts[0][1]
 
 
 def _abandon_note(m: Mapping[str, Any]) -> str:
@@ -425,6 +444,9 @@ def _abandon_note(m: Mapping[str, Any]) -> str:
              "after it" if m["freed_s"] is not None else
              f"; the running gauges ({', '.join(m['gauges'])}) had not fallen back within "
              f"{min(1.0, m['rest_s'] / 4):.2f} s" if m["gauges"] else "; no running gauge to watch")
+    if m["decoded_late"] is not None:
+        freed += (f"; its decode counter counted {m['decoded_late']:g} tokens in the second half of the "
+                  f"{min(1.0, m['rest_s'] / 4):.2f} s after the disconnect")
     return (f"{m['slots']} long streams cut after {m['cuts']} deltas ({'; '.join(m['told'])}); the last of "
             f"{m['slots']} new streams started {reuse} after the last disconnect; the abandoned streams' rest "
             f"would have taken at least {m['rest_s']:.2f} s{freed}")
@@ -445,10 +467,17 @@ def disconnect_frees(a: LiveServer, case: Case) -> Outcome:
     return _outcome(merge(found), [_abandon_note(m)], "disconnect_frees")
 
 
-def _gauges_said(m: Mapping[str, Any]) -> str:
-    """What the engine's running gauges say of the abandoned work: 'freed' (back at their level
-    before within a quarter of the rest, `abandon`'s watch), 'held' (not), 'none' (no gauge offered)."""
-    return "none" if not m["gauges"] else "freed" if m["freed_s"] is not None else "held"
+def _engine_said(m: Mapping[str, Any]) -> str:
+    """What the engine's own metrics say of the abandoned work, from `_watch`: 'freed' (its running
+    gauges back at their level before), 'decoding' (its per-step counter still counting late in the
+    watch, a token or more per abandoned stream), 'idle' (that counter still), else 'held' (gauges
+    up) or 'none' (no gauge offered)."""
+    late = m["decoded_late"]
+    if m["freed_s"] is not None:
+        return "freed"
+    if late is not None and (late >= m["slots"] or late == 0):
+        return "decoding" if late else "idle"
+    return "held" if m["gauges"] else "none"
 
 
 def _timing_said(m: Mapping[str, Any]) -> str:
@@ -458,12 +487,14 @@ def _timing_said(m: Mapping[str, Any]) -> str:
     return "ran_on" if reuse is None or reuse >= 0.8 * rest else "unclear" if reuse >= 0.5 * rest else "stopped"
 
 
-# §4.9's abort, judged from (gauges, timing): 'pass', 'ran_on' (a finding), or what stays unchecked.
-# The gauges are the engine's own word; the timing rests on an estimate of the rest from one stream
-# alone, which varies between runs by far more than the margins above, so timing alone never fails
-# the case (D72).
+# §4.9's abort, judged from (the engine's word, timing): 'pass', a finding ('ran_on', 'decoded_on'),
+# or what stays unchecked. The gauges and the decode counter are the engine's own word; the timing
+# rests on an estimate of the rest from one stream alone, which varies between runs by far more than
+# the margins above, so timing alone never fails the case (D72).
 ABORT_EVIDENCE: Mapping[tuple[str, str], str] = {
     ("freed", "stopped"): "pass", ("freed", "unclear"): "pass", ("freed", "ran_on"): "pass",
+    ("idle", "stopped"): "pass", ("idle", "unclear"): "pass", ("idle", "ran_on"): "pass",
+    ("decoding", "stopped"): "decoded_on", ("decoding", "unclear"): "decoded_on", ("decoding", "ran_on"): "decoded_on",
     ("held", "ran_on"): "ran_on", ("held", "unclear"): "unclear", ("held", "stopped"): "gauges_held",
     ("none", "stopped"): "pass", ("none", "unclear"): "unclear", ("none", "ran_on"): "timing_only",
 }
@@ -482,16 +513,25 @@ def _abort_unchecked(said: str, m: Mapping[str, Any]) -> str:
     }[said]
 
 
+def _abort_found(said: str, m: Mapping[str, Any]) -> str:
+    """The `ran_on` finding's words for an ABORT_EVIDENCE entry that fails the case."""
+    return {
+        "ran_on": "the new streams waited until the abandoned ones could have run to their end, and the running "
+                  f"gauges stayed up ({_abandon_note(m)}): the disconnect did not stop the work",
+        "decoded_on": f"the engine's own decode counter went on counting after the disconnect, with nothing else "
+                      f"running ({_abandon_note(m)}): the disconnect did not stop the work",
+    }[said]
+
+
 def judge_abort(m: Mapping[str, Any]) -> tuple[list[Finding], list[str]]:
-    """§4.9 from `abandon`'s measures (ABORT_EVIDENCE, D72): a `ran_on` finding only where the gauges
-    stayed up and the places came back as late as the rest would run; else what was not checked."""
-    said = ABORT_EVIDENCE[_gauges_said(m), _timing_said(m)]
+    """§4.9 from `abandon`'s measures (ABORT_EVIDENCE, D72): a `ran_on` finding where the engine's
+    decode counter went on counting after the disconnect, or where its gauges stayed up and the
+    places came back as late as the rest would run; else what was not checked."""
+    said = ABORT_EVIDENCE[_engine_said(m), _timing_said(m)]
     if said == "pass":
         return [], []
-    if said == "ran_on":
-        return [finding("ran_on", f"the new streams waited until the abandoned ones could have run to their end, "
-                                  f"and the running gauges stayed up ({_abandon_note(m)}): the disconnect did not stop "
-                                  "the work")], []
+    if said in ("ran_on", "decoded_on"):
+        return [finding("ran_on", _abort_found(said, m))], []
     return [], [_abort_unchecked(said, m)]
 
 
