@@ -662,3 +662,18 @@ def test_an_eos_no_guard_turns_off_is_never_the_guard_ignored():
     guarded = Expected(**failed, guarded=True)
     assert guarded.guard_passed
     assert [f.symptom for f in _guard_ignored(guarded, "stop", 2, False)] == ["guard_ignored"]
+
+
+@pytest.mark.parametrize(("case_id", "wrote"), [
+    ("fuzz-minimal/bytes-added/001", "b'#'"),  # SentencePiece: the script's EOS alone, ignore_eos, max_tokens 1
+    ("fuzz-minimal/bytes-added/002", 'b"\'"'),  # the byte table, the same with a stop kept
+    ("fuzz-minimal/bytes-replaced/008", 'b"\'"'),  # skip_special_tokens false: the reference writes '</s>'
+])
+def test_a_guarded_eos_banned_on_the_last_allowed_token_is_no_text_finding(case_id, wrote):
+    """D31, D66: llama-server bans the EOS under ignore_eos (bias -inf), so where the script's EOS
+    is the last allowed token it writes the runner-up ('#', "'") in its place and ends at the limit.
+    The guard the case is about never ran: an ERROR naming the ban, never bytes added on the chapter
+    (llama-server fuzz run, seed 3)."""
+    res = _fuzz_rejudge("llama-server-seed3", case_id)
+    assert res.verdict is Verdict.ERROR, (res.verdict, res.failures)
+    assert f"did not pass over the guarded EOS at token 1: it wrote {wrote}" in res.reason, res.reason

@@ -233,9 +233,10 @@ def banned_eos(exp: Expected, script: Sequence[int], ref_tokens: Sequence[int], 
 
     Read from the text, so every endpoint has the evidence: the answer opens with the script's text
     before that EOS and, after k bytes of its own (1 <= k <= _RUNNER_UP_BYTES), goes on as the
-    reference does. The EOS's own text there (skip_special_tokens false, or an EOS sent as text) is
-    the token passed over, not a ban. Where the reference itself chose another token at that EOS
-    (min_tokens' mask, D32) or sends nothing after it, nothing is decided here."""
+    reference does; where that EOS is the reference's last token (the run ends at the limit on it),
+    the answer ends after its k bytes. The EOS's own text there (skip_special_tokens false, or an EOS
+    sent as text) is the token passed over, not a ban. Where the reference itself chose another
+    token at that EOS (min_tokens' mask, D32), nothing is decided here."""
     at = exp.eos_at
     if at is None or not exp.guard_passed or exp.echo_len or len(ref_tokens) < at or ref_tokens[at - 1] != script[at - 1]:
         return None
@@ -245,8 +246,10 @@ def banned_eos(exp: Expected, script: Sequence[int], ref_tokens: Sequence[int], 
     got, after = text[len(head):], exp.output[len(head):]
     if eos_text and after.startswith(eos_text):
         after = after[len(eos_text):]  # the reference writes the passed-over EOS's text
-    if not after or (eos_text and got.startswith(eos_text)):
+    if eos_text and got.startswith(eos_text):
         return None
+    if not after:  # the run ends on the EOS: one token of the engine's own in its place, then nothing
+        return _banned(at, repr(got)) if len(ref_tokens) == at and 0 < len(got) <= _RUNNER_UP_BYTES else None
 
     def agrees(k: int) -> bool:
         n = min(len(got) - k, len(after))
