@@ -124,9 +124,10 @@ def test_a_stop_rests_on_d3_where_it_spans_the_prompt_and_the_output_not_inside_
 
 
 def test_a_request_field_names_its_decision_only_where_it_can_change_the_run():
-    """D31, D33: ignore_eos rests on D31 over a scripted EOS only; skip_special_tokens on D33 where
-    the script selects a special token; include_stop_str_in_output where there is a stop to keep;
-    echo always. A field that cannot change the run leaves its findings on the chapter."""
+    """D31, D33: ignore_eos rests on D31 over a scripted EOS within the limit only, min_tokens over
+    an end it turns off (the EOS, a stop string, a stop token id within min_tokens); skip_special_tokens
+    on D33 where the script selects a special token; include_stop_str_in_output where there is a stop
+    to keep; echo always. A field that cannot change the run leaves its findings on the chapter."""
     ids = {p: i for i, p in TABLE.items()}
     plain = {"tokenizer": table_spec([ids[b"A"], ids[b"a"], ids[b"b"]]), "prompt": [ids[b"A"]],
              "script": [ids[b"a"], ids[b"b"]], "max_tokens": 2}
@@ -136,7 +137,12 @@ def test_a_request_field_names_its_decision_only_where_it_can_change_the_run():
         return decision in case_of("fuzz/t/010", {**ex, "request": req}).decisions
 
     assert not rests(plain, "D31", ignore_eos=True) and rests(with_eos, "D31", ignore_eos=True)
-    assert rests(plain, "D31", min_tokens=1)
+    # as llama-server's fuzz seed 3 stop-sent/029: the EOS past the limit, which ignore_eos turns nothing off
+    assert not rests({**with_eos, "max_tokens": 1}, "D31", ignore_eos=True)
+    assert not rests(plain, "D31", min_tokens=1) and not rests(with_eos, "D31", min_tokens=1)
+    assert rests(with_eos, "D31", min_tokens=2) and rests({**plain, "stop": ["a"]}, "D31", min_tokens=1)
+    assert rests({**plain, "stop_token_ids": [[ids[b"b"]]]}, "D31", min_tokens=2)
+    assert not rests({**plain, "stop": ["b"]}, "D31", min_tokens=1)
     assert not rests(plain, "D33", skip_special_tokens=False) and rests(with_eos, "D33", skip_special_tokens=False)
     assert not rests(plain, "D33", include_stop_str_in_output=True)
     assert rests({**plain, "stop": ["b"]}, "D33", include_stop_str_in_output=True) and rests(plain, "D33", echo=True)

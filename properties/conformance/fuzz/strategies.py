@@ -444,8 +444,8 @@ def settled(inputs: Mapping[str, Any], sp: Spelled | None = None) -> dict[str, A
     req = dict(out.get("request", {}))
     if req.get("min_tokens", 0) > out["max_tokens"]:
         req["min_tokens"] = out["max_tokens"]
-    stop_ids = {s[0] for s in out.get("stop_token_ids", ()) if len(s) == 1}
-    masked = sorted({k + 1 for k, t in enumerate(sp.ids) if t in stop_ids} | ({sp.eos_at} if sp.eos_at else set()))
+    stop_ids = _stop_ids(out)
+    masked = sorted(_at_stop_ids(out, sp) | ({sp.eos_at} if sp.eos_at else set()))
     if req.get("min_tokens") and masked and masked[0] <= req["min_tokens"]:
         stand_in = next((t for t in sp.ids if t not in stop_ids and t != _eos_id(sp)), None)
         if stand_in is not None:
@@ -498,6 +498,27 @@ def _special_in_script(i: Mapping[str, Any], sp: Spelled) -> bool:
     return sp.eos_at is not None or any(isinstance(x, dict) and x.get("token") in _SPECIAL_NAMES for x in i["script"])
 
 
+def _stop_ids(i: Mapping[str, Any]) -> set[int]:
+    """The example's stop token ids (each drawn as a one-token sequence)."""
+    return {s[0] for s in i.get("stop_token_ids", ()) if len(s) == 1}
+
+
+def _at_stop_ids(i: Mapping[str, Any], sp: Spelled) -> set[int]:
+    """The tokens (1-based) at which the script selects a stop token id."""
+    ids = _stop_ids(i)
+    return {k + 1 for k, t in enumerate(sp.ids) if t in ids}
+
+
+def _guard_reaches(i: Mapping[str, Any], sp: Spelled) -> bool:
+    """Whether min_tokens or ignore_eos can change the run (D31): an end (the EOS, a stop string, a
+    stop token id) at a token within min_tokens and the limit, or under ignore_eos the EOS within the
+    limit; past them the guard turns nothing off."""
+    r, limit = _req(i), int(i["max_tokens"])
+    upto = min(int(r.get("min_tokens") or 0), limit)
+    return any(k <= upto for k in _ends_run(i, sp) | _at_stop_ids(i, sp)) or \
+        bool(r.get("ignore_eos") and sp.eos_at and sp.eos_at <= limit)
+
+
 def _ends_run(i: Mapping[str, Any], sp: Spelled) -> set[int]:
     """The tokens at which a stop or the EOS would end the run."""
     return {k for s in i.get("stop", ()) if (k := sp.completes(s)) is not None} | ({sp.eos_at} if sp.eos_at else set())
@@ -506,7 +527,7 @@ def _ends_run(i: Mapping[str, Any], sp: Spelled) -> set[int]:
 # The decisions of spec/DECISIONS.md a generated case rests on, by what it holds (as hand-written
 # cases name them): several stops the script's text holds, or one across the prompt and the output
 # (D3), a stop or EOS on the last allowed token (D4), a stop or EOS within the limit, counted in usage
-# (D7), min_tokens, or ignore_eos over a scripted EOS (D31), what the output holds: echo, a kept stop,
+# (D7), min_tokens or ignore_eos over an end they turn off (D31), what the output holds: echo, a kept stop,
 # special tokens' text where the script selects one (D33), n choices (D34), a reasoning channel (D45),
 # tool calls (D47), per-token reports (D59). A field that cannot change the run names no decision,
 # so a finding there rests on the chapter.
@@ -514,7 +535,7 @@ DECIDED_BY: tuple[tuple[str, Callable[[Mapping[str, Any], Spelled], bool]], ...]
     ("D3", lambda i, sp: sum(s.encode() in sp.text for s in i.get("stop", ())) > 1 or _in_prompt(i, sp)),
     ("D4", lambda i, sp: i["max_tokens"] in _ends_run(i, sp)),
     ("D7", lambda i, sp: any(k <= i["max_tokens"] for k in _ends_run(i, sp))),
-    ("D31", lambda i, sp: bool(_req(i).get("min_tokens") or (_req(i).get("ignore_eos") and sp.eos_at))),
+    ("D31", _guard_reaches),
     ("D33", lambda i, sp: bool(_req(i).get("echo")
                                or (_req(i).get("include_stop_str_in_output") and (i.get("stop") or i.get("stop_token_ids")))
                                or ("skip_special_tokens" in _req(i) and _special_in_script(i, sp)))),
