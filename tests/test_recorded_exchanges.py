@@ -294,16 +294,17 @@ LLAMA_SERVER_DISCONNECT = {"slots": 4, "cut_at": 8, "bound_s": 10.0, "rest_s": 0
     # the decode counter still counting late in the watch: ran on, whatever the timing's estimate
     ({"freed_s": None, "decoded_late": 40.0, "reuse_s": 0.06}, True, None),
     ({"gauges": [], "freed_s": None, "decoded_late": 4.0, "reuse_s": 0.01}, True, None),
-    # the counter still: the work stopped, though the gauge lags and the places came back late
-    ({"freed_s": None, "decoded_late": 0.0}, False, None),
-    # fewer tokens than abandoned streams: the counter says nothing, the gauge and the timing decide
+    # a still counter decides nothing (a stream parked on its full buffer holds its place without
+    # decoding): the gauge and the timing decide, as with fewer tokens than abandoned streams
+    ({"freed_s": None, "decoded_late": 0.0}, True, None),
     ({"freed_s": None, "decoded_late": 2.0, "reuse_s": 0.06}, False, "whether the work stopped"),
 ])
 def test_a_disconnect_runs_on_only_where_the_engine_counts_on_or_its_gauges_and_the_timing_both_say_so(
         changed, ran_on, unchecked):
     """§4.9, D72: whether an abandoned stream's work stopped is judged from the engine's own metrics:
     its per-step decode counter, still counting well after the disconnect with nothing else running,
-    shows the work going on, a still counter shows it stopped; else its running gauges. The new
+    shows the work going on; else its running gauges (a still counter proves nothing: a parked
+    stream decodes nothing and keeps its place). The new
     streams' start against the rest estimated from one stream alone (which swings by 100x between
     runs) confirms a run-on the gauges show but never decides one alone: without a gauge or counter a
     late start is not checked, with the reason."""

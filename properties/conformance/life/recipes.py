@@ -470,13 +470,13 @@ def disconnect_frees(a: LiveServer, case: Case) -> Outcome:
 def _engine_said(m: Mapping[str, Any]) -> str:
     """What the engine's own metrics say of the abandoned work, from `_watch`: 'freed' (its running
     gauges back at their level before), 'decoding' (its per-step counter still counting late in the
-    watch, a token or more per abandoned stream), 'idle' (that counter still), else 'held' (gauges
-    up) or 'none' (no gauge offered)."""
-    late = m["decoded_late"]
+    watch, a token or more per abandoned stream), else 'held' (gauges up) or 'none' (no gauge
+    offered). A still counter says nothing alone: a stream parked on its full buffer (§4.8) decodes
+    nothing and still holds its place, the request never aborted."""
     if m["freed_s"] is not None:
         return "freed"
-    if late is not None and (late >= m["slots"] or late == 0):
-        return "decoding" if late else "idle"
+    if m["decoded_late"] is not None and m["decoded_late"] >= m["slots"]:
+        return "decoding"
     return "held" if m["gauges"] else "none"
 
 
@@ -493,7 +493,6 @@ def _timing_said(m: Mapping[str, Any]) -> str:
 # the margins above, so timing alone never fails the case (D72).
 ABORT_EVIDENCE: Mapping[tuple[str, str], str] = {
     ("freed", "stopped"): "pass", ("freed", "unclear"): "pass", ("freed", "ran_on"): "pass",
-    ("idle", "stopped"): "pass", ("idle", "unclear"): "pass", ("idle", "ran_on"): "pass",
     ("decoding", "stopped"): "decoded_on", ("decoding", "unclear"): "decoded_on", ("decoding", "ran_on"): "decoded_on",
     ("held", "ran_on"): "ran_on", ("held", "unclear"): "unclear", ("held", "stopped"): "gauges_held",
     ("none", "stopped"): "pass", ("none", "unclear"): "unclear", ("none", "ran_on"): "timing_only",
