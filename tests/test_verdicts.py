@@ -14,7 +14,7 @@ from pathlib import Path
 
 import attrs
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from decodespec.properties.conformance import load_cases
@@ -412,6 +412,7 @@ _answer = st.fixed_dictionaries({}, optional={"id": _or_junk(st.text(max_size=3)
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(chunks=st.lists(_answer, max_size=4), message=_answer, status=st.sampled_from([200, 200, 400]),
        case_id=st.sampled_from(["stop/cross-token/001", "stop/n-choices/001", "finish/length/003", "detok/utf8-split/001"]))
+@example(chunks=[], message={"choices": [{"index": []}]}, status=200, case_id="stop/n-choices/001")  # an index of no int
 def test_an_answer_of_any_shape_is_judged_and_never_breaks_the_judge(chunks, message, status, case_id):
     """Every reader of an engine's answer (completions, chat, per-token reports) judges whatever
     JSON comes: a field of another type is a wire finding naming it, never a crash that turns the

@@ -135,7 +135,10 @@ def returned_choices(status: int, data: Any, st: Streamed) -> frozenset[int] | N
     choices whose bytes were lost (judge_choices)."""
     shown = [choices_of(data)] if status == 200 else []
     shown += [list(st.choices())] if st.status == 200 else []
-    return frozenset(c.get("index", 0) for cs in shown for c in cs) if shown else None
+    if not shown:
+        return None
+    # a choice whose index is no integer answers none (its shape is wire.py's finding)
+    return frozenset(i for cs in shown for c in cs for i in [c.get("index", 0)] if isinstance(i, int))
 
 
 def judge_choices(exp: Expected, status: int, data: Any, raw: str, st: Streamed, n: int,
