@@ -396,7 +396,7 @@ def abandon(a: LiveServer, case: Case) -> tuple[dict[str, Any], list[Finding]] |
         cut = burst(a.url, [attrs.evolve(long_stream, cut_after=k) for _ in range(s)], timeout_s=timeout_s)
         told = sorted({_cancel_endpoint(c, x) for x in cut if not x.failed})
         t_gone = max((x.cut or x.done or x.sent) for x in cut)
-        freed_s, decoded_late = _watch(c, before, t_gone, min(1.0, rest_s / 4))
+        freed_s, decoded_late = _watch(c, before, t_gone, _watch_s(rest_s))
     recipe = a.checkpoint.programs[RECIPE]
     short = program_body(a, recipe, len(recipe.script), stream=True)
     fresh = burst(a.url, [long_stream, *(Job(RECIPE, PATH, short, True) for _ in range(s - 1))], timeout_s=bound)
@@ -414,6 +414,12 @@ def abandon(a: LiveServer, case: Case) -> tuple[dict[str, Any], list[Finding]] |
          "reuse_s": max(starts) if starts and not late else None, "gauges": sorted(before), "told": told,
          "cuts": sorted({len(x.streamed.deltas) for x in cut if x.streamed is not None})}
     return m, found
+
+
+def _watch_s(rest_s: float) -> float:
+    """How long `abandon` watches /metrics after the disconnect: a quarter of the abandoned rest, at
+    most a second."""
+    return min(1.0, rest_s / 4)
 
 
 def _watch(c: Any, before: Mapping[str, float], t_gone: float, window_s: float) -> tuple[float | None, float | None]:
@@ -443,10 +449,10 @@ def _abandon_note(m: Mapping[str, Any]) -> str:
     freed = (f"; the running gauges ({', '.join(m['gauges'])}) were back to their level before {m['freed_s']:.2f} s "
              "after it" if m["freed_s"] is not None else
              f"; the running gauges ({', '.join(m['gauges'])}) had not fallen back within "
-             f"{min(1.0, m['rest_s'] / 4):.2f} s" if m["gauges"] else "; no running gauge to watch")
+             f"{_watch_s(m['rest_s']):.2f} s" if m["gauges"] else "; no running gauge to watch")
     if m["decoded_late"] is not None:
         freed += (f"; its decode counter counted {m['decoded_late']:g} tokens in the second half of the "
-                  f"{min(1.0, m['rest_s'] / 4):.2f} s after the disconnect")
+                  f"{_watch_s(m['rest_s']):.2f} s after the disconnect")
     return (f"{m['slots']} long streams cut after {m['cuts']} deltas ({'; '.join(m['told'])}); the last of "
             f"{m['slots']} new streams started {reuse} after the last disconnect; the abandoned streams' rest "
             f"would have taken at least {m['rest_s']:.2f} s{freed}")
@@ -512,14 +518,14 @@ def _abort_unchecked(said: str, m: Mapping[str, Any]) -> str:
     }[said]
 
 
-def _abort_found(said: str, m: Mapping[str, Any]) -> str:
-    """The `ran_on` finding's words for an ABORT_EVIDENCE entry that fails the case."""
-    return {
-        "ran_on": "the new streams waited until the abandoned ones could have run to their end, and the running "
-                  f"gauges stayed up ({_abandon_note(m)}): the disconnect did not stop the work",
-        "decoded_on": f"the engine's own decode counter went on counting after the disconnect, with nothing else "
-                      f"running ({_abandon_note(m)}): the disconnect did not stop the work",
-    }[said]
+def _abort_found(said: str, m: Mapping[str, Any]) -> str | None:
+    """The `ran_on` finding's words for an ABORT_EVIDENCE entry that fails the case; None for one that
+    does not."""
+    why = {"ran_on": "the new streams waited until the abandoned ones could have run to their end, and the "
+                     "running gauges stayed up",
+           "decoded_on": "the engine's own decode counter went on counting after the disconnect, with nothing "
+                         "else running"}.get(said)
+    return None if why is None else f"{why} ({_abandon_note(m)}): the disconnect did not stop the work"
 
 
 def judge_abort(m: Mapping[str, Any]) -> tuple[list[Finding], list[str]]:
@@ -529,8 +535,8 @@ def judge_abort(m: Mapping[str, Any]) -> tuple[list[Finding], list[str]]:
     said = ABORT_EVIDENCE[_engine_said(m), _timing_said(m)]
     if said == "pass":
         return [], []
-    if said in ("ran_on", "decoded_on"):
-        return [finding("ran_on", _abort_found(said, m))], []
+    if (words := _abort_found(said, m)) is not None:
+        return [finding("ran_on", words)], []
     return [], [_abort_unchecked(said, m)]
 
 
