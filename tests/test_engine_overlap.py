@@ -172,12 +172,17 @@ def test_the_engine_tests_pass_with_overlap_on(name, params, monkeypatch, tmp_pa
 
 
 def test_threads_end_with_the_engine():
+    """stop() ends the engine's own threads, its forward thread too (threads another test's engine
+    left behind in this process are not this engine's)."""
+    before = set(threading.enumerate())
     eng = Engine(MODEL, TOK, overlap=True)
     eng.start()
     eng.submit(Request(prompt="x", max_output_tokens=3, request_id="x"))
     time.sleep(0.2)
+    own = [t for t in threading.enumerate() if t not in before and t.name.startswith("decodespec-")]
+    assert {t.name.split("_")[0] for t in own} == {"decodespec-engine", "decodespec-forward"}
     eng.stop()
-    assert not [t for t in threading.enumerate() if t.name.startswith("decodespec-forward")]
+    assert not [t.name for t in own if t.is_alive()]
 
 
 @pytest.fixture(scope="module")
