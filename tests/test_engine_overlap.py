@@ -177,8 +177,10 @@ def test_threads_end_with_the_engine():
     before = set(threading.enumerate())
     eng = Engine(MODEL, TOK, overlap=True)
     eng.start()
-    eng.submit(Request(prompt="x", max_output_tokens=3, request_id="x"))
-    time.sleep(0.2)
+    run = eng.submit(Request(prompt="x", max_output_tokens=3, request_id="x"))
+    deadline = time.monotonic() + 30
+    while not run.done and time.monotonic() < deadline:
+        time.sleep(0.01)
     own = [t for t in threading.enumerate() if t not in before and t.name.startswith("decodespec-")]
     assert {t.name.split("_")[0] for t in own} == {"decodespec-engine", "decodespec-forward"}
     eng.stop()
