@@ -54,7 +54,8 @@ LOCAL: dict[str, dict[str, str]] = {
     "llama-server": _LLAMA_SERVER, "llama-server-f16": _LLAMA_SERVER, "llama-server-bf16": _LLAMA_SERVER,
     "llama-server-chat": _LLAMA_SERVER, "llama-server-align": _LLAMA_SERVER, "llama-cpp-python": _LLAMA_PYTHON, "llama-cpp-python-chat": _LLAMA_PYTHON,
     "transformers-serve": {"install": ".venv/bin/pip install -q -e .[peers]", "path": f"{ROOT}/.venv/bin", "env": ""},
-    "vllm-router": _ROUTER, "smg": _ROUTER, "litellm-vllm": _LITELLM_VLLM, "litellm-llama-server": _LITELLM_LLAMA,
+    "vllm-router": _ROUTER, "smg": _ROUTER, "litellm-vllm": _LITELLM_VLLM, "litellm-vllm-pair": _LITELLM_VLLM,
+    "litellm-llama-server": _LITELLM_LLAMA,
 }
 
 

@@ -1,10 +1,11 @@
 """The worker-failure gateway case (properties/conformance/life/failover.py) against a router's stack.
 
     .venv/bin/python scripts/peers/failover.py PRESET CHECKPOINT_SET REPORT_DIR [kill|stop]
-        PRESET: a preset of scripts/peers/presets.toml whose launch is routers.sh (vllm-router, smg)
+        PRESET: a preset of scripts/peers/presets.toml whose stack writes its PIDs where STACK_PIDS
+        says (routers.sh: vllm-router, smg; litellm.sh serve --workers 2: litellm-vllm-pair)
 
-Starts the preset's stack on the set's byte_level_bpe checkpoint (routers.sh with ROUTERS_PIDS, so
-that it stays up when a worker dies), runs the case with the first worker made to fail once each
+Starts the preset's stack on the set's byte_level_bpe checkpoint (with STACK_PIDS, so that it stays
+up when a worker dies and names its workers' PIDs), runs the case with the first worker made to fail once each
 stream has read the case's deltas (kill: SIGKILL to it and to every process under it, the default;
 stop: SIGSTOP to them, a worker that hangs, resumed before the stack is stopped), stops the stack by
 PID, and writes REPORT_DIR/failover.json (failover-stop.json) with the case's result in report.json's
@@ -52,18 +53,20 @@ def _tree(pid: int) -> list[int]:
 
 
 SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
+STACKS = ("routers.sh serve", "litellm.sh serve --workers 2")  # they write STACK_PIDS: two workers, then the gateway
 
 
 def main(preset_name: str, ckpt_set: str, report_dir: str, how: str = "kill") -> None:
     preset = find(load_presets([PRESETS]), preset_name)
-    if "routers.sh serve" not in preset.launch:
-        sys.exit(f"{preset_name}: its launch is not routers.sh serve (nothing here can kill one of its workers)")
+    if not any(stack in preset.launch for stack in STACKS):
+        sys.exit(f"{preset_name}: its launch is none of {', '.join(STACKS)} (nothing here can kill one of its "
+                 "workers)")
     ck = Checkpoint.load(Path(ckpt_set) / GROUP)
     out = Path(report_dir)
     log = Path(".cache/peers/logs") / out.name / "failover.log"
     with tempfile.TemporaryDirectory() as tmp:
         pids = Path(tmp) / "pids"
-        env = {**os.environ, "ROUTERS_PIDS": str(pids)}
+        env = {**os.environ, "STACK_PIDS": str(pids)}
         t0 = time.monotonic()
         with launched(preset.launch, ck, log, env=env) as url:
             worker, other, router = map(int, pids.read_text().split())

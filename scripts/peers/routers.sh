@@ -7,7 +7,7 @@
 #        on free ports of 127.0.0.1, waits for both, then runs the router on 127.0.0.1:PORT in front of
 #        them (round robin; its Prometheus endpoint on another free port of 127.0.0.1). Stays in the
 #        foreground; on SIGTERM/SIGINT or when any of the three exits, it stops all three by PID.
-#        With ROUTERS_PIDS=FILE it writes the workers' and the router's PIDs into FILE and stays up
+#        With STACK_PIDS=FILE it writes the workers' and the router's PIDs into FILE and stays up
 #        until the router exits (a worker killed on purpose: scripts/peers/failover.py).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -68,8 +68,8 @@ serve() {
   esac
   pids+=($!)
   echo "[routers.sh] $router on 127.0.0.1:$port (Prometheus :$prom) in front of ${urls[*]}; PIDs ${pids[*]}" >&2
-  if [ -n "${ROUTERS_PIDS:-}" ]; then
-    echo "${pids[*]}" >"$ROUTERS_PIDS"
+  if [ -n "${STACK_PIDS:-}" ]; then
+    echo "${pids[*]}" >"$STACK_PIDS"
     wait "${pids[2]}"  # the router ended: stop the workers left (the EXIT trap)
   else
     wait -n "${pids[@]}"  # one of the three ended: stop the others (the EXIT trap)
