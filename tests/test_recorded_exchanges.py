@@ -337,6 +337,10 @@ def _models(**entry):
     ({"/props": {"n_ctx": 256}, "/v1/models": _models()}, False, "(GET /props n_ctx)"),
     ({"/v1/models": _models(max_model_len=6)}, True, ""),  # vLLM, decodespec serve: max_model_len with the model
     ({"/v1/models": _models()}, False, "does not say the context length it runs with"),  # llama-cpp-python
+    # LiteLLM's proxy: its own /v1/models says nothing; its pass-through of the worker's /props does
+    ({"/v1/models": _models(), "/worker/props": {"default_generation_settings": {"n_ctx": 6}}}, True, ""),
+    ({"/v1/models": _models(), "/worker/v1/models": _models(max_model_len=256)}, False,
+     "runs with a context of 256 positions (GET /worker/v1/models data.0.max_model_len)"),
 ])
 def test_a_context_limit_case_runs_only_on_the_context_the_engine_says_it_runs_with(context_checkpoint, served,
                                                                                    runs, words):

@@ -7,8 +7,9 @@
 #        time), waits for each /v1/models, then the proxy on 127.0.0.1:PORT from a config that names
 #        each worker as an OpenAI-compatible deployment of MODEL_NAME (model `openai/MODEL_NAME`, so
 #        /v1/completions goes to the worker's own /v1/completions; several balanced least-busy), and the
-#        first worker's /metrics passed through as the proxy's /worker/metrics (the running gauge the
-#        request-life cases read). Stays in the foreground; on SIGTERM/SIGINT or when any exits, it
+#        first worker's /metrics, /props and /v1/models passed through as the proxy's /worker/metrics
+#        (the running gauge the request-life cases read), /worker/props and /worker/v1/models (the
+#        context length it runs with, for the context-limit cases). Stays in the foreground; on SIGTERM/SIGINT or when any exits, it
 #        stops all by PID. With STACK_PIDS=FILE it writes the workers' and the proxy's PIDs into FILE
 #        and stays up until the proxy exits (a worker killed on purpose: scripts/peers/failover.py).
 set -euo pipefail
@@ -77,6 +78,10 @@ general_settings:
   pass_through_endpoints:
     - path: "/worker/metrics"
       target: "http://127.0.0.1:${wports[0]}/metrics"
+    - path: "/worker/props"
+      target: "http://127.0.0.1:${wports[0]}/props"
+    - path: "/worker/v1/models"
+      target: "http://127.0.0.1:${wports[0]}/v1/models"
 EOF
   } >"$config"
   LITELLM_LOG=ERROR DISABLE_SCHEMA_UPDATE=true LITELLM_TELEMETRY=False \

@@ -53,12 +53,14 @@ from .base import Finding, Outcome, RunRaised, context_unmet, missing_capabiliti
 
 # Where a server says the context length it runs with (§4.3, D10): a path and the keys to the number
 # in its JSON answer, the first that answers wins. llama-server reports a slot's context after its own
-# rounding up; vLLM, SGLang and decodespec serve report max_model_len with the model.
-CONTEXT_SOURCES: tuple[tuple[str, tuple[str | int, ...]], ...] = (
-    ("/props", ("default_generation_settings", "n_ctx")),
-    ("/props", ("n_ctx",)),
-    ("/v1/models", ("data", 0, "max_model_len")),
-)
+# rounding up; vLLM, SGLang and decodespec serve report max_model_len with the model. A gateway that
+# says none of its own is read through its pass-through of its worker's (/worker/...:
+# scripts/peers/litellm.sh routes LiteLLM's so, as it does the worker's /metrics).
+CONTEXT_SOURCES: tuple[tuple[str, tuple[str | int, ...]], ...] = tuple(
+    (prefix + path, keys) for prefix in ("", "/worker") for path, keys in (
+        ("/props", ("default_generation_settings", "n_ctx")),
+        ("/props", ("n_ctx",)),
+        ("/v1/models", ("data", 0, "max_model_len"))))
 
 
 def _at(value: Any, key: str | int) -> Any:
