@@ -271,7 +271,7 @@ def test_every_gateway_preset_names_worker_reports_that_are_committed() -> None:
 
     presets = load_presets([REPORTS.parent / "scripts" / "peers" / "presets.toml"])
     gateways = {name: p.worker for name, p in presets.items() if p.worker}
-    assert sorted(gateways) == ["litellm-llama-server", "litellm-vllm", "smg", "vllm-router"]
+    assert sorted(gateways) == ["litellm-llama-server", "litellm-vllm", "litellm-vllm-pair", "smg", "vllm-router"]
     for name, workers in gateways.items():
         assert all((REPORTS / w / "report.json").is_file() for w in workers), (name, workers)
 
