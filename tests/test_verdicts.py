@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from decodespec.properties.conformance import load_cases
 from decodespec.properties.conformance.adapters.base import case_prompt, case_script, case_tokenizer, reference_on
 from decodespec.properties.conformance.alignment import chunk_reports, message_report
-from decodespec.properties.conformance.cases import CaseKind
+from decodespec.properties.conformance.cases import CaseKind, parse_case
 from decodespec.properties.conformance.chat import (
     ChatExpected,
     chat_reference,
@@ -112,6 +112,28 @@ def test_invalid_bytes_left_out_and_sent_as_replacement_are_told_apart(got, symp
     _, exp = _expected("detok/invalid/003")
     [found] = compare_text(exp, got.encode(), "stream")
     assert found.symptom == symptom and how in found.message, found
+
+
+def test_text_held_for_a_stop_when_the_run_failed_is_no_invalid_byte_but_a_dropped_tail():
+    """§4.5, §4.6, D12: `€` whole, then e2 that the limit leaves unfinished; the reference holds `€` (the
+    start of the stop `€€`) and fails the run there, sending nothing. An engine that sends `€` and ends
+    'length' went on past no invalid byte: it dropped the unfinished tail (vLLM, a fuzz run's minimal case)."""
+    case = parse_case({
+        "id": "t/held-when-failed/001", "anchor": "§4.5", "grade": "MUST", "invariant": "detok_concat_equals_batch",
+        "diagram": "detokenizer", "description": "-", "kind": "script",
+        "inputs": {"tokenizer": {"fixture": "sentencepiece_byte_fallback"}, "prompt": {"text": "The"},
+                   "script": [{"token": "<0xE2>"}, {"token": "<0x82>"}, {"token": "<0xAC>"}, {"token": "<0xE2>"}],
+                   "max_tokens": 4, "stop": ["€€"]},
+        "expect": {"output": "", "finish_reason": "model_error"}})
+    tok = case_tokenizer(case)
+    prompt, script = case_prompt(case, tok), case_script(case, tok)
+    exp = expected_of(case, tok, prompt, script, reference_on(case, tok, prompt, script))
+    assert exp.reason is None and exp.output == b""
+    found, _ = judge_observed(exp, Observed(text="€".encode(), finish_reason="length", completion_tokens=4,
+                                            chunks=("€".encode(),), stream_finish_reasons=("length",)))
+    assert [f.symptom for f in found] == ["tail_dropped"], found
+    [past] = compare_text(exp, "€x".encode(), "stream")  # a byte past the held text is past the invalid ones
+    assert past.symptom == "invalid_dropped", past
 
 
 @pytest.mark.parametrize(("got", "ignored"), [
