@@ -114,20 +114,25 @@ def test_invalid_bytes_left_out_and_sent_as_replacement_are_told_apart(got, symp
     assert found.symptom == symptom and how in found.message, found
 
 
+def _inline(inputs):
+    """(Expected, script, the reference's tokens) for a case of `inputs` on the SentencePiece fixture, prompt 'The'."""
+    case = parse_case({"id": "t/inline/001", "anchor": "§4.5", "grade": "MUST", "invariant": "detok_concat_equals_batch",
+                       "diagram": "detokenizer", "description": "-", "kind": "script",
+                       "inputs": {"tokenizer": {"fixture": "sentencepiece_byte_fallback"}, "prompt": {"text": "The"},
+                                  **inputs},
+                       "expect": {"output": "", "finish_reason": "max_output_tokens"}})
+    tok = case_tokenizer(case)
+    prompt, script = case_prompt(case, tok), case_script(case, tok)
+    res = reference_on(case, tok, prompt, script)
+    return expected_of(case, tok, prompt, script, res), script, res.tokens
+
+
 def test_text_held_for_a_stop_when_the_run_failed_is_no_invalid_byte_but_a_dropped_tail():
     """§4.5, §4.6, D12: `€` whole, then e2 that the limit leaves unfinished; the reference holds `€` (the
     start of the stop `€€`) and fails the run there, sending nothing. An engine that sends `€` and ends
     'length' went on past no invalid byte: it dropped the unfinished tail (vLLM, a fuzz run's minimal case)."""
-    case = parse_case({
-        "id": "t/held-when-failed/001", "anchor": "§4.5", "grade": "MUST", "invariant": "detok_concat_equals_batch",
-        "diagram": "detokenizer", "description": "-", "kind": "script",
-        "inputs": {"tokenizer": {"fixture": "sentencepiece_byte_fallback"}, "prompt": {"text": "The"},
-                   "script": [{"token": "<0xE2>"}, {"token": "<0x82>"}, {"token": "<0xAC>"}, {"token": "<0xE2>"}],
-                   "max_tokens": 4, "stop": ["€€"]},
-        "expect": {"output": "", "finish_reason": "model_error"}})
-    tok = case_tokenizer(case)
-    prompt, script = case_prompt(case, tok), case_script(case, tok)
-    exp = expected_of(case, tok, prompt, script, reference_on(case, tok, prompt, script))
+    exp = _inline({"script": [{"token": "<0xE2>"}, {"token": "<0x82>"}, {"token": "<0xAC>"}, {"token": "<0xE2>"}],
+                   "max_tokens": 4, "stop": ["€€"]})[0]
     assert exp.reason is None and exp.output == b""
     found, _ = judge_observed(exp, Observed(text="€".encode(), finish_reason="length", completion_tokens=4,
                                             chunks=("€".encode(),), stream_finish_reasons=("length",)))
@@ -402,6 +407,25 @@ def test_a_guarded_eos_the_engine_banned_is_an_error_naming_what_it_wrote(case_i
         assert message is None, message
     else:
         assert message is not None and f"token {exp.eos_at}: it wrote {banned!r}" in message, message
+
+
+@pytest.mark.parametrize(("text", "banned"), [
+    (b"<unk></s>", None),  # vLLM: <unk>'s text, then the EOS passed over and sent as text (special_sent judges both)
+    (b"</s>", None),
+    (b"<unk>#", b"#"),  # a runner-up in the EOS's place, after <unk>'s text
+])
+def test_a_special_tokens_text_before_a_guarded_eos_is_not_written_in_its_place(text, banned):
+    """D31, D33, D66: the script <unk> then the EOS under ignore_eos; the reference sends no text for
+    either and passes over the EOS. `<unk>` sent as text is that token's (a special_sent finding), not
+    a token the engine wrote where the EOS stands (a vLLM chat fuzz example was an ERROR on it)."""
+    exp, script, ref = _inline({"script": [{"token": "<unk>"}, {"eos": True}], "max_tokens": 2,
+                                "request": {"ignore_eos": True}})
+    assert exp.special_texts == (b"<unk>",) and exp.guard_passed
+    message = banned_eos(exp, script, ref, text)
+    if banned is None:
+        assert message is None, message
+    else:
+        assert message is not None and f"it wrote {banned!r}" in message, message
 
 
 # Answers in the API's shape with any field, at any depth, of another JSON type now and then.

@@ -46,7 +46,7 @@ import attrs
 from ...runtime.tokenizers import HFTokenizer
 from .cases import Case
 from .forced import PROBE_MAX, Probe, Program
-from .symptoms import Expected, first_difference
+from .symptoms import Expected, first_difference, without_specials
 
 WHY = "precision, a sampling default, or a prompt shift"
 _RUNNER_UP_BYTES = 64  # the most bytes one token put in an EOS's place can spell (a search bound)
@@ -235,7 +235,8 @@ def banned_eos(exp: Expected, script: Sequence[int], ref_tokens: Sequence[int], 
     before that EOS and, after k bytes of its own (1 <= k <= _RUNNER_UP_BYTES), goes on as the
     reference does; where that EOS is the reference's last token (the run ends at the limit on it),
     the answer ends after its k bytes. The EOS's own text there (skip_special_tokens false, or an EOS
-    sent as text) is the token passed over, not a ban. Where the reference itself chose another
+    sent as text) is the token passed over, not a ban, and so is the text of a special token before
+    it that the reference sends none of. Where the reference itself chose another
     token at that EOS (min_tokens' mask, D32), nothing is decided here."""
     at = exp.eos_at
     if at is None or not exp.guard_passed or exp.echo_len or len(ref_tokens) < at or ref_tokens[at - 1] != script[at - 1]:
@@ -243,7 +244,8 @@ def banned_eos(exp: Expected, script: Sequence[int], ref_tokens: Sequence[int], 
     head, eos_text = exp.script_text, exp.eos_text
     if not (text.startswith(head) and exp.output.startswith(head)):
         return None  # left the script before it: deviation()'s, or the case's to judge
-    got, after = text[len(head):], exp.output[len(head):]
+    # a special token's text the reference does not send (D33) is that token's, not one in the EOS's place
+    got, after = without_specials(exp, text[len(head):]), exp.output[len(head):]
     if eos_text and after.startswith(eos_text):
         after = after[len(eos_text):]  # the reference writes the passed-over EOS's text
     if eos_text and got.startswith(eos_text):

@@ -441,7 +441,7 @@ def _stop_id_kept(where: str, what: str, want: bytes) -> Finding:
                                    f"output (D33)")
 
 
-def _without_specials(exp: Expected, got: bytes) -> bytes:
+def without_specials(exp: Expected, got: bytes) -> bytes:
     """`got` without the text of every special token besides EOS the reference's run selected."""
     for own in exp.special_texts:
         got = got.replace(own, b"")
@@ -463,7 +463,7 @@ def compare_text(exp: Expected, got: bytes, where: str, *, cut_right: bool = Fal
     if hit:
         s, at = hit
         out.append(finding("stop_sent", f"the {where} contains the stop {_show(s)} at byte {at}: {_show(got)}"))
-    elif exp.special_texts and _without_specials(exp, got) == want:
+    elif exp.special_texts and without_specials(exp, got) == want:
         shown = ", ".join(_show(sp) for sp in exp.special_texts if sp in got)
         return [finding("special_sent", f"the {where} carries the text of the special token(s) {shown} where the run "
                                         f"selected them; a special token has no bytes under skip_special_tokens "
