@@ -130,7 +130,7 @@ def _inline(inputs):
 def test_text_held_for_a_stop_when_the_run_failed_is_no_invalid_byte_but_a_dropped_tail():
     """§4.5, §4.6, D12: `€` whole, then e2 that the limit leaves unfinished; the reference holds `€` (the
     start of the stop `€€`) and fails the run there, sending nothing. An engine that sends `€` and ends
-    'length' went on past no invalid byte: it dropped the unfinished tail (vLLM, a fuzz run's minimal case)."""
+    'length' went on past no invalid byte: it dropped the unfinished tail (vLLM answers so)."""
     exp = _inline({"script": [{"token": "<0xE2>"}, {"token": "<0x82>"}, {"token": "<0xAC>"}, {"token": "<0xE2>"}],
                    "max_tokens": 4, "stop": ["€€"]})[0]
     assert exp.reason is None and exp.output == b""
@@ -417,7 +417,7 @@ def test_a_guarded_eos_the_engine_banned_is_an_error_naming_what_it_wrote(case_i
 def test_a_special_tokens_text_before_a_guarded_eos_is_not_written_in_its_place(text, banned):
     """D31, D33, D66: the script <unk> then the EOS under ignore_eos; the reference sends no text for
     either and passes over the EOS. `<unk>` sent as text is that token's (a special_sent finding), not
-    a token the engine wrote where the EOS stands (a vLLM chat fuzz example was an ERROR on it)."""
+    a token the engine wrote where the EOS stands (vLLM's chat answer is `<unk></s>`)."""
     exp, script, ref = _inline({"script": [{"token": "<unk>"}, {"eos": True}], "max_tokens": 2,
                                 "request": {"ignore_eos": True}})
     assert exp.special_texts == (b"<unk>",) and exp.guard_passed
