@@ -44,11 +44,17 @@ AUDITED = json.loads((Path(__file__).parent / "fixtures" / "audited_exchanges.js
 CASES = {c.id: c for c in load_cases()}
 
 
-def _expected(case_id):
-    case = CASES[case_id]
+def _reference(case):
+    """The reference's run of `case` as an Expected, with the case's script and the tokens it selected."""
     tok = case_tokenizer(case)
     prompt, script = case_prompt(case, tok), case_script(case, tok)
-    return case, expected_of(case, tok, prompt, script, reference_on(case, tok, prompt, script))
+    res = reference_on(case, tok, prompt, script)
+    return expected_of(case, tok, prompt, script, res), script, res.tokens
+
+
+def _expected(case_id):
+    case = CASES[case_id]
+    return case, _reference(case)[0]
 
 
 def _rejudge(entry):
@@ -121,10 +127,7 @@ def _inline(inputs):
                        "inputs": {"tokenizer": {"fixture": "sentencepiece_byte_fallback"}, "prompt": {"text": "The"},
                                   **inputs},
                        "expect": {"output": "", "finish_reason": "max_output_tokens"}})
-    tok = case_tokenizer(case)
-    prompt, script = case_prompt(case, tok), case_script(case, tok)
-    res = reference_on(case, tok, prompt, script)
-    return expected_of(case, tok, prompt, script, res), script, res.tokens
+    return _reference(case)
 
 
 def test_text_held_for_a_stop_when_the_run_failed_is_no_invalid_byte_but_a_dropped_tail():
@@ -218,9 +221,7 @@ def test_reports_tied_to_the_text_are_not_read_as_when_tokens_were_selected():
     fail the reference; they are not judged, and its own count of the tokens selected passes."""
     case = CASES["stop/hold-back/001"]
     case = attrs.evolve(case, inputs={**case.inputs, "stop": ["BX", "CDY"], "max_tokens": 3})
-    tok = case_tokenizer(case)
-    prompt, script = case_prompt(case, tok), case_script(case, tok)
-    exp = expected_of(case, tok, prompt, script, reference_on(case, tok, prompt, script))
+    exp = _reference(case)[0]
     chunks = (b"A", b"B", b"CDE")
     found, not_checked = judge_observed(exp, _held(chunks, reported=(1, 1, 3), text=b"ABCDE", count=3))
     assert found == [] and any("only with its text" in m for m in not_checked), (found, not_checked)
@@ -398,10 +399,7 @@ def test_a_guarded_eos_the_engine_banned_is_an_error_naming_what_it_wrote(case_i
     runner-up there (llama.cpp bans end-of-generation tokens under ignore_eos), the guard the case is
     about never ran: the run is an ERROR naming the token and what was written, never a FAIL of the
     detokenizer's invariant; every other answer is left to the case."""
-    case, exp = _expected(case_id)
-    tok = case_tokenizer(case)
-    prompt, script = case_prompt(case, tok), case_script(case, tok)
-    ref = reference_on(case, tok, prompt, script).tokens
+    exp, script, ref = _reference(CASES[case_id])
     message = banned_eos(exp, script, ref, text)
     if banned is None:
         assert message is None, message
